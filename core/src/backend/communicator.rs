@@ -1,0 +1,220 @@
+//! Collectives over device buffers, and the in-process implementation across local devices.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Backend, BufferRef};
+use crate::dtype::HostVec;
+use crate::error::{Error, Result};
+use crate::shape::Layout;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// One rank's view of a group of ranks. Every rank must call the same collectives in the same
+/// order (as with NCCL and MPI); buffers are whole, contiguous and of equal dtype across ranks.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Reduces `buf` across ranks, in place; every rank ends with the same bits.
+    fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()>;
+    /// Overwrites `buf` on every rank with root's.
+    fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()>;
+    /// `output` (world_size × input length) receives every rank's `input`, in rank order.
+    fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()>;
+    /// Reduces `input` (world_size × output length) across ranks; rank r keeps chunk r.
+    fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()>;
+    fn barrier(&self) -> Result<()>;
+}
+
+/// In-process collectives for devices driven by one thread each, staged through host memory,
+/// so any mix of backends works. Built as a group: `LocalCommunicator::group(backends)`.
+pub struct LocalCommunicator {
+    rank: usize,
+    backend: Arc<dyn Backend>,
+    shared: Arc<Rendezvous>,
+}
+
+struct Rendezvous {
+    world: usize,
+    timeout: Duration,
+    state: Mutex<RoundState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct RoundState {
+    round: u64,
+    op: Option<&'static str>,
+    slots: Vec<Option<HostVec>>,
+    /// The contributions of the last completed round, read by every rank of that round.
+    finished: Option<Arc<Vec<HostVec>>>,
+    /// A rank whose communicator was dropped: the others must not wait for it.
+    departed: Option<usize>,
+}
+
+impl LocalCommunicator {
+    /// One communicator per backend, rank i on `backends[i]`, with the default 10-minute timeout.
+    pub fn group(backends: Vec<Arc<dyn Backend>>) -> Vec<LocalCommunicator> {
+        Self::group_with_timeout(backends, Duration::from_secs(600))
+    }
+
+    pub fn group_with_timeout(backends: Vec<Arc<dyn Backend>>, timeout: Duration) -> Vec<LocalCommunicator> {
+        let world = backends.len();
+        let shared = Arc::new(Rendezvous {
+            world,
+            timeout,
+            state: Mutex::new(RoundState { slots: vec![None; world], ..Default::default() }),
+            wake: Condvar::new(),
+        });
+        backends.into_iter().enumerate().map(|(rank, backend)| LocalCommunicator { rank, backend, shared: shared.clone() }).collect()
+    }
+
+    fn err(&self, op: &'static str, msg: impl Into<String>) -> Error {
+        Error::Collective { op, rank: self.rank, msg: msg.into() }
+    }
+
+    fn read(&self, buf: &BufferRef) -> Result<HostVec> {
+        self.backend.to_host(buf, &Layout::contiguous([buf.len()]))
+    }
+
+    fn write(&self, buf: &BufferRef, data: &HostVec) -> Result<()> {
+        let staged = self.backend.from_host(data)?;
+        let layout = Layout::contiguous([buf.len()]);
+        self.backend.copy_strided(&staged, &layout, buf, &layout)
+    }
+
+    /// Every rank contributes one host vector and receives all of them, in rank order.
+    fn exchange(&self, op: &'static str, data: HostVec) -> Result<Arc<Vec<HostVec>>> {
+        let shared = &self.shared;
+        let mut st = shared.state.lock().map_err(|_| self.err(op, "a rank panicked inside a collective"))?;
+        if let Some(gone) = st.departed {
+            return Err(self.err(op, format!("rank {gone} has left the group (its thread ended or failed)")));
+        }
+        match st.op {
+            Some(other) if other != op => {
+                return Err(self.err(op, format!("other ranks are in `{other}`: every rank must call the same collectives in the same order")));
+            }
+            _ => st.op = Some(op),
+        }
+        if let Some(first) = st.slots.iter().flatten().next().filter(|first| first.dtype() != data.dtype()) {
+            return Err(self.err(op, format!("dtype {} differs from another rank's {}", data.dtype(), first.dtype())));
+        }
+        st.slots[self.rank] = Some(data);
+        let round = st.round;
+        if st.slots.iter().all(Option::is_some) {
+            let all: Vec<HostVec> = st.slots.iter_mut().map(|s| s.take().expect("checked above")).collect();
+            st.finished = Some(Arc::new(all));
+            st.round += 1;
+            st.op = None;
+            shared.wake.notify_all();
+            return Ok(st.finished.clone().expect("just set"));
+        }
+        let deadline = Instant::now() + shared.timeout;
+        while st.round == round {
+            if let Some(gone) = st.departed {
+                return Err(self.err(op, format!("rank {gone} has left the group (its thread ended or failed)")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = (0..shared.world).filter(|&r| st.slots[r].is_none()).collect();
+                return Err(self.err(op, format!("timed out after {:?} waiting for rank(s) {missing:?}", shared.timeout)));
+            }
+            st = shared.wake.wait_timeout(st, deadline - now).map_err(|_| self.err(op, "a rank panicked inside a collective"))?.0;
+        }
+        Ok(st.finished.clone().expect("a finished round leaves its result"))
+    }
+
+    fn check_len(&self, op: &'static str, all: &[HostVec], len: usize) -> Result<()> {
+        match all.iter().position(|v| v.len() != len) {
+            Some(r) => Err(self.err(op, format!("rank {r} passed {} elements, this rank {len}", all[r].len()))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Reduces equal-length vectors elementwise in f64, in rank order, so every rank gets the same bits.
+fn reduce_host(all: &[HostVec], op: ReduceOp, range: std::ops::Range<usize>) -> HostVec {
+    let dtype = all[0].dtype();
+    let columns: Vec<Vec<f64>> = all.iter().map(|v| v.to_f64_vec()[range.clone()].to_vec()).collect();
+    let mut acc = columns[0].clone();
+    for col in &columns[1..] {
+        for (a, &b) in acc.iter_mut().zip(col) {
+            *a = match op {
+                ReduceOp::Sum | ReduceOp::Mean => *a + b,
+                ReduceOp::Max => a.max(b),
+            };
+        }
+    }
+    if op == ReduceOp::Mean {
+        let n = all.len() as f64;
+        acc.iter_mut().for_each(|a| *a /= n);
+    }
+    HostVec::from_f64(dtype, &acc)
+}
+
+impl Communicator for LocalCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()> {
+        let all = self.exchange("all_reduce", self.read(buf)?)?;
+        self.check_len("all_reduce", &all, buf.len())?;
+        self.write(buf, &reduce_host(&all, op, 0..buf.len()))
+    }
+
+    fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
+        if root >= self.world_size() {
+            return Err(self.err("broadcast", format!("root {root} is not a rank of a group of {}", self.world_size())));
+        }
+        let mine = if self.rank == root { self.read(buf)? } else { HostVec::from_f64(buf.dtype(), &[]) };
+        let all = self.exchange("broadcast", mine)?;
+        if all[root].len() != buf.len() {
+            return Err(self.err("broadcast", format!("root sent {} elements, this buffer holds {}", all[root].len(), buf.len())));
+        }
+        if self.rank != root { self.write(buf, &all[root]) } else { Ok(()) }
+    }
+
+    fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()> {
+        if output.len() != input.len() * self.world_size() {
+            return Err(self.err("all_gather", format!("output holds {} elements, expected {} x {}", output.len(), self.world_size(), input.len())));
+        }
+        let all = self.exchange("all_gather", self.read(input)?)?;
+        self.check_len("all_gather", &all, input.len())?;
+        let joined: Vec<f64> = all.iter().flat_map(|v| v.to_f64_vec()).collect();
+        self.write(output, &HostVec::from_f64(output.dtype(), &joined))
+    }
+
+    fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()> {
+        let chunk = output.len();
+        if input.len() != chunk * self.world_size() {
+            return Err(self.err("reduce_scatter", format!("input holds {} elements, expected {} x {chunk}", input.len(), self.world_size())));
+        }
+        let all = self.exchange("reduce_scatter", self.read(input)?)?;
+        self.check_len("reduce_scatter", &all, input.len())?;
+        let start = self.rank * chunk;
+        self.write(output, &reduce_host(&all, op, start..start + chunk))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.exchange("barrier", HostVec::U32(vec![])).map(|_| ())
+    }
+}
+
+impl Drop for LocalCommunicator {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.shared.state.lock() {
+            // Only a rank that leaves while others may still call collectives matters; record the first.
+            st.departed.get_or_insert(self.rank);
+            self.shared.wake.notify_all();
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Unary, binary, comparison and select kernels over strided operands of one shape.
+
+use rayon::prelude::*;
+
+use super::float::CpuFloat;
+use super::pool::Pool;
+use super::strided::{coalesce, runs};
+use crate::backend::{BinaryOp, CmpOp, UnaryOp};
+use crate::dtype::Element;
+use crate::shape::Layout;
+
+/// Below this many elements, splitting work across threads costs more than it saves.
+pub const PAR_THRESHOLD: usize = 1 << 15;
+
+pub fn unary_fn<T: CpuFloat>(op: UnaryOp) -> impl Fn(T) -> T + Sync {
+    let half = T::of(0.5);
+    let one = T::one();
+    let inv_sqrt2 = T::of(std::f64::consts::FRAC_1_SQRT_2);
+    let inv_sqrt_2pi = T::of(0.398_942_280_401_432_7);
+    move |x: T| match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Recip => x.recip(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => one / (one + (-x).exp()),
+        UnaryOp::Relu => x.max(T::zero()),
+        UnaryOp::Gelu => x * half * (one + (x * inv_sqrt2).erf()),
+        UnaryOp::GeluGrad => half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp(),
+        UnaryOp::Powf(e) => x.powf(T::of(e)),
+        UnaryOp::Affine { mul, add } => x * T::of(mul) + T::of(add),
+        UnaryOp::ClampMin(m) => x.max(T::of(m)),
+        UnaryOp::ClampMax(m) => x.min(T::of(m)),
+    }
+}
+
+pub fn binary_fn<T: CpuFloat>(op: BinaryOp) -> impl Fn(T, T) -> T + Sync {
+    move |a: T, b: T| match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Pow => a.powf(b),
+        BinaryOp::Maximum => a.max(b),
+        BinaryOp::Minimum => a.min(b),
+    }
+}
+
+pub fn compare_fn<T: PartialOrd>(op: CmpOp) -> impl Fn(T, T) -> u32 + Sync {
+    move |a: T, b: T| {
+        let holds = match op {
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+        };
+        holds as u32
+    }
+}
+
+/// `out[i] = f(src[layout[i]])`.
+pub fn map<T: Element, U: Element>(pool: &Pool, src: &[T], layout: &Layout, f: impl Fn(T) -> U + Sync) -> Vec<U> {
+    let n = layout.elem_count();
+    let mut out = pool.take::<U>(n);
+    if let Some(range) = layout.contiguous_range() {
+        let src = &src[range];
+        if n >= PAR_THRESHOLD {
+            out.par_chunks_mut(4096).zip(src.par_chunks(4096)).for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s)));
+        } else {
+            out.iter_mut().zip(src).for_each(|(o, &s)| *o = f(s));
+        }
+        return out;
+    }
+    let l = &coalesce(&[layout])[0];
+    let r = runs(l);
+    for (row, &start) in out.chunks_mut(r.len.max(1)).zip(&r.starts) {
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = f(src[start + j * r.stride]);
+        }
+    }
+    out
+}
+
+/// `out[i] = f(a[la[i]], b[lb[i]])` for two layouts of one shape (broadcasts have stride 0).
+pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layout, f: impl Fn(T, T) -> U + Sync) -> Vec<U> {
+    let n = la.elem_count();
+    let mut out = pool.take::<U>(n);
+    if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+        let (a, b) = (&a[ra], &b[rb]);
+        if n >= PAR_THRESHOLD {
+            out.par_chunks_mut(4096)
+                .zip(a.par_chunks(4096).zip(b.par_chunks(4096)))
+                .for_each(|(o, (a, b))| o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&a, &b))| *o = f(a, b)));
+        } else {
+            out.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&a, &b))| *o = f(a, b));
+        }
+        return out;
+    }
+    let merged = coalesce(&[la, lb]);
+    let (ra, rb) = (runs(&merged[0]), runs(&merged[1]));
+    let len = ra.len.max(1);
+    let row = |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| match (ra.stride, rb.stride) {
+        (1, 1) => o.iter_mut().zip(a[sa..sa + len].iter().zip(&b[sb..sb + len])).for_each(|(o, (&x, &y))| *o = f(x, y)),
+        (1, 0) => o.iter_mut().zip(&a[sa..sa + len]).for_each(|(o, &x)| *o = f(x, b[sb])),
+        (0, 1) => o.iter_mut().zip(&b[sb..sb + len]).for_each(|(o, &y)| *o = f(a[sa], y)),
+        (s, t) => o.iter_mut().enumerate().for_each(|(j, o)| *o = f(a[sa + j * s], b[sb + j * t])),
+    };
+    if n >= PAR_THRESHOLD {
+        out.par_chunks_mut(len).zip(ra.starts.par_iter().zip(rb.starts.par_iter())).for_each(row);
+    } else {
+        out.chunks_mut(len).zip(ra.starts.iter().zip(rb.starts.iter())).for_each(row);
+    }
+    out
+}
+
+/// `out[i] = cond[i] != 0 ? t[i] : f[i]` over three layouts of one shape.
+pub fn select<T: Element>(pool: &Pool, cond: &[u32], lc: &Layout, t: &[T], lt: &Layout, f: &[T], lf: &Layout) -> Vec<T> {
+    let mut out = pool.take::<T>(lc.elem_count());
+    for (o, ((c, x), y)) in out.iter_mut().zip(lc.offsets().zip(lt.offsets()).zip(lf.offsets())) {
+        *o = if cond[c] != 0 { t[x] } else { f[y] };
+    }
+    out
+}

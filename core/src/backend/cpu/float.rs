@@ -1,0 +1,103 @@
+//! The float element types the CPU kernels compute in, and the dispatch that runs f16/bf16
+//! through f32 kernels (convert, compute, round once), so each kernel is written once.
+
+use half::{bf16, f16};
+use num_traits::Float;
+
+use crate::dtype::Element;
+
+pub trait CpuFloat: Float + Element + Send + Sync + std::iter::Sum {
+    fn erf(self) -> Self;
+    fn of(x: f64) -> Self {
+        <Self as Element>::from_f64(x)
+    }
+}
+
+impl CpuFloat for f32 {
+    fn erf(self) -> Self {
+        libm::erff(self)
+    }
+}
+impl CpuFloat for f64 {
+    fn erf(self) -> Self {
+        libm::erf(self)
+    }
+}
+
+pub fn widen_f16(v: &[f16]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+pub fn widen_bf16(v: &[bf16]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+pub fn narrow_f16(v: Vec<f32>) -> Vec<f16> {
+    v.into_iter().map(f16::from_f32).collect()
+}
+pub fn narrow_bf16(v: Vec<f32>) -> Vec<bf16> {
+    v.into_iter().map(bf16::from_f32).collect()
+}
+
+/// Runs `$body` with `$v` bound to the float data of `$src` as a slice of f32 or f64, and wraps
+/// the `Vec` it returns back into a `HostVec` of the source dtype. Non-float dtypes are an error
+/// naming `$op`.
+#[macro_export]
+macro_rules! float_unary_dispatch {
+    ($op:expr, $src:expr, |$v:ident| $body:expr) => {{
+        use $crate::backend::cpu::float::*;
+        use $crate::dtype::HostVec;
+        match $src {
+            HostVec::F32(x) => {
+                let $v: &[f32] = x;
+                HostVec::F32($body)
+            }
+            HostVec::F64(x) => {
+                let $v: &[f64] = x;
+                HostVec::F64($body)
+            }
+            HostVec::F16(x) => {
+                let wide = widen_f16(x);
+                let $v: &[f32] = &wide;
+                HostVec::F16(narrow_f16($body))
+            }
+            HostVec::BF16(x) => {
+                let wide = widen_bf16(x);
+                let $v: &[f32] = &wide;
+                HostVec::BF16(narrow_bf16($body))
+            }
+            other => return Err($crate::error::Error::dtype($op, other.dtype())),
+        }
+    }};
+}
+
+/// As `float_unary_dispatch!`, for two operands of the same dtype.
+#[macro_export]
+macro_rules! float_binary_dispatch {
+    ($op:expr, $a:expr, $b:expr, |$x:ident, $y:ident| $body:expr) => {{
+        use $crate::backend::cpu::float::*;
+        use $crate::dtype::HostVec;
+        match ($a, $b) {
+            (HostVec::F32(a), HostVec::F32(b)) => {
+                let ($x, $y): (&[f32], &[f32]) = (a, b);
+                HostVec::F32($body)
+            }
+            (HostVec::F64(a), HostVec::F64(b)) => {
+                let ($x, $y): (&[f64], &[f64]) = (a, b);
+                HostVec::F64($body)
+            }
+            (HostVec::F16(a), HostVec::F16(b)) => {
+                let (wa, wb) = (widen_f16(a), widen_f16(b));
+                let ($x, $y): (&[f32], &[f32]) = (&wa, &wb);
+                HostVec::F16(narrow_f16($body))
+            }
+            (HostVec::BF16(a), HostVec::BF16(b)) => {
+                let (wa, wb) = (widen_bf16(a), widen_bf16(b));
+                let ($x, $y): (&[f32], &[f32]) = (&wa, &wb);
+                HostVec::BF16(narrow_bf16($body))
+            }
+            (a, b) if a.dtype() != b.dtype() => {
+                return Err($crate::error::Error::DTypeMismatch { op: $op, lhs: a.dtype(), rhs: b.dtype() })
+            }
+            (a, _) => return Err($crate::error::Error::dtype($op, a.dtype())),
+        }
+    }};
+}

@@ -1,0 +1,38 @@
+//! Softmax and log-softmax over the last axis of a contiguous `[rows, cols]` tensor.
+
+use rayon::prelude::*;
+
+use super::float::CpuFloat;
+use super::pool::Pool;
+
+fn rowwise<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize, log: bool) -> Vec<T> {
+    let mut out = pool.take::<T>(src.len());
+    if cols == 0 {
+        return out;
+    }
+    let row = |(o, x): (&mut [T], &[T])| {
+        let max = x.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
+        let shift = if max.is_finite() { max } else { T::zero() };
+        let sum: T = x.iter().map(|&v| (v - shift).exp()).sum();
+        if log {
+            let lse = shift + sum.ln();
+            o.iter_mut().zip(x).for_each(|(o, &v)| *o = v - lse);
+        } else {
+            o.iter_mut().zip(x).for_each(|(o, &v)| *o = (v - shift).exp() / sum);
+        }
+    };
+    if src.len() >= super::elementwise::PAR_THRESHOLD {
+        out.par_chunks_mut(cols).zip(src.par_chunks(cols)).for_each(row);
+    } else {
+        out.chunks_mut(cols).zip(src.chunks(cols)).for_each(row);
+    }
+    out
+}
+
+pub fn softmax<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize) -> Vec<T> {
+    rowwise(pool, src, cols, false)
+}
+
+pub fn log_softmax<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize) -> Vec<T> {
+    rowwise(pool, src, cols, true)
+}

@@ -1,0 +1,97 @@
+//! Walking strided layouts efficiently: the innermost dimension is a run with one stride, the
+//! outer dimensions are enumerated once per run, and adjacent dimensions that are laid out
+//! back-to-back in every operand are merged first, so most views cost one tight loop.
+
+use crate::shape::{Layout, Shape};
+
+/// Merges adjacent dimensions that are contiguous with respect to each other in all `layouts`
+/// (which share one shape), returning equivalent layouts of lower rank.
+pub fn coalesce(layouts: &[&Layout]) -> Vec<Layout> {
+    let shape = layouts[0].dims();
+    let mut dims: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut strides: Vec<Vec<usize>> = vec![Vec::with_capacity(shape.len()); layouts.len()];
+    for (i, &d) in shape.iter().enumerate() {
+        if d == 1 && !dims.is_empty() {
+            continue;
+        }
+        let mergeable = !dims.is_empty()
+            && layouts.iter().zip(&strides).all(|(l, s)| {
+                let prev = *s.last().expect("non-empty");
+                prev == l.strides[i] * d
+            });
+        if mergeable {
+            *dims.last_mut().expect("non-empty") *= d;
+            for (l, s) in layouts.iter().zip(strides.iter_mut()) {
+                *s.last_mut().expect("non-empty") = l.strides[i];
+            }
+        } else {
+            dims.push(d);
+            for (l, s) in layouts.iter().zip(strides.iter_mut()) {
+                s.push(l.strides[i]);
+            }
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        strides.iter_mut().for_each(|s| s.push(1));
+    }
+    layouts
+        .iter()
+        .zip(strides)
+        .map(|(l, strides)| Layout { shape: Shape::new(dims.clone()), strides, offset: l.offset })
+        .collect()
+}
+
+/// The runs of a (coalesced) layout: the start offset of each innermost row, its length and stride.
+pub struct Runs {
+    pub starts: Vec<usize>,
+    pub len: usize,
+    pub stride: usize,
+}
+
+pub fn runs(layout: &Layout) -> Runs {
+    let rank = layout.shape.rank();
+    if rank == 0 {
+        return Runs { starts: vec![layout.offset], len: 1, stride: 1 };
+    }
+    let outer = Layout {
+        shape: Shape::new(&layout.dims()[..rank - 1]),
+        strides: layout.strides[..rank - 1].to_vec(),
+        offset: layout.offset,
+    };
+    Runs { starts: outer.offsets().collect(), len: layout.dims()[rank - 1], stride: layout.strides[rank - 1] }
+}
+
+/// Copies the elements of `layout` from `src` into `out` in row-major order.
+pub fn gather<T: Copy>(src: &[T], layout: &Layout, out: &mut [T]) {
+    if let Some(range) = layout.contiguous_range() {
+        out.copy_from_slice(&src[range]);
+        return;
+    }
+    let l = &coalesce(&[layout])[0];
+    let r = runs(l);
+    for (row, &start) in out.chunks_mut(r.len.max(1)).zip(&r.starts) {
+        if r.stride == 1 {
+            row.copy_from_slice(&src[start..start + r.len]);
+        } else {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = src[start + j * r.stride];
+            }
+        }
+    }
+}
+
+/// Writes `values` (row-major) into `dst` at the positions of `layout`.
+pub fn scatter<T: Copy>(values: &[T], layout: &Layout, dst: &mut [T]) {
+    if let Some(range) = layout.contiguous_range() {
+        dst[range].copy_from_slice(values);
+        return;
+    }
+    let l = &coalesce(&[layout])[0];
+    let r = runs(l);
+    for (row, &start) in values.chunks(r.len.max(1)).zip(&r.starts) {
+        for (j, &v) in row.iter().enumerate() {
+            dst[start + j * r.stride] = v;
+        }
+    }
+}

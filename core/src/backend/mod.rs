@@ -1,0 +1,137 @@
+//! The contract between the core and a device: the `Backend` trait (tensor operations on device
+//! buffers) and the `Communicator` trait (collectives). Object-safe, so a device is chosen at run
+//! time and the user-facing `Tensor` never carries a backend type parameter.
+//!
+//! Each method is one operation with one name across the CPU kernels, the WGSL shaders, the CUDA
+//! kernels and the conformance cases. Methods that take a `Layout` accept any strides (views,
+//! broadcasts); the others are documented as needing contiguous inputs, which `Tensor` guarantees.
+
+mod communicator;
+pub mod cpu;
+mod ops;
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
+pub use ops::{AdamStep, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp};
+
+use crate::dtype::{DType, HostVec};
+use crate::error::Result;
+use crate::shape::Layout;
+
+/// A device allocation. Backends downcast it to their own buffer type through `as_any`.
+pub trait BackendBuffer: Any + Send + Sync + fmt::Debug {
+    fn as_any(&self) -> &dyn Any;
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+pub type BufferRef = Arc<dyn BackendBuffer>;
+
+/// What a device reports about itself (shown by `lockstep devices`).
+#[derive(Clone, Debug, Default)]
+pub struct DeviceInfo {
+    /// `cpu:0`, `wgpu:1`, `cuda:0`.
+    pub location: String,
+    /// Human name: the CPU model, the adapter or GPU name.
+    pub name: String,
+    /// `cpu`, `vulkan`, `metal`, `cuda`, …
+    pub api: String,
+    pub total_memory_bytes: Option<u64>,
+}
+
+/// Allocator and utilisation counters. `None` means the backend cannot know, never zero.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemoryStats {
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub utilization: Option<f64>,
+}
+
+/// Tensor operations on one device. Work may be queued; only `to_host` and `synchronize` wait.
+pub trait Backend: Send + Sync + fmt::Debug {
+    fn info(&self) -> DeviceInfo;
+    fn memory_stats(&self) -> MemoryStats;
+    /// Waits for every queued operation on this device.
+    fn synchronize(&self) -> Result<()>;
+
+    // --- buffers -------------------------------------------------------------------------------
+    fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef>;
+    fn full(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef>;
+    fn from_host(&self, data: &HostVec) -> Result<BufferRef>;
+    /// Copies the elements of `layout` out of `src`, in row-major order. A sync point.
+    fn to_host(&self, src: &BufferRef, layout: &Layout) -> Result<HostVec>;
+    /// Counter-based random numbers: element i depends only on (seed, counter, i), so every
+    /// backend draws the same values. `counter` advances by `len.div_ceil(4)` per call.
+    fn rand(&self, dtype: DType, len: usize, dist: Distribution, seed: u64, counter: u64) -> Result<BufferRef>;
+
+    // --- layout --------------------------------------------------------------------------------
+    /// Writes the elements of `src` (any layout) into `dst` at `dst_layout` (any layout of
+    /// the same shape, e.g. a slice of a larger buffer). The only in-place write besides the
+    /// optimizer steps below.
+    fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()>;
+    /// A contiguous copy of `src` converted to `dtype`.
+    fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef>;
+
+    // --- elementwise (any layouts; binary operands are already broadcast to one shape) -------
+    fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef>;
+    fn binary(&self, op: BinaryOp, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout) -> Result<BufferRef>;
+    /// 1 where the comparison holds, else 0, as U32.
+    fn compare(&self, op: CmpOp, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout) -> Result<BufferRef>;
+    /// `cond != 0 ? on_true : on_false`; `cond` is U32.
+    fn where_cond(
+        &self,
+        cond: &BufferRef,
+        cond_layout: &Layout,
+        on_true: &BufferRef,
+        true_layout: &Layout,
+        on_false: &BufferRef,
+        false_layout: &Layout,
+    ) -> Result<BufferRef>;
+
+    // --- reductions ------------------------------------------------------------------------------
+    /// Reduces over `axes` (sorted, unique), keeping them as size 1. ArgMax returns U32 indices
+    /// (first maximum) and takes exactly one axis.
+    fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef>;
+
+    // --- linear algebra --------------------------------------------------------------------------
+    /// `out[b] = lhs[b] @ rhs[b]` for `dims.batch` matrices, contiguous `[batch, m, n]` output.
+    /// Layouts are `[batch, m, k]` and `[batch, k, n]` with any strides (transposes and broadcast
+    /// batches cost no copy).
+    fn matmul(&self, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout, dims: MatmulDims) -> Result<BufferRef>;
+
+    // --- normalisation (contiguous input, over the last axis of `[rows, cols]`) ------------------
+    fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
+    fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
+
+    // --- indexing (contiguous `[outer, dim, inner]` views; indices U32) --------------------------
+    /// `out[o, j, i] = src[o, ids[j], i]`, ids of length `out_dim`.
+    fn index_select(&self, src: &BufferRef, outer: usize, dim: usize, inner: usize, ids: &BufferRef) -> Result<BufferRef>;
+    /// `dst[o, ids[j], i] += src[o, j, i]`, in place on `dst` of shape `[outer, dst_dim, inner]`.
+    fn index_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()>;
+    /// `out[o, j, i] = src[o, ids[o, j, i], i]`; ids shaped `[outer, out_dim, inner]`.
+    fn gather(&self, src: &BufferRef, outer: usize, dim: usize, inner: usize, ids: &BufferRef, out_dim: usize) -> Result<BufferRef>;
+    /// `dst[o, ids[o, j, i], i] += src[o, j, i]`, in place on `dst` shaped `[outer, dst_dim, inner]`.
+    fn scatter_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()>;
+
+    // --- convolution and pooling (contiguous NCHW) -----------------------------------------------
+    /// Unfolds `[n, c, h, w]` into columns `[n, c*kh*kw, oh*ow]` (zeros where padded).
+    fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
+    /// The adjoint of `im2col`: sums columns back into `[n, c, h, w]`.
+    fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
+    /// Max pooling: values `[n, c, oh, ow]` and U32 argmax indices into each `h*w` plane.
+    fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)>;
+
+    // --- in-place optimizer updates (contiguous f32 parameters and state) ------------------------
+    /// `dst += alpha * src`.
+    fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()>;
+    fn sgd_step(&self, param: &BufferRef, grad: &BufferRef, momentum_buf: Option<&BufferRef>, step: &SgdStep) -> Result<()>;
+    fn adam_step(&self, param: &BufferRef, grad: &BufferRef, exp_avg: &BufferRef, exp_avg_sq: &BufferRef, step: &AdamStep) -> Result<()>;
+}

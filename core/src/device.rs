@@ -1,0 +1,137 @@
+//! Devices chosen at run time by name (`cpu`, `cpu:1`, `wgpu:0`, `cuda:0`). The CPU backend is
+//! built in; other backend crates register a `DeviceProvider` for their prefix.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, DeviceInfo};
+use crate::error::{Error, Result};
+
+/// A handle to one device. Cheap to clone; two handles are equal when they name the same device.
+#[derive(Clone)]
+pub struct Device {
+    backend: Arc<dyn Backend>,
+    location: Arc<str>,
+}
+
+impl Device {
+    /// Wraps a backend instance (backend crates and tests; users go through `Device::parse`).
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
+        let location = backend.info().location.into();
+        Device { backend, location }
+    }
+    /// The first CPU device, `cpu:0`.
+    pub fn cpu() -> Device {
+        Device::parse("cpu:0").expect("cpu:0 always exists")
+    }
+    /// Opens (once per process) the device named `name`: `cpu`, `cpu:N`, or `PREFIX:N` for a
+    /// registered backend.
+    pub fn parse(name: &str) -> Result<Device> {
+        let name = name.trim();
+        let (prefix, ordinal) = match name.split_once(':') {
+            Some((p, n)) => {
+                let ordinal = n.parse::<usize>().map_err(|_| Error::UnknownDevice {
+                    name: name.into(),
+                    hint: format!("the part after ':' must be a device number, as in `{p}:0`"),
+                })?;
+                (p, ordinal)
+            }
+            None => (name, 0),
+        };
+        let key = format!("{prefix}:{ordinal}");
+        let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = reg.open.get(&key) {
+            return Ok(d.clone());
+        }
+        let backend: Arc<dyn Backend> = if prefix == "cpu" {
+            if ordinal >= MAX_CPU_DEVICES {
+                return Err(Error::UnknownDevice { name: name.into(), hint: format!("at most {MAX_CPU_DEVICES} virtual CPU devices (cpu:0 … cpu:{})", MAX_CPU_DEVICES - 1) });
+            }
+            Arc::new(CpuBackend::new(ordinal))
+        } else if let Some(provider) = reg.providers.iter().find(|p| p.prefix() == prefix) {
+            provider.open(ordinal)?
+        } else {
+            let mut known: Vec<&str> = vec!["cpu"];
+            known.extend(reg.providers.iter().map(|p| p.prefix()));
+            return Err(Error::UnknownDevice {
+                name: name.into(),
+                hint: format!("known kinds in this build: {} (e.g. `cpu:0`); `lockstep devices` lists what is present", known.join(", ")),
+            });
+        };
+        let device = Device { backend, location: key.clone().into() };
+        reg.open.insert(key, device.clone());
+        Ok(device)
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    /// `cpu:0`, `wgpu:1`, …
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+    pub fn info(&self) -> DeviceInfo {
+        self.backend.info()
+    }
+    pub fn synchronize(&self) -> Result<()> {
+        self.backend.synchronize()
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.backend, &other.backend) || self.location == other.location
+    }
+}
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.location)
+    }
+}
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.location)
+    }
+}
+
+const MAX_CPU_DEVICES: usize = 64;
+
+/// A family of devices provided by a backend crate.
+pub trait DeviceProvider: Send + Sync {
+    /// The name before the colon: `wgpu`, `cuda`.
+    fn prefix(&self) -> &'static str;
+    fn open(&self, ordinal: usize) -> Result<Arc<dyn Backend>>;
+    /// Every device of this kind present on the machine (empty, not an error, when none).
+    fn list(&self) -> Vec<DeviceInfo>;
+}
+
+#[derive(Default)]
+struct Registry {
+    providers: Vec<Box<dyn DeviceProvider>>,
+    open: HashMap<String, Device>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Makes `PREFIX:N` devices available to `Device::parse` (a second provider for a prefix replaces the first).
+pub fn register_provider(provider: Box<dyn DeviceProvider>) {
+    let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+    reg.providers.retain(|p| p.prefix() != provider.prefix());
+    reg.providers.push(provider);
+}
+
+/// `cpu:0` and every device the registered providers find.
+pub fn list_devices() -> Vec<DeviceInfo> {
+    let mut all = vec![Device::cpu().info()];
+    let reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+    for p in &reg.providers {
+        all.extend(p.list());
+    }
+    all
+}

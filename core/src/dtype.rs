@@ -1,0 +1,154 @@
+//! Element types, and the host-side vectors that carry them across the Backend boundary.
+
+use half::{bf16, f16};
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    /// Double precision: the CPU backend only, for gradient checks.
+    F64,
+    /// Labels as PyTorch stores them; indices are converted to U32 before indexing.
+    I64,
+    /// Indices, argmax results and comparison masks (0 or 1) on every backend.
+    U32,
+}
+
+impl DType {
+    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::U32];
+
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::U32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F64 => "f64",
+            DType::I64 => "i64",
+            DType::U32 => "u32",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A typed host vector: what `Backend::to_host` returns and `Backend::from_host` takes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostVec {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    U32(Vec<u32>),
+}
+
+/// Dispatches an expression over every variant of a `HostVec`-shaped enum, binding the inner vector.
+#[macro_export]
+macro_rules! map_host_vec {
+    ($value:expr, $v:ident => $body:expr) => {
+        match $value {
+            $crate::dtype::HostVec::F32($v) => $body,
+            $crate::dtype::HostVec::F16($v) => $body,
+            $crate::dtype::HostVec::BF16($v) => $body,
+            $crate::dtype::HostVec::F64($v) => $body,
+            $crate::dtype::HostVec::I64($v) => $body,
+            $crate::dtype::HostVec::U32($v) => $body,
+        }
+    };
+}
+
+impl HostVec {
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostVec::F32(_) => DType::F32,
+            HostVec::F16(_) => DType::F16,
+            HostVec::BF16(_) => DType::BF16,
+            HostVec::F64(_) => DType::F64,
+            HostVec::I64(_) => DType::I64,
+            HostVec::U32(_) => DType::U32,
+        }
+    }
+    pub fn len(&self) -> usize {
+        map_host_vec!(self, v => v.len())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Every value as f64 (exact for all dtypes but i64 beyond 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        map_host_vec!(self, v => v.iter().map(|x| x.to_f64()).collect())
+    }
+    /// Values converted from f64 into `dtype` (rounding to nearest for floats, truncating for ints).
+    pub fn from_f64(dtype: DType, values: &[f64]) -> HostVec {
+        fn conv<T: Element>(values: &[f64]) -> Vec<T> {
+            values.iter().map(|&x| T::from_f64(x)).collect()
+        }
+        match dtype {
+            DType::F32 => HostVec::F32(conv(values)),
+            DType::F16 => HostVec::F16(conv(values)),
+            DType::BF16 => HostVec::BF16(conv(values)),
+            DType::F64 => HostVec::F64(conv(values)),
+            DType::I64 => HostVec::I64(conv(values)),
+            DType::U32 => HostVec::U32(conv(values)),
+        }
+    }
+}
+
+/// A Rust type that a tensor can hold.
+pub trait Element: Copy + Send + Sync + fmt::Debug + PartialOrd + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(x: f64) -> Self;
+    fn into_host(v: Vec<Self>) -> HostVec;
+    /// Takes the vector out of a `HostVec` of this element type, or says which dtype it held.
+    fn from_host(v: HostVec) -> Result<Vec<Self>>;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident, |$x:ident| $to:expr, |$y:ident| $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn to_f64(self) -> f64 {
+                let $x = self;
+                $to
+            }
+            fn from_f64($y: f64) -> Self {
+                $from
+            }
+            fn into_host(v: Vec<Self>) -> HostVec {
+                HostVec::$variant(v)
+            }
+            fn from_host(v: HostVec) -> Result<Vec<Self>> {
+                match v {
+                    HostVec::$variant(v) => Ok(v),
+                    other => Err(Error::DTypeMismatch { op: "to_vec", lhs: other.dtype(), rhs: DType::$variant }),
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32, |x| x as f64, |y| y as f32);
+element!(f64, F64, |x| x, |y| y);
+element!(f16, F16, |x| x.to_f64(), |y| f16::from_f64(y));
+element!(bf16, BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
+element!(i64, I64, |x| x as f64, |y| y as i64);
+element!(u32, U32, |x| x as f64, |y| y as u32);

@@ -1,0 +1,23 @@
+//! Lockstep core: tensors, autograd, modules, optimizers, collectives and the CPU reference
+//! backend. Nothing here knows about a particular GPU API: devices plug in through
+//! `backend::Backend` and are chosen at run time by name.
+
+pub mod autograd;
+pub mod backend;
+pub mod conformance;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod nn;
+pub mod optim;
+pub mod rng;
+pub mod shape;
+pub mod tensor;
+
+pub use autograd::{NoGradGuard, no_grad};
+pub use device::Device;
+pub use dtype::{DType, Element, HostVec};
+pub use error::{Error, Result};
+pub use rng::Generator;
+pub use shape::{Layout, Shape};
+pub use tensor::{Conv2dOptions, Pool2dOptions, Tensor};

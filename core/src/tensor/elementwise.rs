@@ -1,0 +1,221 @@
+//! Broadcasting arithmetic, unary math, comparisons and `where_cond`, each with its backward rule.
+
+use super::Tensor;
+use crate::backend::{BinaryOp, CmpOp, UnaryOp};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::shape::Shape;
+
+impl Tensor {
+    /// Applies a binary op after broadcasting both operands to one shape (no copies).
+    fn binary_forward(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        self.same_device(op.name(), rhs)?;
+        self.same_dtype(op.name(), rhs)?;
+        self.float_only(op.name())?;
+        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
+        let la = self.layout().broadcast_to(op.name(), &shape)?;
+        let lb = rhs.layout().broadcast_to(op.name(), &shape)?;
+        let buffer = self.backend().binary(op, self.buffer(), &la, rhs.buffer(), &lb)?;
+        Ok(Tensor::from_buffer(buffer, shape, self.device()))
+    }
+
+    fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        let out = self.binary_forward(op, rhs)?;
+        let (a, b) = (self.detach(), rhs.detach());
+        let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
+        let saved_out = out.detach();
+        Ok(out.track(op.name(), &[self, rhs], move |g| {
+            let (ga, gb) = match op {
+                BinaryOp::Add => (g.clone(), g.clone()),
+                BinaryOp::Sub => (g.clone(), g.neg()?),
+                BinaryOp::Mul => (g.mul(&b)?, g.mul(&a)?),
+                BinaryOp::Div => (g.div(&b)?, g.mul(&a)?.div(&b.mul(&b)?)?.neg()?),
+                BinaryOp::Pow => {
+                    // d(a^b)/da = b * a^(b-1); d(a^b)/db = a^b * ln(a)
+                    let da = b.mul(&a.binary_forward(BinaryOp::Pow, &b.affine(1.0, -1.0)?)?)?;
+                    (g.mul(&da)?, g.mul(&saved_out.mul(&a.log()?)?)?)
+                }
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    // Ties split the gradient evenly, as in PyTorch.
+                    let wins = if op == BinaryOp::Maximum { CmpOp::Gt } else { CmpOp::Lt };
+                    let share = a.cmp(wins, &b)?.to_dtype(g.dtype())?.add(&a.cmp(CmpOp::Eq, &b)?.to_dtype(g.dtype())?.affine(0.5, 0.0)?)?;
+                    (g.mul(&share)?, g.mul(&share.affine(-1.0, 1.0)?)?)
+                }
+            };
+            Ok(vec![Some(ga.sum_to_shape(&sa)?), Some(gb.sum_to_shape(&sb)?)])
+        }))
+    }
+
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Add, rhs)
+    }
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Sub, rhs)
+    }
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Mul, rhs)
+    }
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Div, rhs)
+    }
+    /// `self ^ exponent`, elementwise with broadcasting.
+    pub fn pow(&self, exponent: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Pow, exponent)
+    }
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Maximum, rhs)
+    }
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Minimum, rhs)
+    }
+
+    /// Sums a broadcast gradient back down to `shape`.
+    pub(crate) fn sum_to_shape(&self, shape: &Shape) -> Result<Tensor> {
+        if self.shape() == shape {
+            return Ok(self.clone());
+        }
+        let lead = self.rank() - shape.rank();
+        let axes: Vec<usize> = (0..self.rank()).filter(|&i| i < lead || (shape.dims()[i - lead] == 1 && self.dims()[i] != 1)).collect();
+        self.sum_keepdim(&axes)?.reshape(shape.clone())
+    }
+
+    pub(crate) fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        self.float_only(op.name())?;
+        let buffer = self.backend().unary(op, self.buffer(), self.layout())?;
+        let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
+        let x = self.detach();
+        let y = out.detach();
+        Ok(out.track(op.name(), &[self], move |g| {
+            let local = match op {
+                UnaryOp::Neg => return Ok(vec![Some(g.neg()?)]),
+                UnaryOp::Affine { mul, .. } => return Ok(vec![Some(g.affine(mul, 0.0)?)]),
+                UnaryOp::Abs => x.cmp_scalar(CmpOp::Gt, 0.0)?.to_dtype(x.dtype())?.sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?,
+                UnaryOp::Exp => y,
+                UnaryOp::Log => x.recip()?,
+                UnaryOp::Sqrt => y.recip()?.affine(0.5, 0.0)?,
+                UnaryOp::Recip => y.mul(&y)?.neg()?,
+                UnaryOp::Tanh => y.mul(&y)?.affine(-1.0, 1.0)?,
+                UnaryOp::Sigmoid => y.mul(&y.affine(-1.0, 1.0)?)?,
+                UnaryOp::Relu => x.cmp_scalar(CmpOp::Gt, 0.0)?.to_dtype(x.dtype())?,
+                UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
+                UnaryOp::GeluGrad => {
+                    // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)
+                    let phi = x.mul(&x)?.affine(-0.5, 0.0)?.exp()?.affine(0.398_942_280_401_432_7, 0.0)?;
+                    phi.mul(&x.mul(&x)?.affine(-1.0, 2.0)?)?
+                }
+                UnaryOp::Powf(e) => x.powf(e - 1.0)?.affine(e, 0.0)?,
+                UnaryOp::ClampMin(m) => x.cmp_scalar(CmpOp::Ge, m)?.to_dtype(x.dtype())?,
+                UnaryOp::ClampMax(m) => x.cmp_scalar(CmpOp::Le, m)?.to_dtype(x.dtype())?,
+            };
+            Ok(vec![Some(g.mul(&local)?)])
+        }))
+    }
+
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Recip)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Relu)
+    }
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Gelu)
+    }
+    /// `self ^ exponent` for a scalar exponent.
+    pub fn powf(&self, exponent: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Powf(exponent))
+    }
+    /// `self * mul + add`.
+    pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Affine { mul, add })
+    }
+    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        self.affine(1.0, value)
+    }
+    pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
+        self.affine(value, 0.0)
+    }
+    pub fn clamp_min(&self, min: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::ClampMin(min))
+    }
+    pub fn clamp_max(&self, max: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::ClampMax(max))
+    }
+    pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
+        self.clamp_min(min)?.clamp_max(max)
+    }
+
+    /// Elementwise comparison with broadcasting: a U32 tensor of 0 and 1 (no gradient).
+    pub fn cmp(&self, op: CmpOp, rhs: &Tensor) -> Result<Tensor> {
+        self.same_device(op.name(), rhs)?;
+        self.same_dtype(op.name(), rhs)?;
+        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
+        let la = self.layout().broadcast_to(op.name(), &shape)?;
+        let lb = rhs.layout().broadcast_to(op.name(), &shape)?;
+        let buffer = self.backend().compare(op, self.buffer(), &la, rhs.buffer(), &lb)?;
+        Ok(Tensor::from_buffer(buffer, shape, self.device()))
+    }
+    pub fn cmp_scalar(&self, op: CmpOp, value: f64) -> Result<Tensor> {
+        let scalar = Tensor::full(Shape::scalar(), value, self.dtype(), self.device())?;
+        self.cmp(op, &scalar)
+    }
+    pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.cmp(CmpOp::Eq, rhs)
+    }
+    pub fn ne(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.cmp(CmpOp::Ne, rhs)
+    }
+    pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.cmp(CmpOp::Lt, rhs)
+    }
+    pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.cmp(CmpOp::Le, rhs)
+    }
+    pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.cmp(CmpOp::Gt, rhs)
+    }
+    pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.cmp(CmpOp::Ge, rhs)
+    }
+
+    /// `self != 0 ? on_true : on_false`, broadcasting all three; `self` is a U32 mask.
+    pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        const OP: &str = "where_cond";
+        self.same_device(OP, on_true)?;
+        self.same_device(OP, on_false)?;
+        on_true.same_dtype(OP, on_false)?;
+        if self.dtype() != DType::U32 {
+            return Err(crate::error::Error::UnsupportedDType { op: OP, dtype: self.dtype(), hint: "; the condition is a U32 mask (from a comparison)" });
+        }
+        let shape = Shape::broadcast(OP, &Shape::broadcast(OP, self.shape(), on_true.shape())?, on_false.shape())?;
+        let (lc, lt, lf) = (self.layout().broadcast_to(OP, &shape)?, on_true.layout().broadcast_to(OP, &shape)?, on_false.layout().broadcast_to(OP, &shape)?);
+        let buffer = self.backend().where_cond(self.buffer(), &lc, on_true.buffer(), &lt, on_false.buffer(), &lf)?;
+        let out = Tensor::from_buffer(buffer, shape, self.device());
+        let cond = self.detach();
+        let (st, sf) = (on_true.shape().clone(), on_false.shape().clone());
+        Ok(out.track(OP, &[on_true, on_false], move |g| {
+            let zero = g.zeros_like()?;
+            Ok(vec![Some(cond.where_cond(g, &zero)?.sum_to_shape(&st)?), Some(cond.where_cond(&zero, g)?.sum_to_shape(&sf)?)])
+        }))
+    }
+}

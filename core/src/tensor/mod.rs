@@ -1,0 +1,381 @@
+//! The user-facing tensor: a shape, a dtype, a device and a shared device buffer, plus the
+//! autograd bookkeeping. Not generic: the backend is whatever device the tensor lives on.
+
+mod elementwise;
+mod linalg;
+mod nn_ops;
+mod reduce;
+mod shape_ops;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use nn_ops::{Conv2dOptions, Pool2dOptions};
+
+use crate::autograd::{self, BackwardFn, Edge, Node};
+use crate::backend::{Backend, BufferRef, Distribution};
+use crate::device::Device;
+use crate::dtype::{DType, Element, HostVec};
+use crate::error::{Error, Result};
+use crate::rng::Generator;
+use crate::shape::{Layout, Shape};
+
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+struct Inner {
+    id: u64,
+    buffer: BufferRef,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+    /// The operation that produced this tensor, when the graph is recorded.
+    grad_fn: Option<Arc<Node>>,
+    /// True for leaves created with `requires_grad(true)` and for results that depend on them.
+    requires_grad: bool,
+    /// Accumulated gradient of a leaf.
+    grad: Mutex<Option<Tensor>>,
+}
+
+static NEXT_TENSOR: AtomicU64 = AtomicU64::new(0);
+
+impl Tensor {
+    // --- construction ----------------------------------------------------------------------------
+
+    pub(crate) fn from_parts(buffer: BufferRef, layout: Layout, device: Device) -> Tensor {
+        let dtype = buffer.dtype();
+        Tensor(Arc::new(Inner {
+            id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+            buffer,
+            layout,
+            dtype,
+            device,
+            grad_fn: None,
+            requires_grad: false,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// A contiguous tensor over a freshly computed buffer.
+    pub(crate) fn from_buffer(buffer: BufferRef, shape: impl Into<Shape>, device: &Device) -> Tensor {
+        Tensor::from_parts(buffer, Layout::contiguous(shape), device.clone())
+    }
+
+    /// The same storage seen through another layout (a view), keeping the autograd link to self.
+    pub(crate) fn view(&self, layout: Layout) -> Tensor {
+        Tensor::from_parts(self.0.buffer.clone(), layout, self.0.device.clone())
+    }
+
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype, device)
+    }
+    pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+    pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let buffer = device.backend().full(dtype, shape.elem_count(), value)?;
+        Ok(Tensor::from_buffer(buffer, shape, device))
+    }
+    /// `[start, start+1, …, end-1]` of `dtype`.
+    pub fn arange(start: i64, end: i64, dtype: DType, device: &Device) -> Result<Tensor> {
+        if end < start {
+            return Err(Error::invalid("arange", format!("end {end} is before start {start}")));
+        }
+        let values: Vec<f64> = (start..end).map(|x| x as f64).collect();
+        Tensor::from_host(HostVec::from_f64(dtype, &values), [values.len()], device)
+    }
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::from_host(T::into_host(data), shape, device)
+    }
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape, device)
+    }
+    pub fn from_host(data: HostVec, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.elem_count() != data.len() {
+            return Err(Error::invalid("from_vec", format!("{} values cannot fill shape {shape} ({} elements)", data.len(), shape.elem_count())));
+        }
+        let buffer = device.backend().from_host(&data)?;
+        Ok(Tensor::from_buffer(buffer, shape, device))
+    }
+    /// Uniform on `[low, high)`, drawn from `generator` (the same values on every backend).
+    pub fn rand_uniform(shape: impl Into<Shape>, low: f64, high: f64, dtype: DType, generator: &Generator, device: &Device) -> Result<Tensor> {
+        Tensor::random(shape.into(), Distribution::Uniform { low, high }, dtype, generator, device)
+    }
+    /// Normal with `mean` and `std`, drawn from `generator`.
+    pub fn rand_normal(shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType, generator: &Generator, device: &Device) -> Result<Tensor> {
+        Tensor::random(shape.into(), Distribution::Normal { mean, std }, dtype, generator, device)
+    }
+    fn random(shape: Shape, dist: Distribution, dtype: DType, generator: &Generator, device: &Device) -> Result<Tensor> {
+        let n = shape.elem_count();
+        let counter = generator.advance(n);
+        let buffer = device.backend().rand(dtype, n, dist, generator.seed(), counter)?;
+        Ok(Tensor::from_buffer(buffer, shape, device))
+    }
+    /// A tensor of the same shape, dtype and device filled with `value`.
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        Tensor::full(self.shape().clone(), value, self.dtype(), self.device())
+    }
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        self.full_like(0.0)
+    }
+
+    // --- accessors -------------------------------------------------------------------------------
+
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+    pub fn shape(&self) -> &Shape {
+        &self.0.layout.shape
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.0.layout.dims()
+    }
+    pub fn rank(&self) -> usize {
+        self.0.layout.shape.rank()
+    }
+    pub fn elem_count(&self) -> usize {
+        self.0.layout.elem_count()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    pub fn buffer(&self) -> &BufferRef {
+        &self.0.buffer
+    }
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        self.0.device.backend()
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    /// True when this tensor and `other` share the same storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.buffer, &other.0.buffer)
+    }
+
+    // --- host transfers (sync points) ------------------------------------------------------------
+
+    /// The elements in row-major order. Waits for the device.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
+        }
+        T::from_host(self.to_host()?)
+    }
+    pub fn to_host(&self) -> Result<HostVec> {
+        self.backend().to_host(&self.0.buffer, &self.0.layout)
+    }
+    /// Every element as f64, whatever the dtype.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(self.to_host()?.to_f64_vec())
+    }
+    /// The single value of a one-element tensor, as f64. Waits for the device.
+    pub fn item(&self) -> Result<f64> {
+        if self.elem_count() != 1 {
+            return Err(Error::invalid("item", format!("needs exactly one element, the tensor has shape {}", self.shape())));
+        }
+        Ok(self.to_f64_vec()?[0])
+    }
+
+    // --- dtype, device, contiguity ---------------------------------------------------------------
+
+    /// A copy with `dtype` (differentiable between float dtypes).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let buffer = self.backend().cast(&self.0.buffer, &self.0.layout, dtype)?;
+        let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
+        let from = self.dtype();
+        let differentiable = from.is_float() && dtype.is_float();
+        Ok(out.track("to_dtype", &[self], move |g| Ok(vec![if differentiable { Some(g.to_dtype(from)?) } else { None }])))
+    }
+
+    /// A copy on `device` (differentiable: the gradient travels back).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let host = self.to_host()?;
+        let out = Tensor::from_host(host, self.shape().clone(), device)?;
+        let origin = self.device().clone();
+        Ok(out.track("to_device", &[self], move |g| Ok(vec![Some(g.to_device(&origin)?)])))
+    }
+
+    /// Self if already contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() && self.0.layout.offset == 0 && self.0.buffer.len() == self.elem_count() {
+            return Ok(self.clone());
+        }
+        let buffer = self.backend().zeros(self.dtype(), self.elem_count())?;
+        self.backend().copy_strided(&self.0.buffer, &self.0.layout, &buffer, &Layout::contiguous(self.shape().clone()))?;
+        let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
+        Ok(out.track("contiguous", &[self], |g| Ok(vec![Some(g.clone())])))
+    }
+
+    /// Overwrites this tensor's elements with `src`'s (same shape), outside the graph.
+    /// For optimizer state, running statistics and loading checkpoints.
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        self.same_device("assign", src)?;
+        if self.shape() != src.shape() {
+            return Err(Error::shape("assign", self.shape(), src.shape(), "assign needs equal shapes"));
+        }
+        if self.dtype() != src.dtype() {
+            return Err(Error::DTypeMismatch { op: "assign", lhs: self.dtype(), rhs: src.dtype() });
+        }
+        self.backend().copy_strided(&src.0.buffer, &src.0.layout, &self.0.buffer, &self.0.layout)
+    }
+
+    // --- autograd --------------------------------------------------------------------------------
+
+    /// A leaf sharing this storage that records gradients into `.grad` (for parameters).
+    pub fn requires_grad(&self, requires: bool) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+            buffer: self.0.buffer.clone(),
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            device: self.0.device.clone(),
+            grad_fn: None,
+            requires_grad: requires,
+            grad: Mutex::new(None),
+        }))
+    }
+    /// True when gradients flow to or through this tensor.
+    pub fn tracks_grad(&self) -> bool {
+        self.0.requires_grad
+    }
+    pub fn is_leaf(&self) -> bool {
+        self.0.grad_fn.is_none()
+    }
+    /// The same storage, cut from the graph.
+    pub fn detach(&self) -> Tensor {
+        self.view(self.0.layout.clone())
+    }
+    /// The accumulated gradient of a leaf.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
+    }
+    pub fn zero_grad(&self) {
+        self.set_grad(None);
+    }
+
+    pub(crate) fn accumulate_grad(&self, g: &Tensor) -> Result<()> {
+        if g.shape() != self.shape() {
+            return Err(Error::Autograd(format!("gradient of shape {} for a parameter of shape {}", g.shape(), self.shape())));
+        }
+        let mut slot = self.0.grad.lock().unwrap_or_else(|e| e.into_inner());
+        let next = match slot.take() {
+            None => g.detach().contiguous()?,
+            Some(prev) => {
+                // Accumulate in place when the previous gradient is ours alone.
+                let g = g.contiguous()?;
+                if prev.is_contiguous() && prev.dtype() == g.dtype() && Arc::strong_count(&prev.0.buffer) == 1 {
+                    prev.backend().axpy(&prev.0.buffer, &g.0.buffer, 1.0)?;
+                    prev
+                } else {
+                    prev.add(&g)?.detach()
+                }
+            }
+        };
+        *slot = Some(next);
+        Ok(())
+    }
+
+    /// Computes the gradient of this scalar with respect to every leaf that requires grad.
+    pub fn backward(&self) -> Result<()> {
+        if self.elem_count() != 1 {
+            return Err(Error::Autograd(format!("backward() needs a scalar (one element), not shape {}; reduce it first, e.g. with mean_all()", self.shape())));
+        }
+        let seed = self.ones_like()?;
+        self.backward_with(seed)
+    }
+
+    /// Back-propagates `grad` (the gradient of some scalar with respect to self).
+    pub fn backward_with(&self, grad: Tensor) -> Result<()> {
+        match &self.0.grad_fn {
+            Some(node) => autograd::backward(node, grad),
+            None if self.0.requires_grad => self.accumulate_grad(&grad),
+            None => Err(Error::Autograd("this tensor does not depend on any tensor that requires grad".into())),
+        }
+    }
+
+    fn ones_like(&self) -> Result<Tensor> {
+        self.full_like(1.0)
+    }
+
+    /// Records the operation that produced `self` from `inputs` when the graph is on and any input
+    /// needs a gradient. `backward` maps the output gradient to one optional gradient per input.
+    pub(crate) fn track(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
+        if !autograd::is_grad_enabled() || !inputs.iter().any(|t| t.0.requires_grad) {
+            return self;
+        }
+        let edges = inputs
+            .iter()
+            .map(|t| match (&t.0.grad_fn, t.0.requires_grad) {
+                (Some(node), _) => Edge::Node(node.clone()),
+                (None, true) => Edge::Leaf((*t).clone()),
+                (None, false) => Edge::None,
+            })
+            .collect();
+        let node = Node::new(name, edges, Box::new(backward) as BackwardFn);
+        let inner = Arc::try_unwrap(self.0).unwrap_or_else(|shared| Inner {
+            id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+            buffer: shared.buffer.clone(),
+            layout: shared.layout.clone(),
+            dtype: shared.dtype,
+            device: shared.device.clone(),
+            grad_fn: None,
+            requires_grad: false,
+            grad: Mutex::new(None),
+        });
+        Tensor(Arc::new(Inner { grad_fn: Some(node), requires_grad: true, ..inner }))
+    }
+
+    // --- checks ----------------------------------------------------------------------------------
+
+    pub(crate) fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if self.device() != other.device() {
+            return Err(Error::DeviceMismatch { op, a: self.device().to_string(), b: other.device().to_string() });
+        }
+        Ok(())
+    }
+    pub(crate) fn same_dtype(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if self.dtype() != other.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: other.dtype() });
+        }
+        Ok(())
+    }
+    pub(crate) fn float_only(&self, op: &'static str) -> Result<()> {
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op, dtype: self.dtype(), hint: "; convert with to_dtype(DType::F32) first" });
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({}, {}, {}", self.shape(), self.dtype(), self.device())?;
+        if let Some(n) = &self.0.grad_fn {
+            write!(f, ", grad_fn={}", n.name())?;
+        }
+        write!(f, ")")
+    }
+}

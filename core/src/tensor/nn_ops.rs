@@ -1,0 +1,246 @@
+//! Neural-network operations: softmax, convolution, pooling, normalisation, dropout and losses.
+//! Convolution and average pooling are built on the backend's im2col/col2im and matmul.
+
+use super::Tensor;
+use crate::backend::{Conv2dGeometry, Pool2dGeometry};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::rng::Generator;
+use crate::shape::Shape;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOptions {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Self {
+        Conv2dOptions { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2dOptions {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+impl Pool2dOptions {
+    /// PyTorch's default: stride equal to the kernel, no padding.
+    pub fn new(kernel: usize) -> Self {
+        Pool2dOptions { kernel: [kernel; 2], stride: [kernel; 2], padding: [0, 0] }
+    }
+}
+
+impl Tensor {
+    /// Moves `axis` last and returns (contiguous tensor, rows, cols, permutation used).
+    fn last_axis_rows(&self, op: &'static str, axis: isize) -> Result<(Tensor, usize, usize, Option<Vec<usize>>)> {
+        self.float_only(op)?;
+        let a = self.shape().axis(op, axis)?;
+        let last = self.rank().saturating_sub(1);
+        let (moved, perm) = if a == last {
+            (self.contiguous()?, None)
+        } else {
+            let mut perm: Vec<usize> = (0..self.rank()).collect();
+            perm.swap(a, last);
+            (self.permute(&perm)?.contiguous()?, Some(perm))
+        };
+        let cols = self.dims().get(a).copied().unwrap_or(1);
+        Ok((moved, self.elem_count() / cols.max(1), cols, perm))
+    }
+
+    fn rowwise(&self, axis: isize, log: bool) -> Result<Tensor> {
+        let op = if log { "log_softmax" } else { "softmax" };
+        let (x, rows, cols, perm) = self.last_axis_rows(op, axis)?;
+        let backend = x.backend();
+        let buffer = if log { backend.log_softmax_last(x.buffer(), rows, cols)? } else { backend.softmax_last(x.buffer(), rows, cols)? };
+        let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
+        let y = out.detach();
+        let out = out.track(op, &[&x], move |g| {
+            let last = -1;
+            let grad = if log {
+                // d log_softmax: g - softmax * sum(g)
+                g.sub(&y.exp()?.mul(&g.sum(&[last], true)?)?)?
+            } else {
+                // d softmax: y * (g - sum(g * y))
+                y.mul(&g.sub(&g.mul(&y)?.sum(&[last], true)?)?)?
+            };
+            Ok(vec![Some(grad)])
+        });
+        match perm {
+            Some(p) => out.permute(&p),
+            None => Ok(out),
+        }
+    }
+
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        self.rowwise(axis, false)
+    }
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        self.rowwise(axis, true)
+    }
+
+    fn nchw(&self, op: &'static str) -> Result<[usize; 4]> {
+        match *self.dims() {
+            [n, c, h, w] => Ok([n, c, h, w]),
+            _ => Err(Error::invalid(op, format!("expects an [N, C, H, W] input, got shape {}", self.shape()))),
+        }
+    }
+
+    /// Unfolds image patches into columns `[n, c*kh*kw, oh*ow]` (differentiable; col2im is its adjoint).
+    pub fn im2col(&self, geom: Conv2dGeometry) -> Result<Tensor> {
+        self.float_only("im2col")?;
+        geom.validate("im2col")?;
+        let x = self.contiguous()?;
+        let buffer = x.backend().im2col(x.buffer(), &geom)?;
+        let out = Tensor::from_buffer(buffer, [geom.n, geom.c * geom.kh * geom.kw, geom.out_h() * geom.out_w()], x.device());
+        Ok(out.track("im2col", &[&x], move |g| Ok(vec![Some(g.col2im(geom)?)])))
+    }
+
+    /// Folds columns back into images, summing overlaps (differentiable; im2col is its adjoint).
+    pub fn col2im(&self, geom: Conv2dGeometry) -> Result<Tensor> {
+        self.float_only("col2im")?;
+        geom.validate("col2im")?;
+        let expected = [geom.n, geom.c * geom.kh * geom.kw, geom.out_h() * geom.out_w()];
+        if self.dims() != expected {
+            return Err(Error::shape("col2im", self.shape(), &Shape::new(expected), "columns do not match the geometry"));
+        }
+        let cols = self.contiguous()?;
+        let buffer = cols.backend().col2im(cols.buffer(), &geom)?;
+        let out = Tensor::from_buffer(buffer, [geom.n, geom.c, geom.h, geom.w], cols.device());
+        Ok(out.track("col2im", &[&cols], move |g| Ok(vec![Some(g.im2col(geom)?)])))
+    }
+
+    /// 2-D convolution (cross-correlation, as PyTorch): input `[n, c, h, w]`, weight
+    /// `[out, c/groups, kh, kw]`, optional bias `[out]`.
+    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: Conv2dOptions) -> Result<Tensor> {
+        let [n, c, h, w] = self.nchw("conv2d")?;
+        let [o, cg, kh, kw] = weight.nchw("conv2d (weight)")?;
+        let g = opts.groups;
+        if g == 0 || c % g != 0 || o % g != 0 || cg != c / g {
+            return Err(Error::shape("conv2d", self.shape(), weight.shape(), format!("with groups={g}, input channels ({c}) and output channels ({o}) must divide by groups and the weight must have {} input channels", c / g.max(1))));
+        }
+        let geom = Conv2dGeometry { n, c, h, w, kh, kw, stride: opts.stride, padding: opts.padding, dilation: opts.dilation };
+        geom.validate("conv2d")?;
+        let (oh, ow) = (geom.out_h(), geom.out_w());
+        let cols = self.im2col(geom)?.reshape([n, g, cg * kh * kw, oh * ow])?;
+        let kernels = weight.reshape([g, o / g, cg * kh * kw])?;
+        let mut out = kernels.matmul(&cols)?.reshape([n, o, oh, ow])?;
+        if let Some(b) = bias {
+            if b.dims() != [o] {
+                return Err(Error::shape("conv2d", b.shape(), weight.shape(), format!("bias must have shape [{o}]")));
+            }
+            out = out.add(&b.reshape([1, o, 1, 1])?)?;
+        }
+        Ok(out)
+    }
+
+    /// Max pooling over `[n, c, h, w]` windows.
+    pub fn max_pool2d(&self, opts: Pool2dOptions) -> Result<Tensor> {
+        self.float_only("max_pool2d")?;
+        let [n, c, h, w] = self.nchw("max_pool2d")?;
+        let geom = Pool2dGeometry { n, c, h, w, kernel: opts.kernel, stride: opts.stride, padding: opts.padding };
+        geom.validate("max_pool2d")?;
+        let x = self.contiguous()?;
+        let (values, indices) = x.backend().max_pool2d(x.buffer(), &geom)?;
+        let (oh, ow) = (geom.out_h(), geom.out_w());
+        let out = Tensor::from_buffer(values, [n, c, oh, ow], x.device());
+        let indices = Tensor::from_buffer(indices, [n * c, oh * ow], x.device());
+        Ok(out.track("max_pool2d", &[&x], move |g| {
+            let grad = Tensor::zeros([n * c, h * w], g.dtype(), g.device())?;
+            let g = g.contiguous()?;
+            grad.backend().scatter_add(grad.buffer(), h * w, g.buffer(), n * c, oh * ow, 1, indices.buffer())?;
+            Ok(vec![Some(grad.reshape([n, c, h, w])?)])
+        }))
+    }
+
+    /// Average pooling (padding counts as zeros in the average, PyTorch's default).
+    pub fn avg_pool2d(&self, opts: Pool2dOptions) -> Result<Tensor> {
+        let [n, c, h, w] = self.nchw("avg_pool2d")?;
+        let geom = Pool2dGeometry { n, c, h, w, kernel: opts.kernel, stride: opts.stride, padding: opts.padding };
+        geom.validate("avg_pool2d")?;
+        let planes = Conv2dGeometry { n: n * c, c: 1, ..geom.as_conv() };
+        self.reshape([n * c, 1, h, w])?.im2col(planes)?.mean(&[1], false)?.reshape([n, c, geom.out_h(), geom.out_w()])
+    }
+
+    /// Batch normalisation over axis 1 of `[n, c]` or `[n, c, h, w]`. In training, normalises with
+    /// the batch statistics (biased variance) and updates the running statistics in place with
+    /// the unbiased variance and `momentum`; in evaluation, uses the running statistics.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm(&self, running_mean: &Tensor, running_var: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, training: bool, momentum: f64, eps: f64) -> Result<Tensor> {
+        self.float_only("batch_norm")?;
+        if self.rank() < 2 {
+            return Err(Error::invalid("batch_norm", format!("expects [N, C, …], got shape {}", self.shape())));
+        }
+        let c = self.dims()[1];
+        let mut bshape = vec![1; self.rank()];
+        bshape[1] = c;
+        let axes: Vec<isize> = (0..self.rank() as isize).filter(|&a| a != 1).collect();
+        let (mean, var) = if training {
+            let count = self.elem_count() / c.max(1);
+            if count <= 1 {
+                return Err(Error::invalid("batch_norm", format!("expected more than 1 value per channel when training, got input of shape {}", self.shape())));
+            }
+            let mean = self.mean(&axes, true)?;
+            let centered = self.sub(&mean)?;
+            let var = centered.mul(&centered)?.mean(&axes, true)?;
+            crate::autograd::no_grad(|| -> Result<()> {
+                let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?.reshape([c])?;
+                running_mean.assign(&running_mean.affine(1.0 - momentum, 0.0)?.add(&mean.reshape([c])?.affine(momentum, 0.0)?)?)?;
+                running_var.assign(&running_var.affine(1.0 - momentum, 0.0)?.add(&unbiased.affine(momentum, 0.0)?)?)
+            })?;
+            (mean, var)
+        } else {
+            (running_mean.reshape(bshape.clone())?, running_var.reshape(bshape.clone())?)
+        };
+        let mut y = self.sub(&mean)?.div(&var.add_scalar(eps)?.sqrt()?)?;
+        if let Some(w) = weight {
+            y = y.mul(&w.reshape(bshape.clone())?)?;
+        }
+        if let Some(b) = bias {
+            y = y.add(&b.reshape(bshape)?)?;
+        }
+        Ok(y)
+    }
+
+    /// Zeroes each element with probability `p` and scales the rest by `1/(1-p)` when training.
+    pub fn dropout(&self, p: f64, training: bool, generator: &Generator) -> Result<Tensor> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::invalid("dropout", format!("probability must be in [0, 1], got {p}")));
+        }
+        if !training || p == 0.0 {
+            return Ok(self.clone());
+        }
+        if p == 1.0 {
+            return self.mul_scalar(0.0);
+        }
+        let u = Tensor::rand_uniform(self.shape().clone(), 0.0, 1.0, self.dtype(), generator, self.device())?;
+        let keep = u.cmp_scalar(crate::backend::CmpOp::Ge, p)?.to_dtype(self.dtype())?;
+        self.mul(&keep.affine(1.0 / (1.0 - p), 0.0)?)
+    }
+
+    /// Mean cross-entropy of `[n, classes]` logits against integer labels `[n]` (u32 or i64).
+    pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
+        if self.rank() != 2 || labels.rank() != 1 || labels.dims()[0] != self.dims()[0] {
+            return Err(Error::shape("cross_entropy", self.shape(), labels.shape(), "expects logits [N, C] and labels [N]"));
+        }
+        if labels.dtype() != DType::U32 && labels.dtype() != DType::I64 {
+            return Err(Error::UnsupportedDType { op: "cross_entropy", dtype: labels.dtype(), hint: "; labels are class indices (u32 or i64)" });
+        }
+        let picked = self.log_softmax(-1)?.gather(1, &labels.reshape([labels.elem_count(), 1])?)?;
+        picked.mean_all()?.neg()
+    }
+
+    /// Mean squared error.
+    pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if self.shape() != target.shape() {
+            return Err(Error::shape("mse_loss", self.shape(), target.shape(), "prediction and target must have one shape"));
+        }
+        let d = self.sub(target)?;
+        d.mul(&d)?.mean_all()
+    }
+}
