@@ -29,6 +29,12 @@ pub enum Error {
     #[error("collective {op} on rank {rank}: {msg}")]
     Collective { op: &'static str, rank: usize, msg: String },
 
+    #[error("{what}: {msg}")]
+    Data { what: String, msg: String },
+
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+
     #[error("device {device}: {msg}")]
     Device { device: String, msg: String },
 }
@@ -41,6 +47,12 @@ impl Error {
     }
     pub fn shape(op: &'static str, lhs: &Shape, rhs: &Shape, hint: impl Into<String>) -> Self {
         Error::ShapeMismatch { op, lhs: lhs.clone(), rhs: rhs.clone(), hint: hint.into() }
+    }
+    pub fn data(what: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Data { what: what.into(), msg: msg.into() }
+    }
+    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+        Error::Io { path: path.as_ref().display().to_string(), source }
     }
     pub fn dtype(op: &'static str, dtype: DType) -> Self {
         Error::UnsupportedDType { op, dtype, hint: "" }

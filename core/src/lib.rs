@@ -5,6 +5,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod conformance;
+pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;

@@ -17,7 +17,6 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rayon::prelude::*;
 
-use self::float::CpuFloat;
 use self::pool::Pool;
 use super::{
     AdamStep, Backend, BackendBuffer, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep,
@@ -281,12 +280,14 @@ impl Backend for CpuBackend {
         let data = cpu(op.name(), src)?.read();
         if op == ReduceKind::ArgMax {
             let [axis] = axes else { return Err(Error::invalid("argmax", "takes exactly one axis")) };
-            let mut out = None;
-            let _ = float_unary_dispatch!("argmax", &*data, |v| {
-                out = Some(reduce::argmax(&self.pool, v, layout, *axis));
-                Vec::new()
-            });
-            return Ok(self.wrap(HostVec::U32(out.unwrap_or_default())));
+            let out = match &*data {
+                HostVec::F32(v) => reduce::argmax(&self.pool, v, layout, *axis),
+                HostVec::F64(v) => reduce::argmax(&self.pool, v, layout, *axis),
+                HostVec::F16(v) => reduce::argmax(&self.pool, &float::widen_f16(v), layout, *axis),
+                HostVec::BF16(v) => reduce::argmax(&self.pool, &float::widen_bf16(v), layout, *axis),
+                other => return Err(Error::dtype("argmax", other.dtype())),
+            };
+            return Ok(self.wrap(HostVec::U32(out)));
         }
         let out = float_unary_dispatch!(op.name(), &*data, |v| reduce::reduce(&self.pool, op, v, layout, axes));
         Ok(self.wrap(out))
@@ -375,7 +376,7 @@ impl Backend for CpuBackend {
         geom.validate("max_pool2d")?;
         let data = cpu("max_pool2d", src)?.read();
         check_len("max_pool2d", &data, geom.n * geom.c * geom.h * geom.w)?;
-        let mut indices = Vec::new();
+        let indices;
         let values = float_unary_dispatch!("max_pool2d", &*data, |v| {
             let (vals, idx) = conv::max_pool2d(&self.pool, v, geom);
             indices = idx;

@@ -35,13 +35,6 @@ impl Pool {
         }
     }
 
-    /// A vector of `len` zeros.
-    pub fn take_zeroed<T: Element>(&self, len: usize) -> Vec<T> {
-        let mut v = self.take::<T>(len);
-        v.fill(T::from_f64(0.0));
-        v
-    }
-
     /// Returns a buffer's memory for reuse (buffers count their bytes from creation to drop).
     pub fn give(&self, data: HostVec) {
         let (dtype, len) = (data.dtype(), data.len());

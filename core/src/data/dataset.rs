@@ -1,0 +1,21 @@
+//! The dataset contract: a length and random access to samples.
+
+use super::batch::{Batch, HostTensor, collate};
+use crate::error::Result;
+
+/// One sample: its fields, e.g. `[image [1, 28, 28] f32, label [] u32]`.
+pub type Sample = Vec<HostTensor>;
+
+pub trait Dataset: Send + Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The sample at `index` (< len). Errors should say what is wrong with that sample.
+    fn get(&self, index: usize) -> Result<Sample>;
+    /// A whole batch; datasets may override it to build the batch in one pass.
+    fn get_batch(&self, indices: &[usize]) -> Result<Batch> {
+        let samples = indices.iter().map(|&i| self.get(i)).collect::<Result<Vec<_>>>()?;
+        collate(samples, indices.to_vec())
+    }
+}

@@ -1,0 +1,162 @@
+//! MNIST from the four standard IDX files (gzipped or raw) in a directory, normalised as
+//! `(x/255 - 0.1307) / 0.3081`. Every check says which file is wrong and how.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::batch::{Batch, HostTensor};
+use super::dataset::{Dataset, Sample};
+use crate::dtype::HostVec;
+use crate::error::{Error, Result};
+
+pub const MEAN: f32 = 0.1307;
+pub const STD: f32 = 0.3081;
+pub const CLASSES: usize = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+impl Split {
+    /// The standard file names (without `.gz`) of (images, labels).
+    pub fn file_names(self) -> (&'static str, &'static str) {
+        match self {
+            Split::Train => ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+            Split::Test => ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+        }
+    }
+}
+
+/// All four file names, as a download or a setup message needs them.
+pub const FILES: [&str; 4] = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+
+pub struct Mnist {
+    images: Vec<u8>,
+    labels: Vec<u8>,
+    rows: usize,
+    cols: usize,
+    /// Normalised value of each byte, computed once.
+    lut: [f32; 256],
+}
+
+/// Finds `name` or `name.gz` in `dir`.
+pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
+    [dir.join(name), dir.join(format!("{name}.gz"))].into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        Error::data(
+            format!("MNIST file {name}(.gz)"),
+            format!("not found in {}; put the four standard files there ({}), each raw or gzipped", dir.display(), FILES.join(", ")),
+        )
+    })
+}
+
+/// Reads a whole file, inflating it when it starts with the gzip magic bytes.
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .map_err(|e| Error::data(path.display().to_string(), format!("corrupt or truncated gzip data ({e}); download the file again")))?;
+        Ok(out)
+    } else {
+        Ok(raw)
+    }
+}
+
+fn be_u32(bytes: &[u8], at: usize) -> usize {
+    u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize
+}
+
+/// Checks an IDX header (magic `0x0000_08_dims` for unsigned bytes) and the payload length;
+/// returns the dimensions and the payload.
+fn parse_idx(path: &Path, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
+    let what = path.display().to_string();
+    let header = 4 + 4 * dims;
+    if bytes.len() < header {
+        return Err(Error::data(what, format!("only {} bytes: too short for an IDX header of {header} bytes (truncated file?)", bytes.len())));
+    }
+    let magic = be_u32(&bytes, 0);
+    let expected = 0x0800 + dims;
+    if magic != expected {
+        return Err(Error::data(what, format!("magic number {magic:#010x}, expected {expected:#010x} (IDX, unsigned bytes, {dims} dimensions): not an MNIST {} file", if dims == 1 { "label" } else { "image" })));
+    }
+    let shape: Vec<usize> = (0..dims).map(|d| be_u32(&bytes, 4 + 4 * d)).collect();
+    let payload = shape.iter().product::<usize>();
+    let actual = bytes.len() - header;
+    if actual != payload {
+        return Err(Error::data(what, format!("header says {shape:?} ({payload} bytes of data) but the file holds {actual} bytes (truncated or corrupt)")));
+    }
+    let mut bytes = bytes;
+    bytes.drain(..header);
+    Ok((shape, bytes))
+}
+
+impl Mnist {
+    /// Loads one split from `dir`.
+    pub fn load(dir: impl AsRef<Path>, split: Split) -> Result<Mnist> {
+        let dir = dir.as_ref();
+        let (images_name, labels_name) = split.file_names();
+        let (images_path, labels_path) = (locate(dir, images_name)?, locate(dir, labels_name)?);
+        let (image_shape, images) = parse_idx(&images_path, read_maybe_gz(&images_path)?, 3)?;
+        let (label_shape, labels) = parse_idx(&labels_path, read_maybe_gz(&labels_path)?, 1)?;
+        if image_shape[0] != label_shape[0] {
+            return Err(Error::data(
+                format!("{} and {}", images_path.display(), labels_path.display()),
+                format!("{} images but {} labels: the files do not belong together", image_shape[0], label_shape[0]),
+            ));
+        }
+        if let Some(i) = labels.iter().position(|&l| l as usize >= CLASSES) {
+            return Err(Error::data(labels_path.display().to_string(), format!("label {} at index {i} is not a digit 0-9", labels[i])));
+        }
+        let mut lut = [0f32; 256];
+        for (v, out) in lut.iter_mut().enumerate() {
+            *out = (v as f32 / 255.0 - MEAN) / STD;
+        }
+        Ok(Mnist { images, labels, rows: image_shape[1], cols: image_shape[2], lut })
+    }
+
+    pub fn image_shape(&self) -> [usize; 3] {
+        [1, self.rows, self.cols]
+    }
+    /// The raw label of sample `index`.
+    pub fn label(&self, index: usize) -> Option<u8> {
+        self.labels.get(index).copied()
+    }
+    fn check_index(&self, index: usize) -> Result<()> {
+        if index >= self.labels.len() {
+            return Err(Error::data(format!("MNIST sample {index}"), format!("out of range: the split has {} samples", self.labels.len())));
+        }
+        Ok(())
+    }
+}
+
+impl Dataset for Mnist {
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    fn get(&self, index: usize) -> Result<Sample> {
+        self.get_batch(&[index]).map(|b| {
+            b.fields.into_iter().map(|f| HostTensor { shape: crate::shape::Shape::new(&f.shape.dims()[1..]), data: f.data }).collect()
+        })
+    }
+
+    /// Builds the batch's image tensor `[n, 1, rows, cols]` and labels `[n]` (u32) in one pass.
+    fn get_batch(&self, indices: &[usize]) -> Result<Batch> {
+        let pixels = self.rows * self.cols;
+        let mut images = Vec::with_capacity(indices.len() * pixels);
+        let mut labels = Vec::with_capacity(indices.len());
+        for &i in indices {
+            self.check_index(i)?;
+            images.extend(self.images[i * pixels..(i + 1) * pixels].iter().map(|&b| self.lut[b as usize]));
+            labels.push(self.labels[i] as u32);
+        }
+        let n = indices.len();
+        Ok(Batch {
+            fields: vec![HostTensor::new(HostVec::F32(images), [n, 1, self.rows, self.cols])?, HostTensor::new(HostVec::U32(labels), [n])?],
+            indices: indices.to_vec(),
+        })
+    }
+}
