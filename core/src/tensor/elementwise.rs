@@ -96,7 +96,11 @@ impl Tensor {
                 UnaryOp::Recip => y.mul(&y)?.neg()?,
                 UnaryOp::Tanh => y.mul(&y)?.affine(-1.0, 1.0)?,
                 UnaryOp::Sigmoid => y.mul(&y.affine(-1.0, 1.0)?)?,
-                UnaryOp::Relu => x.cmp_scalar(CmpOp::Gt, 0.0)?.to_dtype(x.dtype())?,
+                UnaryOp::Relu => {
+                    // g where x > 0, else 0: one comparison and one select, no float mask.
+                    let zero = Tensor::full(Shape::scalar(), 0.0, g.dtype(), g.device())?;
+                    return Ok(vec![Some(x.cmp_scalar(CmpOp::Gt, 0.0)?.where_cond(g, &zero)?)]);
+                }
                 UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
                 UnaryOp::GeluGrad => {
                     // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)

@@ -30,6 +30,13 @@ fn fold_batch(layout: &Layout, batch: usize) -> Option<Layout> {
     })
 }
 
+/// True when the last two axes are stored column-major (a transposed view).
+fn is_transposed(t: &Tensor) -> bool {
+    let (s, d) = (&t.layout().strides, t.dims());
+    let r = t.rank();
+    r >= 2 && s[r - 2] == 1 && s[r - 1] == d[r - 2] && d[r - 2] > 1
+}
+
 impl Tensor {
     /// `self @ rhs` over the last two axes, broadcasting the leading (batch) axes as PyTorch does.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
@@ -44,7 +51,9 @@ impl Tensor {
         if k != k2 {
             return Err(Error::shape("matmul", self.shape(), rhs.shape(), format!("inner dimensions {k} and {k2} differ")));
         }
-        let batch_shape = Shape::broadcast("matmul", &Shape::new(&self.dims()[..self.rank() - 2]), &Shape::new(&rhs.dims()[..rhs.rank() - 2]))?;
+        // Fix: name the operands' full shapes when the batch axes do not broadcast.
+        let batch_shape = Shape::broadcast("matmul", &Shape::new(&self.dims()[..self.rank() - 2]), &Shape::new(&rhs.dims()[..rhs.rank() - 2]))
+            .map_err(|_| Error::shape("matmul", self.shape(), rhs.shape(), "the batch axes (all but the last two) do not broadcast"))?;
         let batch = batch_shape.elem_count();
         let with = |rows: usize, cols: usize| {
             let mut d = batch_shape.dims().to_vec();
@@ -68,10 +77,25 @@ impl Tensor {
         let out = Tensor::from_buffer(buffer, with(m, n), self.device());
         let (x, y) = (self.detach(), rhs.detach());
         let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
+        // A product costs as much as the forward pass: skip the ones nobody needs (e.g. the
+        // gradient of the input batch).
+        let (need_a, need_b) = (self.tracks_grad(), rhs.tracks_grad());
+        // Each gradient is produced in its input's memory order: a transposed input (Linear's
+        // weight) gets a transposed gradient view, which is contiguous once transposed back, so
+        // no copy is needed to store it.
+        let (a_t, b_t) = (is_transposed(self), is_transposed(rhs));
         Ok(out.track("matmul", &[self, rhs], move |g| {
-            let ga = g.matmul(&y.t()?)?.sum_to_shape(&sa)?;
-            let gb = x.t()?.matmul(g)?.sum_to_shape(&sb)?;
-            Ok(vec![Some(ga), Some(gb)])
+            let ga = match (need_a, a_t) {
+                (false, _) => None,
+                (true, false) => Some(g.matmul(&y.t()?)?),
+                (true, true) => Some(y.matmul(&g.t()?)?.t()?),
+            };
+            let gb = match (need_b, b_t) {
+                (false, _) => None,
+                (true, false) => Some(x.t()?.matmul(g)?),
+                (true, true) => Some(g.t()?.matmul(&x)?.t()?),
+            };
+            Ok(vec![ga.map(|t| t.sum_to_shape(&sa)).transpose()?, gb.map(|t| t.sum_to_shape(&sb)).transpose()?])
         }))
     }
 }

@@ -281,7 +281,10 @@ impl Tensor {
             Some(prev) => {
                 // Accumulate in place when the previous gradient is ours alone.
                 let g = g.contiguous()?;
-                if prev.is_contiguous() && prev.dtype() == g.dtype() && Arc::strong_count(&prev.0.buffer) == 1 {
+                // Fix: `axpy` is specified for f32 state only (f64 on the CPU); other dtypes (f16
+                // leaves used twice) failed here, so they take the out-of-place path.
+                let axpy_dtype = matches!(g.dtype(), DType::F32 | DType::F64);
+                if axpy_dtype && prev.is_contiguous() && prev.dtype() == g.dtype() && Arc::strong_count(&prev.0.buffer) == 1 {
                     prev.backend().axpy(&prev.0.buffer, &g.0.buffer, 1.0)?;
                     prev
                 } else {

@@ -95,6 +95,11 @@ impl Tensor {
     pub fn im2col(&self, geom: Conv2dGeometry) -> Result<Tensor> {
         self.float_only("im2col")?;
         geom.validate("im2col")?;
+        // Fix: the geometry must describe this tensor, not just its element count.
+        let expected = [geom.n, geom.c, geom.h, geom.w];
+        if self.dims() != expected {
+            return Err(Error::shape("im2col", self.shape(), &Shape::new(expected), "the input does not match the geometry's [n, c, h, w]"));
+        }
         let x = self.contiguous()?;
         let buffer = x.backend().im2col(x.buffer(), &geom)?;
         let out = Tensor::from_buffer(buffer, [geom.n, geom.c * geom.kh * geom.kw, geom.out_h() * geom.out_w()], x.device());
@@ -118,6 +123,13 @@ impl Tensor {
     /// 2-D convolution (cross-correlation, as PyTorch): input `[n, c, h, w]`, weight
     /// `[out, c/groups, kh, kw]`, optional bias `[out]`.
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: Conv2dOptions) -> Result<Tensor> {
+        // Fix: check devices and dtypes here, so errors name conv2d rather than an inner op.
+        self.float_only("conv2d")?;
+        self.same_device("conv2d", weight)?;
+        self.same_dtype("conv2d", weight)?;
+        if let Some(b) = bias {
+            self.same_device("conv2d", b)?;
+        }
         let [n, c, h, w] = self.nchw("conv2d")?;
         let [o, cg, kh, kw] = weight.nchw("conv2d (weight)")?;
         let g = opts.groups;

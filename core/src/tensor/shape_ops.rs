@@ -2,6 +2,7 @@
 //! concat, index_select and gather (copies), each with its backward rule.
 
 use super::Tensor;
+use crate::backend::CmpOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::{Layout, Shape};
@@ -108,8 +109,9 @@ impl Tensor {
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
         let a = self.shape().axis("narrow", axis)?;
         let size = self.dims()[a];
-        if start + len > size {
-            return Err(Error::invalid("narrow", format!("range {start}..{} is outside axis {a} of size {size} (shape {})", start + len, self.shape())));
+        // Fix: checked, so a huge `start` is an error rather than an overflow panic.
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::invalid("narrow", format!("range {start}..{start}+{len} is outside axis {a} of size {size} (shape {})", self.shape())));
         }
         let mut layout = self.layout().clone();
         layout.offset += start * layout.strides[a];
@@ -164,7 +166,14 @@ impl Tensor {
         self.same_device(op, ids)?;
         match ids.dtype() {
             DType::U32 => ids.contiguous(),
-            DType::I64 => ids.to_dtype(DType::U32)?.contiguous(),
+            DType::I64 => {
+                // Fix: the cast saturates negative labels (e.g. -1 as an ignore index) to 0,
+                // silently selecting index 0. Map them to u32::MAX so the op reports them out of
+                // range, on the device (no host sync).
+                let negative = ids.cmp_scalar(CmpOp::Lt, 0.0)?;
+                let invalid = Tensor::full(Shape::scalar(), u32::MAX as f64, DType::I64, ids.device())?;
+                negative.where_cond(&invalid, ids)?.to_dtype(DType::U32)?.contiguous()
+            }
             other => Err(Error::UnsupportedDType { op, dtype: other, hint: "; indices must be u32 or i64" }),
         }
     }

@@ -10,55 +10,67 @@ use crate::dtype::Element;
 use crate::shape::Layout;
 
 /// Below this many elements, splitting work across threads costs more than it saves.
-pub const PAR_THRESHOLD: usize = 1 << 15;
+pub const PAR_THRESHOLD: usize = 1 << 17;
 
-pub fn unary_fn<T: CpuFloat>(op: UnaryOp) -> impl Fn(T) -> T + Sync {
+/// Applies a unary op, choosing the op once so each op's loop is compiled on its own.
+pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
     let half = T::of(0.5);
     let one = T::one();
     let inv_sqrt2 = T::of(std::f64::consts::FRAC_1_SQRT_2);
     let inv_sqrt_2pi = T::of(0.398_942_280_401_432_7);
-    move |x: T| match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Recip => x.recip(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => one / (one + (-x).exp()),
-        UnaryOp::Relu => x.max(T::zero()),
-        UnaryOp::Gelu => x * half * (one + (x * inv_sqrt2).erf()),
-        UnaryOp::GeluGrad => half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp(),
-        UnaryOp::Powf(e) => x.powf(T::of(e)),
-        UnaryOp::Affine { mul, add } => x * T::of(mul) + T::of(add),
-        UnaryOp::ClampMin(m) => x.max(T::of(m)),
-        UnaryOp::ClampMax(m) => x.min(T::of(m)),
+    match op {
+        UnaryOp::Neg => map(pool, src, layout, |x: T| -x),
+        UnaryOp::Abs => map(pool, src, layout, |x: T| x.abs()),
+        UnaryOp::Exp => map(pool, src, layout, |x: T| x.exp()),
+        UnaryOp::Log => map(pool, src, layout, |x: T| x.ln()),
+        UnaryOp::Sqrt => map(pool, src, layout, |x: T| x.sqrt()),
+        UnaryOp::Recip => map(pool, src, layout, |x: T| x.recip()),
+        UnaryOp::Tanh => map(pool, src, layout, |x: T| x.tanh()),
+        UnaryOp::Sigmoid => map(pool, src, layout, |x: T| one / (one + (-x).exp())),
+        UnaryOp::Relu => map(pool, src, layout, |x: T| x.max(T::zero())),
+        UnaryOp::Gelu => map(pool, src, layout, |x: T| x * half * (one + (x * inv_sqrt2).erf())),
+        UnaryOp::GeluGrad => map(pool, src, layout, |x: T| half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp()),
+        UnaryOp::Powf(e) => {
+            let e = T::of(e);
+            map(pool, src, layout, |x: T| x.powf(e))
+        }
+        UnaryOp::Affine { mul, add } => {
+            let (m, a) = (T::of(mul), T::of(add));
+            map(pool, src, layout, |x: T| x * m + a)
+        }
+        UnaryOp::ClampMin(m) => {
+            let m = T::of(m);
+            map(pool, src, layout, |x: T| x.max(m))
+        }
+        UnaryOp::ClampMax(m) => {
+            let m = T::of(m);
+            map(pool, src, layout, |x: T| x.min(m))
+        }
     }
 }
 
-pub fn binary_fn<T: CpuFloat>(op: BinaryOp) -> impl Fn(T, T) -> T + Sync {
-    move |a: T, b: T| match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum => a.max(b),
-        BinaryOp::Minimum => a.min(b),
+/// Applies a binary op to operands broadcast to one shape (one compiled loop per op).
+pub fn binary<T: CpuFloat>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layout, op: BinaryOp) -> Vec<T> {
+    match op {
+        BinaryOp::Add => zip(pool, a, la, b, lb, |x: T, y: T| x + y),
+        BinaryOp::Sub => zip(pool, a, la, b, lb, |x: T, y: T| x - y),
+        BinaryOp::Mul => zip(pool, a, la, b, lb, |x: T, y: T| x * y),
+        BinaryOp::Div => zip(pool, a, la, b, lb, |x: T, y: T| x / y),
+        BinaryOp::Pow => zip(pool, a, la, b, lb, |x: T, y: T| x.powf(y)),
+        BinaryOp::Maximum => zip(pool, a, la, b, lb, |x: T, y: T| x.max(y)),
+        BinaryOp::Minimum => zip(pool, a, la, b, lb, |x: T, y: T| x.min(y)),
     }
 }
 
-pub fn compare_fn<T: PartialOrd>(op: CmpOp) -> impl Fn(T, T) -> u32 + Sync {
-    move |a: T, b: T| {
-        let holds = match op {
-            CmpOp::Eq => a == b,
-            CmpOp::Ne => a != b,
-            CmpOp::Lt => a < b,
-            CmpOp::Le => a <= b,
-            CmpOp::Gt => a > b,
-            CmpOp::Ge => a >= b,
-        };
-        holds as u32
+/// 1 where the comparison holds, else 0 (one compiled loop per comparison).
+pub fn compare<T: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp) -> Vec<u32> {
+    match op {
+        CmpOp::Eq => zip(pool, a, la, b, lb, |x: T, y: T| (x == y) as u32),
+        CmpOp::Ne => zip(pool, a, la, b, lb, |x: T, y: T| (x != y) as u32),
+        CmpOp::Lt => zip(pool, a, la, b, lb, |x: T, y: T| (x < y) as u32),
+        CmpOp::Le => zip(pool, a, la, b, lb, |x: T, y: T| (x <= y) as u32),
+        CmpOp::Gt => zip(pool, a, la, b, lb, |x: T, y: T| (x > y) as u32),
+        CmpOp::Ge => zip(pool, a, la, b, lb, |x: T, y: T| (x >= y) as u32),
     }
 }
 
@@ -120,6 +132,16 @@ pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], l
 /// `out[i] = cond[i] != 0 ? t[i] : f[i]` over three layouts of one shape.
 pub fn select<T: Element>(pool: &Pool, cond: &[u32], lc: &Layout, t: &[T], lt: &Layout, f: &[T], lf: &Layout) -> Vec<T> {
     let mut out = pool.take::<T>(lc.elem_count());
+    if let (Some(rc), Some(rt), Some(rf)) = (lc.contiguous_range(), lt.contiguous_range(), lf.contiguous_range()) {
+        out.iter_mut().zip(&cond[rc]).zip(t[rt].iter().zip(&f[rf])).for_each(|((o, &c), (&x, &y))| *o = if c != 0 { x } else { y });
+        return out;
+    }
+    if let (Some(rc), Some(rt), true) = (lc.contiguous_range(), lt.contiguous_range(), lf.strides.iter().all(|&s| s == 0)) {
+        // The common `where(mask, x, scalar)` shape.
+        let y = f[lf.offset];
+        out.iter_mut().zip(&cond[rc]).zip(&t[rt]).for_each(|((o, &c), &x)| *o = if c != 0 { x } else { y });
+        return out;
+    }
     for (o, ((c, x), y)) in out.iter_mut().zip(lc.offsets().zip(lt.offsets()).zip(lf.offsets())) {
         *o = if cond[c] != 0 { t[x] } else { f[y] };
     }

@@ -224,24 +224,28 @@ impl Backend for CpuBackend {
     }
 
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
-        let values = self.to_host(src, layout)?;
-        if values.dtype() == dtype {
-            return Ok(self.wrap(values));
+        check_extent("cast", src, layout)?;
+        let data = cpu("cast", src)?.read();
+        // Through f64, which holds every value of every dtype here exactly (i64 up to 2^53), so
+        // each conversion rounds once, as a direct one would.
+        fn convert<S: Element, D: Element>(pool: &Pool, v: &[S], layout: &Layout) -> Vec<D> {
+            elementwise::map(pool, v, layout, |x| D::from_f64(x.to_f64()))
         }
-        let out = match (&values, dtype) {
-            (HostVec::F32(v), DType::F16) => HostVec::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
-            (HostVec::F32(v), DType::BF16) => HostVec::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()),
-            (HostVec::F16(v), DType::F32) => HostVec::F32(float::widen_f16(v)),
-            (HostVec::BF16(v), DType::F32) => HostVec::F32(float::widen_bf16(v)),
-            _ => HostVec::from_f64(dtype, &values.to_f64_vec()),
-        };
+        let out = map_host_vec!(&*data, v => match dtype {
+            DType::F32 => HostVec::F32(convert(&self.pool, v, layout)),
+            DType::F16 => HostVec::F16(convert(&self.pool, v, layout)),
+            DType::BF16 => HostVec::BF16(convert(&self.pool, v, layout)),
+            DType::F64 => HostVec::F64(convert(&self.pool, v, layout)),
+            DType::I64 => HostVec::I64(convert(&self.pool, v, layout)),
+            DType::U32 => HostVec::U32(convert(&self.pool, v, layout)),
+        });
         Ok(self.wrap(out))
     }
 
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         check_extent(op.name(), src, layout)?;
         let data = cpu(op.name(), src)?.read();
-        let out = float_unary_dispatch!(op.name(), &*data, |v| elementwise::map(&self.pool, v, layout, elementwise::unary_fn(op)));
+        let out = float_unary_dispatch!(op.name(), &*data, |v| elementwise::unary(&self.pool, v, layout, op));
         Ok(self.wrap(out))
     }
 
@@ -249,7 +253,7 @@ impl Backend for CpuBackend {
         check_extent(op.name(), lhs, lhs_layout)?;
         check_extent(op.name(), rhs, rhs_layout)?;
         let (a, b) = (cpu(op.name(), lhs)?.read(), cpu(op.name(), rhs)?.read());
-        let out = float_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::zip(&self.pool, x, lhs_layout, y, rhs_layout, elementwise::binary_fn(op)));
+        let out = float_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::binary(&self.pool, x, lhs_layout, y, rhs_layout, op));
         Ok(self.wrap(out))
     }
 
@@ -257,7 +261,7 @@ impl Backend for CpuBackend {
         check_extent(op.name(), lhs, lhs_layout)?;
         check_extent(op.name(), rhs, rhs_layout)?;
         let (a, b) = (cpu(op.name(), lhs)?.read(), cpu(op.name(), rhs)?.read());
-        let out = same_dtype!(op.name(), &*a, &*b, |x, y| elementwise::zip(&self.pool, x, lhs_layout, y, rhs_layout, elementwise::compare_fn(op)));
+        let out = same_dtype!(op.name(), &*a, &*b, |x, y| elementwise::compare(&self.pool, x, lhs_layout, y, rhs_layout, op));
         Ok(self.wrap(HostVec::U32(out)))
     }
 
@@ -431,7 +435,8 @@ fn check_len(op: &'static str, data: &HostVec, expected: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs an in-place kernel on an f32 or f64 destination with a source of the same dtype.
+/// Runs an in-place kernel on a float destination with a source of the same dtype (f16 and bf16
+/// through the f32 kernel, rounding once).
 fn float_pair_mut(
     op: &'static str,
     dst: &mut HostVec,
@@ -442,6 +447,21 @@ fn float_pair_mut(
     match (dst, src) {
         (HostVec::F32(d), HostVec::F32(s)) => f32_kernel(d, s),
         (HostVec::F64(d), HostVec::F64(s)) => f64_kernel(d, s),
-        (d, _) => Err(Error::UnsupportedDType { op, dtype: d.dtype(), hint: "; in-place accumulation needs f32 or f64 of one dtype" }),
+        // Fix: the backward passes of index_select, gather, max_pool2d and cross_entropy
+        // (index_add, scatter_add) run in every float dtype, so half precision must work too.
+        (HostVec::F16(d), HostVec::F16(s)) => {
+            let mut wide = float::widen_f16(d);
+            f32_kernel(&mut wide, &float::widen_f16(s))?;
+            d.iter_mut().zip(wide).for_each(|(d, w)| *d = half::f16::from_f32(w));
+            Ok(())
+        }
+        (HostVec::BF16(d), HostVec::BF16(s)) => {
+            let mut wide = float::widen_bf16(d);
+            f32_kernel(&mut wide, &float::widen_bf16(s))?;
+            d.iter_mut().zip(wide).for_each(|(d, w)| *d = half::bf16::from_f32(w));
+            Ok(())
+        }
+        (d, s) if d.dtype() != s.dtype() => Err(Error::DTypeMismatch { op, lhs: d.dtype(), rhs: s.dtype() }),
+        (d, _) => Err(Error::UnsupportedDType { op, dtype: d.dtype(), hint: "; in-place accumulation needs a float dtype" }),
     }
 }
