@@ -9,11 +9,13 @@ pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod models;
 pub mod nn;
 pub mod optim;
 pub mod rng;
 pub mod shape;
 pub mod tensor;
+pub mod train;
 
 pub use autograd::{NoGradGuard, no_grad};
 pub use device::Device;

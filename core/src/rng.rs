@@ -66,6 +66,12 @@ impl Generator {
     pub fn state(&self) -> (u64, u64) {
         (self.seed, *self.counter.lock().unwrap_or_else(|e| e.into_inner()))
     }
+    /// Puts the stream back at a saved `state()` (checkpoint resume).
+    pub fn restore(&self, seed: u64, counter: u64) {
+        // The seed is fixed at construction; a different one means another stream.
+        debug_assert_eq!(seed, self.seed, "restoring a generator from another stream's state");
+        *self.counter.lock().unwrap_or_else(|e| e.into_inner()) = counter;
+    }
     /// Reserves the counters for `len` values and returns the first.
     pub fn advance(&self, len: usize) -> u64 {
         let mut c = self.counter.lock().unwrap_or_else(|e| e.into_inner());

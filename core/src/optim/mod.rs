@@ -1,0 +1,19 @@
+//! Optimizers (fused, in-place updates on the parameters' device), learning-rate schedules and
+//! gradient clipping, with PyTorch's semantics.
+
+mod adam;
+mod clip;
+mod compose;
+mod lr_scheduler;
+mod optimizer;
+mod schedules;
+mod sgd;
+mod state_reader;
+
+pub use adam::{Adam, AdamConfig};
+pub use clip::{clip_grad_norm, clip_grad_value, grad_norm};
+pub use compose::{ChainedLR, SequentialLR};
+pub use lr_scheduler::{LrSchedule, LrScheduler, SchedulerState};
+pub use optimizer::{Optimizer, OptimizerState, zero_grad};
+pub use schedules::{CosineAnnealingLR, LinearLR, MultiStepLR, StepLR};
+pub use sgd::{Sgd, SgdConfig};

@@ -1,0 +1,30 @@
+//! Parameter-free activation modules.
+
+use super::module::Module;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Relu;
+
+impl Module for Relu {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.relu()
+    }
+    fn describe(&self) -> String {
+        "ReLU()".into()
+    }
+}
+
+/// GELU with the exact erf form, PyTorch's `nn.GELU(approximate='none')`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gelu;
+
+impl Module for Gelu {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.gelu()
+    }
+    fn describe(&self) -> String {
+        "GELU(approximate='none')".into()
+    }
+}

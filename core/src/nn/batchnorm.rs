@@ -1,0 +1,231 @@
+//! Batch normalisation over axis 1, with PyTorch's parameters (weight, bias) and buffers
+//! (running_mean, running_var, num_batches_tracked) so state dicts carry over unchanged.
+
+use super::module::{Module, join_name};
+use crate::autograd::no_grad;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// Which PyTorch class a `BatchNorm` stands for: it fixes the accepted input ranks and the name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `[N, C]` or `[N, C, L]`.
+    OneD,
+    /// `[N, C, H, W]`.
+    TwoD,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::OneD => "BatchNorm1d",
+            Kind::TwoD => "BatchNorm2d",
+        }
+    }
+    fn accepts(self, rank: usize) -> bool {
+        match self {
+            Kind::OneD => rank == 2 || rank == 3,
+            Kind::TwoD => rank == 4,
+        }
+    }
+    fn expected(self) -> &'static str {
+        match self {
+            Kind::OneD => "[N, C] or [N, C, L]",
+            Kind::TwoD => "[N, C, H, W]",
+        }
+    }
+}
+
+/// Training normalises with the batch statistics and updates the running ones (momentum 0.1,
+/// unbiased variance); evaluation normalises with the running statistics.
+pub struct BatchNorm {
+    kind: Kind,
+    /// Scale (ones), absent when not affine.
+    pub weight: Option<Tensor>,
+    /// Shift (zeros), absent when not affine.
+    pub bias: Option<Tensor>,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    /// I64 scalar, as in PyTorch; counts training batches.
+    pub num_batches_tracked: Tensor,
+    momentum: f64,
+    eps: f64,
+    training: bool,
+}
+
+/// `BatchNorm1d::new(num_features, device)` builds a `BatchNorm` for `[N, C]` / `[N, C, L]`.
+pub struct BatchNorm1d;
+/// `BatchNorm2d::new(num_features, device)` builds a `BatchNorm` for `[N, C, H, W]`.
+pub struct BatchNorm2d;
+
+impl BatchNorm1d {
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(num_features: usize, device: &Device) -> Result<BatchNorm> {
+        BatchNorm::new(Kind::OneD, num_features, device)
+    }
+}
+
+impl BatchNorm2d {
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(num_features: usize, device: &Device) -> Result<BatchNorm> {
+        BatchNorm::new(Kind::TwoD, num_features, device)
+    }
+}
+
+impl BatchNorm {
+    fn new(kind: Kind, num_features: usize, device: &Device) -> Result<BatchNorm> {
+        if num_features == 0 {
+            return Err(Error::invalid(
+                kind.name(),
+                "num_features must be at least 1",
+            ));
+        }
+        let c = [num_features];
+        Ok(BatchNorm {
+            kind,
+            weight: Some(Tensor::ones(c, DType::F32, device)?.requires_grad(true)),
+            bias: Some(Tensor::zeros(c, DType::F32, device)?.requires_grad(true)),
+            running_mean: Tensor::zeros(c, DType::F32, device)?,
+            running_var: Tensor::ones(c, DType::F32, device)?,
+            num_batches_tracked: Tensor::zeros(Shape::scalar(), DType::I64, device)?,
+            momentum: 0.1,
+            eps: 1e-5,
+            training: true,
+        })
+    }
+    /// Weight of the newest batch in the running statistics, in [0, 1] (PyTorch's default 0.1).
+    pub fn momentum(self, momentum: f64) -> Result<Self> {
+        if !(0.0..=1.0).contains(&momentum) {
+            return Err(Error::invalid(
+                self.kind.name(),
+                format!("momentum must be in [0, 1], got {momentum}"),
+            ));
+        }
+        Ok(BatchNorm { momentum, ..self })
+    }
+    /// Added to the variance for stability; must be positive (PyTorch's default 1e-5).
+    pub fn eps(self, eps: f64) -> Result<Self> {
+        if eps.is_nan() || eps <= 0.0 {
+            return Err(Error::invalid(
+                self.kind.name(),
+                format!("eps must be positive, got {eps}"),
+            ));
+        }
+        Ok(BatchNorm { eps, ..self })
+    }
+    /// Without the affine weight and bias (PyTorch's `affine=False`).
+    pub fn without_affine(self) -> Self {
+        BatchNorm {
+            weight: None,
+            bias: None,
+            ..self
+        }
+    }
+    pub fn num_features(&self) -> usize {
+        self.running_mean.elem_count()
+    }
+    pub fn is_training(&self) -> bool {
+        self.training
+    }
+
+    /// `num_batches_tracked += 1` on the device, without reading it back. Tensor arithmetic is
+    /// float-only, so the count goes through f64 (exact to 2^53), or f32 (exact to 2^24
+    /// batches) on a backend without f64.
+    fn count_batch(&self) -> Result<()> {
+        no_grad(|| {
+            let count = &self.num_batches_tracked;
+            let wide = count
+                .to_dtype(DType::F64)
+                .or_else(|_| count.to_dtype(DType::F32))?;
+            count.assign(&wide.add_scalar(1.0)?.to_dtype(DType::I64)?)
+        })
+    }
+}
+
+impl Module for BatchNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let name = self.kind.name();
+        if !self.kind.accepts(x.rank()) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "expects input {}, got shape {}",
+                    self.kind.expected(),
+                    x.shape()
+                ),
+            ));
+        }
+        if x.dims()[1] != self.num_features() {
+            let hint = format!(
+                "input has {} features on axis 1, the layer has num_features={}",
+                x.dims()[1],
+                self.num_features()
+            );
+            return Err(Error::shape(
+                name,
+                x.shape(),
+                self.running_mean.shape(),
+                hint,
+            ));
+        }
+        let y = x.batch_norm(
+            &self.running_mean,
+            &self.running_var,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.training,
+            self.momentum,
+            self.eps,
+        )?;
+        if self.training {
+            self.count_batch()?;
+        }
+        Ok(y)
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        if let (Some(w), Some(b)) = (&self.weight, &self.bias) {
+            f(join_name(prefix, "weight"), w);
+            f(join_name(prefix, "bias"), b);
+        }
+    }
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        f(join_name(prefix, "running_mean"), &self.running_mean);
+        f(join_name(prefix, "running_var"), &self.running_var);
+        f(
+            join_name(prefix, "num_batches_tracked"),
+            &self.num_batches_tracked,
+        );
+    }
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    fn describe(&self) -> String {
+        let affine = if self.weight.is_some() {
+            "True"
+        } else {
+            "False"
+        };
+        format!(
+            "{}({}, eps={}, momentum={}, affine={affine}, track_running_stats=True)",
+            self.kind.name(),
+            self.num_features(),
+            py_float(self.eps),
+            self.momentum
+        )
+    }
+}
+
+/// A float as Python's `repr` writes it: scientific below 1e-4 with a two-digit exponent (`1e-05`).
+fn py_float(x: f64) -> String {
+    if x == 0.0 || x.abs() >= 1e-4 {
+        return format!("{x}");
+    }
+    let s = format!("{x:e}");
+    match s.split_once("e-") {
+        Some((mantissa, exp)) => format!("{mantissa}e-{exp:0>2}"),
+        None => s,
+    }
+}

@@ -1,0 +1,83 @@
+//! Fully connected layer: `y = x @ weight^T + bias`, weight `[out, in]` as in PyTorch.
+
+use super::init;
+use super::module::{Module, join_name};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::rng::Generator;
+use crate::tensor::Tensor;
+
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        device: &Device,
+        generator: &Generator,
+    ) -> Result<Linear> {
+        let weight = init::kaiming_uniform_default(
+            [out_features, in_features],
+            in_features,
+            generator,
+            device,
+        )?;
+        let bias = if bias {
+            Some(init::bias_default(
+                out_features,
+                in_features,
+                generator,
+                device,
+            )?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+    pub fn in_features(&self) -> usize {
+        self.weight.dims()[1]
+    }
+    pub fn out_features(&self) -> usize {
+        self.weight.dims()[0]
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() < 1 || x.dims()[x.rank() - 1] != self.in_features() {
+            return Err(Error::shape(
+                "Linear",
+                x.shape(),
+                self.weight.shape(),
+                format!(
+                    "input's last axis must be in_features={}",
+                    self.in_features()
+                ),
+            ));
+        }
+        // The transposed weight is a view: the GEMM reads it with swapped strides, no copy.
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        f(join_name(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(join_name(prefix, "bias"), b);
+        }
+    }
+    fn describe(&self) -> String {
+        format!(
+            "Linear(in_features={}, out_features={}, bias={})",
+            self.in_features(),
+            self.out_features(),
+            if self.bias.is_some() { "True" } else { "False" }
+        )
+    }
+}

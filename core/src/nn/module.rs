@@ -1,0 +1,85 @@
+//! The `Module` trait and what every module gets from it.
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// A layer or a model. Parameters are leaf tensors with `requires_grad`; an optimizer updates
+/// them in place, so the module and the optimizer see the same storage.
+pub trait Module: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Calls `f(name, tensor)` for each trainable parameter, in registration order, with
+    /// PyTorch's dotted name under `prefix` (e.g. prefix "0." gives "0.weight").
+    fn visit_parameters(&self, _prefix: &str, _f: &mut dyn FnMut(String, &Tensor)) {}
+
+    /// Calls `f(name, tensor)` for each non-trainable buffer (running statistics, counters).
+    fn visit_buffers(&self, _prefix: &str, _f: &mut dyn FnMut(String, &Tensor)) {}
+
+    /// Calls `f` for every parameter and buffer in PyTorch's `state_dict` order: a module's own
+    /// parameters, then its own buffers, then each child's. Containers override this to visit
+    /// child by child; the default suits a module without children.
+    fn visit_state(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.visit_parameters(prefix, f);
+        self.visit_buffers(prefix, f);
+    }
+
+    /// Switches training behaviour (dropout, batch statistics) on or off.
+    fn set_training(&mut self, _training: bool) {}
+
+    /// A one-line description, as PyTorch prints it: `Linear(in_features=784, out_features=512, bias=True)`.
+    fn describe(&self) -> String;
+}
+
+/// `prefix` + `name`, the dotted naming of nested modules.
+pub fn join_name(prefix: &str, name: &str) -> String {
+    format!("{prefix}{name}")
+}
+
+/// Conveniences every module has.
+pub trait ModuleExt: Module {
+    /// Named parameters in registration order.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit_parameters("", &mut |n, t| out.push((n, t.clone())));
+        out
+    }
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+    /// Named buffers (running statistics, counters) in registration order.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit_buffers("", &mut |n, t| out.push((n, t.clone())));
+        out
+    }
+    /// Parameters and buffers in PyTorch's `state_dict()` order. The tensors share storage
+    /// with the module: serialise them before the next update if a snapshot is needed.
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.visit_state("", &mut |n, t| out.push((n, t.clone())));
+        out
+    }
+    /// Copies `state` into this module's parameters and buffers in place (PyTorch's strict
+    /// `load_state_dict`), converting dtype and device where they differ. Nothing is written
+    /// unless every name matches and every shape agrees; the error lists all problems.
+    fn load_state_dict(&self, state: &[(String, Tensor)]) -> Result<()> {
+        super::state_dict::load(&self.state_dict(), state)
+    }
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(Tensor::elem_count).sum()
+    }
+    fn train(&mut self) {
+        self.set_training(true)
+    }
+    fn eval(&mut self) {
+        self.set_training(false)
+    }
+    fn zero_grad(&self) {
+        self.parameters().iter().for_each(Tensor::zero_grad)
+    }
+}
+
+impl<M: Module + ?Sized> ModuleExt for M {}

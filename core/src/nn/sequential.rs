@@ -1,0 +1,72 @@
+//! A chain of modules; child i's parameters are named "i.<name>", as in PyTorch's nn.Sequential.
+
+use super::module::Module;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Self {
+        Sequential::default()
+    }
+    /// Appends a layer (builder style).
+    pub fn add(mut self, layer: impl Module + 'static) -> Self {
+        self.layers.push(Box::new(layer));
+        self
+    }
+    pub fn push(&mut self, layer: Box<dyn Module>) {
+        self.layers.push(layer);
+    }
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+    pub fn layers(&self) -> &[Box<dyn Module>] {
+        &self.layers
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = x.clone();
+        for layer in &self.layers {
+            h = layer.forward(&h)?;
+        }
+        Ok(h)
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.visit_parameters(&format!("{prefix}{i}."), f);
+        }
+    }
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.visit_buffers(&format!("{prefix}{i}."), f);
+        }
+    }
+    fn visit_state(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.visit_state(&format!("{prefix}{i}."), f);
+        }
+    }
+    fn set_training(&mut self, training: bool) {
+        self.layers
+            .iter_mut()
+            .for_each(|l| l.set_training(training));
+    }
+    fn describe(&self) -> String {
+        let body: Vec<String> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| format!("  ({i}): {}", l.describe()))
+            .collect();
+        format!("Sequential(\n{}\n)", body.join("\n"))
+    }
+}

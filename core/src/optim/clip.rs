@@ -1,0 +1,118 @@
+//! Gradient clipping with PyTorch's semantics. Norm clipping never reads a value back: the
+//! coefficient is computed on the device and every gradient is always multiplied by it.
+
+use crate::autograd::no_grad;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// PyTorch's guard against dividing by a zero norm in `clip_grad_norm_`.
+const NORM_EPS: f64 = 1e-6;
+
+/// The gradients that exist (PyTorch skips parameters whose `.grad` is None).
+fn grads(params: &[Tensor]) -> Vec<Tensor> {
+    params.iter().filter_map(Tensor::grad).collect()
+}
+
+/// Replaces each existing gradient with `f(grad)`. Not in place: two leaves can share one
+/// gradient buffer (both operands of a same-shape `add` receive the same tensor), and an
+/// in-place write would then scale that buffer twice.
+fn map_grads(params: &[Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<()> {
+    no_grad(|| {
+        for p in params {
+            if let Some(g) = p.grad() {
+                p.set_grad(Some(f(&g)?));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// One gradient's contribution: `max |g|` for the infinity norm, else `sum |g|^p`.
+fn partial(g: &Tensor, norm_type: f64) -> Result<Tensor> {
+    if g.elem_count() == 0 {
+        return Tensor::zeros(Shape::scalar(), g.dtype(), g.device());
+    }
+    if norm_type.is_infinite() {
+        g.abs()?.reshape([g.elem_count()])?.max(0, false)
+    } else if norm_type == 2.0 {
+        g.mul(g)?.sum_all()
+    } else {
+        g.abs()?.powf(norm_type)?.sum_all()
+    }
+}
+
+/// The `norm_type`-norm of all gradients of `params` taken together (PyTorch's
+/// `get_total_norm`), as a scalar tensor on the first gradient's device and dtype; zero when no
+/// parameter has a gradient. `norm_type` is a positive number or `f64::INFINITY`.
+pub fn grad_norm(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
+    if norm_type.is_nan() || norm_type <= 0.0 {
+        return Err(Error::invalid(
+            "grad_norm",
+            format!("norm_type must be positive or infinity, got {norm_type}"),
+        ));
+    }
+    no_grad(|| {
+        let grads = grads(params);
+        let Some(first) = grads.first() else {
+            let device = params
+                .first()
+                .map_or_else(crate::device::Device::cpu, |p| p.device().clone());
+            return Tensor::zeros(Shape::scalar(), DType::F32, &device);
+        };
+        let mut total: Option<Tensor> = None;
+        for g in &grads {
+            // Model-parallel gradients live on several devices: bring each partial to the first.
+            let part = partial(g, norm_type)?
+                .to_device(first.device())?
+                .to_dtype(first.dtype())?;
+            total = Some(match total {
+                None => part,
+                Some(t) if norm_type.is_infinite() => t.maximum(&part)?,
+                Some(t) => t.add(&part)?,
+            });
+        }
+        let total = total.ok_or_else(|| Error::invalid("grad_norm", "no gradients"))?;
+        if norm_type.is_infinite() {
+            Ok(total)
+        } else if norm_type == 2.0 {
+            total.sqrt()
+        } else {
+            total.powf(1.0 / norm_type)
+        }
+    })
+}
+
+/// Scales all gradients of `params` by `min(1, max_norm / (total_norm + 1e-6))` (each `.grad`
+/// is replaced) and returns the total norm before clipping, as PyTorch's `clip_grad_norm_`,
+/// without a host sync.
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        return Err(Error::invalid(
+            "clip_grad_norm",
+            format!("max_norm must be non-negative, got {max_norm}"),
+        ));
+    }
+    let total = grad_norm(params, norm_type)?;
+    let coef = no_grad(|| {
+        let max = Tensor::full(Shape::scalar(), max_norm, total.dtype(), total.device())?;
+        max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)
+    })?;
+    map_grads(params, |g| {
+        g.mul(&coef.to_device(g.device())?.to_dtype(g.dtype())?)
+    })?;
+    Ok(total)
+}
+
+/// Clamps every gradient element of `params` to `[-clip_value, clip_value]` (each `.grad` is
+/// replaced), as PyTorch's `clip_grad_value_`.
+pub fn clip_grad_value(params: &[Tensor], clip_value: f64) -> Result<()> {
+    if clip_value.is_nan() || clip_value < 0.0 {
+        return Err(Error::invalid(
+            "clip_grad_value",
+            format!("clip_value must be non-negative, got {clip_value}"),
+        ));
+    }
+    map_grads(params, |g| g.clamp(-clip_value, clip_value))
+}

@@ -1,0 +1,82 @@
+//! The optimizer contract, and the state an optimizer exports for checkpoints.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// An optimizer's state as named tensors and scalars, with PyTorch's `state_dict` names:
+/// per-parameter state under `state.{i}.…` (`state.0.momentum_buffer`, `state.0.exp_avg`,
+/// `state.0.exp_avg_sq`, `state.0.step`) and hyper-parameters under `param_groups.0.…`
+/// (`param_groups.0.lr`). A parameter that has not been updated yet has no `state.{i}` entries.
+#[derive(Clone, Debug, Default)]
+pub struct OptimizerState {
+    /// Per-parameter tensors. They share storage with the optimizer, which updates them in place:
+    /// serialise them before the next step if a snapshot is needed.
+    pub tensors: Vec<(String, Tensor)>,
+    /// Step counts and hyper-parameters (booleans as 0 or 1).
+    pub scalars: Vec<(String, f64)>,
+}
+
+impl OptimizerState {
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+    pub fn scalar(&self, name: &str) -> Option<f64> {
+        self.scalars
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+    }
+}
+
+pub trait Optimizer: Send {
+    /// PyTorch's class name (`SGD`, `Adam`, `AdamW`), e.g. for the `lr-Adam` metric key.
+    fn name(&self) -> &'static str;
+    /// Applies one update to every parameter that has a gradient.
+    fn step(&mut self) -> Result<()>;
+    /// The parameters this optimizer updates, in order.
+    fn parameters(&self) -> &[Tensor];
+    fn lr(&self) -> f64;
+    fn set_lr(&mut self, lr: f64);
+    /// Forgets every parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`).
+    fn zero_grad(&self) {
+        zero_grad(self.parameters());
+    }
+    /// The per-parameter state and hyper-parameters, for a checkpoint.
+    fn state(&self) -> OptimizerState;
+    /// Restores what `state` exported (hyper-parameters included, as PyTorch does). Tensors are
+    /// copied onto each parameter's device and dtype. Nothing changes unless all of it is valid.
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+}
+
+/// Forgets the gradients of `params`.
+pub fn zero_grad(params: &[Tensor]) {
+    params.iter().for_each(Tensor::zero_grad);
+}
+
+/// The fused update kernels write whole buffers in place: each parameter must be a float tensor
+/// that owns its storage densely (not a view into a larger buffer).
+pub(super) fn check_parameters(op: &'static str, params: &[Tensor]) -> Result<()> {
+    for (i, p) in params.iter().enumerate() {
+        if !p.dtype().is_float() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "parameter {i} has dtype {}; parameters must be floating point",
+                    p.dtype()
+                ),
+            ));
+        }
+        let dense =
+            p.is_contiguous() && p.layout().offset == 0 && p.buffer().len() == p.elem_count();
+        if !dense {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "parameter {i} (shape {}) is a view into a larger buffer; optimizers update whole buffers, so pass tensors that own their storage",
+                    p.shape()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay (PyTorch's SGD).
+
+use super::optimizer::{Optimizer, OptimizerState, check_parameters};
+use super::state_reader::{StateReader, group_key, param_key};
+use crate::backend::SgdStep;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdConfig {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+}
+
+impl SgdConfig {
+    pub fn new(lr: f64) -> Self {
+        SgdConfig {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        }
+    }
+    pub fn momentum(self, momentum: f64) -> Self {
+        SgdConfig { momentum, ..self }
+    }
+    pub fn weight_decay(self, weight_decay: f64) -> Self {
+        SgdConfig {
+            weight_decay,
+            ..self
+        }
+    }
+    pub fn nesterov(self, nesterov: bool) -> Self {
+        SgdConfig { nesterov, ..self }
+    }
+    pub fn dampening(self, dampening: f64) -> Self {
+        SgdConfig { dampening, ..self }
+    }
+    /// PyTorch's checks (written so that NaN fails them too).
+    fn validate(&self) -> Result<()> {
+        let c = self;
+        if !(c.lr >= 0.0 && c.momentum >= 0.0 && c.weight_decay >= 0.0 && c.dampening.is_finite()) {
+            return Err(Error::invalid(
+                "SGD",
+                format!("lr, momentum and weight_decay must be non-negative, got {c:?}"),
+            ));
+        }
+        if c.nesterov && (c.momentum <= 0.0 || c.dampening != 0.0) {
+            return Err(Error::invalid(
+                "SGD",
+                "Nesterov momentum requires a momentum and zero dampening",
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub struct Sgd {
+    params: Vec<Tensor>,
+    config: SgdConfig,
+    /// Momentum buffers, created on a parameter's first update.
+    momentum: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    pub fn new(params: Vec<Tensor>, config: SgdConfig) -> Result<Sgd> {
+        config.validate()?;
+        check_parameters("SGD", &params)?;
+        let momentum = vec![None; params.len()];
+        Ok(Sgd {
+            params,
+            config,
+            momentum,
+        })
+    }
+    pub fn config(&self) -> &SgdConfig {
+        &self.config
+    }
+    /// The momentum buffer of parameter `i`, once it exists.
+    pub fn momentum_buffer(&self, i: usize) -> Option<&Tensor> {
+        self.momentum.get(i).and_then(Option::as_ref)
+    }
+}
+
+impl Optimizer for Sgd {
+    fn name(&self) -> &'static str {
+        "SGD"
+    }
+    fn step(&mut self) -> Result<()> {
+        let c = self.config;
+        for (p, slot) in self.params.iter().zip(self.momentum.iter_mut()) {
+            let Some(g) = p.grad() else { continue };
+            // The kernel reads the gradient as one dense buffer; a user-set view is copied.
+            let g = g.contiguous()?;
+            let first_step = c.momentum != 0.0 && slot.is_none();
+            if first_step {
+                *slot = Some(p.detach().zeros_like()?);
+            }
+            let step = SgdStep {
+                lr: c.lr,
+                momentum: c.momentum,
+                dampening: c.dampening,
+                weight_decay: c.weight_decay,
+                nesterov: c.nesterov,
+                first_step,
+            };
+            let buf = if c.momentum != 0.0 {
+                slot.as_ref().map(Tensor::buffer)
+            } else {
+                None
+            };
+            p.device()
+                .backend()
+                .sgd_step(p.buffer(), g.buffer(), buf, &step)?;
+        }
+        Ok(())
+    }
+    fn parameters(&self) -> &[Tensor] {
+        &self.params
+    }
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+    fn state(&self) -> OptimizerState {
+        let c = &self.config;
+        let tensors = self
+            .momentum
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| Some((param_key(i, "momentum_buffer"), b.clone()?)))
+            .collect();
+        let group = [
+            ("lr", c.lr),
+            ("momentum", c.momentum),
+            ("dampening", c.dampening),
+            ("weight_decay", c.weight_decay),
+            ("nesterov", f64::from(u8::from(c.nesterov))),
+        ];
+        OptimizerState {
+            tensors,
+            scalars: group.iter().map(|(n, v)| (group_key(n), *v)).collect(),
+        }
+    }
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        let mut r = StateReader::new("SGD", state);
+        let c = self.config;
+        let config = SgdConfig {
+            lr: r.group_or("lr", c.lr),
+            momentum: r.group_or("momentum", c.momentum),
+            dampening: r.group_or("dampening", c.dampening),
+            weight_decay: r.group_or("weight_decay", c.weight_decay),
+            nesterov: r.group_or("nesterov", f64::from(u8::from(c.nesterov))) != 0.0,
+        };
+        config.validate()?;
+        let momentum = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| r.tensor(&param_key(i, "momentum_buffer"), p))
+            .collect::<Result<Vec<_>>>()?;
+        r.finish()?;
+        self.config = config;
+        self.momentum = momentum;
+        Ok(())
+    }
+}

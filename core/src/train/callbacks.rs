@@ -1,0 +1,241 @@
+//! Callbacks: model checkpointing (last, best by a monitored metric, top k), early stopping
+//! and a learning-rate monitor. They see the epoch's metrics and may ask the trainer to save.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallbackAction {
+    Continue,
+    Stop,
+}
+
+/// What a callback sees: where the run is, the metrics so far, and a way to save a checkpoint.
+pub struct CallbackContext<'a> {
+    pub epoch: u64,
+    pub global_step: u64,
+    /// `train_loss`, `val_loss`, `val_acc`, … of the epoch that just ended.
+    pub metrics: &'a mut BTreeMap<String, f64>,
+    pub(super) saver: &'a mut dyn FnMut(&Path, &str) -> Result<()>,
+}
+
+impl CallbackContext<'_> {
+    pub fn save_checkpoint(&mut self, path: &Path, reason: &str) -> Result<()> {
+        (self.saver)(path, reason)
+    }
+}
+
+pub trait Callback: Send {
+    /// A stable name: the key of this callback's state in checkpoints.
+    fn name(&self) -> String;
+    /// After each epoch's validation (or training, without a validation loader).
+    fn on_epoch_end(&mut self, _ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        Ok(CallbackAction::Continue)
+    }
+    /// After each optimizer step.
+    fn on_train_step_end(&mut self, _ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        Ok(CallbackAction::Continue)
+    }
+    /// When fitting ends for any reason (finished, max steps, early stop, user stop).
+    fn on_train_end(&mut self, _ctx: &mut CallbackContext) -> Result<()> {
+        Ok(())
+    }
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    fn load_state(&mut self, _state: &serde_json::Value) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A metric to watch and whether lower or higher is better.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Monitor {
+    pub metric: String,
+    pub higher_is_better: bool,
+}
+
+impl Monitor {
+    pub fn min(metric: &str) -> Monitor {
+        Monitor { metric: metric.into(), higher_is_better: false }
+    }
+    pub fn max(metric: &str) -> Monitor {
+        Monitor { metric: metric.into(), higher_is_better: true }
+    }
+    fn better(&self, a: f64, b: f64) -> bool {
+        if self.higher_is_better { a > b } else { a < b }
+    }
+    fn read(&self, metrics: &BTreeMap<String, f64>) -> Result<f64> {
+        metrics.get(&self.metric).copied().ok_or_else(|| {
+            let known: Vec<&str> = metrics.keys().map(String::as_str).collect();
+            Error::invalid("callback", format!("monitored metric `{}` is not logged; available: {}", self.metric, known.join(", ")))
+        })
+    }
+}
+
+/// Saves `last.safetensors` at each epoch end and when training ends, every N steps if asked,
+/// and the `top_k` best checkpoints by a monitored metric (older ones are deleted only after the
+/// new one is safely written).
+pub struct ModelCheckpoint {
+    pub dir: PathBuf,
+    pub save_last: bool,
+    pub monitor: Option<Monitor>,
+    pub top_k: usize,
+    pub every_n_train_steps: Option<u64>,
+    kept: Vec<(f64, PathBuf)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CheckpointState {
+    kept: Vec<(f64, PathBuf)>,
+}
+
+impl ModelCheckpoint {
+    pub fn new(dir: impl Into<PathBuf>) -> ModelCheckpoint {
+        ModelCheckpoint { dir: dir.into(), save_last: true, monitor: None, top_k: 1, every_n_train_steps: None, kept: Vec::new() }
+    }
+    pub fn monitor(self, monitor: Monitor, top_k: usize) -> ModelCheckpoint {
+        ModelCheckpoint { monitor: Some(monitor), top_k, ..self }
+    }
+    pub fn every_n_train_steps(self, n: u64) -> ModelCheckpoint {
+        ModelCheckpoint { every_n_train_steps: Some(n), ..self }
+    }
+    pub fn last_path(&self) -> PathBuf {
+        self.dir.join("last.safetensors")
+    }
+    /// The best checkpoint so far with its score.
+    pub fn best(&self) -> Option<(f64, &Path)> {
+        self.kept.first().map(|(s, p)| (*s, p.as_path()))
+    }
+}
+
+impl Callback for ModelCheckpoint {
+    fn name(&self) -> String {
+        "ModelCheckpoint".into()
+    }
+    fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        if self.save_last {
+            ctx.save_checkpoint(&self.last_path(), "last")?;
+        }
+        let Some(monitor) = self.monitor.clone() else { return Ok(CallbackAction::Continue) };
+        let score = monitor.read(ctx.metrics)?;
+        let qualifies = self.kept.len() < self.top_k || self.kept.last().is_some_and(|(worst, _)| monitor.better(score, *worst));
+        if self.top_k == 0 || !qualifies || !score.is_finite() {
+            return Ok(CallbackAction::Continue);
+        }
+        let path = self.dir.join(format!("epoch={}-step={}-{}={score:.4}.safetensors", ctx.epoch, ctx.global_step, monitor.metric));
+        ctx.save_checkpoint(&path, &format!("top-{} {}", self.top_k, monitor.metric))?;
+        self.kept.push((score, path));
+        self.kept.sort_by(|a, b| if monitor.better(a.0, b.0) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater });
+        while self.kept.len() > self.top_k {
+            if let Some((_, evicted)) = self.kept.pop() {
+                let _ = std::fs::remove_file(evicted);
+            }
+        }
+        Ok(CallbackAction::Continue)
+    }
+    fn on_train_step_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        if self.every_n_train_steps.is_some_and(|n| n > 0 && ctx.global_step % n == 0) {
+            ctx.save_checkpoint(&self.last_path(), "every_n_train_steps")?;
+        }
+        Ok(CallbackAction::Continue)
+    }
+    fn on_train_end(&mut self, ctx: &mut CallbackContext) -> Result<()> {
+        if self.save_last { ctx.save_checkpoint(&self.last_path(), "last") } else { Ok(()) }
+    }
+    fn state(&self) -> serde_json::Value {
+        serde_json::to_value(CheckpointState { kept: self.kept.clone() }).unwrap_or_default()
+    }
+    fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
+        if state.is_null() {
+            return Ok(());
+        }
+        let s: CheckpointState = serde_json::from_value(state.clone()).map_err(|e| Error::invalid("ModelCheckpoint", format!("bad saved state: {e}")))?;
+        self.kept = s.kept;
+        Ok(())
+    }
+}
+
+/// Stops when the monitored metric has not improved by `min_delta` for `patience` epochs.
+pub struct EarlyStopping {
+    pub monitor: Monitor,
+    pub patience: u64,
+    pub min_delta: f64,
+    best: Option<f64>,
+    wait: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EarlyStoppingState {
+    best: Option<f64>,
+    wait: u64,
+}
+
+impl EarlyStopping {
+    pub fn new(monitor: Monitor, patience: u64, min_delta: f64) -> EarlyStopping {
+        EarlyStopping { monitor, patience, min_delta: min_delta.abs(), best: None, wait: 0 }
+    }
+}
+
+impl Callback for EarlyStopping {
+    fn name(&self) -> String {
+        "EarlyStopping".into()
+    }
+    fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        let score = self.monitor.read(ctx.metrics)?;
+        let delta = if self.monitor.higher_is_better { self.min_delta } else { -self.min_delta };
+        let improved = match self.best {
+            None => score.is_finite(),
+            Some(best) => self.monitor.better(score - delta, best),
+        };
+        if improved {
+            self.best = Some(score);
+            self.wait = 0;
+        } else {
+            self.wait += 1;
+        }
+        Ok(if self.wait >= self.patience || !score.is_finite() { CallbackAction::Stop } else { CallbackAction::Continue })
+    }
+    fn state(&self) -> serde_json::Value {
+        serde_json::to_value(EarlyStoppingState { best: self.best, wait: self.wait }).unwrap_or_default()
+    }
+    fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
+        if state.is_null() {
+            return Ok(());
+        }
+        let s: EarlyStoppingState = serde_json::from_value(state.clone()).map_err(|e| Error::invalid("EarlyStopping", format!("bad saved state: {e}")))?;
+        (self.best, self.wait) = (s.best, s.wait);
+        Ok(())
+    }
+}
+
+/// Adds the learning rate to each epoch's metrics as `lr-{optimizer}` (Lightning's
+/// LearningRateMonitor key); step events carry it too.
+pub struct LrMonitor {
+    pub(super) key: String,
+}
+
+impl LrMonitor {
+    pub fn new(optimizer_name: &str) -> LrMonitor {
+        LrMonitor { key: format!("lr-{optimizer_name}") }
+    }
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Callback for LrMonitor {
+    fn name(&self) -> String {
+        "LrMonitor".into()
+    }
+    fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        if let Some(lr) = ctx.metrics.get("lr").copied() {
+            ctx.metrics.insert(self.key.clone(), lr);
+        }
+        Ok(CallbackAction::Continue)
+    }
+}

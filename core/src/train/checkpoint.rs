@@ -1,0 +1,125 @@
+//! Checkpoints: one safetensors file holding the model's tensors under their PyTorch names,
+//! the optimizer's under `optimizer.…`, and the trainer's state as JSON in the file's metadata.
+//! Written to a temporary file, synced, then renamed over the target, so a crash while saving
+//! leaves the previous checkpoint intact.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::data::HostTensor;
+use crate::dtype::{DType, HostVec};
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// Marks files written by this module (a plain weights file has no such key).
+pub const FORMAT_KEY: &str = "lockstep.format";
+pub const FORMAT: &str = "lockstep-checkpoint/1";
+
+/// The contents of a safetensors file in host memory.
+pub struct TensorFile {
+    pub tensors: Vec<(String, HostTensor)>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl TensorFile {
+    pub fn get(&self, name: &str) -> Option<&HostTensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+fn to_bytes(data: &HostVec) -> (Dtype, Vec<u8>) {
+    match data {
+        HostVec::F32(v) => (Dtype::F32, bytemuck::cast_slice(v).to_vec()),
+        HostVec::F16(v) => (Dtype::F16, bytemuck::cast_slice(v).to_vec()),
+        HostVec::BF16(v) => (Dtype::BF16, bytemuck::cast_slice(v).to_vec()),
+        HostVec::F64(v) => (Dtype::F64, bytemuck::cast_slice(v).to_vec()),
+        HostVec::I64(v) => (Dtype::I64, bytemuck::cast_slice(v).to_vec()),
+        HostVec::U32(v) => (Dtype::U32, bytemuck::cast_slice(v).to_vec()),
+    }
+}
+
+/// Decodes little-endian bytes (unaligned in the file) of a supported dtype.
+fn from_bytes(what: &str, dtype: Dtype, bytes: &[u8]) -> Result<HostVec> {
+    fn read<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+        bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+    }
+    Ok(match dtype {
+        Dtype::F32 => HostVec::F32(read(bytes)),
+        Dtype::F16 => HostVec::F16(read(bytes)),
+        Dtype::BF16 => HostVec::BF16(read(bytes)),
+        Dtype::F64 => HostVec::F64(read(bytes)),
+        Dtype::I64 => HostVec::I64(read(bytes)),
+        Dtype::U32 => HostVec::U32(read(bytes)),
+        other => return Err(Error::data(what.to_string(), format!("dtype {other:?} is not supported (use f32, f16, bf16, f64, i64 or u32)"))),
+    })
+}
+
+/// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    result.map_err(|e: std::io::Error| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// Saves named tensors (read back from their devices) and metadata as one safetensors file.
+pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: BTreeMap<String, String>) -> Result<()> {
+    let mut encoded = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let (dtype, bytes) = to_bytes(&t.to_host()?);
+        encoded.push((name.clone(), dtype, t.dims().to_vec(), bytes));
+    }
+    let views = encoded
+        .iter()
+        .map(|(name, dtype, shape, bytes)| TensorView::new(*dtype, shape.clone(), bytes).map(|v| (name.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::data(path.display().to_string(), e.to_string()))?;
+    let info: HashMap<String, String> = metadata.into_iter().collect();
+    let bytes = safetensors::tensor::serialize(views, Some(info)).map_err(|e| Error::data(path.display().to_string(), e.to_string()))?;
+    write_atomically(path, &bytes)
+}
+
+/// Reads a whole safetensors file, saying what is wrong when it is not one.
+pub fn load_tensors(path: &Path) -> Result<TensorFile> {
+    let what = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let corrupt = |e: safetensors::SafeTensorError| Error::data(what.clone(), format!("not a valid safetensors file ({e}); it may be truncated or corrupt"));
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(corrupt)?;
+    let file = SafeTensors::deserialize(&bytes).map_err(corrupt)?;
+    let mut tensors = Vec::new();
+    for (name, view) in file.tensors() {
+        let data = from_bytes(&format!("{what}: tensor {name}"), view.dtype(), view.data())?;
+        tensors.push((name, HostTensor { data, shape: Shape::new(view.shape().to_vec()) }));
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
+    Ok(TensorFile { tensors, metadata })
+}
+
+/// Converts a loaded tensor to `dtype` on `device`.
+pub fn host_to_device(t: &HostTensor, dtype: DType, device: &crate::device::Device) -> Result<Tensor> {
+    if t.data.dtype() == dtype {
+        return Tensor::from_host(t.data.clone(), t.shape.clone(), device);
+    }
+    let values = t.data.to_f64_vec();
+    Tensor::from_host(HostVec::from_f64(dtype, &values), t.shape.clone(), device)
+}

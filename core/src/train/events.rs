@@ -1,0 +1,87 @@
+//! The one event stream of a run. The progress bar, the JSONL metrics log, the dashboard and
+//! other ranks are listeners; a listener that cannot keep up drops step events, never blocks
+//! training (`ChannelListener`).
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// What the run is, once at its start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub model: String,
+    pub devices: Vec<String>,
+    pub max_epochs: u64,
+    pub max_steps: Option<u64>,
+    pub steps_per_epoch: u64,
+    /// Hyper-parameters as given (optimizer, lr, batch size, …).
+    pub hparams: BTreeMap<String, String>,
+}
+
+/// A device's counters; `None` where the backend cannot know (shown as "unknown", never 0).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    pub device: String,
+    pub utilization: Option<f64>,
+    pub memory_allocated: u64,
+    pub memory_reserved: u64,
+    pub memory_peak: u64,
+    pub memory_total: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    RunStart { run: RunInfo },
+    /// Every `log_every_n_steps` optimizer steps.
+    Step { epoch: u64, step: u64, batch: u64, loss: f64, lr: f64, samples_per_sec: f64 },
+    Epoch { epoch: u64, train_loss: f64, val_loss: Option<f64>, val_accuracy: Option<f64>, lr: f64, seconds: f64 },
+    Device(DeviceStats),
+    Checkpoint { path: String, reason: String },
+    Test { loss: f64, accuracy: f64, samples: u64 },
+    RunEnd { epochs: u64, steps: u64, seconds: f64, samples_per_sec: f64, data_wait_seconds: f64, reason: String },
+}
+
+/// An event with its time since the run started: one line of the JSONL log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Seconds since the run started.
+    pub t: f64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+pub trait EventListener: Send {
+    fn on_event(&mut self, record: &Record) -> Result<()>;
+}
+
+/// Forwards records over a bounded channel. When the receiver falls behind, step and device
+/// records are dropped (the next ones carry newer values); the rest wait for room.
+pub struct ChannelListener {
+    tx: SyncSender<Record>,
+}
+
+impl ChannelListener {
+    pub fn new(capacity: usize) -> (ChannelListener, Receiver<Record>) {
+        let (tx, rx) = sync_channel(capacity.max(1));
+        (ChannelListener { tx }, rx)
+    }
+}
+
+impl EventListener for ChannelListener {
+    fn on_event(&mut self, record: &Record) -> Result<()> {
+        let droppable = matches!(record.event, Event::Step { .. } | Event::Device(_));
+        match self.tx.try_send(record.clone()) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
+            Err(TrySendError::Full(r)) if !droppable => {
+                // A closed window must not stop training: ignore a disconnect here too.
+                let _ = self.tx.send(r);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The trainer's position in a run: everything besides tensors that exact resume needs.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// The epoch in progress (0-based).
+    pub epoch: u64,
+    /// Batches of `epoch` already consumed (the sampler position).
+    pub batch_in_epoch: u64,
+    /// Optimizer steps taken.
+    pub global_step: u64,
+    /// Sum and count of the current epoch's batch losses so far.
+    pub epoch_loss_sum: f64,
+    pub epoch_loss_count: u64,
+    pub samples_seen: u64,
+    /// (seed, counter) of each registered random stream, in registration order.
+    pub generators: Vec<(u64, u64)>,
+    /// (base_lr, last_epoch) of the learning-rate scheduler.
+    pub scheduler: Option<(f64, u64)>,
+    /// Callback state by callback name (best scores, patience counters, kept checkpoints).
+    pub callbacks: std::collections::BTreeMap<String, serde_json::Value>,
+}

@@ -1,0 +1,48 @@
+//! What a training step computes from a batch: the loss, and metrics for evaluation.
+
+use crate::error::{Error, Result};
+use crate::nn::Module;
+use crate::tensor::Tensor;
+
+/// Evaluation totals over a loader, kept on the device until the end.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EvalMetrics {
+    pub loss: f64,
+    pub accuracy: f64,
+    pub samples: u64,
+}
+
+pub trait Task: Send + Sync {
+    /// The scalar loss of one batch (already on the device).
+    fn loss(&self, model: &dyn Module, batch: &[Tensor]) -> Result<Tensor>;
+    /// (sum of per-sample losses, number correct) of one batch, as device scalars: the
+    /// evaluation loop adds them up without reading them back.
+    fn eval_sums(&self, model: &dyn Module, batch: &[Tensor]) -> Result<(Tensor, Tensor)>;
+}
+
+/// Classification with cross-entropy: batches are `[inputs, integer labels]`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Classification;
+
+fn split(batch: &[Tensor]) -> Result<(&Tensor, &Tensor)> {
+    match batch {
+        [x, y] => Ok((x, y)),
+        _ => Err(Error::invalid("Classification", format!("expects batches of [inputs, labels], got {} fields", batch.len()))),
+    }
+}
+
+impl Task for Classification {
+    fn loss(&self, model: &dyn Module, batch: &[Tensor]) -> Result<Tensor> {
+        let (x, y) = split(batch)?;
+        model.forward(x)?.cross_entropy(y)
+    }
+    fn eval_sums(&self, model: &dyn Module, batch: &[Tensor]) -> Result<(Tensor, Tensor)> {
+        let (x, y) = split(batch)?;
+        let logits = model.forward(x)?;
+        let n = y.elem_count() as f64;
+        let loss_sum = logits.cross_entropy(y)?.affine(n, 0.0)?;
+        let labels = y.to_dtype(crate::dtype::DType::U32)?;
+        let correct = logits.argmax(-1, false)?.eq(&labels)?.to_dtype(logits.dtype())?.sum_all()?;
+        Ok((loss_sum, correct))
+    }
+}

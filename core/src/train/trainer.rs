@@ -1,0 +1,428 @@
+//! The fit / evaluate / test loops.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::callbacks::{Callback, CallbackAction, CallbackContext};
+use super::checkpoint::{self, FORMAT, FORMAT_KEY};
+use super::config::{GradientClip, SchedulerInterval, TrainerConfig};
+use super::events::{DeviceStats, Event, EventListener, Record, RunInfo};
+use super::state::TrainerState;
+use super::task::{EvalMetrics, Task};
+use crate::autograd::no_grad;
+use crate::data::DataLoader;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::nn::{Module, ModuleExt};
+use crate::optim::{LrScheduler, Optimizer, OptimizerState, SchedulerState, clip_grad_norm, clip_grad_value};
+use crate::rng::Generator;
+use crate::tensor::Tensor;
+
+/// Everything the trainer drives: model, optimizer, optional scheduler, task, device, and the
+/// random streams (e.g. dropout's) whose state checkpoints must carry.
+pub struct TrainingSetup {
+    pub model: Box<dyn Module>,
+    pub optimizer: Box<dyn Optimizer>,
+    pub scheduler: Option<LrScheduler>,
+    pub task: Box<dyn Task>,
+    pub device: Device,
+    pub generators: Vec<Arc<Generator>>,
+    /// A short model name for events and summaries.
+    pub model_name: String,
+    pub hparams: BTreeMap<String, String>,
+}
+
+/// What `fit` reports at the end.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FitReport {
+    pub epochs: u64,
+    pub steps: u64,
+    pub train_seconds: f64,
+    pub samples_per_sec: f64,
+    /// Time the loop spent waiting for the data loader.
+    pub data_wait_seconds: f64,
+    pub last_train_loss: Option<f64>,
+    pub last_val: Option<EvalMetrics>,
+    pub stop_reason: String,
+}
+
+pub struct Trainer {
+    config: TrainerConfig,
+    listeners: Vec<Box<dyn EventListener>>,
+    callbacks: Vec<Box<dyn Callback>>,
+    state: TrainerState,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+}
+
+const OPTIMIZER_PREFIX: &str = "optimizer.";
+
+impl Trainer {
+    pub fn new(config: TrainerConfig) -> Result<Trainer> {
+        config.validate()?;
+        Ok(Trainer { config, listeners: Vec::new(), callbacks: Vec::new(), state: TrainerState::default(), started: Instant::now(), stop: Arc::new(AtomicBool::new(false)) })
+    }
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+    pub fn state(&self) -> &TrainerState {
+        &self.state
+    }
+    pub fn add_listener(&mut self, listener: impl EventListener + 'static) {
+        self.listeners.push(Box::new(listener));
+    }
+    pub fn add_callback(&mut self, callback: impl Callback + 'static) {
+        self.callbacks.push(Box::new(callback));
+    }
+    /// Set it (from another thread, a signal handler or a UI) to stop after the current step;
+    /// callbacks then save their checkpoints as at any end of training.
+    pub fn stop_handle(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    fn emit(&mut self, event: Event) -> Result<()> {
+        let record = Record { t: self.started.elapsed().as_secs_f64(), event };
+        for l in &mut self.listeners {
+            l.on_event(&record)?;
+        }
+        Ok(())
+    }
+
+    fn emit_device(&mut self, device: &Device) -> Result<()> {
+        let (stats, info) = (device.backend().memory_stats(), device.info());
+        self.emit(Event::Device(DeviceStats {
+            device: device.location().to_string(),
+            utilization: stats.utilization,
+            memory_allocated: stats.allocated_bytes,
+            memory_reserved: stats.reserved_bytes,
+            memory_peak: stats.peak_allocated_bytes,
+            memory_total: info.total_memory_bytes,
+        }))
+    }
+
+    /// The state as a checkpoint stores it: position, random streams, scheduler, callbacks.
+    fn snapshot(&self, setup: &TrainingSetup) -> TrainerState {
+        let mut s = self.state.clone();
+        s.generators = setup.generators.iter().map(|g| g.state()).collect();
+        s.scheduler = setup.scheduler.as_ref().map(|sc| (sc.base_lr(), sc.last_epoch()));
+        s.callbacks = self.callbacks.iter().map(|c| (c.name(), c.state())).collect();
+        s
+    }
+
+    /// Writes a checkpoint of `setup` at the current position to `path`.
+    pub fn save_checkpoint(&self, setup: &TrainingSetup, path: &Path) -> Result<()> {
+        write_checkpoint(path, setup, &self.snapshot(setup))
+    }
+
+    /// Restores model, optimizer, scheduler, random streams, callbacks and position from a
+    /// checkpoint, so `fit` continues exactly where that run stopped.
+    pub fn resume(&mut self, setup: &mut TrainingSetup, path: &Path) -> Result<()> {
+        let file = checkpoint::load_tensors(path)?;
+        let what = path.display().to_string();
+        if file.metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
+            return Err(Error::data(what, "not a Lockstep checkpoint (no trainer state inside); to start from plain weights use --init-weights"));
+        }
+        let state: TrainerState = parse_meta(&file.metadata, "lockstep.trainer_state", &what)?;
+        let scalars: Vec<(String, f64)> = parse_meta(&file.metadata, "lockstep.optimizer_scalars", &what)?;
+        let saved_optimizer = file.metadata.get("lockstep.optimizer").cloned().unwrap_or_default();
+        if saved_optimizer != setup.optimizer.name() {
+            return Err(Error::data(what, format!("it was saved with optimizer {saved_optimizer}, this run uses {}", setup.optimizer.name())));
+        }
+        let device = setup.device.clone();
+        let mut model_tensors = Vec::new();
+        let mut optimizer_tensors = Vec::new();
+        for (name, t) in &file.tensors {
+            match name.strip_prefix(OPTIMIZER_PREFIX) {
+                Some(rest) => optimizer_tensors.push((rest.to_string(), checkpoint::host_to_device(t, t.data.dtype(), &device)?)),
+                None => model_tensors.push((name.clone(), checkpoint::host_to_device(t, t.data.dtype(), &device)?)),
+            }
+        }
+        setup.model.load_state_dict(&model_tensors).map_err(|e| Error::data(what.clone(), format!("does not fit this model: {e}")))?;
+        setup.optimizer.load_state(&OptimizerState { tensors: optimizer_tensors, scalars })?;
+        if let (Some(sched), Some((base_lr, last_epoch))) = (setup.scheduler.as_mut(), state.scheduler) {
+            sched.load_state(SchedulerState { base_lr, last_epoch }, setup.optimizer.as_mut())?;
+        }
+        if state.generators.len() != setup.generators.len() {
+            return Err(Error::data(what, format!("it carries {} random streams, this run has {}", state.generators.len(), setup.generators.len())));
+        }
+        for (g, &(seed, counter)) in setup.generators.iter().zip(&state.generators) {
+            g.restore(seed, counter);
+        }
+        for c in &mut self.callbacks {
+            if let Some(s) = state.callbacks.get(&c.name()) {
+                c.load_state(s)?;
+            }
+        }
+        self.state = state;
+        Ok(())
+    }
+
+    /// Runs the callbacks' `hook`, letting them save checkpoints of the current state.
+    fn run_callbacks(
+        &mut self,
+        setup: &TrainingSetup,
+        metrics: &mut BTreeMap<String, f64>,
+        hook: fn(&mut dyn Callback, &mut CallbackContext) -> Result<CallbackAction>,
+    ) -> Result<CallbackAction> {
+        let snapshot = self.snapshot(setup);
+        let mut saved: Vec<(String, String)> = Vec::new();
+        let mut saver = |path: &Path, reason: &str| -> Result<()> {
+            write_checkpoint(path, setup, &snapshot)?;
+            saved.push((path.display().to_string(), reason.to_string()));
+            Ok(())
+        };
+        let mut action = CallbackAction::Continue;
+        for cb in &mut self.callbacks {
+            let mut ctx = CallbackContext { epoch: snapshot.epoch, global_step: snapshot.global_step, metrics, saver: &mut saver };
+            if hook(cb.as_mut(), &mut ctx)? == CallbackAction::Stop {
+                action = CallbackAction::Stop;
+            }
+        }
+        for (path, reason) in saved {
+            self.emit(Event::Checkpoint { path, reason })?;
+        }
+        Ok(action)
+    }
+
+    /// Trains until `max_epochs` or `max_steps`, an early stop, or a stop request.
+    pub fn fit(&mut self, setup: &mut TrainingSetup, train: &DataLoader, val: Option<&DataLoader>) -> Result<FitReport> {
+        let cfg = self.config.clone();
+        self.started = Instant::now();
+        let steps_per_epoch = cfg.limit_train_batches.map_or(train.len(), |l| l.min(train.len())) as u64;
+        let run = RunInfo {
+            model: setup.model_name.clone(),
+            devices: vec![setup.device.location().to_string()],
+            max_epochs: cfg.max_epochs,
+            max_steps: cfg.max_steps,
+            steps_per_epoch: steps_per_epoch.div_ceil(cfg.accumulate_grad_batches as u64),
+            hparams: setup.hparams.clone(),
+        };
+        self.emit(Event::RunStart { run })?;
+        let mut data_wait = Duration::ZERO;
+        let mut window = (Instant::now(), self.state.samples_seen);
+        let mut report = FitReport { stop_reason: "max_epochs".into(), ..Default::default() };
+        let run_samples_start = self.state.samples_seen;
+        let step_limit = |s: &TrainerState| cfg.max_steps.is_some_and(|m| s.global_step >= m);
+        let mut stop = step_limit(&self.state);
+
+        while !stop && self.state.epoch < cfg.max_epochs {
+            let epoch_started = Instant::now();
+            setup.model.set_training(true);
+            let mut batches = train.iter_from(self.state.epoch, self.state.batch_in_epoch as usize);
+            let mut micro = 0usize;
+            // The epoch's loss sum stays on the device; it is read once at the epoch's end.
+            let mut loss_sum: Option<Tensor> = None;
+            while (self.state.batch_in_epoch) < steps_per_epoch {
+                let Some(batch) = batches.next() else { break };
+                let tensors = batch?.to_device(&setup.device)?;
+                let n = tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
+                let loss = setup.task.loss(setup.model.as_ref(), &tensors)?;
+                let scaled = if cfg.accumulate_grad_batches > 1 { loss.affine(1.0 / cfg.accumulate_grad_batches as f64, 0.0)? } else { loss.clone() };
+                scaled.backward()?;
+                let detached = loss.detach();
+                loss_sum = Some(match loss_sum {
+                    Some(s) => no_grad(|| s.add(&detached))?,
+                    None => detached.clone(),
+                });
+                self.state.epoch_loss_count += 1;
+                self.state.batch_in_epoch += 1;
+                self.state.samples_seen += n;
+                micro += 1;
+                let epoch_done = self.state.batch_in_epoch >= steps_per_epoch;
+                if micro < cfg.accumulate_grad_batches && !epoch_done {
+                    continue;
+                }
+                micro = 0;
+                self.optimizer_step(setup)?;
+                if self.state.global_step % cfg.log_every_n_steps == 0 {
+                    let value = detached.item()?;
+                    check_finite(value, self.state.global_step)?;
+                    let now = Instant::now();
+                    let rate = (self.state.samples_seen - window.1) as f64 / (now - window.0).as_secs_f64().max(1e-9);
+                    window = (now, self.state.samples_seen);
+                    let event = Event::Step { epoch: self.state.epoch, step: self.state.global_step, batch: self.state.batch_in_epoch, loss: value, lr: setup.optimizer.lr(), samples_per_sec: rate };
+                    self.emit(event)?;
+                    self.emit_device(&setup.device)?;
+                }
+                let mut no_metrics = BTreeMap::new();
+                let mut action = self.run_callbacks(setup, &mut no_metrics, |c, ctx| c.on_train_step_end(ctx))?;
+                if step_limit(&self.state) {
+                    report.stop_reason = "max_steps".into();
+                    action = CallbackAction::Stop;
+                }
+                if self.stop.load(Ordering::Relaxed) {
+                    report.stop_reason = "stopped by request".into();
+                    action = CallbackAction::Stop;
+                }
+                if action == CallbackAction::Stop {
+                    stop = true;
+                    break;
+                }
+            }
+            data_wait += batches.wait_time();
+            drop(batches);
+            // Fold this stretch of the epoch into the running (checkpointed) sum.
+            if let Some(s) = loss_sum.take() {
+                self.state.epoch_loss_sum += s.item()?;
+            }
+            let epoch_finished = self.state.batch_in_epoch >= steps_per_epoch;
+            if !epoch_finished {
+                break;
+            }
+            let train_loss = self.state.epoch_loss_sum / self.state.epoch_loss_count.max(1) as f64;
+            check_finite(train_loss, self.state.global_step)?;
+            report.last_train_loss = Some(train_loss);
+            let mut metrics = BTreeMap::from([("train_loss".to_string(), train_loss), ("lr".to_string(), setup.optimizer.lr())]);
+            let validate = val.is_some() && (self.state.epoch + 1) % cfg.check_val_every_n_epoch == 0;
+            let val_metrics = match (validate, val) {
+                (true, Some(loader)) => Some(self.evaluate(setup, loader)?),
+                _ => None,
+            };
+            if let Some(m) = &val_metrics {
+                metrics.insert("val_loss".into(), m.loss);
+                metrics.insert("val_acc".into(), m.accuracy);
+            }
+            self.emit(Event::Epoch {
+                epoch: self.state.epoch,
+                train_loss,
+                val_loss: val_metrics.as_ref().map(|m| m.loss),
+                val_accuracy: val_metrics.as_ref().map(|m| m.accuracy),
+                lr: setup.optimizer.lr(),
+                seconds: epoch_started.elapsed().as_secs_f64(),
+            })?;
+            report.last_val = val_metrics;
+            // The next epoch starts fresh; callbacks then save a checkpoint that resumes there.
+            self.state.epoch += 1;
+            self.state.batch_in_epoch = 0;
+            self.state.epoch_loss_sum = 0.0;
+            self.state.epoch_loss_count = 0;
+            if cfg.scheduler_interval == SchedulerInterval::Epoch {
+                if let Some(s) = setup.scheduler.as_mut() {
+                    s.step(setup.optimizer.as_mut());
+                }
+            }
+            if self.run_callbacks(setup, &mut metrics, |c, ctx| c.on_epoch_end(ctx))? == CallbackAction::Stop {
+                report.stop_reason = "early stopping".into();
+                stop = true;
+            }
+        }
+        let mut no_metrics = BTreeMap::new();
+        self.run_callbacks(setup, &mut no_metrics, |c, ctx| c.on_train_end(ctx).map(|_| CallbackAction::Continue))?;
+        let seconds = self.started.elapsed().as_secs_f64();
+        report.epochs = self.state.epoch;
+        report.steps = self.state.global_step;
+        report.train_seconds = seconds;
+        report.samples_per_sec = (self.state.samples_seen - run_samples_start) as f64 / seconds.max(1e-9);
+        report.data_wait_seconds = data_wait.as_secs_f64();
+        self.emit(Event::RunEnd {
+            epochs: report.epochs,
+            steps: report.steps,
+            seconds,
+            samples_per_sec: report.samples_per_sec,
+            data_wait_seconds: report.data_wait_seconds,
+            reason: report.stop_reason.clone(),
+        })?;
+        Ok(report)
+    }
+
+    /// Clip, step, zero the gradients, advance the per-step scheduler.
+    fn optimizer_step(&mut self, setup: &mut TrainingSetup) -> Result<()> {
+        no_grad(|| -> Result<()> {
+            match self.config.gradient_clip {
+                Some(GradientClip::Norm(max)) => {
+                    clip_grad_norm(setup.optimizer.parameters(), max, 2.0)?;
+                }
+                Some(GradientClip::Value(v)) => clip_grad_value(setup.optimizer.parameters(), v)?,
+                None => {}
+            }
+            setup.optimizer.step()?;
+            setup.optimizer.zero_grad();
+            Ok(())
+        })?;
+        self.state.global_step += 1;
+        if self.config.scheduler_interval == SchedulerInterval::Step {
+            if let Some(s) = setup.scheduler.as_mut() {
+                s.step(setup.optimizer.as_mut());
+            }
+        }
+        Ok(())
+    }
+
+    /// Mean loss and accuracy over a loader, in evaluation mode and without the graph.
+    pub fn evaluate(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
+        setup.model.set_training(false);
+        let result = no_grad(|| -> Result<EvalMetrics> {
+            let mut sums: Option<(Tensor, Tensor)> = None;
+            let mut samples = 0u64;
+            for batch in loader.iter(0) {
+                let tensors = batch?.to_device(&setup.device)?;
+                samples += tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
+                let (loss, correct) = setup.task.eval_sums(setup.model.as_ref(), &tensors)?;
+                sums = Some(match sums {
+                    Some((l, c)) => (l.add(&loss)?, c.add(&correct)?),
+                    None => (loss, correct),
+                });
+            }
+            let (loss, correct) = match sums {
+                Some((l, c)) => (l.item()?, c.item()?),
+                None => return Err(Error::invalid("evaluate", "the evaluation loader yielded no batches")),
+            };
+            Ok(EvalMetrics { loss: loss / samples.max(1) as f64, accuracy: correct / samples.max(1) as f64, samples })
+        });
+        setup.model.set_training(true);
+        result
+    }
+
+    /// Evaluates on a test loader and emits the result.
+    pub fn test(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
+        let m = self.evaluate(setup, loader)?;
+        self.emit(Event::Test { loss: m.loss, accuracy: m.accuracy, samples: m.samples })?;
+        Ok(m)
+    }
+}
+
+fn check_finite(loss: f64, step: u64) -> Result<()> {
+    if loss.is_finite() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "Trainer",
+        format!("the loss became {loss} at step {step}: training diverged; lower the learning rate, enable gradient clipping (--clip-grad-norm), or check the data for NaN/inf"),
+    ))
+}
+
+fn parse_meta<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, String>, key: &str, what: &str) -> Result<T> {
+    let raw = meta.get(key).ok_or_else(|| Error::data(what.to_string(), format!("metadata `{key}` is missing")))?;
+    serde_json::from_str(raw).map_err(|e| Error::data(what.to_string(), format!("metadata `{key}` is unreadable: {e}")))
+}
+
+/// One checkpoint file: model tensors by PyTorch name, optimizer tensors under `optimizer.`,
+/// and the trainer state, optimizer scalars and optimizer name as metadata.
+fn write_checkpoint(path: &Path, setup: &TrainingSetup, state: &TrainerState) -> Result<()> {
+    let mut tensors = setup.model.state_dict();
+    let opt = setup.optimizer.state();
+    tensors.extend(opt.tensors.iter().map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t.clone())));
+    let json = |v: &dyn erased::Json| v.to_json();
+    let meta = BTreeMap::from([
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+        ("lockstep.trainer_state".to_string(), json(state)),
+        ("lockstep.optimizer_scalars".to_string(), json(&opt.scalars)),
+        ("lockstep.optimizer".to_string(), setup.optimizer.name().to_string()),
+    ]);
+    checkpoint::save_tensors(path, &tensors, meta)
+}
+
+mod erased {
+    /// Serialises to a JSON string (a serialisation failure here would be a bug in our types).
+    pub trait Json {
+        fn to_json(&self) -> String;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn to_json(&self) -> String {
+            serde_json::to_string(self).unwrap_or_else(|e| format!("\"unserialisable: {e}\""))
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! A run interrupted mid-epoch and resumed from its checkpoint ends with the same weights, bit
+//! for bit, as one that was not interrupted (CPU backend).
+
+use std::sync::Arc;
+
+use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
+use lockstep_core::nn::{Dropout, Flatten, Linear, ModuleExt, Relu, Sequential};
+use lockstep_core::optim::{LrScheduler, Sgd, SgdConfig, StepLR};
+use lockstep_core::train::{Classification, GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::{Device, Generator, HostVec, Result};
+
+/// 150 points in 8-D whose label is the index of their largest coordinate among the first 3.
+struct Blobs;
+
+impl Dataset for Blobs {
+    fn len(&self) -> usize {
+        150
+    }
+    fn get(&self, i: usize) -> Result<Sample> {
+        let x: Vec<f32> = (0..8).map(|j| lockstep_core::rng::uniform_at(99, i as u64, j) as f32 * 2.0 - 1.0).collect();
+        let label = (0..3).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap_or(0) as u32;
+        Ok(vec![HostTensor::new(HostVec::F32(x), [8])?, HostTensor::new(HostVec::U32(vec![label]), [])?])
+    }
+}
+
+fn setup() -> TrainingSetup {
+    let device = Device::cpu();
+    let init = Generator::new(1);
+    let dropout = Arc::new(Generator::new(2));
+    let model = Sequential::new()
+        .add(Flatten::new())
+        .add(Linear::new(8, 16, true, &device, &init).unwrap())
+        .add(Relu)
+        .add(Dropout::new(0.2, dropout.clone()).unwrap())
+        .add(Linear::new(16, 3, true, &device, &init).unwrap());
+    let mut optimizer = Sgd::new(model.parameters(), SgdConfig::new(0.1).momentum(0.9).nesterov(true)).unwrap();
+    let scheduler = LrScheduler::new(StepLR::new(5, 0.5).unwrap(), &mut optimizer);
+    TrainingSetup {
+        model: Box::new(model),
+        optimizer: Box::new(optimizer),
+        scheduler: Some(scheduler),
+        task: Box::new(Classification),
+        device,
+        generators: vec![dropout],
+        model_name: "blob-mlp".into(),
+        hparams: Default::default(),
+    }
+}
+
+fn config(max_steps: Option<u64>) -> TrainerConfig {
+    TrainerConfig {
+        max_epochs: 3,
+        max_steps,
+        accumulate_grad_batches: 2,
+        gradient_clip: Some(GradientClip::Norm(1.0)),
+        scheduler_interval: SchedulerInterval::Step,
+        log_every_n_steps: 1,
+        ..Default::default()
+    }
+}
+
+fn loader() -> DataLoader {
+    DataLoader::simple(Arc::new(Blobs), true, 5, DataLoaderConfig { batch_size: 16, num_workers: 2, ..Default::default() }).unwrap()
+}
+
+fn weights(s: &TrainingSetup) -> Vec<(String, Vec<u32>)> {
+    s.model.state_dict().into_iter().map(|(n, t)| (n, t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect())).collect()
+}
+
+#[test]
+fn interrupted_and_resumed_equals_uninterrupted_bit_for_bit() {
+    let dir = std::env::temp_dir().join(format!("lockstep-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut straight = setup();
+    let report = Trainer::new(config(None)).unwrap().fit(&mut straight, &loader(), None).unwrap();
+    // 10 batches per epoch, accumulate 2: 5 steps per epoch.
+    assert_eq!((report.epochs, report.steps), (3, 15));
+
+    // Stop at step 7 (mid-epoch 1); the checkpoint callback saves where it stopped.
+    let mut first = setup();
+    let mut trainer = Trainer::new(config(Some(7))).unwrap();
+    trainer.add_callback(ModelCheckpoint::new(&dir));
+    let partial = trainer.fit(&mut first, &loader(), None).unwrap();
+    assert_eq!((partial.steps, partial.stop_reason.as_str()), (7, "max_steps"));
+    assert_ne!(weights(&first), weights(&straight));
+
+    // A fresh process would rebuild everything from scratch, then resume.
+    let mut resumed = setup();
+    let mut trainer = Trainer::new(config(None)).unwrap();
+    trainer.resume(&mut resumed, &dir.join("last.safetensors")).unwrap();
+    assert_eq!((trainer.state().epoch, trainer.state().batch_in_epoch, trainer.state().global_step), (1, 4, 7));
+    let rest = trainer.fit(&mut resumed, &loader(), None).unwrap();
+    assert_eq!(rest.steps, 15);
+    assert_eq!(weights(&resumed), weights(&straight));
+    assert_eq!(rest.last_train_loss.map(f64::to_bits), report.last_train_loss.map(f64::to_bits));
+}
+
+#[test]
+fn a_checkpoint_for_another_model_is_refused_with_the_differences() {
+    let dir = std::env::temp_dir().join(format!("lockstep-mismatch-{}", std::process::id()));
+    let mut s = setup();
+    let mut trainer = Trainer::new(config(Some(1))).unwrap();
+    trainer.add_callback(ModelCheckpoint::new(&dir));
+    trainer.fit(&mut s, &loader(), None).unwrap();
+
+    let device = Device::cpu();
+    let init = Generator::new(1);
+    let dropout = Arc::new(Generator::new(2));
+    let other = Sequential::new().add(Flatten::new()).add(Linear::new(8, 32, true, &device, &init).unwrap()).add(Relu).add(Dropout::new(0.2, dropout.clone()).unwrap()).add(Linear::new(32, 3, true, &device, &init).unwrap());
+    let mut optimizer = Sgd::new(other.parameters(), SgdConfig::new(0.1)).unwrap();
+    let scheduler = LrScheduler::new(StepLR::new(5, 0.5).unwrap(), &mut optimizer);
+    let mut wrong = TrainingSetup { model: Box::new(other), optimizer: Box::new(optimizer), scheduler: Some(scheduler), ..setup() };
+    wrong.generators = vec![dropout];
+    let err = Trainer::new(config(None)).unwrap().resume(&mut wrong, &dir.join("last.safetensors")).unwrap_err().to_string();
+    assert!(err.contains("1.weight") && err.contains("[32, 8]") && err.contains("[16, 8]"), "{err}");
+
+    // A truncated file is reported as such, and the checkpoint on disk is untouched.
+    let path = dir.join("last.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.join("cut.safetensors");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = Trainer::new(config(None)).unwrap().resume(&mut setup(), &cut).unwrap_err().to_string();
+    assert!(err.contains("cut.safetensors") && err.contains("truncated or corrupt"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
