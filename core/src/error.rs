@@ -32,8 +32,9 @@ pub enum Error {
     #[error("{what}: {msg}")]
     Data { what: String, msg: String },
 
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    // Not named `source`: that would make the cause print twice in error chains.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
 
     #[error("device {device}: {msg}")]
     Device { device: String, msg: String },
@@ -52,7 +53,7 @@ impl Error {
         Error::Data { what: what.into(), msg: msg.into() }
     }
     pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().display().to_string(), source }
+        Error::Io { path: path.as_ref().display().to_string(), cause: source }
     }
     pub fn dtype(op: &'static str, dtype: DType) -> Self {
         Error::UnsupportedDType { op, dtype, hint: "" }

@@ -18,3 +18,14 @@ fn matmul_and_backward_match_hand_computation() {
     let s = x.softmax(-1).unwrap().sum(&[-1], false).unwrap().to_vec::<f32>().unwrap();
     assert!(s.iter().all(|v| (v - 1.0).abs() < 1e-6));
 }
+
+#[test]
+fn leaves_never_share_a_gradient_buffer() {
+    let dev = Device::cpu();
+    let a = Tensor::from_vec(vec![1f32, 2.], [2], &dev).unwrap().requires_grad(true);
+    let b = Tensor::from_vec(vec![3f32, 4.], [2], &dev).unwrap().requires_grad(true);
+    a.add(&b).unwrap().sum_all().unwrap().backward().unwrap();
+    let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+    assert!(!ga.same_storage(&gb), "an in-place write to one gradient would change the other");
+    assert_eq!(ga.to_vec::<f32>().unwrap(), gb.to_vec::<f32>().unwrap());
+}

@@ -117,7 +117,11 @@ impl LocalCommunicator {
         let deadline = Instant::now() + shared.timeout;
         while st.round == round {
             if let Some(gone) = st.departed {
-                return Err(self.err(op, format!("rank {gone} has left the group (its thread ended or failed)")));
+                // Fix: a rank that gave up (e.g. timed out) leaves first; name the ranks that
+                // never arrived too, or every other rank would blame only the one that left.
+                let missing: Vec<usize> = (0..shared.world).filter(|&r| r != gone && st.slots[r].is_none()).collect();
+                let note = if missing.is_empty() { String::new() } else { format!("; rank(s) {missing:?} never joined this {op}") };
+                return Err(self.err(op, format!("rank {gone} has left the group (its thread ended or failed){note}")));
             }
             let now = Instant::now();
             if now >= deadline {

@@ -122,9 +122,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn scatter_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()>;
 
     // --- convolution and pooling (contiguous NCHW) -----------------------------------------------
-    /// Unfolds `[n, c, h, w]` into columns `[n, c*kh*kw, oh*ow]` (zeros where padded).
+    /// Unfolds `[n, c, h, w]` into columns `[c*kh*kw, n*oh*ow]` (zeros where padded): one row
+    /// per (channel, tap) with the whole batch along the row, so a convolution is one GEMM.
     fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
-    /// The adjoint of `im2col`: sums columns back into `[n, c, h, w]`.
+    /// The adjoint of `im2col`: sums columns `[c*kh*kw, n*oh*ow]` back into `[n, c, h, w]`.
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
     /// Max pooling: values `[n, c, oh, ow]` and U32 argmax indices into each `h*w` plane.
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)>;

@@ -221,6 +221,13 @@ impl Tensor {
         Ok(out.track("contiguous", &[self], |g| Ok(vec![Some(g.clone())])))
     }
 
+    /// A contiguous copy with its own buffer, cut from the graph.
+    pub fn deep_copy(&self) -> Result<Tensor> {
+        let buffer = self.backend().zeros(self.dtype(), self.elem_count())?;
+        self.backend().copy_strided(&self.0.buffer, &self.0.layout, &buffer, &Layout::contiguous(self.shape().clone()))?;
+        Ok(Tensor::from_buffer(buffer, self.shape().clone(), self.device()))
+    }
+
     /// Overwrites this tensor's elements with `src`'s (same shape), outside the graph.
     /// For optimizer state, running statistics and loading checkpoints.
     pub fn assign(&self, src: &Tensor) -> Result<()> {
@@ -277,7 +284,11 @@ impl Tensor {
         }
         let mut slot = self.0.grad.lock().unwrap_or_else(|e| e.into_inner());
         let next = match slot.take() {
-            None => g.detach().contiguous()?,
+            // Keep the gradient's buffer only if nothing else holds it: `add` hands the same
+            // gradient to both operands, and an in-place writer (clipping, unscaling, a DDP
+            // bucket copy-back) must never change two parameters' gradients at once.
+            None if Arc::strong_count(&g.0.buffer) == 1 => g.detach().contiguous()?,
+            None => g.deep_copy()?,
             Some(prev) => {
                 // Accumulate in place when the previous gradient is ours alone.
                 let g = g.contiguous()?;

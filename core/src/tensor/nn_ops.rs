@@ -91,7 +91,7 @@ impl Tensor {
         }
     }
 
-    /// Unfolds image patches into columns `[n, c*kh*kw, oh*ow]` (differentiable; col2im is its adjoint).
+    /// Unfolds image patches into columns `[c*kh*kw, n*oh*ow]` (differentiable; col2im is its adjoint).
     pub fn im2col(&self, geom: Conv2dGeometry) -> Result<Tensor> {
         self.float_only("im2col")?;
         geom.validate("im2col")?;
@@ -102,7 +102,7 @@ impl Tensor {
         }
         let x = self.contiguous()?;
         let buffer = x.backend().im2col(x.buffer(), &geom)?;
-        let out = Tensor::from_buffer(buffer, [geom.n, geom.c * geom.kh * geom.kw, geom.out_h() * geom.out_w()], x.device());
+        let out = Tensor::from_buffer(buffer, [geom.c * geom.kh * geom.kw, geom.n * geom.out_h() * geom.out_w()], x.device());
         Ok(out.track("im2col", &[&x], move |g| Ok(vec![Some(g.col2im(geom)?)])))
     }
 
@@ -110,7 +110,7 @@ impl Tensor {
     pub fn col2im(&self, geom: Conv2dGeometry) -> Result<Tensor> {
         self.float_only("col2im")?;
         geom.validate("col2im")?;
-        let expected = [geom.n, geom.c * geom.kh * geom.kw, geom.out_h() * geom.out_w()];
+        let expected = [geom.c * geom.kh * geom.kw, geom.n * geom.out_h() * geom.out_w()];
         if self.dims() != expected {
             return Err(Error::shape("col2im", self.shape(), &Shape::new(expected), "columns do not match the geometry"));
         }
@@ -139,9 +139,10 @@ impl Tensor {
         let geom = Conv2dGeometry { n, c, h, w, kh, kw, stride: opts.stride, padding: opts.padding, dilation: opts.dilation };
         geom.validate("conv2d")?;
         let (oh, ow) = (geom.out_h(), geom.out_w());
-        let cols = self.im2col(geom)?.reshape([n, g, cg * kh * kw, oh * ow])?;
+        // One GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow].
+        let cols = self.im2col(geom)?.reshape([g, cg * kh * kw, n * oh * ow])?;
         let kernels = weight.reshape([g, o / g, cg * kh * kw])?;
-        let mut out = kernels.matmul(&cols)?.reshape([n, o, oh, ow])?;
+        let mut out = kernels.matmul(&cols)?.reshape([o, n, oh * ow])?.permute(&[1, 0, 2])?.reshape([n, o, oh, ow])?;
         if let Some(b) = bias {
             if b.dims() != [o] {
                 return Err(Error::shape("conv2d", b.shape(), weight.shape(), format!("bias must have shape [{o}]")));
@@ -176,7 +177,8 @@ impl Tensor {
         let geom = Pool2dGeometry { n, c, h, w, kernel: opts.kernel, stride: opts.stride, padding: opts.padding };
         geom.validate("avg_pool2d")?;
         let planes = Conv2dGeometry { n: n * c, c: 1, ..geom.as_conv() };
-        self.reshape([n * c, 1, h, w])?.im2col(planes)?.mean(&[1], false)?.reshape([n, c, geom.out_h(), geom.out_w()])
+        // Columns are [kh*kw, n*c*oh*ow]: averaging over the taps leaves the outputs in NCHW order.
+        self.reshape([n * c, 1, h, w])?.im2col(planes)?.mean(&[0], false)?.reshape([n, c, geom.out_h(), geom.out_w()])
     }
 
     /// Batch normalisation over axis 1 of `[n, c]` or `[n, c, h, w]`. In training, normalises with

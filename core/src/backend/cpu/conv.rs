@@ -12,63 +12,96 @@ fn source(o: usize, k: usize, stride: usize, dilation: usize, pad: usize, size: 
     (o * stride + k * dilation).checked_sub(pad).filter(|&i| i < size)
 }
 
-/// `[n, c, h, w]` -> `[n, c*kh*kw, oh*ow]`.
+/// `[n, c, h, w]` -> `[c*kh*kw, n*oh*ow]`: one row per (channel, tap), the batch in the
+/// columns, so a convolution is a single GEMM.
 pub fn im2col<T: CpuFloat>(pool: &Pool, src: &[T], g: &Conv2dGeometry) -> Vec<T> {
-    let (oh, ow) = (g.out_h(), g.out_w());
-    let plane = oh * ow;
-    let mut out = pool.take::<T>(g.n * g.c * g.kh * g.kw * plane);
-    if plane == 0 {
+    let cols = g.n * g.out_h() * g.out_w();
+    let mut out = pool.take::<T>(g.c * g.kh * g.kw * cols);
+    if cols == 0 {
         return out;
     }
-    // One chunk per (image, channel): kh*kw rows of oh*ow columns.
-    out.par_chunks_mut(g.kh * g.kw * plane).enumerate().for_each(|(nc, chunk)| {
-        let img = &src[nc * g.h * g.w..(nc + 1) * g.h * g.w];
-        for ki in 0..g.kh {
-            for kj in 0..g.kw {
-                let row = &mut chunk[(ki * g.kw + kj) * plane..(ki * g.kw + kj + 1) * plane];
-                for y in 0..oh {
-                    let dst = &mut row[y * ow..(y + 1) * ow];
-                    match source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) {
-                        None => dst.fill(T::zero()),
-                        Some(iy) => {
-                            for (x, d) in dst.iter_mut().enumerate() {
-                                *d = source(x, kj, g.stride[1], g.dilation[1], g.padding[1], g.w).map_or(T::zero(), |ix| img[iy * g.w + ix]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    });
+    out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| im2col_row(src, row, r, g));
     out
 }
 
-/// The adjoint of `im2col`: `[n, c*kh*kw, oh*ow]` -> `[n, c, h, w]`, summing overlaps.
-pub fn col2im<T: CpuFloat>(pool: &Pool, cols: &[T], g: &Conv2dGeometry) -> Vec<T> {
+/// Fills row `r` = (channel, ki, kj) of the columns for every image.
+fn im2col_row<T: CpuFloat>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometry) {
     let (oh, ow) = (g.out_h(), g.out_w());
-    let plane = oh * ow;
+    let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+    let (x_lo, x_hi) = valid_range(ow, kj, g.stride[1], g.dilation[1], g.padding[1], g.w);
+    for (n, block) in row.chunks_mut(oh * ow).enumerate() {
+        let img = &src[(n * g.c + c) * g.h * g.w..(n * g.c + c + 1) * g.h * g.w];
+        for y in 0..oh {
+            let dst = &mut block[y * ow..(y + 1) * ow];
+            let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else {
+                dst.fill(T::zero());
+                continue;
+            };
+            dst[..x_lo].fill(T::zero());
+            dst[x_hi..].fill(T::zero());
+            if x_lo == x_hi {
+                continue;
+            }
+            // Input column of output column x is x*stride + start.
+            let start = iy * g.w + x_lo * g.stride[1] + kj * g.dilation[1] - g.padding[1];
+            if g.stride[1] == 1 {
+                dst[x_lo..x_hi].copy_from_slice(&img[start..start + (x_hi - x_lo)]);
+            } else {
+                for (j, d) in dst[x_lo..x_hi].iter_mut().enumerate() {
+                    *d = img[start + j * g.stride[1]];
+                }
+            }
+        }
+    }
+}
+
+/// The output positions `lo..hi` whose input index `o*stride + k*dilation - pad` lies in
+/// `0..size`, so the inner loops need no bounds test per element.
+fn valid_range(out_len: usize, k: usize, stride: usize, dilation: usize, pad: usize, size: usize) -> (usize, usize) {
+    let reach = k * dilation;
+    let lo = pad.saturating_sub(reach).div_ceil(stride);
+    let hi = if size + pad > reach { ((size + pad - reach - 1) / stride + 1).min(out_len) } else { 0 };
+    (lo.min(hi), hi)
+}
+
+/// The adjoint of `im2col`: `[c*kh*kw, n*oh*ow]` -> `[n, c, h, w]`, summing overlaps.
+pub fn col2im<T: CpuFloat>(pool: &Pool, cols: &[T], g: &Conv2dGeometry) -> Vec<T> {
     let mut out = pool.take::<T>(g.n * g.c * g.h * g.w);
     out.fill(T::zero());
     if g.h * g.w == 0 {
         return out;
     }
-    out.par_chunks_mut(g.h * g.w).enumerate().for_each(|(nc, img)| {
-        let chunk = &cols[nc * g.kh * g.kw * plane..(nc + 1) * g.kh * g.kw * plane];
-        for ki in 0..g.kh {
-            for kj in 0..g.kw {
-                let row = &chunk[(ki * g.kw + kj) * plane..(ki * g.kw + kj + 1) * plane];
-                for y in 0..oh {
-                    let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else { continue };
-                    for x in 0..ow {
-                        if let Some(ix) = source(x, kj, g.stride[1], g.dilation[1], g.padding[1], g.w) {
-                            img[iy * g.w + ix] = img[iy * g.w + ix] + row[y * ow + x];
-                        }
+    // Image planes are disjoint, so each (n, c) plane gathers its own taps in parallel.
+    out.par_chunks_mut(g.h * g.w).enumerate().for_each(|(nc, img)| col2im_plane(cols, img, nc / g.c, nc % g.c, g));
+    out
+}
+
+/// Sums the taps of channel `c` of image `n` back into its `h x w` plane.
+fn col2im_plane<T: CpuFloat>(cols: &[T], img: &mut [T], n: usize, c: usize, g: &Conv2dGeometry) {
+    let (oh, ow) = (g.out_h(), g.out_w());
+    let width = g.n * oh * ow;
+    for ki in 0..g.kh {
+        for kj in 0..g.kw {
+            let r = (c * g.kh + ki) * g.kw + kj;
+            let block = &cols[r * width + n * oh * ow..r * width + (n + 1) * oh * ow];
+            let (x_lo, x_hi) = valid_range(ow, kj, g.stride[1], g.dilation[1], g.padding[1], g.w);
+            if x_lo == x_hi {
+                continue;
+            }
+            for y in 0..oh {
+                let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else { continue };
+                let start = iy * g.w + x_lo * g.stride[1] + kj * g.dilation[1] - g.padding[1];
+                let src = &block[y * ow + x_lo..y * ow + x_hi];
+                if g.stride[1] == 1 {
+                    img[start..start + src.len()].iter_mut().zip(src).for_each(|(d, &s)| *d = *d + s);
+                } else {
+                    for (j, &s) in src.iter().enumerate() {
+                        img[start + j * g.stride[1]] = img[start + j * g.stride[1]] + s;
                     }
                 }
             }
         }
-    });
-    out
+    }
 }
 
 /// Max over each window; the index is the flat position `iy*w + ix` within the input plane.
@@ -80,25 +113,38 @@ pub fn max_pool2d<T: CpuFloat>(pool: &Pool, src: &[T], g: &Pool2dGeometry) -> (V
     if plane == 0 {
         return (values, indices);
     }
-    values.par_chunks_mut(plane).zip(indices.par_chunks_mut(plane)).enumerate().for_each(|(nc, (vals, idx))| {
-        let img = &src[nc * g.h * g.w..(nc + 1) * g.h * g.w];
-        for y in 0..oh {
-            for x in 0..ow {
-                let mut best = (u32::MAX, T::neg_infinity());
-                for ki in 0..g.kernel[0] {
-                    let Some(iy) = source(y, ki, g.stride[0], 1, g.padding[0], g.h) else { continue };
-                    for kj in 0..g.kernel[1] {
-                        let Some(ix) = source(x, kj, g.stride[1], 1, g.padding[1], g.w) else { continue };
-                        let v = img[iy * g.w + ix];
-                        if best.0 == u32::MAX || v > best.1 || v.is_nan() {
-                            best = ((iy * g.w + ix) as u32, v);
-                        }
+    values
+        .par_chunks_mut(plane)
+        .zip(indices.par_chunks_mut(plane))
+        .enumerate()
+        .for_each(|(nc, (vals, idx))| max_pool_plane(&src[nc * g.h * g.w..(nc + 1) * g.h * g.w], vals, idx, g));
+    (values, indices)
+}
+
+/// Max over each window of one plane; padding never wins (it is -inf).
+fn max_pool_plane<T: CpuFloat>(img: &[T], vals: &mut [T], idx: &mut [u32], g: &Pool2dGeometry) {
+    let (oh, ow) = (g.out_h(), g.out_w());
+    for y in 0..oh {
+        // The window's rows and columns clipped to the image, computed once per output.
+        let y0 = (y * g.stride[0]).saturating_sub(g.padding[0]);
+        let y1 = (y * g.stride[0] + g.kernel[0]).saturating_sub(g.padding[0]).min(g.h);
+        for x in 0..ow {
+            let x0 = (x * g.stride[1]).saturating_sub(g.padding[1]);
+            let x1 = (x * g.stride[1] + g.kernel[1]).saturating_sub(g.padding[1]).min(g.w);
+            // Every window holds at least one input (padding is at most half the kernel).
+            let mut best = (y0 * g.w + x0, img[y0 * g.w + x0]);
+            for iy in y0..y1 {
+                for ix in x0..x1 {
+                    let v = img[iy * g.w + ix];
+                    // NaN propagates, as in PyTorch.
+                    if v > best.1 || (v.is_nan() && !best.1.is_nan()) {
+                        best = (iy * g.w + ix, v);
                     }
                 }
-                vals[y * ow + x] = best.1;
-                idx[y * ow + x] = best.0;
             }
+            let best = (best.0 as u32, best.1);
+            vals[y * ow + x] = best.1;
+            idx[y * ow + x] = best.0;
         }
-    });
-    (values, indices)
+    }
 }

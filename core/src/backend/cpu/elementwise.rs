@@ -97,6 +97,16 @@ pub fn map<T: Element, U: Element>(pool: &Pool, src: &[T], layout: &Layout, f: i
     out
 }
 
+/// `o[i] = f(a[i], b[i])` over equal-length slices, indexed so it vectorises.
+#[inline(always)]
+fn zip_slices<T: Copy, U>(o: &mut [U], a: &[T], b: &[T], f: &impl Fn(T, T) -> U) {
+    let n = o.len();
+    let (a, b) = (&a[..n], &b[..n]);
+    for i in 0..n {
+        o[i] = f(a[i], b[i]);
+    }
+}
+
 /// `out[i] = f(a[la[i]], b[lb[i]])` for two layouts of one shape (broadcasts have stride 0).
 pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layout, f: impl Fn(T, T) -> U + Sync) -> Vec<U> {
     let n = la.elem_count();
@@ -104,11 +114,9 @@ pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], l
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
         if n >= PAR_THRESHOLD {
-            out.par_chunks_mut(4096)
-                .zip(a.par_chunks(4096).zip(b.par_chunks(4096)))
-                .for_each(|(o, (a, b))| o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&a, &b))| *o = f(a, b)));
+            out.par_chunks_mut(4096).zip(a.par_chunks(4096).zip(b.par_chunks(4096))).for_each(|(o, (a, b))| zip_slices(o, a, b, &f));
         } else {
-            out.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&a, &b))| *o = f(a, b));
+            zip_slices(&mut out, a, b, &f);
         }
         return out;
     }
@@ -116,9 +124,19 @@ pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], l
     let (ra, rb) = (runs(&merged[0]), runs(&merged[1]));
     let len = ra.len.max(1);
     let row = |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| match (ra.stride, rb.stride) {
-        (1, 1) => o.iter_mut().zip(a[sa..sa + len].iter().zip(&b[sb..sb + len])).for_each(|(o, (&x, &y))| *o = f(x, y)),
-        (1, 0) => o.iter_mut().zip(&a[sa..sa + len]).for_each(|(o, &x)| *o = f(x, b[sb])),
-        (0, 1) => o.iter_mut().zip(&b[sb..sb + len]).for_each(|(o, &y)| *o = f(a[sa], y)),
+        (1, 1) => zip_slices(o, &a[sa..sa + len], &b[sb..sb + len], &f),
+        (1, 0) => {
+            let (x, y) = (&a[sa..sa + len], b[sb]);
+            for j in 0..len {
+                o[j] = f(x[j], y);
+            }
+        }
+        (0, 1) => {
+            let (x, y) = (a[sa], &b[sb..sb + len]);
+            for j in 0..len {
+                o[j] = f(x, y[j]);
+            }
+        }
         (s, t) => o.iter_mut().enumerate().for_each(|(j, o)| *o = f(a[sa + j * s], b[sb + j * t])),
     };
     if n >= PAR_THRESHOLD {
@@ -129,21 +147,34 @@ pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], l
     out
 }
 
-/// `out[i] = cond[i] != 0 ? t[i] : f[i]` over three layouts of one shape.
+/// `out[i] = cond[i] != 0 ? t[i] : f[i]` over three layouts of one shape. The fast paths index
+/// equal-length slices and read both sides unconditionally, so they compile to vector blends.
 pub fn select<T: Element>(pool: &Pool, cond: &[u32], lc: &Layout, t: &[T], lt: &Layout, f: &[T], lf: &Layout) -> Vec<T> {
-    let mut out = pool.take::<T>(lc.elem_count());
-    if let (Some(rc), Some(rt), Some(rf)) = (lc.contiguous_range(), lt.contiguous_range(), lf.contiguous_range()) {
-        out.iter_mut().zip(&cond[rc]).zip(t[rt].iter().zip(&f[rf])).for_each(|((o, &c), (&x, &y))| *o = if c != 0 { x } else { y });
-        return out;
+    let n = lc.elem_count();
+    let mut out = pool.take::<T>(n);
+    if let (Some(rc), Some(rt)) = (lc.contiguous_range(), lt.contiguous_range()) {
+        let (o, c, x) = (&mut out[..n], &cond[rc][..n], &t[rt][..n]);
+        if let Some(rf) = lf.contiguous_range() {
+            let y = &f[rf][..n];
+            for i in 0..n {
+                // Both sides are read unconditionally so the loop compiles to blends.
+                let (xi, yi) = (x[i], y[i]);
+                o[i] = if c[i] != 0 { xi } else { yi };
+            }
+            return out;
+        }
+        if lf.strides.iter().all(|&s| s == 0) {
+            // The common `where(mask, x, scalar)`.
+            let y = f[lf.offset];
+            for i in 0..n {
+                let xi = x[i];
+                o[i] = if c[i] != 0 { xi } else { y };
+            }
+            return out;
+        }
     }
-    if let (Some(rc), Some(rt), true) = (lc.contiguous_range(), lt.contiguous_range(), lf.strides.iter().all(|&s| s == 0)) {
-        // The common `where(mask, x, scalar)` shape.
-        let y = f[lf.offset];
-        out.iter_mut().zip(&cond[rc]).zip(&t[rt]).for_each(|((o, &c), &x)| *o = if c != 0 { x } else { y });
-        return out;
-    }
-    for (o, ((c, x), y)) in out.iter_mut().zip(lc.offsets().zip(lt.offsets()).zip(lf.offsets())) {
-        *o = if cond[c] != 0 { t[x] } else { f[y] };
+    for (o, ((c, x), y)) in lc.offsets().zip(lt.offsets()).zip(lf.offsets()).enumerate() {
+        out[o] = if cond[c] != 0 { t[x] } else { f[y] };
     }
     out
 }

@@ -32,27 +32,33 @@ pub fn reduce<T: Element + num_traits::Float>(pool: &Pool, kind: ReduceKind, src
     };
     let n_out = kept.elem_count();
     let mut out = pool.take::<T>(n_out);
-    // Fast path 1: contiguous input reduced over trailing axes: one slice per output.
-    if let (Some(range), true) = (layout.contiguous_range(), axes.iter().enumerate().all(|(i, &a)| a == layout.shape.rank() - axes.len() + i)) {
-        let inner = reduced.elem_count();
-        if inner == 0 {
-            out.fill(init);
+    // Fast path: contiguous input whose kept axes form one block, seen as [outer, mid, inner]
+    // and reduced over outer and inner (trailing, leading and conv-bias reductions alike).
+    let rank = layout.shape.rank();
+    let kept_axes: Vec<usize> = (0..rank).filter(|a| !axes.contains(a)).collect();
+    let block = kept_axes.windows(2).all(|w| w[1] == w[0] + 1);
+    if let (Some(range), true) = (layout.contiguous_range(), block) {
+        let dims = layout.dims();
+        // With nothing kept, the block is empty at axis 0: one row of every element.
+        let (first, last) = (kept_axes.first().copied().unwrap_or(0), kept_axes.last().map_or(0, |&l| l + 1));
+        let outer: usize = dims[..first].iter().product();
+        let inner: usize = dims[last..].iter().product();
+        let src = &src[range];
+        out.fill(init);
+        // Fix: with no kept elements (e.g. [0, 3] over axis 1) `mid_slab` is 0 and `chunks(0)` panics.
+        if inner == 0 || outer == 0 || n_out == 0 {
             return out;
         }
-        let src = &src[range];
-        let body = |(o, chunk): (&mut T, &[T])| *o = chunk.iter().fold(init, |a, &x| combine(a, x));
-        if src.len() >= super::elementwise::PAR_THRESHOLD {
-            out.par_iter_mut().zip(src.par_chunks(inner)).for_each(body);
+        let fold_row = |acc: T, row: &[T]| row.iter().fold(acc, |a, &x| combine(a, x));
+        let mid_slab = n_out * inner;
+        if outer == 1 && src.len() >= super::elementwise::PAR_THRESHOLD {
+            out.par_iter_mut().zip(src.par_chunks(inner)).for_each(|(o, row)| *o = fold_row(*o, row));
         } else {
-            out.iter_mut().zip(src.chunks(inner)).for_each(body);
-        }
-        return out;
-    }
-    // Fast path 2: contiguous input reduced over leading axes: accumulate whole rows.
-    if let (Some(range), true) = (layout.contiguous_range(), axes.iter().enumerate().all(|(i, &a)| a == i)) {
-        out.fill(init);
-        for row in src[range].chunks(n_out.max(1)) {
-            out.iter_mut().zip(row).for_each(|(o, &x)| *o = combine(*o, x));
+            for slab in src.chunks(mid_slab) {
+                for (o, row) in out.iter_mut().zip(slab.chunks(inner)) {
+                    *o = fold_row(*o, row);
+                }
+            }
         }
         return out;
     }

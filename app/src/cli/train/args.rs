@@ -1,0 +1,165 @@
+//! The flags of `lockstep train`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use lockstep_core::train::{GradientClip, TrainerConfig};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+#[derive(Parser, Debug, Clone)]
+pub struct Args {
+    /// Built-in model: mlp (784-512-512-10) or lenet5.
+    #[arg(long, default_value = "mlp")]
+    pub model: String,
+    /// Hidden layer widths of the mlp, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,512")]
+    pub hidden: Vec<usize>,
+    /// Directory with the four MNIST IDX files (default: $LOCKSTEP_DATA or ./data/mnist).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Fetch the MNIST files missing from the data directory (checked by SHA-256).
+    #[arg(long)]
+    pub download: bool,
+    /// Where --download fetches from: a URL holding the four .gz files.
+    #[arg(long, value_name = "BASE", default_value = super::download::DEFAULT_BASE_URL, requires = "download")]
+    pub download_url: String,
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Stop after this many optimizer steps.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    #[arg(long, default_value_t = 128)]
+    pub batch_size: usize,
+    #[arg(long, value_enum, default_value = "sgd")]
+    pub optimizer: OptimizerKind,
+    /// Learning rate (default: 0.05 for sgd, 0.001 for adam/adamw).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    #[arg(long, default_value_t = 0.0)]
+    pub momentum: f64,
+    /// Weight decay (default: 0, or 0.01 for adamw as in PyTorch).
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Device: cpu, cpu:N (later wgpu:N, cuda:N).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Data loader worker threads (0 loads on the training thread).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Compute threads on the CPU.
+    #[arg(long, default_value_t = default_threads())]
+    pub threads: usize,
+    /// Accumulate gradients over N batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub accumulate: usize,
+    #[arg(long)]
+    pub clip_grad_norm: Option<f64>,
+    #[arg(long)]
+    pub clip_grad_value: Option<f64>,
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Skip validation on the test split after each epoch.
+    #[arg(long)]
+    pub no_val: bool,
+    #[arg(long)]
+    pub limit_train_batches: Option<usize>,
+    /// Log (and read the loss) every N steps.
+    #[arg(long, default_value_t = 50)]
+    pub log_every: u64,
+    /// Write every event as a JSON line to this file.
+    #[arg(long)]
+    pub metrics_out: Option<PathBuf>,
+    /// Write the final summary (accuracy, loss, time, throughput) as JSON to this file.
+    #[arg(long)]
+    pub summary_out: Option<PathBuf>,
+    /// Save last.safetensors and the best by validation accuracy here.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue a run from a checkpoint written with --checkpoint-dir.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Load PyTorch-named weights (safetensors) before training.
+    #[arg(long)]
+    pub init_weights: Option<PathBuf>,
+    /// No progress bar; one line per epoch (for logs and CI).
+    #[arg(long)]
+    pub headless: bool,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl Args {
+    pub fn data_dir(&self) -> PathBuf {
+        self.data
+            .clone()
+            .or_else(|| std::env::var_os("LOCKSTEP_DATA").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("data/mnist"))
+    }
+    pub fn lr(&self) -> f64 {
+        self.lr.unwrap_or(match self.optimizer {
+            OptimizerKind::Sgd => 0.05,
+            OptimizerKind::Adam | OptimizerKind::Adamw => 1e-3,
+        })
+    }
+    pub fn weight_decay(&self) -> f64 {
+        self.weight_decay.unwrap_or(if self.optimizer == OptimizerKind::Adamw {
+            0.01
+        } else {
+            0.0
+        })
+    }
+    /// Refuses flags that cannot work together, naming the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
+        anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
+        anyhow::ensure!(
+            self.epochs > 0 || self.max_steps.is_some(),
+            "--epochs must be at least 1"
+        );
+        anyhow::ensure!(self.accumulate > 0, "--accumulate must be at least 1");
+        anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
+        anyhow::ensure!(
+            self.clip_grad_norm.is_none() || self.clip_grad_value.is_none(),
+            "use either --clip-grad-norm or --clip-grad-value, not both"
+        );
+        anyhow::ensure!(
+            self.lr() > 0.0 && self.lr().is_finite(),
+            "--lr must be a positive number"
+        );
+        // Checked before training, not at the first save an epoch later.
+        if let Some(dir) = self.checkpoint_dir.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+            anyhow::bail!("--checkpoint-dir {} is a file, not a directory; name a directory", dir.display());
+        }
+        Ok(())
+    }
+    pub fn trainer_config(&self) -> TrainerConfig {
+        TrainerConfig {
+            // With --max-steps and no explicit epoch budget, run as many epochs as the steps need.
+            max_epochs: if self.max_steps.is_some() && self.epochs == 1 {
+                u64::MAX
+            } else {
+                self.epochs
+            },
+            max_steps: self.max_steps,
+            limit_train_batches: self.limit_train_batches,
+            accumulate_grad_batches: self.accumulate,
+            gradient_clip: self
+                .clip_grad_norm
+                .map(GradientClip::Norm)
+                .or(self.clip_grad_value.map(GradientClip::Value)),
+            log_every_n_steps: self.log_every,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! `lockstep train --download`: fetches the MNIST files missing from the data directory from a
+//! mirror, each streamed to a temporary file beside its target, checked, then renamed into place,
+//! so an interrupted or bad download never leaves a file that looks complete.
+//!
+//! The check is the SHA-256 of the decompressed IDX contents, not of the `.gz` bytes: faithful
+//! mirrors (and our own copies) recompress the same files, so gzip bytes differ between good
+//! copies while the contents do not. A corrupt download fails the gzip CRC or the hash.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lockstep_core::data::mnist;
+use sha2::{Digest, Sha256};
+
+/// The mirror torchvision uses; it serves the four original gzipped files.
+pub const DEFAULT_BASE_URL: &str = "https://ossci-datasets.s3.amazonaws.com/mnist/";
+
+/// SHA-256 of each standard file's uncompressed IDX contents (their MD5s match the published ones).
+pub const CONTENT_SHA256: [(&str, &str); 4] = [
+    (
+        "train-images-idx3-ubyte",
+        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    ),
+    (
+        "train-labels-idx1-ubyte",
+        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    ),
+    (
+        "t10k-images-idx3-ubyte",
+        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    ),
+    (
+        "t10k-labels-idx1-ubyte",
+        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+    ),
+];
+
+/// The largest file is 47 MB uncompressed; refuse a mirror that sends far more than that.
+const MAX_BYTES: u64 = 128 << 20;
+
+/// Downloads each file of `expected` (name, content SHA-256) that is not in `dir` (raw or
+/// gzipped) from `base_url`/name.gz. Returns the paths written.
+pub fn fetch_missing(
+    dir: &Path,
+    base_url: &str,
+    expected: &[(&str, &str)],
+    show_progress: bool,
+) -> anyhow::Result<Vec<PathBuf>> {
+    // Refused up front: ureq's own error for a bare word ("http: invalid format") says little.
+    if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+        bail!("--download-url {base_url} is not an http:// or https:// URL");
+    }
+    let missing: Vec<_> = expected
+        .iter()
+        .filter(|(name, _)| mnist::locate(dir, name).is_err())
+        .collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let agent = agent();
+    let mut written = Vec::new();
+    for (name, sha256) in missing {
+        let file = format!("{name}.gz");
+        let url = join_url(base_url, &file);
+        let target = dir.join(&file);
+        eprintln!("downloading {url}");
+        fetch_one(&agent, &url, &target, sha256, show_progress)?;
+        written.push(target);
+    }
+    Ok(written)
+}
+
+fn agent() -> ureq::Agent {
+    // No global timeout (a slow link may need minutes for 10 MB); a stalled one must still end.
+    let config = ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(30)))
+        .timeout_recv_response(Some(Duration::from_secs(60)))
+        .timeout_per_read(Some(Duration::from_secs(60)))
+        .user_agent(concat!("lockstep/", env!("CARGO_PKG_VERSION")))
+        .build();
+    ureq::Agent::new_with_config(config)
+}
+
+pub fn join_url(base: &str, file: &str) -> String {
+    format!("{}/{file}", base.trim_end_matches('/'))
+}
+
+/// Removes the temporary file on every early return; `persist` renames it into place instead.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn persist(mut self, target: &Path) -> std::io::Result<()> {
+        std::fs::rename(&self.0, target)?;
+        self.0 = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+fn fetch_one(agent: &ureq::Agent, url: &str, target: &Path, expected: &str, show_progress: bool) -> anyhow::Result<()> {
+    let hint = "pass --download-url BASE naming a mirror that serves the four MNIST .gz files";
+    let response = agent.get(url).call().map_err(|e| match e {
+        ureq::Error::StatusCode(code) => {
+            anyhow::anyhow!("cannot download {url}: the server answered HTTP {code}; {hint}")
+        }
+        other => anyhow::anyhow!("cannot download {url}: {other}; check your connection, or {hint}"),
+    })?;
+    let length = response.body().content_length();
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = TempFile(target.with_file_name(format!(".{name}.part-{}", std::process::id())));
+    let bar = progress_bar(length, &name, show_progress);
+    let mut out = File::create(&tmp.0).with_context(|| format!("cannot write {}", tmp.0.display()))?;
+    let mut body = response.into_body().into_reader().take(MAX_BYTES + 1);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut received = 0u64;
+    loop {
+        let n = body
+            .read(&mut buf)
+            .with_context(|| format!("download of {url} broke off after {received} bytes; run again to retry"))?;
+        if n == 0 {
+            break;
+        }
+        received += n as u64;
+        if received > MAX_BYTES {
+            bail!(
+                "{url} sent more than {MAX_BYTES} bytes, far more than any MNIST file: not the file we asked for; check --download-url"
+            );
+        }
+        out.write_all(&buf[..n])
+            .with_context(|| format!("cannot write {}", tmp.0.display()))?;
+        bar.inc(n as u64);
+    }
+    bar.finish_and_clear();
+    if let Some(len) = length.filter(|&len| len != received) {
+        bail!("download of {url} ended after {received} of {len} bytes; run again to retry");
+    }
+    out.sync_all()
+        .with_context(|| format!("cannot write {}", tmp.0.display()))?;
+    drop(out);
+    let actual = content_sha256(&tmp.0).with_context(|| {
+        format!("{url} is not valid gzip data (corrupt download, or not an MNIST file); the partial file was removed")
+    })?;
+    if actual != expected {
+        bail!(
+            "{name} from {url} failed its SHA-256 check: expected {expected}, got {actual} (corrupt download, or the mirror serves other files); the file was removed"
+        );
+    }
+    tmp.persist(target)
+        .with_context(|| format!("cannot move the download into place at {}", target.display()))
+}
+
+fn progress_bar(length: Option<u64>, name: &str, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(length, ProgressDrawTarget::stderr());
+    let template = "{msg} {bar:32.cyan/blue} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})";
+    bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_message(name.to_string());
+    bar
+}
+
+/// SHA-256 of a file's contents, inflated first when it starts with the gzip magic bytes
+/// (the same rule the MNIST reader applies).
+pub fn content_sha256(path: &Path) -> std::io::Result<String> {
+    let mut file = BufReader::new(File::open(path)?);
+    let mut magic = [0u8; 2];
+    let gz = file.read(&mut magic)? == 2 && magic == [0x1f, 0x8b];
+    let file = BufReader::new(File::open(path)?);
+    let mut reader: Box<dyn Read> = if gz {
+        Box::new(flate2::read::MultiGzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_join_with_one_slash() {
+        assert_eq!(join_url("http://h/mnist/", "a.gz"), "http://h/mnist/a.gz");
+        assert_eq!(join_url("http://h/mnist", "a.gz"), "http://h/mnist/a.gz");
+    }
+
+    #[test]
+    fn the_table_covers_every_mnist_file() {
+        let names: Vec<_> = CONTENT_SHA256.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, mnist::FILES);
+        assert!(
+            CONTENT_SHA256
+                .iter()
+                .all(|(_, h)| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        );
+    }
+
+    #[test]
+    fn gzipped_and_raw_contents_hash_alike() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("lockstep-sha-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let raw = dir.join("raw");
+        std::fs::write(&raw, b"abc")?;
+        let gz = dir.join("gz");
+        let mut enc = flate2::write::GzEncoder::new(File::create(&gz)?, flate2::Compression::default());
+        enc.write_all(b"abc")?;
+        enc.finish()?;
+        // The published SHA-256 of "abc".
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(content_sha256(&raw)?, abc);
+        assert_eq!(content_sha256(&gz)?, abc);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,59 @@
+//! Builds the model, optimizer and task that `lockstep train` asks for.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use lockstep_core::nn::ModuleExt;
+use lockstep_core::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use lockstep_core::train::checkpoint::{host_to_device, load_tensors};
+use lockstep_core::train::{Classification, TrainingSetup};
+use lockstep_core::{Device, Generator, models};
+
+use super::args::{Args, OptimizerKind};
+
+pub fn build(args: &Args) -> anyhow::Result<TrainingSetup> {
+    let device = Device::parse(&args.device)?;
+    let init = Generator::new(args.seed);
+    let model = models::build(&args.model, &args.hidden, &device, &init)?;
+    if let Some(path) = &args.init_weights {
+        let file = load_tensors(path)?;
+        let tensors = file
+            .tensors
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), host_to_device(t, t.data.dtype(), &device)?)))
+            .collect::<lockstep_core::Result<Vec<_>>>()?;
+        model
+            .load_state_dict(&tensors)
+            .with_context(|| format!("--init-weights {} does not fit model {}", path.display(), args.model))?;
+    }
+    let params = model.parameters();
+    let (lr, wd) = (args.lr(), args.weight_decay());
+    let optimizer: Box<dyn Optimizer> = match args.optimizer {
+        OptimizerKind::Sgd => Box::new(Sgd::new(
+            params,
+            SgdConfig::new(lr).momentum(args.momentum).weight_decay(wd),
+        )?),
+        OptimizerKind::Adam => Box::new(Adam::new(params, AdamConfig::adam().lr(lr).weight_decay(wd))?),
+        OptimizerKind::Adamw => Box::new(Adam::adamw(params, AdamConfig::adamw().lr(lr).weight_decay(wd))?),
+    };
+    let hparams = BTreeMap::from([
+        ("model".to_string(), args.model.clone()),
+        ("optimizer".to_string(), format!("{:?}", args.optimizer).to_lowercase()),
+        ("lr".to_string(), lr.to_string()),
+        ("momentum".to_string(), args.momentum.to_string()),
+        ("weight_decay".to_string(), wd.to_string()),
+        ("batch_size".to_string(), args.batch_size.to_string()),
+        ("seed".to_string(), args.seed.to_string()),
+        ("accumulate".to_string(), args.accumulate.to_string()),
+    ]);
+    Ok(TrainingSetup {
+        model: Box::new(model),
+        optimizer,
+        scheduler: None,
+        task: Box::new(Classification),
+        device,
+        generators: Vec::new(),
+        model_name: args.model.clone(),
+        hparams,
+    })
+}

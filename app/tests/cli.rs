@@ -1,0 +1,251 @@
+//! `lockstep train` from the outside: bad input gets a clear error naming the problem and a
+//! non-zero exit, never a panic, and never harms a checkpoint; a short run learns MNIST.
+
+mod support;
+
+use std::io::Read;
+use std::path::Path;
+
+use support::{ALL, TempDir, assert_fails_with, assert_succeeds, data_dir_with, lockstep, mnist_dir, run};
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+/// `lockstep train` on `data` with small, fast settings, then `extra` (later flags win where
+/// clap allows; tests only add flags not set here).
+fn train(data: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "train",
+        "--data",
+        path_str(data),
+        "--threads",
+        "2",
+        "--headless",
+        "--no-val",
+    ];
+    args.extend_from_slice(extra);
+    run(&mut lockstep(&args))
+}
+
+/// A real checkpoint of a 784-32-10 mlp after 3 steps, in `dir/last.safetensors`.
+fn trained_checkpoint(dir: &TempDir) -> std::path::PathBuf {
+    let ckpt_dir = path_str(dir.path());
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "32",
+            "--max-steps",
+            "3",
+            "--limit-train-batches",
+            "3",
+            "--checkpoint-dir",
+            ckpt_dir,
+        ],
+    );
+    assert_succeeds(&out);
+    let last = dir.join("last.safetensors");
+    assert!(last.is_file(), "no checkpoint at {}", last.display());
+    last
+}
+
+#[test]
+fn train_without_data_says_where_to_put_it() {
+    // No --data and no LOCKSTEP_DATA: the default ./data/mnist, relative to an empty directory.
+    let cwd = TempDir::new("no-data");
+    let out = run(lockstep(&["train", "--headless"]).current_dir(cwd.path()));
+    assert_fails_with(
+        &out,
+        &[
+            "data/mnist",
+            "train-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+            "--data",
+            "--download",
+        ],
+    );
+}
+
+#[test]
+fn a_missing_idx_file_is_named() {
+    let data = data_dir_with(&ALL[..3]);
+    let out = train(data.path(), &["--max-steps", "1"]);
+    assert_fails_with(&out, &["t10k-labels-idx1-ubyte", "not found", path_str(data.path())]);
+}
+
+#[test]
+fn a_truncated_gzipped_idx_file_is_reported() {
+    let data = data_dir_with(&ALL);
+    let path = data.join("train-labels-idx1-ubyte.gz");
+    let bytes = std::fs::read(&path).expect("the copied labels");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("truncate the labels");
+    let out = train(data.path(), &["--max-steps", "1"]);
+    assert_fails_with(&out, &["train-labels-idx1-ubyte.gz", "truncated"]);
+}
+
+#[test]
+fn a_truncated_raw_idx_file_is_reported() {
+    // The test labels as a raw IDX file, 100 labels short of what its header promises.
+    let data = data_dir_with(&ALL[..3]);
+    let mut raw = Vec::new();
+    let gz = std::fs::read(mnist_dir().join("t10k-labels-idx1-ubyte.gz")).expect("the test labels");
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut raw)
+        .expect("inflate the test labels");
+    std::fs::write(data.join("t10k-labels-idx1-ubyte"), &raw[..raw.len() - 100]).expect("write raw labels");
+    let out = train(data.path(), &["--max-steps", "1"]);
+    assert_fails_with(
+        &out,
+        &[
+            "t10k-labels-idx1-ubyte",
+            "header says [10000]",
+            "9900 bytes",
+            "truncated",
+        ],
+    );
+}
+
+#[test]
+fn a_truncated_checkpoint_is_reported_and_left_alone() {
+    let dir = TempDir::new("ckpt-corrupt");
+    let last = trained_checkpoint(&dir);
+    let bytes = std::fs::read(&last).expect("the checkpoint");
+    std::fs::write(&last, &bytes[..bytes.len() / 2]).expect("truncate the checkpoint");
+    let resume = path_str(&last);
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "32",
+            "--max-steps",
+            "6",
+            "--resume",
+            resume,
+            "--checkpoint-dir",
+            path_str(dir.path()),
+        ],
+    );
+    assert_fails_with(
+        &out,
+        &[
+            "cannot resume",
+            "last.safetensors",
+            "not a valid safetensors file",
+            "truncated or corrupt",
+        ],
+    );
+    assert!(
+        std::fs::read(&last).expect("the checkpoint") == bytes[..bytes.len() / 2],
+        "the failed resume rewrote the checkpoint"
+    );
+}
+
+#[test]
+fn a_checkpoint_of_another_model_lists_the_names_and_shapes() {
+    let dir = TempDir::new("ckpt-mismatch");
+    let last = trained_checkpoint(&dir);
+    let before = std::fs::read(&last).expect("the checkpoint");
+    let resume = path_str(&last);
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "64",
+            "--max-steps",
+            "6",
+            "--resume",
+            resume,
+            "--checkpoint-dir",
+            path_str(dir.path()),
+        ],
+    );
+    assert_fails_with(
+        &out,
+        &[
+            "does not fit this model",
+            "1.weight expected [64, 784] got [32, 784]",
+            "1.bias expected [64] got [32]",
+            "3.weight expected [10, 64] got [10, 32]",
+        ],
+    );
+    assert!(
+        std::fs::read(&last).expect("the checkpoint") == before,
+        "the failed resume rewrote the checkpoint"
+    );
+}
+
+#[test]
+fn an_unknown_device_is_named() {
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--device", "tpu:0"]);
+    assert_fails_with(&out, &["unknown device `tpu:0`", "cpu", "lockstep devices"]);
+}
+
+#[test]
+fn an_unknown_model_is_named() {
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--model", "resnet50"]);
+    assert_fails_with(&out, &["unknown model `resnet50`", "mlp", "lenet5"]);
+}
+
+#[test]
+fn batch_size_zero_is_refused() {
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--batch-size", "0"]);
+    assert_fails_with(&out, &["--batch-size must be at least 1"]);
+}
+
+#[test]
+fn a_checkpoint_dir_that_is_a_file_is_refused_before_training() {
+    let dir = TempDir::new("ckpt-file");
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, b"keep me").expect("write a file");
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--checkpoint-dir", path_str(&file)]);
+    let err = assert_fails_with(&out, &["--checkpoint-dir", "not a directory"]);
+    assert!(!err.contains("training mlp"), "it trained before refusing:\n{err}");
+    assert_eq!(std::fs::read(&file).expect("the file"), b"keep me");
+}
+
+#[test]
+fn a_diverging_run_stops_with_a_clear_error() {
+    // A learning rate of 1e10 overflows the weights within a few steps.
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "32",
+            "--max-steps",
+            "30",
+            "--lr",
+            "1e10",
+            "--log-every",
+            "1",
+        ],
+    );
+    assert_fails_with(&out, &["diverged", "lower the learning rate"]);
+}
+
+#[test]
+fn a_short_run_learns_mnist() {
+    let dir = TempDir::new("happy");
+    let summary = dir.join("summary.json");
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--model",
+            "mlp",
+            "--hidden",
+            "128",
+            "--momentum",
+            "0.9",
+            "--max-steps",
+            "150",
+            "--summary-out",
+            path_str(&summary),
+        ],
+    );
+    assert_succeeds(&out);
+    let text = std::fs::read_to_string(&summary).expect("the summary file");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the summary is JSON");
+    assert_eq!(json["steps"], 150, "{text}");
+    let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
+    assert!(accuracy > 0.9, "test accuracy {accuracy} after 150 steps:\n{text}");
+}

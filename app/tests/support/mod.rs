@@ -1,0 +1,139 @@
+//! Shared by the CLI test files: the MNIST copy, scratch directories, running the binary, and a
+//! tiny HTTP server on loopback that stops by itself.
+
+// Each test file uses a different part of this module.
+#![allow(dead_code)]
+
+pub mod http;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The four standard MNIST files that come with the workspace; the tests cannot run without them.
+pub fn mnist_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist");
+    for name in [
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ] {
+        let file = dir.join(format!("{name}.gz"));
+        assert!(
+            file.is_file(),
+            "the CLI tests need the MNIST files; {} is missing",
+            file.display()
+        );
+    }
+    dir
+}
+
+pub fn mnist_file(name: &str) -> Vec<u8> {
+    let path = mnist_dir().join(format!("{name}.gz"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// A fresh directory under the target's scratch space, removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{label}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    /// The names of the files in the directory, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap_or_else(|e| panic!("cannot list {}: {e}", self.0.display()))
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A data directory holding copies of the named MNIST files (gzipped, as shipped).
+pub fn data_dir_with(names: &[&str]) -> TempDir {
+    let dir = TempDir::new("data");
+    for name in names {
+        std::fs::write(dir.join(&format!("{name}.gz")), mnist_file(name))
+            .unwrap_or_else(|e| panic!("cannot copy {name}: {e}"));
+    }
+    dir
+}
+
+pub const ALL: [&str; 4] = [
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+];
+
+/// `lockstep <args>` with an environment that cannot redirect it: no data default, no proxy.
+pub fn lockstep(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockstep"));
+    cmd.args(args);
+    for var in [
+        "LOCKSTEP_DATA",
+        "http_proxy",
+        "HTTP_PROXY",
+        "https_proxy",
+        "HTTPS_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts a clean refusal: a non-zero exit that is not a panic's (101), no panic message, and
+/// every `needle` in stderr. Returns stderr for further checks.
+pub fn assert_fails_with(out: &Output, needles: &[&str]) -> String {
+    let err = stderr(out);
+    let code = out.status.code();
+    assert!(
+        code.is_some_and(|c| c != 0 && c != 101),
+        "expected a clean failure, got {:?}; stderr:\n{err}",
+        out.status
+    );
+    assert!(!err.contains("panicked"), "the binary panicked:\n{err}");
+    for needle in needles {
+        assert!(err.contains(needle), "stderr lacks `{needle}`:\n{err}");
+    }
+    err
+}
+
+pub fn assert_succeeds(out: &Output) {
+    assert!(
+        out.status.success(),
+        "lockstep failed ({:?}); stderr:\n{}",
+        out.status,
+        stderr(out)
+    );
+}
