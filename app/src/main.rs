@@ -1,1 +1,78 @@
-fn main() {}
+//! `lockstep`: the command line. Each subcommand lives in its own module under `cli/`; adding one
+//! means one variant below, one arm in `run`, and one file.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "lockstep",
+    version,
+    about = "Lockstep: parallel deep-learning training on any device"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the devices this build can use.
+    Devices(cli::devices::Args),
+    /// Train a built-in model on MNIST.
+    Train(cli::train::Args),
+    /// Measure GEMM and MLP training throughput, optionally beside a peer framework.
+    Bench(cli::bench::Args),
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Devices(args) => cli::devices::run(args),
+        Command::Bench(args) => cli::bench::run(args),
+        Command::Train(args) => cli::train::run(args),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` joins the context chain into one line: "what we did: why it failed".
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bench_arguments_parse() {
+        let cli = Cli::try_parse_from([
+            "lockstep",
+            "bench",
+            "gemm",
+            "--threads",
+            "4",
+            "--peer",
+            "pytorch",
+            "--json",
+            "out.json",
+        ]);
+        assert!(cli.is_ok());
+        assert!(Cli::try_parse_from(["lockstep", "bench", "--threads", "0"]).is_err());
+        assert!(Cli::try_parse_from(["lockstep", "bench", "conv"]).is_err());
+        assert!(Cli::try_parse_from(["lockstep", "devices"]).is_ok());
+    }
+}

@@ -47,7 +47,13 @@ impl Device {
         }
         let backend: Arc<dyn Backend> = if prefix == "cpu" {
             if ordinal >= MAX_CPU_DEVICES {
-                return Err(Error::UnknownDevice { name: name.into(), hint: format!("at most {MAX_CPU_DEVICES} virtual CPU devices (cpu:0 … cpu:{})", MAX_CPU_DEVICES - 1) });
+                return Err(Error::UnknownDevice {
+                    name: name.into(),
+                    hint: format!(
+                        "at most {MAX_CPU_DEVICES} virtual CPU devices (cpu:0 … cpu:{})",
+                        MAX_CPU_DEVICES - 1
+                    ),
+                });
             }
             Arc::new(CpuBackend::new(ordinal))
         } else if let Some(provider) = reg.providers.iter().find(|p| p.prefix() == prefix) {
@@ -57,10 +63,16 @@ impl Device {
             known.extend(reg.providers.iter().map(|p| p.prefix()));
             return Err(Error::UnknownDevice {
                 name: name.into(),
-                hint: format!("known kinds in this build: {} (e.g. `cpu:0`); `lockstep devices` lists what is present", known.join(", ")),
+                hint: format!(
+                    "known kinds in this build: {} (e.g. `cpu:0`); `lockstep devices` lists what is present",
+                    known.join(", ")
+                ),
             });
         };
-        let device = Device { backend, location: key.clone().into() };
+        let device = Device {
+            backend,
+            location: key.clone().into(),
+        };
         reg.open.insert(key, device.clone());
         Ok(device)
     }

@@ -139,7 +139,11 @@ macro_rules! element {
             fn from_host(v: HostVec) -> Result<Vec<Self>> {
                 match v {
                     HostVec::$variant(v) => Ok(v),
-                    other => Err(Error::DTypeMismatch { op: "to_vec", lhs: other.dtype(), rhs: DType::$variant }),
+                    other => Err(Error::DTypeMismatch {
+                        op: "to_vec",
+                        lhs: other.dtype(),
+                        rhs: DType::$variant,
+                    }),
                 }
             }
         }

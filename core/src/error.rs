@@ -6,7 +6,12 @@ use crate::shape::Shape;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{op}: shapes {lhs} and {rhs} do not match ({hint})")]
-    ShapeMismatch { op: &'static str, lhs: Shape, rhs: Shape, hint: String },
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Shape,
+        rhs: Shape,
+        hint: String,
+    },
 
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
@@ -15,7 +20,11 @@ pub enum Error {
     DeviceMismatch { op: &'static str, a: String, b: String },
 
     #[error("{op}: dtype {dtype} is not supported here{hint}")]
-    UnsupportedDType { op: &'static str, dtype: DType, hint: &'static str },
+    UnsupportedDType {
+        op: &'static str,
+        dtype: DType,
+        hint: &'static str,
+    },
 
     #[error("{op}: dtypes {lhs} and {rhs} differ; convert one with `to_dtype` first")]
     DTypeMismatch { op: &'static str, lhs: DType, rhs: DType },
@@ -47,13 +56,24 @@ impl Error {
         Error::InvalidArgument { op, msg: msg.into() }
     }
     pub fn shape(op: &'static str, lhs: &Shape, rhs: &Shape, hint: impl Into<String>) -> Self {
-        Error::ShapeMismatch { op, lhs: lhs.clone(), rhs: rhs.clone(), hint: hint.into() }
+        Error::ShapeMismatch {
+            op,
+            lhs: lhs.clone(),
+            rhs: rhs.clone(),
+            hint: hint.into(),
+        }
     }
     pub fn data(what: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Data { what: what.into(), msg: msg.into() }
+        Error::Data {
+            what: what.into(),
+            msg: msg.into(),
+        }
     }
     pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().display().to_string(), cause: source }
+        Error::Io {
+            path: path.as_ref().display().to_string(),
+            cause: source,
+        }
     }
     pub fn dtype(op: &'static str, dtype: DType) -> Self {
         Error::UnsupportedDType { op, dtype, hint: "" }

@@ -47,6 +47,9 @@ pub fn build(name: &str, hidden: &[usize], device: &Device, generator: &Generato
     match name {
         "mlp" => mlp(hidden, device, generator),
         "lenet5" => lenet5(device, generator),
-        other => Err(Error::invalid("model", format!("unknown model `{other}`; built-in models: {}", NAMES.join(", ")))),
+        other => Err(Error::invalid(
+            "model",
+            format!("unknown model `{other}`; built-in models: {}", NAMES.join(", ")),
+        )),
     }
 }

@@ -16,7 +16,12 @@ pub fn philox4x32(key: u64, counter: u64) -> [u32; 4] {
     for _ in 0..10 {
         let p0 = PHILOX_M0 as u64 * c[0] as u64;
         let p1 = PHILOX_M1 as u64 * c[2] as u64;
-        c = [(p1 >> 32) as u32 ^ c[1] ^ k[0], p1 as u32, (p0 >> 32) as u32 ^ c[3] ^ k[1], p0 as u32];
+        c = [
+            (p1 >> 32) as u32 ^ c[1] ^ k[0],
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
         k = [k[0].wrapping_add(PHILOX_W0), k[1].wrapping_add(PHILOX_W1)];
     }
     c
@@ -41,7 +46,11 @@ pub fn normal_at(seed: u64, counter: u64, i: usize) -> f64 {
     let u2 = unit_float(w[pair + 1]);
     let radius = (-2.0 * u1.ln()).sqrt();
     let angle = 2.0 * std::f64::consts::PI * u2;
-    if i % 2 == 0 { radius * angle.cos() } else { radius * angle.sin() }
+    if i % 2 == 0 {
+        radius * angle.cos()
+    } else {
+        radius * angle.sin()
+    }
 }
 
 /// A seeded stream. Each draw of n values consumes `n.div_ceil(4)` counters, so the sequence of
@@ -54,10 +63,16 @@ pub struct Generator {
 
 impl Generator {
     pub fn new(seed: u64) -> Self {
-        Generator { seed, counter: Mutex::new(0) }
+        Generator {
+            seed,
+            counter: Mutex::new(0),
+        }
     }
     pub fn from_state(seed: u64, counter: u64) -> Self {
-        Generator { seed, counter: Mutex::new(counter) }
+        Generator {
+            seed,
+            counter: Mutex::new(counter),
+        }
     }
     pub fn seed(&self) -> u64 {
         self.seed

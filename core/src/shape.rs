@@ -38,7 +38,10 @@ impl Shape {
         let rank = self.rank() as isize;
         let resolved = if axis < 0 { axis + rank } else { axis };
         if resolved < 0 || resolved >= rank.max(1) || (rank == 0 && resolved != 0) {
-            return Err(Error::invalid(op, format!("axis {axis} is out of range for shape {self}")));
+            return Err(Error::invalid(
+                op,
+                format!("axis {axis} is out of range for shape {self}"),
+            ));
         }
         Ok(resolved as usize)
     }
@@ -47,13 +50,28 @@ impl Shape {
         let rank = a.rank().max(b.rank());
         let mut out = vec![0; rank];
         for i in 0..rank {
-            let da = if i + a.rank() >= rank { a.0[i + a.rank() - rank] } else { 1 };
-            let db = if i + b.rank() >= rank { b.0[i + b.rank() - rank] } else { 1 };
+            let da = if i + a.rank() >= rank {
+                a.0[i + a.rank() - rank]
+            } else {
+                1
+            };
+            let db = if i + b.rank() >= rank {
+                b.0[i + b.rank() - rank]
+            } else {
+                1
+            };
             out[i] = match (da, db) {
                 (x, y) if x == y => x,
                 (1, y) => y,
                 (x, 1) => x,
-                _ => return Err(Error::shape(op, a, b, format!("dimension {i} is {da} vs {db} and neither is 1"))),
+                _ => {
+                    return Err(Error::shape(
+                        op,
+                        a,
+                        b,
+                        format!("dimension {i} is {da} vs {db} and neither is 1"),
+                    ));
+                }
             };
         }
         Ok(Shape(out))
@@ -105,7 +123,11 @@ impl Layout {
     pub fn contiguous(shape: impl Into<Shape>) -> Self {
         let shape = shape.into();
         let strides = shape.contiguous_strides();
-        Layout { shape, strides, offset: 0 }
+        Layout {
+            shape,
+            strides,
+            offset: 0,
+        }
     }
     pub fn dims(&self) -> &[usize] {
         self.shape.dims()
@@ -126,7 +148,8 @@ impl Layout {
     }
     /// The `[start, end)` element range of a contiguous layout.
     pub fn contiguous_range(&self) -> Option<std::ops::Range<usize>> {
-        self.is_contiguous().then(|| self.offset..self.offset + self.elem_count())
+        self.is_contiguous()
+            .then(|| self.offset..self.offset + self.elem_count())
     }
     /// Buffer offsets of every element in row-major order.
     pub fn offsets(&self) -> StridedOffsets<'_> {
@@ -154,17 +177,34 @@ impl Layout {
             } else if d == 1 {
                 0
             } else {
-                return Err(Error::shape(op, &self.shape, shape, format!("dimension {i} cannot broadcast")));
+                return Err(Error::shape(
+                    op,
+                    &self.shape,
+                    shape,
+                    format!("dimension {i} cannot broadcast"),
+                ));
             };
         }
-        Ok(Layout { shape: shape.clone(), strides, offset: self.offset })
+        Ok(Layout {
+            shape: shape.clone(),
+            strides,
+            offset: self.offset,
+        })
     }
     /// The largest buffer index this layout touches, plus one (0 when empty).
     pub fn extent(&self) -> usize {
         if self.elem_count() == 0 {
             return 0;
         }
-        self.offset + self.shape.0.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
+        self.offset
+            + self
+                .shape
+                .0
+                .iter()
+                .zip(&self.strides)
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum::<usize>()
+            + 1
     }
 }
 
@@ -178,7 +218,11 @@ pub struct StridedOffsets<'a> {
 impl<'a> StridedOffsets<'a> {
     fn new(layout: &'a Layout) -> Self {
         let next = (layout.elem_count() > 0).then_some(layout.offset);
-        StridedOffsets { layout, index: vec![0; layout.shape.rank()], next }
+        StridedOffsets {
+            layout,
+            index: vec![0; layout.shape.rank()],
+            next,
+        }
     }
 }
 
@@ -217,7 +261,10 @@ mod tests {
         let s = Shape::broadcast("t", &Shape::new([3, 1, 5]), &Shape::new([4, 1])).unwrap();
         assert_eq!(s.dims(), &[3, 4, 5]);
         let err = Shape::broadcast("add", &Shape::new([3, 2]), &Shape::new([4, 2])).unwrap_err();
-        assert!(err.to_string().contains("[3, 2]") && err.to_string().contains("[4, 2]"), "{err}");
+        assert!(
+            err.to_string().contains("[3, 2]") && err.to_string().contains("[4, 2]"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -19,12 +19,20 @@ impl Dataset for Numbers {
             return Err(Error::data(format!("sample {i}"), "unreadable record"));
         }
         assert!(Some(i) != self.panic_at, "dataset bug at {i}");
-        Ok(vec![HostTensor::new(HostVec::F32(vec![i as f32, 2.0 * i as f32]), [2])?, HostTensor::new(HostVec::U32(vec![(i % 3) as u32]), [])?])
+        Ok(vec![
+            HostTensor::new(HostVec::F32(vec![i as f32, 2.0 * i as f32]), [2])?,
+            HostTensor::new(HostVec::U32(vec![(i % 3) as u32]), [])?,
+        ])
     }
 }
 
 fn loader(ds: Numbers, workers: usize, bs: usize, drop_last: bool, shuffle: bool) -> DataLoader {
-    let config = DataLoaderConfig { batch_size: bs, drop_last, num_workers: workers, prefetch_factor: 2 };
+    let config = DataLoaderConfig {
+        batch_size: bs,
+        drop_last,
+        num_workers: workers,
+        prefetch_factor: 2,
+    };
     DataLoader::simple(Arc::new(ds), shuffle, 7, config).unwrap()
 }
 
@@ -34,25 +42,74 @@ fn firsts(l: &DataLoader, epoch: u64) -> Vec<Vec<usize>> {
 
 #[test]
 fn batches_arrive_in_the_same_order_for_any_number_of_workers() {
-    let reference = firsts(&loader(Numbers { len: 103, fail_at: None, panic_at: None }, 0, 10, false, true), 2);
+    let reference = firsts(
+        &loader(
+            Numbers {
+                len: 103,
+                fail_at: None,
+                panic_at: None,
+            },
+            0,
+            10,
+            false,
+            true,
+        ),
+        2,
+    );
     assert_eq!(reference.len(), 11);
     assert_eq!(reference.last().unwrap().len(), 3);
     for workers in [1, 2, 4] {
-        let got = firsts(&loader(Numbers { len: 103, fail_at: None, panic_at: None }, workers, 10, false, true), 2);
+        let got = firsts(
+            &loader(
+                Numbers {
+                    len: 103,
+                    fail_at: None,
+                    panic_at: None,
+                },
+                workers,
+                10,
+                false,
+                true,
+            ),
+            2,
+        );
         assert_eq!(got, reference, "{workers} workers");
     }
     // Collation stacked the fields: batch [10, 2] of values and [10] labels matching the indices.
-    let l = loader(Numbers { len: 103, fail_at: None, panic_at: None }, 2, 10, true, false);
+    let l = loader(
+        Numbers {
+            len: 103,
+            fail_at: None,
+            panic_at: None,
+        },
+        2,
+        10,
+        true,
+        false,
+    );
     assert_eq!(l.len(), 10);
     let b = l.iter(0).nth(3).unwrap().unwrap();
     assert_eq!(b.fields[0].shape.dims(), &[10, 2]);
-    assert_eq!(b.fields[0].data, HostVec::F32((30..40).flat_map(|i| [i as f32, 2.0 * i as f32]).collect()));
+    assert_eq!(
+        b.fields[0].data,
+        HostVec::F32((30..40).flat_map(|i| [i as f32, 2.0 * i as f32]).collect())
+    );
     assert_eq!(b.fields[1].data, HostVec::U32((30..40).map(|i| i % 3).collect()));
 }
 
 #[test]
 fn resuming_mid_epoch_continues_the_same_order() {
-    let l = loader(Numbers { len: 50, fail_at: None, panic_at: None }, 2, 8, false, true);
+    let l = loader(
+        Numbers {
+            len: 50,
+            fail_at: None,
+            panic_at: None,
+        },
+        2,
+        8,
+        false,
+        true,
+    );
     let all = firsts(&l, 5);
     let rest: Vec<Vec<usize>> = l.iter_from(5, 3).map(|b| b.unwrap().indices).collect();
     assert_eq!(rest, all[3..].to_vec());
@@ -61,23 +118,61 @@ fn resuming_mid_epoch_continues_the_same_order() {
 #[test]
 fn a_failing_sample_is_an_error_naming_it_not_a_hang() {
     for workers in [0, 2] {
-        let l = loader(Numbers { len: 40, fail_at: Some(17), panic_at: None }, workers, 4, false, false);
+        let l = loader(
+            Numbers {
+                len: 40,
+                fail_at: Some(17),
+                panic_at: None,
+            },
+            workers,
+            4,
+            false,
+            false,
+        );
         let results: Vec<_> = l.iter(0).collect();
-        let err = results.iter().find_map(|r| r.as_ref().err()).expect("an error").to_string();
+        let err = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .expect("an error")
+            .to_string();
         assert!(err.contains("sample 17") && err.contains("unreadable record"), "{err}");
     }
 }
 
 #[test]
 fn a_panicking_worker_is_reported_as_an_error() {
-    let l = loader(Numbers { len: 40, fail_at: None, panic_at: Some(9) }, 2, 4, false, false);
+    let l = loader(
+        Numbers {
+            len: 40,
+            fail_at: None,
+            panic_at: Some(9),
+        },
+        2,
+        4,
+        false,
+        false,
+    );
     let err = l.iter(0).find_map(|r| r.err()).expect("an error").to_string();
     assert!(err.contains("worker") && err.contains("exited unexpectedly"), "{err}");
 }
 
 #[test]
 fn bad_configuration_is_refused() {
-    let cfg = DataLoaderConfig { batch_size: 0, ..Default::default() };
-    let err = DataLoader::simple(Arc::new(Numbers { len: 1, fail_at: None, panic_at: None }), false, 0, cfg).err().unwrap();
+    let cfg = DataLoaderConfig {
+        batch_size: 0,
+        ..Default::default()
+    };
+    let err = DataLoader::simple(
+        Arc::new(Numbers {
+            len: 1,
+            fail_at: None,
+            panic_at: None,
+        }),
+        false,
+        0,
+        cfg,
+    )
+    .err()
+    .unwrap();
     assert!(err.to_string().contains("batch_size"), "{err}");
 }

@@ -6,8 +6,14 @@ use lockstep_core::data::mnist::{Mnist, Split};
 
 /// The real MNIST beside the repository (../shared/data/mnist), or LOCKSTEP_MNIST.
 fn mnist_dir() -> PathBuf {
-    let dir = std::env::var_os("LOCKSTEP_MNIST").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist"));
-    assert!(dir.is_dir(), "MNIST not found at {} (set LOCKSTEP_MNIST): this test needs the real data set", dir.display());
+    let dir = std::env::var_os("LOCKSTEP_MNIST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist"));
+    assert!(
+        dir.is_dir(),
+        "MNIST not found at {} (set LOCKSTEP_MNIST): this test needs the real data set",
+        dir.display()
+    );
     dir
 }
 
@@ -23,7 +29,9 @@ fn reads_the_real_data_set_with_published_label_counts() {
     assert_eq!(batch.fields[0].shape.dims(), &[2, 1, 28, 28]);
     // Test sample 0 is a 7, sample 1 a 2; the corner pixel is background: (0 - 0.1307) / 0.3081.
     assert_eq!(batch.fields[1].data, HostVec::U32(vec![7, 2]));
-    let HostVec::F32(px) = &batch.fields[0].data else { panic!("f32 images") };
+    let HostVec::F32(px) = &batch.fields[0].data else {
+        panic!("f32 images")
+    };
     assert!((px[0] - (-0.1307 / 0.3081)).abs() < 1e-6);
     let max = px.iter().cloned().fold(f32::MIN, f32::max);
     assert!((max - (1.0 - 0.1307) / 0.3081).abs() < 1e-5, "{max}");
@@ -57,7 +65,10 @@ fn load_err(dir: &PathBuf) -> String {
 fn bad_files_get_errors_that_say_what_is_wrong() {
     let dir = scratch("missing");
     let err = load_err(&dir);
-    assert!(err.contains("t10k-images-idx3-ubyte") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("t10k-images-idx3-ubyte") && err.contains("not found"),
+        "{err}"
+    );
 
     let dir = scratch("truncated");
     write_split(&dir, &idx(0x803, &[2, 2, 2], &[0; 5]), &idx(0x801, &[2], &[1, 2]));

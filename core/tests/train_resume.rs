@@ -6,7 +6,9 @@ use std::sync::Arc;
 use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
 use lockstep_core::nn::{Dropout, Flatten, Linear, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{LrScheduler, Sgd, SgdConfig, StepLR};
-use lockstep_core::train::{Classification, GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::train::{
+    Classification, GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup,
+};
 use lockstep_core::{Device, Generator, HostVec, Result};
 
 /// 150 points in 8-D whose label is the index of their largest coordinate among the first 3.
@@ -17,9 +19,14 @@ impl Dataset for Blobs {
         150
     }
     fn get(&self, i: usize) -> Result<Sample> {
-        let x: Vec<f32> = (0..8).map(|j| lockstep_core::rng::uniform_at(99, i as u64, j) as f32 * 2.0 - 1.0).collect();
+        let x: Vec<f32> = (0..8)
+            .map(|j| lockstep_core::rng::uniform_at(99, i as u64, j) as f32 * 2.0 - 1.0)
+            .collect();
         let label = (0..3).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap_or(0) as u32;
-        Ok(vec![HostTensor::new(HostVec::F32(x), [8])?, HostTensor::new(HostVec::U32(vec![label]), [])?])
+        Ok(vec![
+            HostTensor::new(HostVec::F32(x), [8])?,
+            HostTensor::new(HostVec::U32(vec![label]), [])?,
+        ])
     }
 }
 
@@ -60,11 +67,25 @@ fn config(max_steps: Option<u64>) -> TrainerConfig {
 }
 
 fn loader() -> DataLoader {
-    DataLoader::simple(Arc::new(Blobs), true, 5, DataLoaderConfig { batch_size: 16, num_workers: 2, ..Default::default() }).unwrap()
+    DataLoader::simple(
+        Arc::new(Blobs),
+        true,
+        5,
+        DataLoaderConfig {
+            batch_size: 16,
+            num_workers: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn weights(s: &TrainingSetup) -> Vec<(String, Vec<u32>)> {
-    s.model.state_dict().into_iter().map(|(n, t)| (n, t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect())).collect()
+    s.model
+        .state_dict()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()))
+        .collect()
 }
 
 #[test]
@@ -73,7 +94,10 @@ fn interrupted_and_resumed_equals_uninterrupted_bit_for_bit() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let mut straight = setup();
-    let report = Trainer::new(config(None)).unwrap().fit(&mut straight, &loader(), None).unwrap();
+    let report = Trainer::new(config(None))
+        .unwrap()
+        .fit(&mut straight, &loader(), None)
+        .unwrap();
     // 10 batches per epoch, accumulate 2: 5 steps per epoch.
     assert_eq!((report.epochs, report.steps), (3, 15));
 
@@ -89,11 +113,21 @@ fn interrupted_and_resumed_equals_uninterrupted_bit_for_bit() {
     let mut resumed = setup();
     let mut trainer = Trainer::new(config(None)).unwrap();
     trainer.resume(&mut resumed, &dir.join("last.safetensors")).unwrap();
-    assert_eq!((trainer.state().epoch, trainer.state().batch_in_epoch, trainer.state().global_step), (1, 4, 7));
+    assert_eq!(
+        (
+            trainer.state().epoch,
+            trainer.state().batch_in_epoch,
+            trainer.state().global_step
+        ),
+        (1, 4, 7)
+    );
     let rest = trainer.fit(&mut resumed, &loader(), None).unwrap();
     assert_eq!(rest.steps, 15);
     assert_eq!(weights(&resumed), weights(&straight));
-    assert_eq!(rest.last_train_loss.map(f64::to_bits), report.last_train_loss.map(f64::to_bits));
+    assert_eq!(
+        rest.last_train_loss.map(f64::to_bits),
+        report.last_train_loss.map(f64::to_bits)
+    );
 }
 
 #[test]
@@ -107,20 +141,44 @@ fn a_checkpoint_for_another_model_is_refused_with_the_differences() {
     let device = Device::cpu();
     let init = Generator::new(1);
     let dropout = Arc::new(Generator::new(2));
-    let other = Sequential::new().add(Flatten::new()).add(Linear::new(8, 32, true, &device, &init).unwrap()).add(Relu).add(Dropout::new(0.2, dropout.clone()).unwrap()).add(Linear::new(32, 3, true, &device, &init).unwrap());
+    let other = Sequential::new()
+        .add(Flatten::new())
+        .add(Linear::new(8, 32, true, &device, &init).unwrap())
+        .add(Relu)
+        .add(Dropout::new(0.2, dropout.clone()).unwrap())
+        .add(Linear::new(32, 3, true, &device, &init).unwrap());
     let mut optimizer = Sgd::new(other.parameters(), SgdConfig::new(0.1)).unwrap();
     let scheduler = LrScheduler::new(StepLR::new(5, 0.5).unwrap(), &mut optimizer);
-    let mut wrong = TrainingSetup { model: Box::new(other), optimizer: Box::new(optimizer), scheduler: Some(scheduler), ..setup() };
+    let mut wrong = TrainingSetup {
+        model: Box::new(other),
+        optimizer: Box::new(optimizer),
+        scheduler: Some(scheduler),
+        ..setup()
+    };
     wrong.generators = vec![dropout];
-    let err = Trainer::new(config(None)).unwrap().resume(&mut wrong, &dir.join("last.safetensors")).unwrap_err().to_string();
-    assert!(err.contains("1.weight") && err.contains("[32, 8]") && err.contains("[16, 8]"), "{err}");
+    let err = Trainer::new(config(None))
+        .unwrap()
+        .resume(&mut wrong, &dir.join("last.safetensors"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("1.weight") && err.contains("[32, 8]") && err.contains("[16, 8]"),
+        "{err}"
+    );
 
     // A truncated file is reported as such, and the checkpoint on disk is untouched.
     let path = dir.join("last.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let cut = dir.join("cut.safetensors");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let err = Trainer::new(config(None)).unwrap().resume(&mut setup(), &cut).unwrap_err().to_string();
-    assert!(err.contains("cut.safetensors") && err.contains("truncated or corrupt"), "{err}");
+    let err = Trainer::new(config(None))
+        .unwrap()
+        .resume(&mut setup(), &cut)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cut.safetensors") && err.contains("truncated or corrupt"),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
 }

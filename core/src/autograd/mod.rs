@@ -37,7 +37,9 @@ pub struct NoGradGuard {
 
 impl NoGradGuard {
     pub fn new() -> Self {
-        NoGradGuard { previous: GRAD_ENABLED.with(|g| g.replace(false)) }
+        NoGradGuard {
+            previous: GRAD_ENABLED.with(|g| g.replace(false)),
+        }
     }
 }
 
@@ -81,14 +83,23 @@ static NEXT_NODE: AtomicU64 = AtomicU64::new(0);
 
 impl Node {
     pub(crate) fn new(name: &'static str, edges: Vec<Edge>, backward: BackwardFn) -> Arc<Node> {
-        Arc::new(Node { id: NEXT_NODE.fetch_add(1, Ordering::Relaxed), name, state: Mutex::new(Some(NodeState { edges, backward })) })
+        Arc::new(Node {
+            id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+            name,
+            state: Mutex::new(Some(NodeState { edges, backward })),
+        })
     }
     pub fn name(&self) -> &'static str {
         self.name
     }
     fn children(&self) -> Vec<Arc<Node>> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.as_ref().map_or_else(Vec::new, |s| s.edges.iter().filter_map(|e| if let Edge::Node(n) = e { Some(n.clone()) } else { None }).collect())
+        st.as_ref().map_or_else(Vec::new, |s| {
+            s.edges
+                .iter()
+                .filter_map(|e| if let Edge::Node(n) = e { Some(n.clone()) } else { None })
+                .collect()
+        })
     }
 }
 
@@ -146,7 +157,12 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
         let input_grads = (state.backward)(&grad)?;
         drop(grad);
         if input_grads.len() != state.edges.len() {
-            return Err(Error::Autograd(format!("`{}` returned {} gradients for {} inputs", node.name, input_grads.len(), state.edges.len())));
+            return Err(Error::Autograd(format!(
+                "`{}` returned {} gradients for {} inputs",
+                node.name,
+                input_grads.len(),
+                state.edges.len()
+            )));
         }
         for (edge, g) in state.edges.into_iter().zip(input_grads) {
             let Some(g) = g else { continue };

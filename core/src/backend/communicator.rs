@@ -68,14 +68,29 @@ impl LocalCommunicator {
         let shared = Arc::new(Rendezvous {
             world,
             timeout,
-            state: Mutex::new(RoundState { slots: vec![None; world], ..Default::default() }),
+            state: Mutex::new(RoundState {
+                slots: vec![None; world],
+                ..Default::default()
+            }),
             wake: Condvar::new(),
         });
-        backends.into_iter().enumerate().map(|(rank, backend)| LocalCommunicator { rank, backend, shared: shared.clone() }).collect()
+        backends
+            .into_iter()
+            .enumerate()
+            .map(|(rank, backend)| LocalCommunicator {
+                rank,
+                backend,
+                shared: shared.clone(),
+            })
+            .collect()
     }
 
     fn err(&self, op: &'static str, msg: impl Into<String>) -> Error {
-        Error::Collective { op, rank: self.rank, msg: msg.into() }
+        Error::Collective {
+            op,
+            rank: self.rank,
+            msg: msg.into(),
+        }
     }
 
     fn read(&self, buf: &BufferRef) -> Result<HostVec> {
@@ -91,18 +106,38 @@ impl LocalCommunicator {
     /// Every rank contributes one host vector and receives all of them, in rank order.
     fn exchange(&self, op: &'static str, data: HostVec) -> Result<Arc<Vec<HostVec>>> {
         let shared = &self.shared;
-        let mut st = shared.state.lock().map_err(|_| self.err(op, "a rank panicked inside a collective"))?;
+        let mut st = shared
+            .state
+            .lock()
+            .map_err(|_| self.err(op, "a rank panicked inside a collective"))?;
         if let Some(gone) = st.departed {
-            return Err(self.err(op, format!("rank {gone} has left the group (its thread ended or failed)")));
+            return Err(self.err(
+                op,
+                format!("rank {gone} has left the group (its thread ended or failed)"),
+            ));
         }
         match st.op {
             Some(other) if other != op => {
-                return Err(self.err(op, format!("other ranks are in `{other}`: every rank must call the same collectives in the same order")));
+                return Err(self.err(
+                    op,
+                    format!(
+                        "other ranks are in `{other}`: every rank must call the same collectives in the same order"
+                    ),
+                ));
             }
             _ => st.op = Some(op),
         }
-        if let Some(first) = st.slots.iter().flatten().next().filter(|first| first.dtype() != data.dtype()) {
-            return Err(self.err(op, format!("dtype {} differs from another rank's {}", data.dtype(), first.dtype())));
+        if let Some(first) = st
+            .slots
+            .iter()
+            .flatten()
+            .next()
+            .filter(|first| first.dtype() != data.dtype())
+        {
+            return Err(self.err(
+                op,
+                format!("dtype {} differs from another rank's {}", data.dtype(), first.dtype()),
+            ));
         }
         st.slots[self.rank] = Some(data);
         let round = st.round;
@@ -119,23 +154,42 @@ impl LocalCommunicator {
             if let Some(gone) = st.departed {
                 // Fix: a rank that gave up (e.g. timed out) leaves first; name the ranks that
                 // never arrived too, or every other rank would blame only the one that left.
-                let missing: Vec<usize> = (0..shared.world).filter(|&r| r != gone && st.slots[r].is_none()).collect();
-                let note = if missing.is_empty() { String::new() } else { format!("; rank(s) {missing:?} never joined this {op}") };
-                return Err(self.err(op, format!("rank {gone} has left the group (its thread ended or failed){note}")));
+                let missing: Vec<usize> = (0..shared.world)
+                    .filter(|&r| r != gone && st.slots[r].is_none())
+                    .collect();
+                let note = if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!("; rank(s) {missing:?} never joined this {op}")
+                };
+                return Err(self.err(
+                    op,
+                    format!("rank {gone} has left the group (its thread ended or failed){note}"),
+                ));
             }
             let now = Instant::now();
             if now >= deadline {
                 let missing: Vec<usize> = (0..shared.world).filter(|&r| st.slots[r].is_none()).collect();
-                return Err(self.err(op, format!("timed out after {:?} waiting for rank(s) {missing:?}", shared.timeout)));
+                return Err(self.err(
+                    op,
+                    format!("timed out after {:?} waiting for rank(s) {missing:?}", shared.timeout),
+                ));
             }
-            st = shared.wake.wait_timeout(st, deadline - now).map_err(|_| self.err(op, "a rank panicked inside a collective"))?.0;
+            st = shared
+                .wake
+                .wait_timeout(st, deadline - now)
+                .map_err(|_| self.err(op, "a rank panicked inside a collective"))?
+                .0;
         }
         Ok(st.finished.clone().expect("a finished round leaves its result"))
     }
 
     fn check_len(&self, op: &'static str, all: &[HostVec], len: usize) -> Result<()> {
         match all.iter().position(|v| v.len() != len) {
-            Some(r) => Err(self.err(op, format!("rank {r} passed {} elements, this rank {len}", all[r].len()))),
+            Some(r) => Err(self.err(
+                op,
+                format!("rank {r} passed {} elements, this rank {len}", all[r].len()),
+            )),
             None => Ok(()),
         }
     }
@@ -177,19 +231,45 @@ impl Communicator for LocalCommunicator {
 
     fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
         if root >= self.world_size() {
-            return Err(self.err("broadcast", format!("root {root} is not a rank of a group of {}", self.world_size())));
+            return Err(self.err(
+                "broadcast",
+                format!("root {root} is not a rank of a group of {}", self.world_size()),
+            ));
         }
-        let mine = if self.rank == root { self.read(buf)? } else { HostVec::from_f64(buf.dtype(), &[]) };
+        let mine = if self.rank == root {
+            self.read(buf)?
+        } else {
+            HostVec::from_f64(buf.dtype(), &[])
+        };
         let all = self.exchange("broadcast", mine)?;
         if all[root].len() != buf.len() {
-            return Err(self.err("broadcast", format!("root sent {} elements, this buffer holds {}", all[root].len(), buf.len())));
+            return Err(self.err(
+                "broadcast",
+                format!(
+                    "root sent {} elements, this buffer holds {}",
+                    all[root].len(),
+                    buf.len()
+                ),
+            ));
         }
-        if self.rank != root { self.write(buf, &all[root]) } else { Ok(()) }
+        if self.rank != root {
+            self.write(buf, &all[root])
+        } else {
+            Ok(())
+        }
     }
 
     fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()> {
         if output.len() != input.len() * self.world_size() {
-            return Err(self.err("all_gather", format!("output holds {} elements, expected {} x {}", output.len(), self.world_size(), input.len())));
+            return Err(self.err(
+                "all_gather",
+                format!(
+                    "output holds {} elements, expected {} x {}",
+                    output.len(),
+                    self.world_size(),
+                    input.len()
+                ),
+            ));
         }
         let all = self.exchange("all_gather", self.read(input)?)?;
         self.check_len("all_gather", &all, input.len())?;
@@ -200,7 +280,14 @@ impl Communicator for LocalCommunicator {
     fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()> {
         let chunk = output.len();
         if input.len() != chunk * self.world_size() {
-            return Err(self.err("reduce_scatter", format!("input holds {} elements, expected {} x {chunk}", input.len(), self.world_size())));
+            return Err(self.err(
+                "reduce_scatter",
+                format!(
+                    "input holds {} elements, expected {} x {chunk}",
+                    input.len(),
+                    self.world_size()
+                ),
+            ));
         }
         let all = self.exchange("reduce_scatter", self.read(input)?)?;
         self.check_len("reduce_scatter", &all, input.len())?;

@@ -15,7 +15,9 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
-pub use ops::{AdamStep, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp};
+pub use ops::{
+    AdamStep, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+};
 
 use crate::dtype::{DType, HostVec};
 use crate::error::Result;
@@ -82,9 +84,23 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     // --- elementwise (any layouts; binary operands are already broadcast to one shape) -------
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef>;
-    fn binary(&self, op: BinaryOp, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout) -> Result<BufferRef>;
+    fn binary(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+    ) -> Result<BufferRef>;
     /// 1 where the comparison holds, else 0, as U32.
-    fn compare(&self, op: CmpOp, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout) -> Result<BufferRef>;
+    fn compare(
+        &self,
+        op: CmpOp,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+    ) -> Result<BufferRef>;
     /// `cond != 0 ? on_true : on_false`; `cond` is U32.
     fn where_cond(
         &self,
@@ -105,7 +121,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `out[b] = lhs[b] @ rhs[b]` for `dims.batch` matrices, contiguous `[batch, m, n]` output.
     /// Layouts are `[batch, m, k]` and `[batch, k, n]` with any strides (transposes and broadcast
     /// batches cost no copy).
-    fn matmul(&self, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout, dims: MatmulDims) -> Result<BufferRef>;
+    fn matmul(
+        &self,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+        dims: MatmulDims,
+    ) -> Result<BufferRef>;
 
     // --- normalisation (contiguous input, over the last axis of `[rows, cols]`) ------------------
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
@@ -113,13 +136,46 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     // --- indexing (contiguous `[outer, dim, inner]` views; indices U32) --------------------------
     /// `out[o, j, i] = src[o, ids[j], i]`, ids of length `out_dim`.
-    fn index_select(&self, src: &BufferRef, outer: usize, dim: usize, inner: usize, ids: &BufferRef) -> Result<BufferRef>;
+    fn index_select(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<BufferRef>;
     /// `dst[o, ids[j], i] += src[o, j, i]`, in place on `dst` of shape `[outer, dst_dim, inner]`.
-    fn index_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()>;
+    fn index_add(
+        &self,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()>;
     /// `out[o, j, i] = src[o, ids[o, j, i], i]`; ids shaped `[outer, out_dim, inner]`.
-    fn gather(&self, src: &BufferRef, outer: usize, dim: usize, inner: usize, ids: &BufferRef, out_dim: usize) -> Result<BufferRef>;
+    fn gather(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+        out_dim: usize,
+    ) -> Result<BufferRef>;
     /// `dst[o, ids[o, j, i], i] += src[o, j, i]`, in place on `dst` shaped `[outer, dst_dim, inner]`.
-    fn scatter_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()>;
+    fn scatter_add(
+        &self,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()>;
 
     // --- convolution and pooling (contiguous NCHW) -----------------------------------------------
     /// Unfolds `[n, c, h, w]` into columns `[c*kh*kw, n*oh*ow]` (zeros where padded): one row
@@ -133,6 +189,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // --- in-place optimizer updates (contiguous f32 parameters and state) ------------------------
     /// `dst += alpha * src`.
     fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()>;
-    fn sgd_step(&self, param: &BufferRef, grad: &BufferRef, momentum_buf: Option<&BufferRef>, step: &SgdStep) -> Result<()>;
-    fn adam_step(&self, param: &BufferRef, grad: &BufferRef, exp_avg: &BufferRef, exp_avg_sq: &BufferRef, step: &AdamStep) -> Result<()>;
+    fn sgd_step(
+        &self,
+        param: &BufferRef,
+        grad: &BufferRef,
+        momentum_buf: Option<&BufferRef>,
+        step: &SgdStep,
+    ) -> Result<()>;
+    fn adam_step(
+        &self,
+        param: &BufferRef,
+        grad: &BufferRef,
+        exp_avg: &BufferRef,
+        exp_avg_sq: &BufferRef,
+        step: &AdamStep,
+    ) -> Result<()>;
 }

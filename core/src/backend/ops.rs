@@ -21,7 +21,10 @@ pub enum UnaryOp {
     /// `x ^ exponent`.
     Powf(f64),
     /// `x * mul + add`.
-    Affine { mul: f64, add: f64 },
+    Affine {
+        mul: f64,
+        add: f64,
+    },
     /// `max(x, min)`.
     ClampMin(f64),
     /// `min(x, max)`.
@@ -81,7 +84,15 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 7] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Maximum, BinaryOp::Minimum];
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+    ];
     pub fn name(&self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -176,7 +187,8 @@ impl Conv2dGeometry {
         }
         let eff_h = self.dilation[0] * (self.kh.max(1) - 1) + 1;
         let eff_w = self.dilation[1] * (self.kw.max(1) - 1) + 1;
-        if self.kh == 0 || self.kw == 0 || self.h + 2 * self.padding[0] < eff_h || self.w + 2 * self.padding[1] < eff_w {
+        if self.kh == 0 || self.kw == 0 || self.h + 2 * self.padding[0] < eff_h || self.w + 2 * self.padding[1] < eff_w
+        {
             return Err(Error::invalid(
                 op,
                 format!(
@@ -213,10 +225,19 @@ impl Pool2dGeometry {
             return Err(Error::invalid(op, "kernel and stride must be at least 1"));
         }
         if self.padding[0] * 2 > self.kernel[0] || self.padding[1] * 2 > self.kernel[1] {
-            return Err(Error::invalid(op, "padding must be at most half the kernel size (as in PyTorch)"));
+            return Err(Error::invalid(
+                op,
+                "padding must be at most half the kernel size (as in PyTorch)",
+            ));
         }
         if self.h + 2 * self.padding[0] < self.kernel[0] || self.w + 2 * self.padding[1] < self.kernel[1] {
-            return Err(Error::invalid(op, format!("kernel {:?} is larger than the padded input {}x{}", self.kernel, self.h, self.w)));
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "kernel {:?} is larger than the padded input {}x{}",
+                    self.kernel, self.h, self.w
+                ),
+            ));
         }
         Ok(())
     }

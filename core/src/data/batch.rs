@@ -17,7 +17,10 @@ impl HostTensor {
     pub fn new(data: HostVec, shape: impl Into<Shape>) -> Result<HostTensor> {
         let shape = shape.into();
         if data.len() != shape.elem_count() {
-            return Err(Error::invalid("HostTensor", format!("{} values do not fill shape {shape}", data.len())));
+            return Err(Error::invalid(
+                "HostTensor",
+                format!("{} values do not fill shape {shape}", data.len()),
+            ));
         }
         Ok(HostTensor { data, shape })
     }
@@ -50,15 +53,32 @@ impl Batch {
 /// with the same shapes and dtypes, and the error names the first sample that differs.
 pub fn collate(samples: Vec<Vec<HostTensor>>, indices: Vec<usize>) -> Result<Batch> {
     let Some(first) = samples.first() else {
-        return Ok(Batch { fields: Vec::new(), indices });
+        return Ok(Batch {
+            fields: Vec::new(),
+            indices,
+        });
     };
     let template: Vec<(Shape, crate::dtype::DType)> = first.iter().map(|f| (f.shape.clone(), f.data.dtype())).collect();
     for (sample, &index) in samples.iter().zip(&indices) {
-        let matches = sample.len() == template.len() && sample.iter().zip(&template).all(|(f, (s, d))| &f.shape == s && f.data.dtype() == *d);
+        let matches = sample.len() == template.len()
+            && sample
+                .iter()
+                .zip(&template)
+                .all(|(f, (s, d))| &f.shape == s && f.data.dtype() == *d);
         if !matches {
-            let got: Vec<String> = sample.iter().map(|f| format!("{} {}", f.data.dtype(), f.shape)).collect();
+            let got: Vec<String> = sample
+                .iter()
+                .map(|f| format!("{} {}", f.data.dtype(), f.shape))
+                .collect();
             let want: Vec<String> = template.iter().map(|(s, d)| format!("{d} {s}")).collect();
-            return Err(Error::data(format!("sample {index}"), format!("fields [{}] differ from the batch's first sample [{}]", got.join(", "), want.join(", "))));
+            return Err(Error::data(
+                format!("sample {index}"),
+                format!(
+                    "fields [{}] differ from the batch's first sample [{}]",
+                    got.join(", "),
+                    want.join(", ")
+                ),
+            ));
         }
     }
     let n = samples.len();
@@ -74,7 +94,10 @@ pub fn collate(samples: Vec<Vec<HostTensor>>, indices: Vec<usize>) -> Result<Bat
         .map(|(col, (shape, _))| {
             let mut dims = vec![n];
             dims.extend_from_slice(shape.dims());
-            HostTensor { data: concat_host(col), shape: Shape::new(dims) }
+            HostTensor {
+                data: concat_host(col),
+                shape: Shape::new(dims),
+            }
         })
         .collect();
     Ok(Batch { fields, indices })

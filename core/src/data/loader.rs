@@ -27,7 +27,12 @@ pub struct DataLoaderConfig {
 
 impl Default for DataLoaderConfig {
     fn default() -> Self {
-        DataLoaderConfig { batch_size: 1, drop_last: false, num_workers: 0, prefetch_factor: 2 }
+        DataLoaderConfig {
+            batch_size: 1,
+            drop_last: false,
+            num_workers: 0,
+            prefetch_factor: 2,
+        }
     }
 }
 
@@ -43,14 +48,25 @@ impl DataLoader {
             return Err(Error::invalid("DataLoader", "batch_size must be at least 1"));
         }
         if config.num_workers > 0 && config.prefetch_factor == 0 {
-            return Err(Error::invalid("DataLoader", "prefetch_factor must be at least 1 when using workers"));
+            return Err(Error::invalid(
+                "DataLoader",
+                "prefetch_factor must be at least 1 when using workers",
+            ));
         }
-        Ok(DataLoader { dataset, sampler, config })
+        Ok(DataLoader {
+            dataset,
+            sampler,
+            config,
+        })
     }
     /// A loader over the whole dataset, shuffled each epoch with `seed` (or in order).
     pub fn simple(dataset: Arc<dyn Dataset>, shuffle: bool, seed: u64, config: DataLoaderConfig) -> Result<DataLoader> {
         let len = dataset.len();
-        let sampler: Arc<dyn Sampler> = if shuffle { Arc::new(RandomSampler { len, seed }) } else { Arc::new(SequentialSampler { len }) };
+        let sampler: Arc<dyn Sampler> = if shuffle {
+            Arc::new(RandomSampler { len, seed })
+        } else {
+            Arc::new(SequentialSampler { len })
+        };
         DataLoader::new(dataset, sampler, config)
     }
     pub fn config(&self) -> &DataLoaderConfig {
@@ -62,7 +78,11 @@ impl DataLoader {
     /// Batches per epoch.
     pub fn len(&self) -> usize {
         let n = self.sampler.len();
-        if self.config.drop_last { n / self.config.batch_size } else { n.div_ceil(self.config.batch_size) }
+        if self.config.drop_last {
+            n / self.config.batch_size
+        } else {
+            n.div_ceil(self.config.batch_size)
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -75,7 +95,12 @@ impl DataLoader {
     pub fn iter_from(&self, epoch: u64, start: usize) -> BatchIter {
         let order = self.sampler.indices(epoch);
         let bs = self.config.batch_size;
-        let batches: Vec<Vec<usize>> = order.chunks(bs).filter(|c| !self.config.drop_last || c.len() == bs).skip(start).map(<[usize]>::to_vec).collect();
+        let batches: Vec<Vec<usize>> = order
+            .chunks(bs)
+            .filter(|c| !self.config.drop_last || c.len() == bs)
+            .skip(start)
+            .map(<[usize]>::to_vec)
+            .collect();
         BatchIter::new(self.dataset.clone(), batches, &self.config)
     }
 }
@@ -98,11 +123,19 @@ impl BatchIter {
                 let (tx, rx) = sync_channel(config.prefetch_factor);
                 let (dataset, batches) = (dataset.clone(), batches.clone());
                 let stride = config.num_workers;
-                let handle = std::thread::Builder::new().name(format!("lockstep-loader-{w}")).spawn(move || work(dataset, batches, w, stride, tx));
+                let handle = std::thread::Builder::new()
+                    .name(format!("lockstep-loader-{w}"))
+                    .spawn(move || work(dataset, batches, w, stride, tx));
                 (rx, handle.ok())
             })
             .collect();
-        BatchIter { dataset, batches, next: 0, workers, waited: Duration::ZERO }
+        BatchIter {
+            dataset,
+            batches,
+            next: 0,
+            workers,
+            waited: Duration::ZERO,
+        }
     }
     /// Batches left in this epoch.
     pub fn remaining(&self) -> usize {
@@ -115,9 +148,17 @@ impl BatchIter {
 }
 
 /// A worker's loop: build its share of batches in order until done or the consumer is gone.
-fn work(dataset: Arc<dyn Dataset>, batches: Arc<Vec<Vec<usize>>>, worker: usize, stride: usize, tx: SyncSender<Delivery>) {
+fn work(
+    dataset: Arc<dyn Dataset>,
+    batches: Arc<Vec<Vec<usize>>>,
+    worker: usize,
+    stride: usize,
+    tx: SyncSender<Delivery>,
+) {
     for indices in batches.iter().skip(worker).step_by(stride) {
-        let result = dataset.get_batch(indices).map_err(|e| Error::data(format!("data loader worker {worker}"), e.to_string()));
+        let result = dataset
+            .get_batch(indices)
+            .map_err(|e| Error::data(format!("data loader worker {worker}"), e.to_string()));
         let failed = result.is_err();
         if tx.send(result).is_err() || failed {
             return;
@@ -138,7 +179,10 @@ impl Iterator for BatchIter {
             let w = b % self.workers.len();
             self.workers[w].0.recv().unwrap_or_else(|_| {
                 // The channel closed before delivering: the worker died (a panic in the dataset).
-                Err(Error::data(format!("data loader worker {w}"), format!("exited unexpectedly before delivering batch {b}")))
+                Err(Error::data(
+                    format!("data loader worker {w}"),
+                    format!("exited unexpectedly before delivering batch {b}"),
+                ))
             })
         };
         self.waited += started.elapsed();
@@ -149,10 +193,14 @@ impl Iterator for BatchIter {
 impl Drop for BatchIter {
     fn drop(&mut self) {
         // Dropping the receivers makes blocked workers' sends fail, so they exit; then join them.
-        let handles: Vec<JoinHandle<()>> = self.workers.drain(..).filter_map(|(rx, h)| {
-            drop(rx);
-            h
-        }).collect();
+        let handles: Vec<JoinHandle<()>> = self
+            .workers
+            .drain(..)
+            .filter_map(|(rx, h)| {
+                drop(rx);
+                h
+            })
+            .collect();
         for h in handles {
             let _ = h.join();
         }

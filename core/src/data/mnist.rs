@@ -30,7 +30,12 @@ impl Split {
 }
 
 /// All four file names, as a download or a setup message needs them.
-pub const FILES: [&str; 4] = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+pub const FILES: [&str; 4] = [
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+];
 
 pub struct Mnist {
     images: Vec<u8>,
@@ -43,12 +48,19 @@ pub struct Mnist {
 
 /// Finds `name` or `name.gz` in `dir`.
 pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
-    [dir.join(name), dir.join(format!("{name}.gz"))].into_iter().find(|p| p.is_file()).ok_or_else(|| {
-        Error::data(
-            format!("MNIST file {name}(.gz)"),
-            format!("not found in {}; put the four standard files there ({}), each raw or gzipped", dir.display(), FILES.join(", ")),
-        )
-    })
+    [dir.join(name), dir.join(format!("{name}.gz"))]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::data(
+                format!("MNIST file {name}(.gz)"),
+                format!(
+                    "not found in {}; put the four standard files there ({}), each raw or gzipped",
+                    dir.display(),
+                    FILES.join(", ")
+                ),
+            )
+        })
 }
 
 /// Reads a whole file, inflating it when it starts with the gzip magic bytes.
@@ -58,7 +70,12 @@ fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(&raw[..])
             .read_to_end(&mut out)
-            .map_err(|e| Error::data(path.display().to_string(), format!("corrupt or truncated gzip data ({e}); download the file again")))?;
+            .map_err(|e| {
+                Error::data(
+                    path.display().to_string(),
+                    format!("corrupt or truncated gzip data ({e}); download the file again"),
+                )
+            })?;
         Ok(out)
     } else {
         Ok(raw)
@@ -75,18 +92,35 @@ fn parse_idx(path: &Path, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Ve
     let what = path.display().to_string();
     let header = 4 + 4 * dims;
     if bytes.len() < header {
-        return Err(Error::data(what, format!("only {} bytes: too short for an IDX header of {header} bytes (truncated file?)", bytes.len())));
+        return Err(Error::data(
+            what,
+            format!(
+                "only {} bytes: too short for an IDX header of {header} bytes (truncated file?)",
+                bytes.len()
+            ),
+        ));
     }
     let magic = be_u32(&bytes, 0);
     let expected = 0x0800 + dims;
     if magic != expected {
-        return Err(Error::data(what, format!("magic number {magic:#010x}, expected {expected:#010x} (IDX, unsigned bytes, {dims} dimensions): not an MNIST {} file", if dims == 1 { "label" } else { "image" })));
+        return Err(Error::data(
+            what,
+            format!(
+                "magic number {magic:#010x}, expected {expected:#010x} (IDX, unsigned bytes, {dims} dimensions): not an MNIST {} file",
+                if dims == 1 { "label" } else { "image" }
+            ),
+        ));
     }
     let shape: Vec<usize> = (0..dims).map(|d| be_u32(&bytes, 4 + 4 * d)).collect();
     let payload = shape.iter().product::<usize>();
     let actual = bytes.len() - header;
     if actual != payload {
-        return Err(Error::data(what, format!("header says {shape:?} ({payload} bytes of data) but the file holds {actual} bytes (truncated or corrupt)")));
+        return Err(Error::data(
+            what,
+            format!(
+                "header says {shape:?} ({payload} bytes of data) but the file holds {actual} bytes (truncated or corrupt)"
+            ),
+        ));
     }
     let mut bytes = bytes;
     bytes.drain(..header);
@@ -104,17 +138,29 @@ impl Mnist {
         if image_shape[0] != label_shape[0] {
             return Err(Error::data(
                 format!("{} and {}", images_path.display(), labels_path.display()),
-                format!("{} images but {} labels: the files do not belong together", image_shape[0], label_shape[0]),
+                format!(
+                    "{} images but {} labels: the files do not belong together",
+                    image_shape[0], label_shape[0]
+                ),
             ));
         }
         if let Some(i) = labels.iter().position(|&l| l as usize >= CLASSES) {
-            return Err(Error::data(labels_path.display().to_string(), format!("label {} at index {i} is not a digit 0-9", labels[i])));
+            return Err(Error::data(
+                labels_path.display().to_string(),
+                format!("label {} at index {i} is not a digit 0-9", labels[i]),
+            ));
         }
         let mut lut = [0f32; 256];
         for (v, out) in lut.iter_mut().enumerate() {
             *out = (v as f32 / 255.0 - MEAN) / STD;
         }
-        Ok(Mnist { images, labels, rows: image_shape[1], cols: image_shape[2], lut })
+        Ok(Mnist {
+            images,
+            labels,
+            rows: image_shape[1],
+            cols: image_shape[2],
+            lut,
+        })
     }
 
     pub fn image_shape(&self) -> [usize; 3] {
@@ -126,7 +172,10 @@ impl Mnist {
     }
     fn check_index(&self, index: usize) -> Result<()> {
         if index >= self.labels.len() {
-            return Err(Error::data(format!("MNIST sample {index}"), format!("out of range: the split has {} samples", self.labels.len())));
+            return Err(Error::data(
+                format!("MNIST sample {index}"),
+                format!("out of range: the split has {} samples", self.labels.len()),
+            ));
         }
         Ok(())
     }
@@ -139,7 +188,13 @@ impl Dataset for Mnist {
 
     fn get(&self, index: usize) -> Result<Sample> {
         self.get_batch(&[index]).map(|b| {
-            b.fields.into_iter().map(|f| HostTensor { shape: crate::shape::Shape::new(&f.shape.dims()[1..]), data: f.data }).collect()
+            b.fields
+                .into_iter()
+                .map(|f| HostTensor {
+                    shape: crate::shape::Shape::new(&f.shape.dims()[1..]),
+                    data: f.data,
+                })
+                .collect()
         })
     }
 
@@ -150,12 +205,19 @@ impl Dataset for Mnist {
         let mut labels = Vec::with_capacity(indices.len());
         for &i in indices {
             self.check_index(i)?;
-            images.extend(self.images[i * pixels..(i + 1) * pixels].iter().map(|&b| self.lut[b as usize]));
+            images.extend(
+                self.images[i * pixels..(i + 1) * pixels]
+                    .iter()
+                    .map(|&b| self.lut[b as usize]),
+            );
             labels.push(self.labels[i] as u32);
         }
         let n = indices.len();
         Ok(Batch {
-            fields: vec![HostTensor::new(HostVec::F32(images), [n, 1, self.rows, self.cols])?, HostTensor::new(HostVec::U32(labels), [n])?],
+            fields: vec![
+                HostTensor::new(HostVec::F32(images), [n, 1, self.rows, self.cols])?,
+                HostTensor::new(HostVec::U32(labels), [n])?,
+            ],
             indices: indices.to_vec(),
         })
     }

@@ -68,11 +68,31 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    pub fn new(dataset_len: usize, replicas: usize, rank: usize, shuffle: bool, seed: u64, drop_last: bool) -> Result<Self> {
+    pub fn new(
+        dataset_len: usize,
+        replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<Self> {
         if replicas == 0 || rank >= replicas {
-            return Err(Error::invalid("DistributedSampler", format!("invalid rank {rank}, rank should be in the interval [0, {}]", replicas as i64 - 1)));
+            return Err(Error::invalid(
+                "DistributedSampler",
+                format!(
+                    "invalid rank {rank}, rank should be in the interval [0, {}]",
+                    replicas as i64 - 1
+                ),
+            ));
         }
-        Ok(DistributedSampler { dataset_len, replicas, rank, shuffle, seed, drop_last })
+        Ok(DistributedSampler {
+            dataset_len,
+            replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+        })
     }
     fn total_size(&self) -> usize {
         self.len() * self.replicas
@@ -82,10 +102,18 @@ impl DistributedSampler {
 impl Sampler for DistributedSampler {
     fn len(&self) -> usize {
         let (l, r) = (self.dataset_len, self.replicas);
-        if self.drop_last && l % r != 0 { (l.saturating_sub(r)).div_ceil(r) } else { l.div_ceil(r) }
+        if self.drop_last && l % r != 0 {
+            (l.saturating_sub(r)).div_ceil(r)
+        } else {
+            l.div_ceil(r)
+        }
     }
     fn indices(&self, epoch: u64) -> Vec<usize> {
-        let mut order = if self.shuffle { permutation(self.dataset_len, self.seed.wrapping_add(epoch)) } else { (0..self.dataset_len).collect() };
+        let mut order = if self.shuffle {
+            permutation(self.dataset_len, self.seed.wrapping_add(epoch))
+        } else {
+            (0..self.dataset_len).collect()
+        };
         let total = self.total_size();
         if order.is_empty() {
             return Vec::new();
@@ -106,13 +134,17 @@ mod tests {
     #[test]
     fn distributed_sampler_pads_and_interleaves_like_pytorch() {
         // L=10, R=4: num_samples=3, total=12, padded with indices 0,1; rank r takes r::4.
-        let s: Vec<Vec<usize>> = (0..4).map(|r| DistributedSampler::new(10, 4, r, false, 0, false).unwrap().indices(0)).collect();
+        let s: Vec<Vec<usize>> = (0..4)
+            .map(|r| DistributedSampler::new(10, 4, r, false, 0, false).unwrap().indices(0))
+            .collect();
         assert_eq!(s, vec![vec![0, 4, 8], vec![1, 5, 9], vec![2, 6, 0], vec![3, 7, 1]]);
         // drop_last: num_samples = ceil((10-4)/4) = 2, total 8.
         let d = DistributedSampler::new(10, 4, 1, false, 0, true).unwrap();
         assert_eq!((d.len(), d.indices(0)), (2, vec![1, 5]));
         // Padding larger than the data set cycles: L=2, R=5 -> [0,1,0,1,0].
-        let tiny: Vec<usize> = (0..5).flat_map(|r| DistributedSampler::new(2, 5, r, false, 0, false).unwrap().indices(0)).collect();
+        let tiny: Vec<usize> = (0..5)
+            .flat_map(|r| DistributedSampler::new(2, 5, r, false, 0, false).unwrap().indices(0))
+            .collect();
         assert_eq!(tiny, vec![0, 1, 0, 1, 0]);
         assert!(DistributedSampler::new(10, 2, 2, false, 0, false).is_err());
     }
@@ -127,7 +159,9 @@ mod tests {
         sorted.sort_unstable();
         assert_eq!(sorted, (0..100).collect::<Vec<_>>());
         // Every rank sees one global permutation: together they cover it exactly.
-        let mut all: Vec<usize> = (0..4).flat_map(|r| DistributedSampler::new(100, 4, r, true, 3, false).unwrap().indices(1)).collect();
+        let mut all: Vec<usize> = (0..4)
+            .flat_map(|r| DistributedSampler::new(100, 4, r, true, 3, false).unwrap().indices(1))
+            .collect();
         all.sort_unstable();
         assert_eq!(all, (0..100).collect::<Vec<_>>());
     }

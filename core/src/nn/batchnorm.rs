@@ -78,10 +78,7 @@ impl BatchNorm2d {
 impl BatchNorm {
     fn new(kind: Kind, num_features: usize, device: &Device) -> Result<BatchNorm> {
         if num_features == 0 {
-            return Err(Error::invalid(
-                kind.name(),
-                "num_features must be at least 1",
-            ));
+            return Err(Error::invalid(kind.name(), "num_features must be at least 1"));
         }
         let c = [num_features];
         Ok(BatchNorm {
@@ -137,9 +134,7 @@ impl BatchNorm {
     fn count_batch(&self) -> Result<()> {
         no_grad(|| {
             let count = &self.num_batches_tracked;
-            let wide = count
-                .to_dtype(DType::F64)
-                .or_else(|_| count.to_dtype(DType::F32))?;
+            let wide = count.to_dtype(DType::F64).or_else(|_| count.to_dtype(DType::F32))?;
             count.assign(&wide.add_scalar(1.0)?.to_dtype(DType::I64)?)
         })
     }
@@ -151,11 +146,7 @@ impl Module for BatchNorm {
         if !self.kind.accepts(x.rank()) {
             return Err(Error::invalid(
                 name,
-                format!(
-                    "expects input {}, got shape {}",
-                    self.kind.expected(),
-                    x.shape()
-                ),
+                format!("expects input {}, got shape {}", self.kind.expected(), x.shape()),
             ));
         }
         if x.dims()[1] != self.num_features() {
@@ -164,12 +155,7 @@ impl Module for BatchNorm {
                 x.dims()[1],
                 self.num_features()
             );
-            return Err(Error::shape(
-                name,
-                x.shape(),
-                self.running_mean.shape(),
-                hint,
-            ));
+            return Err(Error::shape(name, x.shape(), self.running_mean.shape(), hint));
         }
         let y = x.batch_norm(
             &self.running_mean,
@@ -194,20 +180,13 @@ impl Module for BatchNorm {
     fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         f(join_name(prefix, "running_mean"), &self.running_mean);
         f(join_name(prefix, "running_var"), &self.running_var);
-        f(
-            join_name(prefix, "num_batches_tracked"),
-            &self.num_batches_tracked,
-        );
+        f(join_name(prefix, "num_batches_tracked"), &self.num_batches_tracked);
     }
     fn set_training(&mut self, training: bool) {
         self.training = training;
     }
     fn describe(&self) -> String {
-        let affine = if self.weight.is_some() {
-            "True"
-        } else {
-            "False"
-        };
+        let affine = if self.weight.is_some() { "True" } else { "False" };
         format!(
             "{}({}, eps={}, momentum={}, affine={affine}, track_running_stats=True)",
             self.kind.name(),

@@ -36,10 +36,7 @@ impl Conv2dConfig {
         }
     }
     pub fn kernel_size(self, kernel_size: [usize; 2]) -> Self {
-        Conv2dConfig {
-            kernel_size,
-            ..self
-        }
+        Conv2dConfig { kernel_size, ..self }
     }
     pub fn stride(self, stride: usize) -> Self {
         Conv2dConfig {
@@ -105,27 +102,14 @@ impl Conv2d {
         let [kh, kw] = config.kernel_size;
         let per_group = config.in_channels / config.groups;
         let fan_in = per_group * kh * kw;
-        let weight = init::kaiming_uniform_default(
-            [config.out_channels, per_group, kh, kw],
-            fan_in,
-            generator,
-            device,
-        )?;
+        let weight =
+            init::kaiming_uniform_default([config.out_channels, per_group, kh, kw], fan_in, generator, device)?;
         let bias = if config.bias {
-            Some(init::bias_default(
-                config.out_channels,
-                fan_in,
-                generator,
-                device,
-            )?)
+            Some(init::bias_default(config.out_channels, fan_in, generator, device)?)
         } else {
             None
         };
-        Ok(Conv2d {
-            weight,
-            bias,
-            config,
-        })
+        Ok(Conv2d { weight, bias, config })
     }
     pub fn config(&self) -> &Conv2dConfig {
         &self.config

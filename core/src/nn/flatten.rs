@@ -54,9 +54,6 @@ impl Module for Flatten {
         x.reshape(out)
     }
     fn describe(&self) -> String {
-        format!(
-            "Flatten(start_dim={}, end_dim={})",
-            self.start_dim, self.end_dim
-        )
+        format!("Flatten(start_dim={}, end_dim={})", self.start_dim, self.end_dim)
     }
 }

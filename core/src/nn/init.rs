@@ -14,10 +14,7 @@ pub fn uniform_parameter(
     generator: &Generator,
     device: &Device,
 ) -> Result<Tensor> {
-    Ok(
-        Tensor::rand_uniform(shape, -bound, bound, DType::F32, generator, device)?
-            .requires_grad(true),
-    )
+    Ok(Tensor::rand_uniform(shape, -bound, bound, DType::F32, generator, device)?.requires_grad(true))
 }
 
 /// `kaiming_uniform_(a=sqrt(5))`, PyTorch's default for Linear and Conv weights:
@@ -28,25 +25,10 @@ pub fn kaiming_uniform_default(
     generator: &Generator,
     device: &Device,
 ) -> Result<Tensor> {
-    uniform_parameter(
-        shape,
-        1.0 / (fan_in.max(1) as f64).sqrt(),
-        generator,
-        device,
-    )
+    uniform_parameter(shape, 1.0 / (fan_in.max(1) as f64).sqrt(), generator, device)
 }
 
 /// PyTorch's default bias: uniform on ±1/sqrt(fan_in).
-pub fn bias_default(
-    len: usize,
-    fan_in: usize,
-    generator: &Generator,
-    device: &Device,
-) -> Result<Tensor> {
-    uniform_parameter(
-        [len],
-        1.0 / (fan_in.max(1) as f64).sqrt(),
-        generator,
-        device,
-    )
+pub fn bias_default(len: usize, fan_in: usize, generator: &Generator, device: &Device) -> Result<Tensor> {
+    uniform_parameter([len], 1.0 / (fan_in.max(1) as f64).sqrt(), generator, device)
 }

@@ -20,19 +20,9 @@ impl Linear {
         device: &Device,
         generator: &Generator,
     ) -> Result<Linear> {
-        let weight = init::kaiming_uniform_default(
-            [out_features, in_features],
-            in_features,
-            generator,
-            device,
-        )?;
+        let weight = init::kaiming_uniform_default([out_features, in_features], in_features, generator, device)?;
         let bias = if bias {
-            Some(init::bias_default(
-                out_features,
-                in_features,
-                generator,
-                device,
-            )?)
+            Some(init::bias_default(out_features, in_features, generator, device)?)
         } else {
             None
         };
@@ -53,10 +43,7 @@ impl Module for Linear {
                 "Linear",
                 x.shape(),
                 self.weight.shape(),
-                format!(
-                    "input's last axis must be in_features={}",
-                    self.in_features()
-                ),
+                format!("input's last axis must be in_features={}", self.in_features()),
             ));
         }
         // The transposed weight is a view: the GEMM reads it with swapped strides, no copy.

@@ -44,10 +44,7 @@ pub trait ModuleExt: Module {
         out
     }
     fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters()
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect()
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }
     /// Named buffers (running statistics, counters) in registration order.
     fn named_buffers(&self) -> Vec<(String, Tensor)> {

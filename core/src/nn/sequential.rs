@@ -56,9 +56,7 @@ impl Module for Sequential {
         }
     }
     fn set_training(&mut self, training: bool) {
-        self.layers
-            .iter_mut()
-            .for_each(|l| l.set_training(training));
+        self.layers.iter_mut().for_each(|l| l.set_training(training));
     }
     fn describe(&self) -> String {
         let body: Vec<String> = self

@@ -18,10 +18,7 @@ struct Problems {
 
 impl Problems {
     fn is_empty(&self) -> bool {
-        self.missing.is_empty()
-            && self.unexpected.is_empty()
-            && self.duplicate.is_empty()
-            && self.shape.is_empty()
+        self.missing.is_empty() && self.unexpected.is_empty() && self.duplicate.is_empty() && self.shape.is_empty()
     }
     /// `missing: a, b; unexpected: c; shape mismatch: d expected [2] got [3]`.
     fn report(&self) -> String {
@@ -52,11 +49,11 @@ pub(super) fn load(own: &[(String, Tensor)], given: &[(String, Tensor)]) -> Resu
     for (name, dst) in own {
         match by_name.get(name.as_str()) {
             None => problems.missing.push(name.clone()),
-            Some(src) if src.shape() != dst.shape() => problems.shape.push(format!(
-                "{name} expected {} got {}",
-                dst.shape(),
-                src.shape()
-            )),
+            Some(src) if src.shape() != dst.shape() => {
+                problems
+                    .shape
+                    .push(format!("{name} expected {} got {}", dst.shape(), src.shape()))
+            }
             Some(src) => copies.push((dst, *src)),
         }
     }
@@ -71,8 +68,8 @@ pub(super) fn load(own: &[(String, Tensor)], given: &[(String, Tensor)]) -> Resu
     }
     // Conversions must not join the source's graph: this is a copy, not a computation.
     no_grad(|| {
-        copies.iter().try_for_each(|(dst, src)| {
-            dst.assign(&src.to_device(dst.device())?.to_dtype(dst.dtype())?)
-        })
+        copies
+            .iter()
+            .try_for_each(|(dst, src)| dst.assign(&src.to_device(dst.device())?.to_dtype(dst.dtype())?))
     })
 }

@@ -55,10 +55,7 @@ impl AdamConfig {
         AdamConfig { eps, ..self }
     }
     pub fn weight_decay(self, weight_decay: f64) -> Self {
-        AdamConfig {
-            weight_decay,
-            ..self
-        }
+        AdamConfig { weight_decay, ..self }
     }
     fn name(&self) -> &'static str {
         if self.decoupled { "AdamW" } else { "Adam" }
@@ -101,11 +98,7 @@ impl Adam {
         config.validate()?;
         check_parameters(config.name(), &params)?;
         let state = vec![None; params.len()];
-        Ok(Adam {
-            params,
-            config,
-            state,
-        })
+        Ok(Adam { params, config, state })
     }
     /// AdamW with `config` forced to decoupled weight decay.
     pub fn adamw(params: Vec<Tensor>, config: AdamConfig) -> Result<Adam> {
@@ -122,10 +115,7 @@ impl Adam {
     }
     /// How many updates parameter `i` has had.
     pub fn step_count(&self, i: usize) -> u64 {
-        self.state
-            .get(i)
-            .and_then(Option::as_ref)
-            .map_or(0, |m| m.step)
+        self.state.get(i).and_then(Option::as_ref).map_or(0, |m| m.step)
     }
 
     /// Parameter `i`'s moments and step from `r`: all three or none.
@@ -135,18 +125,14 @@ impl Adam {
         let step = r.scalar(&param_key(i, "step"));
         match (exp_avg, exp_avg_sq, step) {
             (None, None, None) => Ok(None),
-            (Some(exp_avg), Some(exp_avg_sq), Some(step)) if step >= 0.0 && step.fract() == 0.0 => {
-                Ok(Some(Moments {
-                    exp_avg,
-                    exp_avg_sq,
-                    step: step as u64,
-                }))
-            }
+            (Some(exp_avg), Some(exp_avg_sq), Some(step)) if step >= 0.0 && step.fract() == 0.0 => Ok(Some(Moments {
+                exp_avg,
+                exp_avg_sq,
+                step: step as u64,
+            })),
             _ => Err(Error::invalid(
                 self.config.name(),
-                format!(
-                    "state for parameter {i} needs exp_avg, exp_avg_sq and a whole, non-negative step together"
-                ),
+                format!("state for parameter {i} needs exp_avg, exp_avg_sq and a whole, non-negative step together"),
             )),
         }
     }
@@ -179,13 +165,9 @@ impl Optimizer for Adam {
                 decoupled: c.decoupled,
                 step: m.step,
             };
-            p.device().backend().adam_step(
-                p.buffer(),
-                g.buffer(),
-                m.exp_avg.buffer(),
-                m.exp_avg_sq.buffer(),
-                &step,
-            )?;
+            p.device()
+                .backend()
+                .adam_step(p.buffer(), g.buffer(), m.exp_avg.buffer(), m.exp_avg_sq.buffer(), &step)?;
         }
         Ok(())
     }
@@ -202,10 +184,8 @@ impl Optimizer for Adam {
         let mut out = OptimizerState::default();
         for (i, m) in self.state.iter().enumerate() {
             let Some(m) = m else { continue };
-            out.tensors
-                .push((param_key(i, "exp_avg"), m.exp_avg.clone()));
-            out.tensors
-                .push((param_key(i, "exp_avg_sq"), m.exp_avg_sq.clone()));
+            out.tensors.push((param_key(i, "exp_avg"), m.exp_avg.clone()));
+            out.tensors.push((param_key(i, "exp_avg_sq"), m.exp_avg_sq.clone()));
             out.scalars.push((param_key(i, "step"), m.step as f64));
         }
         let c = &self.config;
@@ -216,8 +196,7 @@ impl Optimizer for Adam {
             ("eps", c.eps),
             ("weight_decay", c.weight_decay),
         ];
-        out.scalars
-            .extend(group.iter().map(|(n, v)| (group_key(n), *v)));
+        out.scalars.extend(group.iter().map(|(n, v)| (group_key(n), *v)));
         out
     }
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
@@ -225,10 +204,7 @@ impl Optimizer for Adam {
         let c = self.config;
         let config = AdamConfig {
             lr: r.group_or("lr", c.lr),
-            betas: (
-                r.group_or("betas.0", c.betas.0),
-                r.group_or("betas.1", c.betas.1),
-            ),
+            betas: (r.group_or("betas.0", c.betas.0), r.group_or("betas.1", c.betas.1)),
             eps: r.group_or("eps", c.eps),
             weight_decay: r.group_or("weight_decay", c.weight_decay),
             decoupled: c.decoupled,

@@ -99,9 +99,7 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Resul
         let max = Tensor::full(Shape::scalar(), max_norm, total.dtype(), total.device())?;
         max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)
     })?;
-    map_grads(params, |g| {
-        g.mul(&coef.to_device(g.device())?.to_dtype(g.dtype())?)
-    })?;
+    map_grads(params, |g| g.mul(&coef.to_device(g.device())?.to_dtype(g.dtype())?))?;
     Ok(total)
 }
 

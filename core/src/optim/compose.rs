@@ -40,11 +40,7 @@ impl SequentialLR {
 impl LrSchedule for SequentialLR {
     fn lr_at(&self, base_lr: f64, step: u64) -> f64 {
         let idx = self.milestones.partition_point(|&m| m <= step);
-        let start = if idx == 0 {
-            0
-        } else {
-            self.milestones[idx - 1]
-        };
+        let start = if idx == 0 { 0 } else { self.milestones[idx - 1] };
         self.schedules[idx].lr_at(base_lr, step - start)
     }
 }
@@ -67,8 +63,6 @@ impl ChainedLR {
 
 impl LrSchedule for ChainedLR {
     fn lr_at(&self, base_lr: f64, step: u64) -> f64 {
-        self.schedules
-            .iter()
-            .fold(base_lr, |lr, s| s.lr_at(lr, step))
+        self.schedules.iter().fold(base_lr, |lr, s| s.lr_at(lr, step))
     }
 }

@@ -68,18 +68,11 @@ impl LrScheduler {
         }
     }
     /// Resumes at `state` and sets the optimizer's rate to match.
-    pub fn load_state(
-        &mut self,
-        state: SchedulerState,
-        optimizer: &mut dyn Optimizer,
-    ) -> Result<()> {
+    pub fn load_state(&mut self, state: SchedulerState, optimizer: &mut dyn Optimizer) -> Result<()> {
         if !state.base_lr.is_finite() || state.base_lr < 0.0 {
             return Err(Error::invalid(
                 "LrScheduler",
-                format!(
-                    "base_lr must be a non-negative number, got {}",
-                    state.base_lr
-                ),
+                format!("base_lr must be a non-negative number, got {}", state.base_lr),
             ));
         }
         self.base_lr = state.base_lr;

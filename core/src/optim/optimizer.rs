@@ -21,10 +21,7 @@ impl OptimizerState {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
     pub fn scalar(&self, name: &str) -> Option<f64> {
-        self.scalars
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| *v)
+        self.scalars.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
     }
 }
 
@@ -66,8 +63,7 @@ pub(super) fn check_parameters(op: &'static str, params: &[Tensor]) -> Result<()
                 ),
             ));
         }
-        let dense =
-            p.is_contiguous() && p.layout().offset == 0 && p.buffer().len() == p.elem_count();
+        let dense = p.is_contiguous() && p.layout().offset == 0 && p.buffer().len() == p.elem_count();
         if !dense {
             return Err(Error::invalid(
                 op,

@@ -15,9 +15,7 @@ impl StepLR {
         if step_size == 0 || !gamma.is_finite() {
             return Err(Error::invalid(
                 "StepLR",
-                format!(
-                    "step_size must be at least 1 and gamma finite, got {step_size} and {gamma}"
-                ),
+                format!("step_size must be at least 1 and gamma finite, got {step_size} and {gamma}"),
             ));
         }
         Ok(StepLR { step_size, gamma })
@@ -73,9 +71,7 @@ impl CosineAnnealingLR {
         if t_max == 0 || eta_min.is_nan() || eta_min < 0.0 {
             return Err(Error::invalid(
                 "CosineAnnealingLR",
-                format!(
-                    "T_max must be at least 1 and eta_min non-negative, got {t_max} and {eta_min}"
-                ),
+                format!("T_max must be at least 1 and eta_min non-negative, got {t_max} and {eta_min}"),
             ));
         }
         Ok(CosineAnnealingLR { t_max, eta_min })

@@ -29,10 +29,7 @@ impl SgdConfig {
         SgdConfig { momentum, ..self }
     }
     pub fn weight_decay(self, weight_decay: f64) -> Self {
-        SgdConfig {
-            weight_decay,
-            ..self
-        }
+        SgdConfig { weight_decay, ..self }
     }
     pub fn nesterov(self, nesterov: bool) -> Self {
         SgdConfig { nesterov, ..self }
@@ -113,9 +110,7 @@ impl Optimizer for Sgd {
             } else {
                 None
             };
-            p.device()
-                .backend()
-                .sgd_step(p.buffer(), g.buffer(), buf, &step)?;
+            p.device().backend().sgd_step(p.buffer(), g.buffer(), buf, &step)?;
         }
         Ok(())
     }

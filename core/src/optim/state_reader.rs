@@ -72,10 +72,7 @@ impl<'a> StateReader<'a> {
             .iter()
             .map(|(n, _)| n)
             .chain(self.state.scalars.iter().map(|(n, _)| n));
-        let unexpected: Vec<&str> = names
-            .map(String::as_str)
-            .filter(|n| !self.used.contains(n))
-            .collect();
+        let unexpected: Vec<&str> = names.map(String::as_str).filter(|n| !self.used.contains(n)).collect();
         if unexpected.is_empty() {
             return Ok(());
         }

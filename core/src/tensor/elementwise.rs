@@ -38,7 +38,10 @@ impl Tensor {
                 BinaryOp::Maximum | BinaryOp::Minimum => {
                     // Ties split the gradient evenly, as in PyTorch.
                     let wins = if op == BinaryOp::Maximum { CmpOp::Gt } else { CmpOp::Lt };
-                    let share = a.cmp(wins, &b)?.to_dtype(g.dtype())?.add(&a.cmp(CmpOp::Eq, &b)?.to_dtype(g.dtype())?.affine(0.5, 0.0)?)?;
+                    let share = a
+                        .cmp(wins, &b)?
+                        .to_dtype(g.dtype())?
+                        .add(&a.cmp(CmpOp::Eq, &b)?.to_dtype(g.dtype())?.affine(0.5, 0.0)?)?;
                     (g.mul(&share)?, g.mul(&share.affine(-1.0, 1.0)?)?)
                 }
             };
@@ -75,7 +78,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         let lead = self.rank() - shape.rank();
-        let axes: Vec<usize> = (0..self.rank()).filter(|&i| i < lead || (shape.dims()[i - lead] == 1 && self.dims()[i] != 1)).collect();
+        let axes: Vec<usize> = (0..self.rank())
+            .filter(|&i| i < lead || (shape.dims()[i - lead] == 1 && self.dims()[i] != 1))
+            .collect();
         self.sum_keepdim(&axes)?.reshape(shape.clone())
     }
 
@@ -89,7 +94,10 @@ impl Tensor {
             let local = match op {
                 UnaryOp::Neg => return Ok(vec![Some(g.neg()?)]),
                 UnaryOp::Affine { mul, .. } => return Ok(vec![Some(g.affine(mul, 0.0)?)]),
-                UnaryOp::Abs => x.cmp_scalar(CmpOp::Gt, 0.0)?.to_dtype(x.dtype())?.sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?,
+                UnaryOp::Abs => x
+                    .cmp_scalar(CmpOp::Gt, 0.0)?
+                    .to_dtype(x.dtype())?
+                    .sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?,
                 UnaryOp::Exp => y,
                 UnaryOp::Log => x.recip()?,
                 UnaryOp::Sqrt => y.recip()?.affine(0.5, 0.0)?,
@@ -104,7 +112,11 @@ impl Tensor {
                 UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
                 UnaryOp::GeluGrad => {
                     // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)
-                    let phi = x.mul(&x)?.affine(-0.5, 0.0)?.exp()?.affine(0.398_942_280_401_432_7, 0.0)?;
+                    let phi = x
+                        .mul(&x)?
+                        .affine(-0.5, 0.0)?
+                        .exp()?
+                        .affine(0.398_942_280_401_432_7, 0.0)?;
                     phi.mul(&x.mul(&x)?.affine(-1.0, 2.0)?)?
                 }
                 UnaryOp::Powf(e) => x.powf(e - 1.0)?.affine(e, 0.0)?,
@@ -209,17 +221,34 @@ impl Tensor {
         self.same_device(OP, on_false)?;
         on_true.same_dtype(OP, on_false)?;
         if self.dtype() != DType::U32 {
-            return Err(crate::error::Error::UnsupportedDType { op: OP, dtype: self.dtype(), hint: "; the condition is a U32 mask (from a comparison)" });
+            return Err(crate::error::Error::UnsupportedDType {
+                op: OP,
+                dtype: self.dtype(),
+                hint: "; the condition is a U32 mask (from a comparison)",
+            });
         }
-        let shape = Shape::broadcast(OP, &Shape::broadcast(OP, self.shape(), on_true.shape())?, on_false.shape())?;
-        let (lc, lt, lf) = (self.layout().broadcast_to(OP, &shape)?, on_true.layout().broadcast_to(OP, &shape)?, on_false.layout().broadcast_to(OP, &shape)?);
-        let buffer = self.backend().where_cond(self.buffer(), &lc, on_true.buffer(), &lt, on_false.buffer(), &lf)?;
+        let shape = Shape::broadcast(
+            OP,
+            &Shape::broadcast(OP, self.shape(), on_true.shape())?,
+            on_false.shape(),
+        )?;
+        let (lc, lt, lf) = (
+            self.layout().broadcast_to(OP, &shape)?,
+            on_true.layout().broadcast_to(OP, &shape)?,
+            on_false.layout().broadcast_to(OP, &shape)?,
+        );
+        let buffer = self
+            .backend()
+            .where_cond(self.buffer(), &lc, on_true.buffer(), &lt, on_false.buffer(), &lf)?;
         let out = Tensor::from_buffer(buffer, shape, self.device());
         let cond = self.detach();
         let (st, sf) = (on_true.shape().clone(), on_false.shape().clone());
         Ok(out.track(OP, &[on_true, on_false], move |g| {
             let zero = g.zeros_like()?;
-            Ok(vec![Some(cond.where_cond(g, &zero)?.sum_to_shape(&st)?), Some(cond.where_cond(&zero, g)?.sum_to_shape(&sf)?)])
+            Ok(vec![
+                Some(cond.where_cond(g, &zero)?.sum_to_shape(&st)?),
+                Some(cond.where_cond(&zero, g)?.sum_to_shape(&sf)?),
+            ])
         }))
     }
 }

@@ -44,16 +44,37 @@ impl Tensor {
         self.same_dtype("matmul", rhs)?;
         self.float_only("matmul")?;
         if self.rank() < 2 || rhs.rank() < 2 {
-            return Err(Error::shape("matmul", self.shape(), rhs.shape(), "both operands need at least two axes; unsqueeze vectors first"));
+            return Err(Error::shape(
+                "matmul",
+                self.shape(),
+                rhs.shape(),
+                "both operands need at least two axes; unsqueeze vectors first",
+            ));
         }
         let (m, k) = (self.dims()[self.rank() - 2], self.dims()[self.rank() - 1]);
         let (k2, n) = (rhs.dims()[rhs.rank() - 2], rhs.dims()[rhs.rank() - 1]);
         if k != k2 {
-            return Err(Error::shape("matmul", self.shape(), rhs.shape(), format!("inner dimensions {k} and {k2} differ")));
+            return Err(Error::shape(
+                "matmul",
+                self.shape(),
+                rhs.shape(),
+                format!("inner dimensions {k} and {k2} differ"),
+            ));
         }
         // Fix: name the operands' full shapes when the batch axes do not broadcast.
-        let batch_shape = Shape::broadcast("matmul", &Shape::new(&self.dims()[..self.rank() - 2]), &Shape::new(&rhs.dims()[..rhs.rank() - 2]))
-            .map_err(|_| Error::shape("matmul", self.shape(), rhs.shape(), "the batch axes (all but the last two) do not broadcast"))?;
+        let batch_shape = Shape::broadcast(
+            "matmul",
+            &Shape::new(&self.dims()[..self.rank() - 2]),
+            &Shape::new(&rhs.dims()[..rhs.rank() - 2]),
+        )
+        .map_err(|_| {
+            Error::shape(
+                "matmul",
+                self.shape(),
+                rhs.shape(),
+                "the batch axes (all but the last two) do not broadcast",
+            )
+        })?;
         let batch = batch_shape.elem_count();
         let with = |rows: usize, cols: usize| {
             let mut d = batch_shape.dims().to_vec();
@@ -73,7 +94,9 @@ impl Tensor {
         };
         let (a, la) = operand(self, m, k)?;
         let (b, lb) = operand(rhs, k, n)?;
-        let buffer = self.backend().matmul(a.buffer(), &la, b.buffer(), &lb, MatmulDims { batch, m, n, k })?;
+        let buffer = self
+            .backend()
+            .matmul(a.buffer(), &la, b.buffer(), &lb, MatmulDims { batch, m, n, k })?;
         let out = Tensor::from_buffer(buffer, with(m, n), self.device());
         let (x, y) = (self.detach(), rhs.detach());
         let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
@@ -95,7 +118,10 @@ impl Tensor {
                 (true, false) => Some(x.t()?.matmul(g)?),
                 (true, true) => Some(g.t()?.matmul(&x)?.t()?),
             };
-            Ok(vec![ga.map(|t| t.sum_to_shape(&sa)).transpose()?, gb.map(|t| t.sum_to_shape(&sb)).transpose()?])
+            Ok(vec![
+                ga.map(|t| t.sum_to_shape(&sa)).transpose()?,
+                gb.map(|t| t.sum_to_shape(&sb)).transpose()?,
+            ])
         }))
     }
 }

@@ -94,20 +94,59 @@ impl Tensor {
     pub fn from_host(data: HostVec, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         if shape.elem_count() != data.len() {
-            return Err(Error::invalid("from_vec", format!("{} values cannot fill shape {shape} ({} elements)", data.len(), shape.elem_count())));
+            return Err(Error::invalid(
+                "from_vec",
+                format!(
+                    "{} values cannot fill shape {shape} ({} elements)",
+                    data.len(),
+                    shape.elem_count()
+                ),
+            ));
         }
         let buffer = device.backend().from_host(&data)?;
         Ok(Tensor::from_buffer(buffer, shape, device))
     }
     /// Uniform on `[low, high)`, drawn from `generator` (the same values on every backend).
-    pub fn rand_uniform(shape: impl Into<Shape>, low: f64, high: f64, dtype: DType, generator: &Generator, device: &Device) -> Result<Tensor> {
-        Tensor::random(shape.into(), Distribution::Uniform { low, high }, dtype, generator, device)
+    pub fn rand_uniform(
+        shape: impl Into<Shape>,
+        low: f64,
+        high: f64,
+        dtype: DType,
+        generator: &Generator,
+        device: &Device,
+    ) -> Result<Tensor> {
+        Tensor::random(
+            shape.into(),
+            Distribution::Uniform { low, high },
+            dtype,
+            generator,
+            device,
+        )
     }
     /// Normal with `mean` and `std`, drawn from `generator`.
-    pub fn rand_normal(shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType, generator: &Generator, device: &Device) -> Result<Tensor> {
-        Tensor::random(shape.into(), Distribution::Normal { mean, std }, dtype, generator, device)
+    pub fn rand_normal(
+        shape: impl Into<Shape>,
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        generator: &Generator,
+        device: &Device,
+    ) -> Result<Tensor> {
+        Tensor::random(
+            shape.into(),
+            Distribution::Normal { mean, std },
+            dtype,
+            generator,
+            device,
+        )
     }
-    fn random(shape: Shape, dist: Distribution, dtype: DType, generator: &Generator, device: &Device) -> Result<Tensor> {
+    fn random(
+        shape: Shape,
+        dist: Distribution,
+        dtype: DType,
+        generator: &Generator,
+        device: &Device,
+    ) -> Result<Tensor> {
         let n = shape.elem_count();
         let counter = generator.advance(n);
         let buffer = device.backend().rand(dtype, n, dist, generator.seed(), counter)?;
@@ -166,7 +205,11 @@ impl Tensor {
     /// The elements in row-major order. Waits for the device.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
         }
         T::from_host(self.to_host()?)
     }
@@ -180,7 +223,10 @@ impl Tensor {
     /// The single value of a one-element tensor, as f64. Waits for the device.
     pub fn item(&self) -> Result<f64> {
         if self.elem_count() != 1 {
-            return Err(Error::invalid("item", format!("needs exactly one element, the tensor has shape {}", self.shape())));
+            return Err(Error::invalid(
+                "item",
+                format!("needs exactly one element, the tensor has shape {}", self.shape()),
+            ));
         }
         Ok(self.to_f64_vec()?[0])
     }
@@ -196,7 +242,9 @@ impl Tensor {
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
         let from = self.dtype();
         let differentiable = from.is_float() && dtype.is_float();
-        Ok(out.track("to_dtype", &[self], move |g| Ok(vec![if differentiable { Some(g.to_dtype(from)?) } else { None }])))
+        Ok(out.track("to_dtype", &[self], move |g| {
+            Ok(vec![if differentiable { Some(g.to_dtype(from)?) } else { None }])
+        }))
     }
 
     /// A copy on `device` (differentiable: the gradient travels back).
@@ -216,7 +264,12 @@ impl Tensor {
             return Ok(self.clone());
         }
         let buffer = self.backend().zeros(self.dtype(), self.elem_count())?;
-        self.backend().copy_strided(&self.0.buffer, &self.0.layout, &buffer, &Layout::contiguous(self.shape().clone()))?;
+        self.backend().copy_strided(
+            &self.0.buffer,
+            &self.0.layout,
+            &buffer,
+            &Layout::contiguous(self.shape().clone()),
+        )?;
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
         Ok(out.track("contiguous", &[self], |g| Ok(vec![Some(g.clone())])))
     }
@@ -224,7 +277,12 @@ impl Tensor {
     /// A contiguous copy with its own buffer, cut from the graph.
     pub fn deep_copy(&self) -> Result<Tensor> {
         let buffer = self.backend().zeros(self.dtype(), self.elem_count())?;
-        self.backend().copy_strided(&self.0.buffer, &self.0.layout, &buffer, &Layout::contiguous(self.shape().clone()))?;
+        self.backend().copy_strided(
+            &self.0.buffer,
+            &self.0.layout,
+            &buffer,
+            &Layout::contiguous(self.shape().clone()),
+        )?;
         Ok(Tensor::from_buffer(buffer, self.shape().clone(), self.device()))
     }
 
@@ -233,12 +291,22 @@ impl Tensor {
     pub fn assign(&self, src: &Tensor) -> Result<()> {
         self.same_device("assign", src)?;
         if self.shape() != src.shape() {
-            return Err(Error::shape("assign", self.shape(), src.shape(), "assign needs equal shapes"));
+            return Err(Error::shape(
+                "assign",
+                self.shape(),
+                src.shape(),
+                "assign needs equal shapes",
+            ));
         }
         if self.dtype() != src.dtype() {
-            return Err(Error::DTypeMismatch { op: "assign", lhs: self.dtype(), rhs: src.dtype() });
+            return Err(Error::DTypeMismatch {
+                op: "assign",
+                lhs: self.dtype(),
+                rhs: src.dtype(),
+            });
         }
-        self.backend().copy_strided(&src.0.buffer, &src.0.layout, &self.0.buffer, &self.0.layout)
+        self.backend()
+            .copy_strided(&src.0.buffer, &src.0.layout, &self.0.buffer, &self.0.layout)
     }
 
     // --- autograd --------------------------------------------------------------------------------
@@ -280,7 +348,11 @@ impl Tensor {
 
     pub(crate) fn accumulate_grad(&self, g: &Tensor) -> Result<()> {
         if g.shape() != self.shape() {
-            return Err(Error::Autograd(format!("gradient of shape {} for a parameter of shape {}", g.shape(), self.shape())));
+            return Err(Error::Autograd(format!(
+                "gradient of shape {} for a parameter of shape {}",
+                g.shape(),
+                self.shape()
+            )));
         }
         let mut slot = self.0.grad.lock().unwrap_or_else(|e| e.into_inner());
         let next = match slot.take() {
@@ -295,7 +367,11 @@ impl Tensor {
                 // Fix: `axpy` is specified for f32 state only (f64 on the CPU); other dtypes (f16
                 // leaves used twice) failed here, so they take the out-of-place path.
                 let axpy_dtype = matches!(g.dtype(), DType::F32 | DType::F64);
-                if axpy_dtype && prev.is_contiguous() && prev.dtype() == g.dtype() && Arc::strong_count(&prev.0.buffer) == 1 {
+                if axpy_dtype
+                    && prev.is_contiguous()
+                    && prev.dtype() == g.dtype()
+                    && Arc::strong_count(&prev.0.buffer) == 1
+                {
                     prev.backend().axpy(&prev.0.buffer, &g.0.buffer, 1.0)?;
                     prev
                 } else {
@@ -310,7 +386,10 @@ impl Tensor {
     /// Computes the gradient of this scalar with respect to every leaf that requires grad.
     pub fn backward(&self) -> Result<()> {
         if self.elem_count() != 1 {
-            return Err(Error::Autograd(format!("backward() needs a scalar (one element), not shape {}; reduce it first, e.g. with mean_all()", self.shape())));
+            return Err(Error::Autograd(format!(
+                "backward() needs a scalar (one element), not shape {}; reduce it first, e.g. with mean_all()",
+                self.shape()
+            )));
         }
         let seed = self.ones_like()?;
         self.backward_with(seed)
@@ -321,7 +400,9 @@ impl Tensor {
         match &self.0.grad_fn {
             Some(node) => autograd::backward(node, grad),
             None if self.0.requires_grad => self.accumulate_grad(&grad),
-            None => Err(Error::Autograd("this tensor does not depend on any tensor that requires grad".into())),
+            None => Err(Error::Autograd(
+                "this tensor does not depend on any tensor that requires grad".into(),
+            )),
         }
     }
 
@@ -359,26 +440,42 @@ impl Tensor {
             requires_grad: false,
             grad: Mutex::new(None),
         });
-        Tensor(Arc::new(Inner { grad_fn: Some(node), requires_grad: true, ..inner }))
+        Tensor(Arc::new(Inner {
+            grad_fn: Some(node),
+            requires_grad: true,
+            ..inner
+        }))
     }
 
     // --- checks ----------------------------------------------------------------------------------
 
     pub(crate) fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
         if self.device() != other.device() {
-            return Err(Error::DeviceMismatch { op, a: self.device().to_string(), b: other.device().to_string() });
+            return Err(Error::DeviceMismatch {
+                op,
+                a: self.device().to_string(),
+                b: other.device().to_string(),
+            });
         }
         Ok(())
     }
     pub(crate) fn same_dtype(&self, op: &'static str, other: &Tensor) -> Result<()> {
         if self.dtype() != other.dtype() {
-            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: other.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: other.dtype(),
+            });
         }
         Ok(())
     }
     pub(crate) fn float_only(&self, op: &'static str) -> Result<()> {
         if !self.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op, dtype: self.dtype(), hint: "; convert with to_dtype(DType::F32) first" });
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                hint: "; convert with to_dtype(DType::F32) first",
+            });
         }
         Ok(())
     }

@@ -18,7 +18,12 @@ pub struct Conv2dOptions {
 
 impl Default for Conv2dOptions {
     fn default() -> Self {
-        Conv2dOptions { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 }
+        Conv2dOptions {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+        }
     }
 }
 
@@ -32,7 +37,11 @@ pub struct Pool2dOptions {
 impl Pool2dOptions {
     /// PyTorch's default: stride equal to the kernel, no padding.
     pub fn new(kernel: usize) -> Self {
-        Pool2dOptions { kernel: [kernel; 2], stride: [kernel; 2], padding: [0, 0] }
+        Pool2dOptions {
+            kernel: [kernel; 2],
+            stride: [kernel; 2],
+            padding: [0, 0],
+        }
     }
 }
 
@@ -57,7 +66,11 @@ impl Tensor {
         let op = if log { "log_softmax" } else { "softmax" };
         let (x, rows, cols, perm) = self.last_axis_rows(op, axis)?;
         let backend = x.backend();
-        let buffer = if log { backend.log_softmax_last(x.buffer(), rows, cols)? } else { backend.softmax_last(x.buffer(), rows, cols)? };
+        let buffer = if log {
+            backend.log_softmax_last(x.buffer(), rows, cols)?
+        } else {
+            backend.softmax_last(x.buffer(), rows, cols)?
+        };
         let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
         let y = out.detach();
         let out = out.track(op, &[&x], move |g| {
@@ -87,7 +100,10 @@ impl Tensor {
     fn nchw(&self, op: &'static str) -> Result<[usize; 4]> {
         match *self.dims() {
             [n, c, h, w] => Ok([n, c, h, w]),
-            _ => Err(Error::invalid(op, format!("expects an [N, C, H, W] input, got shape {}", self.shape()))),
+            _ => Err(Error::invalid(
+                op,
+                format!("expects an [N, C, H, W] input, got shape {}", self.shape()),
+            )),
         }
     }
 
@@ -98,11 +114,20 @@ impl Tensor {
         // Fix: the geometry must describe this tensor, not just its element count.
         let expected = [geom.n, geom.c, geom.h, geom.w];
         if self.dims() != expected {
-            return Err(Error::shape("im2col", self.shape(), &Shape::new(expected), "the input does not match the geometry's [n, c, h, w]"));
+            return Err(Error::shape(
+                "im2col",
+                self.shape(),
+                &Shape::new(expected),
+                "the input does not match the geometry's [n, c, h, w]",
+            ));
         }
         let x = self.contiguous()?;
         let buffer = x.backend().im2col(x.buffer(), &geom)?;
-        let out = Tensor::from_buffer(buffer, [geom.c * geom.kh * geom.kw, geom.n * geom.out_h() * geom.out_w()], x.device());
+        let out = Tensor::from_buffer(
+            buffer,
+            [geom.c * geom.kh * geom.kw, geom.n * geom.out_h() * geom.out_w()],
+            x.device(),
+        );
         Ok(out.track("im2col", &[&x], move |g| Ok(vec![Some(g.col2im(geom)?)])))
     }
 
@@ -112,7 +137,12 @@ impl Tensor {
         geom.validate("col2im")?;
         let expected = [geom.c * geom.kh * geom.kw, geom.n * geom.out_h() * geom.out_w()];
         if self.dims() != expected {
-            return Err(Error::shape("col2im", self.shape(), &Shape::new(expected), "columns do not match the geometry"));
+            return Err(Error::shape(
+                "col2im",
+                self.shape(),
+                &Shape::new(expected),
+                "columns do not match the geometry",
+            ));
         }
         let cols = self.contiguous()?;
         let buffer = cols.backend().col2im(cols.buffer(), &geom)?;
@@ -134,18 +164,45 @@ impl Tensor {
         let [o, cg, kh, kw] = weight.nchw("conv2d (weight)")?;
         let g = opts.groups;
         if g == 0 || c % g != 0 || o % g != 0 || cg != c / g {
-            return Err(Error::shape("conv2d", self.shape(), weight.shape(), format!("with groups={g}, input channels ({c}) and output channels ({o}) must divide by groups and the weight must have {} input channels", c / g.max(1))));
+            return Err(Error::shape(
+                "conv2d",
+                self.shape(),
+                weight.shape(),
+                format!(
+                    "with groups={g}, input channels ({c}) and output channels ({o}) must divide by groups and the weight must have {} input channels",
+                    c / g.max(1)
+                ),
+            ));
         }
-        let geom = Conv2dGeometry { n, c, h, w, kh, kw, stride: opts.stride, padding: opts.padding, dilation: opts.dilation };
+        let geom = Conv2dGeometry {
+            n,
+            c,
+            h,
+            w,
+            kh,
+            kw,
+            stride: opts.stride,
+            padding: opts.padding,
+            dilation: opts.dilation,
+        };
         geom.validate("conv2d")?;
         let (oh, ow) = (geom.out_h(), geom.out_w());
         // One GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow].
         let cols = self.im2col(geom)?.reshape([g, cg * kh * kw, n * oh * ow])?;
         let kernels = weight.reshape([g, o / g, cg * kh * kw])?;
-        let mut out = kernels.matmul(&cols)?.reshape([o, n, oh * ow])?.permute(&[1, 0, 2])?.reshape([n, o, oh, ow])?;
+        let mut out = kernels
+            .matmul(&cols)?
+            .reshape([o, n, oh * ow])?
+            .permute(&[1, 0, 2])?
+            .reshape([n, o, oh, ow])?;
         if let Some(b) = bias {
             if b.dims() != [o] {
-                return Err(Error::shape("conv2d", b.shape(), weight.shape(), format!("bias must have shape [{o}]")));
+                return Err(Error::shape(
+                    "conv2d",
+                    b.shape(),
+                    weight.shape(),
+                    format!("bias must have shape [{o}]"),
+                ));
             }
             out = out.add(&b.reshape([1, o, 1, 1])?)?;
         }
@@ -156,7 +213,15 @@ impl Tensor {
     pub fn max_pool2d(&self, opts: Pool2dOptions) -> Result<Tensor> {
         self.float_only("max_pool2d")?;
         let [n, c, h, w] = self.nchw("max_pool2d")?;
-        let geom = Pool2dGeometry { n, c, h, w, kernel: opts.kernel, stride: opts.stride, padding: opts.padding };
+        let geom = Pool2dGeometry {
+            n,
+            c,
+            h,
+            w,
+            kernel: opts.kernel,
+            stride: opts.stride,
+            padding: opts.padding,
+        };
         geom.validate("max_pool2d")?;
         let x = self.contiguous()?;
         let (values, indices) = x.backend().max_pool2d(x.buffer(), &geom)?;
@@ -166,7 +231,8 @@ impl Tensor {
         Ok(out.track("max_pool2d", &[&x], move |g| {
             let grad = Tensor::zeros([n * c, h * w], g.dtype(), g.device())?;
             let g = g.contiguous()?;
-            grad.backend().scatter_add(grad.buffer(), h * w, g.buffer(), n * c, oh * ow, 1, indices.buffer())?;
+            grad.backend()
+                .scatter_add(grad.buffer(), h * w, g.buffer(), n * c, oh * ow, 1, indices.buffer())?;
             Ok(vec![Some(grad.reshape([n, c, h, w])?)])
         }))
     }
@@ -174,21 +240,48 @@ impl Tensor {
     /// Average pooling (padding counts as zeros in the average, PyTorch's default).
     pub fn avg_pool2d(&self, opts: Pool2dOptions) -> Result<Tensor> {
         let [n, c, h, w] = self.nchw("avg_pool2d")?;
-        let geom = Pool2dGeometry { n, c, h, w, kernel: opts.kernel, stride: opts.stride, padding: opts.padding };
+        let geom = Pool2dGeometry {
+            n,
+            c,
+            h,
+            w,
+            kernel: opts.kernel,
+            stride: opts.stride,
+            padding: opts.padding,
+        };
         geom.validate("avg_pool2d")?;
-        let planes = Conv2dGeometry { n: n * c, c: 1, ..geom.as_conv() };
+        let planes = Conv2dGeometry {
+            n: n * c,
+            c: 1,
+            ..geom.as_conv()
+        };
         // Columns are [kh*kw, n*c*oh*ow]: averaging over the taps leaves the outputs in NCHW order.
-        self.reshape([n * c, 1, h, w])?.im2col(planes)?.mean(&[0], false)?.reshape([n, c, geom.out_h(), geom.out_w()])
+        self.reshape([n * c, 1, h, w])?
+            .im2col(planes)?
+            .mean(&[0], false)?
+            .reshape([n, c, geom.out_h(), geom.out_w()])
     }
 
     /// Batch normalisation over axis 1 of `[n, c]` or `[n, c, h, w]`. In training, normalises with
     /// the batch statistics (biased variance) and updates the running statistics in place with
     /// the unbiased variance and `momentum`; in evaluation, uses the running statistics.
     #[allow(clippy::too_many_arguments)]
-    pub fn batch_norm(&self, running_mean: &Tensor, running_var: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, training: bool, momentum: f64, eps: f64) -> Result<Tensor> {
+    pub fn batch_norm(
+        &self,
+        running_mean: &Tensor,
+        running_var: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        training: bool,
+        momentum: f64,
+        eps: f64,
+    ) -> Result<Tensor> {
         self.float_only("batch_norm")?;
         if self.rank() < 2 {
-            return Err(Error::invalid("batch_norm", format!("expects [N, C, …], got shape {}", self.shape())));
+            return Err(Error::invalid(
+                "batch_norm",
+                format!("expects [N, C, …], got shape {}", self.shape()),
+            ));
         }
         let c = self.dims()[1];
         let mut bshape = vec![1; self.rank()];
@@ -197,19 +290,36 @@ impl Tensor {
         let (mean, var) = if training {
             let count = self.elem_count() / c.max(1);
             if count <= 1 {
-                return Err(Error::invalid("batch_norm", format!("expected more than 1 value per channel when training, got input of shape {}", self.shape())));
+                return Err(Error::invalid(
+                    "batch_norm",
+                    format!(
+                        "expected more than 1 value per channel when training, got input of shape {}",
+                        self.shape()
+                    ),
+                ));
             }
             let mean = self.mean(&axes, true)?;
             let centered = self.sub(&mean)?;
             let var = centered.mul(&centered)?.mean(&axes, true)?;
             crate::autograd::no_grad(|| -> Result<()> {
                 let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?.reshape([c])?;
-                running_mean.assign(&running_mean.affine(1.0 - momentum, 0.0)?.add(&mean.reshape([c])?.affine(momentum, 0.0)?)?)?;
-                running_var.assign(&running_var.affine(1.0 - momentum, 0.0)?.add(&unbiased.affine(momentum, 0.0)?)?)
+                running_mean.assign(
+                    &running_mean
+                        .affine(1.0 - momentum, 0.0)?
+                        .add(&mean.reshape([c])?.affine(momentum, 0.0)?)?,
+                )?;
+                running_var.assign(
+                    &running_var
+                        .affine(1.0 - momentum, 0.0)?
+                        .add(&unbiased.affine(momentum, 0.0)?)?,
+                )
             })?;
             (mean, var)
         } else {
-            (running_mean.reshape(bshape.clone())?, running_var.reshape(bshape.clone())?)
+            (
+                running_mean.reshape(bshape.clone())?,
+                running_var.reshape(bshape.clone())?,
+            )
         };
         let mut y = self.sub(&mean)?.div(&var.add_scalar(eps)?.sqrt()?)?;
         if let Some(w) = weight {
@@ -224,7 +334,10 @@ impl Tensor {
     /// Zeroes each element with probability `p` and scales the rest by `1/(1-p)` when training.
     pub fn dropout(&self, p: f64, training: bool, generator: &Generator) -> Result<Tensor> {
         if !(0.0..=1.0).contains(&p) {
-            return Err(Error::invalid("dropout", format!("probability must be in [0, 1], got {p}")));
+            return Err(Error::invalid(
+                "dropout",
+                format!("probability must be in [0, 1], got {p}"),
+            ));
         }
         if !training || p == 0.0 {
             return Ok(self.clone());
@@ -240,19 +353,35 @@ impl Tensor {
     /// Mean cross-entropy of `[n, classes]` logits against integer labels `[n]` (u32 or i64).
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
         if self.rank() != 2 || labels.rank() != 1 || labels.dims()[0] != self.dims()[0] {
-            return Err(Error::shape("cross_entropy", self.shape(), labels.shape(), "expects logits [N, C] and labels [N]"));
+            return Err(Error::shape(
+                "cross_entropy",
+                self.shape(),
+                labels.shape(),
+                "expects logits [N, C] and labels [N]",
+            ));
         }
         if labels.dtype() != DType::U32 && labels.dtype() != DType::I64 {
-            return Err(Error::UnsupportedDType { op: "cross_entropy", dtype: labels.dtype(), hint: "; labels are class indices (u32 or i64)" });
+            return Err(Error::UnsupportedDType {
+                op: "cross_entropy",
+                dtype: labels.dtype(),
+                hint: "; labels are class indices (u32 or i64)",
+            });
         }
-        let picked = self.log_softmax(-1)?.gather(1, &labels.reshape([labels.elem_count(), 1])?)?;
+        let picked = self
+            .log_softmax(-1)?
+            .gather(1, &labels.reshape([labels.elem_count(), 1])?)?;
         picked.mean_all()?.neg()
     }
 
     /// Mean squared error.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
         if self.shape() != target.shape() {
-            return Err(Error::shape("mse_loss", self.shape(), target.shape(), "prediction and target must have one shape"));
+            return Err(Error::shape(
+                "mse_loss",
+                self.shape(),
+                target.shape(),
+                "prediction and target must have one shape",
+            ));
         }
         let d = self.sub(target)?;
         d.mul(&d)?.mean_all()

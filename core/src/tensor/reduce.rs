@@ -8,7 +8,10 @@ use crate::shape::Shape;
 
 impl Tensor {
     fn resolve_axes(&self, op: &'static str, axes: &[isize]) -> Result<Vec<usize>> {
-        let mut out = axes.iter().map(|&a| self.shape().axis(op, a)).collect::<Result<Vec<_>>>()?;
+        let mut out = axes
+            .iter()
+            .map(|&a| self.shape().axis(op, a))
+            .collect::<Result<Vec<_>>>()?;
         out.sort_unstable();
         out.dedup();
         Ok(out)
@@ -17,7 +20,12 @@ impl Tensor {
     fn reduce_raw(&self, kind: ReduceKind, axes: &[usize]) -> Result<Tensor> {
         self.float_only(kind.name())?;
         let buffer = self.backend().reduce(kind, self.buffer(), self.layout(), axes)?;
-        let dims: Vec<usize> = self.dims().iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+        let dims: Vec<usize> = self
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+            .collect();
         Ok(Tensor::from_buffer(buffer, dims, self.device()))
     }
 
@@ -25,7 +33,13 @@ impl Tensor {
         if keepdim {
             return Ok(self.clone());
         }
-        let dims: Vec<usize> = self.dims().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        let dims: Vec<usize> = self
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
         self.reshape(dims)
     }
 
@@ -49,16 +63,20 @@ impl Tensor {
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let resolved = self.resolve_axes("mean", axes)?;
         let count: usize = resolved.iter().map(|&a| self.dims()[a]).product();
-        self.sum(axes, keepdim)?.affine(1.0 / count.max(1) as f64, 0.0)
+        // Over nothing the mean is 0/0 = NaN, as in PyTorch.
+        self.sum(axes, keepdim)?.affine(1.0 / count as f64, 0.0)
     }
     pub fn mean_all(&self) -> Result<Tensor> {
-        self.sum_all()?.affine(1.0 / self.elem_count().max(1) as f64, 0.0)
+        self.sum_all()?.affine(1.0 / self.elem_count() as f64, 0.0)
     }
 
     fn extremum(&self, kind: ReduceKind, axis: isize, keepdim: bool) -> Result<Tensor> {
         let a = self.shape().axis(kind.name(), axis)?;
         if self.dims()[a] == 0 {
-            return Err(Error::invalid(kind.name(), format!("cannot reduce an empty axis {a} of shape {}", self.shape())));
+            return Err(Error::invalid(
+                kind.name(),
+                format!("cannot reduce an empty axis {a} of shape {}", self.shape()),
+            ));
         }
         let out = self.reduce_raw(kind, &[a])?;
         let x = self.detach();
@@ -85,7 +103,10 @@ impl Tensor {
     pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let a = self.shape().axis("argmax", axis)?;
         if self.dims()[a] == 0 {
-            return Err(Error::invalid("argmax", format!("cannot reduce an empty axis {a} of shape {}", self.shape())));
+            return Err(Error::invalid(
+                "argmax",
+                format!("cannot reduce an empty axis {a} of shape {}", self.shape()),
+            ));
         }
         self.reduce_raw(ReduceKind::ArgMax, &[a])?.drop_axes(&[a], keepdim)
     }

@@ -9,7 +9,11 @@ use crate::shape::{Layout, Shape};
 
 /// Splits `dims` around `axis` into (outer, dim, inner) element counts.
 pub(crate) fn around(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+    (
+        dims[..axis].iter().product(),
+        dims[axis],
+        dims[axis + 1..].iter().product(),
+    )
 }
 
 impl Tensor {
@@ -20,7 +24,13 @@ impl Tensor {
         if let Some(pos) = dims.iter().position(|&d| d == usize::MAX) {
             let known: usize = dims.iter().filter(|&&d| d != usize::MAX).product();
             if known == 0 || self.elem_count() % known != 0 {
-                return Err(Error::invalid("reshape", format!("cannot infer a dimension of {dims:?} for {} elements", self.elem_count())));
+                return Err(Error::invalid(
+                    "reshape",
+                    format!(
+                        "cannot infer a dimension of {dims:?} for {} elements",
+                        self.elem_count()
+                    ),
+                ));
             }
             dims[pos] = self.elem_count() / known;
         }
@@ -32,7 +42,14 @@ impl Tensor {
             return Ok(self.clone());
         }
         let src = self.contiguous()?;
-        let out = src.view(Layout { shape, strides: Vec::new(), offset: src.layout().offset }.with_contiguous_strides());
+        let out = src.view(
+            Layout {
+                shape,
+                strides: Vec::new(),
+                offset: src.layout().offset,
+            }
+            .with_contiguous_strides(),
+        );
         let original = self.shape().clone();
         Ok(out.track("reshape", &[&src], move |g| Ok(vec![Some(g.reshape(original)?)])))
     }
@@ -40,8 +57,19 @@ impl Tensor {
     /// Reorders the axes: output axis i is input axis `perm[i]` (a view).
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let mut seen = vec![false; self.rank()];
-        if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
-            return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the {} axes of shape {}", self.rank(), self.shape())));
+        if perm.len() != self.rank()
+            || perm
+                .iter()
+                .any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true))
+        {
+            return Err(Error::invalid(
+                "permute",
+                format!(
+                    "{perm:?} is not a permutation of the {} axes of shape {}",
+                    self.rank(),
+                    self.shape()
+                ),
+            ));
         }
         let out = self.view(self.layout().permute(perm));
         let mut inverse = vec![0; perm.len()];
@@ -62,14 +90,20 @@ impl Tensor {
     /// Transpose of the last two axes.
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() < 2 {
-            return Err(Error::invalid("t", format!("needs at least two axes, shape is {}", self.shape())));
+            return Err(Error::invalid(
+                "t",
+                format!("needs at least two axes, shape is {}", self.shape()),
+            ));
         }
         self.transpose(-2, -1)
     }
 
     pub fn unsqueeze(&self, axis: usize) -> Result<Tensor> {
         if axis > self.rank() {
-            return Err(Error::invalid("unsqueeze", format!("axis {axis} is beyond rank {}", self.rank())));
+            return Err(Error::invalid(
+                "unsqueeze",
+                format!("axis {axis} is beyond rank {}", self.rank()),
+            ));
         }
         let mut dims = self.dims().to_vec();
         dims.insert(axis, 1);
@@ -78,7 +112,10 @@ impl Tensor {
 
     pub fn squeeze(&self, axis: usize) -> Result<Tensor> {
         if self.dims().get(axis) != Some(&1) {
-            return Err(Error::invalid("squeeze", format!("axis {axis} of shape {} is not of size 1", self.shape())));
+            return Err(Error::invalid(
+                "squeeze",
+                format!("axis {axis} of shape {} is not of size 1", self.shape()),
+            ));
         }
         let mut dims = self.dims().to_vec();
         dims.remove(axis);
@@ -88,7 +125,10 @@ impl Tensor {
     /// Collapses axes `from..` into one (PyTorch's `flatten(start_dim=from)`).
     pub fn flatten_from(&self, from: usize) -> Result<Tensor> {
         if from >= self.rank().max(1) {
-            return Err(Error::invalid("flatten", format!("start axis {from} is beyond rank {}", self.rank())));
+            return Err(Error::invalid(
+                "flatten",
+                format!("start axis {from} is beyond rank {}", self.rank()),
+            ));
         }
         let mut dims = self.dims()[..from].to_vec();
         dims.push(self.dims()[from..].iter().product());
@@ -102,7 +142,9 @@ impl Tensor {
         }
         let out = self.view(self.layout().broadcast_to("broadcast_as", shape)?);
         let original = self.shape().clone();
-        Ok(out.track("broadcast_as", &[self], move |g| Ok(vec![Some(g.sum_to_shape(&original)?)])))
+        Ok(out.track("broadcast_as", &[self], move |g| {
+            Ok(vec![Some(g.sum_to_shape(&original)?)])
+        }))
     }
 
     /// Elements `start..start+len` along `axis` (a view).
@@ -111,7 +153,13 @@ impl Tensor {
         let size = self.dims()[a];
         // Fix: checked, so a huge `start` is an error rather than an overflow panic.
         if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::invalid("narrow", format!("range {start}..{start}+{len} is outside axis {a} of size {size} (shape {})", self.shape())));
+            return Err(Error::invalid(
+                "narrow",
+                format!(
+                    "range {start}..{start}+{len} is outside axis {a} of size {size} (shape {})",
+                    self.shape()
+                ),
+            ));
         }
         let mut layout = self.layout().clone();
         layout.offset += start * layout.strides[a];
@@ -120,7 +168,9 @@ impl Tensor {
         layout.shape = Shape::new(dims);
         let out = self.view(layout);
         let original = self.shape().clone();
-        Ok(out.track("narrow", &[self], move |g| Ok(vec![Some(g.pad_into(&original, a, start)?)])))
+        Ok(out.track("narrow", &[self], move |g| {
+            Ok(vec![Some(g.pad_into(&original, a, start)?)])
+        }))
     }
 
     /// A zero tensor of `shape` with self written at `start` along `axis` (narrow's adjoint).
@@ -129,20 +179,33 @@ impl Tensor {
         let mut window = out.layout().clone();
         window.offset += start * window.strides[axis];
         window.shape = self.shape().clone();
-        self.backend().copy_strided(self.buffer(), self.layout(), out.buffer(), &window)?;
+        self.backend()
+            .copy_strided(self.buffer(), self.layout(), out.buffer(), &window)?;
         Ok(out)
     }
 
     /// Joins tensors of equal shape but for `axis`.
     pub fn concat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
         let a = first.shape().axis("concat", axis)?;
         for t in &tensors[1..] {
             first.same_device("concat", t)?;
             first.same_dtype("concat", t)?;
-            let compatible = t.rank() == first.rank() && t.dims().iter().zip(first.dims()).enumerate().all(|(i, (x, y))| i == a || x == y);
+            let compatible = t.rank() == first.rank()
+                && t.dims()
+                    .iter()
+                    .zip(first.dims())
+                    .enumerate()
+                    .all(|(i, (x, y))| i == a || x == y);
             if !compatible {
-                return Err(Error::shape("concat", first.shape(), t.shape(), format!("all axes but {a} must match")));
+                return Err(Error::shape(
+                    "concat",
+                    first.shape(),
+                    t.shape(),
+                    format!("all axes but {a} must match"),
+                ));
             }
         }
         let mut dims = first.dims().to_vec();
@@ -154,11 +217,17 @@ impl Tensor {
             let mut window = out.layout().clone();
             window.offset += start * window.strides[a];
             window.shape = t.shape().clone();
-            out.backend().copy_strided(t.buffer(), t.layout(), out.buffer(), &window)?;
+            out.backend()
+                .copy_strided(t.buffer(), t.layout(), out.buffer(), &window)?;
             sizes.push((start, t.dims()[a]));
             start += t.dims()[a];
         }
-        Ok(out.track("concat", tensors, move |g| sizes.iter().map(|&(s, n)| g.narrow(a as isize, s, n).map(Some)).collect()))
+        Ok(out.track("concat", tensors, move |g| {
+            sizes
+                .iter()
+                .map(|&(s, n)| g.narrow(a as isize, s, n).map(Some))
+                .collect()
+        }))
     }
 
     /// Indices as a contiguous U32 tensor on self's device (I64 labels are converted).
@@ -174,7 +243,11 @@ impl Tensor {
                 let invalid = Tensor::full(Shape::scalar(), u32::MAX as f64, DType::I64, ids.device())?;
                 negative.where_cond(&invalid, ids)?.to_dtype(DType::U32)?.contiguous()
             }
-            other => Err(Error::UnsupportedDType { op, dtype: other, hint: "; indices must be u32 or i64" }),
+            other => Err(Error::UnsupportedDType {
+                op,
+                dtype: other,
+                hint: "; indices must be u32 or i64",
+            }),
         }
     }
 
@@ -182,12 +255,17 @@ impl Tensor {
     pub fn index_select(&self, axis: isize, ids: &Tensor) -> Result<Tensor> {
         let a = self.shape().axis("index_select", axis)?;
         if ids.rank() != 1 {
-            return Err(Error::invalid("index_select", format!("indices must be 1-D, got shape {}", ids.shape())));
+            return Err(Error::invalid(
+                "index_select",
+                format!("indices must be 1-D, got shape {}", ids.shape()),
+            ));
         }
         let ids = self.as_indices("index_select", ids)?;
         let src = self.contiguous()?;
         let (outer, dim, inner) = around(self.dims(), a);
-        let buffer = self.backend().index_select(src.buffer(), outer, dim, inner, ids.buffer())?;
+        let buffer = self
+            .backend()
+            .index_select(src.buffer(), outer, dim, inner, ids.buffer())?;
         let mut dims = self.dims().to_vec();
         dims[a] = ids.elem_count();
         let out = Tensor::from_buffer(buffer, dims, self.device());
@@ -195,7 +273,15 @@ impl Tensor {
         Ok(out.track("index_select", &[self], move |g| {
             let grad = Tensor::zeros(original, g.dtype(), g.device())?;
             let g = g.contiguous()?;
-            grad.backend().index_add(grad.buffer(), dim, g.buffer(), outer, ids.elem_count(), inner, ids.buffer())?;
+            grad.backend().index_add(
+                grad.buffer(),
+                dim,
+                g.buffer(),
+                outer,
+                ids.elem_count(),
+                inner,
+                ids.buffer(),
+            )?;
             Ok(vec![Some(grad)])
         }))
     }
@@ -204,21 +290,35 @@ impl Tensor {
     /// for `axis` (PyTorch's gather with matching sizes).
     pub fn gather(&self, axis: isize, ids: &Tensor) -> Result<Tensor> {
         let a = self.shape().axis("gather", axis)?;
-        let compatible = ids.rank() == self.rank() && ids.dims().iter().zip(self.dims()).enumerate().all(|(i, (x, y))| i == a || x == y);
+        let compatible = ids.rank() == self.rank()
+            && ids
+                .dims()
+                .iter()
+                .zip(self.dims())
+                .enumerate()
+                .all(|(i, (x, y))| i == a || x == y);
         if !compatible {
-            return Err(Error::shape("gather", self.shape(), ids.shape(), format!("index must match the input on every axis but {a}")));
+            return Err(Error::shape(
+                "gather",
+                self.shape(),
+                ids.shape(),
+                format!("index must match the input on every axis but {a}"),
+            ));
         }
         let ids = self.as_indices("gather", ids)?;
         let src = self.contiguous()?;
         let (outer, dim, inner) = around(self.dims(), a);
         let out_dim = ids.dims()[a];
-        let buffer = self.backend().gather(src.buffer(), outer, dim, inner, ids.buffer(), out_dim)?;
+        let buffer = self
+            .backend()
+            .gather(src.buffer(), outer, dim, inner, ids.buffer(), out_dim)?;
         let out = Tensor::from_buffer(buffer, ids.shape().clone(), self.device());
         let original = self.shape().clone();
         Ok(out.track("gather", &[self], move |g| {
             let grad = Tensor::zeros(original, g.dtype(), g.device())?;
             let g = g.contiguous()?;
-            grad.backend().scatter_add(grad.buffer(), dim, g.buffer(), outer, out_dim, inner, ids.buffer())?;
+            grad.backend()
+                .scatter_add(grad.buffer(), dim, g.buffer(), outer, out_dim, inner, ids.buffer())?;
             Ok(vec![Some(grad)])
         }))
     }

@@ -61,10 +61,16 @@ pub struct Monitor {
 
 impl Monitor {
     pub fn min(metric: &str) -> Monitor {
-        Monitor { metric: metric.into(), higher_is_better: false }
+        Monitor {
+            metric: metric.into(),
+            higher_is_better: false,
+        }
     }
     pub fn max(metric: &str) -> Monitor {
-        Monitor { metric: metric.into(), higher_is_better: true }
+        Monitor {
+            metric: metric.into(),
+            higher_is_better: true,
+        }
     }
     fn better(&self, a: f64, b: f64) -> bool {
         if self.higher_is_better { a > b } else { a < b }
@@ -72,7 +78,14 @@ impl Monitor {
     fn read(&self, metrics: &BTreeMap<String, f64>) -> Result<f64> {
         metrics.get(&self.metric).copied().ok_or_else(|| {
             let known: Vec<&str> = metrics.keys().map(String::as_str).collect();
-            Error::invalid("callback", format!("monitored metric `{}` is not logged; available: {}", self.metric, known.join(", ")))
+            Error::invalid(
+                "callback",
+                format!(
+                    "monitored metric `{}` is not logged; available: {}",
+                    self.metric,
+                    known.join(", ")
+                ),
+            )
         })
     }
 }
@@ -96,13 +109,27 @@ struct CheckpointState {
 
 impl ModelCheckpoint {
     pub fn new(dir: impl Into<PathBuf>) -> ModelCheckpoint {
-        ModelCheckpoint { dir: dir.into(), save_last: true, monitor: None, top_k: 1, every_n_train_steps: None, kept: Vec::new() }
+        ModelCheckpoint {
+            dir: dir.into(),
+            save_last: true,
+            monitor: None,
+            top_k: 1,
+            every_n_train_steps: None,
+            kept: Vec::new(),
+        }
     }
     pub fn monitor(self, monitor: Monitor, top_k: usize) -> ModelCheckpoint {
-        ModelCheckpoint { monitor: Some(monitor), top_k, ..self }
+        ModelCheckpoint {
+            monitor: Some(monitor),
+            top_k,
+            ..self
+        }
     }
     pub fn every_n_train_steps(self, n: u64) -> ModelCheckpoint {
-        ModelCheckpoint { every_n_train_steps: Some(n), ..self }
+        ModelCheckpoint {
+            every_n_train_steps: Some(n),
+            ..self
+        }
     }
     pub fn last_path(&self) -> PathBuf {
         self.dir.join("last.safetensors")
@@ -121,16 +148,28 @@ impl Callback for ModelCheckpoint {
         if self.save_last {
             ctx.save_checkpoint(&self.last_path(), "last")?;
         }
-        let Some(monitor) = self.monitor.clone() else { return Ok(CallbackAction::Continue) };
+        let Some(monitor) = self.monitor.clone() else {
+            return Ok(CallbackAction::Continue);
+        };
         let score = monitor.read(ctx.metrics)?;
-        let qualifies = self.kept.len() < self.top_k || self.kept.last().is_some_and(|(worst, _)| monitor.better(score, *worst));
+        let qualifies =
+            self.kept.len() < self.top_k || self.kept.last().is_some_and(|(worst, _)| monitor.better(score, *worst));
         if self.top_k == 0 || !qualifies || !score.is_finite() {
             return Ok(CallbackAction::Continue);
         }
-        let path = self.dir.join(format!("epoch={}-step={}-{}={score:.4}.safetensors", ctx.epoch, ctx.global_step, monitor.metric));
+        let path = self.dir.join(format!(
+            "epoch={}-step={}-{}={score:.4}.safetensors",
+            ctx.epoch, ctx.global_step, monitor.metric
+        ));
         ctx.save_checkpoint(&path, &format!("top-{} {}", self.top_k, monitor.metric))?;
         self.kept.push((score, path));
-        self.kept.sort_by(|a, b| if monitor.better(a.0, b.0) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater });
+        self.kept.sort_by(|a, b| {
+            if monitor.better(a.0, b.0) {
+                std::cmp::Ordering::Less
+            } else {
+                std::cmp::Ordering::Greater
+            }
+        });
         while self.kept.len() > self.top_k {
             if let Some((_, evicted)) = self.kept.pop() {
                 let _ = std::fs::remove_file(evicted);
@@ -139,22 +178,33 @@ impl Callback for ModelCheckpoint {
         Ok(CallbackAction::Continue)
     }
     fn on_train_step_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
-        if self.every_n_train_steps.is_some_and(|n| n > 0 && ctx.global_step % n == 0) {
+        if self
+            .every_n_train_steps
+            .is_some_and(|n| n > 0 && ctx.global_step % n == 0)
+        {
             ctx.save_checkpoint(&self.last_path(), "every_n_train_steps")?;
         }
         Ok(CallbackAction::Continue)
     }
     fn on_train_end(&mut self, ctx: &mut CallbackContext) -> Result<()> {
-        if self.save_last { ctx.save_checkpoint(&self.last_path(), "last") } else { Ok(()) }
+        if self.save_last {
+            ctx.save_checkpoint(&self.last_path(), "last")
+        } else {
+            Ok(())
+        }
     }
     fn state(&self) -> serde_json::Value {
-        serde_json::to_value(CheckpointState { kept: self.kept.clone() }).unwrap_or_default()
+        serde_json::to_value(CheckpointState {
+            kept: self.kept.clone(),
+        })
+        .unwrap_or_default()
     }
     fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
         if state.is_null() {
             return Ok(());
         }
-        let s: CheckpointState = serde_json::from_value(state.clone()).map_err(|e| Error::invalid("ModelCheckpoint", format!("bad saved state: {e}")))?;
+        let s: CheckpointState = serde_json::from_value(state.clone())
+            .map_err(|e| Error::invalid("ModelCheckpoint", format!("bad saved state: {e}")))?;
         self.kept = s.kept;
         Ok(())
     }
@@ -177,7 +227,13 @@ struct EarlyStoppingState {
 
 impl EarlyStopping {
     pub fn new(monitor: Monitor, patience: u64, min_delta: f64) -> EarlyStopping {
-        EarlyStopping { monitor, patience, min_delta: min_delta.abs(), best: None, wait: 0 }
+        EarlyStopping {
+            monitor,
+            patience,
+            min_delta: min_delta.abs(),
+            best: None,
+            wait: 0,
+        }
     }
 }
 
@@ -187,7 +243,11 @@ impl Callback for EarlyStopping {
     }
     fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
         let score = self.monitor.read(ctx.metrics)?;
-        let delta = if self.monitor.higher_is_better { self.min_delta } else { -self.min_delta };
+        let delta = if self.monitor.higher_is_better {
+            self.min_delta
+        } else {
+            -self.min_delta
+        };
         let improved = match self.best {
             None => score.is_finite(),
             Some(best) => self.monitor.better(score - delta, best),
@@ -198,16 +258,25 @@ impl Callback for EarlyStopping {
         } else {
             self.wait += 1;
         }
-        Ok(if self.wait >= self.patience || !score.is_finite() { CallbackAction::Stop } else { CallbackAction::Continue })
+        Ok(if self.wait >= self.patience || !score.is_finite() {
+            CallbackAction::Stop
+        } else {
+            CallbackAction::Continue
+        })
     }
     fn state(&self) -> serde_json::Value {
-        serde_json::to_value(EarlyStoppingState { best: self.best, wait: self.wait }).unwrap_or_default()
+        serde_json::to_value(EarlyStoppingState {
+            best: self.best,
+            wait: self.wait,
+        })
+        .unwrap_or_default()
     }
     fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
         if state.is_null() {
             return Ok(());
         }
-        let s: EarlyStoppingState = serde_json::from_value(state.clone()).map_err(|e| Error::invalid("EarlyStopping", format!("bad saved state: {e}")))?;
+        let s: EarlyStoppingState = serde_json::from_value(state.clone())
+            .map_err(|e| Error::invalid("EarlyStopping", format!("bad saved state: {e}")))?;
         (self.best, self.wait) = (s.best, s.wait);
         Ok(())
     }
@@ -221,7 +290,9 @@ pub struct LrMonitor {
 
 impl LrMonitor {
     pub fn new(optimizer_name: &str) -> LrMonitor {
-        LrMonitor { key: format!("lr-{optimizer_name}") }
+        LrMonitor {
+            key: format!("lr-{optimizer_name}"),
+        }
     }
     pub fn key(&self) -> &str {
         &self.key

@@ -45,7 +45,10 @@ fn to_bytes(data: &HostVec) -> (Dtype, Vec<u8>) {
 /// Decodes little-endian bytes (unaligned in the file) of a supported dtype.
 fn from_bytes(what: &str, dtype: Dtype, bytes: &[u8]) -> Result<HostVec> {
     fn read<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
-        bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+        bytes
+            .chunks_exact(std::mem::size_of::<T>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect()
     }
     Ok(match dtype {
         Dtype::F32 => HostVec::F32(read(bytes)),
@@ -54,15 +57,26 @@ fn from_bytes(what: &str, dtype: Dtype, bytes: &[u8]) -> Result<HostVec> {
         Dtype::F64 => HostVec::F64(read(bytes)),
         Dtype::I64 => HostVec::I64(read(bytes)),
         Dtype::U32 => HostVec::U32(read(bytes)),
-        other => return Err(Error::data(what.to_string(), format!("dtype {other:?} is not supported (use f32, f16, bf16, f64, i64 or u32)"))),
+        other => {
+            return Err(Error::data(
+                what.to_string(),
+                format!("dtype {other:?} is not supported (use f32, f16, bf16, f64, i64 or u32)"),
+            ));
+        }
     })
 }
 
 /// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -94,7 +108,8 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: BTreeMa
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::data(path.display().to_string(), e.to_string()))?;
     let info: HashMap<String, String> = metadata.into_iter().collect();
-    let bytes = safetensors::tensor::serialize(views, Some(info)).map_err(|e| Error::data(path.display().to_string(), e.to_string()))?;
+    let bytes = safetensors::tensor::serialize(views, Some(info))
+        .map_err(|e| Error::data(path.display().to_string(), e.to_string()))?;
     write_atomically(path, &bytes)
 }
 
@@ -102,13 +117,24 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: BTreeMa
 pub fn load_tensors(path: &Path) -> Result<TensorFile> {
     let what = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let corrupt = |e: safetensors::SafeTensorError| Error::data(what.clone(), format!("not a valid safetensors file ({e}); it may be truncated or corrupt"));
+    let corrupt = |e: safetensors::SafeTensorError| {
+        Error::data(
+            what.clone(),
+            format!("not a valid safetensors file ({e}); it may be truncated or corrupt"),
+        )
+    };
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(corrupt)?;
     let file = SafeTensors::deserialize(&bytes).map_err(corrupt)?;
     let mut tensors = Vec::new();
     for (name, view) in file.tensors() {
         let data = from_bytes(&format!("{what}: tensor {name}"), view.dtype(), view.data())?;
-        tensors.push((name, HostTensor { data, shape: Shape::new(view.shape().to_vec()) }));
+        tensors.push((
+            name,
+            HostTensor {
+                data,
+                shape: Shape::new(view.shape().to_vec()),
+            },
+        ));
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();

@@ -68,7 +68,9 @@ impl TrainerConfig {
             return bad("limit_train_batches must be at least 1");
         }
         match self.gradient_clip {
-            Some(GradientClip::Norm(v) | GradientClip::Value(v)) if !(v > 0.0 && v.is_finite()) => bad("gradient clipping needs a positive, finite threshold"),
+            Some(GradientClip::Norm(v) | GradientClip::Value(v)) if !(v > 0.0 && v.is_finite()) => {
+                bad("gradient clipping needs a positive, finite threshold")
+            }
             _ => Ok(()),
         }
     }

@@ -35,14 +35,44 @@ pub struct DeviceStats {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    RunStart { run: RunInfo },
+    RunStart {
+        run: RunInfo,
+    },
     /// Every `log_every_n_steps` optimizer steps.
-    Step { epoch: u64, step: u64, batch: u64, loss: f64, lr: f64, samples_per_sec: f64 },
-    Epoch { epoch: u64, train_loss: f64, val_loss: Option<f64>, val_accuracy: Option<f64>, lr: f64, seconds: f64 },
+    Step {
+        epoch: u64,
+        step: u64,
+        batch: u64,
+        loss: f64,
+        lr: f64,
+        samples_per_sec: f64,
+    },
+    Epoch {
+        epoch: u64,
+        train_loss: f64,
+        val_loss: Option<f64>,
+        val_accuracy: Option<f64>,
+        lr: f64,
+        seconds: f64,
+    },
     Device(DeviceStats),
-    Checkpoint { path: String, reason: String },
-    Test { loss: f64, accuracy: f64, samples: u64 },
-    RunEnd { epochs: u64, steps: u64, seconds: f64, samples_per_sec: f64, data_wait_seconds: f64, reason: String },
+    Checkpoint {
+        path: String,
+        reason: String,
+    },
+    Test {
+        loss: f64,
+        accuracy: f64,
+        samples: u64,
+    },
+    RunEnd {
+        epochs: u64,
+        steps: u64,
+        seconds: f64,
+        samples_per_sec: f64,
+        data_wait_seconds: f64,
+        reason: String,
+    },
 }
 
 /// An event with its time since the run started: one line of the JSONL log.

@@ -20,13 +20,17 @@ impl JsonlWriter {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        Ok(JsonlWriter { path, out: BufWriter::new(file) })
+        Ok(JsonlWriter {
+            path,
+            out: BufWriter::new(file),
+        })
     }
 }
 
 impl EventListener for JsonlWriter {
     fn on_event(&mut self, record: &Record) -> Result<()> {
-        let line = serde_json::to_string(record).map_err(|e| Error::data(self.path.display().to_string(), e.to_string()))?;
+        let line =
+            serde_json::to_string(record).map_err(|e| Error::data(self.path.display().to_string(), e.to_string()))?;
         writeln!(self.out, "{line}").map_err(|e| Error::io(&self.path, e))?;
         if !matches!(record.event, Event::Step { .. } | Event::Device(_)) {
             self.out.flush().map_err(|e| Error::io(&self.path, e))?;

@@ -27,7 +27,10 @@ pub struct Classification;
 fn split(batch: &[Tensor]) -> Result<(&Tensor, &Tensor)> {
     match batch {
         [x, y] => Ok((x, y)),
-        _ => Err(Error::invalid("Classification", format!("expects batches of [inputs, labels], got {} fields", batch.len()))),
+        _ => Err(Error::invalid(
+            "Classification",
+            format!("expects batches of [inputs, labels], got {} fields", batch.len()),
+        )),
     }
 }
 
@@ -42,7 +45,11 @@ impl Task for Classification {
         let n = y.elem_count() as f64;
         let loss_sum = logits.cross_entropy(y)?.affine(n, 0.0)?;
         let labels = y.to_dtype(crate::dtype::DType::U32)?;
-        let correct = logits.argmax(-1, false)?.eq(&labels)?.to_dtype(logits.dtype())?.sum_all()?;
+        let correct = logits
+            .argmax(-1, false)?
+            .eq(&labels)?
+            .to_dtype(logits.dtype())?
+            .sum_all()?;
         Ok((loss_sum, correct))
     }
 }

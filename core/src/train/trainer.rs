@@ -63,7 +63,14 @@ const OPTIMIZER_PREFIX: &str = "optimizer.";
 impl Trainer {
     pub fn new(config: TrainerConfig) -> Result<Trainer> {
         config.validate()?;
-        Ok(Trainer { config, listeners: Vec::new(), callbacks: Vec::new(), state: TrainerState::default(), started: Instant::now(), stop: Arc::new(AtomicBool::new(false)) })
+        Ok(Trainer {
+            config,
+            listeners: Vec::new(),
+            callbacks: Vec::new(),
+            state: TrainerState::default(),
+            started: Instant::now(),
+            stop: Arc::new(AtomicBool::new(false)),
+        })
     }
     pub fn config(&self) -> &TrainerConfig {
         &self.config
@@ -84,7 +91,10 @@ impl Trainer {
     }
 
     fn emit(&mut self, event: Event) -> Result<()> {
-        let record = Record { t: self.started.elapsed().as_secs_f64(), event };
+        let record = Record {
+            t: self.started.elapsed().as_secs_f64(),
+            event,
+        };
         for l in &mut self.listeners {
             l.on_event(&record)?;
         }
@@ -123,30 +133,55 @@ impl Trainer {
         let file = checkpoint::load_tensors(path)?;
         let what = path.display().to_string();
         if file.metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
-            return Err(Error::data(what, "not a Lockstep checkpoint (no trainer state inside); to start from plain weights use --init-weights"));
+            return Err(Error::data(
+                what,
+                "not a Lockstep checkpoint (no trainer state inside); to start from plain weights use --init-weights",
+            ));
         }
         let state: TrainerState = parse_meta(&file.metadata, "lockstep.trainer_state", &what)?;
         let scalars: Vec<(String, f64)> = parse_meta(&file.metadata, "lockstep.optimizer_scalars", &what)?;
         let saved_optimizer = file.metadata.get("lockstep.optimizer").cloned().unwrap_or_default();
         if saved_optimizer != setup.optimizer.name() {
-            return Err(Error::data(what, format!("it was saved with optimizer {saved_optimizer}, this run uses {}", setup.optimizer.name())));
+            return Err(Error::data(
+                what,
+                format!(
+                    "it was saved with optimizer {saved_optimizer}, this run uses {}",
+                    setup.optimizer.name()
+                ),
+            ));
         }
         let device = setup.device.clone();
         let mut model_tensors = Vec::new();
         let mut optimizer_tensors = Vec::new();
         for (name, t) in &file.tensors {
             match name.strip_prefix(OPTIMIZER_PREFIX) {
-                Some(rest) => optimizer_tensors.push((rest.to_string(), checkpoint::host_to_device(t, t.data.dtype(), &device)?)),
+                Some(rest) => optimizer_tensors.push((
+                    rest.to_string(),
+                    checkpoint::host_to_device(t, t.data.dtype(), &device)?,
+                )),
                 None => model_tensors.push((name.clone(), checkpoint::host_to_device(t, t.data.dtype(), &device)?)),
             }
         }
-        setup.model.load_state_dict(&model_tensors).map_err(|e| Error::data(what.clone(), format!("does not fit this model: {e}")))?;
-        setup.optimizer.load_state(&OptimizerState { tensors: optimizer_tensors, scalars })?;
+        setup
+            .model
+            .load_state_dict(&model_tensors)
+            .map_err(|e| Error::data(what.clone(), format!("does not fit this model: {e}")))?;
+        setup.optimizer.load_state(&OptimizerState {
+            tensors: optimizer_tensors,
+            scalars,
+        })?;
         if let (Some(sched), Some((base_lr, last_epoch))) = (setup.scheduler.as_mut(), state.scheduler) {
             sched.load_state(SchedulerState { base_lr, last_epoch }, setup.optimizer.as_mut())?;
         }
         if state.generators.len() != setup.generators.len() {
-            return Err(Error::data(what, format!("it carries {} random streams, this run has {}", state.generators.len(), setup.generators.len())));
+            return Err(Error::data(
+                what,
+                format!(
+                    "it carries {} random streams, this run has {}",
+                    state.generators.len(),
+                    setup.generators.len()
+                ),
+            ));
         }
         for (g, &(seed, counter)) in setup.generators.iter().zip(&state.generators) {
             g.restore(seed, counter);
@@ -176,7 +211,12 @@ impl Trainer {
         };
         let mut action = CallbackAction::Continue;
         for cb in &mut self.callbacks {
-            let mut ctx = CallbackContext { epoch: snapshot.epoch, global_step: snapshot.global_step, metrics, saver: &mut saver };
+            let mut ctx = CallbackContext {
+                epoch: snapshot.epoch,
+                global_step: snapshot.global_step,
+                metrics,
+                saver: &mut saver,
+            };
             if hook(cb.as_mut(), &mut ctx)? == CallbackAction::Stop {
                 action = CallbackAction::Stop;
             }
@@ -188,7 +228,12 @@ impl Trainer {
     }
 
     /// Trains until `max_epochs` or `max_steps`, an early stop, or a stop request.
-    pub fn fit(&mut self, setup: &mut TrainingSetup, train: &DataLoader, val: Option<&DataLoader>) -> Result<FitReport> {
+    pub fn fit(
+        &mut self,
+        setup: &mut TrainingSetup,
+        train: &DataLoader,
+        val: Option<&DataLoader>,
+    ) -> Result<FitReport> {
         let cfg = self.config.clone();
         self.started = Instant::now();
         let steps_per_epoch = cfg.limit_train_batches.map_or(train.len(), |l| l.min(train.len())) as u64;
@@ -203,7 +248,10 @@ impl Trainer {
         self.emit(Event::RunStart { run })?;
         let mut data_wait = Duration::ZERO;
         let mut window = (Instant::now(), self.state.samples_seen);
-        let mut report = FitReport { stop_reason: "max_epochs".into(), ..Default::default() };
+        let mut report = FitReport {
+            stop_reason: "max_epochs".into(),
+            ..Default::default()
+        };
         let run_samples_start = self.state.samples_seen;
         let step_limit = |s: &TrainerState| cfg.max_steps.is_some_and(|m| s.global_step >= m);
         let mut stop = step_limit(&self.state);
@@ -220,7 +268,11 @@ impl Trainer {
                 let tensors = batch?.to_device(&setup.device)?;
                 let n = tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
                 let loss = setup.task.loss(setup.model.as_ref(), &tensors)?;
-                let scaled = if cfg.accumulate_grad_batches > 1 { loss.affine(1.0 / cfg.accumulate_grad_batches as f64, 0.0)? } else { loss.clone() };
+                let scaled = if cfg.accumulate_grad_batches > 1 {
+                    loss.affine(1.0 / cfg.accumulate_grad_batches as f64, 0.0)?
+                } else {
+                    loss.clone()
+                };
                 scaled.backward()?;
                 let detached = loss.detach();
                 loss_sum = Some(match loss_sum {
@@ -243,7 +295,14 @@ impl Trainer {
                     let now = Instant::now();
                     let rate = (self.state.samples_seen - window.1) as f64 / (now - window.0).as_secs_f64().max(1e-9);
                     window = (now, self.state.samples_seen);
-                    let event = Event::Step { epoch: self.state.epoch, step: self.state.global_step, batch: self.state.batch_in_epoch, loss: value, lr: setup.optimizer.lr(), samples_per_sec: rate };
+                    let event = Event::Step {
+                        epoch: self.state.epoch,
+                        step: self.state.global_step,
+                        batch: self.state.batch_in_epoch,
+                        loss: value,
+                        lr: setup.optimizer.lr(),
+                        samples_per_sec: rate,
+                    };
                     self.emit(event)?;
                     self.emit_device(&setup.device)?;
                 }
@@ -275,7 +334,10 @@ impl Trainer {
             let train_loss = self.state.epoch_loss_sum / self.state.epoch_loss_count.max(1) as f64;
             check_finite(train_loss, self.state.global_step)?;
             report.last_train_loss = Some(train_loss);
-            let mut metrics = BTreeMap::from([("train_loss".to_string(), train_loss), ("lr".to_string(), setup.optimizer.lr())]);
+            let mut metrics = BTreeMap::from([
+                ("train_loss".to_string(), train_loss),
+                ("lr".to_string(), setup.optimizer.lr()),
+            ]);
             let validate = val.is_some() && (self.state.epoch + 1) % cfg.check_val_every_n_epoch == 0;
             let val_metrics = match (validate, val) {
                 (true, Some(loader)) => Some(self.evaluate(setup, loader)?),
@@ -310,7 +372,9 @@ impl Trainer {
             }
         }
         let mut no_metrics = BTreeMap::new();
-        self.run_callbacks(setup, &mut no_metrics, |c, ctx| c.on_train_end(ctx).map(|_| CallbackAction::Continue))?;
+        self.run_callbacks(setup, &mut no_metrics, |c, ctx| {
+            c.on_train_end(ctx).map(|_| CallbackAction::Continue)
+        })?;
         let seconds = self.started.elapsed().as_secs_f64();
         report.epochs = self.state.epoch;
         report.steps = self.state.global_step;
@@ -370,7 +434,11 @@ impl Trainer {
                 Some((l, c)) => (l.item()?, c.item()?),
                 None => return Err(Error::invalid("evaluate", "the evaluation loader yielded no batches")),
             };
-            Ok(EvalMetrics { loss: loss / samples.max(1) as f64, accuracy: correct / samples.max(1) as f64, samples })
+            Ok(EvalMetrics {
+                loss: loss / samples.max(1) as f64,
+                accuracy: correct / samples.max(1) as f64,
+                samples,
+            })
         });
         setup.model.set_training(true);
         result
@@ -379,7 +447,11 @@ impl Trainer {
     /// Evaluates on a test loader and emits the result.
     pub fn test(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
         let m = self.evaluate(setup, loader)?;
-        self.emit(Event::Test { loss: m.loss, accuracy: m.accuracy, samples: m.samples })?;
+        self.emit(Event::Test {
+            loss: m.loss,
+            accuracy: m.accuracy,
+            samples: m.samples,
+        })?;
         Ok(m)
     }
 }
@@ -390,12 +462,16 @@ fn check_finite(loss: f64, step: u64) -> Result<()> {
     }
     Err(Error::invalid(
         "Trainer",
-        format!("the loss became {loss} at step {step}: training diverged; lower the learning rate, enable gradient clipping (--clip-grad-norm), or check the data for NaN/inf"),
+        format!(
+            "the loss became {loss} at step {step}: training diverged; lower the learning rate, enable gradient clipping (--clip-grad-norm), or check the data for NaN/inf"
+        ),
     ))
 }
 
 fn parse_meta<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, String>, key: &str, what: &str) -> Result<T> {
-    let raw = meta.get(key).ok_or_else(|| Error::data(what.to_string(), format!("metadata `{key}` is missing")))?;
+    let raw = meta
+        .get(key)
+        .ok_or_else(|| Error::data(what.to_string(), format!("metadata `{key}` is missing")))?;
     serde_json::from_str(raw).map_err(|e| Error::data(what.to_string(), format!("metadata `{key}` is unreadable: {e}")))
 }
 
@@ -404,7 +480,11 @@ fn parse_meta<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, String>, k
 fn write_checkpoint(path: &Path, setup: &TrainingSetup, state: &TrainerState) -> Result<()> {
     let mut tensors = setup.model.state_dict();
     let opt = setup.optimizer.state();
-    tensors.extend(opt.tensors.iter().map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t.clone())));
+    tensors.extend(
+        opt.tensors
+            .iter()
+            .map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t.clone())),
+    );
     let json = |v: &dyn erased::Json| v.to_json();
     let meta = BTreeMap::from([
         (FORMAT_KEY.to_string(), FORMAT.to_string()),

@@ -138,7 +138,10 @@ impl Args {
         );
         // Checked before training, not at the first save an epoch later.
         if let Some(dir) = self.checkpoint_dir.as_ref().filter(|d| d.exists() && !d.is_dir()) {
-            anyhow::bail!("--checkpoint-dir {} is a file, not a directory; name a directory", dir.display());
+            anyhow::bail!(
+                "--checkpoint-dir {} is a file, not a directory; name a directory",
+                dir.display()
+            );
         }
         Ok(())
     }

@@ -48,7 +48,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // Without validation there is no val_acc to rank by (the run would fail at the first
         // epoch end): keep only last.safetensors.
         let checkpoint = ModelCheckpoint::new(dir);
-        trainer.add_callback(if args.no_val { checkpoint } else { checkpoint.monitor(Monitor::max("val_acc"), 1) });
+        trainer.add_callback(if args.no_val {
+            checkpoint
+        } else {
+            checkpoint.monitor(Monitor::max("val_acc"), 1)
+        });
     }
     if let Some(path) = &args.resume {
         trainer

@@ -20,7 +20,9 @@ pub fn im2col<T: CpuFloat>(pool: &Pool, src: &[T], g: &Conv2dGeometry) -> Vec<T>
     if cols == 0 {
         return out;
     }
-    out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| im2col_row(src, row, r, g));
+    out.par_chunks_mut(cols)
+        .enumerate()
+        .for_each(|(r, row)| im2col_row(src, row, r, g));
     out
 }
 
@@ -60,7 +62,11 @@ fn im2col_row<T: CpuFloat>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometr
 fn valid_range(out_len: usize, k: usize, stride: usize, dilation: usize, pad: usize, size: usize) -> (usize, usize) {
     let reach = k * dilation;
     let lo = pad.saturating_sub(reach).div_ceil(stride);
-    let hi = if size + pad > reach { ((size + pad - reach - 1) / stride + 1).min(out_len) } else { 0 };
+    let hi = if size + pad > reach {
+        ((size + pad - reach - 1) / stride + 1).min(out_len)
+    } else {
+        0
+    };
     (lo.min(hi), hi)
 }
 
@@ -72,7 +78,9 @@ pub fn col2im<T: CpuFloat>(pool: &Pool, cols: &[T], g: &Conv2dGeometry) -> Vec<T
         return out;
     }
     // Image planes are disjoint, so each (n, c) plane gathers its own taps in parallel.
-    out.par_chunks_mut(g.h * g.w).enumerate().for_each(|(nc, img)| col2im_plane(cols, img, nc / g.c, nc % g.c, g));
+    out.par_chunks_mut(g.h * g.w)
+        .enumerate()
+        .for_each(|(nc, img)| col2im_plane(cols, img, nc / g.c, nc % g.c, g));
     out
 }
 
@@ -89,11 +97,16 @@ fn col2im_plane<T: CpuFloat>(cols: &[T], img: &mut [T], n: usize, c: usize, g: &
                 continue;
             }
             for y in 0..oh {
-                let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else { continue };
+                let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else {
+                    continue;
+                };
                 let start = iy * g.w + x_lo * g.stride[1] + kj * g.dilation[1] - g.padding[1];
                 let src = &block[y * ow + x_lo..y * ow + x_hi];
                 if g.stride[1] == 1 {
-                    img[start..start + src.len()].iter_mut().zip(src).for_each(|(d, &s)| *d = *d + s);
+                    img[start..start + src.len()]
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(d, &s)| *d = *d + s);
                 } else {
                     for (j, &s) in src.iter().enumerate() {
                         img[start + j * g.stride[1]] = img[start + j * g.stride[1]] + s;

@@ -29,7 +29,9 @@ pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) 
         UnaryOp::Sigmoid => map(pool, src, layout, |x: T| one / (one + (-x).exp())),
         UnaryOp::Relu => map(pool, src, layout, |x: T| x.max(T::zero())),
         UnaryOp::Gelu => map(pool, src, layout, |x: T| x * half * (one + (x * inv_sqrt2).erf())),
-        UnaryOp::GeluGrad => map(pool, src, layout, |x: T| half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp()),
+        UnaryOp::GeluGrad => map(pool, src, layout, |x: T| {
+            half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp()
+        }),
         UnaryOp::Powf(e) => {
             let e = T::of(e);
             map(pool, src, layout, |x: T| x.powf(e))
@@ -81,7 +83,9 @@ pub fn map<T: Element, U: Element>(pool: &Pool, src: &[T], layout: &Layout, f: i
     if let Some(range) = layout.contiguous_range() {
         let src = &src[range];
         if n >= PAR_THRESHOLD {
-            out.par_chunks_mut(4096).zip(src.par_chunks(4096)).for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s)));
+            out.par_chunks_mut(4096)
+                .zip(src.par_chunks(4096))
+                .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s)));
         } else {
             out.iter_mut().zip(src).for_each(|(o, &s)| *o = f(s));
         }
@@ -108,13 +112,22 @@ fn zip_slices<T: Copy, U>(o: &mut [U], a: &[T], b: &[T], f: &impl Fn(T, T) -> U)
 }
 
 /// `out[i] = f(a[la[i]], b[lb[i]])` for two layouts of one shape (broadcasts have stride 0).
-pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layout, f: impl Fn(T, T) -> U + Sync) -> Vec<U> {
+pub fn zip<T: Element, U: Element>(
+    pool: &Pool,
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    f: impl Fn(T, T) -> U + Sync,
+) -> Vec<U> {
     let n = la.elem_count();
     let mut out = pool.take::<U>(n);
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
         if n >= PAR_THRESHOLD {
-            out.par_chunks_mut(4096).zip(a.par_chunks(4096).zip(b.par_chunks(4096))).for_each(|(o, (a, b))| zip_slices(o, a, b, &f));
+            out.par_chunks_mut(4096)
+                .zip(a.par_chunks(4096).zip(b.par_chunks(4096)))
+                .for_each(|(o, (a, b))| zip_slices(o, a, b, &f));
         } else {
             zip_slices(&mut out, a, b, &f);
         }
@@ -137,19 +150,34 @@ pub fn zip<T: Element, U: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], l
                 o[j] = f(x, y[j]);
             }
         }
-        (s, t) => o.iter_mut().enumerate().for_each(|(j, o)| *o = f(a[sa + j * s], b[sb + j * t])),
+        (s, t) => o
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, o)| *o = f(a[sa + j * s], b[sb + j * t])),
     };
     if n >= PAR_THRESHOLD {
-        out.par_chunks_mut(len).zip(ra.starts.par_iter().zip(rb.starts.par_iter())).for_each(row);
+        out.par_chunks_mut(len)
+            .zip(ra.starts.par_iter().zip(rb.starts.par_iter()))
+            .for_each(row);
     } else {
-        out.chunks_mut(len).zip(ra.starts.iter().zip(rb.starts.iter())).for_each(row);
+        out.chunks_mut(len)
+            .zip(ra.starts.iter().zip(rb.starts.iter()))
+            .for_each(row);
     }
     out
 }
 
 /// `out[i] = cond[i] != 0 ? t[i] : f[i]` over three layouts of one shape. The fast paths index
 /// equal-length slices and read both sides unconditionally, so they compile to vector blends.
-pub fn select<T: Element>(pool: &Pool, cond: &[u32], lc: &Layout, t: &[T], lt: &Layout, f: &[T], lf: &Layout) -> Vec<T> {
+pub fn select<T: Element>(
+    pool: &Pool,
+    cond: &[u32],
+    lc: &Layout,
+    t: &[T],
+    lt: &Layout,
+    f: &[T],
+    lf: &Layout,
+) -> Vec<T> {
     let n = lc.elem_count();
     let mut out = pool.take::<T>(n);
     if let (Some(rc), Some(rt)) = (lc.contiguous_range(), lt.contiguous_range()) {

@@ -95,7 +95,11 @@ macro_rules! float_binary_dispatch {
                 HostVec::BF16(narrow_bf16($body))
             }
             (a, b) if a.dtype() != b.dtype() => {
-                return Err($crate::error::Error::DTypeMismatch { op: $op, lhs: a.dtype(), rhs: b.dtype() })
+                return Err($crate::error::Error::DTypeMismatch {
+                    op: $op,
+                    lhs: a.dtype(),
+                    rhs: b.dtype(),
+                });
             }
             (a, _) => return Err($crate::error::Error::dtype($op, a.dtype())),
         }

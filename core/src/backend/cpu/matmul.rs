@@ -20,7 +20,11 @@ pub fn matmul<T: GemmElement>(pool: &Pool, lhs: &[T], ll: &Layout, rhs: &[T], rl
         out.fill(T::zero());
         return out;
     }
-    let par = if d.m * d.n * d.k >= PARALLEL_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None };
+    let par = if d.m * d.n * d.k >= PARALLEL_FLOPS {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    };
     let (ls, rs) = (&ll.strides, &rl.strides);
     for b in 0..d.batch {
         let dst = &mut out[b * d.m * d.n..(b + 1) * d.m * d.n];

@@ -3,8 +3,8 @@
 //! instances (`cpu:0`, `cpu:1`, …) let multi-device code run and be tested without a GPU.
 
 mod conv;
-pub mod float;
 mod elementwise;
+pub mod float;
 mod index;
 mod matmul;
 mod optim;
@@ -19,8 +19,8 @@ use rayon::prelude::*;
 
 use self::pool::Pool;
 use super::{
-    AdamStep, Backend, BackendBuffer, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep,
-    UnaryOp,
+    AdamStep, Backend, BackendBuffer, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
+    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -58,7 +58,10 @@ impl BackendBuffer for CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        let data = std::mem::replace(self.data.get_mut().unwrap_or_else(|e| e.into_inner()), HostVec::U32(Vec::new()));
+        let data = std::mem::replace(
+            self.data.get_mut().unwrap_or_else(|e| e.into_inner()),
+            HostVec::U32(Vec::new()),
+        );
         self.pool.give(data);
     }
 }
@@ -80,18 +83,29 @@ macro_rules! same_dtype {
             (HostVec::F64($x), HostVec::F64($y)) => $body,
             (HostVec::I64($x), HostVec::I64($y)) => $body,
             (HostVec::U32($x), HostVec::U32($y)) => $body,
-            (a, b) => return Err(Error::DTypeMismatch { op: $op, lhs: a.dtype(), rhs: b.dtype() }),
+            (a, b) => {
+                return Err(Error::DTypeMismatch {
+                    op: $op,
+                    lhs: a.dtype(),
+                    rhs: b.dtype(),
+                })
+            }
         }
     };
 }
 
 fn cpu<'a>(op: &'static str, b: &'a BufferRef) -> Result<&'a CpuBuffer> {
-    b.as_any().downcast_ref::<CpuBuffer>().ok_or_else(|| Error::invalid(op, "buffer does not belong to a CPU device"))
+    b.as_any()
+        .downcast_ref::<CpuBuffer>()
+        .ok_or_else(|| Error::invalid(op, "buffer does not belong to a CPU device"))
 }
 
 fn check_extent(op: &'static str, b: &BufferRef, layout: &Layout) -> Result<()> {
     if layout.extent() > b.len() {
-        return Err(Error::invalid(op, format!("layout {:?} reaches past a buffer of {} elements", layout, b.len())));
+        return Err(Error::invalid(
+            op,
+            format!("layout {:?} reaches past a buffer of {} elements", layout, b.len()),
+        ));
     }
     Ok(())
 }
@@ -99,18 +113,28 @@ fn check_extent(op: &'static str, b: &BufferRef, layout: &Layout) -> Result<()> 
 fn u32_ids<'a>(op: &'static str, ids: &'a HostVec) -> Result<&'a [u32]> {
     match ids {
         HostVec::U32(v) => Ok(v),
-        other => Err(Error::UnsupportedDType { op, dtype: other.dtype(), hint: "; indices are u32" }),
+        other => Err(Error::UnsupportedDType {
+            op,
+            dtype: other.dtype(),
+            hint: "; indices are u32",
+        }),
     }
 }
 
 impl CpuBackend {
     pub fn new(ordinal: usize) -> Self {
-        CpuBackend { ordinal, pool: Arc::new(Pool::default()) }
+        CpuBackend {
+            ordinal,
+            pool: Arc::new(Pool::default()),
+        }
     }
 
     fn wrap(&self, data: HostVec) -> BufferRef {
         self.pool.note_alloc((data.len() * data.dtype().size_in_bytes()) as u64);
-        Arc::new(CpuBuffer { data: RwLock::new(data), pool: self.pool.clone() })
+        Arc::new(CpuBuffer {
+            data: RwLock::new(data),
+            pool: self.pool.clone(),
+        })
     }
 
     fn typed_full<T: Element>(&self, len: usize, value: f64) -> HostVec {
@@ -123,13 +147,24 @@ impl CpuBackend {
 fn cpu_model_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|n| n.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|n| n.trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 fn total_memory_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = s.lines().find(|l| l.starts_with("MemTotal"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
@@ -195,14 +230,20 @@ impl Backend for CpuBackend {
 
     fn rand(&self, dtype: DType, len: usize, dist: Distribution, seed: u64, counter: u64) -> Result<BufferRef> {
         if !dtype.is_float() {
-            return Err(Error::UnsupportedDType { op: "rand", dtype, hint: "; random tensors are floating point" });
+            return Err(Error::UnsupportedDType {
+                op: "rand",
+                dtype,
+                hint: "; random tensors are floating point",
+            });
         }
         let mut values = vec![0f64; len];
         values.par_chunks_mut(4096).enumerate().for_each(|(c, chunk)| {
             for (j, v) in chunk.iter_mut().enumerate() {
                 let i = c * 4096 + j;
                 *v = match dist {
-                    Distribution::Uniform { low, high } => low + (high - low) * crate::rng::uniform_at(seed, counter, i),
+                    Distribution::Uniform { low, high } => {
+                        low + (high - low) * crate::rng::uniform_at(seed, counter, i)
+                    }
                     Distribution::Normal { mean, std } => mean + std * crate::rng::normal_at(seed, counter, i),
                 };
             }
@@ -214,12 +255,19 @@ impl Backend for CpuBackend {
         check_extent("copy_strided", src, src_layout)?;
         check_extent("copy_strided", dst, dst_layout)?;
         if src_layout.shape != dst_layout.shape {
-            return Err(Error::shape("copy_strided", &src_layout.shape, &dst_layout.shape, "source and destination views differ"));
+            return Err(Error::shape(
+                "copy_strided",
+                &src_layout.shape,
+                &dst_layout.shape,
+                "source and destination views differ",
+            ));
         }
         // Read first into a temporary: source and destination may be the same buffer.
         let values = self.to_host(src, src_layout)?;
         let mut out = cpu("copy_strided", dst)?.write();
-        same_dtype!("copy_strided", &values, &mut *out, |v, d| strided::scatter(v, dst_layout, d));
+        same_dtype!("copy_strided", &values, &mut *out, |v, d| strided::scatter(
+            v, dst_layout, d
+        ));
         Ok(())
     }
 
@@ -249,41 +297,77 @@ impl Backend for CpuBackend {
         Ok(self.wrap(out))
     }
 
-    fn binary(&self, op: BinaryOp, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout) -> Result<BufferRef> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+    ) -> Result<BufferRef> {
         check_extent(op.name(), lhs, lhs_layout)?;
         check_extent(op.name(), rhs, rhs_layout)?;
         let (a, b) = (cpu(op.name(), lhs)?.read(), cpu(op.name(), rhs)?.read());
-        let out = float_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::binary(&self.pool, x, lhs_layout, y, rhs_layout, op));
+        let out = float_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::binary(
+            &self.pool, x, lhs_layout, y, rhs_layout, op
+        ));
         Ok(self.wrap(out))
     }
 
-    fn compare(&self, op: CmpOp, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout) -> Result<BufferRef> {
+    fn compare(
+        &self,
+        op: CmpOp,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+    ) -> Result<BufferRef> {
         check_extent(op.name(), lhs, lhs_layout)?;
         check_extent(op.name(), rhs, rhs_layout)?;
         let (a, b) = (cpu(op.name(), lhs)?.read(), cpu(op.name(), rhs)?.read());
-        let out = same_dtype!(op.name(), &*a, &*b, |x, y| elementwise::compare(&self.pool, x, lhs_layout, y, rhs_layout, op));
+        let out = same_dtype!(op.name(), &*a, &*b, |x, y| elementwise::compare(
+            &self.pool, x, lhs_layout, y, rhs_layout, op
+        ));
         Ok(self.wrap(HostVec::U32(out)))
     }
 
-    fn where_cond(&self, cond: &BufferRef, cl: &Layout, on_true: &BufferRef, tl: &Layout, on_false: &BufferRef, fl: &Layout) -> Result<BufferRef> {
+    fn where_cond(
+        &self,
+        cond: &BufferRef,
+        cl: &Layout,
+        on_true: &BufferRef,
+        tl: &Layout,
+        on_false: &BufferRef,
+        fl: &Layout,
+    ) -> Result<BufferRef> {
         check_extent("where_cond", cond, cl)?;
         check_extent("where_cond", on_true, tl)?;
         check_extent("where_cond", on_false, fl)?;
         let c = cpu("where_cond", cond)?.read();
         let c = u32_ids("where_cond", &c)?;
         let (t, f) = (cpu("where_cond", on_true)?.read(), cpu("where_cond", on_false)?.read());
-        let out = same_dtype!("where_cond", &*t, &*f, |x, y| Element::into_host(elementwise::select(&self.pool, c, cl, x, tl, y, fl)));
+        let out = same_dtype!("where_cond", &*t, &*f, |x, y| Element::into_host(elementwise::select(
+            &self.pool, c, cl, x, tl, y, fl
+        )));
         Ok(self.wrap(out))
     }
 
     fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef> {
         check_extent(op.name(), src, layout)?;
         if axes.iter().any(|&a| a >= layout.shape.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(Error::invalid(op.name(), format!("axes {axes:?} must be sorted, unique and below rank {}", layout.shape.rank())));
+            return Err(Error::invalid(
+                op.name(),
+                format!(
+                    "axes {axes:?} must be sorted, unique and below rank {}",
+                    layout.shape.rank()
+                ),
+            ));
         }
         let data = cpu(op.name(), src)?.read();
         if op == ReduceKind::ArgMax {
-            let [axis] = axes else { return Err(Error::invalid("argmax", "takes exactly one axis")) };
+            let [axis] = axes else {
+                return Err(Error::invalid("argmax", "takes exactly one axis"));
+            };
             let out = match &*data {
                 HostVec::F32(v) => reduce::argmax(&self.pool, v, layout, *axis),
                 HostVec::F64(v) => reduce::argmax(&self.pool, v, layout, *axis),
@@ -297,83 +381,169 @@ impl Backend for CpuBackend {
         Ok(self.wrap(out))
     }
 
-    fn matmul(&self, lhs: &BufferRef, lhs_layout: &Layout, rhs: &BufferRef, rhs_layout: &Layout, dims: MatmulDims) -> Result<BufferRef> {
+    fn matmul(
+        &self,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+        dims: MatmulDims,
+    ) -> Result<BufferRef> {
         let expect_l = [dims.batch, dims.m, dims.k];
         let expect_r = [dims.batch, dims.k, dims.n];
         if lhs_layout.dims() != expect_l || rhs_layout.dims() != expect_r {
-            return Err(Error::shape("matmul", &lhs_layout.shape, &rhs_layout.shape, format!("expected {expect_l:?} @ {expect_r:?}")));
+            return Err(Error::shape(
+                "matmul",
+                &lhs_layout.shape,
+                &rhs_layout.shape,
+                format!("expected {expect_l:?} @ {expect_r:?}"),
+            ));
         }
         check_extent("matmul", lhs, lhs_layout)?;
         check_extent("matmul", rhs, rhs_layout)?;
         let (a, b) = (cpu("matmul", lhs)?.read(), cpu("matmul", rhs)?.read());
-        let out = float_binary_dispatch!("matmul", &*a, &*b, |x, y| matmul::matmul(&self.pool, x, lhs_layout, y, rhs_layout, dims));
+        let out = float_binary_dispatch!("matmul", &*a, &*b, |x, y| matmul::matmul(
+            &self.pool, x, lhs_layout, y, rhs_layout, dims
+        ));
         Ok(self.wrap(out))
     }
 
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         let data = cpu("softmax", src)?.read();
         check_len("softmax", &data, rows * cols)?;
-        Ok(self.wrap(float_unary_dispatch!("softmax", &*data, |v| softmax::softmax(&self.pool, v, cols))))
+        Ok(self.wrap(float_unary_dispatch!("softmax", &*data, |v| softmax::softmax(
+            &self.pool, v, cols
+        ))))
     }
 
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         let data = cpu("log_softmax", src)?.read();
         check_len("log_softmax", &data, rows * cols)?;
-        Ok(self.wrap(float_unary_dispatch!("log_softmax", &*data, |v| softmax::log_softmax(&self.pool, v, cols))))
+        Ok(
+            self.wrap(float_unary_dispatch!("log_softmax", &*data, |v| softmax::log_softmax(
+                &self.pool, v, cols
+            ))),
+        )
     }
 
-    fn index_select(&self, src: &BufferRef, outer: usize, dim: usize, inner: usize, ids: &BufferRef) -> Result<BufferRef> {
+    fn index_select(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<BufferRef> {
         let (data, ids) = (cpu("index_select", src)?.read(), cpu("index_select", ids)?.read());
         check_len("index_select", &data, outer * dim * inner)?;
         let ids = u32_ids("index_select", &ids)?;
-        let out = map_host_vec!(&*data, v => Element::into_host(index::index_select(&self.pool, v, outer, dim, inner, ids)?));
+        let out =
+            map_host_vec!(&*data, v => Element::into_host(index::index_select(&self.pool, v, outer, dim, inner, ids)?));
         Ok(self.wrap(out))
     }
 
-    fn index_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()> {
+    fn index_add(
+        &self,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()> {
+        distinct("index_add", &[dst, src, ids])?;
         let (s, ids) = (cpu("index_add", src)?.read(), cpu("index_add", ids)?.read());
         let ids = u32_ids("index_add", &ids)?;
         check_len("index_add", &s, outer * src_dim * inner)?;
         let mut d = cpu("index_add", dst)?.write();
         check_len("index_add", &d, outer * dst_dim * inner)?;
-        float_pair_mut("index_add", &mut d, &s, |d, s| index::index_add(d, dst_dim, s, outer, src_dim, inner, ids), |d, s| index::index_add(d, dst_dim, s, outer, src_dim, inner, ids))
+        float_pair_mut(
+            "index_add",
+            &mut d,
+            &s,
+            |d, s| index::index_add(d, dst_dim, s, outer, src_dim, inner, ids),
+            |d, s| index::index_add(d, dst_dim, s, outer, src_dim, inner, ids),
+        )
     }
 
-    fn gather(&self, src: &BufferRef, outer: usize, dim: usize, inner: usize, ids: &BufferRef, out_dim: usize) -> Result<BufferRef> {
+    fn gather(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+        out_dim: usize,
+    ) -> Result<BufferRef> {
         let (data, ids) = (cpu("gather", src)?.read(), cpu("gather", ids)?.read());
         check_len("gather", &data, outer * dim * inner)?;
         let ids = u32_ids("gather", &ids)?;
         if ids.len() != outer * out_dim * inner {
-            return Err(Error::invalid("gather", format!("index holds {} elements, expected {}", ids.len(), outer * out_dim * inner)));
+            return Err(Error::invalid(
+                "gather",
+                format!(
+                    "index holds {} elements, expected {}",
+                    ids.len(),
+                    outer * out_dim * inner
+                ),
+            ));
         }
         let out = map_host_vec!(&*data, v => Element::into_host(index::gather(&self.pool, v, outer, dim, inner, ids, out_dim)?));
         Ok(self.wrap(out))
     }
 
-    fn scatter_add(&self, dst: &BufferRef, dst_dim: usize, src: &BufferRef, outer: usize, src_dim: usize, inner: usize, ids: &BufferRef) -> Result<()> {
+    fn scatter_add(
+        &self,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()> {
+        distinct("scatter_add", &[dst, src, ids])?;
         let (s, ids) = (cpu("scatter_add", src)?.read(), cpu("scatter_add", ids)?.read());
         let ids = u32_ids("scatter_add", &ids)?;
         check_len("scatter_add", &s, outer * src_dim * inner)?;
         if ids.len() != s.len() {
-            return Err(Error::invalid("scatter_add", format!("index holds {} elements, source {}", ids.len(), s.len())));
+            return Err(Error::invalid(
+                "scatter_add",
+                format!("index holds {} elements, source {}", ids.len(), s.len()),
+            ));
         }
         let mut d = cpu("scatter_add", dst)?.write();
         check_len("scatter_add", &d, outer * dst_dim * inner)?;
-        float_pair_mut("scatter_add", &mut d, &s, |d, s| index::scatter_add(d, dst_dim, s, outer, src_dim, inner, ids), |d, s| index::scatter_add(d, dst_dim, s, outer, src_dim, inner, ids))
+        float_pair_mut(
+            "scatter_add",
+            &mut d,
+            &s,
+            |d, s| index::scatter_add(d, dst_dim, s, outer, src_dim, inner, ids),
+            |d, s| index::scatter_add(d, dst_dim, s, outer, src_dim, inner, ids),
+        )
     }
 
     fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
         geom.validate("im2col")?;
         let data = cpu("im2col", src)?.read();
         check_len("im2col", &data, geom.n * geom.c * geom.h * geom.w)?;
-        Ok(self.wrap(float_unary_dispatch!("im2col", &*data, |v| conv::im2col(&self.pool, v, geom))))
+        Ok(self.wrap(float_unary_dispatch!("im2col", &*data, |v| conv::im2col(
+            &self.pool, v, geom
+        ))))
     }
 
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
         geom.validate("col2im")?;
         let data = cpu("col2im", cols)?.read();
-        check_len("col2im", &data, geom.n * geom.c * geom.kh * geom.kw * geom.out_h() * geom.out_w())?;
-        Ok(self.wrap(float_unary_dispatch!("col2im", &*data, |v| conv::col2im(&self.pool, v, geom))))
+        check_len(
+            "col2im",
+            &data,
+            geom.n * geom.c * geom.kh * geom.kw * geom.out_h() * geom.out_w(),
+        )?;
+        Ok(self.wrap(float_unary_dispatch!("col2im", &*data, |v| conv::col2im(
+            &self.pool, v, geom
+        ))))
     }
 
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
@@ -393,44 +563,114 @@ impl Backend for CpuBackend {
         let s = self.to_host(src, &Layout::contiguous([src.len()]))?;
         let mut d = cpu("axpy", dst)?.write();
         check_len("axpy", &d, s.len())?;
-        float_pair_mut("axpy", &mut d, &s, |d, s| Ok(optim::axpy(d, s, alpha)), |d, s| Ok(optim::axpy(d, s, alpha)))
+        float_pair_mut(
+            "axpy",
+            &mut d,
+            &s,
+            |d, s| Ok(optim::axpy(d, s, alpha)),
+            |d, s| Ok(optim::axpy(d, s, alpha)),
+        )
     }
 
-    fn sgd_step(&self, param: &BufferRef, grad: &BufferRef, momentum_buf: Option<&BufferRef>, step: &SgdStep) -> Result<()> {
+    fn sgd_step(
+        &self,
+        param: &BufferRef,
+        grad: &BufferRef,
+        momentum_buf: Option<&BufferRef>,
+        step: &SgdStep,
+    ) -> Result<()> {
+        let mut roles = vec![param, grad];
+        roles.extend(momentum_buf);
+        distinct("sgd_step", &roles)?;
         let g = cpu("sgd_step", grad)?.read();
         let mut p = cpu("sgd_step", param)?.write();
         check_len("sgd_step", &g, p.len())?;
-        let mut buf = momentum_buf.map(|b| cpu("sgd_step", b).map(|b| b.write())).transpose()?;
+        let mut buf = momentum_buf
+            .map(|b| cpu("sgd_step", b).map(|b| b.write()))
+            .transpose()?;
         match (&mut *p, &*g, buf.as_deref_mut()) {
             (HostVec::F32(p), HostVec::F32(g), None) => optim::sgd(p, g, None, step),
-            (HostVec::F32(p), HostVec::F32(g), Some(HostVec::F32(b))) if b.len() == p.len() => optim::sgd(p, g, Some(b), step),
+            (HostVec::F32(p), HostVec::F32(g), Some(HostVec::F32(b))) if b.len() == p.len() => {
+                optim::sgd(p, g, Some(b), step)
+            }
             (HostVec::F64(p), HostVec::F64(g), None) => optim::sgd(p, g, None, step),
-            (HostVec::F64(p), HostVec::F64(g), Some(HostVec::F64(b))) if b.len() == p.len() => optim::sgd(p, g, Some(b), step),
-            (p, _, _) => return Err(Error::UnsupportedDType { op: "sgd_step", dtype: p.dtype(), hint: "; parameter, gradient and momentum must all be f32 (or f64) of one length" }),
+            (HostVec::F64(p), HostVec::F64(g), Some(HostVec::F64(b))) if b.len() == p.len() => {
+                optim::sgd(p, g, Some(b), step)
+            }
+            (p, _, _) => {
+                return Err(Error::UnsupportedDType {
+                    op: "sgd_step",
+                    dtype: p.dtype(),
+                    hint: "; parameter, gradient and momentum must all be f32 (or f64) of one length",
+                });
+            }
         }
         Ok(())
     }
 
-    fn adam_step(&self, param: &BufferRef, grad: &BufferRef, exp_avg: &BufferRef, exp_avg_sq: &BufferRef, step: &AdamStep) -> Result<()> {
+    fn adam_step(
+        &self,
+        param: &BufferRef,
+        grad: &BufferRef,
+        exp_avg: &BufferRef,
+        exp_avg_sq: &BufferRef,
+        step: &AdamStep,
+    ) -> Result<()> {
+        distinct("adam_step", &[param, grad, exp_avg, exp_avg_sq])?;
+        if step.step == 0 {
+            return Err(Error::invalid(
+                "adam_step",
+                "step counts from 1 (bias correction divides by 1 - beta^step)",
+            ));
+        }
         let g = cpu("adam_step", grad)?.read();
         let mut p = cpu("adam_step", param)?.write();
-        let (mut m, mut v) = (cpu("adam_step", exp_avg)?.write(), cpu("adam_step", exp_avg_sq)?.write());
+        let (mut m, mut v) = (
+            cpu("adam_step", exp_avg)?.write(),
+            cpu("adam_step", exp_avg_sq)?.write(),
+        );
         let n = p.len();
         if g.len() != n || m.len() != n || v.len() != n {
-            return Err(Error::invalid("adam_step", "parameter, gradient and moment buffers must have one length"));
+            return Err(Error::invalid(
+                "adam_step",
+                "parameter, gradient and moment buffers must have one length",
+            ));
         }
         match (&mut *p, &*g, &mut *m, &mut *v) {
             (HostVec::F32(p), HostVec::F32(g), HostVec::F32(m), HostVec::F32(v)) => optim::adam(p, g, m, v, step),
             (HostVec::F64(p), HostVec::F64(g), HostVec::F64(m), HostVec::F64(v)) => optim::adam(p, g, m, v, step),
-            (p, ..) => return Err(Error::UnsupportedDType { op: "adam_step", dtype: p.dtype(), hint: "; parameter, gradient and moments must all be f32 (or f64)" }),
+            (p, ..) => {
+                return Err(Error::UnsupportedDType {
+                    op: "adam_step",
+                    dtype: p.dtype(),
+                    hint: "; parameter, gradient and moments must all be f32 (or f64)",
+                });
+            }
         }
         Ok(())
     }
 }
 
+/// In-place kernels lock the destination for writing and the sources for reading: the same
+/// buffer in two roles would deadlock, so it is refused.
+fn distinct(op: &'static str, buffers: &[&BufferRef]) -> Result<()> {
+    for (i, a) in buffers.iter().enumerate() {
+        if buffers[i + 1..].iter().any(|b| Arc::ptr_eq(a, b)) {
+            return Err(Error::invalid(
+                op,
+                "the same buffer was passed in two roles; pass distinct buffers",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_len(op: &'static str, data: &HostVec, expected: usize) -> Result<()> {
     if data.len() != expected {
-        return Err(Error::invalid(op, format!("buffer holds {} elements, the geometry needs {expected}", data.len())));
+        return Err(Error::invalid(
+            op,
+            format!("buffer holds {} elements, the geometry needs {expected}", data.len()),
+        ));
     }
     Ok(())
 }
@@ -461,7 +701,15 @@ fn float_pair_mut(
             d.iter_mut().zip(wide).for_each(|(d, w)| *d = half::bf16::from_f32(w));
             Ok(())
         }
-        (d, s) if d.dtype() != s.dtype() => Err(Error::DTypeMismatch { op, lhs: d.dtype(), rhs: s.dtype() }),
-        (d, _) => Err(Error::UnsupportedDType { op, dtype: d.dtype(), hint: "; in-place accumulation needs a float dtype" }),
+        (d, s) if d.dtype() != s.dtype() => Err(Error::DTypeMismatch {
+            op,
+            lhs: d.dtype(),
+            rhs: s.dtype(),
+        }),
+        (d, _) => Err(Error::UnsupportedDType {
+            op,
+            dtype: d.dtype(),
+            hint: "; in-place accumulation needs a float dtype",
+        }),
     }
 }

@@ -19,26 +19,42 @@ pub fn axpy<T: CpuFloat>(dst: &mut [T], src: &[T], alpha: f64) {
 }
 
 pub fn sgd<T: CpuFloat>(param: &mut [T], grad: &[T], momentum_buf: Option<&mut [T]>, s: &SgdStep) {
-    let (lr, wd, mom, damp) = (T::of(s.lr), T::of(s.weight_decay), T::of(s.momentum), T::of(1.0 - s.dampening));
+    let (lr, wd, mom, damp) = (
+        T::of(s.lr),
+        T::of(s.weight_decay),
+        T::of(s.momentum),
+        T::of(1.0 - s.dampening),
+    );
     match momentum_buf {
-        None => param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).for_each(|(p, g)| {
-            let g = &g[..p.len()];
-            for i in 0..p.len() {
-                p[i] = p[i] - lr * (g[i] + wd * p[i]);
-            }
-        }),
-        Some(buf) => param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(buf.par_chunks_mut(CHUNK)).for_each(|((p, g), b)| {
-            let (g, b) = (&g[..p.len()], &mut b[..p.len()]);
-            // With momentum 0 the first step's buffer is g; a zero buffer with (mom=0,
-            // damp=1) gives the same, so the first step is `b = g` written as below.
-            let (keep, take) = if s.first_step { (T::zero(), T::one()) } else { (mom, damp) };
-            for i in 0..p.len() {
-                let d = g[i] + wd * p[i];
-                b[i] = keep * b[i] + take * d;
-                let update = if s.nesterov { d + mom * b[i] } else { b[i] };
-                p[i] = p[i] - lr * update;
-            }
-        }),
+        None => param
+            .par_chunks_mut(CHUNK)
+            .zip(grad.par_chunks(CHUNK))
+            .for_each(|(p, g)| {
+                let g = &g[..p.len()];
+                for i in 0..p.len() {
+                    p[i] = p[i] - lr * (g[i] + wd * p[i]);
+                }
+            }),
+        Some(buf) => param
+            .par_chunks_mut(CHUNK)
+            .zip(grad.par_chunks(CHUNK))
+            .zip(buf.par_chunks_mut(CHUNK))
+            .for_each(|((p, g), b)| {
+                let (g, b) = (&g[..p.len()], &mut b[..p.len()]);
+                // With momentum 0 the first step's buffer is g; a zero buffer with (mom=0,
+                // damp=1) gives the same, so the first step is `b = g` written as below.
+                let (keep, take) = if s.first_step {
+                    (T::zero(), T::one())
+                } else {
+                    (mom, damp)
+                };
+                for i in 0..p.len() {
+                    let d = g[i] + wd * p[i];
+                    b[i] = keep * b[i] + take * d;
+                    let update = if s.nesterov { d + mom * b[i] } else { b[i] };
+                    p[i] = p[i] - lr * update;
+                }
+            }),
     }
 }
 
@@ -50,16 +66,24 @@ pub fn adam<T: CpuFloat>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut [T], 
     let step_size = T::of(s.lr / (1.0 - s.beta1.powi(t)));
     let (eps, wd) = (T::of(s.eps), T::of(s.weight_decay));
     // AdamW decays the weight itself; Adam adds the decay to the gradient (L2).
-    let (decay, l2) = if s.decoupled { (T::of(1.0 - s.lr * s.weight_decay), T::zero()) } else { (T::one(), wd) };
-    param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK))).for_each(|((p, g), (m, v))| {
-        let n = p.len();
-        let (g, m, v) = (&g[..n], &mut m[..n], &mut v[..n]);
-        for i in 0..n {
-            let pi = p[i] * decay;
-            let gi = g[i] + l2 * pi;
-            m[i] = b1 * m[i] + one_b1 * gi;
-            v[i] = b2 * v[i] + one_b2 * gi * gi;
-            p[i] = pi - step_size * m[i] / (v[i].sqrt() / bias2_sqrt + eps);
-        }
-    });
+    let (decay, l2) = if s.decoupled {
+        (T::of(1.0 - s.lr * s.weight_decay), T::zero())
+    } else {
+        (T::one(), wd)
+    };
+    param
+        .par_chunks_mut(CHUNK)
+        .zip(grad.par_chunks(CHUNK))
+        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+        .for_each(|((p, g), (m, v))| {
+            let n = p.len();
+            let (g, m, v) = (&g[..n], &mut m[..n], &mut v[..n]);
+            for i in 0..n {
+                let pi = p[i] * decay;
+                let gi = g[i] + l2 * pi;
+                m[i] = b1 * m[i] + one_b1 * gi;
+                v[i] = b2 * v[i] + one_b2 * gi * gi;
+                p[i] = pi - step_size * m[i] / (v[i].sqrt() / bias2_sqrt + eps);
+            }
+        });
 }

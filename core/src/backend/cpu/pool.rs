@@ -25,7 +25,11 @@ fn bytes_of(dtype: DType, len: usize) -> u64 {
 impl Pool {
     /// A vector of `len` elements with unspecified (but initialised) contents.
     pub fn take<T: Element>(&self, len: usize) -> Vec<T> {
-        let reused = self.free.lock().ok().and_then(|mut free| free.get_mut(&(T::DTYPE, len)).and_then(Vec::pop));
+        let reused = self
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut free| free.get_mut(&(T::DTYPE, len)).and_then(Vec::pop));
         match reused {
             Some(v) => {
                 self.cached_bytes.fetch_sub(bytes_of(T::DTYPE, len), Ordering::Relaxed);

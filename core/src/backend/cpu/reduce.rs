@@ -11,25 +11,46 @@ use crate::shape::{Layout, Shape};
 fn split(layout: &Layout, axes: &[usize]) -> (Layout, Layout) {
     let pick = |keep: bool| {
         let idx: Vec<usize> = (0..layout.shape.rank()).filter(|a| axes.contains(a) != keep).collect();
-        Layout { shape: Shape::new(idx.iter().map(|&a| layout.dims()[a]).collect::<Vec<_>>()), strides: idx.iter().map(|&a| layout.strides[a]).collect(), offset: layout.offset }
+        Layout {
+            shape: Shape::new(idx.iter().map(|&a| layout.dims()[a]).collect::<Vec<_>>()),
+            strides: idx.iter().map(|&a| layout.strides[a]).collect(),
+            offset: layout.offset,
+        }
     };
     (pick(true), pick(false))
 }
 
 /// Reduces floats accumulating in `T` (f32 kernels accumulate in f32, as PyTorch's CPU does).
-pub fn reduce<T: Element + num_traits::Float>(pool: &Pool, kind: ReduceKind, src: &[T], layout: &Layout, axes: &[usize]) -> Vec<T> {
-    let (kept, reduced) = split(layout, axes);
-    let combine = move |acc: T, x: T| match kind {
-        ReduceKind::Sum => acc + x,
-        ReduceKind::Max => if x > acc || x.is_nan() { x } else { acc },
-        ReduceKind::Min => if x < acc || x.is_nan() { x } else { acc },
+/// The kind is matched once, so each reduction's loops are compiled on their own.
+pub fn reduce<T: Element + num_traits::Float>(
+    pool: &Pool,
+    kind: ReduceKind,
+    src: &[T],
+    layout: &Layout,
+    axes: &[usize],
+) -> Vec<T> {
+    match kind {
+        ReduceKind::Sum => reduce_with(pool, src, layout, axes, T::zero(), |a, x| a + x),
+        // NaN wins, as in PyTorch.
+        ReduceKind::Max => reduce_with(pool, src, layout, axes, T::neg_infinity(), |a, x| {
+            if x > a || x.is_nan() { x } else { a }
+        }),
+        ReduceKind::Min => reduce_with(pool, src, layout, axes, T::infinity(), |a, x| {
+            if x < a || x.is_nan() { x } else { a }
+        }),
         ReduceKind::ArgMax => unreachable!("argmax has its own kernel"),
-    };
-    let init = match kind {
-        ReduceKind::Sum => T::zero(),
-        ReduceKind::Max => T::neg_infinity(),
-        _ => T::infinity(),
-    };
+    }
+}
+
+fn reduce_with<T: Element + num_traits::Float>(
+    pool: &Pool,
+    src: &[T],
+    layout: &Layout,
+    axes: &[usize],
+    init: T,
+    combine: impl Fn(T, T) -> T + Sync,
+) -> Vec<T> {
+    let (kept, reduced) = split(layout, axes);
     let n_out = kept.elem_count();
     let mut out = pool.take::<T>(n_out);
     // Fast path: contiguous input whose kept axes form one block, seen as [outer, mid, inner]
@@ -40,7 +61,10 @@ pub fn reduce<T: Element + num_traits::Float>(pool: &Pool, kind: ReduceKind, src
     if let (Some(range), true) = (layout.contiguous_range(), block) {
         let dims = layout.dims();
         // With nothing kept, the block is empty at axis 0: one row of every element.
-        let (first, last) = (kept_axes.first().copied().unwrap_or(0), kept_axes.last().map_or(0, |&l| l + 1));
+        let (first, last) = (
+            kept_axes.first().copied().unwrap_or(0),
+            kept_axes.last().map_or(0, |&l| l + 1),
+        );
         let outer: usize = dims[..first].iter().product();
         let inner: usize = dims[last..].iter().product();
         let src = &src[range];
@@ -52,7 +76,17 @@ pub fn reduce<T: Element + num_traits::Float>(pool: &Pool, kind: ReduceKind, src
         let fold_row = |acc: T, row: &[T]| row.iter().fold(acc, |a, &x| combine(a, x));
         let mid_slab = n_out * inner;
         if outer == 1 && src.len() >= super::elementwise::PAR_THRESHOLD {
-            out.par_iter_mut().zip(src.par_chunks(inner)).for_each(|(o, row)| *o = fold_row(*o, row));
+            out.par_iter_mut()
+                .zip(src.par_chunks(inner))
+                .for_each(|(o, row)| *o = fold_row(*o, row));
+        } else if inner == 1 {
+            // Leading-axis reductions (bias gradients): whole rows combine elementwise.
+            for slab in src.chunks(mid_slab) {
+                let (o, slab) = (&mut out[..n_out], &slab[..n_out]);
+                for m in 0..n_out {
+                    o[m] = combine(o[m], slab[m]);
+                }
+            }
         } else {
             for slab in src.chunks(mid_slab) {
                 for (o, row) in out.iter_mut().zip(slab.chunks(inner)) {
@@ -63,7 +97,10 @@ pub fn reduce<T: Element + num_traits::Float>(pool: &Pool, kind: ReduceKind, src
         return out;
     }
     for (o, base) in out.iter_mut().zip(kept.offsets()) {
-        let inner = Layout { offset: base, ..reduced.clone() };
+        let inner = Layout {
+            offset: base,
+            ..reduced.clone()
+        };
         *o = inner.offsets().fold(init, |a, i| combine(a, src[i]));
     }
     out
@@ -74,7 +111,10 @@ pub fn argmax<T: Element + num_traits::Float>(pool: &Pool, src: &[T], layout: &L
     let (kept, reduced) = split(layout, &[axis]);
     let mut out = pool.take::<u32>(kept.elem_count());
     for (o, base) in out.iter_mut().zip(kept.offsets()) {
-        let inner = Layout { offset: base, ..reduced.clone() };
+        let inner = Layout {
+            offset: base,
+            ..reduced.clone()
+        };
         let mut best = (0u32, T::neg_infinity());
         for (j, i) in inner.offsets().enumerate() {
             let x = src[i];

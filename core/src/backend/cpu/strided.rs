@@ -38,7 +38,11 @@ pub fn coalesce(layouts: &[&Layout]) -> Vec<Layout> {
     layouts
         .iter()
         .zip(strides)
-        .map(|(l, strides)| Layout { shape: Shape::new(dims.clone()), strides, offset: l.offset })
+        .map(|(l, strides)| Layout {
+            shape: Shape::new(dims.clone()),
+            strides,
+            offset: l.offset,
+        })
         .collect()
 }
 
@@ -52,14 +56,22 @@ pub struct Runs {
 pub fn runs(layout: &Layout) -> Runs {
     let rank = layout.shape.rank();
     if rank == 0 {
-        return Runs { starts: vec![layout.offset], len: 1, stride: 1 };
+        return Runs {
+            starts: vec![layout.offset],
+            len: 1,
+            stride: 1,
+        };
     }
     let outer = Layout {
         shape: Shape::new(&layout.dims()[..rank - 1]),
         strides: layout.strides[..rank - 1].to_vec(),
         offset: layout.offset,
     };
-    Runs { starts: outer.offsets().collect(), len: layout.dims()[rank - 1], stride: layout.strides[rank - 1] }
+    Runs {
+        starts: outer.offsets().collect(),
+        len: layout.dims()[rank - 1],
+        stride: layout.strides[rank - 1],
+    }
 }
 
 /// Copies the elements of `layout` from `src` into `out` in row-major order.

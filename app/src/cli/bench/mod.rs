@@ -1,0 +1,128 @@
+//! `lockstep bench`: GEMM GFLOP/s and MLP training throughput on one device, optionally beside
+//! PyTorch in the same run, with the ratio ours / PyTorch.
+
+mod gemm;
+mod mlp;
+mod peer;
+mod plan;
+mod report;
+mod timing;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use lockstep_core::Device;
+
+use self::plan::{GEMM_SIZES, GEMM_TIMING, MlpPlan, Plan};
+use self::report::{Report, Results};
+use super::threads;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Which {
+    Gemm,
+    Mlp,
+    All,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    Pytorch,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Which benchmarks to run.
+    #[arg(value_enum, default_value_t = Which::All)]
+    which: Which,
+    /// CPU worker threads (rayon's pool; the peer gets the same number).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
+    /// Also run the same benchmarks in this framework and print the ratio.
+    #[arg(long, value_enum)]
+    peer: Option<Peer>,
+    /// Write the plan and every number to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The device to measure (`cpu`, `cpu:1`, …).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let threads = usize::from(args.threads);
+    // Before any tensor exists: the pool can be sized only once.
+    threads::init(threads)?;
+    let device = Device::parse(&args.device)?;
+    let plan = Plan {
+        threads,
+        device: device.location().into(),
+        gemm_sizes: if args.which == Which::Mlp {
+            vec![]
+        } else {
+            GEMM_SIZES.to_vec()
+        },
+        gemm_timing: GEMM_TIMING,
+        mlp: (args.which != Which::Gemm).then(MlpPlan::default),
+    };
+    println!("device: {}, {}", device.location(), device.info().name);
+    let load_before = load_average();
+    let ours = measure(&device, &plan)?;
+    let peer = args.peer.map(|Peer::Pytorch| {
+        eprintln!("running the PyTorch peer …");
+        peer::pytorch(&plan)
+    });
+    let (peer_results, peer_note) = match &peer {
+        Some(Ok(r)) => (Some(r), None),
+        Some(Err(note)) => (None, Some(note.as_str())),
+        None => (None, None),
+    };
+    println!("{}", report::table(&ours, peer_results));
+    if let Some(note) = peer_note {
+        println!("no PyTorch numbers: {note}");
+    }
+    // Other processes on the machine skew every number: say how busy it was.
+    let load_after = load_average();
+    println!("load average (1, 5, 15 min) before: {load_before}, after: {load_after}");
+    if let Some(path) = &args.json {
+        let report = Report {
+            plan: &plan,
+            ours: &ours,
+            peer: peer_results,
+            peer_note,
+            load_before: &load_before,
+            load_after: &load_after,
+        };
+        let text = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The first three fields of /proc/loadavg, or "unknown" where there is none.
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let fields: Vec<&str> = text.split_whitespace().take(3).collect();
+    if fields.len() == 3 {
+        fields.join(" ")
+    } else {
+        "unknown".into()
+    }
+}
+
+fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
+    let mut ours = Results {
+        engine: format!("Lockstep {}", env!("CARGO_PKG_VERSION")),
+        ..Results::default()
+    };
+    for &n in &plan.gemm_sizes {
+        eprintln!("running gemm {n}x{n} …");
+        ours.gemm
+            .push(gemm::run(device, n, &plan.gemm_timing).with_context(|| format!("gemm benchmark at {n}"))?);
+    }
+    if let Some(mlp_plan) = &plan.mlp {
+        eprintln!("running the MLP training step …");
+        ours.mlp = Some(mlp::run(device, mlp_plan).context("MLP benchmark")?);
+    }
+    Ok(ours)
+}

@@ -1,0 +1,143 @@
+//! The results of one engine (Lockstep or a peer), the JSON report, and the side-by-side table.
+
+use serde::{Deserialize, Serialize};
+
+use super::gemm::GemmResult;
+use super::mlp::MlpResult;
+use super::plan::Plan;
+use crate::cli::table;
+
+/// One engine's numbers. The PyTorch peer prints this same schema as JSON.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Results {
+    /// `Lockstep 0.1.0`, `PyTorch 2.15.0`.
+    pub engine: String,
+    #[serde(default)]
+    pub gemm: Vec<GemmResult>,
+    #[serde(default)]
+    pub mlp: Option<MlpResult>,
+}
+
+/// What `--json` writes.
+#[derive(Serialize)]
+pub struct Report<'a> {
+    pub plan: &'a Plan,
+    pub ours: &'a Results,
+    pub peer: Option<&'a Results>,
+    /// Why the peer has no numbers, when it has none.
+    pub peer_note: Option<&'a str>,
+    /// /proc/loadavg before and after the run.
+    pub load_before: &'a str,
+    pub load_after: &'a str,
+}
+
+/// (label, value, decimals, whether a ratio makes sense).
+struct Metric {
+    label: String,
+    value: f64,
+    decimals: usize,
+    ratio: bool,
+}
+
+fn metrics(r: &Results) -> Vec<Metric> {
+    let mut out: Vec<Metric> = r
+        .gemm
+        .iter()
+        .map(|g| Metric {
+            label: format!("gemm {0}x{0} GFLOP/s", g.n),
+            value: g.gflops,
+            decimals: 1,
+            ratio: true,
+        })
+        .collect();
+    if let Some(m) = &r.mlp {
+        out.push(Metric {
+            label: format!("mlp steps/s (batch {})", m.batch),
+            value: m.steps_per_s,
+            decimals: 1,
+            ratio: true,
+        });
+        out.push(Metric {
+            label: "mlp samples/s".into(),
+            value: m.samples_per_s,
+            decimals: 0,
+            ratio: true,
+        });
+        // Not a speed: shows both sides really trained (the loss falls on the fixed batch).
+        out.push(Metric {
+            label: "mlp final loss".into(),
+            value: m.final_loss,
+            decimals: 4,
+            ratio: false,
+        });
+    }
+    out
+}
+
+/// Our numbers, and beside them the peer's and the ratio ours / peer (higher is better for us).
+pub fn table(ours: &Results, peer: Option<&Results>) -> String {
+    let theirs = peer.map(metrics).unwrap_or_default();
+    let rows: Vec<Vec<String>> = metrics(ours)
+        .into_iter()
+        .map(|m| {
+            let mut row = vec![m.label.clone(), format!("{:.*}", m.decimals, m.value)];
+            if peer.is_some() {
+                let other = theirs.iter().find(|t| t.label == m.label);
+                row.push(other.map_or("-".into(), |t| format!("{:.*}", t.decimals, t.value)));
+                row.push(match other {
+                    Some(t) if m.ratio && t.value > 0.0 => format!("{:.2}", m.value / t.value),
+                    _ => "-".into(),
+                });
+            }
+            row
+        })
+        .collect();
+    let mut header = vec!["BENCHMARK", ours.engine.as_str()];
+    if let Some(p) = peer {
+        header.extend([p.engine.as_str(), "RATIO"]);
+    }
+    table::render(&header, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gemm(n: usize, gflops: f64) -> GemmResult {
+        GemmResult {
+            n,
+            median_s: 1.0,
+            gflops,
+            reps: 1,
+        }
+    }
+
+    #[test]
+    fn ratio_is_ours_over_peer_and_missing_rows_show_a_dash() {
+        let ours = Results {
+            engine: "Lockstep".into(),
+            gemm: vec![gemm(512, 100.0), gemm(1024, 50.0)],
+            mlp: None,
+        };
+        let peer = Results {
+            engine: "PyTorch".into(),
+            gemm: vec![gemm(512, 200.0)],
+            mlp: None,
+        };
+        let t = table(&ours, Some(&peer));
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("BENCHMARK") && lines[0].ends_with("RATIO"));
+        assert!(lines[1].ends_with("100.0     200.0    0.50"), "{t}");
+        assert!(lines[2].ends_with("50.0      -        -"), "{t}");
+    }
+
+    #[test]
+    fn the_peer_schema_parses() {
+        let json = r#"{"engine": "PyTorch 2.15.0", "gemm": [{"n": 512, "median_s": 0.001, "gflops": 268.4, "reps": 900}],
+            "mlp": {"batch": 128, "steps_per_window": 25, "windows": 40, "median_window_s": 0.08, "steps_per_s": 312.5,
+                    "samples_per_s": 40000.0, "final_loss": 0.01}}"#;
+        let r: Results = serde_json::from_str(json).expect("parses");
+        assert_eq!(r.gemm[0].n, 512);
+        assert_eq!(r.mlp.map(|m| m.batch), Some(128));
+    }
+}

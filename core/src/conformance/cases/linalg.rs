@@ -1,0 +1,63 @@
+//! Cases for `matmul`: odd sizes, transposed operands (no copy), batches with broadcast batch
+//! axes (stride 0), and the degenerate k = 0, m = 0 and 1x1 products.
+
+use crate::conformance::case::{Case, Input, Values, View};
+use crate::conformance::host;
+
+pub fn cases() -> Vec<Case> {
+    let u = Values::Uniform { low: -1.0, high: 1.0 };
+    let a = |shape: &[usize]| Input::float("a", shape.to_vec(), u.clone());
+    let b = |shape: &[usize]| Input::float("b", shape.to_vec(), u.clone());
+    let shapes: Vec<(&str, Input, Input)> = vec![
+        ("7x13@13x5", a(&[7, 13]), b(&[13, 5])),
+        ("aT", a(&[7, 13]).transposed(), b(&[13, 5])),
+        ("bT", a(&[7, 13]), b(&[13, 5]).transposed()),
+        ("aT_bT", a(&[6, 4]).transposed(), b(&[4, 9]).transposed()),
+        ("batched", a(&[3, 4, 6]), b(&[3, 6, 5])),
+        ("bcast_rhs", a(&[3, 4, 6]), b(&[6, 5])),
+        ("bcast_batch", a(&[2, 1, 4, 6]), b(&[3, 6, 5])),
+        (
+            "bcast_view",
+            a(&[1, 4, 6]).broadcast([3, 4, 6]),
+            b(&[3, 6, 5]).transposed(),
+        ),
+        (
+            "narrow",
+            a(&[5, 9]).view(View::Narrow {
+                axis: 1,
+                start: 2,
+                len: 6,
+            }),
+            b(&[6, 8]).view(View::Narrow {
+                axis: 1,
+                start: 1,
+                len: 3,
+            }),
+        ),
+        (
+            "permuted_batch",
+            a(&[4, 3, 6]).view(View::Permute(vec![1, 0, 2])),
+            b(&[3, 6, 2]),
+        ),
+        ("k0", a(&[3, 0]), b(&[0, 4])),
+        ("m0", a(&[0, 5]), b(&[5, 3])),
+        ("1x1", a(&[1, 1]), b(&[1, 1])),
+        ("vec", a(&[1, 17]), b(&[17, 1])),
+        ("33x65@65x17", a(&[33, 65]), b(&[65, 17])),
+    ];
+    shapes
+        .into_iter()
+        .map(|(label, a, b)| {
+            let k = *a.logical_shape().last().unwrap_or(&1);
+            Case::new(format!("matmul/{label}"), &["matmul"], |_, x| {
+                Ok(vec![x[0].matmul(&x[1])?])
+            })
+            .input(a)
+            .input(b)
+            // Dot products of length k: the error grows like sqrt(k) (more with pairwise or
+            // blocked summation orders differing from the reference's).
+            .tol_scale((k as f64).sqrt() / 2.0 + 1.0)
+            .oracle(|x| vec![host::matmul(&x[0], &x[1])])
+        })
+        .collect()
+}

@@ -1,0 +1,22 @@
+//! Every conformance case, grouped like the `Backend` trait.
+
+mod buffers;
+mod elementwise;
+mod linalg;
+mod nn;
+mod optim;
+mod reduce;
+mod shape;
+
+use super::case::Case;
+
+pub fn all() -> Vec<Case> {
+    let mut all = buffers::cases();
+    all.extend(elementwise::cases());
+    all.extend(reduce::cases());
+    all.extend(shape::cases());
+    all.extend(linalg::cases());
+    all.extend(nn::cases());
+    all.extend(optim::cases());
+    all
+}

@@ -1,0 +1,370 @@
+//! Cases for the network ops: `softmax_last`/`log_softmax_last`, `im2col`/`col2im` (alone and
+//! as convolutions), `max_pool2d`, and the composite losses and normalisations built on them.
+
+use crate::backend::Conv2dGeometry;
+use crate::conformance::case::{Case, Input, Values, View};
+use crate::conformance::host::{self, HostTensor};
+use crate::tensor::{Conv2dOptions, Pool2dOptions};
+
+fn u() -> Values {
+    Values::Uniform { low: -2.0, high: 2.0 }
+}
+
+fn softmax_cases() -> Vec<Case> {
+    let shapes: Vec<(&str, Input, usize)> = vec![
+        ("7x13", Input::float("x", [7, 13], u()), 1),
+        ("axis0", Input::float("x", [7, 13], u()), 0),
+        ("3d_middle", Input::float("x", [2, 5, 3], u()), 1),
+        ("T", Input::float("x", [7, 13], u()).transposed(), 1),
+        // Large logits: exp overflows f32 unless the kernel subtracts the row maximum first.
+        (
+            "large",
+            Input::float(
+                "x",
+                [4, 9],
+                Values::Uniform {
+                    low: -100.0,
+                    high: 100.0,
+                },
+            ),
+            1,
+        ),
+        ("wide", Input::float("x", [3, 1000], u()), 1),
+        ("1x1", Input::float("x", [1, 1], u()), 1),
+        ("empty", Input::float("x", [0, 5], u()), 1),
+    ];
+    let mut cases = Vec::new();
+    for log in [false, true] {
+        let method = if log { "log_softmax_last" } else { "softmax_last" };
+        for (label, input, axis) in shapes.clone() {
+            cases.push(
+                Case::new(format!("{method}/{label}"), &[method], move |_, x| {
+                    let a = axis as isize;
+                    Ok(vec![if log { x[0].log_softmax(a)? } else { x[0].softmax(a)? }])
+                })
+                .input(input)
+                .tol_scale(if log && label == "large" { 4.0 } else { 1.0 })
+                .oracle(move |x| vec![host::softmax(&x[0], axis, log)]),
+            );
+        }
+    }
+    cases
+}
+
+fn conv_cases() -> Vec<Case> {
+    struct Conv {
+        label: &'static str,
+        x: [usize; 4],
+        w: [usize; 4],
+        opts: Conv2dOptions,
+        bias: bool,
+    }
+    let o = |stride, padding, dilation, groups| Conv2dOptions {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let convs = [
+        Conv {
+            label: "3x3_pad1",
+            x: [2, 3, 7, 9],
+            w: [4, 3, 3, 3],
+            opts: o([1, 1], [1, 1], [1, 1], 1),
+            bias: true,
+        },
+        Conv {
+            label: "stride_dilation",
+            x: [1, 2, 9, 11],
+            w: [3, 2, 3, 2],
+            opts: o([2, 1], [0, 1], [1, 2], 1),
+            bias: false,
+        },
+        Conv {
+            label: "groups3",
+            x: [2, 6, 5, 5],
+            w: [6, 2, 3, 3],
+            opts: o([1, 1], [1, 0], [1, 1], 3),
+            bias: true,
+        },
+        Conv {
+            label: "1x1_stride2",
+            x: [1, 4, 6, 7],
+            w: [5, 4, 1, 1],
+            opts: o([2, 2], [0, 0], [1, 1], 1),
+            bias: false,
+        },
+        Conv {
+            label: "kernel_fills_input",
+            x: [3, 1, 4, 4],
+            w: [2, 1, 4, 4],
+            opts: o([1, 1], [0, 0], [1, 1], 1),
+            bias: true,
+        },
+    ];
+    convs
+        .into_iter()
+        .map(|c| {
+            let (opts, bias) = (c.opts, c.bias);
+            let k = c.w[1] * c.w[2] * c.w[3];
+            let mut case = Case::new(
+                format!("im2col/conv2d_{}", c.label),
+                &["im2col", "col2im", "matmul"],
+                move |_, x| Ok(vec![x[0].conv2d(&x[1], if bias { Some(&x[2]) } else { None }, opts)?]),
+            )
+            .input(Input::float("x", c.x, u()))
+            .input(Input::float("w", c.w, Values::Uniform { low: -0.5, high: 0.5 }))
+            .tol_scale((k as f64).sqrt() / 2.0 + 1.0);
+            if bias {
+                case = case.input(Input::float("bias", [c.w[0]], u()));
+            }
+            case.oracle(move |x| {
+                let y = host::conv2d(&x[0], &x[1], opts.stride, opts.padding, opts.dilation, opts.groups);
+                vec![if bias {
+                    y.zip(&x[2].reshape([x[2].len(), 1, 1]), |a, b| a + b)
+                } else {
+                    y
+                }]
+            })
+        })
+        .collect()
+}
+
+/// For column-matrix entry (`row`, `col`) of `[c*kh*kw, n*oh*ow]`: the image, channel and input
+/// pixel it reads, None where the tap falls in the padding.
+fn tap(g: &Conv2dGeometry, row: usize, col: usize) -> (usize, usize, Option<(usize, usize)>) {
+    let (c, ki, kj) = (row / (g.kh * g.kw), row / g.kw % g.kh, row % g.kw);
+    let plane = g.out_h() * g.out_w();
+    let (b, y, x) = (col / plane, col % plane / g.out_w(), col % g.out_w());
+    let iy = (y * g.stride[0] + ki * g.dilation[0]) as isize - g.padding[0] as isize;
+    let ix = (x * g.stride[1] + kj * g.dilation[1]) as isize - g.padding[1] as isize;
+    let inside = iy >= 0 && ix >= 0 && (iy as usize) < g.h && (ix as usize) < g.w;
+    (b, c, inside.then_some((iy as usize, ix as usize)))
+}
+
+/// im2col in plain index arithmetic: `[c*kh*kw, n*oh*ow]`.
+fn host_im2col(x: &HostTensor, g: &Conv2dGeometry) -> HostTensor {
+    HostTensor::from_fn([g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w()], |i| {
+        match tap(g, i[0], i[1]) {
+            (b, c, Some((iy, ix))) => x.at(&[b, c, iy, ix]),
+            _ => 0.0,
+        }
+    })
+}
+
+/// col2im as the adjoint of im2col: every column entry added back to the pixel it came from.
+fn host_col2im(cols: &HostTensor, g: &Conv2dGeometry) -> HostTensor {
+    let mut out = HostTensor::new([g.n, g.c, g.h, g.w], vec![0.0; g.n * g.c * g.h * g.w]);
+    for (flat, &v) in cols.values.iter().enumerate() {
+        let i = host::unravel(flat, &cols.dims);
+        if let (b, c, Some((iy, ix))) = tap(g, i[0], i[1]) {
+            out.values[((b * g.c + c) * g.h + iy) * g.w + ix] += v;
+        }
+    }
+    out
+}
+
+fn unfold_cases() -> Vec<Case> {
+    let geoms = [
+        (
+            "overlap",
+            Conv2dGeometry {
+                n: 2,
+                c: 3,
+                h: 5,
+                w: 6,
+                kh: 3,
+                kw: 2,
+                stride: [1, 2],
+                padding: [1, 1],
+                dilation: [1, 1],
+            },
+        ),
+        (
+            "dilated",
+            Conv2dGeometry {
+                n: 1,
+                c: 2,
+                h: 7,
+                w: 7,
+                kh: 2,
+                kw: 3,
+                stride: [2, 1],
+                padding: [0, 2],
+                dilation: [2, 1],
+            },
+        ),
+    ];
+    let mut cases = Vec::new();
+    for (label, g) in geoms {
+        cases.push(
+            Case::new(format!("im2col/{label}"), &["im2col", "col2im"], move |_, x| {
+                Ok(vec![x[0].im2col(g)?])
+            })
+            .input(Input::float("x", [g.n, g.c, g.h, g.w], u()))
+            .oracle(move |x| vec![host_im2col(&x[0], &g)]),
+        );
+        cases.push(
+            Case::new(format!("col2im/{label}"), &["col2im", "im2col"], move |_, x| {
+                Ok(vec![x[0].col2im(g)?])
+            })
+            .input(Input::float(
+                "cols",
+                [g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w()],
+                u(),
+            ))
+            .tol_scale(2.0)
+            .oracle(move |x| vec![host_col2im(&x[0], &g)]),
+        );
+    }
+    cases
+}
+
+fn pool_cases() -> Vec<Case> {
+    let p = |kernel, stride, padding| Pool2dOptions {
+        kernel,
+        stride,
+        padding,
+    };
+    let pools = [
+        ("2x2", [2, 3, 7, 9], p([2, 2], [2, 2], [0, 0])),
+        ("3x3_pad1", [1, 2, 7, 6], p([3, 3], [2, 2], [1, 1])),
+        ("2x3_overlap", [2, 1, 5, 8], p([2, 3], [1, 2], [0, 1])),
+        ("global", [2, 3, 4, 5], p([4, 5], [1, 1], [0, 0])),
+    ];
+    let mut cases = Vec::new();
+    for (label, dims, opts) in pools {
+        cases.push(
+            Case::new(
+                format!("max_pool2d/{label}"),
+                &["max_pool2d", "scatter_add"],
+                move |_, x| Ok(vec![x[0].max_pool2d(opts)?]),
+            )
+            // Distinct values: a unique maximum per window, so the gradient is well defined.
+            .input(Input::float("x", dims, Values::Distinct { low: -3.0, high: 3.0 }))
+            .oracle(move |x| vec![host::pool2d(&x[0], opts.kernel, opts.stride, opts.padding, true)]),
+        );
+        cases.push(
+            Case::new(
+                format!("im2col/avg_pool2d_{label}"),
+                &["im2col", "col2im", "reduce:sum"],
+                move |_, x| Ok(vec![x[0].avg_pool2d(opts)?]),
+            )
+            .input(Input::float("x", dims, u()))
+            .oracle(move |x| vec![host::pool2d(&x[0], opts.kernel, opts.stride, opts.padding, false)]),
+        );
+    }
+    // A strided input: the op makes it contiguous first.
+    cases.push(
+        Case::new(
+            "max_pool2d/T",
+            &["max_pool2d", "scatter_add", "copy_strided"],
+            |_, x| Ok(vec![x[0].max_pool2d(Pool2dOptions::new(2))?]),
+        )
+        .input(Input::float("x", [1, 2, 6, 5], Values::Distinct { low: -3.0, high: 3.0 }).transposed())
+        .oracle(|x| vec![host::pool2d(&x[0], [2, 2], [2, 2], [0, 0], true)]),
+    );
+    cases
+}
+
+fn loss_cases() -> Vec<Case> {
+    let ce = |x: &[HostTensor]| {
+        let logp = host::softmax(&x[0], 1, true);
+        let n = x[0].dims[0];
+        let total: f64 = (0..n).map(|i| logp.at(&[i, x[1].values[i] as usize])).sum();
+        vec![HostTensor::new([], vec![-total / n as f64])]
+    };
+    vec![
+        Case::new(
+            "log_softmax_last/cross_entropy",
+            &["log_softmax_last", "gather", "scatter_add", "reduce:sum"],
+            |_, x| Ok(vec![x[0].cross_entropy(&x[1])?]),
+        )
+        .input(Input::float("logits", [6, 5], u()))
+        .input(Input::indices("labels", [6], 5))
+        .oracle(ce),
+        Case::new(
+            "log_softmax_last/cross_entropy_i64",
+            &["log_softmax_last", "gather", "cast"],
+            |_, x| Ok(vec![x[0].cross_entropy(&x[1])?]),
+        )
+        .input(Input::float("logits", [9, 4], u()))
+        .input(Input::labels_i64("labels", [9], 4))
+        .oracle(ce),
+        Case::new(
+            "binary:sub/mse_loss",
+            &["binary:sub", "binary:mul", "reduce:sum"],
+            |_, x| Ok(vec![x[0].mse_loss(&x[1])?]),
+        )
+        .input(Input::float("pred", [7, 3], u()))
+        .input(Input::float("target", [7, 3], u()).transposed())
+        .oracle(|x| {
+            let d = x[0].zip(&x[1], |a, b| (a - b) * (a - b));
+            vec![HostTensor::new([], vec![d.values.iter().sum::<f64>() / d.len() as f64])]
+        }),
+        // Training mode: batch statistics (biased variance); the running statistics are updated
+        // in place and compared as forward-only outputs in a separate case below.
+        Case::new(
+            "binary:div/batch_norm",
+            &["binary:div", "reduce:sum", "binary:sub", "unary:sqrt"],
+            |ctx, x| {
+                let c = x[0].dims()[1];
+                let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
+                let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
+                Ok(vec![x[0].batch_norm(
+                    &rm,
+                    &rv,
+                    Some(&x[1]),
+                    Some(&x[2]),
+                    true,
+                    0.1,
+                    1e-5,
+                )?])
+            },
+        )
+        .input(Input::float("x", [4, 3, 5], u()))
+        .input(Input::float("weight", [3], u()))
+        .input(Input::float("bias", [3], u()))
+        .tol_scale(2.0)
+        .oracle(|x| {
+            let mean = x[0].sum(&[0, 2], true).map(|v| v / 20.0);
+            let centered = x[0].zip(&mean, |a, m| a - m);
+            let var = centered.map(|d| d * d).sum(&[0, 2], true).map(|v| v / 20.0);
+            let y = centered.zip(&var, |d, v| d / (v + 1e-5).sqrt());
+            vec![
+                y.zip(&x[1].reshape([3, 1]), |a, w| a * w)
+                    .zip(&x[2].reshape([3, 1]), |a, b| a + b),
+            ]
+        }),
+        Case::new(
+            "binary:add/batch_norm_running_stats",
+            &["binary:add", "reduce:sum", "unary:affine", "copy_strided"],
+            |ctx, x| {
+                let c = x[0].dims()[1];
+                let rm = crate::tensor::Tensor::full([c], 0.5, ctx.dtype, ctx.device)?;
+                let rv = crate::tensor::Tensor::full([c], 2.0, ctx.dtype, ctx.device)?;
+                x[0].batch_norm(&rm, &rv, None, None, true, 0.25, 1e-5)?;
+                Ok(vec![rm, rv])
+            },
+        )
+        .input(Input::float("x", [4, 3, 2, 2], u()).view(View::Permute(vec![0, 1, 3, 2])))
+        .forward_only()
+        .oracle(|x| {
+            let mean = x[0].sum(&[0, 2, 3], false).map(|v| v / 16.0);
+            let var = x[0]
+                .zip(&x[0].sum(&[0, 2, 3], true).map(|v| v / 16.0), |a, m| (a - m) * (a - m))
+                .sum(&[0, 2, 3], false)
+                .map(|v| v / 15.0);
+            vec![mean.map(|m| 0.75 * 0.5 + 0.25 * m), var.map(|v| 0.75 * 2.0 + 0.25 * v)]
+        }),
+    ]
+}
+
+pub fn cases() -> Vec<Case> {
+    let mut all = softmax_cases();
+    all.extend(conv_cases());
+    all.extend(unfold_cases());
+    all.extend(pool_cases());
+    all.extend(loss_cases());
+    all
+}

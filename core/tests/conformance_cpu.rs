@@ -1,0 +1,128 @@
+//! The conformance suite on a second CPU device against the CPU reference, and the reference
+//! itself against the plain-f64 oracles.
+
+use lockstep_core::conformance::{self, Case, Input, Outcome, Values, format_table, run_case, run_oracles, run_suite};
+use lockstep_core::{DType, Device};
+
+fn assert_all_pass(reports: &[conformance::CaseReport]) {
+    let table = format_table(reports);
+    println!("{table}");
+    let failed: Vec<_> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| format!("{} [{}]: {:?}", r.case, r.dtype, r.outcome))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed:\n{}",
+        failed.len(),
+        reports.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn cpu_passes_the_suite_in_every_float_dtype() {
+    let device = Device::parse("cpu:1").unwrap();
+    let reports = run_suite(&device, &[DType::F32, DType::F16, DType::BF16, DType::F64]);
+    assert!(reports.len() > 300, "only {} reports", reports.len());
+    assert_all_pass(&reports);
+}
+
+#[test]
+fn cpu_reference_matches_the_oracles() {
+    let reports = run_oracles(&Device::cpu());
+    let cases = conformance::all_cases();
+    assert!(
+        reports.len() * 10 >= cases.len() * 9,
+        "only {} of {} cases have an oracle",
+        reports.len(),
+        cases.len()
+    );
+    assert_all_pass(&reports);
+}
+
+#[test]
+fn case_names_are_unique() {
+    let mut names: Vec<String> = conformance::all_cases().into_iter().map(|c| c.name).collect();
+    let n = names.len();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), n, "duplicate case names");
+}
+
+/// A case whose result depends on the device: the runner must catch the difference, with an
+/// error just above what each dtype tolerates.
+fn skewed(offset: f64) -> Case {
+    Case::new("skewed", &["unary:affine"], move |ctx, x| {
+        let shift = if ctx.device.location() == "cpu:0" { 0.0 } else { offset };
+        Ok(vec![x[0].affine(1.0, shift)?])
+    })
+    .input(Input::float("x", [3, 4], Values::Uniform { low: -1.0, high: 1.0 }))
+}
+
+#[test]
+fn runner_detects_wrong_results() {
+    let device = Device::parse("cpu:2").unwrap();
+    for (dtype, bad) in [(DType::F32, 1e-4), (DType::F16, 0.05), (DType::BF16, 0.25)] {
+        let report = run_case(&skewed(bad), &device, dtype).unwrap();
+        assert!(
+            matches!(report.outcome, Outcome::Fail(_)),
+            "{dtype}: {:?}",
+            report.outcome
+        );
+        assert!(report.max_abs_err >= bad * 0.5, "{dtype}: {}", report.max_abs_err);
+        let table = format_table(&[report]);
+        assert!(table.contains("FAIL") && table.contains("skewed"), "{table}");
+    }
+    // Rounding-sized differences pass.
+    let report = run_case(&skewed(1e-7), &device, DType::F32).unwrap();
+    assert_eq!(report.outcome, Outcome::Pass);
+}
+
+#[test]
+fn runner_reports_errors_and_wrong_shapes() {
+    let device = Device::parse("cpu:2").unwrap();
+    let failing = Case::new("errs", &[], |ctx, x| {
+        if ctx.device.location() == "cpu:0" {
+            Ok(vec![x[0].clone()])
+        } else {
+            Err(lockstep_core::Error::invalid("errs", "broken kernel"))
+        }
+    })
+    .input(Input::float("x", [2], Values::Uniform { low: 0.0, high: 1.0 }));
+    let report = run_case(&failing, &device, DType::F32).unwrap();
+    assert!(
+        matches!(&report.outcome, Outcome::Error(m) if m.contains("broken kernel")),
+        "{:?}",
+        report.outcome
+    );
+    let reshaped = Case::new("shape", &[], |ctx, x| {
+        Ok(vec![if ctx.device.location() == "cpu:0" {
+            x[0].clone()
+        } else {
+            x[0].reshape([3, 2])?
+        }])
+    })
+    .input(Input::float("x", [2, 3], Values::Uniform { low: 0.0, high: 1.0 }));
+    let report = run_case(&reshaped, &device, DType::F32).unwrap();
+    assert!(
+        matches!(&report.outcome, Outcome::Fail(m) if m.contains("[3, 2]")),
+        "{:?}",
+        report.outcome
+    );
+    let panicking = Case::new("panics", &[], |ctx, x| {
+        if ctx.device.location() == "cpu:0" {
+            Ok(vec![x[0].clone()])
+        } else {
+            panic!("kernel bug")
+        }
+    })
+    .input(Input::float("x", [2], Values::Uniform { low: 0.0, high: 1.0 }));
+    let report = run_case(&panicking, &device, DType::F32).unwrap();
+    assert!(
+        matches!(&report.outcome, Outcome::Error(m) if m.contains("kernel bug")),
+        "{:?}",
+        report.outcome
+    );
+}

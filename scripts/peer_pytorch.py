@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `lockstep bench --peer pytorch`.
+
+Runs the same benchmarks as Lockstep, with the same shapes, model, optimizer and timing rules,
+all taken from the plan Lockstep passes as one JSON argument (see app/src/cli/bench/plan.rs),
+and prints one JSON object in Lockstep's `Results` schema on stdout.
+
+Exit codes: 0 with the JSON on stdout; 3 when torch cannot be imported (one line on stderr);
+anything else is a failure of this script.
+
+By hand: python3 scripts/peer_pytorch.py '{"threads": 2, "device": "cpu", "gemm_sizes": [512],
+  "gemm_timing": {"warmup": 3, "min_reps": 10, "max_reps": 2000, "min_seconds": 1.0}, "mlp": null}'
+"""
+
+import json
+import statistics
+import sys
+import time
+
+NO_TORCH = 3
+
+
+def measure(timing, rep, sync):
+    """Warm-up, then timed repetitions until both min_reps and min_seconds; the median seconds."""
+    for _ in range(timing["warmup"]):
+        rep()
+    sync()
+    times = []
+    start = time.perf_counter()
+    while len(times) < timing["max_reps"] and (
+        len(times) < timing["min_reps"] or time.perf_counter() - start < timing["min_seconds"]
+    ):
+        t = time.perf_counter()
+        rep()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), len(times)
+
+
+def gemm(torch, device, n, timing, sync):
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    median_s, reps = measure(timing, lambda: torch.mm(a, b), sync)
+    return {"n": n, "median_s": median_s, "gflops": 2.0 * n**3 / median_s / 1e9, "reps": reps}
+
+
+def mlp(torch, device, plan, sync):
+    layers = plan["layers"]
+    modules = [torch.nn.Flatten()]  # as Lockstep's built-in `mlp` model
+    for i, (fan_in, fan_out) in enumerate(zip(layers, layers[1:])):
+        if i > 0:
+            modules.append(torch.nn.ReLU())
+        modules.append(torch.nn.Linear(fan_in, fan_out))
+    model = torch.nn.Sequential(*modules).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=plan["lr"], momentum=plan["momentum"])
+    x = torch.randn(plan["batch"], layers[0], device=device)
+    y = torch.randint(0, layers[-1], (plan["batch"],), device=device)
+    last = {"loss": float("nan")}
+
+    def window():
+        for _ in range(plan["steps_per_window"]):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        # The window's one host sync, as on the Lockstep side.
+        last["loss"] = loss.item()
+
+    median_s, windows = measure(plan["timing"], window, sync)
+    steps_per_s = plan["steps_per_window"] / median_s
+    return {
+        "batch": plan["batch"],
+        "steps_per_window": plan["steps_per_window"],
+        "windows": windows,
+        "median_window_s": median_s,
+        "steps_per_s": steps_per_s,
+        "samples_per_s": steps_per_s * plan["batch"],
+        "final_loss": last["loss"],
+    }
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: peer_pytorch.py PLAN_JSON", file=sys.stderr)
+        return 2
+    plan = json.loads(argv[1])
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a CUDA build whose CUDA libraries are missing
+        print(f"import torch failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        return NO_TORCH
+    torch.set_num_threads(plan["threads"])
+    torch.manual_seed(0)
+    device = torch.device(plan["device"])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    results = {"engine": f"PyTorch {torch.__version__.split('+')[0]}", "gemm": [], "mlp": None}
+    for n in plan["gemm_sizes"]:
+        results["gemm"].append(gemm(torch, device, n, plan["gemm_timing"], sync))
+    if plan["mlp"] is not None:
+        results["mlp"] = mlp(torch, device, plan["mlp"], sync)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
