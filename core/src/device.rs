@@ -138,6 +138,19 @@ pub fn register_provider(provider: Box<dyn DeviceProvider>) {
     reg.providers.push(provider);
 }
 
+/// The device a run uses when none is named: a CUDA GPU, else a hardware GPU through wgpu
+/// (never a software one), else `cpu:0`.
+pub fn best_available() -> Result<Device> {
+    let all = list_devices();
+    let pick = ["cuda", "wgpu"]
+        .iter()
+        .find_map(|kind| all.iter().find(|d| d.location.starts_with(&format!("{kind}:")) && !d.software));
+    match pick {
+        Some(info) => Device::parse(&info.location),
+        None => Ok(Device::cpu()),
+    }
+}
+
 /// `cpu:0` and every device the registered providers find.
 pub fn list_devices() -> Vec<DeviceInfo> {
     let mut all = vec![Device::cpu().info()];

@@ -46,6 +46,8 @@ pub struct DeviceInfo {
     /// `cpu`, `vulkan`, `metal`, `cuda`, …
     pub api: String,
     pub total_memory_bytes: Option<u64>,
+    /// A software implementation of a GPU API (lavapipe, llvmpipe, WARP): never picked by default.
+    pub software: bool,
 }
 
 /// Allocator and utilisation counters. `None` means the backend cannot know, never zero.

@@ -48,8 +48,8 @@ pub struct Args {
     pub weight_decay: Option<f64>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Device: cpu, cpu:N (later wgpu:N, cuda:N).
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (a CUDA GPU, else a hardware wgpu adapter, else the CPU), cpu, cpu:N, wgpu:N, cuda:N.
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Data loader worker threads (0 loads on the training thread).
     #[arg(long, default_value_t = 2)]

@@ -61,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let report = trainer.fit(&mut setup, &train, (!args.no_val).then_some(&test))?;
     let result = trainer.test(&mut setup, &test)?;
-    let summary = summary::Summary::new(&args, &report, &result);
+    let summary = summary::Summary::new(&args, setup.device.location(), &report, &result);
     summary.print();
     if let Some(path) = &args.summary_out {
         summary.write(path)?;

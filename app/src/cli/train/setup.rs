@@ -12,7 +12,10 @@ use lockstep_core::{Device, Generator, models};
 use super::args::{Args, OptimizerKind};
 
 pub fn build(args: &Args) -> anyhow::Result<TrainingSetup> {
-    let device = Device::parse(&args.device)?;
+    let device = match args.device.as_str() {
+        "auto" => lockstep_core::device::best_available()?,
+        name => Device::parse(name)?,
+    };
     let init = Generator::new(args.seed);
     let model = models::build(&args.model, &args.hidden, &device, &init)?;
     if let Some(path) = &args.init_weights {

@@ -23,10 +23,10 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn new(args: &Args, report: &FitReport, test: &EvalMetrics) -> Summary {
+    pub fn new(args: &Args, device: &str, report: &FitReport, test: &EvalMetrics) -> Summary {
         Summary {
             model: args.model.clone(),
-            device: args.device.clone(),
+            device: device.to_string(),
             epochs: report.epochs,
             steps: report.steps,
             test_accuracy: test.accuracy,

@@ -175,6 +175,7 @@ impl Backend for CpuBackend {
             name: format!("{} ({} threads)", cpu_model_name(), rayon::current_num_threads()),
             api: "cpu".into(),
             total_memory_bytes: total_memory_bytes(),
+            software: false,
         }
     }
 
