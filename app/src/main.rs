@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// List the devices this build can use.
     Devices(cli::devices::Args),
+    /// Run the backend conformance suite on a device and print a report.
+    Check(cli::check::Args),
     /// Train a built-in model on MNIST.
     Train(cli::train::Args),
     /// Measure GEMM and MLP training throughput, optionally beside a peer framework.
@@ -33,6 +35,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices(args) => cli::devices::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::Train(args) => cli::train::run(args),
+        Command::Check(args) => cli::check::run(args),
     }
 }
 

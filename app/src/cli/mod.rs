@@ -1,6 +1,7 @@
 //! One module per subcommand, plus the small helpers they share.
 
 pub mod bench;
+pub mod check;
 pub mod devices;
 mod table;
 mod threads;

@@ -77,7 +77,14 @@ pub fn compare<T: Element>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layo
 }
 
 /// `out[i] = f(src[layout[i]])`.
-pub fn map<T: Element, U: Element>(pool: &Pool, src: &[T], layout: &Layout, f: impl Fn(T) -> U + Sync) -> Vec<U> {
+/// `f` is taken by value and copied into each chunk's loop: constants it captured then live in
+/// registers instead of being reloaded through a pointer per element, which keeps loops scalar.
+pub fn map<T: Element, U: Element>(
+    pool: &Pool,
+    src: &[T],
+    layout: &Layout,
+    f: impl Fn(T) -> U + Send + Sync + Copy,
+) -> Vec<U> {
     let n = layout.elem_count();
     let mut out = pool.take::<U>(n);
     if let Some(range) = layout.contiguous_range() {
@@ -85,7 +92,7 @@ pub fn map<T: Element, U: Element>(pool: &Pool, src: &[T], layout: &Layout, f: i
         if n >= PAR_THRESHOLD {
             out.par_chunks_mut(4096)
                 .zip(src.par_chunks(4096))
-                .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s)));
+                .for_each(move |(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s)));
         } else {
             out.iter_mut().zip(src).for_each(|(o, &s)| *o = f(s));
         }
@@ -103,7 +110,7 @@ pub fn map<T: Element, U: Element>(pool: &Pool, src: &[T], layout: &Layout, f: i
 
 /// `o[i] = f(a[i], b[i])` over equal-length slices, indexed so it vectorises.
 #[inline(always)]
-fn zip_slices<T: Copy, U>(o: &mut [U], a: &[T], b: &[T], f: &impl Fn(T, T) -> U) {
+fn zip_slices<T: Copy, U>(o: &mut [U], a: &[T], b: &[T], f: impl Fn(T, T) -> U) {
     let n = o.len();
     let (a, b) = (&a[..n], &b[..n]);
     for i in 0..n {
@@ -118,7 +125,7 @@ pub fn zip<T: Element, U: Element>(
     la: &Layout,
     b: &[T],
     lb: &Layout,
-    f: impl Fn(T, T) -> U + Sync,
+    f: impl Fn(T, T) -> U + Send + Sync + Copy,
 ) -> Vec<U> {
     let n = la.elem_count();
     let mut out = pool.take::<U>(n);
@@ -127,17 +134,18 @@ pub fn zip<T: Element, U: Element>(
         if n >= PAR_THRESHOLD {
             out.par_chunks_mut(4096)
                 .zip(a.par_chunks(4096).zip(b.par_chunks(4096)))
-                .for_each(|(o, (a, b))| zip_slices(o, a, b, &f));
+                .for_each(move |(o, (a, b))| zip_slices(o, a, b, f));
         } else {
-            zip_slices(&mut out, a, b, &f);
+            zip_slices(&mut out, a, b, f);
         }
         return out;
     }
     let merged = coalesce(&[la, lb]);
     let (ra, rb) = (runs(&merged[0]), runs(&merged[1]));
     let len = ra.len.max(1);
-    let row = |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| match (ra.stride, rb.stride) {
-        (1, 1) => zip_slices(o, &a[sa..sa + len], &b[sb..sb + len], &f),
+    let (stride_a, stride_b) = (ra.stride, rb.stride);
+    let row = move |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| match (stride_a, stride_b) {
+        (1, 1) => zip_slices(o, &a[sa..sa + len], &b[sb..sb + len], f),
         (1, 0) => {
             let (x, y) = (&a[sa..sa + len], b[sb]);
             for j in 0..len {
