@@ -142,9 +142,10 @@ pub fn register_provider(provider: Box<dyn DeviceProvider>) {
 /// (never a software one), else `cpu:0`.
 pub fn best_available() -> Result<Device> {
     let all = list_devices();
-    let pick = ["cuda", "wgpu"]
-        .iter()
-        .find_map(|kind| all.iter().find(|d| d.location.starts_with(&format!("{kind}:")) && !d.software));
+    let pick = ["cuda", "wgpu"].iter().find_map(|kind| {
+        all.iter()
+            .find(|d| d.location.starts_with(&format!("{kind}:")) && !d.software)
+    });
     match pick {
         Some(info) => Device::parse(&info.location),
         None => Ok(Device::cpu()),

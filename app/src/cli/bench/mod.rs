@@ -2,6 +2,7 @@
 //! PyTorch in the same run, with the ratio ours / PyTorch.
 
 mod gemm;
+mod machine;
 mod mlp;
 mod peer;
 mod plan;
@@ -15,7 +16,7 @@ use clap::ValueEnum;
 use lockstep_core::Device;
 
 use self::plan::{GEMM_SIZES, GEMM_TIMING, MlpPlan, Plan};
-use self::report::{Report, Results};
+use self::report::{Busy, Report, Results};
 use super::threads;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -66,12 +67,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mlp: (args.which != Which::Gemm).then(MlpPlan::default),
     };
     println!("device: {}, {}", device.location(), device.info().name);
-    let load_before = load_average();
+    let load_before = machine::load_average();
+    let start = machine::sample();
     let ours = measure(&device, &plan)?;
+    let ours_done = machine::sample();
     let peer = args.peer.map(|Peer::Pytorch| {
         eprintln!("running the PyTorch peer …");
         peer::pytorch(&plan)
     });
+    let others = Busy {
+        during_ours: machine::others_percent(start, ours_done),
+        during_peer: peer
+            .as_ref()
+            .and_then(|_| machine::others_percent(ours_done, machine::sample())),
+    };
     let (peer_results, peer_note) = match &peer {
         Some(Ok(r)) => (Some(r), None),
         Some(Err(note)) => (None, Some(note.as_str())),
@@ -82,8 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("no PyTorch numbers: {note}");
     }
     // Other processes on the machine skew every number: say how busy it was.
-    let load_after = load_average();
+    let load_after = machine::load_average();
     println!("load average (1, 5, 15 min) before: {load_before}, after: {load_after}");
+    println!("{}", others.describe());
     if let Some(path) = &args.json {
         let report = Report {
             plan: &plan,
@@ -92,22 +102,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             peer_note,
             load_before: &load_before,
             load_after: &load_after,
+            others_cpu_percent: &others,
         };
         let text = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
         std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
-}
-
-/// The first three fields of /proc/loadavg, or "unknown" where there is none.
-fn load_average() -> String {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let fields: Vec<&str> = text.split_whitespace().take(3).collect();
-    if fields.len() == 3 {
-        fields.join(" ")
-    } else {
-        "unknown".into()
-    }
 }
 
 fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {

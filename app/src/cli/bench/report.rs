@@ -29,14 +29,45 @@ pub struct Report<'a> {
     /// /proc/loadavg before and after the run.
     pub load_before: &'a str,
     pub load_after: &'a str,
+    pub others_cpu_percent: &'a Busy,
 }
 
-/// (label, value, decimals, whether a ratio makes sense).
+/// Other processes' share of the machine's CPU while each side ran (None: not measurable).
+#[derive(Serialize)]
+pub struct Busy {
+    pub during_ours: Option<f64>,
+    pub during_peer: Option<f64>,
+}
+
+impl Busy {
+    pub fn describe(&self) -> String {
+        let show = |p: Option<f64>| p.map_or("unknown".into(), |p| format!("{p:.1}%"));
+        let mut line = format!(
+            "other processes' share of the CPU: {} during Lockstep",
+            show(self.during_ours)
+        );
+        if self.during_peer.is_some() {
+            line += &format!(", {} during the peer", show(self.during_peer));
+        }
+        line
+    }
+}
+
+/// One row: label, value, decimals (None: scientific notation), whether a ratio makes sense.
 struct Metric {
     label: String,
     value: f64,
-    decimals: usize,
+    decimals: Option<usize>,
     ratio: bool,
+}
+
+impl Metric {
+    fn show(&self) -> String {
+        match self.decimals {
+            Some(d) => format!("{:.*}", d, self.value),
+            None => format!("{:.2e}", self.value),
+        }
+    }
 }
 
 fn metrics(r: &Results) -> Vec<Metric> {
@@ -46,7 +77,7 @@ fn metrics(r: &Results) -> Vec<Metric> {
         .map(|g| Metric {
             label: format!("gemm {0}x{0} GFLOP/s", g.n),
             value: g.gflops,
-            decimals: 1,
+            decimals: Some(1),
             ratio: true,
         })
         .collect();
@@ -54,20 +85,20 @@ fn metrics(r: &Results) -> Vec<Metric> {
         out.push(Metric {
             label: format!("mlp steps/s (batch {})", m.batch),
             value: m.steps_per_s,
-            decimals: 1,
+            decimals: Some(1),
             ratio: true,
         });
         out.push(Metric {
             label: "mlp samples/s".into(),
             value: m.samples_per_s,
-            decimals: 0,
+            decimals: Some(0),
             ratio: true,
         });
         // Not a speed: shows both sides really trained (the loss falls on the fixed batch).
         out.push(Metric {
             label: "mlp final loss".into(),
             value: m.final_loss,
-            decimals: 4,
+            decimals: None,
             ratio: false,
         });
     }
@@ -80,10 +111,10 @@ pub fn table(ours: &Results, peer: Option<&Results>) -> String {
     let rows: Vec<Vec<String>> = metrics(ours)
         .into_iter()
         .map(|m| {
-            let mut row = vec![m.label.clone(), format!("{:.*}", m.decimals, m.value)];
+            let mut row = vec![m.label.clone(), m.show()];
             if peer.is_some() {
                 let other = theirs.iter().find(|t| t.label == m.label);
-                row.push(other.map_or("-".into(), |t| format!("{:.*}", t.decimals, t.value)));
+                row.push(other.map_or("-".into(), |t| t.show()));
                 row.push(match other {
                     Some(t) if m.ratio && t.value > 0.0 => format!("{:.2}", m.value / t.value),
                     _ => "-".into(),

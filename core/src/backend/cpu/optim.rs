@@ -8,14 +8,20 @@ use crate::backend::{AdamStep, SgdStep};
 
 const CHUNK: usize = 16384;
 
+// The loop closures below are `move`: captured by reference, the per-step constants are reloaded
+// on every element (LLVM cannot prove the writes leave them alone) and the loops stay scalar.
+// By value they vectorise: the SGD step of the 784-512-512-10 MLP went from 0.55 to 0.19 ms.
+
 pub fn axpy<T: CpuFloat>(dst: &mut [T], src: &[T], alpha: f64) {
     let a = T::of(alpha);
-    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
-        let s = &s[..d.len()];
-        for i in 0..d.len() {
-            d[i] = d[i] + a * s[i];
-        }
-    });
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(move |(d, s)| {
+            let s = &s[..d.len()];
+            for i in 0..d.len() {
+                d[i] = d[i] + a * s[i];
+            }
+        });
 }
 
 pub fn sgd<T: CpuFloat>(param: &mut [T], grad: &[T], momentum_buf: Option<&mut [T]>, s: &SgdStep) {
@@ -25,11 +31,12 @@ pub fn sgd<T: CpuFloat>(param: &mut [T], grad: &[T], momentum_buf: Option<&mut [
         T::of(s.momentum),
         T::of(1.0 - s.dampening),
     );
+    let (first_step, nesterov) = (s.first_step, s.nesterov);
     match momentum_buf {
         None => param
             .par_chunks_mut(CHUNK)
             .zip(grad.par_chunks(CHUNK))
-            .for_each(|(p, g)| {
+            .for_each(move |(p, g)| {
                 let g = &g[..p.len()];
                 for i in 0..p.len() {
                     p[i] = p[i] - lr * (g[i] + wd * p[i]);
@@ -39,19 +46,15 @@ pub fn sgd<T: CpuFloat>(param: &mut [T], grad: &[T], momentum_buf: Option<&mut [
             .par_chunks_mut(CHUNK)
             .zip(grad.par_chunks(CHUNK))
             .zip(buf.par_chunks_mut(CHUNK))
-            .for_each(|((p, g), b)| {
+            .for_each(move |((p, g), b)| {
                 let (g, b) = (&g[..p.len()], &mut b[..p.len()]);
                 // With momentum 0 the first step's buffer is g; a zero buffer with (mom=0,
                 // damp=1) gives the same, so the first step is `b = g` written as below.
-                let (keep, take) = if s.first_step {
-                    (T::zero(), T::one())
-                } else {
-                    (mom, damp)
-                };
+                let (keep, take) = if first_step { (T::zero(), T::one()) } else { (mom, damp) };
                 for i in 0..p.len() {
                     let d = g[i] + wd * p[i];
                     b[i] = keep * b[i] + take * d;
-                    let update = if s.nesterov { d + mom * b[i] } else { b[i] };
+                    let update = if nesterov { d + mom * b[i] } else { b[i] };
                     p[i] = p[i] - lr * update;
                 }
             }),
@@ -75,7 +78,7 @@ pub fn adam<T: CpuFloat>(param: &mut [T], grad: &[T], m: &mut [T], v: &mut [T], 
         .par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
         .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-        .for_each(|((p, g), (m, v))| {
+        .for_each(move |((p, g), (m, v))| {
             let n = p.len();
             let (g, m, v) = (&g[..n], &mut m[..n], &mut v[..n]);
             for i in 0..n {
