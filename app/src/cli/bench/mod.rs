@@ -2,6 +2,7 @@
 //! PyTorch in the same run, with the ratio ours / PyTorch.
 
 mod gemm;
+mod loader;
 mod machine;
 mod mlp;
 mod peer;
@@ -23,7 +24,10 @@ use super::threads;
 pub enum Which {
     Gemm,
     Mlp,
+    /// gemm and mlp (the loader has its own run: `bench loader`).
     All,
+    /// DataLoader throughput on MNIST with 0, 1, 2 and 4 workers.
+    Loader,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -48,6 +52,9 @@ pub struct Args {
     /// The device to measure (`cpu`, `cpu:1`, …).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
+    #[arg(long)]
+    data: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -55,6 +62,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Before any tensor exists: the pool can be sized only once.
     threads::init(threads)?;
     let device = Device::parse(&args.device)?;
+    if args.which == Which::Loader {
+        let data = args
+            .data
+            .clone()
+            .or_else(|| std::env::var_os("LOCKSTEP_DATA").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("data/mnist"));
+        return loader::run(&data, &device);
+    }
     let plan = Plan {
         threads,
         device: device.location().into(),
