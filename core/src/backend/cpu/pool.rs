@@ -41,15 +41,9 @@ impl Pool {
 
     /// Returns a buffer's memory for reuse (buffers count their bytes from creation to drop).
     pub fn give(&self, data: HostVec) {
-        self.allocated_bytes
-            .fetch_sub(bytes_of(data.dtype(), data.len()), Ordering::Relaxed);
-        self.recycle(data);
-    }
-
-    /// Caches a kernel's temporary for reuse (it was never counted as a buffer).
-    pub fn recycle(&self, data: HostVec) {
         let (dtype, len) = (data.dtype(), data.len());
         let bytes = bytes_of(dtype, len);
+        self.allocated_bytes.fetch_sub(bytes, Ordering::Relaxed);
         if len == 0 || self.cached_bytes.load(Ordering::Relaxed) + bytes > MAX_CACHED_BYTES {
             return;
         }
