@@ -16,6 +16,7 @@ pub enum CallbackAction {
 
 /// What a callback sees: where the run is, the metrics so far, and a way to save a checkpoint.
 pub struct CallbackContext<'a> {
+    /// The epoch that just ended (`on_epoch_end`) or is running (the other hooks), from 0.
     pub epoch: u64,
     pub global_step: u64,
     /// `train_loss`, `val_loss`, `val_acc`, … of the epoch that just ended.
@@ -100,6 +101,9 @@ pub struct ModelCheckpoint {
     pub top_k: usize,
     pub every_n_train_steps: Option<u64>,
     kept: Vec<(f64, PathBuf)>,
+    /// The step of the last epoch-end save: training that ends right there (nothing changed
+    /// since) need not write `last.safetensors` again.
+    epoch_end_step: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -116,6 +120,7 @@ impl ModelCheckpoint {
             top_k: 1,
             every_n_train_steps: None,
             kept: Vec::new(),
+            epoch_end_step: None,
         }
     }
     pub fn monitor(self, monitor: Monitor, top_k: usize) -> ModelCheckpoint {
@@ -147,6 +152,7 @@ impl Callback for ModelCheckpoint {
     fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
         if self.save_last {
             ctx.save_checkpoint(&self.last_path(), "last")?;
+            self.epoch_end_step = Some(ctx.global_step);
         }
         let Some(monitor) = self.monitor.clone() else {
             return Ok(CallbackAction::Continue);
@@ -187,7 +193,7 @@ impl Callback for ModelCheckpoint {
         Ok(CallbackAction::Continue)
     }
     fn on_train_end(&mut self, ctx: &mut CallbackContext) -> Result<()> {
-        if self.save_last {
+        if self.save_last && self.epoch_end_step != Some(ctx.global_step) {
             ctx.save_checkpoint(&self.last_path(), "last")
         } else {
             Ok(())

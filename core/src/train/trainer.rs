@@ -195,10 +195,12 @@ impl Trainer {
         Ok(())
     }
 
-    /// Runs the callbacks' `hook`, letting them save checkpoints of the current state.
+    /// Runs the callbacks' `hook` for `epoch` (the one running, or the one that just ended),
+    /// letting them save checkpoints of the current state.
     fn run_callbacks(
         &mut self,
         setup: &TrainingSetup,
+        epoch: u64,
         metrics: &mut BTreeMap<String, f64>,
         hook: fn(&mut dyn Callback, &mut CallbackContext) -> Result<CallbackAction>,
     ) -> Result<CallbackAction> {
@@ -212,7 +214,7 @@ impl Trainer {
         let mut action = CallbackAction::Continue;
         for cb in &mut self.callbacks {
             let mut ctx = CallbackContext {
-                epoch: snapshot.epoch,
+                epoch,
                 global_step: snapshot.global_step,
                 metrics,
                 saver: &mut saver,
@@ -307,7 +309,9 @@ impl Trainer {
                     self.emit_device(&setup.device)?;
                 }
                 let mut no_metrics = BTreeMap::new();
-                let mut action = self.run_callbacks(setup, &mut no_metrics, |c, ctx| c.on_train_step_end(ctx))?;
+                let mut action = self.run_callbacks(setup, self.state.epoch, &mut no_metrics, |c, ctx| {
+                    c.on_train_step_end(ctx)
+                })?;
                 if step_limit(&self.state) {
                     report.stop_reason = "max_steps".into();
                     action = CallbackAction::Stop;
@@ -366,13 +370,17 @@ impl Trainer {
                     s.step(setup.optimizer.as_mut());
                 }
             }
-            if self.run_callbacks(setup, &mut metrics, |c, ctx| c.on_epoch_end(ctx))? == CallbackAction::Stop {
+            // The state already points at the next epoch (so a checkpoint resumes there); the
+            // callbacks are told which epoch ended.
+            let ended = self.state.epoch - 1;
+            if self.run_callbacks(setup, ended, &mut metrics, |c, ctx| c.on_epoch_end(ctx))? == CallbackAction::Stop {
                 report.stop_reason = "early stopping".into();
                 stop = true;
             }
         }
         let mut no_metrics = BTreeMap::new();
-        self.run_callbacks(setup, &mut no_metrics, |c, ctx| {
+        let epoch = self.state.epoch;
+        self.run_callbacks(setup, epoch, &mut no_metrics, |c, ctx| {
             c.on_train_end(ctx).map(|_| CallbackAction::Continue)
         })?;
         let seconds = self.started.elapsed().as_secs_f64();
