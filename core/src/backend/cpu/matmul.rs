@@ -3,11 +3,18 @@
 //! (Copying a column-major right operand row-major first was measured and made the MLP step
 //! slower, 54k -> 29k samples/s: `gemm` packs it well enough.)
 
+use std::ops::Range;
+
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 use super::pool::Pool;
 use crate::backend::MatmulDims;
 use crate::shape::Layout;
+
+/// Outputs this small with sums at least this long are split along k across threads.
+const SPLIT_K_MAX_OUTPUT: usize = 64 * 64;
+const SPLIT_K_MIN_K: usize = 4096;
 
 /// Below this many multiply-adds a single thread wins.
 const PARALLEL_FLOPS: usize = 1 << 18;
@@ -27,37 +34,78 @@ pub fn matmul<T: GemmElement>(pool: &Pool, lhs: &[T], ll: &Layout, rhs: &[T], rl
     } else {
         Parallelism::None
     };
-    let (ls, rs) = (&ll.strides, &rl.strides);
+    let threads = rayon::current_num_threads();
     for b in 0..d.batch {
         let dst = &mut out[b * d.m * d.n..(b + 1) * d.m * d.n];
-        let lhs_off = ll.offset + b * ls[0];
-        let rhs_off = rl.offset + b * rs[0];
-        // SAFETY: the layouts were validated against the buffers by the caller (`extent()` fits),
-        // so every index gemm forms from (offset, rows, cols, strides) is in bounds; `dst` is a
-        // distinct, exclusively borrowed m*n block with row stride n and column stride 1.
-        unsafe {
-            gemm::gemm(
-                d.m,
-                d.n,
-                d.k,
-                dst.as_mut_ptr(),
-                1,
-                d.n as isize,
-                false,
-                lhs.as_ptr().add(lhs_off),
-                ls[2] as isize,
-                ls[1] as isize,
-                rhs.as_ptr().add(rhs_off),
-                rs[2] as isize,
-                rs[1] as isize,
-                T::zero(),
-                T::one(),
-                false,
-                false,
-                false,
-                par,
-            );
+        if threads > 1 && d.m * d.n <= SPLIT_K_MAX_OUTPUT && d.k >= SPLIT_K_MIN_K {
+            // A small output with a long sum (a convolution's weight gradient: k = batch * pixels)
+            // gives gemm a single block to work on, so one thread would do it all. Each thread
+            // sums its own slice of k; the partials are added in a fixed order (deterministic).
+            let chunk = d.k.div_ceil(threads);
+            let partials: Vec<Vec<T>> = (0..threads)
+                .into_par_iter()
+                .map(|p| {
+                    let mut part = vec![T::zero(); d.m * d.n];
+                    let ks = (p * chunk).min(d.k)..((p + 1) * chunk).min(d.k);
+                    product(&mut part, lhs, ll, rhs, rl, d, b, ks, Parallelism::None);
+                    part
+                })
+                .collect();
+            dst.copy_from_slice(&partials[0]);
+            for part in &partials[1..] {
+                dst.iter_mut().zip(part).for_each(|(o, &x)| *o = *o + x);
+            }
+        } else {
+            product(dst, lhs, ll, rhs, rl, d, b, 0..d.k, par);
         }
     }
     out
+}
+
+/// `dst = lhs[b][:, ks] @ rhs[b][ks, :]` for batch item `b` and the slice `ks` of the inner axis.
+#[allow(clippy::too_many_arguments)]
+fn product<T: GemmElement>(
+    dst: &mut [T],
+    lhs: &[T],
+    ll: &Layout,
+    rhs: &[T],
+    rl: &Layout,
+    d: MatmulDims,
+    b: usize,
+    ks: Range<usize>,
+    par: Parallelism,
+) {
+    let (ls, rs) = (&ll.strides, &rl.strides);
+    if ks.is_empty() {
+        dst.fill(T::zero());
+        return;
+    }
+    let lhs_off = ll.offset + b * ls[0] + ks.start * ls[2];
+    let rhs_off = rl.offset + b * rs[0] + ks.start * rs[1];
+    // SAFETY: the layouts were validated against the buffers by the caller (`extent()` fits) and
+    // `ks` lies within 0..k, so every index gemm forms from (offset, rows, cols, strides) is in
+    // bounds; `dst` is a distinct, exclusively borrowed m*n block with row stride n, column stride 1.
+    unsafe {
+        gemm::gemm(
+            d.m,
+            d.n,
+            ks.len(),
+            dst.as_mut_ptr(),
+            1,
+            d.n as isize,
+            false,
+            lhs.as_ptr().add(lhs_off),
+            ls[2] as isize,
+            ls[1] as isize,
+            rhs.as_ptr().add(rhs_off),
+            rs[2] as isize,
+            rs[1] as isize,
+            T::zero(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
 }

@@ -47,6 +47,9 @@ pub fn cases() -> Vec<Case> {
         // Larger transposed operands: the GEMM's packing takes other paths past a few thousand elements.
         ("large_bT", a(&[5, 150]), b(&[150, 120]).transposed()),
         ("large_bT_bcast", a(&[2, 3, 150]), b(&[150, 120]).transposed()),
+        // Small output, long sum: the CPU splits k across threads (a convolution's weight gradient).
+        ("large_k", a(&[3, 5000]), b(&[5000, 4])),
+        ("large_k_aT", a(&[3, 6000]).transposed(), b(&[6000, 2])),
     ];
     shapes
         .into_iter()
