@@ -1,21 +1,11 @@
 use std::path::PathBuf;
 
+mod data_support;
+use data_support::mnist_dir;
+
 use lockstep_core::HostVec;
 use lockstep_core::data::Dataset;
 use lockstep_core::data::mnist::{Mnist, Split};
-
-/// The real MNIST beside the repository (../shared/data/mnist), or LOCKSTEP_MNIST.
-fn mnist_dir() -> PathBuf {
-    let dir = std::env::var_os("LOCKSTEP_MNIST")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist"));
-    assert!(
-        dir.is_dir(),
-        "MNIST not found at {} (set LOCKSTEP_MNIST): this test needs the real data set",
-        dir.display()
-    );
-    dir
-}
 
 #[test]
 fn reads_the_real_data_set_with_published_label_counts() {

@@ -1,7 +1,8 @@
 //! Short real-MNIST runs through the Trainer: the built-in models learn (the full-epoch
 //! numbers, next to PyTorch's, are in BENCHMARKS.md).
 
-use std::path::PathBuf;
+mod data_support;
+use data_support::mnist_dir;
 use std::sync::Arc;
 
 use lockstep_core::data::mnist::{Mnist, Split};
@@ -10,18 +11,6 @@ use lockstep_core::nn::ModuleExt;
 use lockstep_core::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use lockstep_core::train::{Classification, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
-
-fn mnist_dir() -> PathBuf {
-    let dir = std::env::var_os("LOCKSTEP_MNIST")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist"));
-    assert!(
-        dir.is_dir(),
-        "MNIST not found at {} (set LOCKSTEP_MNIST): this test needs the real data set",
-        dir.display()
-    );
-    dir
-}
 
 /// Trains `steps` optimizer steps of batch 128 and returns the accuracy on the 10,000 test images.
 fn train(model: &str, optimizer: impl FnOnce(Vec<lockstep_core::Tensor>) -> Box<dyn Optimizer>, steps: u64) -> f64 {
