@@ -18,6 +18,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the `train` variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// List the devices this build can use.

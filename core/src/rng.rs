@@ -46,7 +46,7 @@ pub fn normal_at(seed: u64, counter: u64, i: usize) -> f64 {
     let u2 = unit_float(w[pair + 1]);
     let radius = (-2.0 * u1.ln()).sqrt();
     let angle = 2.0 * std::f64::consts::PI * u2;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         radius * angle.cos()
     } else {
         radius * angle.sin()

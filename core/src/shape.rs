@@ -49,6 +49,7 @@ impl Shape {
     pub fn broadcast(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
         let rank = a.rank().max(b.rank());
         let mut out = vec![0; rank];
+        #[allow(clippy::needless_range_loop)] // `i` aligns both operands from the right
         for i in 0..rank {
             let da = if i + a.rank() >= rank {
                 a.0[i + a.rank() - rank]

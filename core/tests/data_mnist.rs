@@ -35,7 +35,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// Writes raw (un-gzipped) test-split files: `images` and `labels` bytes as given.
-fn write_split(dir: &PathBuf, images: &[u8], labels: &[u8]) {
+fn write_split(dir: &std::path::Path, images: &[u8], labels: &[u8]) {
     std::fs::write(dir.join("t10k-images-idx3-ubyte"), images).unwrap();
     std::fs::write(dir.join("t10k-labels-idx1-ubyte"), labels).unwrap();
 }

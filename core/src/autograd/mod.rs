@@ -118,8 +118,8 @@ fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
     while let Some(n) = stack.pop() {
         for c in n.children() {
             *consumers.entry(c.id).or_default() += 1;
-            if !seen.contains_key(&c.id) {
-                seen.insert(c.id, c.clone());
+            if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(c.id) {
+                e.insert(c.clone());
                 stack.push(c);
             }
         }

@@ -69,6 +69,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // --- buffers -------------------------------------------------------------------------------
     fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef>;
     fn full(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef>;
+    // Named for what it does (a buffer on this device from host data), not a constructor.
+    #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &HostVec) -> Result<BufferRef>;
     /// Copies the elements of `layout` out of `src`, in row-major order. A sync point.
     fn to_host(&self, src: &BufferRef, layout: &Layout) -> Result<HostVec>;
@@ -147,6 +149,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         ids: &BufferRef,
     ) -> Result<BufferRef>;
     /// `dst[o, ids[j], i] += src[o, j, i]`, in place on `dst` of shape `[outer, dst_dim, inner]`.
+    #[allow(clippy::too_many_arguments)] // the [outer, dim, inner] geometry of two tensors
     fn index_add(
         &self,
         dst: &BufferRef,
@@ -168,6 +171,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         out_dim: usize,
     ) -> Result<BufferRef>;
     /// `dst[o, ids[o, j, i], i] += src[o, j, i]`, in place on `dst` shaped `[outer, dst_dim, inner]`.
+    #[allow(clippy::too_many_arguments)] // the [outer, dim, inner] geometry of two tensors
     fn scatter_add(
         &self,
         dst: &BufferRef,

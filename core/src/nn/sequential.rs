@@ -13,7 +13,8 @@ impl Sequential {
     pub fn new() -> Self {
         Sequential::default()
     }
-    /// Appends a layer (builder style).
+    /// Appends a layer (builder style, as `nn.Sequential(a, b, …)` reads).
+    #[allow(clippy::should_implement_trait)]
     pub fn add(mut self, layer: impl Module + 'static) -> Self {
         self.layers.push(Box::new(layer));
         self

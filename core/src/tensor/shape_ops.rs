@@ -23,7 +23,7 @@ impl Tensor {
         let mut dims = shape.into().dims().to_vec();
         if let Some(pos) = dims.iter().position(|&d| d == usize::MAX) {
             let known: usize = dims.iter().filter(|&&d| d != usize::MAX).product();
-            if known == 0 || self.elem_count() % known != 0 {
+            if known == 0 || !self.elem_count().is_multiple_of(known) {
                 return Err(Error::invalid(
                     "reshape",
                     format!(

@@ -186,7 +186,7 @@ impl Callback for ModelCheckpoint {
     fn on_train_step_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
         if self
             .every_n_train_steps
-            .is_some_and(|n| n > 0 && ctx.global_step % n == 0)
+            .is_some_and(|n| n > 0 && ctx.global_step.is_multiple_of(n))
         {
             ctx.save_checkpoint(&self.last_path(), "every_n_train_steps")?;
         }

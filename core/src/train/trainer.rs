@@ -291,7 +291,7 @@ impl Trainer {
                 }
                 micro = 0;
                 self.optimizer_step(setup)?;
-                if self.state.global_step % cfg.log_every_n_steps == 0 {
+                if self.state.global_step.is_multiple_of(cfg.log_every_n_steps) {
                     let value = detached.item()?;
                     check_finite(value, self.state.global_step)?;
                     let now = Instant::now();
@@ -342,7 +342,7 @@ impl Trainer {
                 ("train_loss".to_string(), train_loss),
                 ("lr".to_string(), setup.optimizer.lr()),
             ]);
-            let validate = val.is_some() && (self.state.epoch + 1) % cfg.check_val_every_n_epoch == 0;
+            let validate = val.is_some() && (self.state.epoch + 1).is_multiple_of(cfg.check_val_every_n_epoch);
             let val_metrics = match (validate, val) {
                 (true, Some(loader)) => Some(self.evaluate(setup, loader)?),
                 _ => None,
@@ -365,10 +365,10 @@ impl Trainer {
             self.state.batch_in_epoch = 0;
             self.state.epoch_loss_sum = 0.0;
             self.state.epoch_loss_count = 0;
-            if cfg.scheduler_interval == SchedulerInterval::Epoch {
-                if let Some(s) = setup.scheduler.as_mut() {
-                    s.step(setup.optimizer.as_mut());
-                }
+            if cfg.scheduler_interval == SchedulerInterval::Epoch
+                && let Some(s) = setup.scheduler.as_mut()
+            {
+                s.step(setup.optimizer.as_mut());
             }
             // The state already points at the next epoch (so a checkpoint resumes there); the
             // callbacks are told which epoch ended.
@@ -415,10 +415,10 @@ impl Trainer {
             Ok(())
         })?;
         self.state.global_step += 1;
-        if self.config.scheduler_interval == SchedulerInterval::Step {
-            if let Some(s) = setup.scheduler.as_mut() {
-                s.step(setup.optimizer.as_mut());
-            }
+        if self.config.scheduler_interval == SchedulerInterval::Step
+            && let Some(s) = setup.scheduler.as_mut()
+        {
+            s.step(setup.optimizer.as_mut());
         }
         Ok(())
     }

@@ -568,8 +568,14 @@ impl Backend for CpuBackend {
             "axpy",
             &mut d,
             &s,
-            |d, s| Ok(optim::axpy(d, s, alpha)),
-            |d, s| Ok(optim::axpy(d, s, alpha)),
+            |d, s| {
+                let _: () = optim::axpy(d, s, alpha);
+                Ok(())
+            },
+            |d, s| {
+                let _: () = optim::axpy(d, s, alpha);
+                Ok(())
+            },
         )
     }
 
