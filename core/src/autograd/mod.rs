@@ -92,6 +92,16 @@ impl Node {
     pub fn name(&self) -> &'static str {
         self.name
     }
+    /// The leaves this node sends gradients to, once per edge.
+    fn leaf_edges(&self) -> Vec<Tensor> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.as_ref().map_or_else(Vec::new, |s| {
+            s.edges
+                .iter()
+                .filter_map(|e| if let Edge::Leaf(t) = e { Some(t.clone()) } else { None })
+                .collect()
+        })
+    }
     fn children(&self) -> Vec<Arc<Node>> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.as_ref().map_or_else(Vec::new, |s| {
@@ -140,14 +150,28 @@ fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
     order
 }
 
-/// Back-propagates from `root` (whose gradient is `seed`) into the leaves' `.grad`.
+/// Back-propagates from `root` (whose gradient is `seed`) into the leaves' `.grad`. A leaf's
+/// grad-ready hooks run as soon as the last edge into it has delivered (or skipped) its gradient,
+/// while the rest of the walk continues: a data-parallel reducer starts communicating there.
 pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
     let _no_grad = NoGradGuard::new();
     let order = topological_order(root);
+    let mut pending: HashMap<u64, usize> = HashMap::new();
+    for node in &order {
+        for leaf in node.leaf_edges() {
+            *pending.entry(leaf.id()).or_default() += 1;
+        }
+    }
     let mut grads: HashMap<u64, Tensor> = HashMap::new();
     grads.insert(root.id, seed);
     for node in order {
-        let Some(grad) = grads.remove(&node.id) else { continue };
+        let Some(grad) = grads.remove(&node.id) else {
+            // No gradient reached this node: its leaves expect nothing more from it.
+            for leaf in node.leaf_edges() {
+                count_down(&mut pending, &leaf)?;
+            }
+            continue;
+        };
         let state = node.state.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or_else(|| {
             Error::Autograd(format!(
                 "the graph through `{}` was already used by an earlier backward(); run the forward pass again (each backward frees its graph)",
@@ -165,9 +189,8 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
             )));
         }
         for (edge, g) in state.edges.into_iter().zip(input_grads) {
-            let Some(g) = g else { continue };
-            match edge {
-                Edge::Node(n) => match grads.remove(&n.id) {
+            match (edge, g) {
+                (Edge::Node(n), Some(g)) => match grads.remove(&n.id) {
                     Some(prev) => {
                         grads.insert(n.id, prev.add(&g)?);
                     }
@@ -175,10 +198,29 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                         grads.insert(n.id, g);
                     }
                 },
-                Edge::Leaf(leaf) => leaf.accumulate_grad(&g)?,
-                Edge::None => {}
+                (Edge::Leaf(leaf), g) => {
+                    if let Some(g) = &g {
+                        leaf.accumulate_grad(g)?;
+                    }
+                    count_down(&mut pending, &leaf)?;
+                }
+                _ => {}
             }
         }
     }
     Ok(())
+}
+
+/// One edge into `leaf` is done; when it was the last, the leaf's hooks run (also when no
+/// gradient reached it: a reducer must know that a parameter is unused this step).
+fn count_down(pending: &mut HashMap<u64, usize>, leaf: &Tensor) -> Result<()> {
+    let Some(left) = pending.get_mut(&leaf.id()) else {
+        return Ok(());
+    };
+    *left -= 1;
+    if *left > 0 {
+        return Ok(());
+    }
+    pending.remove(&leaf.id());
+    leaf.run_grad_ready_hooks()
 }

@@ -35,7 +35,12 @@ struct Inner {
     requires_grad: bool,
     /// Accumulated gradient of a leaf.
     grad: Mutex<Option<Tensor>>,
+    /// Run when a backward pass has delivered this leaf's last gradient contribution.
+    hooks: Mutex<Vec<GradReadyHook>>,
 }
+
+/// Called with the leaf once its gradient for the running backward pass is final.
+pub type GradReadyHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
 static NEXT_TENSOR: AtomicU64 = AtomicU64::new(0);
 
@@ -53,6 +58,7 @@ impl Tensor {
             grad_fn: None,
             requires_grad: false,
             grad: Mutex::new(None),
+            hooks: Mutex::new(Vec::new()),
         }))
     }
 
@@ -322,6 +328,7 @@ impl Tensor {
             grad_fn: None,
             requires_grad: requires,
             grad: Mutex::new(None),
+            hooks: Mutex::new(Vec::new()),
         }))
     }
     /// True when gradients flow to or through this tensor.
@@ -344,6 +351,18 @@ impl Tensor {
     }
     pub fn zero_grad(&self) {
         self.set_grad(None);
+    }
+
+    /// Registers `hook` to run during each backward pass as soon as this leaf's gradient is
+    /// final, while backward continues with the rest of the graph (data-parallel reducers
+    /// start their all-reduce here).
+    pub fn add_grad_ready_hook(&self, hook: GradReadyHook) {
+        self.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).push(hook);
+    }
+
+    pub(crate) fn run_grad_ready_hooks(&self) -> Result<()> {
+        let hooks = self.0.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        hooks.iter().try_for_each(|h| h(self))
     }
 
     pub(crate) fn accumulate_grad(&self, g: &Tensor) -> Result<()> {
@@ -399,7 +418,10 @@ impl Tensor {
     pub fn backward_with(&self, grad: Tensor) -> Result<()> {
         match &self.0.grad_fn {
             Some(node) => autograd::backward(node, grad),
-            None if self.0.requires_grad => self.accumulate_grad(&grad),
+            None if self.0.requires_grad => {
+                self.accumulate_grad(&grad)?;
+                self.run_grad_ready_hooks()
+            }
             None => Err(Error::Autograd(
                 "this tensor does not depend on any tensor that requires grad".into(),
             )),
@@ -439,6 +461,7 @@ impl Tensor {
             grad_fn: None,
             requires_grad: false,
             grad: Mutex::new(None),
+            hooks: Mutex::new(Vec::new()),
         });
         Tensor(Arc::new(Inner {
             grad_fn: Some(node),
