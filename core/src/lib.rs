@@ -7,6 +7,7 @@ pub mod backend;
 pub mod conformance;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod dtype;
 pub mod error;
 pub mod models;

@@ -1,0 +1,6 @@
+//! Data-parallel training pieces: the gradient reducer that averages gradients across replicas
+//! in buckets as backward produces them (PyTorch DDP's semantics), over any `Communicator`.
+
+mod reducer;
+
+pub use reducer::{Reducer, ReducerConfig};

@@ -1,0 +1,167 @@
+//! Two replicas on cpu:0 and cpu:1, each with half of the global batch and gradients averaged
+//! by the bucketed reducer, train exactly as one device with the whole batch; the replicas stay
+//! identical bit for bit; accumulation steps with no-sync communicate nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lockstep_core::backend::{BufferRef, Communicator, LocalCommunicator, ReduceOp};
+use lockstep_core::distributed::{Reducer, ReducerConfig};
+use lockstep_core::nn::{Module, ModuleExt, Sequential};
+use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
+use lockstep_core::{DType, Device, Generator, Result, Tensor, models};
+
+const STEPS: usize = 4;
+const GLOBAL_BATCH: usize = 32;
+
+/// Counts all-reduce calls, forwarding everything to the real communicator.
+struct Counting {
+    inner: LocalCommunicator,
+    all_reduces: Arc<AtomicUsize>,
+}
+
+impl Communicator for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()> {
+        self.all_reduces.fetch_add(1, Ordering::Relaxed);
+        self.inner.all_reduce(buf, op)
+    }
+    fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
+        self.inner.broadcast(buf, root)
+    }
+    fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()> {
+        self.inner.all_gather(input, output)
+    }
+    fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()> {
+        self.inner.reduce_scatter(input, output, op)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+}
+
+fn model(device: &Device) -> Sequential {
+    // Same seed on every device: identical initial weights (what a broadcast from rank 0 gives).
+    models::mlp(&[24, 24], device, &Generator::new(3)).unwrap()
+}
+
+fn data(device: &Device) -> (Tensor, Tensor) {
+    let g = Generator::new(11);
+    let x = Tensor::rand_normal([GLOBAL_BATCH, 1, 28, 28], 0.0, 1.0, DType::F32, &g, device).unwrap();
+    let y = Tensor::from_vec(
+        (0..GLOBAL_BATCH as u32).map(|i| (i * 7) % 10).collect::<Vec<_>>(),
+        [GLOBAL_BATCH],
+        device,
+    )
+    .unwrap();
+    (x, y)
+}
+
+fn weights(m: &Sequential) -> Vec<Vec<f32>> {
+    m.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
+}
+
+fn single_device() -> Vec<Vec<f32>> {
+    let device = Device::parse("cpu:0").unwrap();
+    let net = model(&device);
+    let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1).momentum(0.9)).unwrap();
+    let (x, y) = data(&device);
+    for _ in 0..STEPS {
+        opt.zero_grad();
+        net.forward(&x).unwrap().cross_entropy(&y).unwrap().backward().unwrap();
+        opt.step().unwrap();
+    }
+    weights(&net)
+}
+
+/// Runs `STEPS` data-parallel steps on cpu:0 and cpu:1 with `micro` micro-batches per step.
+fn data_parallel(micro: usize) -> (Vec<Vec<Vec<f32>>>, usize) {
+    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let counter = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .map(|(comm, device)| {
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let rank = comm.rank();
+                let comm: Arc<dyn Communicator> = Arc::new(Counting {
+                    inner: comm,
+                    all_reduces: counter,
+                });
+                let net = model(&device);
+                // Small buckets so the model spans several of them.
+                let config = ReducerConfig {
+                    first_bucket_bytes: 1024,
+                    bucket_bytes: 40_000,
+                };
+                let reducer = Reducer::new(&net.parameters(), comm, config).unwrap();
+                assert!(reducer.bucket_sizes().len() >= 3, "{:?}", reducer.bucket_sizes());
+                let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1).momentum(0.9)).unwrap();
+                let (x, y) = data(&device);
+                let shard = GLOBAL_BATCH / 2;
+                let (x, y) = (
+                    x.narrow(0, rank * shard, shard).unwrap(),
+                    y.narrow(0, rank * shard, shard).unwrap(),
+                );
+                let per = shard / micro;
+                for _ in 0..STEPS {
+                    opt.zero_grad();
+                    for m in 0..micro {
+                        // Only the last micro-batch synchronises (no_sync before it).
+                        reducer.set_sync(m + 1 == micro);
+                        let (xm, ym) = (x.narrow(0, m * per, per).unwrap(), y.narrow(0, m * per, per).unwrap());
+                        let loss = net.forward(&xm).unwrap().cross_entropy(&ym).unwrap();
+                        loss.affine(1.0 / micro as f64, 0.0).unwrap().backward().unwrap();
+                    }
+                    reducer.finish().unwrap();
+                    opt.step().unwrap();
+                }
+                weights(&net)
+            })
+        })
+        .collect();
+    let replicas = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    (replicas, counter.load(Ordering::Relaxed))
+}
+
+fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>]) {
+    for (pa, pb) in a.iter().zip(b) {
+        for (x, y) in pa.iter().zip(pb) {
+            assert!((x - y).abs() <= 1e-5 + 1e-4 * y.abs(), "{x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn two_replicas_with_half_batches_train_as_one_device_with_the_whole_batch() {
+    let reference = single_device();
+    let (replicas, all_reduces) = data_parallel(1);
+    assert_eq!(replicas[0], replicas[1], "replicas must stay identical bit for bit");
+    assert_close(&replicas[0], &reference);
+    assert_ne!(
+        replicas[0],
+        weights(&model(&Device::cpu())),
+        "training changed the weights"
+    );
+    // Every bucket is reduced once per step on each of the two ranks.
+    assert!(all_reduces >= 2 * STEPS * 3, "{all_reduces}");
+}
+
+#[test]
+fn accumulation_with_no_sync_reduces_once_per_step_and_matches_the_whole_batch() {
+    let reference = single_device();
+    let (once, reduces_once) = data_parallel(1);
+    let (accumulated, reduces_accumulated) = data_parallel(4);
+    assert_eq!(accumulated[0], accumulated[1]);
+    assert_close(&accumulated[0], &reference);
+    assert_close(&accumulated[0], &once[0]);
+    // Four micro-batches per step, yet exactly as much communication as one.
+    assert_eq!(reduces_accumulated, reduces_once);
+}
