@@ -11,8 +11,10 @@ fn leaf(values: &[f32], dims: [usize; 2]) -> Tensor {
         .requires_grad(true)
 }
 
-/// Records (name, gradient seen by the hook) in firing order.
-fn record(t: &Tensor, name: &'static str, log: &Arc<Mutex<Vec<(&'static str, Vec<f32>)>>>) {
+/// (name, gradient seen by the hook), in firing order.
+type Log = Arc<Mutex<Vec<(&'static str, Vec<f32>)>>>;
+
+fn record(t: &Tensor, name: &'static str, log: &Log) {
     let log = log.clone();
     t.add_grad_ready_hook(Arc::new(move |p: &Tensor| {
         let g = p.grad().map(|g| g.to_vec::<f32>().unwrap()).unwrap_or_default();
