@@ -15,6 +15,7 @@ use super::task::{EvalMetrics, Task};
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::device::Device;
+use crate::distributed::Reducer;
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{LrScheduler, Optimizer, OptimizerState, SchedulerState, clip_grad_norm, clip_grad_value};
@@ -56,6 +57,8 @@ pub struct Trainer {
     state: TrainerState,
     started: Instant,
     stop: Arc<AtomicBool>,
+    /// Averages gradients with the other replicas of a data-parallel run.
+    reducer: Option<Reducer>,
 }
 
 const OPTIMIZER_PREFIX: &str = "optimizer.";
@@ -70,6 +73,7 @@ impl Trainer {
             state: TrainerState::default(),
             started: Instant::now(),
             stop: Arc::new(AtomicBool::new(false)),
+            reducer: None,
         })
     }
     pub fn config(&self) -> &TrainerConfig {
@@ -77,6 +81,12 @@ impl Trainer {
     }
     pub fn state(&self) -> &TrainerState {
         &self.state
+    }
+    /// Makes this trainer one replica of a data-parallel run: accumulation micro-batches skip
+    /// communication and each optimizer step uses the gradients averaged across replicas.
+    pub fn with_reducer(mut self, reducer: Reducer) -> Trainer {
+        self.reducer = Some(reducer);
+        self
     }
     pub fn add_listener(&mut self, listener: impl EventListener + 'static) {
         self.listeners.push(Box::new(listener));
@@ -275,6 +285,12 @@ impl Trainer {
                 } else {
                     loss.clone()
                 };
+                // Only the micro-batch that ends an accumulation communicates (DDP's no_sync).
+                let steps_now =
+                    micro + 1 >= cfg.accumulate_grad_batches || self.state.batch_in_epoch + 1 >= steps_per_epoch;
+                if let Some(r) = &self.reducer {
+                    r.set_sync(steps_now);
+                }
                 scaled.backward()?;
                 let detached = loss.detach();
                 loss_sum = Some(match loss_sum {
@@ -290,6 +306,9 @@ impl Trainer {
                     continue;
                 }
                 micro = 0;
+                if let Some(r) = &self.reducer {
+                    r.finish()?;
+                }
                 self.optimizer_step(setup)?;
                 if self.state.global_step.is_multiple_of(cfg.log_every_n_steps) {
                     let value = detached.item()?;

@@ -1,0 +1,145 @@
+//! The Trainer as one replica of a data-parallel run: two replicas on cpu:0 and cpu:1, each
+//! loading its DistributedSampler shard with batch B, end with weights identical to each other
+//! bit for bit and equal (to f32 rounding) to one device trained with batch 2B on the same order.
+
+use std::sync::Arc;
+
+use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, DistributedSampler, HostTensor, Sample};
+use lockstep_core::distributed::{Reducer, ReducerConfig};
+use lockstep_core::nn::{Flatten, Linear, ModuleExt, Relu, Sequential};
+use lockstep_core::optim::{Sgd, SgdConfig};
+use lockstep_core::train::{Classification, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::{Device, Generator, HostVec, Result};
+
+const LEN: usize = 128;
+const SEED: u64 = 9;
+
+/// Points in 8-D labelled by which of the first three coordinates is largest.
+struct Points;
+
+impl Dataset for Points {
+    fn len(&self) -> usize {
+        LEN
+    }
+    fn get(&self, i: usize) -> Result<Sample> {
+        let x: Vec<f32> = (0..8)
+            .map(|j| lockstep_core::rng::uniform_at(5, i as u64, j) as f32 * 2.0 - 1.0)
+            .collect();
+        let label = (0..3).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap_or(0) as u32;
+        Ok(vec![
+            HostTensor::new(HostVec::F32(x), [8])?,
+            HostTensor::new(HostVec::U32(vec![label]), [])?,
+        ])
+    }
+}
+
+fn setup(device: &Device) -> TrainingSetup {
+    let init = Generator::new(1);
+    let model = Sequential::new()
+        .add(Flatten::new())
+        .add(Linear::new(8, 32, true, device, &init).unwrap())
+        .add(Relu)
+        .add(Linear::new(32, 3, true, device, &init).unwrap());
+    let optimizer = Sgd::new(model.parameters(), SgdConfig::new(0.2).momentum(0.9)).unwrap();
+    TrainingSetup {
+        model: Box::new(model),
+        optimizer: Box::new(optimizer),
+        scheduler: None,
+        task: Box::new(Classification),
+        device: device.clone(),
+        generators: Vec::new(),
+        model_name: "points".into(),
+        hparams: Default::default(),
+    }
+}
+
+fn config(accumulate: usize) -> TrainerConfig {
+    TrainerConfig {
+        max_epochs: 3,
+        accumulate_grad_batches: accumulate,
+        ..Default::default()
+    }
+}
+
+fn weights(s: &TrainingSetup) -> Vec<Vec<f32>> {
+    s.model
+        .parameters()
+        .iter()
+        .map(|p| p.to_vec::<f32>().unwrap())
+        .collect()
+}
+
+fn single_device(batch: usize, accumulate: usize) -> Vec<Vec<f32>> {
+    let mut s = setup(&Device::cpu());
+    let loader = DataLoader::simple(
+        Arc::new(Points),
+        true,
+        SEED,
+        DataLoaderConfig {
+            batch_size: batch,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    Trainer::new(config(accumulate))
+        .unwrap()
+        .fit(&mut s, &loader, None)
+        .unwrap();
+    weights(&s)
+}
+
+fn replicas(batch: usize, accumulate: usize) -> Vec<Vec<Vec<f32>>> {
+    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .map(|(comm, device)| {
+            std::thread::spawn(move || {
+                let rank = comm.rank();
+                let mut s = setup(&device);
+                let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
+                let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
+                let loader_config = DataLoaderConfig {
+                    batch_size: batch,
+                    num_workers: 1,
+                    ..Default::default()
+                };
+                let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
+                Trainer::new(config(accumulate))
+                    .unwrap()
+                    .with_reducer(reducer)
+                    .fit(&mut s, &loader, None)
+                    .unwrap();
+                weights(&s)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>]) {
+    for (pa, pb) in a.iter().zip(b) {
+        for (x, y) in pa.iter().zip(pb) {
+            assert!((x - y).abs() <= 1e-5 + 1e-4 * y.abs(), "{x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn two_trainer_replicas_equal_one_device_with_the_global_batch() {
+    let reference = single_device(16, 1);
+    let r = replicas(8, 1);
+    assert_eq!(r[0], r[1], "replicas must stay identical bit for bit");
+    assert_close(&r[0], &reference);
+}
+
+#[test]
+fn accumulation_across_replicas_equals_the_global_batch() {
+    // Each step: 2 replicas x 2 micro-batches of 4 = the single device's batch of 16.
+    let reference = single_device(16, 1);
+    let r = replicas(4, 2);
+    assert_eq!(r[0], r[1]);
+    assert_close(&r[0], &reference);
+}
