@@ -249,3 +249,40 @@ fn a_short_run_learns_mnist() {
     let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
     assert!(accuracy > 0.9, "test accuracy {accuracy} after 150 steps:\n{text}");
 }
+
+#[test]
+fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
+    let dir = TempDir::new("devices");
+    let summary = dir.join("summary.json");
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--devices",
+            "cpu:0,cpu:1",
+            "--hidden",
+            "128",
+            "--momentum",
+            "0.9",
+            "--max-steps",
+            "150",
+            "--summary-out",
+            path_str(&summary),
+        ],
+    );
+    assert_succeeds(&out);
+    let text = std::fs::read_to_string(&summary).expect("the summary file");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the summary is JSON");
+    assert_eq!(json["device"], "cpu:0,cpu:1", "{text}");
+    assert_eq!(json["steps"], 150, "{text}");
+    let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
+    assert!(
+        accuracy > 0.9,
+        "test accuracy {accuracy} after 150 data-parallel steps:\n{text}"
+    );
+}
+
+#[test]
+fn a_batch_that_does_not_split_over_the_devices_is_refused() {
+    let out = train(&mnist_dir(), &["--devices", "cpu:0,cpu:1", "--batch-size", "127"]);
+    assert_fails_with(&out, &["--batch-size 127", "2 devices"]);
+}

@@ -51,6 +51,10 @@ pub struct Args {
     /// Device: auto (a CUDA GPU, else a hardware wgpu adapter, else the CPU), cpu, cpu:N, wgpu:N, cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Data parallel: one replica per device (e.g. cpu:0,cpu:1), each with its shard of every
+    /// global batch (--batch-size is the global batch and must divide evenly).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
     /// Data loader worker threads (0 loads on the training thread).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -122,6 +126,16 @@ impl Args {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
+        let replicas = self.devices.len().max(1);
+        anyhow::ensure!(
+            self.batch_size % replicas == 0,
+            "--batch-size {} does not split evenly over {replicas} devices; use a multiple of {replicas}",
+            self.batch_size
+        );
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = self.devices.iter().find(|d| !seen.insert(d.as_str())) {
+            anyhow::bail!("--devices names {twice} twice; give each replica its own device");
+        }
         anyhow::ensure!(
             self.epochs > 0 || self.max_steps.is_some(),
             "--epochs must be at least 1"

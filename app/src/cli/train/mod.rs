@@ -9,9 +9,15 @@ mod summary;
 use std::sync::Arc;
 
 use anyhow::Context;
+use lockstep_core::Device;
+use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::data::mnist::{Mnist, Split};
-use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset};
-use lockstep_core::train::{JsonlWriter, ModelCheckpoint, Monitor, Trainer};
+use lockstep_core::data::{
+    DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+};
+use lockstep_core::distributed::{Reducer, ReducerConfig};
+use lockstep_core::nn::ModuleExt;
+use lockstep_core::train::{EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
 
 pub use args::Args;
 
@@ -22,17 +28,77 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.download {
         download::fetch_missing(&data_dir, &args.download_url, &download::CONTENT_SHA256, !args.headless)?;
     }
-    let train_set = Mnist::load(&data_dir, Split::Train).with_context(|| missing_data_hint(&data_dir))?;
+    let train_set: Arc<dyn Dataset> =
+        Arc::new(Mnist::load(&data_dir, Split::Train).with_context(|| missing_data_hint(&data_dir))?);
     let test_set: Arc<dyn Dataset> =
         Arc::new(Mnist::load(&data_dir, Split::Test).with_context(|| missing_data_hint(&data_dir))?);
-    let mut setup = setup::build(&args)?;
+    let devices = setup::devices(&args)?;
+    let world = devices.len();
+    let (device, mut report, result) = if devices.len() == 1 {
+        replica(&args, devices[0].clone(), None, train_set, test_set)?
+    } else {
+        // One thread per replica; rank 0 reports. Collectives across them are in-process.
+        let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(devices)
+            .map(|(comm, device)| {
+                let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
+                std::thread::spawn(move || replica(&args, device, Some(comm), train, test))
+            })
+            .collect();
+        let mut results = Vec::new();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let r = h.join().map_err(|_| anyhow::anyhow!("replica {rank} panicked"))?;
+            results.push(r.with_context(|| format!("replica {rank}"))?);
+        }
+        let (_, report, result) = results.swap_remove(0);
+        (args.devices.join(","), report, result)
+    };
+    // Rank 0 counted its own samples; every replica processed as many.
+    report.samples_per_sec *= world as f64;
+    let summary = summary::Summary::new(&args, &device, &report, &result);
+    summary.print();
+    if let Some(path) = &args.summary_out {
+        summary.write(path)?;
+    }
+    Ok(())
+}
 
+/// Trains one replica: the whole run when `comm` is None, else rank `comm.rank()` of a
+/// data-parallel run (its DistributedSampler shard, gradients averaged by a reducer; only rank 0
+/// validates, shows progress, writes metrics and checkpoints).
+fn replica(
+    args: &Args,
+    device: Device,
+    comm: Option<LocalCommunicator>,
+    train_set: Arc<dyn Dataset>,
+    test_set: Arc<dyn Dataset>,
+) -> anyhow::Result<(String, FitReport, EvalMetrics)> {
+    let location = device.location().to_string();
+    let mut setup = setup::build(args, device)?;
+    let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
     let loader_config = DataLoaderConfig {
-        batch_size: args.batch_size,
+        batch_size: args.batch_size / world,
         num_workers: args.workers,
         ..Default::default()
     };
-    let train = DataLoader::simple(Arc::new(train_set), !args.no_shuffle, args.seed, loader_config.clone())?;
+    let len = train_set.len();
+    let sampler: Arc<dyn Sampler> = if world > 1 {
+        Arc::new(DistributedSampler::new(
+            len,
+            world,
+            rank,
+            !args.no_shuffle,
+            args.seed,
+            false,
+        )?)
+    } else if args.no_shuffle {
+        Arc::new(SequentialSampler { len })
+    } else {
+        Arc::new(RandomSampler { len, seed: args.seed })
+    };
+    let train = DataLoader::new(train_set, sampler, loader_config.clone())?;
     let eval_config = DataLoaderConfig {
         batch_size: 1000,
         ..loader_config
@@ -40,33 +106,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let test = DataLoader::simple(test_set, false, 0, eval_config)?;
 
     let mut trainer = Trainer::new(args.trainer_config())?;
-    if let Some(path) = &args.metrics_out {
-        trainer.add_listener(JsonlWriter::create(path)?);
+    if let Some(comm) = comm {
+        let reducer = Reducer::new(&setup.model.parameters(), Arc::new(comm), ReducerConfig::default())?;
+        trainer = trainer.with_reducer(reducer);
     }
-    trainer.add_listener(progress::ProgressBar::new(args.headless));
-    if let Some(dir) = &args.checkpoint_dir {
-        // Without validation there is no val_acc to rank by (the run would fail at the first
-        // epoch end): keep only last.safetensors.
-        let checkpoint = ModelCheckpoint::new(dir);
-        trainer.add_callback(if args.no_val {
-            checkpoint
-        } else {
-            checkpoint.monitor(Monitor::max("val_acc"), 1)
-        });
+    let leader = rank == 0;
+    if leader {
+        if let Some(path) = &args.metrics_out {
+            trainer.add_listener(JsonlWriter::create(path)?);
+        }
+        trainer.add_listener(progress::ProgressBar::new(args.headless));
+        if let Some(dir) = &args.checkpoint_dir {
+            // Without validation there is no val_acc to rank by (the run would fail at the first
+            // epoch end): keep only last.safetensors.
+            let checkpoint = ModelCheckpoint::new(dir);
+            trainer.add_callback(if args.no_val {
+                checkpoint
+            } else {
+                checkpoint.monitor(Monitor::max("val_acc"), 1)
+            });
+        }
     }
     if let Some(path) = &args.resume {
         trainer
             .resume(&mut setup, path)
             .with_context(|| format!("cannot resume from {}", path.display()))?;
     }
-    let report = trainer.fit(&mut setup, &train, (!args.no_val).then_some(&test))?;
-    let result = trainer.test(&mut setup, &test)?;
-    let summary = summary::Summary::new(&args, setup.device.location(), &report, &result);
-    summary.print();
-    if let Some(path) = &args.summary_out {
-        summary.write(path)?;
-    }
-    Ok(())
+    let validate = leader && !args.no_val;
+    let report = trainer.fit(&mut setup, &train, validate.then_some(&test))?;
+    let result = if leader {
+        trainer.test(&mut setup, &test)?
+    } else {
+        EvalMetrics::default()
+    };
+    Ok((location, report, result))
 }
 
 fn missing_data_hint(dir: &std::path::Path) -> String {

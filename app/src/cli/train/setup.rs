@@ -11,11 +11,19 @@ use lockstep_core::{Device, Generator, models};
 
 use super::args::{Args, OptimizerKind};
 
-pub fn build(args: &Args) -> anyhow::Result<TrainingSetup> {
-    let device = match args.device.as_str() {
+/// The devices of the run: `--devices a,b,…` (one replica each), else `--device`.
+pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {
+    if !args.devices.is_empty() {
+        return args.devices.iter().map(|d| Ok(Device::parse(d)?)).collect();
+    }
+    Ok(vec![match args.device.as_str() {
         "auto" => lockstep_core::device::best_available()?,
         name => Device::parse(name)?,
-    };
+    }])
+}
+
+/// Model (same seed on every replica, so all start identical), optimizer and task on `device`.
+pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
     let init = Generator::new(args.seed);
     let model = models::build(&args.model, &args.hidden, &device, &init)?;
     if let Some(path) = &args.init_weights {
