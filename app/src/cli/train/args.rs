@@ -128,7 +128,7 @@ impl Args {
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         let replicas = self.devices.len().max(1);
         anyhow::ensure!(
-            self.batch_size % replicas == 0,
+            self.batch_size.is_multiple_of(replicas),
             "--batch-size {} does not split evenly over {replicas} devices; use a multiple of {replicas}",
             self.batch_size
         );
