@@ -165,3 +165,26 @@ fn accumulation_with_no_sync_reduces_once_per_step_and_matches_the_whole_batch()
     // Four micro-batches per step, yet exactly as much communication as one.
     assert_eq!(reduces_accumulated, reduces_once);
 }
+
+#[test]
+fn replicas_start_from_rank_zeros_parameters() {
+    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .map(|(comm, device)| {
+            std::thread::spawn(move || {
+                // Different seeds: without the broadcast the replicas would differ.
+                let net = models::mlp(&[16], &device, &Generator::new(100 + comm.rank() as u64)).unwrap();
+                let before = weights(&net);
+                Reducer::new(&net.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
+                (before, weights(&net))
+            })
+        })
+        .collect();
+    let r: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_ne!(r[0].0, r[1].0, "the ranks were initialised differently");
+    assert_eq!(r[1].1, r[0].0, "rank 1 now holds rank 0's initial parameters");
+    assert_eq!(r[0].1, r[0].0, "rank 0 keeps its own");
+}

@@ -59,8 +59,22 @@ pub struct Reducer {
 }
 
 impl Reducer {
-    /// Buckets `params` (all on one device, f32) and hooks their gradients.
+    /// Makes every replica start from rank 0's parameters (as DDP's constructor does), buckets
+    /// `params` (all on one device) and hooks their gradients.
     pub fn new(params: &[Tensor], comm: Arc<dyn Communicator>, config: ReducerConfig) -> Result<Reducer> {
+        for p in params {
+            let dense = p.is_contiguous() && p.layout().offset == 0 && p.buffer().len() == p.elem_count();
+            if !dense {
+                return Err(Error::invalid(
+                    "Reducer",
+                    format!(
+                        "parameter of shape {} is a view; parameters must own their storage",
+                        p.shape()
+                    ),
+                ));
+            }
+            comm.broadcast(p.buffer(), 0)?;
+        }
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut current: Vec<Tensor> = Vec::new();
         let mut bytes = 0;
