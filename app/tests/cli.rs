@@ -223,62 +223,41 @@ fn a_diverging_run_stops_with_a_clear_error() {
     assert_fails_with(&out, &["diverged", "lower the learning rate"]);
 }
 
-#[test]
-fn a_short_run_learns_mnist() {
-    let dir = TempDir::new("happy");
+/// 150 steps of a small MLP (plus `extra` flags); asserts it learnt and returns the summary.
+fn short_run_summary(label: &str, extra: &[&str]) -> serde_json::Value {
+    let dir = TempDir::new(label);
     let summary = dir.join("summary.json");
-    let out = train(
-        &mnist_dir(),
-        &[
-            "--model",
-            "mlp",
-            "--hidden",
-            "128",
-            "--momentum",
-            "0.9",
-            "--max-steps",
-            "150",
-            "--summary-out",
-            path_str(&summary),
-        ],
-    );
+    let mut args = vec![
+        "--model",
+        "mlp",
+        "--hidden",
+        "128",
+        "--momentum",
+        "0.9",
+        "--max-steps",
+        "150",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--summary-out", path_str(&summary)]);
+    let out = train(&mnist_dir(), &args);
     assert_succeeds(&out);
     let text = std::fs::read_to_string(&summary).expect("the summary file");
     let json: serde_json::Value = serde_json::from_str(&text).expect("the summary is JSON");
     assert_eq!(json["steps"], 150, "{text}");
     let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
     assert!(accuracy > 0.9, "test accuracy {accuracy} after 150 steps:\n{text}");
+    json
+}
+
+#[test]
+fn a_short_run_learns_mnist() {
+    short_run_summary("happy", &[]);
 }
 
 #[test]
 fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
-    let dir = TempDir::new("devices");
-    let summary = dir.join("summary.json");
-    let out = train(
-        &mnist_dir(),
-        &[
-            "--devices",
-            "cpu:0,cpu:1",
-            "--hidden",
-            "128",
-            "--momentum",
-            "0.9",
-            "--max-steps",
-            "150",
-            "--summary-out",
-            path_str(&summary),
-        ],
-    );
-    assert_succeeds(&out);
-    let text = std::fs::read_to_string(&summary).expect("the summary file");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("the summary is JSON");
-    assert_eq!(json["device"], "cpu:0,cpu:1", "{text}");
-    assert_eq!(json["steps"], 150, "{text}");
-    let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
-    assert!(
-        accuracy > 0.9,
-        "test accuracy {accuracy} after 150 data-parallel steps:\n{text}"
-    );
+    let json = short_run_summary("devices", &["--devices", "cpu:0,cpu:1"]);
+    assert_eq!(json["device"], "cpu:0,cpu:1", "{json}");
 }
 
 #[test]
