@@ -67,7 +67,8 @@ impl Tensor {
         Tensor::from_parts(buffer, Layout::contiguous(shape), device.clone())
     }
 
-    /// The same storage seen through another layout (a view), keeping the autograd link to self.
+    /// The same storage seen through another layout (a view), outside the graph: callers that
+    /// need a gradient through it record one with `track`.
     pub(crate) fn view(&self, layout: Layout) -> Tensor {
         Tensor::from_parts(self.0.buffer.clone(), layout, self.0.device.clone())
     }

@@ -285,7 +285,8 @@ impl Trainer {
                 } else {
                     loss.clone()
                 };
-                // Only the micro-batch that ends an accumulation communicates (DDP's no_sync).
+                // Does this micro-batch end an accumulation (or the epoch)? Only that one
+                // communicates (DDP's no_sync) and steps the optimizer.
                 let steps_now =
                     micro + 1 >= cfg.accumulate_grad_batches || self.state.batch_in_epoch + 1 >= steps_per_epoch;
                 if let Some(r) = &self.reducer {
@@ -300,9 +301,8 @@ impl Trainer {
                 self.state.epoch_loss_count += 1;
                 self.state.batch_in_epoch += 1;
                 self.state.samples_seen += n;
-                micro += 1;
-                let epoch_done = self.state.batch_in_epoch >= steps_per_epoch;
-                if micro < cfg.accumulate_grad_batches && !epoch_done {
+                if !steps_now {
+                    micro += 1;
                     continue;
                 }
                 micro = 0;
