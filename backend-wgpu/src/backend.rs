@@ -1,0 +1,197 @@
+//! `WgpuBackend`: the core `Backend` on one wgpu adapter. This file holds the device state and
+//! the plumbing every op shares (allocation, launching a shader variant, element types); the
+//! ops themselves live in `ops/`, one file per shader family.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lockstep_core::backend::{BufferRef, DeviceInfo, MemoryStats};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
+
+use crate::batch::Batch;
+use crate::buffer::{WgpuBuffer, wgpu_buffer};
+use crate::gpu::Gpu;
+use crate::meter::Meter;
+use crate::pipelines::{Pipelines, Variant};
+use crate::pool::Pool;
+
+/// Invocations per workgroup of the 1-D shaders (`WG` in common.wgsl).
+pub const WORKGROUP: u32 = 256;
+/// The largest workgroup count in one grid dimension that every adapter accepts.
+const MAX_GROUPS: u32 = 65535;
+
+pub struct WgpuBackend {
+    pub(crate) gpu: Gpu,
+    pub(crate) pool: Arc<Pool>,
+    pipelines: Pipelines,
+    batch: Mutex<Batch>,
+    pub(crate) staging: Mutex<Vec<wgpu::Buffer>>,
+    pub(crate) meter: Meter,
+}
+
+impl std::fmt::Debug for WgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuBackend({}: {})", self.gpu.location, self.gpu.info.name)
+    }
+}
+
+/// One buffer bound to a shader: (binding number, buffer).
+pub type Binding<'a> = (u32, &'a WgpuBuffer);
+
+impl WgpuBackend {
+    pub fn new(gpu: Gpu) -> WgpuBackend {
+        let batch = Batch::new(&gpu);
+        let meter = Meter::new(batch.timed());
+        let batch = Mutex::new(batch);
+        WgpuBackend {
+            gpu,
+            pool: Arc::default(),
+            pipelines: Pipelines::default(),
+            batch,
+            staging: Mutex::default(),
+            meter,
+        }
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    pub(crate) fn batch(&self) -> MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An uninitialised device buffer for `len` elements of `dtype`.
+    pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<Arc<WgpuBuffer>> {
+        self.gpu.check()?;
+        let bytes = ((len * dtype.size_in_bytes()) as u64).next_multiple_of(4);
+        let (raw, last_batch) = self.pool.take(&self.gpu, bytes)?;
+        Ok(Arc::new(WgpuBuffer::new(
+            raw,
+            last_batch,
+            dtype,
+            len,
+            self.pool.clone(),
+        )))
+    }
+
+    /// Records one dispatch of `variant`.
+    pub(crate) fn launch(
+        &self,
+        variant: &Variant,
+        params: &[u32],
+        buffers: &[Binding],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let pipeline = self.pipelines.get(&self.gpu, variant)?;
+        self.batch().dispatch(&self.gpu, &pipeline, params, buffers, groups)
+    }
+
+    /// The workgroup grid for `n` invocations of a 1-D shader.
+    pub(crate) fn grid(&self, op: &'static str, n: usize) -> Result<[u32; 3]> {
+        self.groups(op, n.div_ceil(WORKGROUP as usize))
+    }
+
+    /// A grid of `count` workgroups, folded into y beyond 65535 (shaders rebuild the index).
+    pub(crate) fn groups(&self, op: &'static str, count: usize) -> Result<[u32; 3]> {
+        let x = count.min(MAX_GROUPS as usize);
+        let y = count.div_ceil(MAX_GROUPS as usize);
+        if y > MAX_GROUPS as usize {
+            return Err(Error::invalid(
+                op,
+                format!("{count} workgroups exceed a dispatch's {MAX_GROUPS}x{MAX_GROUPS}"),
+            ));
+        }
+        Ok([x as u32, y as u32, 1])
+    }
+
+    /// The WGSL type computing shaders use for `dtype`: f32, or f16 where the adapter has it.
+    pub(crate) fn float_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
+        match dtype {
+            DType::F32 => Ok("f32"),
+            DType::F16 if self.gpu.has_f16() => Ok("f16"),
+            DType::F16 => Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                hint: " on this adapter: it lacks SHADER_F16 (use f32)",
+            }),
+            _ => Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                hint: " by the wgpu backend (WGSL computes in f32 and f16; use f32)",
+            }),
+        }
+    }
+
+    /// The storage word shaders that only move bits use for `dtype`.
+    pub(crate) fn word_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
+        match dtype {
+            DType::F32 | DType::U32 => Ok("u32"),
+            DType::I64 => Ok("vec2<u32>"),
+            DType::F16 => self.float_type(op, dtype),
+            _ => Err(Error::UnsupportedDType {
+                op,
+                dtype,
+                hint: " by the wgpu backend (WGSL has no bf16 or f64; use f32 or f16)",
+            }),
+        }
+    }
+
+    /// The buffers of an op, checked to be wgpu buffers of this device with `layout` inside them.
+    pub(crate) fn operand<'a>(
+        &self,
+        op: &'static str,
+        b: &'a BufferRef,
+        layout: Option<&Layout>,
+    ) -> Result<&'a WgpuBuffer> {
+        let buffer = wgpu_buffer(op, b)?;
+        if let Some(layout) = layout
+            && layout.extent() > buffer.len()
+        {
+            return Err(Error::invalid(
+                op,
+                format!("layout {layout:?} reaches past a buffer of {} elements", buffer.len()),
+            ));
+        }
+        Ok(buffer)
+    }
+
+    pub(crate) fn memory(&self) -> MemoryStats {
+        let (allocated, reserved, peak) = self.pool.stats();
+        MemoryStats {
+            allocated_bytes: allocated,
+            reserved_bytes: reserved,
+            peak_allocated_bytes: peak,
+            utilization: self.meter.utilization(),
+        }
+    }
+
+    pub(crate) fn device_info(&self) -> DeviceInfo {
+        crate::provider::describe(&self.gpu.location, &self.gpu.info)
+    }
+
+    /// Submits recorded work and waits for it.
+    pub(crate) fn finish(&self) -> Result<()> {
+        let mut batch = self.batch();
+        let submitted = batch.flush_for_sync(&self.gpu);
+        self.gpu.wait()?;
+        if submitted && let Some(ns) = batch.read_busy_ns(&self.gpu) {
+            self.meter.add_busy_ns(ns);
+        }
+        Ok(())
+    }
+}
+
+/// Parameters of a strided operand: [offset, strides...], as `strided_index` reads them.
+pub(crate) fn view_params(op: &'static str, layout: &Layout) -> Result<Vec<u32>> {
+    let mut v = Vec::with_capacity(layout.strides.len() + 1);
+    v.push(to_u32(op, layout.offset)?);
+    for &s in &layout.strides {
+        v.push(to_u32(op, s)?);
+    }
+    Ok(v)
+}
+
+pub(crate) fn to_u32(op: &'static str, x: usize) -> Result<u32> {
+    u32::try_from(x).map_err(|_| Error::invalid(op, format!("{x} exceeds the 32-bit indexing of WGSL shaders")))
+}

@@ -1,0 +1,98 @@
+//! im2col, col2im and max_pool2d (conv.wgsl) over contiguous NCHW.
+
+use lockstep_core::backend::{BufferRef, Conv2dGeometry, Pool2dGeometry};
+use lockstep_core::{DType, Error, Result};
+
+use crate::backend::{WgpuBackend, to_u32};
+use crate::pipelines::Variant;
+
+/// [total, n, c, h, w, kh, kw, stride, padding, dilation, oh, ow], as `geometry()` reads them.
+fn geometry_params(op: &'static str, total: usize, g: &Conv2dGeometry) -> Result<Vec<u32>> {
+    [
+        total,
+        g.n,
+        g.c,
+        g.h,
+        g.w,
+        g.kh,
+        g.kw,
+        g.stride[0],
+        g.stride[1],
+        g.padding[0],
+        g.padding[1],
+        g.dilation[0],
+        g.dilation[1],
+        g.out_h(),
+        g.out_w(),
+    ]
+    .iter()
+    .map(|&v| to_u32(op, v))
+    .collect()
+}
+
+impl WgpuBackend {
+    /// Runs `entry` from `src` (at least `src_len` elements) into a new `out_len` buffer.
+    fn conv_dispatch(
+        &self,
+        entry: &'static str,
+        src: &BufferRef,
+        src_len: usize,
+        out_len: usize,
+        g: &Conv2dGeometry,
+    ) -> Result<BufferRef> {
+        g.validate(entry)?;
+        let src = self.operand(entry, src, None)?;
+        if src.len() < src_len {
+            return Err(Error::invalid(
+                entry,
+                format!("{g:?} needs {src_len} elements, the buffer has {}", src.len()),
+            ));
+        }
+        let t = self.float_type(entry, src.dtype())?;
+        let out = self.alloc(src.dtype(), out_len)?;
+        self.launch(
+            &Variant::new("conv", entry, &[t]),
+            &geometry_params(entry, out_len, g)?,
+            &[(1, src), (2, &out)],
+            self.grid(entry, out_len)?,
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn unfold(&self, src: &BufferRef, g: &Conv2dGeometry) -> Result<BufferRef> {
+        g.validate("im2col")?;
+        let cols = g.c * g.kh * g.kw * g.n * g.out_h() * g.out_w();
+        self.conv_dispatch("im2col", src, g.n * g.c * g.h * g.w, cols, g)
+    }
+
+    pub(crate) fn fold(&self, cols: &BufferRef, g: &Conv2dGeometry) -> Result<BufferRef> {
+        g.validate("col2im")?;
+        let len = g.c * g.kh * g.kw * g.n * g.out_h() * g.out_w();
+        self.conv_dispatch("col2im", cols, len, g.n * g.c * g.h * g.w, g)
+    }
+
+    pub(crate) fn pool_max(&self, src: &BufferRef, g: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
+        const OP: &str = "max_pool2d";
+        g.validate(OP)?;
+        let conv = g.as_conv();
+        let src = self.operand(OP, src, None)?;
+        let needed = g.n * g.c * g.h * g.w;
+        if src.len() < needed {
+            return Err(Error::invalid(
+                OP,
+                format!("{g:?} needs {needed} elements, the buffer has {}", src.len()),
+            ));
+        }
+        let t = self.float_type(OP, src.dtype())?;
+        let len = g.n * g.c * g.out_h() * g.out_w();
+        let values = self.alloc(src.dtype(), len)?;
+        let indices = self.alloc(DType::U32, len)?;
+        self.launch(
+            &Variant::new("conv", OP, &[t]),
+            &geometry_params(OP, len, &conv)?,
+            &[(1, src), (2, &values), (3, &indices)],
+            self.grid(OP, len)?,
+        )?;
+        Ok((values, indices))
+    }
+}

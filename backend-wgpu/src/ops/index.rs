@@ -1,0 +1,168 @@
+//! index_select, gather, index_add and scatter_add (index.wgsl) over contiguous
+//! [outer, dim, inner] views with u32 indices.
+
+use lockstep_core::backend::BufferRef;
+use lockstep_core::{DType, Error, Result};
+
+use crate::backend::{WgpuBackend, to_u32};
+use crate::buffer::WgpuBuffer;
+use crate::pipelines::Variant;
+
+/// Which tensor plays which role in one indexing dispatch.
+struct Indexing<'a> {
+    entry: &'static str,
+    src: &'a WgpuBuffer,
+    ids: &'a WgpuBuffer,
+    out: &'a WgpuBuffer,
+    outer: usize,
+    src_dim: usize,
+    inner: usize,
+    out_dim: usize,
+}
+
+impl WgpuBackend {
+    fn element_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
+        match dtype {
+            DType::U32 => Ok("u32"),
+            d => self.float_type(op, d),
+        }
+    }
+
+    fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, at_least: usize) -> Result<&'a WgpuBuffer> {
+        let ids = self.operand(op, ids, None)?;
+        if ids.dtype() != DType::U32 {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: ids.dtype(),
+                hint: "; indices are u32",
+            });
+        }
+        if ids.len() < at_least {
+            return Err(Error::invalid(op, format!("{} indices, {at_least} needed", ids.len())));
+        }
+        Ok(ids)
+    }
+
+    fn index_dispatch(&self, x: Indexing) -> Result<()> {
+        let op = x.entry;
+        let t = self.element_type(op, x.src.dtype())?;
+        let n = x.outer * x.out_dim * x.inner;
+        let params = [n, x.outer, x.src_dim, x.inner, x.out_dim]
+            .iter()
+            .map(|&v| to_u32(op, v))
+            .collect::<Result<Vec<_>>>()?;
+        self.launch(
+            &Variant::new("index", op, &[t]),
+            &params,
+            &[(1, x.src), (2, x.ids), (3, x.out)],
+            self.grid(op, n)?,
+        )
+    }
+
+    fn check_len(op: &'static str, b: &WgpuBuffer, len: usize) -> Result<()> {
+        if b.len() < len {
+            return Err(Error::invalid(
+                op,
+                format!("a buffer of {} elements, {len} needed", b.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn select_rows(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<BufferRef> {
+        const OP: &str = "index_select";
+        let src = self.operand(OP, src, None)?;
+        Self::check_len(OP, src, outer * dim * inner)?;
+        let ids = self.ids(OP, ids, 0)?;
+        let out = self.alloc(src.dtype(), outer * ids.len() * inner)?;
+        let out_dim = ids.len();
+        self.index_dispatch(Indexing {
+            entry: OP,
+            src,
+            ids,
+            out: &out,
+            outer,
+            src_dim: dim,
+            inner,
+            out_dim,
+        })?;
+        Ok(out)
+    }
+
+    pub(crate) fn gather_along(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+        out_dim: usize,
+    ) -> Result<BufferRef> {
+        const OP: &str = "gather";
+        let src = self.operand(OP, src, None)?;
+        Self::check_len(OP, src, outer * dim * inner)?;
+        let ids = self.ids(OP, ids, outer * out_dim * inner)?;
+        let out = self.alloc(src.dtype(), outer * out_dim * inner)?;
+        self.index_dispatch(Indexing {
+            entry: OP,
+            src,
+            ids,
+            out: &out,
+            outer,
+            src_dim: dim,
+            inner,
+            out_dim,
+        })?;
+        Ok(out)
+    }
+
+    /// index_add (`per_element_ids` false: one id per source slice) or scatter_add (one id per
+    /// source element), in place on `dst`.
+    #[allow(clippy::too_many_arguments)] // the [outer, dim, inner] geometry of two tensors
+    pub(crate) fn add_at(
+        &self,
+        entry: &'static str,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()> {
+        let dst = self.operand(entry, dst, None)?;
+        let src = self.operand(entry, src, None)?;
+        Self::check_len(entry, dst, outer * dst_dim * inner)?;
+        Self::check_len(entry, src, outer * src_dim * inner)?;
+        if dst.dtype() != src.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: entry,
+                lhs: dst.dtype(),
+                rhs: src.dtype(),
+            });
+        }
+        let needed = if entry == "scatter_add" {
+            outer * src_dim * inner
+        } else {
+            src_dim
+        };
+        let ids = self.ids(entry, ids, needed)?;
+        self.index_dispatch(Indexing {
+            entry,
+            src,
+            ids,
+            out: dst,
+            outer,
+            src_dim,
+            inner,
+            out_dim: dst_dim,
+        })
+    }
+}

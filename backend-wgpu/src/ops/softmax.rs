@@ -1,0 +1,32 @@
+//! softmax_last and log_softmax_last (softmax.wgsl).
+
+use lockstep_core::backend::BufferRef;
+use lockstep_core::{Error, Result};
+
+use crate::backend::{WgpuBackend, to_u32};
+use crate::pipelines::Variant;
+
+impl WgpuBackend {
+    pub(crate) fn softmax_rows(&self, src: &BufferRef, rows: usize, cols: usize, log: bool) -> Result<BufferRef> {
+        let op = if log { "log_softmax_last" } else { "softmax_last" };
+        let src = self.operand(op, src, None)?;
+        if src.len() < rows * cols {
+            return Err(Error::invalid(
+                op,
+                format!("{rows}x{cols} does not fit a buffer of {} elements", src.len()),
+            ));
+        }
+        let t = self.float_type(op, src.dtype())?;
+        let out = self.alloc(src.dtype(), rows * cols)?;
+        if cols == 0 {
+            return Ok(out);
+        }
+        self.launch(
+            &Variant::new("softmax", "softmax", &[t]).constant("LOG", f64::from(u8::from(log))),
+            &[to_u32(op, rows)?, to_u32(op, cols)?],
+            &[(1, src), (2, &out)],
+            self.groups(op, rows)?,
+        )?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,125 @@
+//! `wgpu:N` devices: every adapter wgpu finds, in a stable order (hardware before software, then
+//! by backend), opened once per process.
+
+use std::sync::{Arc, OnceLock};
+
+use lockstep_core::backend::{Backend, DeviceInfo};
+use lockstep_core::device::DeviceProvider;
+use lockstep_core::{Error, Result};
+
+use crate::backend::WgpuBackend;
+use crate::gpu::Gpu;
+
+/// The process's wgpu instance and its adapters (enumerated once: a few ms to ~20 ms).
+fn adapters() -> &'static Vec<wgpu::Adapter> {
+    static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
+    ADAPTERS.get_or_init(|| {
+        // `_from_env` honours WGPU_BACKEND (e.g. `gl`) and the other WGPU_* variables.
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
+        let mut found = pollster::block_on(instance.enumerate_adapters(backends));
+        found.sort_by_key(|a| {
+            let info = a.get_info();
+            (is_software(&info), backend_rank(info.backend))
+        });
+        found
+    })
+}
+
+fn backend_rank(b: wgpu::Backend) -> u8 {
+    match b {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    }
+}
+
+fn is_software(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+}
+
+/// What `lockstep devices` shows for an adapter.
+pub fn describe(location: &str, info: &wgpu::AdapterInfo) -> DeviceInfo {
+    DeviceInfo {
+        location: location.to_string(),
+        name: info.name.clone(),
+        api: format!("{:?}", info.backend).to_lowercase(),
+        // WebGPU does not say how much memory an adapter has.
+        total_memory_bytes: None,
+        software: is_software(info),
+    }
+}
+
+/// Adapter details for bug reports: vendor, driver, type and the limits that matter here.
+pub fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
+    let info = adapter.get_info();
+    let limits = adapter.limits();
+    let features = adapter.features();
+    let has = |f: wgpu::Features| if features.contains(f) { "yes" } else { "no" };
+    vec![
+        ("vendor".into(), format!("{:#06x}", info.vendor)),
+        ("device id".into(), format!("{:#06x}", info.device)),
+        ("type".into(), format!("{:?}", info.device_type)),
+        (
+            "driver".into(),
+            format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+        ),
+        ("shader f16".into(), has(wgpu::Features::SHADER_F16).into()),
+        ("timestamps".into(), has(wgpu::Features::TIMESTAMP_QUERY).into()),
+        ("max buffer".into(), format!("{} bytes", limits.max_buffer_size)),
+        (
+            "max storage binding".into(),
+            format!("{} bytes", limits.max_storage_buffer_binding_size),
+        ),
+        (
+            "max workgroup storage".into(),
+            format!("{} bytes", limits.max_compute_workgroup_storage_size),
+        ),
+        (
+            "max invocations/workgroup".into(),
+            limits.max_compute_invocations_per_workgroup.to_string(),
+        ),
+    ]
+}
+
+/// The adapter behind `wgpu:N`, for `details`.
+pub fn adapter(ordinal: usize) -> Option<&'static wgpu::Adapter> {
+    adapters().get(ordinal)
+}
+
+pub struct WgpuProvider;
+
+impl DeviceProvider for WgpuProvider {
+    fn prefix(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn open(&self, ordinal: usize) -> Result<Arc<dyn Backend>> {
+        let all = adapters();
+        let adapter = all.get(ordinal).ok_or_else(|| Error::UnknownDevice {
+            name: format!("wgpu:{ordinal}"),
+            hint: if all.is_empty() {
+                "wgpu found no adapter: install a Vulkan, Metal or DX12 driver (on Linux without a GPU, \
+                 Mesa's lavapipe: `apt install mesa-vulkan-drivers`)"
+                    .into()
+            } else {
+                format!(
+                    "wgpu found {} adapter(s), wgpu:0 to wgpu:{}; `lockstep devices` lists them",
+                    all.len(),
+                    all.len() - 1
+                )
+            },
+        })?;
+        Ok(Arc::new(WgpuBackend::new(Gpu::open(
+            format!("wgpu:{ordinal}"),
+            adapter,
+        )?)))
+    }
+
+    fn list(&self) -> Vec<DeviceInfo> {
+        adapters()
+            .iter()
+            .enumerate()
+            .map(|(i, a)| describe(&format!("wgpu:{i}"), &a.get_info()))
+            .collect()
+    }
+}

@@ -1,0 +1,91 @@
+//! The WGSL compute shaders of the Lockstep wgpu backend: one file per operation family, named
+//! as the core `Backend` methods they implement (`unary.wgsl` for `Backend::unary`, …).
+//!
+//! A shader is not compiled as it stands: the backend prepends the element-type aliases it names
+//! (`alias T = f32;`, with `enable f16;` for half precision), then `common.wgsl` (the parameter
+//! binding and shared helpers), then the file. `compose` does exactly that, and this crate's
+//! tests validate every shader in every element type with naga, so a broken shader fails
+//! `cargo test` on a machine with no GPU at all.
+
+/// One shader file.
+#[derive(Clone, Copy, Debug)]
+pub struct Shader {
+    /// The file name without `.wgsl`, which is also the operation family's name.
+    pub name: &'static str,
+    pub source: &'static str,
+    /// The type aliases the file expects the host to define (`T`, or `S` and `D`).
+    pub aliases: &'static [&'static str],
+    /// The element types each alias may take, e.g. `["f32", "f16", "u32"]`.
+    pub types: &'static [&'static str],
+    pub entry_points: &'static [&'static str],
+}
+
+/// Prepended to every shader after the aliases: the parameter binding and shared helpers.
+pub const COMMON: &str = include_str!("../wgsl/common.wgsl");
+
+const FLOATS: &[&str] = &["f32", "f16"];
+
+macro_rules! shader {
+    ($name:literal, $aliases:expr, $types:expr, [$($entry:literal),+ $(,)?]) => {
+        Shader {
+            name: $name,
+            source: include_str!(concat!("../wgsl/", $name, ".wgsl")),
+            aliases: $aliases,
+            types: $types,
+            entry_points: &[$($entry),+],
+        }
+    };
+}
+
+/// Every shader of the backend.
+pub const SHADERS: &[Shader] = &[
+    shader!("fill", &[], &[], ["fill"]),
+    shader!("copy_strided", &["T"], &["u32", "f16", "vec2<u32>"], ["copy_strided"]),
+    shader!(
+        "cast",
+        &["S", "D"],
+        &["f32", "f16", "u32"],
+        ["cast_strided", "cast_from_i64", "cast_to_i64"]
+    ),
+    shader!("rand", &["T"], FLOATS, ["rand"]),
+    shader!("unary", &["T"], FLOATS, ["unary"]),
+    shader!("binary", &["T"], FLOATS, ["binary"]),
+    shader!("compare", &["T"], &["f32", "f16", "u32"], ["compare", "compare_i64"]),
+    shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
+    shader!("reduce", &["T"], FLOATS, ["reduce", "argmax"]),
+    shader!("matmul", &["T"], FLOATS, ["matmul", "matmul_naive"]),
+    shader!("softmax", &["T"], FLOATS, ["softmax"]),
+    shader!(
+        "index",
+        &["T"],
+        &["f32", "f16", "u32"],
+        ["index_select", "gather", "index_add", "scatter_add"]
+    ),
+    shader!("conv", &["T"], FLOATS, ["im2col", "col2im", "max_pool2d"]),
+    shader!(
+        "optim",
+        &[],
+        &[],
+        ["axpy", "sgd_step", "sgd_momentum_step", "adam_step"]
+    ),
+];
+
+/// The shader named `name`.
+pub fn shader(name: &str) -> Option<&'static Shader> {
+    SHADERS.iter().find(|s| s.name == name)
+}
+
+/// The complete source of `shader` with its aliases bound, in order, to `types`.
+pub fn compose(shader: &Shader, types: &[&str]) -> String {
+    let mut header = String::new();
+    if types.contains(&"f16") {
+        header.push_str("enable f16;\n");
+    }
+    for (alias, ty) in shader.aliases.iter().zip(types) {
+        header.push_str(&format!("alias {alias} = {ty};\n"));
+    }
+    format!("{header}{COMMON}\n{}", shader.source)
+}
+
+#[cfg(test)]
+mod tests;

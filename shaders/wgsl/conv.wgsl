@@ -1,0 +1,118 @@
+// Convolution and pooling over contiguous NCHW.
+//   im2col:     [n, c, h, w] -> columns [c*kh*kw, n*oh*ow] (zeros where padded), so a
+//               convolution is one GEMM.
+//   col2im:     its adjoint; one invocation per input pixel sums the columns that read it (no
+//               atomics, deterministic).
+//   max_pool2d: values [n, c, oh, ow] and u32 argmax indices into each h*w plane (first maximum).
+// params: [total, n, c, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, oh, ow]
+
+@group(0) @binding(1) var<storage, read> src: array<T>;
+@group(0) @binding(2) var<storage, read_write> out: array<T>;
+@group(0) @binding(3) var<storage, read_write> out_index: array<u32>;
+
+struct Geometry {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    kh: u32,
+    kw: u32,
+    stride: vec2<u32>,
+    pad: vec2<u32>,
+    dil: vec2<u32>,
+    oh: u32,
+    ow: u32,
+}
+
+fn geometry() -> Geometry {
+    return Geometry(params[1], params[2], params[3], params[4], params[5], params[6], vec2<u32>(params[7], params[8]),
+        vec2<u32>(params[9], params[10]), vec2<u32>(params[11], params[12]), params[13], params[14]);
+}
+
+@compute @workgroup_size(256)
+fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let e = flat_index(gid, groups);
+    if (e >= params[0]) {
+        return;
+    }
+    let g = geometry();
+    let cols = g.n * g.oh * g.ow;
+    let row = e / cols;
+    let col = e % cols;
+    let ch = row / (g.kh * g.kw);
+    let ki = (row / g.kw) % g.kh;
+    let kj = row % g.kw;
+    let img = col / (g.oh * g.ow);
+    let oy = (col / g.ow) % g.oh;
+    let ox = col % g.ow;
+    // Signed: taps left of or above the image fall in the padding.
+    let iy = i32(oy * g.stride.x + ki * g.dil.x) - i32(g.pad.x);
+    let ix = i32(ox * g.stride.y + kj * g.dil.y) - i32(g.pad.y);
+    let inside = iy >= 0 && iy < i32(g.h) && ix >= 0 && ix < i32(g.w);
+    let at = ((img * g.c + ch) * g.h + u32(max(iy, 0))) * g.w + u32(max(ix, 0));
+    out[e] = select(T(0), src[min(at, arrayLength(&src) - 1u)], inside);
+}
+
+// Here src holds the columns and out the image [n, c, h, w].
+@compute @workgroup_size(256)
+fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let e = flat_index(gid, groups);
+    if (e >= params[0]) {
+        return;
+    }
+    let g = geometry();
+    let cols = g.n * g.oh * g.ow;
+    let x = e % g.w;
+    let y = (e / g.w) % g.h;
+    let ch = (e / (g.w * g.h)) % g.c;
+    let img = e / (g.w * g.h * g.c);
+    var acc = 0.0;
+    for (var ki = 0u; ki < g.kh; ki++) {
+        let ty = i32(y + g.pad.x) - i32(ki * g.dil.x);
+        if (ty < 0 || ty % i32(g.stride.x) != 0 || u32(ty) / g.stride.x >= g.oh) {
+            continue;
+        }
+        let oy = u32(ty) / g.stride.x;
+        for (var kj = 0u; kj < g.kw; kj++) {
+            let tx = i32(x + g.pad.y) - i32(kj * g.dil.y);
+            if (tx < 0 || tx % i32(g.stride.y) != 0 || u32(tx) / g.stride.y >= g.ow) {
+                continue;
+            }
+            let ox = u32(tx) / g.stride.y;
+            let row = (ch * g.kh + ki) * g.kw + kj;
+            acc += f32(src[row * cols + (img * g.oh + oy) * g.ow + ox]);
+        }
+    }
+    out[e] = T(acc);
+}
+
+@compute @workgroup_size(256)
+fn max_pool2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let e = flat_index(gid, groups);
+    if (e >= params[0]) {
+        return;
+    }
+    let g = geometry();
+    let ox = e % g.ow;
+    let oy = (e / g.ow) % g.oh;
+    let plane = e / (g.ow * g.oh);
+    var best = -f32_inf();
+    var best_index = 0xffffffffu;
+    for (var ki = 0u; ki < g.kh; ki++) {
+        let iy = i32(oy * g.stride.x + ki) - i32(g.pad.x);
+        for (var kj = 0u; kj < g.kw; kj++) {
+            let ix = i32(ox * g.stride.y + kj) - i32(g.pad.y);
+            if (iy < 0 || iy >= i32(g.h) || ix < 0 || ix >= i32(g.w)) {
+                continue;
+            }
+            let index = u32(iy) * g.w + u32(ix);
+            let v = f32(src[plane * g.h * g.w + index]);
+            if (best_index == 0xffffffffu || v > best) {
+                best = v;
+                best_index = index;
+            }
+        }
+    }
+    out[e] = T(best);
+    out_index[e] = best_index;
+}

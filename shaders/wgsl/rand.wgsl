@@ -1,0 +1,57 @@
+// rand: Philox4x32-10, the counter-based generator of core/src/rng.rs, so every backend draws
+// the same stream: element i is word i % 4 of block (counter + i / 4) under key `seed`, turned
+// into a float with 24 random bits; normals use Box-Muller on words (0,1) or (2,3).
+// params: [n, seed_lo, seed_hi, counter_lo, counter_hi, normal, a, b]
+//   uniform: a + b * u (a = low, b = high - low);  normal: a + b * z (a = mean, b = std)
+
+@group(0) @binding(1) var<storage, read_write> out: array<T>;
+
+// The 64-bit product of two u32 as (low, high): WGSL has no 64-bit integers.
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+    let ll = (a & 0xffffu) * (b & 0xffffu);
+    let lh = (a & 0xffffu) * (b >> 16u);
+    let hl = (a >> 16u) * (b & 0xffffu);
+    let hh = (a >> 16u) * (b >> 16u);
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return vec2<u32>((mid << 16u) | (ll & 0xffffu), hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u));
+}
+
+fn philox(key_in: vec2<u32>, counter: vec2<u32>) -> vec4<u32> {
+    var k = key_in;
+    var c = vec4<u32>(counter.x, counter.y, 0u, 0u);
+    for (var round = 0u; round < 10u; round++) {
+        let p0 = mul_wide(0xD2511F53u, c.x);
+        let p1 = mul_wide(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.y ^ c.y ^ k.x, p1.x, p0.y ^ c.w ^ k.y, p0.x);
+        k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+    }
+    return c;
+}
+
+fn unit_float(word: u32) -> f32 {
+    return f32(word >> 8u) * (1.0 / 16777216.0);
+}
+
+@compute @workgroup_size(256)
+fn rand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = flat_index(gid, groups);
+    if (i >= params[0]) {
+        return;
+    }
+    let block = i / 4u;
+    let low = params[3] + block;
+    let carry = select(0u, 1u, low < block);
+    let w = philox(vec2<u32>(params[1], params[2]), vec2<u32>(low, params[4] + carry));
+    let a = param_f32(6u);
+    let b = param_f32(7u);
+    if (params[5] == 0u) {
+        out[i] = T(fma(b, unit_float(w[i % 4u]), a));
+        return;
+    }
+    let pair = (i % 4u) / 2u * 2u;
+    let u1 = 1.0 - unit_float(w[pair]);
+    let u2 = unit_float(w[pair + 1u]);
+    let radius = sqrt(-2.0 * log(u1));
+    let angle = 6.28318530717958648 * u2;
+    out[i] = T(fma(b, select(radius * sin(angle), radius * cos(angle), i % 2u == 0u), a));
+}
