@@ -27,6 +27,7 @@ pub struct WgpuBackend {
     batch: Mutex<Batch>,
     pub(crate) staging: Mutex<Vec<wgpu::Buffer>>,
     pub(crate) meter: Meter,
+    info: DeviceInfo,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -39,7 +40,7 @@ impl std::fmt::Debug for WgpuBackend {
 pub type Binding<'a> = (u32, &'a WgpuBuffer);
 
 impl WgpuBackend {
-    pub fn new(gpu: Gpu) -> WgpuBackend {
+    pub fn new(gpu: Gpu, info: DeviceInfo) -> WgpuBackend {
         let batch = Batch::new(&gpu);
         let meter = Meter::new(batch.timed());
         let batch = Mutex::new(batch);
@@ -50,6 +51,7 @@ impl WgpuBackend {
             batch,
             staging: Mutex::default(),
             meter,
+            info,
         }
     }
 
@@ -167,7 +169,7 @@ impl WgpuBackend {
     }
 
     pub(crate) fn device_info(&self) -> DeviceInfo {
-        crate::provider::describe(&self.gpu.location, &self.gpu.info)
+        self.info.clone()
     }
 
     /// Submits recorded work and waits for it.

@@ -22,9 +22,38 @@ mod provider;
 mod transfer;
 
 pub use backend::WgpuBackend;
-pub use provider::{WgpuProvider, adapter, details};
+pub use provider::{WgpuProvider, adapter, backend_of};
 
 /// Makes `wgpu:N` devices available to `Device::parse` and `lockstep devices`.
 pub fn register() {
     lockstep_core::device::register_provider(Box::new(WgpuProvider));
+}
+
+use lockstep_core::backend::MatmulDims;
+use lockstep_core::{Error, Result, Tensor};
+
+/// `a @ b` for 2-D tensors on a wgpu device with the untiled kernel (one invocation per output,
+/// no reuse): the baseline `lockstep bench gpu` measures the tiled kernel against.
+pub fn matmul_naive(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let backend = backend_of(a.device()).ok_or_else(|| Error::invalid("matmul_naive", "runs on wgpu devices only"))?;
+    let (&[m, k], &[k2, n]) = (a.dims(), b.dims()) else {
+        return Err(Error::invalid("matmul_naive", "takes two matrices"));
+    };
+    if k != k2 {
+        return Err(Error::shape(
+            "matmul_naive",
+            a.shape(),
+            b.shape(),
+            "inner dimensions differ",
+        ));
+    }
+    let batched = |t: &Tensor, rows, cols| {
+        let mut l = t.layout().clone();
+        l.shape = lockstep_core::Shape::new([1, rows, cols]);
+        l.strides.insert(0, 0);
+        l
+    };
+    let dims = MatmulDims { batch: 1, m, n, k };
+    let out = backend.matmul_naive(a.buffer(), &batched(a, m, k), b.buffer(), &batched(b, k, n), dims)?;
+    Ok(Tensor::from_buffer(out, [m, n], a.device()))
 }

@@ -1,7 +1,8 @@
 //! `wgpu:N` devices: every adapter wgpu finds, in a stable order (hardware before software, then
 //! by backend), opened once per process.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use lockstep_core::backend::{Backend, DeviceInfo};
 use lockstep_core::device::DeviceProvider;
@@ -38,19 +39,21 @@ fn is_software(info: &wgpu::AdapterInfo) -> bool {
 }
 
 /// What `lockstep devices` shows for an adapter.
-pub fn describe(location: &str, info: &wgpu::AdapterInfo) -> DeviceInfo {
+pub fn describe(location: &str, adapter: &wgpu::Adapter) -> DeviceInfo {
+    let info = adapter.get_info();
     DeviceInfo {
         location: location.to_string(),
         name: info.name.clone(),
         api: format!("{:?}", info.backend).to_lowercase(),
         // WebGPU does not say how much memory an adapter has.
         total_memory_bytes: None,
-        software: is_software(info),
+        software: is_software(&info),
+        details: details(adapter),
     }
 }
 
 /// Adapter details for bug reports: vendor, driver, type and the limits that matter here.
-pub fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
+fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
     let info = adapter.get_info();
     let limits = adapter.limits();
     let features = adapter.features();
@@ -81,7 +84,24 @@ pub fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
     ]
 }
 
-/// The adapter behind `wgpu:N`, for `details`.
+/// The backends opened so far, by ordinal (the core caches the `Device`; this keeps the concrete
+/// type for ops beyond the `Backend` trait, such as the benchmark's naive GEMM).
+fn opened() -> &'static Mutex<HashMap<usize, Arc<WgpuBackend>>> {
+    static OPENED: OnceLock<Mutex<HashMap<usize, Arc<WgpuBackend>>>> = OnceLock::new();
+    OPENED.get_or_init(Mutex::default)
+}
+
+/// The backend of an opened `wgpu:N` device.
+pub fn backend_of(device: &lockstep_core::Device) -> Option<Arc<WgpuBackend>> {
+    let ordinal = device.location().strip_prefix("wgpu:")?.parse().ok()?;
+    opened()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&ordinal)
+        .cloned()
+}
+
+/// The adapter behind `wgpu:N`.
 pub fn adapter(ordinal: usize) -> Option<&'static wgpu::Adapter> {
     adapters().get(ordinal)
 }
@@ -109,17 +129,21 @@ impl DeviceProvider for WgpuProvider {
                 )
             },
         })?;
-        Ok(Arc::new(WgpuBackend::new(Gpu::open(
-            format!("wgpu:{ordinal}"),
-            adapter,
-        )?)))
+        let location = format!("wgpu:{ordinal}");
+        let info = describe(&location, adapter);
+        let backend = Arc::new(WgpuBackend::new(Gpu::open(location, adapter)?, info));
+        opened()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ordinal, backend.clone());
+        Ok(backend)
     }
 
     fn list(&self) -> Vec<DeviceInfo> {
         adapters()
             .iter()
             .enumerate()
-            .map(|(i, a)| describe(&format!("wgpu:{i}"), &a.get_info()))
+            .map(|(i, a)| describe(&format!("wgpu:{i}"), a))
             .collect()
     }
 }

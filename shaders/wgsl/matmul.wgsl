@@ -3,7 +3,8 @@
 //
 // `matmul` is tiled: a 16x16 workgroup computes a 64x64 block of the output, each invocation a
 // 4x4 register block, staging 64x16 slices of lhs and 16x64 slices of rhs through workgroup
-// memory so each loaded value is used 64 times. Accumulates in f32 for every `T`.
+// memory so each loaded value is used 64 times; the inner step is two vec4 loads and four vec4
+// FMAs. Accumulates in f32 for every `T`.
 // `matmul_naive` (one invocation per output, no reuse) is kept as the benchmark's baseline.
 // params: [m, n, k, lhs offset, lhs batch/m/k strides, rhs offset, rhs batch/k/n strides]
 
@@ -14,8 +15,10 @@
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;
 
-var<workgroup> lhs_tile: array<f32, 1024>; // [TILE][TILE_K]
-var<workgroup> rhs_tile: array<f32, 1024>; // [TILE_K][TILE]
+// Both tiles are stored k-major in vec4 columns so an invocation reads its 4 rows of lhs and its
+// 4 columns of rhs with one load each: lhs_tile[k][row / 4], rhs_tile[k][col / 4].
+var<workgroup> lhs_tile: array<vec4<f32>, 256>; // [TILE_K][TILE / 4]
+var<workgroup> rhs_tile: array<vec4<f32>, 256>; // [TILE_K][TILE / 4]
 
 fn lhs_at(b: u32, row: u32, col: u32) -> f32 {
     return f32(lhs[params[3] + b * params[4] + row * params[5] + col * params[6]]);
@@ -23,6 +26,16 @@ fn lhs_at(b: u32, row: u32, col: u32) -> f32 {
 
 fn rhs_at(b: u32, row: u32, col: u32) -> f32 {
     return f32(rhs[params[7] + b * params[8] + row * params[9] + col * params[10]]);
+}
+
+// lhs[b, row, col], or 0 outside the m x k matrix.
+fn lhs_or_zero(b: u32, row: u32, col: u32) -> f32 {
+    return select(0.0, lhs_at(b, min(row, params[0] - 1u), min(col, params[2] - 1u)), row < params[0] && col < params[2]);
+}
+
+// rhs[b, row, col], or 0 outside the k x n matrix.
+fn rhs_or_zero(b: u32, row: u32, col: u32) -> f32 {
+    return select(0.0, rhs_at(b, min(row, params[2] - 1u), min(col, params[1] - 1u)), row < params[2] && col < params[1]);
 }
 
 @compute @workgroup_size(16, 16)
@@ -37,31 +50,32 @@ fn matmul(
     let b = wid.z;
     let row0 = wid.y * TILE;
     let col0 = wid.x * TILE;
-    var acc: array<array<f32, 4>, 4>;
+    // Staging: invocation `flat` fills one vec4 of each tile (4 rows of lhs, 4 columns of rhs).
+    let stage_k = flat / 16u;
+    let stage_quad = (flat % 16u) * 4u;
+    var acc: array<vec4<f32>, 4>;
     for (var k0 = 0u; k0 < k; k0 += TILE_K) {
-        // 1024 values per tile, 4 per invocation; out-of-range reads load zeros.
-        for (var l = 0u; l < 4u; l++) {
-            let idx = flat + l * 256u;
-            let ar = row0 + idx / TILE_K;
-            let ac = k0 + idx % TILE_K;
-            lhs_tile[idx] = select(0.0, lhs_at(b, min(ar, m - 1u), min(ac, k - 1u)), ar < m && ac < k);
-            let br = k0 + idx / TILE;
-            let bc = col0 + idx % TILE;
-            rhs_tile[idx] = select(0.0, rhs_at(b, min(br, k - 1u), min(bc, n - 1u)), br < k && bc < n);
-        }
+        let kk = k0 + stage_k;
+        lhs_tile[flat] = vec4<f32>(
+            lhs_or_zero(b, row0 + stage_quad, kk),
+            lhs_or_zero(b, row0 + stage_quad + 1u, kk),
+            lhs_or_zero(b, row0 + stage_quad + 2u, kk),
+            lhs_or_zero(b, row0 + stage_quad + 3u, kk),
+        );
+        rhs_tile[flat] = vec4<f32>(
+            rhs_or_zero(b, kk, col0 + stage_quad),
+            rhs_or_zero(b, kk, col0 + stage_quad + 1u),
+            rhs_or_zero(b, kk, col0 + stage_quad + 2u),
+            rhs_or_zero(b, kk, col0 + stage_quad + 3u),
+        );
         workgroupBarrier();
-        for (var kk = 0u; kk < TILE_K; kk++) {
-            var a: array<f32, 4>;
-            var r: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = lhs_tile[(lid.y * 4u + i) * TILE_K + kk];
-                r[i] = rhs_tile[kk * TILE + lid.x * 4u + i];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] = fma(a[i], r[j], acc[i][j]);
-                }
-            }
+        for (var t = 0u; t < TILE_K; t++) {
+            let a = lhs_tile[t * 16u + lid.y];
+            let r = rhs_tile[t * 16u + lid.x];
+            acc[0] = fma(vec4<f32>(a.x), r, acc[0]);
+            acc[1] = fma(vec4<f32>(a.y), r, acc[1]);
+            acc[2] = fma(vec4<f32>(a.z), r, acc[2]);
+            acc[3] = fma(vec4<f32>(a.w), r, acc[3]);
         }
         workgroupBarrier();
     }

@@ -1,9 +1,10 @@
 //! `lockstep check`: runs the backend conformance suite on a device from the release binary and
-//! prints a table a user can paste into a bug report (device, ops passed/failed, worst error).
+//! prints a report a user can paste into a bug report: the device and its driver and limits,
+//! each case passed or failed with the worst error and time, and the dtypes it cannot run.
 
 use clap::Parser;
-use lockstep_core::conformance::{format_table, run_suite};
-use lockstep_core::{DType, Device};
+use lockstep_core::conformance::{Outcome, format_table, run_suite};
+use lockstep_core::{DType, Device, Error};
 
 #[derive(Parser, Debug)]
 pub struct Args {
@@ -18,6 +19,9 @@ pub struct Args {
     pub failures_only: bool,
 }
 
+/// The dtypes the suite runs in, where the device supports them.
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let devices: Vec<Device> = if args.all {
         lockstep_core::device::list_devices()
@@ -31,16 +35,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for device in devices {
         let info = device.info();
         println!("{} — {} ({})", info.location, info.name, info.api);
-        let reports = run_suite(&device, &[DType::F32, DType::F16, DType::BF16]);
-        let bad: Vec<_> = reports.iter().filter(|r| !r.passed()).cloned().collect();
+        print!("{}", super::devices::format_details(&info.details));
+        let mut dtypes = Vec::new();
+        for dtype in DTYPES {
+            match device.backend().zeros(dtype, 1) {
+                Err(e @ Error::UnsupportedDType { .. }) => println!("  skipped {dtype}: {e}"),
+                _ => dtypes.push(dtype),
+            }
+        }
+        let reports = run_suite(&device, &dtypes);
+        // A case the device reports as unsupported (e.g. a cast to f16 without SHADER_F16) is
+        // listed, not failed: the device said so instead of computing something wrong.
+        let bad: Vec<_> = reports
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Fail(_) | Outcome::Error(_)))
+            .cloned()
+            .collect();
+        let unsupported = reports
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Unsupported(_)))
+            .count();
         if !(args.failures_only && bad.is_empty()) {
             println!("{}", format_table(if args.failures_only { &bad } else { &reports }));
         }
+        let names: Vec<String> = dtypes.iter().map(|d| d.to_string()).collect();
         println!(
-            "{}: {} of {} cases passed",
+            "{}: {} of {} cases passed, {} failed, {unsupported} unsupported ({})",
             info.location,
-            reports.len() - bad.len(),
-            reports.len()
+            reports.len() - bad.len() - unsupported,
+            reports.len(),
+            bad.len(),
+            names.join(", ")
         );
         failed += bad.len();
     }

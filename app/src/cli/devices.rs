@@ -1,26 +1,48 @@
-//! `lockstep devices`: every device this build can open, with its memory.
+//! `lockstep devices`: every device this build can open, with its memory, and with `--details`
+//! each device's vendor, driver, features and limits.
 
 use lockstep_core::device::list_devices;
 
 use super::table;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Also print each device's vendor, driver, features and limits.
+    #[arg(long)]
+    pub details: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    let rows: Vec<Vec<String>> = list_devices()
-        .into_iter()
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let devices = list_devices();
+    let rows: Vec<Vec<String>> = devices
+        .iter()
         .map(|d| {
             vec![
-                d.location,
-                d.name,
-                d.api,
+                d.location.clone(),
+                d.name.clone(),
+                d.api.clone(),
+                if d.software { "software" } else { "hardware" }.into(),
                 d.total_memory_bytes.map_or_else(|| "unknown".into(), gib),
             ]
         })
         .collect();
-    println!("{}", table::render(&["LOCATION", "NAME", "API", "MEMORY"], &rows));
+    println!(
+        "{}",
+        table::render(&["LOCATION", "NAME", "API", "KIND", "MEMORY"], &rows)
+    );
+    if args.details {
+        for d in devices.iter().filter(|d| !d.details.is_empty()) {
+            println!("\n{}", d.location);
+            print!("{}", format_details(&d.details));
+        }
+    }
     Ok(())
+}
+
+/// `  label: value` lines, labels aligned.
+pub fn format_details(details: &[(String, String)]) -> String {
+    let width = details.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    details.iter().map(|(k, v)| format!("  {k:<width$}  {v}\n")).collect()
 }
 
 fn gib(bytes: u64) -> String {
@@ -32,5 +54,14 @@ mod tests {
     #[test]
     fn memory_reads_in_gib() {
         assert_eq!(super::gib(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn details_are_aligned() {
+        let d = [
+            ("a".to_string(), "1".to_string()),
+            ("long".to_string(), "2".to_string()),
+        ];
+        assert_eq!(super::format_details(&d), "  a     1\n  long  2\n");
     }
 }

@@ -48,6 +48,8 @@ pub struct DeviceInfo {
     pub total_memory_bytes: Option<u64>,
     /// A software implementation of a GPU API (lavapipe, llvmpipe, WARP): never picked by default.
     pub software: bool,
+    /// What a bug report needs beyond the name: vendor, driver, features, limits (label, value).
+    pub details: Vec<(String, String)>,
 }
 
 /// Allocator and utilisation counters. `None` means the backend cannot know, never zero.

@@ -62,8 +62,10 @@ impl Tensor {
         }))
     }
 
-    /// A contiguous tensor over a freshly computed buffer.
-    pub(crate) fn from_buffer(buffer: BufferRef, shape: impl Into<Shape>, device: &Device) -> Tensor {
+    /// A contiguous tensor over a freshly computed buffer. Also for backend crates: wraps a buffer
+    /// a backend produced on `device` (contiguous, no gradient): for backend crates
+    /// exposing ops beyond the `Backend` trait.
+    pub fn from_buffer(buffer: BufferRef, shape: impl Into<Shape>, device: &Device) -> Tensor {
         Tensor::from_parts(buffer, Layout::contiguous(shape), device.clone())
     }
 

@@ -14,11 +14,21 @@ pub struct GemmResult {
 }
 
 pub fn run(device: &Device, n: usize, timing: &Timing) -> anyhow::Result<GemmResult> {
+    run_with(device, n, timing, |a, b| a.matmul(b))
+}
+
+/// The same measurement of another product kernel (the wgpu naive baseline).
+pub fn run_with(
+    device: &Device,
+    n: usize,
+    timing: &Timing,
+    product: impl Fn(&Tensor, &Tensor) -> lockstep_core::Result<Tensor>,
+) -> anyhow::Result<GemmResult> {
     let generator = Generator::new(0);
     let a = Tensor::rand_normal([n, n], 0.0, 1.0, DType::F32, &generator, device)?;
     let b = Tensor::rand_normal([n, n], 0.0, 1.0, DType::F32, &generator, device)?;
     let m = timing.measure(|| {
-        let c = a.matmul(&b)?;
+        let c = product(&a, &b)?;
         device.synchronize()?;
         drop(c);
         Ok(())

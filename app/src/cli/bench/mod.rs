@@ -2,6 +2,7 @@
 //! PyTorch in the same run, with the ratio ours / PyTorch.
 
 mod gemm;
+mod gpu;
 mod loader;
 mod machine;
 mod mlp;
@@ -28,6 +29,9 @@ pub enum Which {
     All,
     /// DataLoader throughput on MNIST with 0, 1, 2 and 4 workers.
     Loader,
+    /// A wgpu device (--device wgpu:N): tiled vs naive GEMM at 256/512/1024 and MLP steps/s,
+    /// beside the CPU backend.
+    Gpu,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -49,7 +53,7 @@ pub struct Args {
     /// Write the plan and every number to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// The device to measure (`cpu`, `cpu:1`, …).
+    /// The device to measure (`cpu`, `cpu:1`, `wgpu:0`, …).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
@@ -69,6 +73,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .or_else(|| std::env::var_os("LOCKSTEP_DATA").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("data/mnist"));
         return loader::run(&data, &device);
+    }
+    if args.which == Which::Gpu {
+        return gpu::run(&device);
     }
     let plan = Plan {
         threads,

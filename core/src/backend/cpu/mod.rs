@@ -176,6 +176,7 @@ impl Backend for CpuBackend {
             api: "cpu".into(),
             total_memory_bytes: total_memory_bytes(),
             software: false,
+            details: vec![],
         }
     }
 
