@@ -1,0 +1,127 @@
+//! `lockstep` on a wgpu adapter (Mesa's lavapipe in CI): training follows the CPU run step for
+//! step, `check` passes, `devices --details` shows the adapter, and a machine without an adapter
+//! gets an error that says what to install.
+
+mod support;
+
+use std::path::Path;
+
+use support::{TempDir, assert_fails_with, assert_succeeds, lockstep, mnist_dir, run};
+
+/// Whether `wgpu:0` exists; without it the test says so loudly, and fails when
+/// `LOCKSTEP_EXPECT_WGPU=1` (CI installs lavapipe and sets it).
+fn have_wgpu() -> bool {
+    let out = run(&mut lockstep(&["devices"]));
+    assert_succeeds(&out);
+    let listed = String::from_utf8_lossy(&out.stdout).contains("wgpu:0");
+    if !listed {
+        assert!(
+            std::env::var("LOCKSTEP_EXPECT_WGPU").as_deref() != Ok("1"),
+            "LOCKSTEP_EXPECT_WGPU=1 but `lockstep devices` lists no wgpu adapter"
+        );
+        eprintln!("\n*** SKIPPED: no wgpu adapter (install mesa-vulkan-drivers) ***\n");
+    }
+    listed
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+/// The loss of every step of a short run on `device`, read from its metrics log.
+fn step_losses(device: &str, dir: &TempDir) -> Vec<f64> {
+    let metrics = dir.join(&format!("{}.jsonl", device.replace(':', "_")));
+    let data = mnist_dir();
+    let out = run(&mut lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        "--device",
+        device,
+        "--hidden",
+        "128",
+        "--max-steps",
+        "30",
+        "--log-every",
+        "1",
+        "--no-val",
+        "--headless",
+        "--metrics-out",
+        path_str(&metrics),
+    ]));
+    assert_succeeds(&out);
+    std::fs::read_to_string(&metrics)
+        .expect("the metrics log")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .filter(|e| e["event"] == "step")
+        .map(|e| e["loss"].as_f64().expect("a step has a loss"))
+        .collect()
+}
+
+#[test]
+fn training_on_wgpu_follows_the_cpu_run_step_for_step() {
+    if !have_wgpu() {
+        return;
+    }
+    let dir = TempDir::new("wgpu-curve");
+    let cpu = step_losses("cpu", &dir);
+    let gpu = step_losses("wgpu:0", &dir);
+    assert_eq!(cpu.len(), 30);
+    assert_eq!(gpu.len(), cpu.len());
+    // Same seed, same batches, same initial weights: only f32 rounding (other summation orders
+    // in the GEMM and reductions) separates the runs, about 1e-7 relative per step here.
+    for (step, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        assert!(
+            (c - g).abs() <= 1e-5 * c.abs(),
+            "step {}: cpu loss {c}, wgpu loss {g}",
+            step + 1
+        );
+    }
+    assert!(gpu[29] < gpu[0] * 0.5, "the wgpu run did not learn: {gpu:?}");
+}
+
+#[test]
+fn check_passes_on_wgpu_and_shows_the_adapter() {
+    if !have_wgpu() {
+        return;
+    }
+    let out = run(&mut lockstep(&["check", "--device", "wgpu:0", "--failures-only"]));
+    assert_succeeds(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["wgpu:0", "driver", "max storage binding", "0 failed"] {
+        assert!(text.contains(needle), "`check` output lacks `{needle}`:\n{text}");
+    }
+}
+
+#[test]
+fn devices_details_show_vendor_driver_and_limits() {
+    if !have_wgpu() {
+        return;
+    }
+    let out = run(&mut lockstep(&["devices", "--details"]));
+    assert_succeeds(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["wgpu:0", "vendor", "driver", "shader f16", "max buffer"] {
+        assert!(text.contains(needle), "`devices --details` lacks `{needle}`:\n{text}");
+    }
+}
+
+#[test]
+fn without_an_adapter_the_error_says_what_to_install() {
+    // No Vulkan driver, and only the Vulkan backend allowed: wgpu finds nothing.
+    let data = mnist_dir();
+    let out = run(lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        "--device",
+        "wgpu:0",
+        "--max-steps",
+        "1",
+    ])
+    .env("VK_ICD_FILENAMES", "/nonexistent.json")
+    .env("VK_DRIVER_FILES", "/nonexistent.json")
+    .env("WGPU_BACKEND", "vulkan"));
+    assert_fails_with(&out, &["wgpu:0", "no adapter", "mesa-vulkan-drivers"]);
+}
