@@ -1,8 +1,8 @@
 //! `impl Backend for WgpuBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims, MemoryStats,
-    Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
+    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -51,6 +51,15 @@ impl Backend for WgpuBackend {
     }
     fn binary(&self, op: BinaryOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
         self.zip(op, lhs, ll, rhs, rl)
+    }
+    fn bias_act(
+        &self,
+        src: &BufferRef,
+        bias: &BufferRef,
+        geom: BiasGeometry,
+        act: Option<UnaryOp>,
+    ) -> Result<BufferRef> {
+        self.add_bias(src, bias, geom, act)
     }
     fn compare(&self, op: CmpOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
         self.cmp(op, lhs, ll, rhs, rl)

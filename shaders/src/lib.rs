@@ -50,6 +50,7 @@ pub const SHADERS: &[Shader] = &[
     shader!("rand", &["T"], FLOATS, ["rand"]),
     shader!("unary", &["T"], FLOATS, ["unary"]),
     shader!("binary", &["T"], FLOATS, ["binary"]),
+    shader!("bias_act", &["T"], FLOATS, ["bias_act"]),
     shader!("compare", &["T"], &["f32", "f16", "u32"], ["compare", "compare_i64"]),
     shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
     shader!("reduce", &["T"], FLOATS, ["reduce", "argmax"]),

@@ -55,3 +55,53 @@ fn pow_real(x: f32, y: f32) -> f32 {
     }
     return select(magnitude, -magnitude, fract(y * 0.5) != 0.0);
 }
+
+const INV_SQRT2: f32 = 0.70710678118654752;
+const INV_SQRT_2PI: f32 = 0.39894228040143268;
+
+// erf to within 2e-7 absolute (Abramowitz & Stegun 7.1.26 is 1.5e-7); WGSL has no erf.
+fn erf_approx(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 0.5) {
+        // Maclaurin series: accurate near 0, where 7.1.26's absolute error would dominate.
+        let x2 = x * x;
+        return x * (1.1283791671 + x2 * (-0.3761263890 + x2 * (0.1128379167 + x2 * (-0.0268661706 + x2 * 0.0052239776))));
+    }
+    let t = 1.0 / (1.0 + 0.3275911 * a);
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    return sign(x) * (1.0 - poly * exp(-a * a));
+}
+
+// tanh without overflow for large |x| and without cancellation near 0.
+fn tanh_stable(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 0.125) {
+        let x2 = x * x;
+        return x * (1.0 + x2 * (-0.33333333 + x2 * (0.13333333 + x2 * -0.05396825)));
+    }
+    let e = exp(-2.0 * a);
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+
+// Unary op number `op` (its index in core's UnaryOp::ALL) with parameters p0, p1; shaders pass
+// a pipeline constant, so the driver keeps only one case.
+fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
+    switch op {
+        case 0u: { return -x; }
+        case 1u: { return abs(x); }
+        case 2u: { return exp(x); }
+        case 3u: { return log(x); }
+        case 4u: { return sqrt(x); }
+        case 5u: { return 1.0 / x; }
+        case 6u: { return tanh_stable(x); }
+        case 7u: { return 1.0 / (1.0 + exp(-x)); }
+        case 8u: { return max(x, 0.0); }
+        case 9u: { return x * 0.5 * (1.0 + erf_approx(x * INV_SQRT2)); }
+        case 10u: { return 0.5 * (1.0 + erf_approx(x * INV_SQRT2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x); }
+        case 11u: { return pow_real(x, p0); }
+        case 12u: { return x * p0 + p1; }
+        case 13u: { return max(x, p0); }
+        case 14u: { return min(x, p0); }
+        default: { return x; }
+    }
+}

@@ -9,16 +9,21 @@ use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::pipelines::Variant;
 
+/// The two parameters a unary op carries (`p0`, `p1` in the shaders).
+pub(crate) fn unary_params(op: UnaryOp) -> (f64, f64) {
+    match op {
+        UnaryOp::Powf(e) | UnaryOp::ClampMin(e) | UnaryOp::ClampMax(e) => (e, 0.0),
+        UnaryOp::Affine { mul, add } => (mul, add),
+        _ => (0.0, 0.0),
+    }
+}
+
 impl WgpuBackend {
     pub(crate) fn map(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         let name = op.name();
         let src = self.operand(name, src, Some(layout))?;
         let t = self.float_type(name, src.dtype())?;
-        let (p0, p1) = match op {
-            UnaryOp::Powf(e) | UnaryOp::ClampMin(e) | UnaryOp::ClampMax(e) => (e, 0.0),
-            UnaryOp::Affine { mul, add } => (mul, add),
-            _ => (0.0, 0.0),
-        };
+        let (p0, p1) = unary_params(op);
         let mut params = strided_params(name, &[layout])?;
         params.extend([(p0 as f32).to_bits(), (p1 as f32).to_bits()]);
         let out = self.alloc(src.dtype(), layout.elem_count())?;

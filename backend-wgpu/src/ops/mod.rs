@@ -1,6 +1,7 @@
 //! The Backend operations, one file per shader family (`layout.rs` drives fill.wgsl,
 //! copy_strided.wgsl, cast.wgsl and rand.wgsl; the others share their shader's name).
 
+mod bias_act;
 mod conv;
 mod elementwise;
 mod index;

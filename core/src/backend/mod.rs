@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
 pub use ops::{
-    AdamStep, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    AdamStep, BiasGeometry, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind,
+    SgdStep, UnaryOp,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -97,6 +98,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
         lhs_layout: &Layout,
         rhs: &BufferRef,
         rhs_layout: &Layout,
+    ) -> Result<BufferRef>;
+    /// A layer's bias and activation in one pass over a contiguous `[outer, channels, inner]`
+    /// tensor: `out[o, c, i] = act(src[o, c, i] + bias[c])` (`act` None: the bias alone). Linear
+    /// layers use `inner = 1`, convolutions `inner = h*w`.
+    fn bias_act(
+        &self,
+        src: &BufferRef,
+        bias: &BufferRef,
+        geom: BiasGeometry,
+        act: Option<UnaryOp>,
     ) -> Result<BufferRef>;
     /// 1 where the comparison holds, else 0, as U32.
     fn compare(

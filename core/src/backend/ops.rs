@@ -158,6 +158,14 @@ pub enum Distribution {
     Normal { mean: f64, std: f64 },
 }
 
+/// A contiguous `[outer, channels, inner]` view for `Backend::bias_act`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BiasGeometry {
+    pub outer: usize,
+    pub channels: usize,
+    pub inner: usize,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulDims {
     pub batch: usize,

@@ -1,6 +1,7 @@
 //! Parameter-free activation modules.
 
 use super::module::Module;
+use crate::backend::UnaryOp;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -14,6 +15,9 @@ impl Module for Relu {
     fn describe(&self) -> String {
         "ReLU()".into()
     }
+    fn activation(&self) -> Option<UnaryOp> {
+        Some(UnaryOp::Relu)
+    }
 }
 
 /// GELU with the exact erf form, PyTorch's `nn.GELU(approximate='none')`.
@@ -26,5 +30,8 @@ impl Module for Gelu {
     }
     fn describe(&self) -> String {
         "GELU(approximate='none')".into()
+    }
+    fn activation(&self) -> Option<UnaryOp> {
+        Some(UnaryOp::Gelu)
     }
 }

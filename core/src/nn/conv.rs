@@ -3,6 +3,7 @@
 use super::init;
 use super::module::{Module, join_name};
 use super::spatial::{pair, per_image};
+use crate::backend::UnaryOp;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -125,8 +126,9 @@ impl Conv2d {
     }
 }
 
-impl Module for Conv2d {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl Conv2d {
+    /// The convolution followed by `act`, bias and activation in one pass over the GEMM output.
+    fn forward_act(&self, x: &Tensor, act: Option<UnaryOp>) -> Result<Tensor> {
         per_image("Conv2d", x, |x| {
             if x.dims()[1] != self.config.in_channels {
                 let hint = format!(
@@ -136,8 +138,17 @@ impl Module for Conv2d {
                 );
                 return Err(Error::shape("Conv2d", x.shape(), self.weight.shape(), hint));
             }
-            x.conv2d(&self.weight, self.bias.as_ref(), self.options())
+            x.conv2d_act(&self.weight, self.bias.as_ref(), self.options(), act)
         })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_act(x, None)
+    }
+    fn forward_activated(&self, x: &Tensor, act: UnaryOp) -> Option<Result<Tensor>> {
+        Some(self.forward_act(x, Some(act)))
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         f(join_name(prefix, "weight"), &self.weight);

@@ -2,6 +2,7 @@
 
 use super::init;
 use super::module::{Module, join_name};
+use crate::backend::UnaryOp;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -36,8 +37,9 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl Linear {
+    /// `act(x @ weight^T + bias)`, bias and activation in one pass over the product.
+    fn forward_act(&self, x: &Tensor, act: Option<UnaryOp>) -> Result<Tensor> {
         if x.rank() < 1 || x.dims()[x.rank() - 1] != self.in_features() {
             return Err(Error::shape(
                 "Linear",
@@ -48,10 +50,20 @@ impl Module for Linear {
         }
         // The transposed weight is a view: the GEMM reads it with swapped strides, no copy.
         let y = x.matmul(&self.weight.t()?)?;
-        match &self.bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+        match (&self.bias, act) {
+            (Some(b), _) => y.bias_act(b, y.rank() - 1, act),
+            (None, Some(op)) => y.unary(op),
+            (None, None) => Ok(y),
         }
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_act(x, None)
+    }
+    fn forward_activated(&self, x: &Tensor, act: UnaryOp) -> Option<Result<Tensor>> {
+        Some(self.forward_act(x, Some(act)))
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         f(join_name(prefix, "weight"), &self.weight);

@@ -1,5 +1,6 @@
 //! The `Module` trait and what every module gets from it.
 
+use crate::backend::UnaryOp;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -28,6 +29,18 @@ pub trait Module: Send + Sync {
 
     /// A one-line description, as PyTorch prints it: `Linear(in_features=784, out_features=512, bias=True)`.
     fn describe(&self) -> String;
+
+    /// The elementwise function this module is, when it is a plain activation (ReLU, GELU): a
+    /// `Sequential` offers it to the layer before, which may fuse it into its own output pass.
+    fn activation(&self) -> Option<UnaryOp> {
+        None
+    }
+
+    /// `forward` followed by `act`, fused where the layer can (Linear and Conv2d apply bias and
+    /// activation in one device pass); None when it cannot, and the caller runs them apart.
+    fn forward_activated(&self, _x: &Tensor, _act: UnaryOp) -> Option<Result<Tensor>> {
+        None
+    }
 }
 
 /// `prefix` + `name`, the dotted naming of nested modules.

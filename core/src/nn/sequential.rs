@@ -36,8 +36,17 @@ impl Sequential {
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
-        for layer in &self.layers {
-            h = layer.forward(&h)?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            // A layer followed by an activation module may apply both in one pass.
+            let next_act = self.layers.get(i + 1).and_then(|l| l.activation());
+            if let Some(fused) = next_act.and_then(|act| self.layers[i].forward_activated(&h, act)) {
+                h = fused?;
+                i += 2;
+            } else {
+                h = self.layers[i].forward(&h)?;
+                i += 1;
+            }
         }
         Ok(h)
     }

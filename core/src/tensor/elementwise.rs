@@ -90,41 +90,7 @@ impl Tensor {
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
         let x = self.detach();
         let y = out.detach();
-        Ok(out.track(op.name(), &[self], move |g| {
-            let local = match op {
-                UnaryOp::Neg => return Ok(vec![Some(g.neg()?)]),
-                UnaryOp::Affine { mul, .. } => return Ok(vec![Some(g.affine(mul, 0.0)?)]),
-                UnaryOp::Abs => x
-                    .cmp_scalar(CmpOp::Gt, 0.0)?
-                    .to_dtype(x.dtype())?
-                    .sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?,
-                UnaryOp::Exp => y,
-                UnaryOp::Log => x.recip()?,
-                UnaryOp::Sqrt => y.recip()?.affine(0.5, 0.0)?,
-                UnaryOp::Recip => y.mul(&y)?.neg()?,
-                UnaryOp::Tanh => y.mul(&y)?.affine(-1.0, 1.0)?,
-                UnaryOp::Sigmoid => y.mul(&y.affine(-1.0, 1.0)?)?,
-                UnaryOp::Relu => {
-                    // g where x > 0, else 0: one comparison and one select, no float mask.
-                    let zero = Tensor::full(Shape::scalar(), 0.0, g.dtype(), g.device())?;
-                    return Ok(vec![Some(x.cmp_scalar(CmpOp::Gt, 0.0)?.where_cond(g, &zero)?)]);
-                }
-                UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
-                UnaryOp::GeluGrad => {
-                    // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)
-                    let phi = x
-                        .mul(&x)?
-                        .affine(-0.5, 0.0)?
-                        .exp()?
-                        .affine(0.398_942_280_401_432_7, 0.0)?;
-                    phi.mul(&x.mul(&x)?.affine(-1.0, 2.0)?)?
-                }
-                UnaryOp::Powf(e) => x.powf(e - 1.0)?.affine(e, 0.0)?,
-                UnaryOp::ClampMin(m) => x.cmp_scalar(CmpOp::Ge, m)?.to_dtype(x.dtype())?,
-                UnaryOp::ClampMax(m) => x.cmp_scalar(CmpOp::Le, m)?.to_dtype(x.dtype())?,
-            };
-            Ok(vec![Some(g.mul(&local)?)])
-        }))
+        Ok(out.track(op.name(), &[self], move |g| Ok(vec![Some(unary_grad(op, &x, &y, g)?)])))
     }
 
     pub fn neg(&self) -> Result<Tensor> {
@@ -251,4 +217,42 @@ impl Tensor {
             ])
         }))
     }
+}
+
+/// The gradient of `y = op(x)` with respect to `x`, given the gradient `g` of `y` (each rule
+/// uses whichever of `x` and `y` is cheaper).
+pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let local = match op {
+        UnaryOp::Neg => return g.neg(),
+        UnaryOp::Affine { mul, .. } => return g.affine(mul, 0.0),
+        UnaryOp::Abs => x
+            .cmp_scalar(CmpOp::Gt, 0.0)?
+            .to_dtype(x.dtype())?
+            .sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?,
+        UnaryOp::Exp => y.clone(),
+        UnaryOp::Log => x.recip()?,
+        UnaryOp::Sqrt => y.recip()?.affine(0.5, 0.0)?,
+        UnaryOp::Recip => y.mul(y)?.neg()?,
+        UnaryOp::Tanh => y.mul(y)?.affine(-1.0, 1.0)?,
+        UnaryOp::Sigmoid => y.mul(&y.affine(-1.0, 1.0)?)?,
+        UnaryOp::Relu => {
+            // g where x > 0, else 0: one comparison and one select, no float mask.
+            let zero = Tensor::full(Shape::scalar(), 0.0, g.dtype(), g.device())?;
+            return x.cmp_scalar(CmpOp::Gt, 0.0)?.where_cond(g, &zero);
+        }
+        UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
+        UnaryOp::GeluGrad => {
+            // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)
+            let phi = x
+                .mul(x)?
+                .affine(-0.5, 0.0)?
+                .exp()?
+                .affine(0.398_942_280_401_432_7, 0.0)?;
+            phi.mul(&x.mul(x)?.affine(-1.0, 2.0)?)?
+        }
+        UnaryOp::Powf(e) => x.powf(e - 1.0)?.affine(e, 0.0)?,
+        UnaryOp::ClampMin(m) => x.cmp_scalar(CmpOp::Ge, m)?.to_dtype(x.dtype())?,
+        UnaryOp::ClampMax(m) => x.cmp_scalar(CmpOp::Le, m)?.to_dtype(x.dtype())?,
+    };
+    g.mul(&local)
 }

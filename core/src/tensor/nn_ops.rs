@@ -2,7 +2,7 @@
 //! Convolution and average pooling are built on the backend's im2col/col2im and matmul.
 
 use super::Tensor;
-use crate::backend::{Conv2dGeometry, Pool2dGeometry};
+use crate::backend::{Conv2dGeometry, Pool2dGeometry, UnaryOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -153,6 +153,18 @@ impl Tensor {
     /// 2-D convolution (cross-correlation, as PyTorch): input `[n, c, h, w]`, weight
     /// `[out, c/groups, kh, kw]`, optional bias `[out]`.
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, opts: Conv2dOptions) -> Result<Tensor> {
+        self.conv2d_act(weight, bias, opts, None)
+    }
+
+    /// `conv2d` followed by the activation `act`, with bias and activation applied in one pass
+    /// over the GEMM's output (`bias_act`).
+    pub fn conv2d_act(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        opts: Conv2dOptions,
+        act: Option<UnaryOp>,
+    ) -> Result<Tensor> {
         // Fix: check devices and dtypes here, so errors name conv2d rather than an inner op.
         self.float_only("conv2d")?;
         self.same_device("conv2d", weight)?;
@@ -190,23 +202,26 @@ impl Tensor {
         // One GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow].
         let cols = self.im2col(geom)?.reshape([g, cg * kh * kw, n * oh * ow])?;
         let kernels = weight.reshape([g, o / g, cg * kh * kw])?;
-        let mut out = kernels
-            .matmul(&cols)?
-            .reshape([o, n, oh * ow])?
-            .permute(&[1, 0, 2])?
-            .reshape([n, o, oh, ow])?;
-        if let Some(b) = bias {
-            if b.dims() != [o] {
-                return Err(Error::shape(
-                    "conv2d",
-                    b.shape(),
-                    weight.shape(),
-                    format!("bias must have shape [{o}]"),
-                ));
+        // Bias and activation on the GEMM's [o, n*oh*ow] output, before the batch moves first.
+        let flat = kernels.matmul(&cols)?.reshape([o, n * oh * ow])?;
+        let flat = match (bias, act) {
+            (Some(b), _) => {
+                if b.dims() != [o] {
+                    return Err(Error::shape(
+                        "conv2d",
+                        b.shape(),
+                        weight.shape(),
+                        format!("bias must have shape [{o}]"),
+                    ));
+                }
+                flat.bias_act(b, 0, act)?
             }
-            out = out.add(&b.reshape([1, o, 1, 1])?)?;
-        }
-        Ok(out)
+            (None, Some(op)) => flat.unary(op)?,
+            (None, None) => flat,
+        };
+        flat.reshape([o, n, oh * ow])?
+            .permute(&[1, 0, 2])?
+            .reshape([n, o, oh, ow])
     }
 
     /// Max pooling over `[n, c, h, w]` windows.

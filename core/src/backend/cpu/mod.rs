@@ -2,6 +2,7 @@
 //! cores, the `gemm` crate for matrix products, a caching buffer pool). Several independent
 //! instances (`cpu:0`, `cpu:1`, …) let multi-device code run and be tested without a GPU.
 
+mod bias;
 mod conv;
 mod elementwise;
 pub mod float;
@@ -19,8 +20,8 @@ use rayon::prelude::*;
 
 use self::pool::Pool;
 use super::{
-    AdamStep, Backend, BackendBuffer, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
-    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    AdamStep, Backend, BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo,
+    Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -296,6 +297,37 @@ impl Backend for CpuBackend {
         check_extent(op.name(), src, layout)?;
         let data = cpu(op.name(), src)?.read();
         let out = float_unary_dispatch!(op.name(), &*data, |v| elementwise::unary(&self.pool, v, layout, op));
+        Ok(self.wrap(out))
+    }
+
+    fn bias_act(
+        &self,
+        src: &BufferRef,
+        bias: &BufferRef,
+        geom: BiasGeometry,
+        act: Option<UnaryOp>,
+    ) -> Result<BufferRef> {
+        let BiasGeometry { outer, channels, inner } = geom;
+        let op = "bias_act";
+        if src.len() < outer * channels * inner || bias.len() < channels {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{geom:?} does not fit buffers of {} and {} elements",
+                    src.len(),
+                    bias.len()
+                ),
+            ));
+        }
+        let (x, b) = (cpu(op, src)?.read(), cpu(op, bias)?.read());
+        let out = float_binary_dispatch!(op, &*x, &*b, |x, b| bias::bias_act(
+            &self.pool,
+            &x[..outer * channels * inner],
+            b,
+            channels,
+            inner,
+            act
+        ));
         Ok(self.wrap(out))
     }
 

@@ -1,7 +1,7 @@
 //! Cases for the network ops: `softmax_last`/`log_softmax_last`, `im2col`/`col2im` (alone and
 //! as convolutions), `max_pool2d`, and the composite losses and normalisations built on them.
 
-use crate::backend::Conv2dGeometry;
+use crate::backend::{Conv2dGeometry, UnaryOp};
 use crate::conformance::case::{Case, Input, Values, View};
 use crate::conformance::host::{self, HostTensor};
 use crate::tensor::{Conv2dOptions, Pool2dOptions};
@@ -360,8 +360,92 @@ fn loss_cases() -> Vec<Case> {
     ]
 }
 
+/// `bias_act` directly (Linear-like and channel-like geometries, each activation kind) and
+/// through `conv2d_act`; the bias-only conv cases above also run it.
+fn bias_act_cases() -> Vec<Case> {
+    let shapes: Vec<(&str, Input, usize, Option<UnaryOp>)> = vec![
+        ("linear_relu", Input::float("x", [7, 13], u()), 1, Some(UnaryOp::Relu)),
+        ("linear_gelu", Input::float("x", [6, 5], u()), 1, Some(UnaryOp::Gelu)),
+        ("channels_none", Input::float("x", [2, 5, 3, 4], u()), 1, None),
+        (
+            "channels_tanh_T",
+            Input::float("x", [4, 3, 5], u()).view(View::Permute(vec![2, 1, 0])),
+            1,
+            Some(UnaryOp::Tanh),
+        ),
+        (
+            "first_axis_sigmoid",
+            Input::float("x", [3, 8], u()),
+            0,
+            Some(UnaryOp::Sigmoid),
+        ),
+        ("empty", Input::float("x", [0, 4], u()), 1, Some(UnaryOp::Relu)),
+    ];
+    let mut cases: Vec<Case> = shapes
+        .into_iter()
+        .map(|(label, input, axis, act)| {
+            let channels = input.logical_shape()[axis];
+            let ops: &'static [&'static str] = match act {
+                Some(UnaryOp::Relu) => &["bias_act", "unary:relu"],
+                Some(UnaryOp::Gelu) => &["bias_act", "unary:gelu_grad"],
+                _ => &["bias_act"],
+            };
+            Case::new(format!("bias_act/{label}"), ops, move |_, x| {
+                Ok(vec![x[0].bias_act(&x[1], axis, act)?])
+            })
+            .input(input)
+            .input(Input::float("bias", [channels], u()))
+            .oracle(move |x| {
+                let mut along = vec![1; x[0].dims.len()];
+                along[axis] = channels;
+                let pre = x[0].zip(&x[1].reshape(along), |a, b| a + b);
+                vec![pre.map(move |v| host_activation(act, v))]
+            })
+        })
+        .collect();
+    let opts = Conv2dOptions {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    cases.push(
+        Case::new(
+            "bias_act/conv2d_relu",
+            &["bias_act", "im2col", "matmul"],
+            move |_, x| Ok(vec![x[0].conv2d_act(&x[1], Some(&x[2]), opts, Some(UnaryOp::Relu))?]),
+        )
+        .input(Input::float("x", [2, 3, 5, 6], u()))
+        .input(Input::float(
+            "w",
+            [4, 3, 3, 3],
+            Values::Uniform { low: -0.5, high: 0.5 },
+        ))
+        .input(Input::float("bias", [4], u()))
+        .tol_scale(3.0)
+        .oracle(move |x| {
+            let y = host::conv2d(&x[0], &x[1], opts.stride, opts.padding, opts.dilation, opts.groups);
+            vec![y.zip(&x[2].reshape([4, 1, 1]), |a, b| (a + b).max(0.0))]
+        }),
+    );
+    cases
+}
+
+/// The activations of the `bias_act` cases, in f64.
+fn host_activation(act: Option<UnaryOp>, v: f64) -> f64 {
+    match act {
+        None => v,
+        Some(UnaryOp::Relu) => v.max(0.0),
+        Some(UnaryOp::Gelu) => host::gelu(v),
+        Some(UnaryOp::Tanh) => v.tanh(),
+        Some(UnaryOp::Sigmoid) => 1.0 / (1.0 + (-v).exp()),
+        Some(other) => unreachable!("no bias_act case uses {other:?}"),
+    }
+}
+
 pub fn cases() -> Vec<Case> {
     let mut all = softmax_cases();
+    all.extend(bias_act_cases());
     all.extend(conv_cases());
     all.extend(unfold_cases());
     all.extend(pool_cases());
