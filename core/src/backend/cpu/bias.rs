@@ -17,12 +17,28 @@ pub fn bias_act<T: CpuFloat>(
     inner: usize,
     act: Option<UnaryOp>,
 ) -> Vec<T> {
-    let add = |(i, &x): (usize, &T)| x + bias[(i / inner) % channels];
-    let pre: Vec<T> = if src.len() < PAR_THRESHOLD {
-        src.iter().enumerate().map(add).collect()
-    } else {
-        src.par_iter().enumerate().map(add).collect()
+    let mut pre = vec![T::zero(); src.len()];
+    // Row by row ([channels, inner] each), so the loops index slices and vectorise: no
+    // division per element to find its channel.
+    let add_row = |(out, x): (&mut [T], &[T])| {
+        if inner == 1 {
+            for ((o, &x), &b) in out.iter_mut().zip(x).zip(bias) {
+                *o = x + b;
+            }
+        } else {
+            for ((out, x), &b) in out.chunks_mut(inner).zip(x.chunks(inner)).zip(bias) {
+                for (o, &x) in out.iter_mut().zip(x) {
+                    *o = x + b;
+                }
+            }
+        }
     };
+    let row = (channels * inner).max(1);
+    if src.len() < PAR_THRESHOLD {
+        pre.chunks_mut(row).zip(src.chunks(row)).for_each(add_row);
+    } else {
+        pre.par_chunks_mut(row).zip(src.par_chunks(row)).for_each(add_row);
+    }
     match act {
         Some(op) => elementwise::unary(pool, &pre, &Layout::contiguous([pre.len()]), op),
         None => pre,
