@@ -1,0 +1,63 @@
+//! The pool and the busy meter: a warm loop allocates nothing new from the driver, the counters
+//! add up, and utilization comes from GPU timestamps (a fraction in [0, 1]) where the adapter
+//! has them.
+
+mod support;
+
+use lockstep_core::{DType, Generator, Tensor};
+
+#[test]
+fn a_warm_loop_reuses_pooled_buffers() {
+    let Some(device) = support::wgpu_device() else { return };
+    let g = Generator::new(0);
+    let step = || {
+        let a = Tensor::rand_normal([64, 64], 0.0, 1.0, DType::F32, &g, &device).unwrap();
+        let b = a.matmul(&a).unwrap().relu().unwrap().sum_all().unwrap();
+        b.item().unwrap()
+    };
+    step();
+    let warm = device.backend().memory_stats();
+    for _ in 0..20 {
+        step();
+    }
+    let after = device.backend().memory_stats();
+    assert_eq!(
+        after.reserved_bytes, warm.reserved_bytes,
+        "the pool grew in a steady loop"
+    );
+    assert!(after.peak_allocated_bytes >= 2 * 64 * 64 * 4, "{after:?}");
+    assert!(after.allocated_bytes <= after.reserved_bytes, "{after:?}");
+}
+
+#[test]
+fn live_tensors_count_as_allocated() {
+    let Some(device) = support::wgpu_device() else { return };
+    let before = device.backend().memory_stats().allocated_bytes;
+    let t = Tensor::zeros([1 << 20], DType::F32, &device).unwrap();
+    let during = device.backend().memory_stats().allocated_bytes;
+    assert!(during >= before + (4 << 20), "{before} -> {during}");
+    drop(t);
+    assert_eq!(device.backend().memory_stats().allocated_bytes, before);
+}
+
+#[test]
+fn utilization_is_measured_where_the_adapter_has_timestamps() {
+    let Some(device) = support::wgpu_device() else { return };
+    let timestamps = lockstep_wgpu::adapter(0)
+        .unwrap()
+        .features()
+        .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+    let g = Generator::new(1);
+    let _ = device.backend().memory_stats(); // starts a fresh window
+    let a = Tensor::rand_normal([256, 256], 0.0, 1.0, DType::F32, &g, &device).unwrap();
+    for _ in 0..3 {
+        a.matmul(&a).unwrap().sum_all().unwrap().item().unwrap();
+    }
+    let busy = device.backend().memory_stats().utilization;
+    if timestamps {
+        let busy = busy.expect("timestamps give a busy fraction");
+        assert!(busy > 0.0 && busy <= 1.0, "busy fraction {busy}");
+    } else {
+        assert_eq!(busy, None, "without timestamps the fraction is unknown, not made up");
+    }
+}
