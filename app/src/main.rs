@@ -2,10 +2,11 @@
 //! means one variant below, one arm in `run`, and one file.
 
 mod cli;
+mod dashboard;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -14,8 +15,9 @@ use clap::{Parser, Subcommand};
     about = "Lockstep: parallel deep-learning training on any device"
 )]
 struct Cli {
+    /// Without a subcommand, `lockstep` opens the dashboard.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 // Parsed once per process: the size of the `train` variant does not matter.
@@ -30,14 +32,26 @@ enum Command {
     Train(cli::train::Args),
     /// Measure GEMM and MLP training throughput, optionally beside a peer framework.
     Bench(cli::bench::Args),
+    /// Open the dashboard on runs started elsewhere (--follow a metrics log, --open finished ones).
+    Dashboard(cli::dashboard::Args),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    let Some(command) = cli.command else {
+        // No subcommand: the dashboard where there is a display, else the help.
+        if let Some(reason) = dashboard::no_display_reason() {
+            eprintln!("{reason}, so no dashboard; the command line:");
+            Cli::command().print_help()?;
+            return Ok(());
+        }
+        return cli::dashboard::run(Default::default());
+    };
+    match command {
         Command::Devices(args) => cli::devices::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::Train(args) => cli::train::run(args),
         Command::Check(args) => cli::check::run(args),
+        Command::Dashboard(args) => cli::dashboard::run(args),
     }
 }
 

@@ -90,6 +90,7 @@ pub trait EventListener: Send {
 
 /// Forwards records over a bounded channel. When the receiver falls behind, step and device
 /// records are dropped (the next ones carry newer values); the rest wait for room.
+#[derive(Clone)]
 pub struct ChannelListener {
     tx: SyncSender<Record>,
 }

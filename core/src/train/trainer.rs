@@ -57,6 +57,7 @@ pub struct Trainer {
     state: TrainerState,
     started: Instant,
     stop: Arc<AtomicBool>,
+    pause: Arc<AtomicBool>,
     /// Averages gradients with the other replicas of a data-parallel run.
     reducer: Option<Reducer>,
 }
@@ -73,6 +74,7 @@ impl Trainer {
             state: TrainerState::default(),
             started: Instant::now(),
             stop: Arc::new(AtomicBool::new(false)),
+            pause: Arc::new(AtomicBool::new(false)),
             reducer: None,
         })
     }
@@ -98,6 +100,19 @@ impl Trainer {
     /// callbacks then save their checkpoints as at any end of training.
     pub fn stop_handle(&self) -> Arc<AtomicBool> {
         self.stop.clone()
+    }
+
+    /// Set it to hold training after the current step until it is cleared (or a stop arrives).
+    pub fn pause_handle(&self) -> Arc<AtomicBool> {
+        self.pause.clone()
+    }
+
+    /// Uses flags the caller already holds (a UI's stop and pause buttons) as this trainer's
+    /// `stop_handle` and `pause_handle`.
+    pub fn with_controls(mut self, stop: Arc<AtomicBool>, pause: Arc<AtomicBool>) -> Trainer {
+        self.stop = stop;
+        self.pause = pause;
+        self
     }
 
     fn emit(&mut self, event: Event) -> Result<()> {
@@ -334,6 +349,9 @@ impl Trainer {
                 if step_limit(&self.state) {
                     report.stop_reason = "max_steps".into();
                     action = CallbackAction::Stop;
+                }
+                while self.pause.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 if self.stop.load(Ordering::Relaxed) {
                     report.stop_reason = "stopped by request".into();

@@ -98,6 +98,13 @@ pub struct Args {
     /// No progress bar; one line per epoch (for logs and CI).
     #[arg(long)]
     pub headless: bool,
+    /// Train with the dashboard window open (live curves, devices, pause / stop). Without
+    /// --checkpoint-dir, checkpoints go to runs/<model>-<time>/ so a stop keeps the weights.
+    #[arg(long)]
+    pub dashboard: bool,
+    /// With --dashboard: save a PNG of the window after SECONDS, then close it (and stop).
+    #[arg(long, num_args = 2, value_names = ["SECONDS", "PATH"], requires = "dashboard")]
+    pub screenshot_after: Vec<String>,
 }
 
 fn default_threads() -> usize {

@@ -1,12 +1,14 @@
 //! `lockstep train`: MNIST with a built-in model, as a thin layer over the core Trainer.
 
 mod args;
+mod dashboard;
 mod download;
 mod progress;
 mod setup;
 mod summary;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use lockstep_core::Device;
@@ -17,13 +19,31 @@ use lockstep_core::data::{
 };
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::ModuleExt;
-use lockstep_core::train::{EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
+use lockstep_core::train::{ChannelListener, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
 
 pub use args::Args;
 
+/// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
+/// stop and pause buttons (single-device runs only: replicas must stop at the same step).
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub events: Option<ChannelListener>,
+    pub controls: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.validate()?;
+    // Before anything touches a tensor or lists devices (the dashboard does): rayon's pool is
+    // sized once.
     super::threads::init(args.threads)?;
+    if args.dashboard {
+        return dashboard::run(args);
+    }
+    train(args, Hooks::default())
+}
+
+/// The whole run: data, devices, one or more replicas, the summary.
+fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     let data_dir = args.data_dir();
     if args.download {
         download::fetch_missing(&data_dir, &args.download_url, &download::CONTENT_SHA256, !args.headless)?;
@@ -35,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let devices = setup::devices(&args)?;
     let world = devices.len();
     let (device, mut report, result) = if devices.len() == 1 {
-        replica(&args, devices[0].clone(), None, train_set, test_set)?
+        replica(&args, devices[0].clone(), None, train_set, test_set, &hooks)?
     } else {
         // One thread per replica; rank 0 reports. Collectives across them are in-process.
         let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
@@ -44,7 +64,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .zip(devices)
             .map(|(comm, device)| {
                 let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
-                std::thread::spawn(move || replica(&args, device, Some(comm), train, test))
+                let hooks = Hooks {
+                    controls: None,
+                    ..hooks.clone()
+                };
+                std::thread::spawn(move || replica(&args, device, Some(comm), train, test, &hooks))
             })
             .collect();
         let mut results = Vec::new();
@@ -74,6 +98,7 @@ fn replica(
     comm: Option<LocalCommunicator>,
     train_set: Arc<dyn Dataset>,
     test_set: Arc<dyn Dataset>,
+    hooks: &Hooks,
 ) -> anyhow::Result<(String, FitReport, EvalMetrics)> {
     let location = device.location().to_string();
     let mut setup = setup::build(args, device)?;
@@ -110,8 +135,14 @@ fn replica(
         let reducer = Reducer::new(&setup.model.parameters(), Arc::new(comm), ReducerConfig::default())?;
         trainer = trainer.with_reducer(reducer);
     }
+    if let Some((stop, pause)) = &hooks.controls {
+        trainer = trainer.with_controls(stop.clone(), pause.clone());
+    }
     let leader = rank == 0;
     if leader {
+        if let Some(events) = &hooks.events {
+            trainer.add_listener(events.clone());
+        }
         if let Some(path) = &args.metrics_out {
             trainer.add_listener(JsonlWriter::create(path)?);
         }

@@ -3,6 +3,7 @@
 //! instances (`cpu:0`, `cpu:1`, …) let multi-device code run and be tested without a GPU.
 
 mod bias;
+mod busy;
 mod conv;
 mod elementwise;
 pub mod float;
@@ -71,6 +72,7 @@ impl Drop for CpuBuffer {
 pub struct CpuBackend {
     ordinal: usize,
     pool: Arc<Pool>,
+    busy: busy::BusyMeter,
 }
 
 /// Matches two `HostVec`s of the same dtype, binding both inner slices, for kernels that work on
@@ -127,6 +129,7 @@ impl CpuBackend {
         CpuBackend {
             ordinal,
             pool: Arc::new(Pool::default()),
+            busy: busy::BusyMeter::new(),
         }
     }
 
@@ -188,7 +191,7 @@ impl Backend for CpuBackend {
             allocated_bytes: allocated,
             reserved_bytes: allocated + self.pool.cached_bytes(),
             peak_allocated_bytes: self.pool.peak_bytes.load(Relaxed),
-            utilization: None,
+            utilization: self.busy.utilization(rayon::current_num_threads()),
         }
     }
 

@@ -1,0 +1,123 @@
+//! The dashboard window: a top bar, the run panel on the left, the device panel at the bottom,
+//! and the metric plots in the middle. It draws whatever its sources delivered since the last
+//! frame and never waits on training.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egui::RichText;
+
+use super::plots::{self, SmoothCache};
+use super::screenshot::Screenshot;
+use super::source::Source;
+use super::{devices, run_panel};
+
+pub struct Dashboard {
+    sources: Vec<Source>,
+    caches: Vec<SmoothCache>,
+    smoothing: f64,
+    screenshot: Option<Screenshot>,
+    /// The error that ended the window (a screenshot that could not be written), for the caller.
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl Dashboard {
+    pub fn new(sources: Vec<Source>, screenshot: Option<Screenshot>, error: Arc<Mutex<Option<String>>>) -> Dashboard {
+        let caches = sources.iter().map(|_| SmoothCache::default()).collect();
+        Dashboard {
+            sources,
+            caches,
+            smoothing: 0.9,
+            screenshot,
+            error,
+        }
+    }
+
+    fn top_bar(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            ui.heading(RichText::new("Lockstep").strong());
+            ui.label(RichText::new("training dashboard").weak());
+            ui.separator();
+            ui.label("loss smoothing");
+            ui.add(egui::Slider::new(&mut self.smoothing, 0.0..=0.99).fixed_decimals(2));
+            ui.separator();
+            let live = self.sources.iter().filter(|s| s.is_live()).count();
+            ui.label(format!("{} run(s), {live} live", self.sources.len()));
+        });
+    }
+}
+
+impl eframe::App for Dashboard {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        let ctx = ui.ctx().clone();
+        for s in &mut self.sources {
+            s.poll();
+        }
+        if ctx.input(|i| i.viewport().close_requested()) {
+            // Closing the window stops the runs it launched; they save their checkpoints.
+            for c in self.sources.iter().filter_map(|s| s.control.as_ref()) {
+                c.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if let Some(shot) = &mut self.screenshot {
+            match shot.tick(&ctx) {
+                Ok(false) => {}
+                Ok(true) => ctx.send_viewport_cmd(egui::ViewportCommand::Close),
+                Err(e) => {
+                    *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("{e:#}"));
+                    ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+                }
+            }
+        }
+        egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));
+        egui::Panel::left("runs")
+            .default_size(320.0)
+            .size_range(220.0..=480.0)
+            .resizable(true)
+            .show(ui, |ui| {
+                egui::ScrollArea::vertical().show(ui, |ui| run_panel::run_panel(ui, &mut self.sources));
+            });
+        egui::Panel::bottom("devices")
+            .default_size(170.0)
+            .min_size(130.0)
+            .resizable(true)
+            .show(ui, |ui| {
+                ui.add_space(4.0);
+                ui.heading("Devices");
+                egui::ScrollArea::vertical().show(ui, |ui| devices::device_panel(ui, &self.sources));
+            });
+        egui::CentralPanel::default().show(ui, |ui| {
+            if self.sources.is_empty() {
+                ui.add_space(40.0);
+                ui.vertical_centered(|ui| {
+                    ui.heading("No run to show yet");
+                    ui.label("Train with the window open:  lockstep train --dashboard --data DIR");
+                    ui.label("Watch a run started elsewhere:  lockstep dashboard --follow runs/a/metrics.jsonl");
+                    ui.label("Compare finished runs:  lockstep dashboard --open runs/");
+                });
+                return;
+            }
+            let half = (ui.available_height() / 2.0 - 28.0).max(120.0);
+            ui.columns(2, |cols| {
+                cols[0].strong("Training loss");
+                plots::loss_plot(&mut cols[0], &self.sources, &mut self.caches, self.smoothing, half);
+                plots::epoch_plots(&mut cols[1], &self.sources, half);
+            });
+            ui.columns(2, |cols| {
+                cols[0].strong("Learning rate");
+                plots::step_plot(&mut cols[0], "lr", "learning rate", &self.sources, |s| &s.run.lr, half);
+                cols[1].strong("Throughput");
+                plots::step_plot(
+                    &mut cols[1],
+                    "throughput",
+                    "samples/s",
+                    &self.sources,
+                    |s| &s.run.samples_per_sec,
+                    half,
+                );
+            });
+        });
+        // Live data and the screenshot timer need frames even without input.
+        ctx.request_repaint_after(Duration::from_millis(100));
+    }
+}

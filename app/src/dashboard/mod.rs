@@ -1,0 +1,106 @@
+//! The desktop dashboard (egui/eframe): live loss curves, validation, learning rate and
+//! throughput for one or more runs, a per-device panel (utilization over time, memory), and a
+//! run panel with pause / resume / stop for runs this window launched.
+//!
+//! Data flows one way: training emits records on a bounded channel (or into a metrics log that
+//! `--follow` reads), each frame folds what arrived into `RunData`, and the plots draw smoothed,
+//! decimated copies. Nothing here blocks training, and nothing in core knows about egui.
+
+mod app;
+mod devices;
+mod plots;
+mod run_panel;
+pub mod runs;
+mod screenshot;
+pub mod series;
+pub mod source;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use source::{RunControl, Source};
+
+/// Why no window can open here, if so (checked before any work starts).
+pub fn no_display_reason() -> Option<String> {
+    if cfg!(target_os = "linux")
+        && std::env::var_os("DISPLAY").is_none()
+        && std::env::var_os("WAYLAND_DISPLAY").is_none()
+    {
+        return Some("no display: neither DISPLAY nor WAYLAND_DISPLAY is set".into());
+    }
+    None
+}
+
+/// glow (OpenGL, works in software) unless a hardware GPU is there for wgpu;
+/// `LOCKSTEP_RENDERER=glow|wgpu` decides instead.
+fn renderer() -> eframe::Renderer {
+    match std::env::var("LOCKSTEP_RENDERER").as_deref() {
+        Ok("wgpu") => return eframe::Renderer::Wgpu,
+        Ok("glow") => return eframe::Renderer::Glow,
+        _ => {}
+    }
+    let hardware_gpu = lockstep_core::device::list_devices()
+        .iter()
+        .any(|d| d.location.starts_with("wgpu:") && !d.software);
+    if hardware_gpu {
+        eframe::Renderer::Wgpu
+    } else {
+        eframe::Renderer::Glow
+    }
+}
+
+/// Opens the window on these sources and returns when it is closed.
+pub fn show(sources: Vec<Source>, screenshot: Option<(f64, PathBuf)>) -> anyhow::Result<()> {
+    if let Some(reason) = no_display_reason() {
+        anyhow::bail!(
+            "cannot open the dashboard: {reason}; follow a run's metrics log from a machine with a display instead (`lockstep dashboard --follow FILE`)"
+        );
+    }
+    let options = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_inner_size([1280.0, 820.0])
+            .with_min_inner_size([640.0, 420.0])
+            .with_title("Lockstep"),
+        renderer: renderer(),
+        ..Default::default()
+    };
+    let error: Arc<Mutex<Option<String>>> = Arc::default();
+    let shot = screenshot.map(|(secs, path)| screenshot::Screenshot::after(Duration::from_secs_f64(secs), path));
+    let dashboard = app::Dashboard::new(sources, shot, error.clone());
+    eframe::run_native("Lockstep", options, Box::new(move |_cc| Ok(Box::new(dashboard))))
+        .map_err(|e| anyhow::anyhow!("the dashboard window failed: {e}"))?;
+    if let Some(e) = error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        anyhow::bail!(e);
+    }
+    Ok(())
+}
+
+/// The two values of `--screenshot-after SECONDS PATH`.
+pub fn parse_screenshot(values: &[String]) -> anyhow::Result<Option<(f64, PathBuf)>> {
+    match values {
+        [] => Ok(None),
+        [secs, path] => {
+            let secs: f64 = secs
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                .ok_or_else(|| anyhow::anyhow!("--screenshot-after: `{secs}` is not a number of seconds"))?;
+            Ok(Some((secs, PathBuf::from(path))))
+        }
+        _ => anyhow::bail!("--screenshot-after takes two values: SECONDS PATH"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn screenshot_flags_parse_or_say_what_is_wrong() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(super::parse_screenshot(&v(&[])).unwrap(), None);
+        let (secs, path) = super::parse_screenshot(&v(&["2.5", "a.png"])).unwrap().unwrap();
+        assert_eq!((secs, path.to_str().unwrap()), (2.5, "a.png"));
+        let err = super::parse_screenshot(&v(&["soon", "a.png"])).unwrap_err();
+        assert!(err.to_string().contains("`soon` is not a number"), "{err}");
+    }
+}
