@@ -182,3 +182,39 @@ fn a_checkpoint_for_another_model_is_refused_with_the_differences() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
 }
+
+#[test]
+fn a_paused_run_holds_and_a_stop_ends_it_with_its_checkpoint() {
+    use lockstep_core::train::{ChannelListener, Event};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = std::env::temp_dir().join(format!("lockstep-pause-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
+    let (events, rx) = ChannelListener::new(1024);
+    let mut trainer = Trainer::new(config(None))
+        .unwrap()
+        .with_controls(stop.clone(), pause.clone());
+    trainer.add_listener(events);
+    trainer.add_callback(ModelCheckpoint::new(&dir));
+    let run = std::thread::spawn(move || {
+        let mut s = setup();
+        trainer.fit(&mut s, &loader(), None)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let steps = |rx: &std::sync::mpsc::Receiver<_>| {
+        rx.try_iter()
+            .filter(|r: &lockstep_core::train::Record| matches!(r.event, Event::Step { .. }))
+            .count()
+    };
+    assert_eq!(steps(&rx), 1, "a paused run took more than the step it was in");
+    stop.store(true, Ordering::Relaxed);
+    let report = run.join().unwrap().unwrap();
+    assert_eq!(report.stop_reason, "stopped by request");
+    assert_eq!(report.steps, 1);
+    assert!(
+        dir.join("last.safetensors").exists(),
+        "a stop saves the last checkpoint"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

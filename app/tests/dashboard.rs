@@ -1,0 +1,183 @@
+//! The dashboard window for real, under Xvfb: `train --dashboard` and `dashboard --follow` save
+//! screenshots through eframe that show the loss curve and the device panel with data; without
+//! a display, `lockstep` says so in one line and shows the help.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command};
+
+use support::{TempDir, assert_fails_with, assert_succeeds, lockstep, mnist_dir, run};
+
+/// The colour of the first run's lines (`run_color(0)` in the dashboard).
+const RUN_BLUE: [u8; 3] = [86, 156, 255];
+
+/// An X display for the window: $DISPLAY, or a private Xvfb started here.
+struct Display {
+    name: String,
+    xvfb: Option<Child>,
+}
+
+impl Drop for Display {
+    fn drop(&mut self) {
+        if let Some(x) = &mut self.xvfb {
+            let _ = x.kill();
+            let _ = x.wait();
+        }
+    }
+}
+
+/// None (said loudly) when there is neither a display nor Xvfb; with `LOCKSTEP_EXPECT_XVFB=1`
+/// (CI installs Xvfb) that is a failure.
+fn display() -> Option<Display> {
+    if let Some(name) = std::env::var("DISPLAY").ok().filter(|d| !d.is_empty()) {
+        return Some(Display { name, xvfb: None });
+    }
+    // Xvfb picks a free display itself and writes its number to fd 1 (tests run in parallel).
+    let started = Command::new("Xvfb")
+        .args(["-displayfd", "1", "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let mut xvfb = match started {
+        Ok(child) => child,
+        Err(e) => {
+            assert!(
+                std::env::var("LOCKSTEP_EXPECT_XVFB").as_deref() != Ok("1"),
+                "LOCKSTEP_EXPECT_XVFB=1 but Xvfb does not start: {e}"
+            );
+            eprintln!("\n*** SKIPPED: no display and no Xvfb ({e}); install xvfb to run the dashboard tests ***\n");
+            return None;
+        }
+    };
+    let mut line = String::new();
+    let stdout = xvfb.stdout.take().expect("piped");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("Xvfb reports its display");
+    let number: u32 = line.trim().parse().unwrap_or_else(|_| panic!("Xvfb reported `{line}`"));
+    Some(Display {
+        name: format!(":{number}"),
+        xvfb: Some(xvfb),
+    })
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+/// Pixels of the run's colour in the rows `rows` (fractions of the height) of a screenshot.
+fn run_pixels(png: &Path, rows: std::ops::Range<f64>) -> usize {
+    let image = image::open(png).expect("the screenshot is a PNG").to_rgb8();
+    let (w, h) = image.dimensions();
+    assert!(w >= 600 && h >= 400, "a {w}x{h} screenshot");
+    let (top, bottom) = ((rows.start * h as f64) as u32, (rows.end * h as f64) as u32);
+    (top..bottom)
+        .flat_map(|y| (0..w).map(move |x| (x, y)))
+        .filter(|&(x, y)| {
+            let p = image.get_pixel(x, y).0;
+            p.iter().zip(RUN_BLUE).all(|(&a, b)| a.abs_diff(b) <= 12)
+        })
+        .count()
+}
+
+#[test]
+fn train_dashboard_screenshot_shows_the_loss_curve_and_the_devices() {
+    let Some(display) = display() else { return };
+    let dir = TempDir::new("dashboard-train");
+    let shot = dir.join("shot.png");
+    let checkpoints = dir.join("ckpt");
+    let data = mnist_dir();
+    let out = run(lockstep(&[
+        "train",
+        "--dashboard",
+        "--data",
+        path_str(&data),
+        "--hidden",
+        "64",
+        "--max-steps",
+        "150",
+        "--log-every",
+        "5",
+        "--no-val",
+        "--headless",
+        "--checkpoint-dir",
+        path_str(&checkpoints),
+        "--screenshot-after",
+        "5",
+        path_str(&shot),
+    ])
+    .env("DISPLAY", &display.name)
+    .env("LOCKSTEP_RENDERER", "glow"));
+    assert_succeeds(&out);
+    // The loss plot (upper half) and the device panel's utilization sparkline (bottom) are drawn.
+    let curve = run_pixels(&shot, 0.05..0.45);
+    assert!(curve > 150, "only {curve} pixels of the loss curve");
+    let devices = run_pixels(&shot, 0.8..1.0);
+    eprintln!("run-coloured pixels: {curve} in the plots, {devices} in the device panel");
+    assert!(devices > 80, "only {devices} pixels in the device panel");
+    // However the window ended, the run kept its weights.
+    assert!(
+        checkpoints.join("last.safetensors").exists(),
+        "no checkpoint in {checkpoints:?}"
+    );
+}
+
+#[test]
+fn dashboard_follows_a_log_written_by_another_process() {
+    let Some(display) = display() else { return };
+    let dir = TempDir::new("dashboard-follow");
+    let log = dir.join("metrics.jsonl");
+    let data = mnist_dir();
+    let trained = run(&mut lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        "--hidden",
+        "32",
+        "--max-steps",
+        "60",
+        "--log-every",
+        "2",
+        "--no-val",
+        "--headless",
+        "--metrics-out",
+        path_str(&log),
+    ]));
+    assert_succeeds(&trained);
+    // A half-written last line, as a live run leaves it, is waited for, not an error.
+    let mut text = std::fs::read_to_string(&log).unwrap();
+    text.push_str("{\"t\":9.0,\"event\":\"step\",\"ep");
+    std::fs::write(&log, text).unwrap();
+    let shot = dir.join("follow.png");
+    let out = run(lockstep(&[
+        "dashboard",
+        "--follow",
+        path_str(&log),
+        "--screenshot-after",
+        "3",
+        path_str(&shot),
+    ])
+    .env("DISPLAY", &display.name)
+    .env("LOCKSTEP_RENDERER", "glow"));
+    assert_succeeds(&out);
+    let curve = run_pixels(&shot, 0.05..0.45);
+    assert!(curve > 100, "only {curve} pixels of the followed run's loss curve");
+}
+
+#[test]
+fn without_a_display_lockstep_shows_the_help_in_one_line() {
+    let out = run(lockstep(&[]).env_remove("DISPLAY").env_remove("WAYLAND_DISPLAY"));
+    assert_succeeds(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no display"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
+}
+
+#[test]
+fn train_dashboard_without_a_display_says_what_to_do() {
+    let data = mnist_dir();
+    let out = run(lockstep(&["train", "--dashboard", "--data", path_str(&data)])
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY"));
+    assert_fails_with(&out, &["--dashboard", "no display", "--follow"]);
+}
