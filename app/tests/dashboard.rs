@@ -121,11 +121,9 @@ fn train_dashboard_screenshot_shows_the_loss_curve_and_the_devices() {
     );
 }
 
-#[test]
-fn dashboard_follows_a_log_written_by_another_process() {
-    let Some(display) = display() else { return };
-    let dir = TempDir::new("dashboard-follow");
-    let log = dir.join("metrics.jsonl");
+/// A short headless run's metrics log in `dir`.
+fn metrics_log(dir: &TempDir, name: &str) -> std::path::PathBuf {
+    let log = dir.join(name);
     let data = mnist_dir();
     let trained = run(&mut lockstep(&[
         "train",
@@ -143,24 +141,56 @@ fn dashboard_follows_a_log_written_by_another_process() {
         path_str(&log),
     ]));
     assert_succeeds(&trained);
+    log
+}
+
+/// `lockstep dashboard <args> --screenshot-after SECS shot` with `renderer`; the shot's path.
+fn dashboard_shot(display: &Display, dir: &TempDir, renderer: &str, args: &[&str]) -> std::path::PathBuf {
+    let shot = dir.join(&format!("{renderer}.png"));
+    let mut all = vec!["dashboard"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--screenshot-after", "3", path_str(&shot)]);
+    let out = run(lockstep(&all)
+        .env("DISPLAY", &display.name)
+        .env("LOCKSTEP_RENDERER", renderer));
+    assert_succeeds(&out);
+    shot
+}
+
+#[test]
+fn dashboard_follows_a_log_written_by_another_process() {
+    let Some(display) = display() else { return };
+    let dir = TempDir::new("dashboard-follow");
+    let log = metrics_log(&dir, "metrics.jsonl");
     // A half-written last line, as a live run leaves it, is waited for, not an error.
     let mut text = std::fs::read_to_string(&log).unwrap();
     text.push_str("{\"t\":9.0,\"event\":\"step\",\"ep");
     std::fs::write(&log, text).unwrap();
-    let shot = dir.join("follow.png");
-    let out = run(lockstep(&[
-        "dashboard",
-        "--follow",
-        path_str(&log),
-        "--screenshot-after",
-        "3",
-        path_str(&shot),
-    ])
-    .env("DISPLAY", &display.name)
-    .env("LOCKSTEP_RENDERER", "glow"));
-    assert_succeeds(&out);
+    let shot = dashboard_shot(&display, &dir, "glow", &["--follow", path_str(&log)]);
     let curve = run_pixels(&shot, 0.05..0.45);
     assert!(curve > 100, "only {curve} pixels of the followed run's loss curve");
+}
+
+#[test]
+fn the_wgpu_renderer_draws_the_same_dashboard() {
+    let Some(display) = display() else { return };
+    let devices = run(&mut lockstep(&["devices"]));
+    if !String::from_utf8_lossy(&devices.stdout).contains("wgpu:0") {
+        assert!(
+            std::env::var("LOCKSTEP_EXPECT_WGPU").as_deref() != Ok("1"),
+            "LOCKSTEP_EXPECT_WGPU=1 but there is no wgpu adapter for the renderer"
+        );
+        eprintln!("\n*** SKIPPED: no wgpu adapter for the wgpu renderer ***\n");
+        return;
+    }
+    let dir = TempDir::new("dashboard-wgpu");
+    let log = metrics_log(&dir, "run.jsonl");
+    let shot = dashboard_shot(&display, &dir, "wgpu", &["--open", path_str(&log)]);
+    let curve = run_pixels(&shot, 0.05..0.45);
+    assert!(
+        curve > 100,
+        "only {curve} pixels of the loss curve with the wgpu renderer"
+    );
 }
 
 #[test]

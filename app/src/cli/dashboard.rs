@@ -36,5 +36,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             sources.push(Source::finished(run));
         }
     }
-    dashboard::show(sources, screenshot)
+    dashboard::show(sources, screenshot, Some(super::train::launcher()))
 }

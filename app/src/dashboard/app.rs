@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use egui::RichText;
 
+use super::new_run::{Launcher, NewRun};
 use super::plots::{self, SmoothCache};
 use super::screenshot::Screenshot;
 use super::source::Source;
@@ -17,18 +18,28 @@ pub struct Dashboard {
     caches: Vec<SmoothCache>,
     smoothing: f64,
     screenshot: Option<Screenshot>,
+    /// Starts runs from the window (absent where the caller offers none).
+    launcher: Option<Launcher>,
+    new_run: NewRun,
     /// The error that ended the window (a screenshot that could not be written), for the caller.
     error: Arc<Mutex<Option<String>>>,
 }
 
 impl Dashboard {
-    pub fn new(sources: Vec<Source>, screenshot: Option<Screenshot>, error: Arc<Mutex<Option<String>>>) -> Dashboard {
+    pub fn new(
+        sources: Vec<Source>,
+        screenshot: Option<Screenshot>,
+        launcher: Option<Launcher>,
+        error: Arc<Mutex<Option<String>>>,
+    ) -> Dashboard {
         let caches = sources.iter().map(|_| SmoothCache::default()).collect();
         Dashboard {
             sources,
             caches,
             smoothing: 0.9,
             screenshot,
+            launcher,
+            new_run: NewRun::default(),
             error,
         }
     }
@@ -43,7 +54,29 @@ impl Dashboard {
             ui.separator();
             let live = self.sources.iter().filter(|s| s.is_live()).count();
             ui.label(format!("{} run(s), {live} live", self.sources.len()));
+            if self.launcher.is_some() {
+                ui.separator();
+                if ui.button("＋ New run").clicked() {
+                    self.new_run.open = true;
+                }
+            }
         });
+    }
+
+    /// The New run form, and starting what it describes.
+    fn new_run(&mut self, ctx: &egui::Context) {
+        let Some(launcher) = &self.launcher else { return };
+        if let Some(args) = self.new_run.show(ctx) {
+            match launcher(args) {
+                Ok(source) => {
+                    self.sources.push(source);
+                    self.caches.push(SmoothCache::default());
+                    self.new_run.open = false;
+                    self.new_run.error = None;
+                }
+                Err(e) => self.new_run.error = Some(format!("{e:#}")),
+            }
+        }
     }
 }
 
@@ -70,6 +103,7 @@ impl eframe::App for Dashboard {
             }
         }
         egui::Panel::top("top").show(ui, |ui| self.top_bar(ui));
+        self.new_run(&ctx);
         egui::Panel::left("runs")
             .default_size(320.0)
             .size_range(220.0..=480.0)
@@ -91,6 +125,9 @@ impl eframe::App for Dashboard {
                 ui.add_space(40.0);
                 ui.vertical_centered(|ui| {
                     ui.heading("No run to show yet");
+                    if self.launcher.is_some() {
+                        ui.label("Start one with  ＋ New run  above, or:");
+                    }
                     ui.label("Train with the window open:  lockstep train --dashboard --data DIR");
                     ui.label("Watch a run started elsewhere:  lockstep dashboard --follow runs/a/metrics.jsonl");
                     ui.label("Compare finished runs:  lockstep dashboard --open runs/");

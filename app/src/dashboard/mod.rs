@@ -8,6 +8,7 @@
 
 mod app;
 mod devices;
+mod new_run;
 mod plots;
 mod run_panel;
 pub mod runs;
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use new_run::Launcher;
 pub use source::{RunControl, Source};
 
 /// Why no window can open here, if so (checked before any work starts).
@@ -50,8 +52,13 @@ fn renderer() -> eframe::Renderer {
     }
 }
 
-/// Opens the window on these sources and returns when it is closed.
-pub fn show(sources: Vec<Source>, screenshot: Option<(f64, PathBuf)>) -> anyhow::Result<()> {
+/// Opens the window on these sources and returns when it is closed (after the runs it started
+/// have stopped and checkpointed). `launcher` lets the window start runs of its own.
+pub fn show(
+    sources: Vec<Source>,
+    screenshot: Option<(f64, PathBuf)>,
+    launcher: Option<Launcher>,
+) -> anyhow::Result<()> {
     if let Some(reason) = no_display_reason() {
         anyhow::bail!(
             "cannot open the dashboard: {reason}; follow a run's metrics log from a machine with a display instead (`lockstep dashboard --follow FILE`)"
@@ -67,7 +74,7 @@ pub fn show(sources: Vec<Source>, screenshot: Option<(f64, PathBuf)>) -> anyhow:
     };
     let error: Arc<Mutex<Option<String>>> = Arc::default();
     let shot = screenshot.map(|(secs, path)| screenshot::Screenshot::after(Duration::from_secs_f64(secs), path));
-    let dashboard = app::Dashboard::new(sources, shot, error.clone());
+    let dashboard = app::Dashboard::new(sources, shot, launcher, error.clone());
     eframe::run_native("Lockstep", options, Box::new(move |_cc| Ok(Box::new(dashboard))))
         .map_err(|e| anyhow::anyhow!("the dashboard window failed: {e}"))?;
     if let Some(e) = error.lock().unwrap_or_else(|p| p.into_inner()).take() {

@@ -16,6 +16,19 @@ pub struct RunControl {
     pub pause: Arc<AtomicBool>,
     /// Set by the training thread when it returns; the message says how it ended.
     pub finished: Arc<std::sync::Mutex<Option<String>>>,
+    /// The training thread of a run the window started itself: when the window goes, the run
+    /// is stopped (it checkpoints) and waited for, so no run is cut off mid-write.
+    pub thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Drop for RunControl {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.stop.store(true, Ordering::Relaxed);
+            self.pause.store(false, Ordering::Relaxed);
+            let _ = thread.join();
+        }
+    }
 }
 
 impl RunControl {

@@ -22,6 +22,7 @@ use lockstep_core::nn::ModuleExt;
 use lockstep_core::train::{ChannelListener, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
 
 pub use args::Args;
+pub use dashboard::launcher;
 
 /// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
 /// stop and pause buttons (single-device runs only: replicas must stop at the same step).
