@@ -125,3 +125,60 @@ fn without_an_adapter_the_error_says_what_to_install() {
     .env("WGPU_BACKEND", "vulkan"));
     assert_fails_with(&out, &["wgpu:0", "no adapter", "mesa-vulkan-drivers"]);
 }
+
+/// Test accuracy of a short run on `device` in `precision`, from its summary.
+fn accuracy(device: &str, precision: &str, dir: &TempDir) -> f64 {
+    let summary = dir.join(&format!("{}-{precision}.json", device.replace(':', "_")));
+    let data = mnist_dir();
+    let out = run(&mut lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--hidden",
+        "128",
+        "--max-steps",
+        "200",
+        "--no-val",
+        "--headless",
+        "--summary-out",
+        path_str(&summary),
+    ]));
+    assert_succeeds(&out);
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    json["test_accuracy"].as_f64().expect("test_accuracy")
+}
+
+#[test]
+fn f16_mixed_precision_on_wgpu_matches_f32() {
+    if !have_wgpu() {
+        return;
+    }
+    let dir = TempDir::new("wgpu-precision");
+    let (full, mixed) = (accuracy("wgpu:0", "32", &dir), accuracy("wgpu:0", "16-mixed", &dir));
+    assert!((full - mixed).abs() <= 0.003, "16-mixed {mixed} vs 32 {full}");
+    assert!(full > 0.9, "{full}");
+}
+
+#[test]
+fn bf16_on_an_adapter_without_it_is_refused_before_training() {
+    if !have_wgpu() {
+        return;
+    }
+    let data = mnist_dir();
+    let out = run(&mut lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        "--device",
+        "wgpu:0",
+        "--precision",
+        "bf16-mixed",
+        "--max-steps",
+        "1",
+    ]));
+    assert_fails_with(&out, &["bf16-mixed", "wgpu:0", "16-mixed"]);
+}

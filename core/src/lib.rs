@@ -2,6 +2,7 @@
 //! backend. Nothing here knows about a particular GPU API: devices plug in through
 //! `backend::Backend` and are chosen at run time by name.
 
+pub mod autocast;
 pub mod autograd;
 pub mod backend;
 pub mod conformance;

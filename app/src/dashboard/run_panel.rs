@@ -67,7 +67,15 @@ fn run_details(ui: &mut egui::Ui, source: &Source) {
             if let Some(info) = &run.info {
                 row("model", info.model.clone());
                 row("devices", info.devices.join(", "));
-                for key in ["optimizer", "lr", "momentum", "batch_size", "accumulate", "seed"] {
+                for key in [
+                    "optimizer",
+                    "lr",
+                    "momentum",
+                    "batch_size",
+                    "accumulate",
+                    "precision",
+                    "seed",
+                ] {
                     if let Some(v) = info.hparams.get(key) {
                         row(key, v.clone());
                     }

@@ -4,6 +4,7 @@
 mod adam;
 mod clip;
 mod compose;
+mod grad_scaler;
 mod lr_scheduler;
 mod optimizer;
 mod schedules;
@@ -13,6 +14,7 @@ mod state_reader;
 pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, clip_grad_value, grad_norm};
 pub use compose::{ChainedLR, SequentialLR};
+pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrSchedule, LrScheduler, SchedulerState};
 pub use optimizer::{Optimizer, OptimizerState, zero_grad};
 pub use schedules::{CosineAnnealingLR, LinearLR, MultiStepLR, StepLR};

@@ -20,6 +20,9 @@ impl Tensor {
     }
 
     fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        if let Some((a, b)) = crate::autocast::promote(self, rhs)? {
+            return a.binary(op, &b);
+        }
         let out = self.binary_forward(op, rhs)?;
         let (a, b) = (self.detach(), rhs.detach());
         let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
@@ -85,6 +88,11 @@ impl Tensor {
     }
 
     pub(crate) fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        let transcendental = matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Recip | UnaryOp::Powf(_));
+        if transcendental && crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
+            // exp/log/reciprocal/pow run in f32 under autocast.
+            return crate::autocast::full(self)?.unary(op);
+        }
         self.float_only(op.name())?;
         let buffer = self.backend().unary(op, self.buffer(), self.layout())?;
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());

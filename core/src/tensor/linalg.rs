@@ -40,6 +40,12 @@ fn is_transposed(t: &Tensor) -> bool {
 impl Tensor {
     /// `self @ rhs` over the last two axes, broadcasting the leading (batch) axes as PyTorch does.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        if crate::autocast::active().is_some() {
+            let (a, b) = (crate::autocast::lower(self)?, crate::autocast::lower(rhs)?);
+            if a.dtype() != self.dtype() || b.dtype() != rhs.dtype() {
+                return a.matmul(&b);
+            }
+        }
         self.same_device("matmul", rhs)?;
         self.same_dtype("matmul", rhs)?;
         self.float_only("matmul")?;

@@ -91,10 +91,10 @@ impl Tensor {
     }
 
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        self.rowwise(axis, false)
+        crate::autocast::full(self)?.rowwise(axis, false)
     }
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
-        self.rowwise(axis, true)
+        crate::autocast::full(self)?.rowwise(axis, true)
     }
 
     fn nchw(&self, op: &'static str) -> Result<[usize; 4]> {
@@ -165,6 +165,17 @@ impl Tensor {
         opts: Conv2dOptions,
         act: Option<UnaryOp>,
     ) -> Result<Tensor> {
+        if crate::autocast::active().is_some() {
+            // A convolution is a product: its input, weight and bias go low under autocast.
+            let (x, w) = (crate::autocast::lower(self)?, crate::autocast::lower(weight)?);
+            let b = bias.map(crate::autocast::lower).transpose()?;
+            let changed = x.dtype() != self.dtype()
+                || w.dtype() != weight.dtype()
+                || b.as_ref().zip(bias).is_some_and(|(b, o)| b.dtype() != o.dtype());
+            if changed {
+                return x.conv2d_act(&w, b.as_ref(), opts, act);
+            }
+        }
         // Fix: check devices and dtypes here, so errors name conv2d rather than an inner op.
         self.float_only("conv2d")?;
         self.same_device("conv2d", weight)?;
@@ -291,6 +302,11 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
+        if crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
+            // A normalisation: f32 under autocast (its statistics and parameters are f32).
+            let x = crate::autocast::full(self)?;
+            return x.batch_norm(running_mean, running_var, weight, bias, training, momentum, eps);
+        }
         self.float_only("batch_norm")?;
         if self.rank() < 2 {
             return Err(Error::invalid(
@@ -390,6 +406,12 @@ impl Tensor {
 
     /// Mean squared error.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
+        if crate::autocast::active().is_some() {
+            let (p, t) = (crate::autocast::full(self)?, crate::autocast::full(target)?);
+            if p.dtype() != self.dtype() || t.dtype() != target.dtype() {
+                return p.mse_loss(&t);
+            }
+        }
         if self.shape() != target.shape() {
             return Err(Error::shape(
                 "mse_loss",

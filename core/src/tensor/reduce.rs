@@ -45,6 +45,10 @@ impl Tensor {
 
     /// Sum over resolved axes, keeping them as size 1.
     pub(crate) fn sum_keepdim(&self, axes: &[usize]) -> Result<Tensor> {
+        if crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
+            // Sums accumulate in f32 under autocast (PyTorch runs them with dtype=float32).
+            return crate::autocast::full(self)?.sum_keepdim(axes);
+        }
         let out = self.reduce_raw(ReduceKind::Sum, axes)?;
         let shape = self.shape().clone();
         Ok(out.track("sum", &[self], move |g| Ok(vec![Some(g.broadcast_as(&shape)?)])))

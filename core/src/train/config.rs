@@ -1,5 +1,6 @@
 //! What a run does, as the Trainer's flags (Lightning's names where they exist).
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -15,6 +16,46 @@ pub enum GradientClip {
 pub enum SchedulerInterval {
     Epoch,
     Step,
+}
+
+/// Numeric precision of training, with Lightning's names: `32`, `16-mixed`, `bf16-mixed`.
+/// Mixed precision autocasts the forward pass (products in f16/bf16, reductions and losses in
+/// f32) while parameters and optimizer state stay f32; `16-mixed` also scales the loss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    #[default]
+    Full,
+    Mixed16,
+    MixedBf16,
+}
+
+impl Precision {
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "32" | "32-true" => Ok(Precision::Full),
+            "16-mixed" | "16" => Ok(Precision::Mixed16),
+            "bf16-mixed" | "bf16" => Ok(Precision::MixedBf16),
+            other => Err(Error::invalid(
+                "precision",
+                format!("`{other}` is not one of 32, 16-mixed, bf16-mixed"),
+            )),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Full => "32",
+            Precision::Mixed16 => "16-mixed",
+            Precision::MixedBf16 => "bf16-mixed",
+        }
+    }
+    /// The dtype the forward pass autocasts products to.
+    pub fn autocast_dtype(self) -> Option<DType> {
+        match self {
+            Precision::Full => None,
+            Precision::Mixed16 => Some(DType::F16),
+            Precision::MixedBf16 => Some(DType::BF16),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +74,9 @@ pub struct TrainerConfig {
     pub check_val_every_n_epoch: u64,
     pub scheduler_interval: SchedulerInterval,
     pub seed: u64,
+    pub precision: Precision,
+    /// The loss scaler a `16-mixed` run starts with (None: PyTorch's defaults).
+    pub grad_scaler: Option<crate::optim::GradScaler>,
 }
 
 impl Default for TrainerConfig {
@@ -47,6 +91,8 @@ impl Default for TrainerConfig {
             check_val_every_n_epoch: 1,
             scheduler_interval: SchedulerInterval::Epoch,
             seed: 0,
+            precision: Precision::Full,
+            grad_scaler: None,
         }
     }
 }

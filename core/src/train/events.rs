@@ -46,6 +46,12 @@ pub enum Event {
         loss: f64,
         lr: f64,
         samples_per_sec: f64,
+        /// The loss scale of a `16-mixed` run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        loss_scale: Option<f64>,
+        /// Optimizer steps skipped so far for inf/NaN gradients (mixed precision).
+        #[serde(default)]
+        skipped_steps: u64,
     },
     Epoch {
         epoch: u64,

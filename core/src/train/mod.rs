@@ -12,7 +12,7 @@ mod task;
 mod trainer;
 
 pub use callbacks::{Callback, CallbackAction, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
-pub use config::{GradientClip, SchedulerInterval, TrainerConfig};
+pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo};
 pub use metrics_log::JsonlWriter;
 pub use state::TrainerState;

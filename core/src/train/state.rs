@@ -20,4 +20,10 @@ pub struct TrainerState {
     pub scheduler: Option<(f64, u64)>,
     /// Callback state by callback name (best scores, patience counters, kept checkpoints).
     pub callbacks: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The loss scaler of a `16-mixed` run (absent from older checkpoints).
+    #[serde(default)]
+    pub grad_scaler: Option<crate::optim::GradScaler>,
+    /// Optimizer steps skipped because a gradient was inf or NaN.
+    #[serde(default)]
+    pub skipped_steps: u64,
 }

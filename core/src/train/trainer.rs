@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint::{self, FORMAT, FORMAT_KEY};
-use super::config::{GradientClip, SchedulerInterval, TrainerConfig};
+use super::config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 use super::events::{DeviceStats, Event, EventListener, Record, RunInfo};
 use super::state::TrainerState;
 use super::task::{EvalMetrics, Task};
+use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::device::Device;
@@ -263,6 +264,21 @@ impl Trainer {
     ) -> Result<FitReport> {
         let cfg = self.config.clone();
         self.started = Instant::now();
+        if let Some(dtype) = cfg.precision.autocast_dtype()
+            && let Err(e) = setup.device.backend().zeros(dtype, 1)
+        {
+            return Err(Error::invalid(
+                "Trainer",
+                format!(
+                    "precision {} needs {dtype} on {}: {e}; choose another precision (32, 16-mixed, bf16-mixed)",
+                    cfg.precision.name(),
+                    setup.device
+                ),
+            ));
+        }
+        if cfg.precision == Precision::Mixed16 && self.state.grad_scaler.is_none() {
+            self.state.grad_scaler = Some(cfg.grad_scaler.clone().unwrap_or_default());
+        }
         let steps_per_epoch = cfg.limit_train_batches.map_or(train.len(), |l| l.min(train.len())) as u64;
         let run = RunInfo {
             model: setup.model_name.clone(),
@@ -294,12 +310,19 @@ impl Trainer {
                 let Some(batch) = batches.next() else { break };
                 let tensors = batch?.to_device(&setup.device)?;
                 let n = tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
-                let loss = setup.task.loss(setup.model.as_ref(), &tensors)?;
-                let scaled = if cfg.accumulate_grad_batches > 1 {
+                let loss = {
+                    // The forward pass in mixed precision; backward runs outside the region.
+                    let _autocast = cfg.precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
+                    setup.task.loss(setup.model.as_ref(), &tensors)?
+                };
+                let mut scaled = if cfg.accumulate_grad_batches > 1 {
                     loss.affine(1.0 / cfg.accumulate_grad_batches as f64, 0.0)?
                 } else {
                     loss.clone()
                 };
+                if let Some(scaler) = &self.state.grad_scaler {
+                    scaled = scaler.scale_loss(&scaled)?;
+                }
                 // Does this micro-batch end an accumulation (or the epoch)? Only that one
                 // communicates (DDP's no_sync) and steps the optimizer.
                 let steps_now =
@@ -338,6 +361,8 @@ impl Trainer {
                         loss: value,
                         lr: setup.optimizer.lr(),
                         samples_per_sec: rate,
+                        loss_scale: self.state.grad_scaler.as_ref().map(|s| s.scale),
+                        skipped_steps: self.state.skipped_steps,
                     };
                     self.emit(event)?;
                     self.emit_device(&setup.device)?;
@@ -437,9 +462,26 @@ impl Trainer {
         Ok(report)
     }
 
-    /// Clip, step, zero the gradients, advance the per-step scheduler.
+    /// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,
+    /// advance the per-step scheduler.
     fn optimizer_step(&mut self, setup: &mut TrainingSetup) -> Result<()> {
+        // Unscaled once per optimizer step, before clipping; with DDP the gradients are already
+        // averaged, so every rank reaches the same verdict.
+        let finite = match &self.state.grad_scaler {
+            Some(scaler) => scaler.unscale(setup.optimizer.parameters())?,
+            None => true,
+        };
+        if let Some(scaler) = &mut self.state.grad_scaler {
+            scaler.update(finite);
+        }
+        if !finite {
+            self.state.skipped_steps += 1;
+            setup.optimizer.zero_grad();
+        }
         no_grad(|| -> Result<()> {
+            if !finite {
+                return Ok(());
+            }
             match self.config.gradient_clip {
                 Some(GradientClip::Norm(max)) => {
                     clip_grad_norm(setup.optimizer.parameters(), max, 2.0)?;
@@ -463,7 +505,9 @@ impl Trainer {
     /// Mean loss and accuracy over a loader, in evaluation mode and without the graph.
     pub fn evaluate(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
         setup.model.set_training(false);
+        let precision = self.config.precision;
         let result = no_grad(|| -> Result<EvalMetrics> {
+            let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
             let mut sums: Option<(Tensor, Tensor)> = None;
             let mut samples = 0u64;
             for batch in loader.iter(0) {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use lockstep_core::train::{GradientClip, TrainerConfig};
+use lockstep_core::train::{GradientClip, Precision, TrainerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
@@ -63,6 +63,10 @@ pub struct Args {
     /// Compute threads on the CPU.
     #[arg(long, default_value_t = default_threads())]
     pub threads: usize,
+    /// Numeric precision: 32, 16-mixed (f16 products, loss scaling) or bf16-mixed (bf16
+    /// products); parameters and optimizer state stay f32 (Lightning's names).
+    #[arg(long, default_value = "32", value_parser = ["32", "16-mixed", "bf16-mixed"])]
+    pub precision: String,
     /// Accumulate gradients over N batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
@@ -185,6 +189,7 @@ impl Args {
                 .or(self.clip_grad_value.map(GradientClip::Value)),
             log_every_n_steps: self.log_every,
             seed: self.seed,
+            precision: Precision::parse(&self.precision).unwrap_or_default(),
             ..Default::default()
         }
     }

@@ -56,6 +56,7 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
         ("batch_size".to_string(), args.batch_size.to_string()),
         ("seed".to_string(), args.seed.to_string()),
         ("accumulate".to_string(), args.accumulate.to_string()),
+        ("precision".to_string(), args.precision.clone()),
     ]);
     Ok(TrainingSetup {
         model: Box::new(model),

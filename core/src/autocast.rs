@@ -1,0 +1,126 @@
+//! Autocast: mixed precision by op class, PyTorch AMP's semantics (spec AMP-1..6).
+//!
+//! Inside an `AutocastGuard` region on this thread, matrix products (matmul, linear, the GEMM of
+//! a convolution, and a layer's fused bias + activation) take f16/bf16 inputs: f32 operands are
+//! cast down, and the casts of parameters (leaves that require grad) are cached so each weight
+//! is cast once per region. Softmax, log-softmax, losses, sums, normalisation and exp/log/pow/
+//! reciprocal run in f32: low-precision operands are cast up. Binary ops on mixed float dtypes
+//! promote to the wider one. Everything else follows its inputs. Casts are differentiable, so
+//! f32 parameters receive f32 gradients (master weights stay f32), and backward, run outside the
+//! region, uses each op's forward dtype.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+struct Region {
+    dtype: DType,
+    /// Parameter id -> (the parameter, kept alive so its id stays unique; its cast).
+    cache: HashMap<u64, (Tensor, Tensor)>,
+}
+
+thread_local! {
+    static REGION: RefCell<Option<Region>> = const { RefCell::new(None) };
+}
+
+/// The low-precision dtype of the autocast region this thread is in, if any.
+pub fn active() -> Option<DType> {
+    REGION.with(|r| r.borrow().as_ref().map(|r| r.dtype))
+}
+
+/// Autocasts to `dtype` (f16 or bf16) until dropped; regions nest (the inner one wins).
+pub struct AutocastGuard {
+    previous: Option<Region>,
+}
+
+impl AutocastGuard {
+    pub fn new(dtype: DType) -> Result<AutocastGuard> {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return Err(Error::invalid(
+                "autocast",
+                format!("autocast lowers to f16 or bf16, not {dtype}"),
+            ));
+        }
+        let region = Region {
+            dtype,
+            cache: HashMap::new(),
+        };
+        Ok(AutocastGuard {
+            previous: REGION.with(|r| r.borrow_mut().replace(region)),
+        })
+    }
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        REGION.with(|r| *r.borrow_mut() = previous);
+    }
+}
+
+/// Runs `f` with autocast to `dtype`.
+pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let _guard = AutocastGuard::new(dtype)?;
+    f()
+}
+
+/// `t` as a matrix-product input: cast down to the region's dtype when it is f32.
+pub(crate) fn lower(t: &Tensor) -> Result<Tensor> {
+    let Some(dtype) = active() else { return Ok(t.clone()) };
+    if t.dtype() != DType::F32 {
+        return Ok(t.clone());
+    }
+    let cacheable = t.is_leaf() && t.tracks_grad();
+    if cacheable
+        && let Some(cast) = REGION.with(|r| {
+            r.borrow()
+                .as_ref()
+                .and_then(|r| r.cache.get(&t.id()).map(|c| c.1.clone()))
+        })
+    {
+        return Ok(cast);
+    }
+    let cast = t.to_dtype(dtype)?;
+    if cacheable {
+        REGION.with(|r| {
+            if let Some(r) = r.borrow_mut().as_mut() {
+                r.cache.insert(t.id(), (t.clone(), cast.clone()));
+            }
+        });
+    }
+    Ok(cast)
+}
+
+/// `t` as the input of an op that runs in f32 under autocast: cast up from f16/bf16.
+pub(crate) fn full(t: &Tensor) -> Result<Tensor> {
+    if active().is_some() && matches!(t.dtype(), DType::F16 | DType::BF16) {
+        t.to_dtype(DType::F32)
+    } else {
+        Ok(t.clone())
+    }
+}
+
+/// Both operands in the wider of their float dtypes, when autocast is on and they differ;
+/// None when nothing changes.
+pub(crate) fn promote(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    let (da, db) = (a.dtype(), b.dtype());
+    if active().is_none() || da == db || !da.is_float() || !db.is_float() {
+        return Ok(None);
+    }
+    let wider = if rank(da) >= rank(db) { da } else { db };
+    Ok(Some((a.to_dtype(wider)?, b.to_dtype(wider)?)))
+}
+
+fn rank(d: DType) -> u8 {
+    match d {
+        DType::F64 => 3,
+        DType::F32 => 2,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+//! Dynamic loss scaling for f16 training, PyTorch's `GradScaler` (spec AMP-7..10): the loss is
+//! multiplied by a scale S so small gradients survive f16's range; before the optimizer step the
+//! gradients are unscaled once (x 1/S), and if any is inf or NaN the step is skipped and S
+//! halves; after `growth_interval` clean steps S doubles. The check runs on the device over all
+//! gradients together and reads one value back per optimizer step.
+
+use serde::{Deserialize, Serialize};
+
+use crate::autograd::no_grad;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GradScaler {
+    pub scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u64,
+    /// Clean steps since the scale last changed.
+    pub growth_tracker: u64,
+}
+
+impl Default for GradScaler {
+    /// PyTorch's defaults: 65536, x2 every 2000 clean steps, x0.5 on inf/NaN.
+    fn default() -> Self {
+        GradScaler {
+            scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            growth_tracker: 0,
+        }
+    }
+}
+
+impl GradScaler {
+    pub fn new(scale: f64, growth_factor: f64, backoff_factor: f64, growth_interval: u64) -> Result<GradScaler> {
+        if !(scale.is_finite() && scale > 0.0) || growth_factor <= 1.0 || !(0.0..1.0).contains(&backoff_factor) {
+            return Err(Error::invalid(
+                "GradScaler",
+                "needs a positive finite scale, growth_factor > 1 and 0 <= backoff_factor < 1",
+            ));
+        }
+        Ok(GradScaler {
+            scale,
+            growth_factor,
+            backoff_factor,
+            growth_interval: growth_interval.max(1),
+            growth_tracker: 0,
+        })
+    }
+
+    /// `loss * scale`, for `backward`.
+    pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor> {
+        loss.affine(self.scale, 0.0)
+    }
+
+    /// Divides every gradient of `params` by the scale and returns whether all of them are
+    /// finite. Once per optimizer step, before clipping.
+    pub fn unscale(&self, params: &[Tensor]) -> Result<bool> {
+        // The reciprocal in f64, then f32, as PyTorch (exact for powers of two anyway).
+        let inv = (1.0 / self.scale) as f32 as f64;
+        no_grad(|| {
+            // x * 0 is 0 for finite x and NaN for inf or NaN: one sum per gradient, one sum of
+            // sums, one read-back says whether any element is not finite.
+            let mut poison: Option<Tensor> = None;
+            for p in params {
+                let Some(g) = p.grad() else { continue };
+                let unscaled = g.affine(inv, 0.0)?;
+                let part = unscaled.affine(0.0, 0.0)?.sum_all()?.to_dtype(crate::DType::F32)?;
+                poison = Some(match poison {
+                    None => part,
+                    Some(t) => t.add(&part.to_device(t.device())?)?,
+                });
+                p.set_grad(Some(unscaled));
+            }
+            Ok(match poison {
+                None => true,
+                Some(t) => t.item()?.is_finite(),
+            })
+        })
+    }
+
+    /// Adjusts the scale after an optimizer step (taken when `finite`, skipped otherwise).
+    pub fn update(&mut self, finite: bool) {
+        if finite {
+            self.growth_tracker += 1;
+            if self.growth_tracker >= self.growth_interval {
+                self.scale *= self.growth_factor;
+                self.growth_tracker = 0;
+            }
+        } else {
+            self.scale *= self.backoff_factor;
+            self.growth_tracker = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::dtype::DType;
+
+    fn param_with_grad(values: &[f32]) -> Tensor {
+        let p = Tensor::zeros([values.len()], DType::F32, &Device::cpu())
+            .unwrap()
+            .requires_grad(true);
+        p.set_grad(Some(
+            Tensor::from_slice(values, [values.len()], &Device::cpu()).unwrap(),
+        ));
+        p
+    }
+
+    #[test]
+    fn unscaling_divides_and_finds_infinities() {
+        let s = GradScaler::new(4.0, 2.0, 0.5, 3).unwrap();
+        let a = param_with_grad(&[4.0, 8.0]);
+        assert!(s.unscale(std::slice::from_ref(&a)).unwrap());
+        assert_eq!(a.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+        let b = param_with_grad(&[1.0, f32::INFINITY]);
+        let c = param_with_grad(&[f32::NAN]);
+        assert!(!s.unscale(&[a.clone(), b]).unwrap());
+        assert!(!s.unscale(&[c]).unwrap());
+    }
+
+    #[test]
+    fn the_scale_halves_on_overflow_and_grows_after_clean_steps() {
+        let mut s = GradScaler::new(8.0, 2.0, 0.5, 3).unwrap();
+        s.update(false);
+        assert_eq!((s.scale, s.growth_tracker), (4.0, 0));
+        s.update(true);
+        s.update(true);
+        assert_eq!(s.scale, 4.0);
+        s.update(true);
+        assert_eq!((s.scale, s.growth_tracker), (8.0, 0));
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        assert!(GradScaler::new(0.0, 2.0, 0.5, 1).is_err());
+        assert!(GradScaler::new(1.0, 1.0, 0.5, 1).is_err());
+        assert!(GradScaler::new(1.0, 2.0, 1.5, 1).is_err());
+    }
+}
