@@ -13,6 +13,7 @@ By hand: python3 scripts/peer_pytorch.py '{"threads": 2, "device": "cpu", "gemm_
 """
 
 import json
+import resource
 import statistics
 import sys
 import time
@@ -57,12 +58,24 @@ def mlp(torch, device, plan, sync):
     y = torch.randint(0, layers[-1], (plan["batch"],), device=device)
     last = {"loss": float("nan")}
 
+    # Mixed precision as PyTorch users write it: autocast around the forward pass, a GradScaler
+    # for f16 (bf16 needs none).
+    precision = plan.get("precision", "32")
+    low = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+
     def window():
         for _ in range(plan["steps_per_window"]):
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
+            with torch.autocast(device.type, dtype=low, enabled=low is not None):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
         # The window's one host sync, as on the Lockstep side.
         last["loss"] = loss.item()
 
@@ -76,6 +89,8 @@ def mlp(torch, device, plan, sync):
         "steps_per_s": steps_per_s,
         "samples_per_s": steps_per_s * plan["batch"],
         "final_loss": last["loss"],
+        # Peak resident memory of the process, as the Lockstep side reports it (Linux: KiB).
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 

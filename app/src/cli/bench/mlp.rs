@@ -2,7 +2,9 @@
 
 use lockstep_core::models;
 use lockstep_core::nn::{Module, ModuleExt};
-use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
+use lockstep_core::autocast::AutocastGuard;
+use lockstep_core::optim::{GradScaler, Optimizer, Sgd, SgdConfig};
+use lockstep_core::train::Precision;
 use lockstep_core::{DType, Device, Generator, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +19,9 @@ pub struct MlpResult {
     pub steps_per_s: f64,
     pub samples_per_s: f64,
     pub final_loss: f64,
+    /// The process's peak resident memory at the end (both sides measure it the same way).
+    #[serde(default)]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
@@ -37,14 +42,31 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
         .map(|_| generator.next_below(classes as u64) as u32)
         .collect();
     let y = Tensor::from_vec(labels, [plan.batch], device)?;
+    let precision = Precision::parse(&plan.precision)?;
+    let mut scaler = (precision == Precision::Mixed16).then(GradScaler::default);
     let mut final_loss = f64::NAN;
     let m = plan.timing.measure(|| {
         let mut loss = None;
         for _ in 0..plan.steps_per_window {
             opt.zero_grad();
-            let l = model.forward(&x)?.cross_entropy(&y)?;
-            l.backward()?;
-            opt.step()?;
+            let l = {
+                let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
+                model.forward(&x)?.cross_entropy(&y)?
+            };
+            match &mut scaler {
+                Some(s) => {
+                    s.scale_loss(&l)?.backward()?;
+                    let finite = s.unscale(&opt.parameters().to_vec())?;
+                    if finite {
+                        opt.step()?;
+                    }
+                    s.update(finite);
+                }
+                None => {
+                    l.backward()?;
+                    opt.step()?;
+                }
+            }
             loss = Some(l);
         }
         // The window's one host sync, as a trainer that logs every N steps has.
@@ -63,6 +85,7 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
         steps_per_s,
         samples_per_s: steps_per_s * plan.batch as f64,
         final_loss,
+        peak_rss_bytes: super::machine::peak_rss_bytes(),
     })
 }
 

@@ -56,6 +56,12 @@ pub struct Args {
     /// The device to measure (`cpu`, `cpu:1`, `wgpu:0`, …).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Hidden widths of the benchmark MLP (784 inputs, 10 classes).
+    #[arg(long, value_delimiter = ',', default_value = "512,512")]
+    hidden: Vec<usize>,
+    /// Precision of the MLP steps: 32, 16-mixed or bf16-mixed (the peer uses torch.autocast).
+    #[arg(long, default_value = "32", value_parser = ["32", "16-mixed", "bf16-mixed"])]
+    precision: String,
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -86,7 +92,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             GEMM_SIZES.to_vec()
         },
         gemm_timing: GEMM_TIMING,
-        mlp: (args.which != Which::Gemm).then(MlpPlan::default),
+        mlp: (args.which != Which::Gemm).then(|| MlpPlan {
+            layers: [784].into_iter().chain(args.hidden.iter().copied()).chain([10]).collect(),
+            precision: args.precision.clone(),
+            ..MlpPlan::default()
+        }),
     };
     println!("device: {}, {}", device.location(), device.info().name);
     let load_before = machine::load_average();

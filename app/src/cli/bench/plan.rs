@@ -32,6 +32,9 @@ pub struct MlpPlan {
     pub momentum: f64,
     pub steps_per_window: usize,
     pub timing: Timing,
+    /// `32`, `16-mixed` or `bf16-mixed`: autocast and, for 16-mixed, loss scaling, as a
+    /// training step runs them.
+    pub precision: String,
 }
 
 impl Default for MlpPlan {
@@ -43,6 +46,7 @@ impl Default for MlpPlan {
             momentum: 0.9,
             steps_per_window: 25,
             timing: MLP_TIMING,
+            precision: "32".into(),
         }
     }
 }

@@ -101,6 +101,14 @@ fn metrics(r: &Results) -> Vec<Metric> {
             decimals: None,
             ratio: false,
         });
+        if let Some(bytes) = m.peak_rss_bytes {
+            out.push(Metric {
+                label: "peak resident memory (MiB)".into(),
+                value: bytes as f64 / (1u64 << 20) as f64,
+                decimals: Some(0),
+                ratio: false,
+            });
+        }
     }
     out
 }
