@@ -1,8 +1,8 @@
 //! Full training steps of a ReLU MLP: zero_grad, forward, cross-entropy, backward, SGD step.
 
+use lockstep_core::autocast::AutocastGuard;
 use lockstep_core::models;
 use lockstep_core::nn::{Module, ModuleExt};
-use lockstep_core::autocast::AutocastGuard;
 use lockstep_core::optim::{GradScaler, Optimizer, Sgd, SgdConfig};
 use lockstep_core::train::Precision;
 use lockstep_core::{DType, Device, Generator, Tensor};

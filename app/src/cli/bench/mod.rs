@@ -93,7 +93,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         gemm_timing: GEMM_TIMING,
         mlp: (args.which != Which::Gemm).then(|| MlpPlan {
-            layers: [784].into_iter().chain(args.hidden.iter().copied()).chain([10]).collect(),
+            layers: [784]
+                .into_iter()
+                .chain(args.hidden.iter().copied())
+                .chain([10])
+                .collect(),
             precision: args.precision.clone(),
             ..MlpPlan::default()
         }),

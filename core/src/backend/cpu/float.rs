@@ -1,8 +1,10 @@
 //! The float element types the CPU kernels compute in, and the dispatch that runs f16/bf16
 //! through f32 kernels (convert, compute, round once), so each kernel is written once.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use num_traits::Float;
+use rayon::prelude::*;
 
 use crate::dtype::Element;
 
@@ -24,17 +26,32 @@ impl CpuFloat for f64 {
     }
 }
 
+/// Elements per parallel conversion chunk: large enough to amortise a task, small enough to
+/// split a weight matrix across the threads.
+const CONVERT_CHUNK: usize = 1 << 16;
+
+/// `convert` applied chunk by chunk in parallel, from `src` into a new vector of `zero`s:
+/// `half`'s slice conversions (SIMD where the CPU has it) over whole weight matrices, which
+/// mixed precision converts every step.
+fn convert<S: Sync, D: Copy + Send + Sync>(src: &[S], zero: D, convert: impl Fn(&[S], &mut [D]) + Sync) -> Vec<D> {
+    let mut out = vec![zero; src.len()];
+    out.par_chunks_mut(CONVERT_CHUNK)
+        .zip(src.par_chunks(CONVERT_CHUNK))
+        .for_each(|(o, i)| convert(i, o));
+    out
+}
+
 pub fn widen_f16(v: &[f16]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
+    convert(v, 0.0, |i, o| i.convert_to_f32_slice(o))
 }
 pub fn widen_bf16(v: &[bf16]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
+    convert(v, 0.0, |i, o| i.convert_to_f32_slice(o))
 }
 pub fn narrow_f16(v: Vec<f32>) -> Vec<f16> {
-    v.into_iter().map(f16::from_f32).collect()
+    convert(&v, f16::ZERO, |i, o| o.convert_from_f32_slice(i))
 }
 pub fn narrow_bf16(v: Vec<f32>) -> Vec<bf16> {
-    v.into_iter().map(bf16::from_f32).collect()
+    convert(&v, bf16::ZERO, |i, o| o.convert_from_f32_slice(i))
 }
 
 /// Runs `$body` with `$v` bound to the float data of `$src` as a slice of f32 or f64, and wraps
