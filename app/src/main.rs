@@ -4,6 +4,9 @@
 mod cli;
 mod dashboard;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};

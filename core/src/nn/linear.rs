@@ -49,7 +49,10 @@ impl Linear {
             ));
         }
         // The transposed weight is a view: the GEMM reads it with swapped strides, no copy.
-        let y = x.matmul(&self.weight.t()?)?;
+        // Under autocast the weight is cast before the transpose: once per region (cached, as a
+        // leaf) and contiguously, instead of a strided copy at every use.
+        let weight = crate::autocast::lower(&self.weight)?;
+        let y = x.matmul(&weight.t()?)?;
         match (&self.bias, act) {
             (Some(b), _) => y.bias_act(b, y.rank() - 1, act),
             (None, Some(op)) => y.unary(op),

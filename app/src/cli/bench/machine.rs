@@ -59,6 +59,14 @@ pub fn load_average() -> String {
     }
 }
 
+/// The process's peak resident set (VmHWM in /proc/self/status), where Linux reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,12 +92,4 @@ mod tests {
     fn proc_can_be_read_here() {
         assert!(sample().is_some());
     }
-}
-
-/// The process's peak resident set (VmHWM in /proc/self/status), where Linux reports it.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

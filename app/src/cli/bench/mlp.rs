@@ -56,7 +56,7 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
             match &mut scaler {
                 Some(s) => {
                     s.scale_loss(&l)?.backward()?;
-                    let finite = s.unscale(&opt.parameters().to_vec())?;
+                    let finite = s.unscale(opt.parameters())?;
                     if finite {
                         opt.step()?;
                     }

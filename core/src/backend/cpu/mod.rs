@@ -280,6 +280,21 @@ impl Backend for CpuBackend {
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
         check_extent("cast", src, layout)?;
         let data = cpu("cast", src)?.read();
+        // Between f32 and the half types (mixed precision casts weights every step): `half`'s
+        // SIMD slice conversions, which round exactly as the scalar ones.
+        if layout.is_contiguous() {
+            let range = layout.offset..layout.offset + layout.elem_count();
+            let fast = match (&*data, dtype) {
+                (HostVec::F32(v), DType::F16) => Some(HostVec::F16(float::narrow_f16(v[range].to_vec()))),
+                (HostVec::F32(v), DType::BF16) => Some(HostVec::BF16(float::narrow_bf16(v[range].to_vec()))),
+                (HostVec::F16(v), DType::F32) => Some(HostVec::F32(float::widen_f16(&v[range]))),
+                (HostVec::BF16(v), DType::F32) => Some(HostVec::F32(float::widen_bf16(&v[range]))),
+                _ => None,
+            };
+            if let Some(out) = fast {
+                return Ok(self.wrap(out));
+            }
+        }
         // Through f64, which holds every value of every dtype here exactly (i64 up to 2^53), so
         // each conversion rounds once, as a direct one would.
         fn convert<S: Element, D: Element>(pool: &Pool, v: &[S], layout: &Layout) -> Vec<D> {
