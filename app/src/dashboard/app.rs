@@ -56,7 +56,7 @@ impl Dashboard {
             ui.label(format!("{} run(s), {live} live", self.sources.len()));
             if self.launcher.is_some() {
                 ui.separator();
-                if ui.button("＋ New run").clicked() {
+                if ui.button("+ New run").clicked() {
                     self.new_run.open = true;
                 }
             }
@@ -126,7 +126,7 @@ impl eframe::App for Dashboard {
                 ui.vertical_centered(|ui| {
                     ui.heading("No run to show yet");
                     if self.launcher.is_some() {
-                        ui.label("Start one with  ＋ New run  above, or:");
+                        ui.label("Start one with  + New run  above, or:");
                     }
                     ui.label("Train with the window open:  lockstep train --dashboard --data DIR");
                     ui.label("Watch a run started elsewhere:  lockstep dashboard --follow runs/a/metrics.jsonl");

@@ -116,7 +116,7 @@ impl NewRun {
                         .small()
                         .weak(),
                 );
-                if ui.button("▶ Start").clicked() {
+                if ui.button("Start").clicked() {
                     start = Some(self.args());
                 }
             });

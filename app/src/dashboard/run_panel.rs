@@ -108,7 +108,7 @@ fn run_details(ui: &mut egui::Ui, source: &Source) {
     }
     if !run.warnings.is_empty() {
         egui::CollapsingHeader::new(
-            RichText::new(format!("⚠ {} warning(s)", run.warnings.len())).color(ui.visuals().warn_fg_color),
+            RichText::new(format!("{} warning(s)", run.warnings.len())).color(ui.visuals().warn_fg_color),
         )
         .id_salt(("warnings", &run.name))
         .show(ui, |ui| {
@@ -126,11 +126,11 @@ fn controls(ui: &mut egui::Ui, source: &Source) {
     }
     ui.horizontal(|ui| {
         let paused = control.paused();
-        if ui.button(if paused { "▶ Resume" } else { "⏸ Pause" }).clicked() {
+        if ui.button(if paused { "Resume" } else { "Pause" }).clicked() {
             control.pause.store(!paused, Ordering::Relaxed);
         }
         let stop = ui
-            .add_enabled(!control.stopping(), egui::Button::new("⏹ Stop"))
+            .add_enabled(!control.stopping(), egui::Button::new("Stop"))
             .on_hover_text("Stops after the current step; the run saves its checkpoint first.");
         if stop.clicked() {
             control.stop.store(true, Ordering::Relaxed);
