@@ -183,3 +183,30 @@ fn precisions_have_lightnings_names() {
         Some(DType::BF16)
     );
 }
+
+#[test]
+fn step_events_say_where_the_time_went() {
+    let mut s = setup([0.3, 0.1], 0.1);
+    let (events, rx) = ChannelListener::new(100);
+    let config = TrainerConfig {
+        max_steps: Some(4),
+        log_every_n_steps: 2,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(config).unwrap();
+    trainer.add_listener(events);
+    trainer.fit(&mut s, &loader(points_with_an_outlier(), 1), None).unwrap();
+    let times: Vec<_> = rx
+        .try_iter()
+        .filter_map(|r| match r.event {
+            Event::Step { times, .. } => times,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(times.len(), 2, "one split per step event");
+    for t in times {
+        assert!(t.phases().iter().all(|(_, s)| *s >= 0.0), "{t:?}");
+        assert!(t.forward > 0.0 && t.backward > 0.0 && t.optimizer > 0.0, "{t:?}");
+        assert_eq!(t.communication, 0.0, "no replicas, no communication: {t:?}");
+    }
+}

@@ -23,6 +23,47 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
+/// Colours of the step phases (data, forward, backward, communication, optimizer).
+const PHASE_COLORS: [Color32; 5] = [
+    Color32::from_rgb(150, 150, 160),
+    Color32::from_rgb(86, 156, 255),
+    Color32::from_rgb(255, 140, 66),
+    Color32::from_rgb(230, 90, 120),
+    Color32::from_rgb(92, 200, 120),
+];
+
+/// One stacked bar per run: where its steps' time goes (rank 0's host time).
+fn step_split(ui: &mut egui::Ui, sources: &[Source]) {
+    for (i, s) in sources.iter().enumerate() {
+        let Some(times) = s.run.step_times else { continue };
+        let phases = times.phases();
+        let total: f64 = phases.iter().map(|(_, t)| t).sum();
+        if total <= 0.0 {
+            continue;
+        }
+        ui.horizontal(|ui| {
+            let label = if sources.len() > 1 {
+                format!("step time · {}", s.run.name)
+            } else {
+                "step time".into()
+            };
+            fixed(ui, 110.0, RichText::new(label).color(run_color(i)).strong());
+            let (rect, _) = ui.allocate_exact_size(egui::vec2(260.0, 18.0), egui::Sense::hover());
+            let mut x = rect.left();
+            for ((_, t), color) in phases.iter().zip(PHASE_COLORS) {
+                let w = (t / total) as f32 * rect.width();
+                let part = egui::Rect::from_min_size(egui::pos2(x, rect.top()), egui::vec2(w, rect.height()));
+                ui.painter().rect_filled(part, 0.0, color);
+                x += w;
+            }
+            fixed(ui, 100.0, RichText::new(format!("{:.1} ms/step", total * 1e3)).strong());
+            for ((name, t), color) in phases.iter().zip(PHASE_COLORS) {
+                ui.label(RichText::new(format!("{name} {:.1} ms", t * 1e3)).color(color));
+            }
+        });
+    }
+}
+
 pub fn device_panel(ui: &mut egui::Ui, sources: &[Source]) {
     let any = sources.iter().any(|s| !s.run.devices.is_empty());
     if !any {
@@ -49,6 +90,7 @@ pub fn device_panel(ui: &mut egui::Ui, sources: &[Source]) {
             ui.separator();
         }
     }
+    step_split(ui, sources);
 }
 
 /// A label in a column of fixed width, so rows line up.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use lockstep_core::train::{DeviceStats, Event, Record, RunInfo};
+use lockstep_core::train::{DeviceStats, Event, Record, RunInfo, StepTimes};
 
 use super::series::Point;
 
@@ -54,6 +54,8 @@ pub struct RunData {
     pub elapsed: f64,
     pub step: u64,
     pub epoch: u64,
+    /// Where the latest logged steps' time went (rank 0, host time).
+    pub step_times: Option<StepTimes>,
     pub warnings: Vec<String>,
 }
 
@@ -75,9 +77,13 @@ impl RunData {
                 loss,
                 lr,
                 samples_per_sec,
+                times,
                 ..
             } => {
                 let x = *step as f64;
+                if times.is_some() {
+                    self.step_times = *times;
+                }
                 self.loss.push([x, *loss]);
                 self.lr.push([x, *lr]);
                 self.samples_per_sec.push([x, *samples_per_sec]);

@@ -32,6 +32,43 @@ pub struct DeviceStats {
     pub memory_total: Option<u64>,
 }
 
+/// Where a training step's time went, in seconds per optimizer step averaged over the steps
+/// since the last step event (host time: on an asynchronous GPU, queued work shows up where the
+/// host waits for it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTimes {
+    pub data_wait: f64,
+    pub forward: f64,
+    pub backward: f64,
+    /// Waiting for gradient buckets to be averaged across replicas (data parallel).
+    pub communication: f64,
+    pub optimizer: f64,
+}
+
+impl StepTimes {
+    /// These sums divided by `steps` (unchanged when there were none).
+    pub fn per_step(self, steps: u64) -> StepTimes {
+        let n = steps.max(1) as f64;
+        StepTimes {
+            data_wait: self.data_wait / n,
+            forward: self.forward / n,
+            backward: self.backward / n,
+            communication: self.communication / n,
+            optimizer: self.optimizer / n,
+        }
+    }
+    /// (name, seconds) of each phase, in step order.
+    pub fn phases(&self) -> [(&'static str, f64); 5] {
+        [
+            ("data", self.data_wait),
+            ("forward", self.forward),
+            ("backward", self.backward),
+            ("communication", self.communication),
+            ("optimizer", self.optimizer),
+        ]
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
@@ -52,6 +89,9 @@ pub enum Event {
         /// Optimizer steps skipped so far for inf/NaN gradients (mixed precision).
         #[serde(default)]
         skipped_steps: u64,
+        /// Where the time of the steps since the last step event went.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        times: Option<StepTimes>,
     },
     Epoch {
         epoch: u64,

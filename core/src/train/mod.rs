@@ -13,7 +13,7 @@ mod trainer;
 
 pub use callbacks::{Callback, CallbackAction, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
 pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
-pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo};
+pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use metrics_log::JsonlWriter;
 pub use state::TrainerState;
 pub use task::{Classification, EvalMetrics, Task};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint::{self, FORMAT, FORMAT_KEY};
 use super::config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
-use super::events::{DeviceStats, Event, EventListener, Record, RunInfo};
+use super::events::{DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 use super::state::TrainerState;
 use super::task::{EvalMetrics, Task};
 use crate::autocast::AutocastGuard;
@@ -296,6 +296,8 @@ impl Trainer {
             ..Default::default()
         };
         let run_samples_start = self.state.samples_seen;
+        // Host time per phase, summed since the last step event.
+        let (mut times, mut times_steps) = (StepTimes::default(), 0u64);
         let step_limit = |s: &TrainerState| cfg.max_steps.is_some_and(|m| s.global_step >= m);
         let mut stop = step_limit(&self.state);
 
@@ -307,8 +309,11 @@ impl Trainer {
             // The epoch's loss sum stays on the device; it is read once at the epoch's end.
             let mut loss_sum: Option<Tensor> = None;
             while (self.state.batch_in_epoch) < steps_per_epoch {
+                let phase = Instant::now();
                 let Some(batch) = batches.next() else { break };
                 let tensors = batch?.to_device(&setup.device)?;
+                times.data_wait += phase.elapsed().as_secs_f64();
+                let phase = Instant::now();
                 let n = tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
                 let loss = {
                     // The forward pass in mixed precision; backward runs outside the region.
@@ -323,6 +328,8 @@ impl Trainer {
                 if let Some(scaler) = &self.state.grad_scaler {
                     scaled = scaler.scale_loss(&scaled)?;
                 }
+                times.forward += phase.elapsed().as_secs_f64();
+                let phase = Instant::now();
                 // Does this micro-batch end an accumulation (or the epoch)? Only that one
                 // communicates (DDP's no_sync) and steps the optimizer.
                 let steps_now =
@@ -331,6 +338,7 @@ impl Trainer {
                     r.set_sync(steps_now);
                 }
                 scaled.backward()?;
+                times.backward += phase.elapsed().as_secs_f64();
                 let detached = loss.detach();
                 loss_sum = Some(match loss_sum {
                     Some(s) => no_grad(|| s.add(&detached))?,
@@ -344,10 +352,15 @@ impl Trainer {
                     continue;
                 }
                 micro = 0;
+                let phase = Instant::now();
                 if let Some(r) = &self.reducer {
                     r.finish()?;
                 }
+                times.communication += phase.elapsed().as_secs_f64();
+                let phase = Instant::now();
                 self.optimizer_step(setup)?;
+                times.optimizer += phase.elapsed().as_secs_f64();
+                times_steps += 1;
                 if self.state.global_step.is_multiple_of(cfg.log_every_n_steps) {
                     let value = detached.item()?;
                     check_finite(value, self.state.global_step)?;
@@ -363,7 +376,9 @@ impl Trainer {
                         samples_per_sec: rate,
                         loss_scale: self.state.grad_scaler.as_ref().map(|s| s.scale),
                         skipped_steps: self.state.skipped_steps,
+                        times: Some(times.per_step(times_steps)),
                     };
+                    (times, times_steps) = (StepTimes::default(), 0);
                     self.emit(event)?;
                     self.emit_device(&setup.device)?;
                 }
