@@ -352,11 +352,11 @@ impl Trainer {
                     continue;
                 }
                 micro = 0;
-                let phase = Instant::now();
                 if let Some(r) = &self.reducer {
+                    let phase = Instant::now();
                     r.finish()?;
+                    times.communication += phase.elapsed().as_secs_f64();
                 }
-                times.communication += phase.elapsed().as_secs_f64();
                 let phase = Instant::now();
                 self.optimizer_step(setup)?;
                 times.optimizer += phase.elapsed().as_secs_f64();
