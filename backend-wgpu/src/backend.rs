@@ -125,6 +125,15 @@ impl WgpuBackend {
         }
     }
 
+    /// The WGSL type of shaders that read values of a float dtype or u32 (casts, comparisons,
+    /// indexing).
+    pub(crate) fn value_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
+        match dtype {
+            DType::U32 => Ok("u32"),
+            d => self.float_type(op, d),
+        }
+    }
+
     /// The storage word shaders that only move bits use for `dtype`.
     pub(crate) fn word_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
         match dtype {

@@ -4,10 +4,19 @@
 
 mod support;
 
+use std::sync::{Mutex, MutexGuard};
+
 use lockstep_core::{DType, Generator, Tensor};
+
+/// The tests read one device's counters: one at a time, or another test's tensors show up.
+fn exclusive() -> MutexGuard<'static, ()> {
+    static DEVICE: Mutex<()> = Mutex::new(());
+    DEVICE.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 #[test]
 fn a_warm_loop_reuses_pooled_buffers() {
+    let _one_at_a_time = exclusive();
     let Some(device) = support::wgpu_device() else { return };
     let g = Generator::new(0);
     let step = || {
@@ -31,6 +40,7 @@ fn a_warm_loop_reuses_pooled_buffers() {
 
 #[test]
 fn live_tensors_count_as_allocated() {
+    let _one_at_a_time = exclusive();
     let Some(device) = support::wgpu_device() else { return };
     let before = device.backend().memory_stats().allocated_bytes;
     let t = Tensor::zeros([1 << 20], DType::F32, &device).unwrap();
@@ -42,6 +52,7 @@ fn live_tensors_count_as_allocated() {
 
 #[test]
 fn utilization_is_measured_where_the_adapter_has_timestamps() {
+    let _one_at_a_time = exclusive();
     let Some(device) = support::wgpu_device() else { return };
     let timestamps = lockstep_wgpu::adapter(0)
         .unwrap()

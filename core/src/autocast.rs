@@ -103,6 +103,17 @@ pub(crate) fn full(t: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// The operands of an op cast by its class's rule (`lower` or `full`) when autocast changes
+/// any of them; None when it changes none, and the op runs as called.
+pub(crate) fn recast(operands: &[&Tensor], rule: fn(&Tensor) -> Result<Tensor>) -> Result<Option<Vec<Tensor>>> {
+    if active().is_none() {
+        return Ok(None);
+    }
+    let cast: Vec<Tensor> = operands.iter().map(|t| rule(t)).collect::<Result<_>>()?;
+    let changed = cast.iter().zip(operands).any(|(c, t)| c.dtype() != t.dtype());
+    Ok(changed.then_some(cast))
+}
+
 /// Both operands in the wider of their float dtypes, when autocast is on and they differ;
 /// None when nothing changes.
 pub(crate) fn promote(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>> {

@@ -103,9 +103,8 @@ impl WgpuBackend {
         let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
         // i64 operands bind as (low, high) word pairs at their own bindings.
         let (t, entry, bindings) = match a.dtype() {
-            DType::U32 => ("u32", "compare", [1, 2]),
             DType::I64 => ("u32", "compare_i64", [4, 5]),
-            d => (self.float_type(name, d)?, "compare", [1, 2]),
+            d => (self.value_type(name, d)?, "compare", [1, 2]),
         };
         let out = self.alloc(DType::U32, ll.elem_count())?;
         let variant = Variant::new("compare", entry, &[t]).constant("OP", op_index(&CmpOp::ALL, CmpOp::name, name));

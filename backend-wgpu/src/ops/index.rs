@@ -21,13 +21,6 @@ struct Indexing<'a> {
 }
 
 impl WgpuBackend {
-    fn element_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
-        match dtype {
-            DType::U32 => Ok("u32"),
-            d => self.float_type(op, d),
-        }
-    }
-
     fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, at_least: usize) -> Result<&'a WgpuBuffer> {
         let ids = self.operand(op, ids, None)?;
         if ids.dtype() != DType::U32 {
@@ -45,7 +38,7 @@ impl WgpuBackend {
 
     fn index_dispatch(&self, x: Indexing) -> Result<()> {
         let op = x.entry;
-        let t = self.element_type(op, x.src.dtype())?;
+        let t = self.value_type(op, x.src.dtype())?;
         let n = x.outer * x.out_dim * x.inner;
         let params = [n, x.outer, x.src_dim, x.inner, x.out_dim]
             .iter()

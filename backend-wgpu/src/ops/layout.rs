@@ -81,29 +81,21 @@ impl WgpuBackend {
         let grid = self.grid(OP, layout.elem_count())?;
         let (variant, bindings) = match (src.dtype(), dtype) {
             (DType::I64, d) => {
-                let t = self.cast_type(d)?;
+                let t = self.value_type(OP, d)?;
                 (Variant::new(OP, "cast_from_i64", &[t, t]), [(3, src), (2, &*out)])
             }
             (s, DType::I64) => {
-                let t = self.cast_type(s)?;
+                let t = self.value_type(OP, s)?;
                 params.push(u32::from(s == DType::U32));
                 (Variant::new(OP, "cast_to_i64", &[t, t]), [(1, src), (4, &*out)])
             }
             (s, d) => (
-                Variant::new(OP, "cast_strided", &[self.cast_type(s)?, self.cast_type(d)?]),
+                Variant::new(OP, "cast_strided", &[self.value_type(OP, s)?, self.value_type(OP, d)?]),
                 [(1, src), (2, &*out)],
             ),
         };
         self.launch(&variant, &params, &bindings, grid)?;
         Ok(out)
-    }
-
-    /// The WGSL type a cast reads or writes for `dtype`.
-    fn cast_type(&self, dtype: DType) -> Result<&'static str> {
-        match dtype {
-            DType::U32 => Ok("u32"),
-            d => self.float_type("cast", d),
-        }
     }
 
     pub(crate) fn random(

@@ -11,12 +11,9 @@ impl Tensor {
     /// `act` None adds the bias alone. One pass on the device instead of two.
     pub fn bias_act(&self, bias: &Tensor, axis: usize, act: Option<UnaryOp>) -> Result<Tensor> {
         const OP: &str = "bias_act";
-        if crate::autocast::active().is_some() {
-            // Part of a linear layer: its class under autocast is the product's.
-            let (x, b) = (crate::autocast::lower(self)?, crate::autocast::lower(bias)?);
-            if x.dtype() != self.dtype() || b.dtype() != bias.dtype() {
-                return x.bias_act(&b, axis, act);
-            }
+        // Part of a linear layer: its class under autocast is the product's.
+        if let Some(low) = crate::autocast::recast(&[self, bias], crate::autocast::lower)? {
+            return low[0].bias_act(&low[1], axis, act);
         }
         self.same_device(OP, bias)?;
         self.same_dtype(OP, bias)?;

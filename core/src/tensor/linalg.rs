@@ -40,11 +40,8 @@ fn is_transposed(t: &Tensor) -> bool {
 impl Tensor {
     /// `self @ rhs` over the last two axes, broadcasting the leading (batch) axes as PyTorch does.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        if crate::autocast::active().is_some() {
-            let (a, b) = (crate::autocast::lower(self)?, crate::autocast::lower(rhs)?);
-            if a.dtype() != self.dtype() || b.dtype() != rhs.dtype() {
-                return a.matmul(&b);
-            }
+        if let Some(low) = crate::autocast::recast(&[self, rhs], crate::autocast::lower)? {
+            return low[0].matmul(&low[1]);
         }
         self.same_device("matmul", rhs)?;
         self.same_dtype("matmul", rhs)?;

@@ -165,16 +165,10 @@ impl Tensor {
         opts: Conv2dOptions,
         act: Option<UnaryOp>,
     ) -> Result<Tensor> {
-        if crate::autocast::active().is_some() {
-            // A convolution is a product: its input, weight and bias go low under autocast.
-            let (x, w) = (crate::autocast::lower(self)?, crate::autocast::lower(weight)?);
-            let b = bias.map(crate::autocast::lower).transpose()?;
-            let changed = x.dtype() != self.dtype()
-                || w.dtype() != weight.dtype()
-                || b.as_ref().zip(bias).is_some_and(|(b, o)| b.dtype() != o.dtype());
-            if changed {
-                return x.conv2d_act(&w, b.as_ref(), opts, act);
-            }
+        // A convolution is a product: its input, weight and bias go low under autocast.
+        let operands: Vec<&Tensor> = [self, weight].into_iter().chain(bias).collect();
+        if let Some(low) = crate::autocast::recast(&operands, crate::autocast::lower)? {
+            return low[0].conv2d_act(&low[1], low.get(2), opts, act);
         }
         // Fix: check devices and dtypes here, so errors name conv2d rather than an inner op.
         self.float_only("conv2d")?;
@@ -406,11 +400,8 @@ impl Tensor {
 
     /// Mean squared error.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
-        if crate::autocast::active().is_some() {
-            let (p, t) = (crate::autocast::full(self)?, crate::autocast::full(target)?);
-            if p.dtype() != self.dtype() || t.dtype() != target.dtype() {
-                return p.mse_loss(&t);
-            }
+        if let Some(wide) = crate::autocast::recast(&[self, target], crate::autocast::full)? {
+            return wide[0].mse_loss(&wide[1]);
         }
         if self.shape() != target.shape() {
             return Err(Error::shape(

@@ -489,25 +489,21 @@ impl Trainer {
         if let Some(scaler) = &mut self.state.grad_scaler {
             scaler.update(finite);
         }
-        if !finite {
-            self.state.skipped_steps += 1;
-            setup.optimizer.zero_grad();
-        }
-        no_grad(|| -> Result<()> {
-            if !finite {
-                return Ok(());
-            }
-            match self.config.gradient_clip {
-                Some(GradientClip::Norm(max)) => {
-                    clip_grad_norm(setup.optimizer.parameters(), max, 2.0)?;
+        if finite {
+            no_grad(|| -> Result<()> {
+                match self.config.gradient_clip {
+                    Some(GradientClip::Norm(max)) => {
+                        clip_grad_norm(setup.optimizer.parameters(), max, 2.0)?;
+                    }
+                    Some(GradientClip::Value(v)) => clip_grad_value(setup.optimizer.parameters(), v)?,
+                    None => {}
                 }
-                Some(GradientClip::Value(v)) => clip_grad_value(setup.optimizer.parameters(), v)?,
-                None => {}
-            }
-            setup.optimizer.step()?;
-            setup.optimizer.zero_grad();
-            Ok(())
-        })?;
+                setup.optimizer.step()
+            })?;
+        } else {
+            self.state.skipped_steps += 1;
+        }
+        setup.optimizer.zero_grad();
         self.state.global_step += 1;
         if self.config.scheduler_interval == SchedulerInterval::Step
             && let Some(s) = setup.scheduler.as_mut()
