@@ -37,9 +37,9 @@ def measure(timing, rep, sync):
     return statistics.median(times), len(times)
 
 
-def gemm(torch, device, n, timing, sync):
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def gemm(torch, device, n, timing, sync, dtype):
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
     median_s, reps = measure(timing, lambda: torch.mm(a, b), sync)
     return {"n": n, "median_s": median_s, "gflops": 2.0 * n**3 / median_s / 1e9, "reps": reps}
 
@@ -119,7 +119,8 @@ def main(argv):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = {"engine": f"PyTorch {torch.__version__.split('+')[0]}", "gemm": [], "mlp": None}
     for n in plan["gemm_sizes"]:
-        results["gemm"].append(gemm(torch, device, n, plan["gemm_timing"], sync))
+        dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[plan.get("gemm_dtype", "f32")]
+        results["gemm"].append(gemm(torch, device, n, plan["gemm_timing"], sync, dtype))
     if plan["mlp"] is not None:
         results["mlp"] = mlp(torch, device, plan["mlp"], sync)
     print(json.dumps(results))

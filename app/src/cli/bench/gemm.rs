@@ -1,4 +1,4 @@
-//! Square f32 matrix products through `Tensor::matmul`.
+//! Square matrix products through `Tensor::matmul`, in f32 or bf16.
 
 use lockstep_core::{DType, Device, Generator, Tensor};
 use serde::{Deserialize, Serialize};
@@ -14,21 +14,38 @@ pub struct GemmResult {
 }
 
 pub fn run(device: &Device, n: usize, timing: &Timing) -> anyhow::Result<GemmResult> {
-    run_with(device, n, timing, |a, b| a.matmul(b))
+    run_in(device, n, DType::F32, timing)
 }
 
-/// The same measurement of another product kernel (the wgpu naive baseline).
+/// `run` with operands of `dtype` (cast once, before timing).
+pub fn run_in(device: &Device, n: usize, dtype: DType, timing: &Timing) -> anyhow::Result<GemmResult> {
+    let (a, b) = (operand(n, dtype, device, 0)?, operand(n, dtype, device, 1)?);
+    time_product(device, n, timing, || a.matmul(&b))
+}
+
+/// The same measurement of another f32 product kernel (the wgpu naive baseline).
 pub fn run_with(
     device: &Device,
     n: usize,
     timing: &Timing,
     product: impl Fn(&Tensor, &Tensor) -> lockstep_core::Result<Tensor>,
 ) -> anyhow::Result<GemmResult> {
-    let generator = Generator::new(0);
-    let a = Tensor::rand_normal([n, n], 0.0, 1.0, DType::F32, &generator, device)?;
-    let b = Tensor::rand_normal([n, n], 0.0, 1.0, DType::F32, &generator, device)?;
+    let (a, b) = (operand(n, DType::F32, device, 0)?, operand(n, DType::F32, device, 1)?);
+    time_product(device, n, timing, || product(&a, &b))
+}
+
+fn operand(n: usize, dtype: DType, device: &Device, seed: u64) -> lockstep_core::Result<Tensor> {
+    Tensor::rand_normal([n, n], 0.0, 1.0, DType::F32, &Generator::new(seed), device)?.to_dtype(dtype)
+}
+
+fn time_product(
+    device: &Device,
+    n: usize,
+    timing: &Timing,
+    product: impl Fn() -> lockstep_core::Result<Tensor>,
+) -> anyhow::Result<GemmResult> {
     let m = timing.measure(|| {
-        let c = product(&a, &b)?;
+        let c = product()?;
         device.synchronize()?;
         drop(c);
         Ok(())

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::ValueEnum;
-use lockstep_core::Device;
+use lockstep_core::{DType, Device};
 
 use self::plan::{GEMM_SIZES, GEMM_TIMING, MlpPlan, Plan};
 use self::report::{Busy, Report, Results};
@@ -62,6 +62,9 @@ pub struct Args {
     /// Precision of the MLP steps: 32, 16-mixed or bf16-mixed (the peer uses torch.autocast).
     #[arg(long, default_value = "32", value_parser = ["32", "16-mixed", "bf16-mixed"])]
     precision: String,
+    /// Element type of the GEMM benchmark's operands (bf16 accumulates in f32).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    gemm_dtype: String,
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -91,6 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             GEMM_SIZES.to_vec()
         },
+        gemm_dtype: args.gemm_dtype.clone(),
         gemm_timing: GEMM_TIMING,
         mlp: (args.which != Which::Gemm).then(|| MlpPlan {
             layers: [784]
@@ -153,12 +157,19 @@ fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
     };
     for &n in &plan.gemm_sizes {
         eprintln!("running gemm {n}x{n} …");
-        ours.gemm
-            .push(gemm::run(device, n, &plan.gemm_timing).with_context(|| format!("gemm benchmark at {n}"))?);
+        ours.gemm.push(
+            gemm::run_in(device, n, gemm_dtype(&plan.gemm_dtype), &plan.gemm_timing)
+                .with_context(|| format!("gemm benchmark at {n}"))?,
+        );
     }
     if let Some(mlp_plan) = &plan.mlp {
         eprintln!("running the MLP training step …");
         ours.mlp = Some(mlp::run(device, mlp_plan).context("MLP benchmark")?);
     }
     Ok(ours)
+}
+
+/// The GEMM benchmark's element type (clap allows only these names).
+fn gemm_dtype(name: &str) -> DType {
+    if name == "bf16" { DType::BF16 } else { DType::F32 }
 }

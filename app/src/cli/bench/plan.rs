@@ -57,6 +57,8 @@ pub struct Plan {
     /// Our device (`cpu:0`); the peer is given its own name for it.
     pub device: String,
     pub gemm_sizes: Vec<usize>,
+    /// Element type of the GEMM operands: `f32` or `bf16` (f32 accumulation).
+    pub gemm_dtype: String,
     pub gemm_timing: Timing,
     pub mlp: Option<MlpPlan>,
 }

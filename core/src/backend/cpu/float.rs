@@ -6,7 +6,8 @@ use half::{bf16, f16};
 use num_traits::Float;
 use rayon::prelude::*;
 
-use crate::dtype::Element;
+use super::pool::Pool;
+use crate::dtype::{Element, HostVec};
 
 pub trait CpuFloat: Float + Element + Send + Sync + std::iter::Sum {
     fn erf(self) -> Self;
@@ -30,36 +31,54 @@ impl CpuFloat for f64 {
 /// split a weight matrix across the threads.
 const CONVERT_CHUNK: usize = 1 << 16;
 
-/// `convert` applied chunk by chunk in parallel, from `src` into a new vector of `zero`s:
-/// `half`'s slice conversions (SIMD where the CPU has it) over whole weight matrices, which
-/// mixed precision converts every step.
-fn convert<S: Sync, D: Copy + Send + Sync>(src: &[S], zero: D, convert: impl Fn(&[S], &mut [D]) + Sync) -> Vec<D> {
-    let mut out = vec![zero; src.len()];
+/// `convert` applied chunk by chunk in parallel, from `src` into `out`: `half`'s slice
+/// conversions (SIMD where the CPU has it) over whole weight matrices, which mixed precision
+/// converts every step.
+fn convert<S: Sync, D: Send>(src: &[S], mut out: Vec<D>, convert: impl Fn(&[S], &mut [D]) + Sync) -> Vec<D> {
     out.par_chunks_mut(CONVERT_CHUNK)
         .zip(src.par_chunks(CONVERT_CHUNK))
         .for_each(|(o, i)| convert(i, o));
     out
 }
 
-pub fn widen_f16(v: &[f16]) -> Vec<f32> {
-    convert(v, 0.0, |i, o| i.convert_to_f32_slice(o))
+pub fn widen_f16(pool: &Pool, v: &[f16]) -> Vec<f32> {
+    convert(v, pool.take(v.len()), |i, o| i.convert_to_f32_slice(o))
 }
-pub fn widen_bf16(v: &[bf16]) -> Vec<f32> {
-    convert(v, 0.0, |i, o| i.convert_to_f32_slice(o))
+pub fn widen_bf16(pool: &Pool, v: &[bf16]) -> Vec<f32> {
+    convert(v, pool.take(v.len()), |i, o| i.convert_to_f32_slice(o))
 }
-pub fn narrow_f16(v: Vec<f32>) -> Vec<f16> {
-    convert(&v, f16::ZERO, |i, o| o.convert_from_f32_slice(i))
+pub fn narrow_f16(pool: &Pool, v: &[f32]) -> Vec<f16> {
+    convert(v, pool.take(v.len()), |i, o| o.convert_from_f32_slice(i))
 }
-pub fn narrow_bf16(v: Vec<f32>) -> Vec<bf16> {
-    convert(&v, bf16::ZERO, |i, o| o.convert_from_f32_slice(i))
+pub fn narrow_bf16(pool: &Pool, v: &[f32]) -> Vec<bf16> {
+    convert(v, pool.take(v.len()), |i, o| o.convert_from_f32_slice(i))
 }
 
-/// Runs `$body` with `$v` bound to the float data of `$src` as a slice of f32 or f64, and wraps
+/// Runs an f32 kernel on 16-bit data: widens `inputs`, runs `body`, rounds its result once, and
+/// hands the f32 temporaries back to the pool.
+pub fn through_f32<H: Copy, const N: usize>(
+    pool: &Pool,
+    inputs: [&[H]; N],
+    widen: fn(&Pool, &[H]) -> Vec<f32>,
+    narrow: fn(&Pool, &[f32]) -> Vec<H>,
+    body: impl FnOnce([&[f32]; N]) -> Vec<f32>,
+) -> Vec<H> {
+    let wide: [Vec<f32>; N] = inputs.map(|x| widen(pool, x));
+    let out = body(std::array::from_fn(|i| wide[i].as_slice()));
+    let rounded = narrow(pool, &out);
+    for w in wide.into_iter().chain([out]) {
+        pool.recycle(HostVec::F32(w));
+    }
+    rounded
+}
+
+/// Runs `$body` with `$v` bound to the float data of `$src` as a slice of f32 or f64 (16-bit
+/// floats through f32 temporaries from `$pool`), and wraps
 /// the `Vec` it returns back into a `HostVec` of the source dtype. Non-float dtypes are an error
 /// naming `$op`.
 #[macro_export]
 macro_rules! float_unary_dispatch {
-    ($op:expr, $src:expr, |$v:ident| $body:expr) => {{
+    ($pool:expr, $op:expr, $src:expr, |$v:ident| $body:expr) => {{
         use $crate::backend::cpu::float::*;
         use $crate::dtype::HostVec;
         match $src {
@@ -71,16 +90,8 @@ macro_rules! float_unary_dispatch {
                 let $v: &[f64] = x;
                 HostVec::F64($body)
             }
-            HostVec::F16(x) => {
-                let wide = widen_f16(x);
-                let $v: &[f32] = &wide;
-                HostVec::F16(narrow_f16($body))
-            }
-            HostVec::BF16(x) => {
-                let wide = widen_bf16(x);
-                let $v: &[f32] = &wide;
-                HostVec::BF16(narrow_bf16($body))
-            }
+            HostVec::F16(x) => HostVec::F16(through_f32($pool, [x], widen_f16, narrow_f16, |[$v]| $body)),
+            HostVec::BF16(x) => HostVec::BF16(through_f32($pool, [x], widen_bf16, narrow_bf16, |[$v]| $body)),
             other => return Err($crate::error::Error::dtype($op, other.dtype())),
         }
     }};
@@ -89,7 +100,7 @@ macro_rules! float_unary_dispatch {
 /// As `float_unary_dispatch!`, for two operands of the same dtype.
 #[macro_export]
 macro_rules! float_binary_dispatch {
-    ($op:expr, $a:expr, $b:expr, |$x:ident, $y:ident| $body:expr) => {{
+    ($pool:expr, $op:expr, $a:expr, $b:expr, |$x:ident, $y:ident| $body:expr) => {{
         use $crate::backend::cpu::float::*;
         use $crate::dtype::HostVec;
         match ($a, $b) {
@@ -102,14 +113,10 @@ macro_rules! float_binary_dispatch {
                 HostVec::F64($body)
             }
             (HostVec::F16(a), HostVec::F16(b)) => {
-                let (wa, wb) = (widen_f16(a), widen_f16(b));
-                let ($x, $y): (&[f32], &[f32]) = (&wa, &wb);
-                HostVec::F16(narrow_f16($body))
+                HostVec::F16(through_f32($pool, [a, b], widen_f16, narrow_f16, |[$x, $y]| $body))
             }
             (HostVec::BF16(a), HostVec::BF16(b)) => {
-                let (wa, wb) = (widen_bf16(a), widen_bf16(b));
-                let ($x, $y): (&[f32], &[f32]) = (&wa, &wb);
-                HostVec::BF16(narrow_bf16($body))
+                HostVec::BF16(through_f32($pool, [a, b], widen_bf16, narrow_bf16, |[$x, $y]| $body))
             }
             (a, b) if a.dtype() != b.dtype() => {
                 return Err($crate::error::Error::DTypeMismatch {

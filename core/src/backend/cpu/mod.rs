@@ -285,10 +285,10 @@ impl Backend for CpuBackend {
         if layout.is_contiguous() {
             let range = layout.offset..layout.offset + layout.elem_count();
             let fast = match (&*data, dtype) {
-                (HostVec::F32(v), DType::F16) => Some(HostVec::F16(float::narrow_f16(v[range].to_vec()))),
-                (HostVec::F32(v), DType::BF16) => Some(HostVec::BF16(float::narrow_bf16(v[range].to_vec()))),
-                (HostVec::F16(v), DType::F32) => Some(HostVec::F32(float::widen_f16(&v[range]))),
-                (HostVec::BF16(v), DType::F32) => Some(HostVec::F32(float::widen_bf16(&v[range]))),
+                (HostVec::F32(v), DType::F16) => Some(HostVec::F16(float::narrow_f16(&self.pool, &v[range]))),
+                (HostVec::F32(v), DType::BF16) => Some(HostVec::BF16(float::narrow_bf16(&self.pool, &v[range]))),
+                (HostVec::F16(v), DType::F32) => Some(HostVec::F32(float::widen_f16(&self.pool, &v[range]))),
+                (HostVec::BF16(v), DType::F32) => Some(HostVec::F32(float::widen_bf16(&self.pool, &v[range]))),
                 _ => None,
             };
             if let Some(out) = fast {
@@ -314,7 +314,9 @@ impl Backend for CpuBackend {
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         check_extent(op.name(), src, layout)?;
         let data = cpu(op.name(), src)?.read();
-        let out = float_unary_dispatch!(op.name(), &*data, |v| elementwise::unary(&self.pool, v, layout, op));
+        let out = float_unary_dispatch!(&self.pool, op.name(), &*data, |v| elementwise::unary(
+            &self.pool, v, layout, op
+        ));
         Ok(self.wrap(out))
     }
 
@@ -338,7 +340,7 @@ impl Backend for CpuBackend {
             ));
         }
         let (x, b) = (cpu(op, src)?.read(), cpu(op, bias)?.read());
-        let out = float_binary_dispatch!(op, &*x, &*b, |x, b| bias::bias_act(
+        let out = float_binary_dispatch!(&self.pool, op, &*x, &*b, |x, b| bias::bias_act(
             &self.pool,
             &x[..outer * channels * inner],
             b,
@@ -360,7 +362,7 @@ impl Backend for CpuBackend {
         check_extent(op.name(), lhs, lhs_layout)?;
         check_extent(op.name(), rhs, rhs_layout)?;
         let (a, b) = (cpu(op.name(), lhs)?.read(), cpu(op.name(), rhs)?.read());
-        let out = float_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::binary(
+        let out = float_binary_dispatch!(&self.pool, op.name(), &*a, &*b, |x, y| elementwise::binary(
             &self.pool, x, lhs_layout, y, rhs_layout, op
         ));
         Ok(self.wrap(out))
@@ -423,13 +425,15 @@ impl Backend for CpuBackend {
             let out = match &*data {
                 HostVec::F32(v) => reduce::argmax(&self.pool, v, layout, *axis),
                 HostVec::F64(v) => reduce::argmax(&self.pool, v, layout, *axis),
-                HostVec::F16(v) => reduce::argmax(&self.pool, &float::widen_f16(v), layout, *axis),
-                HostVec::BF16(v) => reduce::argmax(&self.pool, &float::widen_bf16(v), layout, *axis),
+                HostVec::F16(v) => reduce::argmax(&self.pool, &float::widen_f16(&self.pool, v), layout, *axis),
+                HostVec::BF16(v) => reduce::argmax(&self.pool, &float::widen_bf16(&self.pool, v), layout, *axis),
                 other => return Err(Error::dtype("argmax", other.dtype())),
             };
             return Ok(self.wrap(HostVec::U32(out)));
         }
-        let out = float_unary_dispatch!(op.name(), &*data, |v| reduce::reduce(&self.pool, op, v, layout, axes));
+        let out = float_unary_dispatch!(&self.pool, op.name(), &*data, |v| reduce::reduce(
+            &self.pool, op, v, layout, axes
+        ));
         Ok(self.wrap(out))
     }
 
@@ -454,7 +458,12 @@ impl Backend for CpuBackend {
         check_extent("matmul", lhs, lhs_layout)?;
         check_extent("matmul", rhs, rhs_layout)?;
         let (a, b) = (cpu("matmul", lhs)?.read(), cpu("matmul", rhs)?.read());
-        let out = float_binary_dispatch!("matmul", &*a, &*b, |x, y| matmul::matmul(
+        if let (HostVec::BF16(x), HostVec::BF16(y)) = (&*a, &*b)
+            && let Some(out) = matmul::matmul_bf16(&self.pool, x, lhs_layout, y, rhs_layout, dims)
+        {
+            return Ok(self.wrap(HostVec::BF16(out)));
+        }
+        let out = float_binary_dispatch!(&self.pool, "matmul", &*a, &*b, |x, y| matmul::matmul(
             &self.pool, x, lhs_layout, y, rhs_layout, dims
         ));
         Ok(self.wrap(out))
@@ -463,19 +472,17 @@ impl Backend for CpuBackend {
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         let data = cpu("softmax", src)?.read();
         check_len("softmax", &data, rows * cols)?;
-        Ok(self.wrap(float_unary_dispatch!("softmax", &*data, |v| softmax::softmax(
-            &self.pool, v, cols
-        ))))
+        Ok(self.wrap(float_unary_dispatch!(&self.pool, "softmax", &*data, |v| {
+            softmax::softmax(&self.pool, v, cols)
+        })))
     }
 
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         let data = cpu("log_softmax", src)?.read();
         check_len("log_softmax", &data, rows * cols)?;
-        Ok(
-            self.wrap(float_unary_dispatch!("log_softmax", &*data, |v| softmax::log_softmax(
-                &self.pool, v, cols
-            ))),
-        )
+        Ok(self.wrap(float_unary_dispatch!(&self.pool, "log_softmax", &*data, |v| {
+            softmax::log_softmax(&self.pool, v, cols)
+        })))
     }
 
     fn index_select(
@@ -511,6 +518,7 @@ impl Backend for CpuBackend {
         let mut d = cpu("index_add", dst)?.write();
         check_len("index_add", &d, outer * dst_dim * inner)?;
         float_pair_mut(
+            &self.pool,
             "index_add",
             &mut d,
             &s,
@@ -568,6 +576,7 @@ impl Backend for CpuBackend {
         let mut d = cpu("scatter_add", dst)?.write();
         check_len("scatter_add", &d, outer * dst_dim * inner)?;
         float_pair_mut(
+            &self.pool,
             "scatter_add",
             &mut d,
             &s,
@@ -580,9 +589,11 @@ impl Backend for CpuBackend {
         geom.validate("im2col")?;
         let data = cpu("im2col", src)?.read();
         check_len("im2col", &data, geom.n * geom.c * geom.h * geom.w)?;
-        Ok(self.wrap(float_unary_dispatch!("im2col", &*data, |v| conv::im2col(
-            &self.pool, v, geom
-        ))))
+        Ok(
+            self.wrap(float_unary_dispatch!(&self.pool, "im2col", &*data, |v| conv::im2col(
+                &self.pool, v, geom
+            ))),
+        )
     }
 
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
@@ -593,17 +604,19 @@ impl Backend for CpuBackend {
             &data,
             geom.n * geom.c * geom.kh * geom.kw * geom.out_h() * geom.out_w(),
         )?;
-        Ok(self.wrap(float_unary_dispatch!("col2im", &*data, |v| conv::col2im(
-            &self.pool, v, geom
-        ))))
+        Ok(
+            self.wrap(float_unary_dispatch!(&self.pool, "col2im", &*data, |v| conv::col2im(
+                &self.pool, v, geom
+            ))),
+        )
     }
 
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
         geom.validate("max_pool2d")?;
         let data = cpu("max_pool2d", src)?.read();
         check_len("max_pool2d", &data, geom.n * geom.c * geom.h * geom.w)?;
-        let indices;
-        let values = float_unary_dispatch!("max_pool2d", &*data, |v| {
+        let mut indices = Vec::new();
+        let values = float_unary_dispatch!(&self.pool, "max_pool2d", &*data, |v| {
             let (vals, idx) = conv::max_pool2d(&self.pool, v, geom);
             indices = idx;
             vals
@@ -616,6 +629,7 @@ impl Backend for CpuBackend {
         let mut d = cpu("axpy", dst)?.write();
         check_len("axpy", &d, s.len())?;
         float_pair_mut(
+            &self.pool,
             "axpy",
             &mut d,
             &s,
@@ -736,6 +750,7 @@ fn check_len(op: &'static str, data: &HostVec, expected: usize) -> Result<()> {
 /// Runs an in-place kernel on a float destination with a source of the same dtype (f16 and bf16
 /// through the f32 kernel, rounding once).
 fn float_pair_mut(
+    pool: &Pool,
     op: &'static str,
     dst: &mut HostVec,
     src: &HostVec,
@@ -748,14 +763,14 @@ fn float_pair_mut(
         // Fix: the backward passes of index_select, gather, max_pool2d and cross_entropy
         // (index_add, scatter_add) run in every float dtype, so half precision must work too.
         (HostVec::F16(d), HostVec::F16(s)) => {
-            let mut wide = float::widen_f16(d);
-            f32_kernel(&mut wide, &float::widen_f16(s))?;
+            let mut wide = float::widen_f16(pool, d);
+            f32_kernel(&mut wide, &float::widen_f16(pool, s))?;
             d.iter_mut().zip(wide).for_each(|(d, w)| *d = half::f16::from_f32(w));
             Ok(())
         }
         (HostVec::BF16(d), HostVec::BF16(s)) => {
-            let mut wide = float::widen_bf16(d);
-            f32_kernel(&mut wide, &float::widen_bf16(s))?;
+            let mut wide = float::widen_bf16(pool, d);
+            f32_kernel(&mut wide, &float::widen_bf16(pool, s))?;
             d.iter_mut().zip(wide).for_each(|(d, w)| *d = half::bf16::from_f32(w));
             Ok(())
         }

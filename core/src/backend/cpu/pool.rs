@@ -25,11 +25,12 @@ fn bytes_of(dtype: DType, len: usize) -> u64 {
 impl Pool {
     /// A vector of `len` elements with unspecified (but initialised) contents.
     pub fn take<T: Element>(&self, len: usize) -> Vec<T> {
+        // A miss leaves an empty entry behind: the shape is in demand, so `recycle` keeps it.
         let reused = self
             .free
             .lock()
             .ok()
-            .and_then(|mut free| free.get_mut(&(T::DTYPE, len)).and_then(Vec::pop));
+            .and_then(|mut free| free.entry((T::DTYPE, len)).or_default().pop());
         match reused {
             Some(v) => {
                 self.cached_bytes.fetch_sub(bytes_of(T::DTYPE, len), Ordering::Relaxed);
@@ -41,14 +42,23 @@ impl Pool {
 
     /// Returns a buffer's memory for reuse (buffers count their bytes from creation to drop).
     pub fn give(&self, data: HostVec) {
+        self.allocated_bytes
+            .fetch_sub(bytes_of(data.dtype(), data.len()), Ordering::Relaxed);
+        self.recycle(data);
+    }
+
+    /// Keeps a kernel's temporary for the next `take` of its shape. Only shapes that some `take`
+    /// asked for are kept: memory of a shape nobody takes would sit in the cache unused.
+    pub fn recycle(&self, data: HostVec) {
         let (dtype, len) = (data.dtype(), data.len());
         let bytes = bytes_of(dtype, len);
-        self.allocated_bytes.fetch_sub(bytes, Ordering::Relaxed);
         if len == 0 || self.cached_bytes.load(Ordering::Relaxed) + bytes > MAX_CACHED_BYTES {
             return;
         }
-        if let Ok(mut free) = self.free.lock() {
-            free.entry((dtype, len)).or_default().push(data);
+        if let Ok(mut free) = self.free.lock()
+            && let Some(kept) = free.get_mut(&(dtype, len))
+        {
+            kept.push(data);
             self.cached_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
     }
@@ -60,5 +70,26 @@ impl Pool {
 
     pub fn cached_bytes(&self) -> u64 {
         self.cached_bytes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_shapes_that_were_taken_are_kept() {
+        let pool = Pool::default();
+        pool.recycle(HostVec::F32(vec![0.0; 100]));
+        assert_eq!(pool.cached_bytes(), 0, "nobody asked for 100 f32");
+        let v = pool.take::<f32>(100);
+        pool.recycle(HostVec::F32(v));
+        assert_eq!(pool.cached_bytes(), 400);
+        let again = pool.take::<f32>(100);
+        assert_eq!(
+            (again.len(), pool.cached_bytes()),
+            (100, 0),
+            "the kept vector is handed out"
+        );
     }
 }

@@ -1,0 +1,58 @@
+//! The AVX512-BF16 micro-kernel: `vdpbf16ps` multiplies 16 pairs of bf16 and adds both products
+//! to 16 f32 accumulators, so one instruction does 32 multiply-adds, twice an f32 FMA's.
+//!
+//! A tile is `MR` broadcast rows by `NR` vector columns, all `MR * NR / 16` accumulators in
+//! registers for the whole sum. Operands arrive as bf16 pairs along k packed in a `u32` (the
+//! lower half is the even k): the vector side as panels of `NR` pairs per k-pair, the
+//! broadcast side as rows of pairs.
+
+use std::arch::x86_64::*;
+
+/// Vector columns per tile: two registers of 16 lanes.
+pub const NR: usize = 32;
+/// Broadcast rows per tile: 12 x 2 accumulators leave registers for the operands.
+pub const MR: usize = 12;
+
+/// Whether this CPU runs the kernel (checked once per product; the check is cached by std).
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+/// `out[r][c] = sum_p pair(rows[r], p) . panel[p][c]` over `pairs` k-pairs.
+///
+/// # Safety
+/// The CPU must have AVX512F and AVX512-BF16 (`available()`); each `rows[r]` must be readable
+/// for `pairs` u32 (unaligned is fine) and `panel` for `pairs * NR` u32.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn tile(rows: &[*const u32; MR], panel: *const u32, pairs: usize, out: &mut [[f32; NR]; MR]) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for p in 0..pairs {
+        // SAFETY: p < pairs, so the panel's two registers for pair p and each row's pair p are
+        // within the extents the caller guarantees.
+        unsafe {
+            let lo = _mm512_loadu_si512(panel.add(p * NR).cast());
+            let hi = _mm512_loadu_si512(panel.add(p * NR + 16).cast());
+            let (lo, hi) = (as_pairs(lo), as_pairs(hi));
+            for r in 0..MR {
+                let pair = rows[r].add(p).read_unaligned() as i32;
+                let a = as_pairs(_mm512_set1_epi32(pair));
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, lo);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, hi);
+            }
+        }
+    }
+    for r in 0..MR {
+        // SAFETY: each row of `out` holds NR = 32 f32, two registers' worth.
+        unsafe {
+            _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r][0]);
+            _mm512_storeu_ps(out[r].as_mut_ptr().add(16), acc[r][1]);
+        }
+    }
+}
+
+/// The same 512 bits seen as 32 bf16 (std has no cast intrinsic for `__m512bh`).
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn as_pairs(x: __m512i) -> __m512bh {
+    // SAFETY: both are plain 64-byte vectors with no invalid bit patterns.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+}

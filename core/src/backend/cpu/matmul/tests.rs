@@ -1,0 +1,84 @@
+//! The bf16 kernel against an f64 product of the same bf16 values, over the shapes that take
+//! each of its paths: operands read in place or packed (odd k, transposed), tiles landing
+//! transposed, threads splitting strips or panels, partial strips and panels.
+
+use half::bf16;
+
+use super::{Pool, matmul_bf16};
+use crate::backend::MatmulDims;
+use crate::shape::Layout;
+
+/// Deterministic values in [-2, 2), exactly representable in bf16.
+fn values(len: usize, seed: u32) -> Vec<bf16> {
+    (0..len as u32)
+        .map(|i| {
+            let h = (i ^ seed).wrapping_mul(2654435761).rotate_left(13).wrapping_mul(40503);
+            bf16::from_f32((h % 512) as f32 / 128.0 - 2.0)
+        })
+        .collect()
+}
+
+/// `[m, k] @ [k, n]` with each operand stored as given (`transposed`: its two axes swapped).
+fn check(m: usize, k: usize, n: usize, lhs_t: bool, rhs_t: bool) {
+    let pool = Pool::default();
+    let layout = |rows: usize, cols: usize, t: bool| {
+        if t {
+            Layout::contiguous([1, cols, rows]).permute(&[0, 2, 1])
+        } else {
+            Layout::contiguous([1, rows, cols])
+        }
+    };
+    let (ll, rl) = (layout(m, k, lhs_t), layout(k, n, rhs_t));
+    let (a, b) = (values(m * k, 1), values(k * n, 2));
+    let dims = MatmulDims { batch: 1, m, n, k };
+    let Some(out) = matmul_bf16(&pool, &a, &ll, &b, &rl, dims) else {
+        eprintln!(
+            "NOTE: this CPU lacks AVX512-BF16; bf16 products take the widening path (checked by the conformance suite)"
+        );
+        return;
+    };
+    let at = |v: &[bf16], l: &Layout, r: usize, c: usize| f64::from(v[l.offset + r * l.strides[1] + c * l.strides[2]]);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut exact, mut size) = (0.0, 0.0);
+            for p in 0..k {
+                let x = at(&a, &ll, i, p) * at(&b, &rl, p, j);
+                exact += x;
+                size += x.abs();
+            }
+            let got = f64::from(out[i * n + j]);
+            // One bf16 rounding of the result plus f32 accumulation error.
+            let tol = exact.abs() / 128.0 + size * 1e-6;
+            assert!(
+                (got - exact).abs() <= tol,
+                "{m}x{k}@{k}x{n} (lhs_t {lhs_t}, rhs_t {rhs_t}) at ({i},{j}): {got} vs {exact}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_bf16_kernel_matches_an_exact_product_on_every_path() {
+    for (lhs_t, rhs_t) in [(false, false), (false, true), (true, false), (true, true)] {
+        check(1, 1, 1, lhs_t, rhs_t);
+        check(5, 7, 3, lhs_t, rhs_t); // odd k: both sides packed
+        check(13, 64, 33, lhs_t, rhs_t); // a partial strip and a partial panel
+        check(100, 30, 70, lhs_t, rhs_t); // enough strips for threads to split them
+        check(40, 129, 200, lhs_t, rhs_t); // the left side is the smaller one to pack
+    }
+}
+
+#[test]
+fn an_empty_sum_gives_zeros() {
+    let pool = Pool::default();
+    let dims = MatmulDims {
+        batch: 2,
+        m: 3,
+        n: 4,
+        k: 0,
+    };
+    let (ll, rl) = (Layout::contiguous([2, 3, 0]), Layout::contiguous([2, 0, 4]));
+    if let Some(out) = matmul_bf16(&pool, &[], &ll, &[], &rl, dims) {
+        assert_eq!(out, vec![bf16::ZERO; 24]);
+    }
+}
