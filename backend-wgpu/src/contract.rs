@@ -37,20 +37,21 @@ impl Backend for WgpuBackend {
     }
 
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
-        let s = self.operand("copy_strided", src, Some(src_layout))?;
-        let d = self.operand("copy_strided", dst, Some(dst_layout))?;
-        self.copy_between(s, src_layout, d, dst_layout)
+        self.in_f32_mut("copy_strided", [dst], [src], |[dst], [src]| {
+            let s = self.operand("copy_strided", src, Some(src_layout))?;
+            let d = self.operand("copy_strided", dst, Some(dst_layout))?;
+            self.copy_between(s, src_layout, d, dst_layout)
+        })
     }
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
-        let s = self.operand("cast", src, Some(layout))?;
-        Ok(self.convert(s, layout, dtype)?)
+        self.cast_any(src, layout, dtype)
     }
 
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
-        self.map(op, src, layout)
+        self.in_f32(op.name(), [src], |[src]| self.map(op, src, layout))
     }
     fn binary(&self, op: BinaryOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
-        self.zip(op, lhs, ll, rhs, rl)
+        self.in_f32(op.name(), [lhs, rhs], |[lhs, rhs]| self.zip(op, lhs, ll, rhs, rl))
     }
     fn bias_act(
         &self,
@@ -59,10 +60,12 @@ impl Backend for WgpuBackend {
         geom: BiasGeometry,
         act: Option<UnaryOp>,
     ) -> Result<BufferRef> {
-        self.add_bias(src, bias, geom, act)
+        self.in_f32("bias_act", [src, bias], |[src, bias]| {
+            self.add_bias(src, bias, geom, act)
+        })
     }
     fn compare(&self, op: CmpOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
-        self.cmp(op, lhs, ll, rhs, rl)
+        self.in_f32("compare", [lhs, rhs], |[lhs, rhs]| self.cmp(op, lhs, ll, rhs, rl))
     }
     fn where_cond(
         &self,
@@ -73,11 +76,13 @@ impl Backend for WgpuBackend {
         on_false: &BufferRef,
         false_layout: &Layout,
     ) -> Result<BufferRef> {
-        self.select(cond, cond_layout, on_true, true_layout, on_false, false_layout)
+        self.in_f32("where_cond", [cond, on_true, on_false], |[cond, on_true, on_false]| {
+            self.select(cond, cond_layout, on_true, true_layout, on_false, false_layout)
+        })
     }
 
     fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef> {
-        self.reduce_axes(op, src, layout, axes)
+        self.in_f32("reduce", [src], |[src]| self.reduce_axes(op, src, layout, axes))
     }
 
     fn matmul(
@@ -88,14 +93,14 @@ impl Backend for WgpuBackend {
         rl: &Layout,
         dims: MatmulDims,
     ) -> Result<BufferRef> {
-        self.gemm(lhs, ll, rhs, rl, dims)
+        self.in_f32("matmul", [lhs, rhs], |[lhs, rhs]| self.gemm(lhs, ll, rhs, rl, dims))
     }
 
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
-        self.softmax_rows(src, rows, cols, false)
+        self.in_f32("softmax", [src], |[src]| self.softmax_rows(src, rows, cols, false))
     }
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
-        self.softmax_rows(src, rows, cols, true)
+        self.in_f32("log_softmax", [src], |[src]| self.softmax_rows(src, rows, cols, true))
     }
 
     fn index_select(
@@ -106,7 +111,9 @@ impl Backend for WgpuBackend {
         inner: usize,
         ids: &BufferRef,
     ) -> Result<BufferRef> {
-        self.select_rows(src, outer, dim, inner, ids)
+        self.in_f32("index_select", [src, ids], |[src, ids]| {
+            self.select_rows(src, outer, dim, inner, ids)
+        })
     }
     fn index_add(
         &self,
@@ -118,7 +125,9 @@ impl Backend for WgpuBackend {
         inner: usize,
         ids: &BufferRef,
     ) -> Result<()> {
-        self.add_at("index_add", dst, dst_dim, src, outer, src_dim, inner, ids)
+        self.in_f32_mut("index_add", [dst], [src, ids], |[dst], [src, ids]| {
+            self.add_at("index_add", dst, dst_dim, src, outer, src_dim, inner, ids)
+        })
     }
     fn gather(
         &self,
@@ -129,7 +138,9 @@ impl Backend for WgpuBackend {
         ids: &BufferRef,
         out_dim: usize,
     ) -> Result<BufferRef> {
-        self.gather_along(src, outer, dim, inner, ids, out_dim)
+        self.in_f32("gather", [src, ids], |[src, ids]| {
+            self.gather_along(src, outer, dim, inner, ids, out_dim)
+        })
     }
     fn scatter_add(
         &self,
@@ -141,21 +152,28 @@ impl Backend for WgpuBackend {
         inner: usize,
         ids: &BufferRef,
     ) -> Result<()> {
-        self.add_at("scatter_add", dst, dst_dim, src, outer, src_dim, inner, ids)
+        self.in_f32_mut("scatter_add", [dst], [src, ids], |[dst], [src, ids]| {
+            self.add_at("scatter_add", dst, dst_dim, src, outer, src_dim, inner, ids)
+        })
     }
 
     fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
-        self.unfold(src, geom)
+        self.in_f32("im2col", [src], |[src]| self.unfold(src, geom))
     }
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
-        self.fold(cols, geom)
+        self.in_f32("col2im", [cols], |[cols]| self.fold(cols, geom))
     }
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
-        self.pool_max(src, geom)
+        if src.dtype() != DType::BF16 {
+            return self.pool_max(src, geom);
+        }
+        let wide = self.widen_bf16(crate::buffer::wgpu_buffer("max_pool2d", src)?)? as BufferRef;
+        let (values, indices) = self.pool_max(&wide, geom)?;
+        Ok((self.rounded("max_pool2d", values)?, indices))
     }
 
     fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()> {
-        self.add_scaled(dst, src, alpha)
+        self.in_f32_mut("axpy", [dst], [src], |[dst], [src]| self.add_scaled(dst, src, alpha))
     }
     fn sgd_step(
         &self,
@@ -164,7 +182,14 @@ impl Backend for WgpuBackend {
         momentum_buf: Option<&BufferRef>,
         step: &SgdStep,
     ) -> Result<()> {
-        self.sgd(param, grad, momentum_buf, step)
+        match momentum_buf {
+            Some(m) => self.in_f32_mut("sgd_step", [param, m], [grad], |[param, m], [grad]| {
+                self.sgd(param, grad, Some(m), step)
+            }),
+            None => self.in_f32_mut("sgd_step", [param], [grad], |[param], [grad]| {
+                self.sgd(param, grad, None, step)
+            }),
+        }
     }
     fn adam_step(
         &self,
@@ -174,6 +199,11 @@ impl Backend for WgpuBackend {
         exp_avg_sq: &BufferRef,
         step: &AdamStep,
     ) -> Result<()> {
-        self.adam(param, grad, exp_avg, exp_avg_sq, step)
+        self.in_f32_mut(
+            "adam_step",
+            [param, exp_avg, exp_avg_sq],
+            [grad],
+            |[param, exp_avg, exp_avg_sq], [grad]| self.adam(param, grad, exp_avg, exp_avg_sq, step),
+        )
     }
 }

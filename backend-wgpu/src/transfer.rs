@@ -19,11 +19,12 @@ impl WgpuBackend {
                 self.float_type("from_host", DType::F16)?;
                 bytemuck::cast_slice(v)
             }
+            HostVec::BF16(v) => bytemuck::cast_slice(v),
             other => {
                 return Err(Error::UnsupportedDType {
                     op: "from_host",
                     dtype: other.dtype(),
-                    hint: " by the wgpu backend (WGSL has no bf16 or f64; convert to f32 or f16 first)",
+                    hint: " by the wgpu backend (WGSL has no f64; convert to f32 first)",
                 });
             }
         };
@@ -56,6 +57,14 @@ impl WgpuBackend {
     pub(crate) fn download(&self, src: &BufferRef, layout: &Layout) -> Result<HostVec> {
         let buffer = self.operand("to_host", src, Some(layout))?;
         let dtype = buffer.dtype();
+        if dtype == DType::BF16 && !(layout.is_contiguous() && layout.offset.is_multiple_of(2)) {
+            // A view that does not start on a word boundary: read it through f32 (exact).
+            let wide = self.widen_bf16(buffer)? as BufferRef;
+            return match self.download(&wide, layout)? {
+                HostVec::F32(v) => Ok(HostVec::BF16(v.into_iter().map(half::bf16::from_f32).collect())),
+                other => Err(Error::dtype("to_host", other.dtype())),
+            };
+        }
         let n = layout.elem_count();
         let size = dtype.size_in_bytes();
         let start = (layout.offset * size) as u64;
@@ -74,6 +83,7 @@ impl WgpuBackend {
             DType::U32 => HostVec::U32(bytemuck::pod_collect_to_vec(raw)),
             DType::I64 => HostVec::I64(bytemuck::pod_collect_to_vec(raw)),
             DType::F16 => HostVec::F16(bytemuck::pod_collect_to_vec::<u8, f16>(raw)),
+            DType::BF16 => HostVec::BF16(bytemuck::pod_collect_to_vec::<u8, half::bf16>(raw)),
             other => return Err(Error::dtype("to_host", other)),
         })
     }

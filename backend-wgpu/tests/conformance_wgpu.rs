@@ -1,5 +1,6 @@
 //! The core conformance suite on the first wgpu adapter (lavapipe in CI) against the CPU
-//! reference: every op, forward and backward, in f32, and in f16 where the adapter has it.
+//! reference: every op, forward and backward, in f32 and bf16 (16-bit at rest, f32 in the
+//! shaders), and in f16 where the adapter has it.
 
 mod support;
 
@@ -9,7 +10,7 @@ use lockstep_core::conformance::{Outcome, format_table, run_suite};
 #[test]
 fn wgpu_passes_the_conformance_suite() {
     let Some(device) = support::wgpu_device() else { return };
-    let mut dtypes = vec![DType::F32];
+    let mut dtypes = vec![DType::F32, DType::BF16];
     let f16 = lockstep_wgpu::adapter(0).is_some_and(|a| a.features().contains(wgpu_f16()));
     if f16 {
         dtypes.push(DType::F16);
@@ -21,7 +22,11 @@ fn wgpu_passes_the_conformance_suite() {
         .filter(|r| !r.passed())
         .map(|r| format!("{} [{}]: {:?}", r.case, r.dtype, r.outcome))
         .collect();
-    assert!(reports.len() > 300, "only {} reports", reports.len());
+    assert!(reports.len() > 600, "only {} reports", reports.len());
+    assert!(
+        reports.iter().filter(|r| r.dtype == DType::BF16).count() > 300,
+        "bf16 cases ran"
+    );
     assert!(
         failed.is_empty(),
         "{} of {} failed:\n{}",

@@ -51,6 +51,21 @@ fn live_tensors_count_as_allocated() {
 }
 
 #[test]
+fn bf16_tensors_rest_in_two_bytes_per_element() {
+    let _one_at_a_time = exclusive();
+    let Some(device) = support::wgpu_device() else { return };
+    let x = Tensor::full([1 << 20], 1.5, DType::F32, &device).unwrap();
+    device.synchronize().unwrap();
+    let before = device.backend().memory_stats().allocated_bytes;
+    let low = x.to_dtype(DType::BF16).unwrap();
+    device.synchronize().unwrap();
+    let during = device.backend().memory_stats().allocated_bytes;
+    assert_eq!(during - before, 2 << 20, "a bf16 tensor of 1M elements holds 2 MiB");
+    let back = low.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert!(back.iter().all(|&v| v == 1.5));
+}
+
+#[test]
 fn utilization_is_measured_where_the_adapter_has_timestamps() {
     let _one_at_a_time = exclusive();
     let Some(device) = support::wgpu_device() else { return };

@@ -40,6 +40,7 @@ macro_rules! shader {
 /// Every shader of the backend.
 pub const SHADERS: &[Shader] = &[
     shader!("fill", &[], &[], ["fill"]),
+    shader!("bf16", &[], &[], ["widen", "narrow"]),
     shader!("copy_strided", &["T"], &["u32", "f16", "vec2<u32>"], ["copy_strided"]),
     shader!(
         "cast",

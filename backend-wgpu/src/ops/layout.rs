@@ -13,13 +13,16 @@ use crate::pipelines::Variant;
 
 impl WgpuBackend {
     pub(crate) fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef> {
-        self.word_type("full", dtype)?;
+        if dtype != DType::BF16 {
+            self.word_type("full", dtype)?;
+        }
         // The value in the dtype's own bits, repeated to fill two words.
         let bytes: Vec<u8> = match HostVec::from_f64(dtype, &[value, value, value, value]) {
             HostVec::F32(v) => bytemuck::cast_slice(&v[..2]).to_vec(),
             HostVec::U32(v) => bytemuck::cast_slice(&v[..2]).to_vec(),
             HostVec::I64(v) => bytemuck::cast_slice(&v[..1]).to_vec(),
             HostVec::F16(v) => bytemuck::cast_slice(&v[..4]).to_vec(),
+            HostVec::BF16(v) => bytemuck::cast_slice(&v[..4]).to_vec(),
             other => return Err(Error::dtype("full", other.dtype())),
         };
         let pattern: &[u32] = bytemuck::cast_slice(&bytes);
@@ -71,6 +74,27 @@ impl WgpuBackend {
         )
     }
 
+    /// `cast` for every dtype pair: bf16 through an f32 copy on the way in or out.
+    pub(crate) fn cast_any(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
+        const OP: &str = "cast";
+        let s = self.operand(OP, src, Some(layout))?;
+        // Autocast's common case, a whole contiguous tensor, skips the layout copy.
+        let whole = layout.is_contiguous() && layout.offset == 0 && layout.elem_count() == s.len();
+        match (s.dtype(), dtype) {
+            (DType::BF16, DType::F32) if whole => Ok(self.widen_bf16(s)?),
+            (DType::F32, DType::BF16) if whole => Ok(self.narrow_bf16(s)?),
+            (DType::BF16, to) => {
+                let wide = self.convert(&*self.widen_bf16(s)?, layout, DType::F32)?;
+                match to {
+                    DType::BF16 => Ok(self.narrow_bf16(&wide)?),
+                    to => Ok(self.convert(&wide, &Layout::contiguous(layout.shape.clone()), to)?),
+                }
+            }
+            (_, DType::BF16) => Ok(self.narrow_bf16(&*self.convert(s, layout, DType::F32)?)?),
+            _ => Ok(self.convert(s, layout, dtype)?),
+        }
+    }
+
     pub(crate) fn convert(&self, src: &WgpuBuffer, layout: &Layout, dtype: DType) -> Result<Arc<WgpuBuffer>> {
         const OP: &str = "cast";
         if src.dtype() == dtype {
@@ -106,6 +130,10 @@ impl WgpuBackend {
         seed: u64,
         counter: u64,
     ) -> Result<BufferRef> {
+        if dtype == DType::BF16 {
+            let wide = self.random(DType::F32, len, dist, seed, counter)?;
+            return Ok(self.narrow_bf16(crate::buffer::wgpu_buffer("rand", &wide)?)?);
+        }
         let t = self.float_type("rand", dtype)?;
         let out = self.alloc(dtype, len)?;
         let (normal, a, b) = match dist {

@@ -1,6 +1,8 @@
 //! The Backend operations, one file per shader family (`layout.rs` drives fill.wgsl,
-//! copy_strided.wgsl, cast.wgsl and rand.wgsl; the others share their shader's name).
+//! copy_strided.wgsl, cast.wgsl and rand.wgsl; the others share their shader's name; `bf16.rs`
+//! runs any of them on bf16 tensors).
 
+mod bf16;
 mod bias_act;
 mod conv;
 mod elementwise;

@@ -1,0 +1,130 @@
+//! bf16 without bf16 in WGSL: a bf16 tensor rests in memory as 16-bit halves of u32 words (half
+//! the bytes of f32) and each op runs on f32 copies widened just before it, its f32 result
+//! rounded back to bf16 (nearest even) just after, by bf16.wgsl. The copies are element for
+//! element, so every layout an op is given still applies to them.
+
+use std::sync::Arc;
+
+use lockstep_core::backend::BufferRef;
+use lockstep_core::{DType, Error, Result};
+
+use crate::backend::{WgpuBackend, to_u32};
+use crate::buffer::{WgpuBuffer, wgpu_buffer};
+use crate::pipelines::Variant;
+
+impl WgpuBackend {
+    /// An f32 copy of a bf16 buffer (exact).
+    pub(crate) fn widen_bf16(&self, src: &WgpuBuffer) -> Result<Arc<WgpuBuffer>> {
+        let out = self.alloc(DType::F32, src.len())?;
+        self.launch(
+            &Variant::new("bf16", "widen", &[]),
+            &[to_u32("bf16", src.len())?],
+            &[(1, src), (2, &out)],
+            self.grid("bf16", src.len())?,
+        )?;
+        Ok(out)
+    }
+
+    /// Rounds an f32 buffer into `dst`, a bf16 buffer of the same length.
+    pub(crate) fn narrow_bf16_into(&self, src: &WgpuBuffer, dst: &WgpuBuffer) -> Result<()> {
+        let words = src.len().div_ceil(2);
+        self.launch(
+            &Variant::new("bf16", "narrow", &[]),
+            &[to_u32("bf16", src.len())?, to_u32("bf16", words)?],
+            &[(3, src), (4, dst)],
+            self.grid("bf16", words)?,
+        )
+    }
+
+    /// A bf16 copy of an f32 buffer.
+    pub(crate) fn narrow_bf16(&self, src: &WgpuBuffer) -> Result<Arc<WgpuBuffer>> {
+        let out = self.alloc(DType::BF16, src.len())?;
+        self.narrow_bf16_into(src, &out)?;
+        Ok(out)
+    }
+
+    /// Runs `op` on f32 copies of bf16 operands and rounds its f32 result back to bf16. Operands
+    /// of other dtypes (indices, masks) pass through; with no bf16 operand `op` runs as it is.
+    pub(crate) fn in_f32<const N: usize>(
+        &self,
+        name: &'static str,
+        operands: [&BufferRef; N],
+        op: impl FnOnce([&BufferRef; N]) -> Result<BufferRef>,
+    ) -> Result<BufferRef> {
+        let Some(wide) = self.widen_all(name, operands)? else {
+            return op(operands);
+        };
+        let out = op(std::array::from_fn(|i| &wide[i]))?;
+        self.rounded(name, out)
+    }
+
+    /// As `in_f32` for ops that update `targets` in place: bf16 targets are widened, updated
+    /// and rounded back into their own buffers.
+    pub(crate) fn in_f32_mut<const T: usize, const N: usize>(
+        &self,
+        name: &'static str,
+        targets: [&BufferRef; T],
+        operands: [&BufferRef; N],
+        op: impl FnOnce([&BufferRef; T], [&BufferRef; N]) -> Result<()>,
+    ) -> Result<()> {
+        let (wide_targets, wide_operands) = (self.widen_all(name, targets)?, self.widen_all(name, operands)?);
+        if wide_targets.is_none() && wide_operands.is_none() {
+            return op(targets, operands);
+        }
+        let t: [BufferRef; T] = wide_targets.unwrap_or_else(|| targets.map(Arc::clone));
+        let o: [BufferRef; N] = wide_operands.unwrap_or_else(|| operands.map(Arc::clone));
+        op(std::array::from_fn(|i| &t[i]), std::array::from_fn(|i| &o[i]))?;
+        for (wide, target) in t.iter().zip(targets) {
+            if target.dtype() == DType::BF16 {
+                self.narrow_bf16_into(wgpu_buffer(name, wide)?, wgpu_buffer(name, target)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// f32 copies of the bf16 buffers among `buffers` (the others as they are), or `None`
+    /// when there is no bf16 among them. bf16 mixed with another float dtype is an error, as
+    /// on every backend.
+    fn widen_all<const N: usize>(
+        &self,
+        name: &'static str,
+        buffers: [&BufferRef; N],
+    ) -> Result<Option<[BufferRef; N]>> {
+        if !buffers.iter().any(|b| b.dtype() == DType::BF16) {
+            return Ok(None);
+        }
+        if let Some(other) = buffers
+            .iter()
+            .find(|b| b.dtype().is_float() && b.dtype() != DType::BF16)
+        {
+            return Err(Error::DTypeMismatch {
+                op: name,
+                lhs: DType::BF16,
+                rhs: other.dtype(),
+            });
+        }
+        let mut failed = None;
+        let wide = buffers.map(|b| match b.dtype() {
+            DType::BF16 => match wgpu_buffer(name, b).and_then(|w| self.widen_bf16(w)) {
+                Ok(w) => w as BufferRef,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    Arc::clone(b)
+                }
+            },
+            _ => Arc::clone(b),
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(Some(wide)),
+        }
+    }
+
+    /// An op's result after running on widened operands: f32 back to bf16, others as they are.
+    pub(crate) fn rounded(&self, name: &'static str, out: BufferRef) -> Result<BufferRef> {
+        match out.dtype() {
+            DType::F32 => Ok(self.narrow_bf16(wgpu_buffer(name, &out)?)?),
+            _ => Ok(out),
+        }
+    }
+}
