@@ -188,3 +188,43 @@ fn replicas_start_from_rank_zeros_parameters() {
     assert_eq!(r[1].1, r[0].0, "rank 1 now holds rank 0's initial parameters");
     assert_eq!(r[0].1, r[0].0, "rank 0 keeps its own");
 }
+
+/// Builds the MLP with `hidden` widths on each of two replicas, through `Reducer::for_model`.
+fn reducers_for(hidden: [Vec<usize>; 2]) -> Vec<Result<()>> {
+    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .zip(hidden)
+        .map(|((comm, device), hidden)| {
+            std::thread::spawn(move || {
+                let net = models::mlp(&hidden, &device, &Generator::new(0)).unwrap();
+                Reducer::for_model(&net, Arc::new(comm), ReducerConfig::default()).map(|_| ())
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn replicas_of_different_models_are_refused_on_every_rank_naming_the_difference() {
+    for r in reducers_for([vec![16], vec![16]]) {
+        r.expect("the same model is accepted");
+    }
+    for (rank, r) in reducers_for([vec![16], vec![24]]).into_iter().enumerate() {
+        let err = r.expect_err("a wider hidden layer on rank 1 is refused").to_string();
+        assert!(
+            err.contains("parameter 0") && err.contains("rank 1"),
+            "rank {rank}: {err}"
+        );
+        assert!(
+            err.contains(if rank == 0 { "[16, 784]" } else { "[24, 784]" }),
+            "rank {rank}: {err}"
+        );
+    }
+    for r in reducers_for([vec![16], vec![16, 16]]) {
+        let err = r.expect_err("an extra layer on rank 1 is refused").to_string();
+        assert!(err.contains("rank 1 has 6 parameters and rank 0 has 4"), "{err}");
+    }
+}

@@ -10,8 +10,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::verify_same_model;
 use crate::backend::{Communicator, ReduceOp};
 use crate::error::{Error, Result};
+use crate::nn::{Module, ModuleExt};
 use crate::shape::Layout;
 use crate::tensor::Tensor;
 
@@ -59,6 +61,15 @@ pub struct Reducer {
 }
 
 impl Reducer {
+    /// `new` for a model's parameters, after checking every replica holds the same model
+    /// (names, shapes, dtypes); a difference is refused on every rank, naming it.
+    pub fn for_model(model: &dyn Module, comm: Arc<dyn Communicator>, config: ReducerConfig) -> Result<Reducer> {
+        let named = model.named_parameters();
+        verify_same_model(&named, comm.as_ref())?;
+        let params: Vec<Tensor> = named.into_iter().map(|(_, p)| p).collect();
+        Reducer::new(&params, comm, config)
+    }
+
     /// Makes every replica start from rank 0's parameters (as DDP's constructor does), buckets
     /// `params` (all on one device) and hooks their gradients.
     pub fn new(params: &[Tensor], comm: Arc<dyn Communicator>, config: ReducerConfig) -> Result<Reducer> {

@@ -18,7 +18,6 @@ use lockstep_core::data::{
     DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
 };
 use lockstep_core::distributed::{Reducer, ReducerConfig};
-use lockstep_core::nn::ModuleExt;
 use lockstep_core::train::{ChannelListener, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
 
 pub use args::Args;
@@ -133,7 +132,7 @@ fn replica(
 
     let mut trainer = Trainer::new(args.trainer_config())?;
     if let Some(comm) = comm {
-        let reducer = Reducer::new(&setup.model.parameters(), Arc::new(comm), ReducerConfig::default())?;
+        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::new(comm), ReducerConfig::default())?;
         trainer = trainer.with_reducer(reducer);
     }
     if let Some((stop, pause)) = &hooks.controls {
