@@ -8,8 +8,8 @@ use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, DistributedSampler, HostTensor, Sample};
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::{Flatten, Linear, ModuleExt, Relu, Sequential};
-use lockstep_core::optim::{Sgd, SgdConfig};
-use lockstep_core::train::{Classification, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::optim::{GradScaler, Sgd, SgdConfig};
+use lockstep_core::train::{Classification, Precision, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, HostVec, Result};
 
 const LEN: usize = 128;
@@ -142,4 +142,47 @@ fn accumulation_across_replicas_equals_the_global_batch() {
     let r = replicas(4, 2);
     assert_eq!(r[0], r[1]);
     assert_close(&r[0], &reference);
+}
+
+/// 16-mixed across replicas: when only rank 0's f16 gradients overflow (its loss scale is set
+/// absurdly high here), the all-reduce carries the inf to rank 1, so both skip the step and the
+/// replicas stay identical; PyTorch's DDP + GradScaler behave the same way.
+#[test]
+fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
+    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .map(|(comm, device)| {
+            std::thread::spawn(move || {
+                let rank = comm.rank();
+                let mut s = setup(&device);
+                let before = weights(&s);
+                let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
+                let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
+                let loader_config = DataLoaderConfig {
+                    batch_size: 16,
+                    ..Default::default()
+                };
+                let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
+                let scale = if rank == 0 { 2f64.powi(100) } else { 1.0 };
+                let config = TrainerConfig {
+                    max_steps: Some(1),
+                    precision: Precision::Mixed16,
+                    grad_scaler: Some(GradScaler::new(scale, 2.0, 0.5, 2000).unwrap()),
+                    ..Default::default()
+                };
+                let mut trainer = Trainer::new(config).unwrap().with_reducer(reducer);
+                trainer.fit(&mut s, &loader, None).unwrap();
+                (before, weights(&s), trainer.state().skipped_steps)
+            })
+        })
+        .collect();
+    let r: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for (rank, (before, after, skipped)) in r.iter().enumerate() {
+        assert_eq!(*skipped, 1, "rank {rank} skipped the step");
+        assert_eq!(after, before, "rank {rank} did not step");
+    }
+    assert_eq!(r[0].1, r[1].1, "the replicas are identical");
 }
