@@ -16,6 +16,9 @@ const RUN_BLUE: [u8; 3] = [86, 156, 255];
 struct Display {
     name: String,
     xvfb: Option<Child>,
+    /// Xvfb's stdout, kept open while it runs: were it closed, a later write by Xvfb would
+    /// kill it with SIGPIPE and the window would find no X server.
+    _xvfb_stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
 }
 
 impl Drop for Display {
@@ -31,7 +34,11 @@ impl Drop for Display {
 /// (CI installs Xvfb) that is a failure.
 fn display() -> Option<Display> {
     if let Some(name) = std::env::var("DISPLAY").ok().filter(|d| !d.is_empty()) {
-        return Some(Display { name, xvfb: None });
+        return Some(Display {
+            name,
+            xvfb: None,
+            _xvfb_stdout: None,
+        });
     }
     // Xvfb picks a free display itself and writes its number to fd 1 (tests run in parallel).
     let started = Command::new("Xvfb")
@@ -51,12 +58,13 @@ fn display() -> Option<Display> {
         }
     };
     let mut line = String::new();
-    let stdout = xvfb.stdout.take().expect("piped");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("Xvfb reports its display");
+    let mut stdout = std::io::BufReader::new(xvfb.stdout.take().expect("piped"));
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("Xvfb reports its display");
     let number: u32 = line.trim().parse().unwrap_or_else(|_| panic!("Xvfb reported `{line}`"));
     Some(Display {
         name: format!(":{number}"),
         xvfb: Some(xvfb),
+        _xvfb_stdout: Some(stdout),
     })
 }
 
