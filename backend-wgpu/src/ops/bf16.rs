@@ -51,9 +51,10 @@ impl WgpuBackend {
         operands: [&BufferRef; N],
         op: impl FnOnce([&BufferRef; N]) -> Result<BufferRef>,
     ) -> Result<BufferRef> {
-        let Some(wide) = self.widen_all(name, operands)? else {
+        if !involves_bf16(name, &operands)? {
             return op(operands);
-        };
+        }
+        let wide = self.widen_each(name, operands)?;
         let out = op(std::array::from_fn(|i| &wide[i]))?;
         self.rounded(name, out)
     }
@@ -67,12 +68,11 @@ impl WgpuBackend {
         operands: [&BufferRef; N],
         op: impl FnOnce([&BufferRef; T], [&BufferRef; N]) -> Result<()>,
     ) -> Result<()> {
-        let (wide_targets, wide_operands) = (self.widen_all(name, targets)?, self.widen_all(name, operands)?);
-        if wide_targets.is_none() && wide_operands.is_none() {
+        let all: Vec<&BufferRef> = targets.iter().chain(&operands).copied().collect();
+        if !involves_bf16(name, &all)? {
             return op(targets, operands);
         }
-        let t: [BufferRef; T] = wide_targets.unwrap_or_else(|| targets.map(Arc::clone));
-        let o: [BufferRef; N] = wide_operands.unwrap_or_else(|| operands.map(Arc::clone));
+        let (t, o) = (self.widen_each(name, targets)?, self.widen_each(name, operands)?);
         op(std::array::from_fn(|i| &t[i]), std::array::from_fn(|i| &o[i]))?;
         for (wide, target) in t.iter().zip(targets) {
             if target.dtype() == DType::BF16 {
@@ -82,27 +82,8 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// f32 copies of the bf16 buffers among `buffers` (the others as they are), or `None`
-    /// when there is no bf16 among them. bf16 mixed with another float dtype is an error, as
-    /// on every backend.
-    fn widen_all<const N: usize>(
-        &self,
-        name: &'static str,
-        buffers: [&BufferRef; N],
-    ) -> Result<Option<[BufferRef; N]>> {
-        if !buffers.iter().any(|b| b.dtype() == DType::BF16) {
-            return Ok(None);
-        }
-        if let Some(other) = buffers
-            .iter()
-            .find(|b| b.dtype().is_float() && b.dtype() != DType::BF16)
-        {
-            return Err(Error::DTypeMismatch {
-                op: name,
-                lhs: DType::BF16,
-                rhs: other.dtype(),
-            });
-        }
+    /// f32 copies of the bf16 buffers among `buffers`, the others as they are.
+    fn widen_each<const N: usize>(&self, name: &'static str, buffers: [&BufferRef; N]) -> Result<[BufferRef; N]> {
         let mut failed = None;
         let wide = buffers.map(|b| match b.dtype() {
             DType::BF16 => match wgpu_buffer(name, b).and_then(|w| self.widen_bf16(w)) {
@@ -116,7 +97,7 @@ impl WgpuBackend {
         });
         match failed {
             Some(e) => Err(e),
-            None => Ok(Some(wide)),
+            None => Ok(wide),
         }
     }
 
@@ -126,5 +107,24 @@ impl WgpuBackend {
             DType::F32 => Ok(self.narrow_bf16(wgpu_buffer(name, &out)?)?),
             _ => Ok(out),
         }
+    }
+}
+
+/// Whether any of an op's buffers is bf16; bf16 beside another float dtype is an error, as on
+/// every backend.
+fn involves_bf16(name: &'static str, buffers: &[&BufferRef]) -> Result<bool> {
+    if !buffers.iter().any(|b| b.dtype() == DType::BF16) {
+        return Ok(false);
+    }
+    match buffers
+        .iter()
+        .find(|b| b.dtype().is_float() && b.dtype() != DType::BF16)
+    {
+        Some(other) => Err(Error::DTypeMismatch {
+            op: name,
+            lhs: DType::BF16,
+            rhs: other.dtype(),
+        }),
+        None => Ok(true),
     }
 }

@@ -216,7 +216,6 @@ fn product(pool: &Pool, dst: &mut [bf16], left: Side, right: Side, k: usize) {
     // Threads split the strips when there are enough of them, otherwise the panels.
     let by_strip = strips >= 2 * rayon::current_num_threads();
     let items = if by_strip { strips } else { panel_count };
-    let strips_of = &rows;
     (0..items).into_par_iter().for_each(|item| {
         let (strip_range, panel_range) = if by_strip {
             (item..item + 1, 0..panel_count)
@@ -225,7 +224,7 @@ fn product(pool: &Pool, dst: &mut [bf16], left: Side, right: Side, k: usize) {
         };
         let mut acc = [[0f32; NR]; MR];
         for s in strip_range {
-            let strip = strips_of.strip(s);
+            let strip = rows.strip(s);
             for q in panel_range.clone() {
                 // SAFETY: `matmul` is only called when `available()` holds; each strip pointer
                 // reads `pairs` u32 within its row and the panel holds `pairs * NR` u32.
