@@ -60,6 +60,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     lockstep_wgpu::register();
+    lockstep_cuda::register();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -19,6 +19,18 @@ struct Display {
     /// Xvfb's stdout, kept open while it runs: were it closed, a later write by Xvfb would
     /// kill it with SIGPIPE and the window would find no X server.
     _xvfb_stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
+    /// Xvfb's own messages, shown when a window fails to connect.
+    xvfb_log: Option<std::path::PathBuf>,
+}
+
+impl Display {
+    /// What Xvfb said, for a failure message.
+    fn log(&self) -> String {
+        self.xvfb_log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for Display {
@@ -26,6 +38,9 @@ impl Drop for Display {
         if let Some(x) = &mut self.xvfb {
             let _ = x.kill();
             let _ = x.wait();
+        }
+        if let Some(log) = &self.xvfb_log {
+            let _ = std::fs::remove_file(log);
         }
     }
 }
@@ -38,13 +53,31 @@ fn display() -> Option<Display> {
             name,
             xvfb: None,
             _xvfb_stdout: None,
+            xvfb_log: None,
         });
     }
     // Xvfb picks a free display itself and writes its number to fd 1 (tests run in parallel).
+    // -noreset: by default the server resets when its last client disconnects, and a window
+    // connecting during that reset finds no server (the binary probes the display first).
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = std::env::temp_dir().join(format!("lockstep-xvfb-{}-{n}.log", std::process::id()));
+    let stderr = std::fs::File::create(&log)
+        .map(std::process::Stdio::from)
+        .unwrap_or(std::process::Stdio::null());
     let started = Command::new("Xvfb")
-        .args(["-displayfd", "1", "-screen", "0", "1280x860x24", "-nolisten", "tcp"])
+        .args([
+            "-displayfd",
+            "1",
+            "-screen",
+            "0",
+            "1280x860x24",
+            "-nolisten",
+            "tcp",
+            "-noreset",
+        ])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn();
     let mut xvfb = match started {
         Ok(child) => child,
@@ -65,6 +98,7 @@ fn display() -> Option<Display> {
         name: format!(":{number}"),
         xvfb: Some(xvfb),
         _xvfb_stdout: Some(stdout),
+        xvfb_log: Some(log),
     })
 }
 
@@ -115,6 +149,9 @@ fn train_dashboard_screenshot_shows_the_loss_curve_and_the_devices() {
     ])
     .env("DISPLAY", &display.name)
     .env("LOCKSTEP_RENDERER", "glow"));
+    if !out.status.success() {
+        eprintln!("Xvfb {} said:\n{}", display.name, display.log());
+    }
     assert_succeeds(&out);
     // The loss plot (upper half) and the device panel's utilization sparkline (bottom) are drawn.
     let curve = run_pixels(&shot, 0.05..0.45);

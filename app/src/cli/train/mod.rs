@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use lockstep_core::Device;
-use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::backend::Communicator;
 use lockstep_core::data::mnist::{Mnist, Split};
 use lockstep_core::data::{
     DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
@@ -57,8 +57,8 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     let (device, mut report, result) = if devices.len() == 1 {
         replica(&args, devices[0].clone(), None, train_set, test_set, &hooks)?
     } else {
-        // One thread per replica; rank 0 reports. Collectives across them are in-process.
-        let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+        // One thread per replica; rank 0 reports.
+        let comms = setup::communicators(&devices)?;
         let handles: Vec<_> = comms
             .into_iter()
             .zip(devices)
@@ -95,7 +95,7 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
 fn replica(
     args: &Args,
     device: Device,
-    comm: Option<LocalCommunicator>,
+    comm: Option<Box<dyn Communicator>>,
     train_set: Arc<dyn Dataset>,
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
@@ -132,7 +132,7 @@ fn replica(
 
     let mut trainer = Trainer::new(args.trainer_config())?;
     if let Some(comm) = comm {
-        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::new(comm), ReducerConfig::default())?;
+        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), ReducerConfig::default())?;
         trainer = trainer.with_reducer(reducer);
     }
     if let Some((stop, pause)) = &hooks.controls {

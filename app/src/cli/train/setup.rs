@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
+use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use lockstep_core::train::checkpoint::{host_to_device, load_tensors};
@@ -20,6 +21,24 @@ pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {
         "auto" => lockstep_core::device::best_available()?,
         name => Device::parse(name)?,
     }])
+}
+
+/// One communicator per device of a data-parallel run: NCCL when every device is a CUDA GPU
+/// and NCCL loads, else the in-process host-staged collectives (any mix of devices).
+pub fn communicators(devices: &[Device]) -> anyhow::Result<Vec<Box<dyn Communicator>>> {
+    let all_cuda = devices.iter().all(|d| d.location().starts_with("cuda:"));
+    if all_cuda && lockstep_cuda::probe::nccl_present() {
+        let comms = lockstep_cuda::NcclCommunicator::group(devices)?;
+        return Ok(comms
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn Communicator>)
+            .collect());
+    }
+    let backends = devices.iter().map(|d| d.backend().clone()).collect();
+    Ok(LocalCommunicator::group(backends)
+        .into_iter()
+        .map(|c| Box::new(c) as Box<dyn Communicator>)
+        .collect())
 }
 
 /// Model (same seed on every replica, so all start identical), optimizer and task on `device`.

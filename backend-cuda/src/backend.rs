@@ -1,0 +1,124 @@
+//! `CudaBackend`: the core `Backend` on one CUDA device. This file holds the plumbing every op
+//! shares (operand checks, dtype suffixes of kernel names, outputs); the ops live in `ops/`, one
+//! file per kernel file, and `contract.rs` maps the trait onto them.
+
+use std::sync::Arc;
+
+use lockstep_core::backend::{BackendBuffer, BufferRef, DeviceInfo, MemoryStats};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
+
+use crate::buffer::{CudaBuffer, cuda_buffer};
+use crate::gpu::Gpu;
+use crate::nvml::Utilization;
+
+pub struct CudaBackend {
+    pub(crate) gpu: Gpu,
+    info: DeviceInfo,
+    utilization: Utilization,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({}: {})", self.gpu.location, self.info.name)
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn new(gpu: Gpu, info: DeviceInfo) -> CudaBackend {
+        let utilization = Utilization::for_device(&gpu.ctx);
+        CudaBackend { gpu, info, utilization }
+    }
+
+    pub(crate) fn device_info(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    pub(crate) fn memory(&self) -> MemoryStats {
+        self.gpu.memory.stats(self.utilization.percent())
+    }
+
+    /// A new output buffer.
+    pub(crate) fn output(&self, dtype: DType, len: usize) -> Result<Arc<CudaBuffer>> {
+        Ok(Arc::new(self.gpu.alloc(dtype, len)?))
+    }
+
+    /// An operand: a CUDA buffer of this device, `layout` (if any) inside it, its pending
+    /// collective (if any) waited for on the compute stream.
+    pub(crate) fn operand<'a>(
+        &self,
+        op: &'static str,
+        b: &'a BufferRef,
+        layout: Option<&Layout>,
+    ) -> Result<&'a CudaBuffer> {
+        let buffer = cuda_buffer(op, b)?;
+        if !buffer.on_memory(&self.gpu.memory) {
+            return Err(Error::DeviceMismatch {
+                op,
+                a: self.gpu.location.clone(),
+                b: "another CUDA device".into(),
+            });
+        }
+        if let Some(layout) = layout
+            && layout.elem_count() > 0
+            && layout.extent() > buffer.len()
+        {
+            return Err(Error::invalid(
+                op,
+                format!("layout {layout:?} reaches past a buffer of {} elements", buffer.len()),
+            ));
+        }
+        self.gpu.enter()?;
+        buffer.ready()?;
+        Ok(buffer)
+    }
+
+    /// Operands that must share one dtype.
+    pub(crate) fn same_dtype(&self, op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<DType> {
+        if a.dtype() != b.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
+        }
+        Ok(a.dtype())
+    }
+}
+
+/// The kernel-name suffix of a float dtype the kernels compute with (in f32).
+pub(crate) fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        _ => Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            hint: " by the CUDA backend (f32, f16 and bf16; f64 is the CPU's, for gradient checks)",
+        }),
+    }
+}
+
+/// The suffix of kernels that only move bits: the element's width.
+pub(crate) fn width_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+    match dtype.size_in_bytes() {
+        2 => Ok("u16"),
+        4 => Ok("u32"),
+        8 if dtype == DType::I64 => Ok("u64"),
+        _ => Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            hint: " by the CUDA backend (f64 is the CPU's, for gradient checks)",
+        }),
+    }
+}
+
+/// The suffix of kernels that read values of any dtype but f64 (casts, comparisons).
+pub(crate) fn value_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::U32 => Ok("u32"),
+        DType::I64 => Ok("i64"),
+        d => float_suffix(op, d),
+    }
+}

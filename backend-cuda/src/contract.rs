@@ -1,0 +1,176 @@
+//! `impl Backend for CudaBackend`: the core contract, each method handing off to its op file.
+
+use lockstep_core::backend::{
+    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
+    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, HostVec, Result};
+
+use crate::backend::CudaBackend;
+
+impl Backend for CudaBackend {
+    fn info(&self) -> DeviceInfo {
+        self.device_info()
+    }
+    fn memory_stats(&self) -> MemoryStats {
+        self.memory()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.synchronize()
+    }
+
+    fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef> {
+        self.fill(dtype, len, 0.0)
+    }
+    fn full(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef> {
+        self.fill(dtype, len, value)
+    }
+    fn from_host(&self, data: &HostVec) -> Result<BufferRef> {
+        self.upload(data)
+    }
+    fn to_host(&self, src: &BufferRef, layout: &Layout) -> Result<HostVec> {
+        self.download(src, layout)
+    }
+    fn rand(&self, dtype: DType, len: usize, dist: Distribution, seed: u64, counter: u64) -> Result<BufferRef> {
+        self.random(dtype, len, dist, seed, counter)
+    }
+
+    fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
+        self.copy_between(src, src_layout, dst, dst_layout)
+    }
+    fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
+        self.convert(src, layout, dtype)
+    }
+
+    fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
+        self.map(op, src, layout)
+    }
+    fn binary(&self, op: BinaryOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
+        self.zip(op, lhs, ll, rhs, rl)
+    }
+    fn bias_act(
+        &self,
+        src: &BufferRef,
+        bias: &BufferRef,
+        geom: BiasGeometry,
+        act: Option<UnaryOp>,
+    ) -> Result<BufferRef> {
+        self.add_bias(src, bias, geom, act)
+    }
+    fn compare(&self, op: CmpOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
+        self.cmp(op, lhs, ll, rhs, rl)
+    }
+    fn where_cond(
+        &self,
+        cond: &BufferRef,
+        cond_layout: &Layout,
+        on_true: &BufferRef,
+        true_layout: &Layout,
+        on_false: &BufferRef,
+        false_layout: &Layout,
+    ) -> Result<BufferRef> {
+        self.select(cond, cond_layout, on_true, true_layout, on_false, false_layout)
+    }
+
+    fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef> {
+        self.reduce_axes(op, src, layout, axes)
+    }
+
+    fn matmul(
+        &self,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+        dims: MatmulDims,
+    ) -> Result<BufferRef> {
+        self.gemm(lhs, ll, rhs, rl, dims)
+    }
+
+    fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+        self.softmax_rows(src, rows, cols, false)
+    }
+    fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+        self.softmax_rows(src, rows, cols, true)
+    }
+
+    fn index_select(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<BufferRef> {
+        self.pick("index_select", src, outer, dim, inner, ids, ids.len(), false)
+    }
+    fn index_add(
+        &self,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()> {
+        self.add_at("index_add", dst, dst_dim, src, outer, src_dim, inner, ids, false)
+    }
+    fn gather(
+        &self,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+        out_dim: usize,
+    ) -> Result<BufferRef> {
+        self.pick("gather", src, outer, dim, inner, ids, out_dim, true)
+    }
+    fn scatter_add(
+        &self,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+    ) -> Result<()> {
+        self.add_at("scatter_add", dst, dst_dim, src, outer, src_dim, inner, ids, true)
+    }
+
+    fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
+        self.unfold_or_fold(src, geom, true)
+    }
+    fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
+        self.unfold_or_fold(cols, geom, false)
+    }
+    fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
+        self.pool_max(src, geom)
+    }
+
+    fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()> {
+        self.add_scaled(dst, src, alpha)
+    }
+    fn sgd_step(
+        &self,
+        param: &BufferRef,
+        grad: &BufferRef,
+        momentum_buf: Option<&BufferRef>,
+        step: &SgdStep,
+    ) -> Result<()> {
+        self.sgd(param, grad, momentum_buf, step)
+    }
+    fn adam_step(
+        &self,
+        param: &BufferRef,
+        grad: &BufferRef,
+        exp_avg: &BufferRef,
+        exp_avg_sq: &BufferRef,
+        step: &AdamStep,
+    ) -> Result<()> {
+        self.adam(param, grad, exp_avg, exp_avg_sq, step)
+    }
+}

@@ -1,0 +1,159 @@
+//! One opened CUDA device: its context, a compute stream and a communication stream, the
+//! kernels compiled for its architecture (loaded on first use), cuBLAS, pinned staging memory
+//! for uploads, and the memory pool.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, sys};
+use cudarc::nvrtc::Ptx;
+
+use lockstep_core::{DType, Error, Result};
+use lockstep_kernels::KernelSource;
+
+use crate::blas::Blas;
+use crate::buffer::CudaBuffer;
+use crate::error::driver_error;
+use crate::memory::Memory;
+use crate::staging::Staging;
+
+/// Threads per block of every 1-D kernel (the grid-stride loops cover any size).
+pub(crate) const BLOCK: u32 = 256;
+
+pub struct Gpu {
+    pub(crate) location: String,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) compute: Arc<CudaStream>,
+    pub(crate) comm: Arc<CudaStream>,
+    /// `sm_90` for compute capability 9.0.
+    pub(crate) arch: String,
+    sm_count: u32,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    pub(crate) memory: Arc<Memory>,
+    pub(crate) blas: Blas,
+    pub(crate) staging: Staging,
+}
+
+impl Gpu {
+    pub(crate) fn open(ordinal: usize) -> Result<Gpu> {
+        let location = format!("cuda:{ordinal}");
+        crate::probe::require_compute_libraries(&location)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_error(&location, "could not open the device", e))?;
+        // Streams are ordered by our own events (see `CudaBuffer::ready`), not cudarc's tracking.
+        // SAFETY: called before any slice exists on this context; we never use CudaSlice.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| driver_error(&location, "compute capability", e))?;
+        let compute = ctx.new_stream().map_err(|e| driver_error(&location, "stream", e))?;
+        let comm = ctx.new_stream().map_err(|e| driver_error(&location, "stream", e))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(1)
+            .max(1) as u32;
+        let memory = Arc::new(Memory::new(location.clone(), compute.clone()));
+        let blas = Blas::new(&location, &compute)?;
+        Ok(Gpu {
+            staging: Staging::new(location.clone(), ctx.clone()),
+            location,
+            arch: format!("sm_{major}{minor}"),
+            sm_count,
+            functions: Mutex::default(),
+            memory,
+            blas,
+            comm,
+            compute,
+            ctx,
+        })
+    }
+
+    /// Makes this device's context current on the calling thread (raw driver calls need it).
+    pub(crate) fn enter(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error(&self.location, "binding the context", e))
+    }
+
+    pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        self.enter()?;
+        CudaBuffer::new(dtype, len, self.memory.clone(), self.compute.clone())
+    }
+
+    /// The kernel `entry` of `kernel`, compiling and loading the file on first use.
+    pub(crate) fn function(&self, kernel: KernelSource, entry: &str) -> Result<CudaFunction> {
+        let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = functions.get(entry) {
+            return Ok(f.clone());
+        }
+        let cubin = lockstep_kernels::compile_cached(&kernel, &self.arch).map_err(|e| Error::Device {
+            device: self.location.clone(),
+            msg: e.to_string(),
+        })?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| driver_error(&self.location, &format!("loading kernels/{}.cu", kernel.name), e))?;
+        let f = module.load_function(entry).map_err(|e| {
+            driver_error(
+                &self.location,
+                &format!("kernel {entry} is missing from kernels/{}.cu", kernel.name),
+                e,
+            )
+        })?;
+        functions.insert(entry.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// A grid of `BLOCK`-thread blocks for `n` elements: enough blocks to fill the device a few
+    /// times over, the grid-stride loop doing the rest.
+    pub(crate) fn grid(&self, n: usize) -> LaunchConfig {
+        let wanted = n.div_ceil(BLOCK as usize).max(1);
+        let cap = (self.sm_count as usize) * 32;
+        LaunchConfig {
+            grid_dim: (wanted.min(cap) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Exactly `blocks` blocks of `BLOCK` threads (kernels that map blocks to outputs).
+    pub(crate) fn blocks(&self, blocks: usize) -> Result<LaunchConfig> {
+        Ok(LaunchConfig {
+            grid_dim: (crate::views::to_u32("launch", blocks.max(1))?, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+
+    pub(crate) fn launch_failed(&self, entry: &str, e: cudarc::driver::DriverError) -> Error {
+        driver_error(&self.location, &format!("launching {entry}"), e)
+    }
+
+    /// Waits for everything queued on both streams.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.enter()?;
+        self.comm
+            .synchronize()
+            .and_then(|_| self.compute.synchronize())
+            .map_err(|e| driver_error(&self.location, "synchronize", e))
+    }
+}
+
+/// Launches `entry` of `kernel` on the compute stream with the given config and arguments
+/// (each pushed by reference, as cudarc's builder wants).
+macro_rules! launch {
+    ($gpu:expr, $kernel:expr, $entry:expr, $cfg:expr; $($arg:expr),+ $(,)?) => {{
+        use cudarc::driver::PushKernelArg;
+        let gpu: &$crate::gpu::Gpu = $gpu;
+        let entry: &str = &$entry;
+        let function = gpu.function($kernel, entry)?;
+        // One expression, so temporaries among the arguments live until the launch is queued.
+        // SAFETY: the arguments match the kernel's C signature in kernels/cuda (device pointers
+        // as u64, counts as u32, views as the #[repr(C)] structs of views.rs); every pointer is
+        // a live allocation of at least the extent the kernel indexes, checked by the caller;
+        // the kernel runs on the compute stream, which orders it with every other use.
+        unsafe { gpu.compute.launch_builder(&function)$(.arg($arg))+.launch($cfg) }
+            .map_err(|e| gpu.launch_failed(entry, e))?;
+    }};
+}
+pub(crate) use launch;

@@ -1,0 +1,84 @@
+//! im2col, col2im and max_pool2d (conv.cu) over contiguous NCHW.
+
+use cudarc::driver::DeviceRepr;
+
+use lockstep_core::backend::{BackendBuffer, BufferRef, Conv2dGeometry, Pool2dGeometry};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Result};
+
+use crate::backend::{CudaBackend, float_suffix};
+use crate::gpu::launch;
+use crate::views::to_u32;
+
+/// `Geometry` of conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    n: u32,
+    c: u32,
+    h: u32,
+    w: u32,
+    kh: u32,
+    kw: u32,
+    stride: [u32; 2],
+    pad: [u32; 2],
+    dil: [u32; 2],
+    oh: u32,
+    ow: u32,
+}
+
+// SAFETY: #[repr(C)] u32 fields in the order of conv.cu's `Geometry` (no padding).
+unsafe impl DeviceRepr for Geometry {}
+
+fn geometry(op: &'static str, g: &Conv2dGeometry) -> Result<Geometry> {
+    let u = |x: usize| to_u32(op, x);
+    Ok(Geometry {
+        n: u(g.n)?,
+        c: u(g.c)?,
+        h: u(g.h)?,
+        w: u(g.w)?,
+        kh: u(g.kh)?,
+        kw: u(g.kw)?,
+        stride: [u(g.stride[0])?, u(g.stride[1])?],
+        pad: [u(g.padding[0])?, u(g.padding[1])?],
+        dil: [u(g.dilation[0])?, u(g.dilation[1])?],
+        oh: u(g.out_h())?,
+        ow: u(g.out_w())?,
+    })
+}
+
+impl CudaBackend {
+    /// im2col (`to_columns`) or col2im: one output element per thread.
+    pub(crate) fn unfold_or_fold(&self, src: &BufferRef, g: &Conv2dGeometry, to_columns: bool) -> Result<BufferRef> {
+        let op = if to_columns { "im2col" } else { "col2im" };
+        g.validate(op)?;
+        let image = g.n * g.c * g.h * g.w;
+        let columns = g.c * g.kh * g.kw * g.n * g.out_h() * g.out_w();
+        let (src_len, out_len) = if to_columns { (image, columns) } else { (columns, image) };
+        let s = self.operand(op, src, Some(&Layout::contiguous([src_len])))?;
+        let suffix = float_suffix(op, s.dtype())?;
+        let out = self.output(s.dtype(), out_len)?;
+        if out_len > 0 {
+            let (total, geom) = (to_u32(op, out_len)?, geometry(op, g)?);
+            launch!(&self.gpu, lockstep_kernels::CONV, format!("{op}_{suffix}"), self.gpu.grid(out_len);
+                &out.ptr, &s.ptr, &total, &geom);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn pool_max(&self, src: &BufferRef, g: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
+        const OP: &str = "max_pool2d";
+        g.validate(OP)?;
+        let s = self.operand(OP, src, Some(&Layout::contiguous([g.n * g.c * g.h * g.w])))?;
+        let suffix = float_suffix(OP, s.dtype())?;
+        let len = g.n * g.c * g.out_h() * g.out_w();
+        let values = self.output(s.dtype(), len)?;
+        let indices = self.output(DType::U32, len)?;
+        if len > 0 {
+            let (total, geom) = (to_u32(OP, len)?, geometry(OP, &g.as_conv())?);
+            launch!(&self.gpu, lockstep_kernels::CONV, format!("max_pool2d_{suffix}"), self.gpu.grid(len);
+                &values.ptr, &indices.ptr, &s.ptr, &total, &geom);
+        }
+        Ok((values, indices))
+    }
+}

@@ -1,0 +1,161 @@
+//! unary, binary, bias_act, compare and where_cond (elementwise.cu).
+
+use lockstep_core::backend::{BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
+
+use super::op_index;
+use crate::backend::{CudaBackend, float_suffix, value_suffix, width_suffix};
+use crate::buffer::CudaBuffer;
+use crate::gpu::launch;
+use crate::views::{strided, to_u32};
+
+/// The two parameters a unary op carries (`p0`, `p1` in the kernels).
+fn unary_params(op: UnaryOp) -> (f32, f32) {
+    match op {
+        UnaryOp::Powf(e) | UnaryOp::ClampMin(e) | UnaryOp::ClampMax(e) => (e as f32, 0.0),
+        UnaryOp::Affine { mul, add } => (mul as f32, add as f32),
+        _ => (0.0, 0.0),
+    }
+}
+
+fn unary_index(op: UnaryOp) -> u32 {
+    op_index(&UnaryOp::ALL, UnaryOp::name, op.name())
+}
+
+impl CudaBackend {
+    pub(crate) fn map(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
+        let name = op.name();
+        let s = self.operand(name, src, Some(layout))?;
+        let suffix = float_suffix(name, s.dtype())?;
+        let out = self.output(s.dtype(), layout.elem_count())?;
+        let (shape, views) = strided(name, &[layout])?;
+        let (p0, p1) = unary_params(op);
+        if shape.n > 0 {
+            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("unary_{suffix}"), self.gpu.grid(shape.n as usize);
+                &out.ptr, &s.ptr, &shape, &views[0], &unary_index(op), &p0, &p1);
+        }
+        Ok(out)
+    }
+
+    /// The operands of a binary op: this device, one dtype, one (broadcast) shape.
+    fn pair<'a>(
+        &self,
+        op: &'static str,
+        lhs: &'a BufferRef,
+        ll: &Layout,
+        rhs: &'a BufferRef,
+        rl: &Layout,
+    ) -> Result<(&'a CudaBuffer, &'a CudaBuffer)> {
+        let (a, b) = (self.operand(op, lhs, Some(ll))?, self.operand(op, rhs, Some(rl))?);
+        self.same_dtype(op, a, b)?;
+        if ll.shape != rl.shape {
+            return Err(Error::shape(
+                op,
+                &ll.shape,
+                &rl.shape,
+                "operands must be broadcast to one shape first",
+            ));
+        }
+        Ok((a, b))
+    }
+
+    pub(crate) fn zip(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+    ) -> Result<BufferRef> {
+        let name = op.name();
+        let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
+        let suffix = float_suffix(name, a.dtype())?;
+        let out = self.output(a.dtype(), ll.elem_count())?;
+        let (shape, views) = strided(name, &[ll, rl])?;
+        let index = op_index(&BinaryOp::ALL, BinaryOp::name, name);
+        if shape.n > 0 {
+            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("binary_{suffix}"), self.gpu.grid(shape.n as usize);
+                &out.ptr, &a.ptr, &b.ptr, &shape, &views[0], &views[1], &index);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn add_bias(
+        &self,
+        src: &BufferRef,
+        bias: &BufferRef,
+        g: BiasGeometry,
+        act: Option<UnaryOp>,
+    ) -> Result<BufferRef> {
+        const OP: &str = "bias_act";
+        let n = g.outer * g.channels * g.inner;
+        let s = self.operand(OP, src, Some(&Layout::contiguous([n])))?;
+        let b = self.operand(OP, bias, Some(&Layout::contiguous([g.channels])))?;
+        let suffix = float_suffix(OP, self.same_dtype(OP, s, b)?)?;
+        let out = self.output(s.dtype(), n)?;
+        let (act_index, (p0, p1)) = match act {
+            Some(a) => (unary_index(a), unary_params(a)),
+            None => (u32::MAX, (0.0, 0.0)),
+        };
+        if n > 0 {
+            let (n32, channels, inner) = (to_u32(OP, n)?, to_u32(OP, g.channels)?, to_u32(OP, g.inner.max(1))?);
+            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("bias_act_{suffix}"), self.gpu.grid(n);
+                &out.ptr, &s.ptr, &b.ptr, &n32, &channels, &inner, &act_index, &p0, &p1);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn cmp(
+        &self,
+        op: CmpOp,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+    ) -> Result<BufferRef> {
+        let name = op.name();
+        let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
+        let suffix = value_suffix(name, a.dtype())?;
+        let out = self.output(DType::U32, ll.elem_count())?;
+        let (shape, views) = strided(name, &[ll, rl])?;
+        let index = op_index(&CmpOp::ALL, CmpOp::name, name);
+        if shape.n > 0 {
+            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("compare_{suffix}"), self.gpu.grid(shape.n as usize);
+                &out.ptr, &a.ptr, &b.ptr, &shape, &views[0], &views[1], &index);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn select(
+        &self,
+        cond: &BufferRef,
+        cl: &Layout,
+        on_true: &BufferRef,
+        tl: &Layout,
+        on_false: &BufferRef,
+        fl: &Layout,
+    ) -> Result<BufferRef> {
+        const OP: &str = "where_cond";
+        let c = self.operand(OP, cond, Some(cl))?;
+        if c.dtype() != DType::U32 {
+            return Err(Error::UnsupportedDType {
+                op: OP,
+                dtype: c.dtype(),
+                hint: "; the condition is a u32 mask",
+            });
+        }
+        let (t, f) = self.pair(OP, on_true, tl, on_false, fl)?;
+        if cl.shape != tl.shape {
+            return Err(Error::shape(OP, &cl.shape, &tl.shape, "condition and values differ"));
+        }
+        let suffix = width_suffix(OP, t.dtype())?;
+        let out = self.output(t.dtype(), tl.elem_count())?;
+        let (shape, views) = strided(OP, &[cl, tl, fl])?;
+        if shape.n > 0 {
+            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("where_cond_{suffix}"), self.gpu.grid(shape.n as usize);
+                &out.ptr, &c.ptr, &t.ptr, &f.ptr, &shape, &views[0], &views[1], &views[2]);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,90 @@
+//! index_select, gather, index_add and scatter_add (index.cu) over contiguous [outer, dim, inner].
+
+use lockstep_core::backend::{BackendBuffer, BufferRef};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
+
+use crate::backend::{CudaBackend, float_suffix, width_suffix};
+use crate::buffer::CudaBuffer;
+use crate::gpu::launch;
+use crate::views::to_u32;
+
+impl CudaBackend {
+    fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, len: usize) -> Result<&'a CudaBuffer> {
+        let i = self.operand(op, ids, Some(&Layout::contiguous([len])))?;
+        if i.dtype() != DType::U32 {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: i.dtype(),
+                hint: "; indices are u32 (convert with `to_dtype(U32)`)",
+            });
+        }
+        Ok(i)
+    }
+
+    /// index_select (`per_element` false: ids of length out_dim) and gather (ids shaped like the output).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pick(
+        &self,
+        op: &'static str,
+        src: &BufferRef,
+        outer: usize,
+        dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+        out_dim: usize,
+        per_element: bool,
+    ) -> Result<BufferRef> {
+        let s = self.operand(op, src, Some(&Layout::contiguous([outer * dim * inner])))?;
+        let n = outer * out_dim * inner;
+        let i = self.ids(op, ids, if per_element { n } else { out_dim })?;
+        let suffix = width_suffix(op, s.dtype())?;
+        let out = self.output(s.dtype(), n)?;
+        if n > 0 {
+            let entry = if per_element { "gather" } else { "index_select" };
+            let (n32, dim32, inner32, out_dim32) = (
+                to_u32(op, n)?,
+                to_u32(op, dim)?,
+                to_u32(op, inner)?,
+                to_u32(op, out_dim)?,
+            );
+            launch!(&self.gpu, lockstep_kernels::INDEX, format!("{entry}_{suffix}"), self.gpu.grid(n);
+                &out.ptr, &s.ptr, &i.ptr, &n32, &dim32, &inner32, &out_dim32);
+        }
+        Ok(out)
+    }
+
+    /// index_add (`per_element` false) and scatter_add, in place on `dst` [outer, dst_dim, inner].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_at(
+        &self,
+        op: &'static str,
+        dst: &BufferRef,
+        dst_dim: usize,
+        src: &BufferRef,
+        outer: usize,
+        src_dim: usize,
+        inner: usize,
+        ids: &BufferRef,
+        per_element: bool,
+    ) -> Result<()> {
+        let d = self.operand(op, dst, Some(&Layout::contiguous([outer * dst_dim * inner])))?;
+        let src_len = outer * src_dim * inner;
+        let s = self.operand(op, src, Some(&Layout::contiguous([src_len])))?;
+        let suffix = float_suffix(op, self.same_dtype(op, d, s)?)?;
+        let i = self.ids(op, ids, if per_element { src_len } else { src_dim })?;
+        let n = outer * dst_dim * inner;
+        if n > 0 {
+            let (n32, src_dim32, inner32, dst_dim32) = (
+                to_u32(op, n)?,
+                to_u32(op, src_dim)?,
+                to_u32(op, inner)?,
+                to_u32(op, dst_dim)?,
+            );
+            let per = u32::from(per_element);
+            launch!(&self.gpu, lockstep_kernels::INDEX, format!("add_at_{suffix}"), self.gpu.grid(n);
+                &d.ptr, &s.ptr, &i.ptr, &n32, &src_dim32, &inner32, &dst_dim32, &per);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,17 @@
+//! The Backend operations, one file per kernel file of lockstep-kernels (`transfer.rs` drives
+//! fill.cu and rand.cu and the copies to and from the host; `matmul.rs` calls cuBLAS).
+
+mod conv;
+mod elementwise;
+mod index;
+mod layout;
+mod matmul;
+mod optim;
+mod reduce;
+mod softmax;
+mod transfer;
+
+/// The position of an op in its enum's `ALL` list: the number the kernels switch on.
+fn op_index<T>(all: &[T], name: impl Fn(&T) -> &'static str, wanted: &'static str) -> u32 {
+    all.iter().position(|o| name(o) == wanted).unwrap_or(usize::MAX) as u32
+}

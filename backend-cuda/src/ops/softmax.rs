@@ -1,0 +1,28 @@
+//! softmax_last and log_softmax_last (softmax.cu) over the last axis of a contiguous [rows, cols].
+
+use lockstep_core::Result;
+use lockstep_core::backend::{BackendBuffer, BufferRef};
+use lockstep_core::shape::Layout;
+
+use super::reduce::group_for;
+use crate::backend::{CudaBackend, float_suffix};
+use crate::gpu::{BLOCK, launch};
+use crate::views::to_u32;
+
+impl CudaBackend {
+    pub(crate) fn softmax_rows(&self, src: &BufferRef, rows: usize, cols: usize, log: bool) -> Result<BufferRef> {
+        let op = if log { "log_softmax" } else { "softmax" };
+        let s = self.operand(op, src, Some(&Layout::contiguous([rows, cols])))?;
+        let suffix = float_suffix(op, s.dtype())?;
+        let out = self.output(s.dtype(), rows * cols)?;
+        if rows * cols == 0 {
+            return Ok(out);
+        }
+        let group = group_for(cols);
+        let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
+        let (rows32, cols32, log_form) = (to_u32(op, rows)?, to_u32(op, cols)?, u32::from(log));
+        launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("softmax_{suffix}"), cfg;
+            &out.ptr, &s.ptr, &rows32, &cols32, &log_form, &group);
+        Ok(out)
+    }
+}

@@ -1,0 +1,87 @@
+//! Pinned (page-locked) host memory for uploads: the host data is copied into it and the DMA
+//! engine reads it asynchronously, so an upload (the data loader's batches) does not stall the
+//! host on a pageable copy. One buffer, grown on demand, reused once its last copy completed.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+
+use lockstep_core::Result;
+
+use crate::error::driver_error;
+
+pub(crate) struct Staging {
+    location: String,
+    ctx: Arc<CudaContext>,
+    slot: Mutex<Slot>,
+}
+
+struct Slot {
+    ptr: *mut u8,
+    capacity: usize,
+    /// Recorded after the last copy out of the buffer; waited for before it is overwritten.
+    in_use_until: Option<CudaEvent>,
+}
+
+// SAFETY: the pinned pointer is only dereferenced under the slot's mutex.
+unsafe impl Send for Slot {}
+
+impl Staging {
+    pub(crate) fn new(location: String, ctx: Arc<CudaContext>) -> Staging {
+        Staging {
+            location,
+            ctx,
+            slot: Mutex::new(Slot {
+                ptr: std::ptr::null_mut(),
+                capacity: 0,
+                in_use_until: None,
+            }),
+        }
+    }
+
+    /// Queues a copy of `data` to `dst` on `stream` through pinned memory.
+    pub(crate) fn upload(&self, data: &[u8], dst: sys::CUdeviceptr, stream: &CudaStream) -> Result<()> {
+        let fail = |what: &str, e| driver_error(&self.location, what, e);
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(event) = slot.in_use_until.take() {
+            event.synchronize().map_err(|e| fail("waiting for an upload", e))?;
+        }
+        if slot.capacity < data.len() {
+            let capacity = data.len().next_power_of_two().max(1 << 20);
+            // SAFETY: frees the old pinned block (no copy reads it: we waited above) and takes a
+            // new one of `capacity` bytes, flags 0 (not write-combined: it is also read back).
+            unsafe {
+                if !slot.ptr.is_null() {
+                    let _ = result::free_host(slot.ptr as *mut _);
+                    slot.ptr = std::ptr::null_mut();
+                    slot.capacity = 0;
+                }
+                slot.ptr = result::malloc_host(capacity, 0).map_err(|e| fail("pinning host memory", e))? as *mut u8;
+            }
+            slot.capacity = capacity;
+        }
+        // SAFETY: `slot.ptr` holds `capacity >= data.len()` bytes that no copy is reading, and
+        // the copy below reads them before `in_use_until` completes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.ptr, data.len());
+            let pinned = std::slice::from_raw_parts(slot.ptr, data.len());
+            result::memcpy_htod_async(dst, pinned, stream.cu_stream()).map_err(|e| fail("upload", e))?;
+        }
+        slot.in_use_until = Some(stream.record_event(None).map_err(|e| fail("upload event", e))?);
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(event) = slot.in_use_until.take() {
+            let _ = event.synchronize();
+        }
+        if !slot.ptr.is_null() {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: allocated by malloc_host, and no copy reads it any more (waited above).
+            let _ = unsafe { result::free_host(slot.ptr as *mut _) };
+        }
+    }
+}

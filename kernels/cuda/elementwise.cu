@@ -1,0 +1,89 @@
+// unary, binary, bias_act, compare and where_cond over strided operands of one shape (outputs
+// contiguous), computed in f32 for every float storage type. Op numbers are the ops' indices in
+// core's UnaryOp::ALL, BinaryOp::ALL and CmpOp::ALL.
+
+#define UNARY(T, suffix)                                                                          \
+    extern "C" __global__ void unary_##suffix(T* out, const T* src, Shape shape, View v, u32 op,  \
+                                              float p0, float p1) {                               \
+        FOR_EACH(i, shape.n) { out[i] = from_f32<T>(apply_unary(op, to_f32(src[strided_index(i, shape, v)]), p0, p1)); } \
+    }
+FOR_FLOATS(UNARY)
+
+__device__ __forceinline__ float apply_binary(u32 op, float x, float y) {
+    switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return x * y;
+    case 3: return x / y;
+    case 4: return pow_real(x, y);
+    case 5: return fmaxf(x, y);
+    case 6: return fminf(x, y);
+    default: return x;
+    }
+}
+
+#define BINARY(T, suffix)                                                                         \
+    extern "C" __global__ void binary_##suffix(T* out, const T* lhs, const T* rhs, Shape shape,   \
+                                               View lv, View rv, u32 op) {                        \
+        FOR_EACH(i, shape.n) {                                                                    \
+            float x = to_f32(lhs[strided_index(i, shape, lv)]);                                   \
+            float y = to_f32(rhs[strided_index(i, shape, rv)]);                                   \
+            out[i] = from_f32<T>(apply_binary(op, x, y));                                         \
+        }                                                                                         \
+    }
+FOR_FLOATS(BINARY)
+
+// out[o, c, i] = act(src[o, c, i] + bias[c]) over a contiguous [outer, channels, inner];
+// act = NO_ACT for the bias alone.
+#define NO_ACT 0xffffffffu
+#define BIAS_ACT(T, suffix)                                                                       \
+    extern "C" __global__ void bias_act_##suffix(T* out, const T* src, const T* bias, u32 n,      \
+                                                 u32 channels, u32 inner, u32 act, float p0,      \
+                                                 float p1) {                                      \
+        FOR_EACH(i, n) {                                                                          \
+            float pre = to_f32(src[i]) + to_f32(bias[(i / inner) % channels]);                    \
+            out[i] = from_f32<T>(act == NO_ACT ? pre : apply_unary(act, pre, p0, p1));            \
+        }                                                                                         \
+    }
+FOR_FLOATS(BIAS_ACT)
+
+// Comparisons see floats as f32 and integers as themselves; every one but != fails on NaN.
+__device__ __forceinline__ float comparable(float x) { return x; }
+__device__ __forceinline__ float comparable(f16 x) { return to_f32(x); }
+__device__ __forceinline__ float comparable(bf16 x) { return to_f32(x); }
+__device__ __forceinline__ u32 comparable(u32 x) { return x; }
+__device__ __forceinline__ long long comparable(long long x) { return x; }
+
+template <typename V> __device__ __forceinline__ bool holds(u32 op, V x, V y) {
+    switch (op) {
+    case 0: return x == y;
+    case 1: return !(x == y);
+    case 2: return x < y;
+    case 3: return x <= y;
+    case 4: return x > y;
+    case 5: return x >= y;
+    default: return false;
+    }
+}
+
+#define COMPARE(T, suffix)                                                                        \
+    extern "C" __global__ void compare_##suffix(u32* out, const T* lhs, const T* rhs, Shape shape, \
+                                                View lv, View rv, u32 op) {                       \
+        FOR_EACH(i, shape.n) {                                                                    \
+            out[i] = holds(op, comparable(lhs[strided_index(i, shape, lv)]),                      \
+                           comparable(rhs[strided_index(i, shape, rv)])) ? 1u : 0u;               \
+        }                                                                                         \
+    }
+FOR_FLOATS(COMPARE) COMPARE(u32, u32) COMPARE(long long, i64)
+
+// A select moves bits, so one kernel per element width serves every dtype.
+#define WHERE_COND(T, suffix)                                                                     \
+    extern "C" __global__ void where_cond_##suffix(T* out, const u32* cond, const T* on_true,      \
+                                                   const T* on_false, Shape shape, View cv,       \
+                                                   View tv, View fv) {                            \
+        FOR_EACH(i, shape.n) {                                                                    \
+            out[i] = cond[strided_index(i, shape, cv)] != 0u ? on_true[strided_index(i, shape, tv)] \
+                                                             : on_false[strided_index(i, shape, fv)]; \
+        }                                                                                         \
+    }
+WHERE_COND(u16, u16) WHERE_COND(u32, u32) WHERE_COND(u64, u64)

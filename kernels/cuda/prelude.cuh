@@ -1,0 +1,111 @@
+// Shared by every Lockstep kernel: NVRTC compiles this prelude followed by one kernel file, so
+// the files need no #include (NVRTC ships no standard headers, and none are needed).
+//
+// Storage types: `float`, `f16`, `bf16` (16-bit words with conversions written here), `u32`,
+// `u64`. Every float kernel computes in f32 and stores with one rounding, as the CPU and wgpu
+// backends do. Kernel names are `<op>_<dtype>` (`unary_f32`, `unary_bf16`), instantiated by the
+// FOR_FLOATS macro at the end of each file.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(u32 x) { return (float)x; }
+__device__ __forceinline__ float to_f32(f16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
+    f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+    return h;
+}
+// Round to nearest even, NaN kept quiet (as half::bf16::from_f32 does on the CPU).
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+    u32 u = __float_as_uint(x);
+    bf16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        b.bits = (u16)((u >> 16) | 0x0040u);
+    } else {
+        b.bits = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return b;
+}
+// Floats to u32 truncate toward zero and saturate (NaN to 0), like Rust's `as`.
+template <> __device__ __forceinline__ u32 from_f32<u32>(float x) {
+    if (!(x > 0.0f)) return 0u;
+    if (x >= 4294967296.0f) return 0xffffffffu;
+    return (u32)x;
+}
+
+// Tensors of up to MAX_RANK dimensions; the host merges dimensions that are contiguous in every
+// operand first, so most tensors arrive as rank 1 and pay one division per element.
+#define MAX_RANK 8
+
+struct Shape {
+    u32 n;
+    u32 rank;
+    u32 dims[MAX_RANK];
+};
+
+struct View {
+    u32 offset;
+    u32 strides[MAX_RANK];
+};
+
+// Where element `i` (row-major over `shape`) lives in an operand viewed through `v`.
+__device__ __forceinline__ u32 strided_index(u32 i, const Shape& shape, const View& v) {
+    u32 index = v.offset;
+    for (int d = (int)shape.rank - 1; d >= 0; --d) {
+        u32 size = shape.dims[d];
+        index += (i % size) * v.strides[d];
+        i /= size;
+    }
+    return index;
+}
+
+// Grid-stride loop over n elements: any grid size covers any n.
+#define FOR_EACH(i, n) for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+
+// Instantiates `M(T, suffix)` for every float storage type.
+#define FOR_FLOATS(M) M(float, f32) M(f16, f16) M(bf16, bf16)
+
+#define F32_INF __int_as_float(0x7f800000)
+#define F32_NAN __int_as_float(0x7fc00000)
+
+// x^y with C's rules for a negative base (real only for an integer exponent).
+__device__ __forceinline__ float pow_real(float x, float y) { return powf(x, y); }
+
+#define INV_SQRT2 0.70710678118654752f
+#define INV_SQRT_2PI 0.39894228040143268f
+
+// Unary op number `op` (its index in core's UnaryOp::ALL) with parameters p0, p1.
+__device__ __forceinline__ float apply_unary(u32 op, float x, float p0, float p1) {
+    switch (op) {
+    case 0: return -x;
+    case 1: return fabsf(x);
+    case 2: return expf(x);
+    case 3: return logf(x);
+    case 4: return sqrtf(x);
+    case 5: return 1.0f / x;
+    case 6: return tanhf(x);
+    case 7: return 1.0f / (1.0f + expf(-x));
+    case 8: return fmaxf(x, 0.0f);
+    case 9: return x * 0.5f * (1.0f + erff(x * INV_SQRT2));
+    case 10: return 0.5f * (1.0f + erff(x * INV_SQRT2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
+    case 11: return pow_real(x, p0);
+    case 12: return x * p0 + p1;
+    case 13: return fmaxf(x, p0);
+    case 14: return fminf(x, p0);
+    default: return x;
+    }
+}

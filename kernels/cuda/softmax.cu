@@ -1,0 +1,41 @@
+// softmax_last / log_softmax_last over the last axis of a contiguous [rows, cols]: a group of G
+// threads per row (G = 32 for short rows, 256 for long; 256 / G rows per block) combines the
+// row's maximum and sum of exponentials in shared memory. f32 math.
+
+// Combines the group's values into every member's return value: the maximum, or the sum.
+__device__ __forceinline__ float combine(float* scratch, u32 lane, u32 group, float v, bool take_max) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 width = group / 2; width > 0; width /= 2) {
+        if (lane < width) {
+            float other = scratch[threadIdx.x + width];
+            scratch[threadIdx.x] = take_max ? fmaxf(scratch[threadIdx.x], other) : scratch[threadIdx.x] + other;
+        }
+        __syncthreads();
+    }
+    float result = scratch[threadIdx.x - lane];
+    __syncthreads();
+    return result;
+}
+
+#define SOFTMAX(T, suffix)                                                                        \
+    extern "C" __global__ void softmax_##suffix(T* out, const T* src, u32 rows, u32 cols,         \
+                                                u32 log_form, u32 group) {                        \
+        __shared__ float scratch[256];                                                            \
+        u32 lane = threadIdx.x % group;                                                           \
+        u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                        \
+        u32 base = (row < rows ? row : rows - 1) * cols;                                          \
+        float local_max = -F32_INF;                                                               \
+        for (u32 c = lane; c < cols; c += group) local_max = fmaxf(local_max, to_f32(src[base + c])); \
+        float row_max = combine(scratch, lane, group, local_max, true);                          \
+        float local_sum = 0.0f;                                                                   \
+        for (u32 c = lane; c < cols; c += group) local_sum += expf(to_f32(src[base + c]) - row_max); \
+        float sum = combine(scratch, lane, group, local_sum, false);                             \
+        if (row >= rows) return;                                                                  \
+        float log_sum = logf(sum);                                                                \
+        for (u32 c = lane; c < cols; c += group) {                                                \
+            float shifted = to_f32(src[base + c]) - row_max;                                      \
+            out[base + c] = from_f32<T>(log_form ? shifted - log_sum : expf(shifted) / sum);      \
+        }                                                                                         \
+    }
+FOR_FLOATS(SOFTMAX)
