@@ -118,8 +118,10 @@ def main(argv):
     device = torch.device(plan["device"])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = {"engine": f"PyTorch {torch.__version__.split('+')[0]}", "gemm": [], "mlp": None}
+    gemm_dtype = plan.get("gemm_dtype", "f32")
+    torch.backends.cuda.matmul.allow_tf32 = gemm_dtype == "tf32"
     for n in plan["gemm_sizes"]:
-        dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[plan.get("gemm_dtype", "f32")]
+        dtype = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}[gemm_dtype]
         results["gemm"].append(gemm(torch, device, n, plan["gemm_timing"], sync, dtype))
     if plan["mlp"] is not None:
         results["mlp"] = mlp(torch, device, plan["mlp"], sync)

@@ -52,6 +52,7 @@ impl CudaBuffer {
     /// Orders the compute stream after any pending write from another stream.
     pub(crate) fn ready(&self) -> Result<()> {
         if let Some(event) = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // `wait` binds the stream's context to this thread first.
             self.stream.wait(&event).map_err(|e| Error::Device {
                 device: format!("cuda:{}", self.stream.context().ordinal()),
                 msg: format!("waiting for a collective: {e:?}"),

@@ -70,6 +70,8 @@ impl Memory {
     /// Returns `ptr` (of `bytes`, as allocated) to the pool once the compute stream is past its uses.
     pub(crate) fn free(&self, ptr: sys::CUdeviceptr, bytes: usize) {
         let bytes = bytes.max(4);
+        // Buffers are dropped on whatever thread held them last (a loader, a reducer).
+        let _ = self.stream.context().bind_to_thread();
         // SAFETY: `ptr` came from `alloc` on this stream and is freed once (its buffer's drop).
         let _ = unsafe { result::free_async(ptr, self.stream.cu_stream()) };
         self.allocated.fetch_sub(bytes as u64, Ordering::Relaxed);

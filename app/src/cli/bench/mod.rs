@@ -62,8 +62,9 @@ pub struct Args {
     /// Precision of the MLP steps: 32, 16-mixed or bf16-mixed (the peer uses torch.autocast).
     #[arg(long, default_value = "32", value_parser = ["32", "16-mixed", "bf16-mixed"])]
     precision: String,
-    /// Element type of the GEMM benchmark's operands (bf16 accumulates in f32).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    /// Element type of the GEMM benchmark's operands (bf16 accumulates in f32; tf32: f32
+    /// operands on TF32 tensor cores, CUDA only, the peer with `allow_tf32`).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "bf16"])]
     gemm_dtype: String,
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
@@ -169,7 +170,9 @@ fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
     Ok(ours)
 }
 
-/// The GEMM benchmark's element type (clap allows only these names).
+/// The GEMM benchmark's element type (clap allows only these names); `tf32` also lets CUDA
+/// products use TF32.
 fn gemm_dtype(name: &str) -> DType {
+    lockstep_cuda::set_allow_tf32(name == "tf32");
     if name == "bf16" { DType::BF16 } else { DType::F32 }
 }
