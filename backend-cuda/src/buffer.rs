@@ -20,7 +20,7 @@ pub struct CudaBuffer {
     memory: Arc<Memory>,
     /// The compute stream, which must wait for `pending` before freeing or touching the buffer.
     stream: Arc<CudaStream>,
-    pending: Mutex<Option<CudaEvent>>,
+    pending: Mutex<Option<Arc<CudaEvent>>>,
 }
 
 impl CudaBuffer {
@@ -45,7 +45,7 @@ impl CudaBuffer {
     }
 
     /// Marks the buffer as written by work on another stream that `event` follows.
-    pub(crate) fn set_pending(&self, event: CudaEvent) {
+    pub(crate) fn set_pending(&self, event: Arc<CudaEvent>) {
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(event);
     }
 

@@ -59,7 +59,7 @@ pub struct NcclCommunicator {
     backend: Arc<CudaBackend>,
     timeout: Duration,
     /// Collectives queued and not yet seen complete, oldest first.
-    outstanding: Mutex<VecDeque<(CudaEvent, Instant, &'static str)>>,
+    outstanding: Mutex<VecDeque<(Arc<CudaEvent>, Instant, &'static str)>>,
 }
 
 fn require_nccl(rank: usize, op: &'static str) -> Result<()> {
@@ -173,9 +173,9 @@ impl NcclCommunicator {
             let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
             call(comm.0, gpu.comm.cu_stream() as _).map_err(|e| nccl_error(op, self.rank, op, e))?;
         }
-        let done = gpu.comm.record_event(None).map_err(|e| fail("event", e))?;
+        let done = Arc::new(gpu.comm.record_event(None).map_err(|e| fail("event", e))?);
         for b in touched {
-            b.set_pending(gpu.comm.record_event(None).map_err(|e| fail("event", e))?);
+            b.set_pending(done.clone());
         }
         self.outstanding
             .lock()

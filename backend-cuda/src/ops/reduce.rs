@@ -1,8 +1,8 @@
 //! reduce (reduce.cu): sum, max, min and argmax over any set of axes of a strided tensor.
 
-use lockstep_core::backend::{BackendBuffer, BufferRef, ReduceKind};
+use lockstep_core::backend::{BackendBuffer, BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Error, Result};
+use lockstep_core::{DType, Result};
 
 use crate::backend::{CudaBackend, float_suffix};
 use crate::gpu::{BLOCK, launch};
@@ -24,22 +24,8 @@ impl CudaBackend {
         let op = kind.name();
         let s = self.operand(op, src, Some(layout))?;
         let suffix = float_suffix(op, s.dtype())?;
-        let rank = layout.shape.rank();
-        if axes.iter().any(|&a| a >= rank) || axes.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(Error::invalid(
-                op,
-                format!("axes {axes:?} must be sorted, unique and below rank {rank}"),
-            ));
-        }
-        if kind == ReduceKind::ArgMax && axes.len() != 1 {
-            return Err(Error::invalid(op, "argmax reduces exactly one axis"));
-        }
-        let (mut kept, mut reduced) = ((vec![], vec![]), (vec![], vec![]));
-        for (axis, (&d, &st)) in layout.dims().iter().zip(&layout.strides).enumerate() {
-            let part = if axes.contains(&axis) { &mut reduced } else { &mut kept };
-            part.0.push(d);
-            part.1.push(st);
-        }
+        kind.check_axes(layout.shape.rank(), axes)?;
+        let [kept, reduced] = split_axes(layout, axes);
         let n_out: usize = kept.0.iter().product();
         let n_red: usize = reduced.0.iter().product();
         let out_dtype = if kind == ReduceKind::ArgMax {

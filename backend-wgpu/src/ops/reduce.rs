@@ -1,8 +1,8 @@
 //! reduce (reduce.wgsl): sum, max, min and argmax over any set of axes of a strided tensor.
 
-use lockstep_core::backend::{BufferRef, ReduceKind};
+use lockstep_core::backend::{BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Error, Result};
+use lockstep_core::{DType, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
@@ -18,23 +18,14 @@ impl WgpuBackend {
         let op = kind.name();
         let src = self.operand(op, src, Some(layout))?;
         let t = self.float_type(op, src.dtype())?;
-        let rank = layout.shape.rank();
-        if axes.iter().any(|&a| a >= rank) || axes.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(Error::invalid(
-                op,
-                format!("axes {axes:?} must be sorted, unique and below rank {rank}"),
-            ));
-        }
-        if kind == ReduceKind::ArgMax && axes.len() != 1 {
-            return Err(Error::invalid(op, "argmax reduces exactly one axis"));
-        }
+        kind.check_axes(layout.shape.rank(), axes)?;
         // Kept and reduced sub-shapes, each as sizes then strides.
-        let (mut kept, mut reduced) = ((vec![], vec![]), (vec![], vec![]));
-        for (axis, (&d, &s)) in layout.dims().iter().zip(&layout.strides).enumerate() {
-            let part = if axes.contains(&axis) { &mut reduced } else { &mut kept };
-            part.0.push(to_u32(op, d)?);
-            part.1.push(to_u32(op, s)?);
-        }
+        let words = |v: &[usize]| v.iter().map(|&x| to_u32(op, x)).collect::<Result<Vec<u32>>>();
+        let [kept, reduced] = split_axes(layout, axes);
+        let (kept, reduced) = (
+            (words(&kept.0)?, words(&kept.1)?),
+            (words(&reduced.0)?, words(&reduced.1)?),
+        );
         let n_out: usize = layout
             .dims()
             .iter()

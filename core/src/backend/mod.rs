@@ -17,7 +17,7 @@ use std::sync::Arc;
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
 pub use ops::{
     AdamStep, BiasGeometry, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind,
-    SgdStep, UnaryOp,
+    SgdStep, UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};

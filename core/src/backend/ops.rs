@@ -148,6 +148,33 @@ impl ReduceKind {
             ReduceKind::ArgMax => "argmax",
         }
     }
+
+    /// Checks the axes of a reduction over `rank` dimensions: sorted, unique and in range, and
+    /// exactly one for ArgMax.
+    pub fn check_axes(self, rank: usize, axes: &[usize]) -> Result<()> {
+        if axes.iter().any(|&a| a >= rank) || axes.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::invalid(
+                self.name(),
+                format!("axes {axes:?} must be sorted, unique and below rank {rank}"),
+            ));
+        }
+        if self == ReduceKind::ArgMax && axes.len() != 1 {
+            return Err(Error::invalid(self.name(), "argmax reduces exactly one axis"));
+        }
+        Ok(())
+    }
+}
+
+/// A layout split for a reduction: the (sizes, strides) of the kept axes and of the reduced
+/// ones, each in axis order.
+pub fn split_axes(layout: &crate::shape::Layout, axes: &[usize]) -> [(Vec<usize>, Vec<usize>); 2] {
+    let (mut kept, mut reduced) = ((vec![], vec![]), (vec![], vec![]));
+    for (axis, (&d, &s)) in layout.dims().iter().zip(&layout.strides).enumerate() {
+        let part = if axes.contains(&axis) { &mut reduced } else { &mut kept };
+        part.0.push(d);
+        part.1.push(s);
+    }
+    [kept, reduced]
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -408,15 +408,7 @@ impl Backend for CpuBackend {
 
     fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef> {
         check_extent(op.name(), src, layout)?;
-        if axes.iter().any(|&a| a >= layout.shape.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(Error::invalid(
-                op.name(),
-                format!(
-                    "axes {axes:?} must be sorted, unique and below rank {}",
-                    layout.shape.rank()
-                ),
-            ));
-        }
+        op.check_axes(layout.shape.rank(), axes)?;
         let data = cpu(op.name(), src)?.read();
         if op == ReduceKind::ArgMax {
             let [axis] = axes else {
