@@ -261,6 +261,37 @@ fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
 }
 
 #[test]
+fn sync_batchnorm_over_two_cpu_devices_trains_the_batchnorm_convnet() {
+    let dir = TempDir::new("sync-bn");
+    let summary = dir.join("summary.json");
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--model",
+            "convnet-bn",
+            "--devices",
+            "cpu:0,cpu:1",
+            "--sync-batchnorm",
+            "--batch-size",
+            "64",
+            "--max-steps",
+            "30",
+            "--summary-out",
+            path_str(&summary),
+        ],
+    );
+    assert_succeeds(&out);
+    let text = std::fs::read_to_string(&summary).expect("the summary file");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the summary is JSON");
+    assert_eq!(json["model"], "convnet-bn", "{text}");
+    assert_eq!(json["device"], "cpu:0,cpu:1", "{text}");
+    assert_eq!(json["steps"], 30, "{text}");
+    // Chance is 10%; 30 steps of 64 images take a BatchNorm convnet far past it.
+    let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
+    assert!(accuracy > 0.7, "test accuracy {accuracy} after 30 steps:\n{text}");
+}
+
+#[test]
 fn a_batch_that_does_not_split_over_the_devices_is_refused() {
     let out = train(&mnist_dir(), &["--devices", "cpu:0,cpu:1", "--batch-size", "127"]);
     assert_fails_with(&out, &["--batch-size 127", "2 devices"]);

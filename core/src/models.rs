@@ -3,11 +3,11 @@
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::nn::{Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Relu, Sequential};
+use crate::nn::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Relu, Sequential};
 use crate::rng::Generator;
 
 /// The model names `build` accepts.
-pub const NAMES: [&str; 2] = ["mlp", "lenet5"];
+pub const NAMES: [&str; 3] = ["mlp", "lenet5", "convnet-bn"];
 
 /// An MLP on flattened 28x28 images: 784 -> hidden… -> 10 with ReLU between layers
 /// (`hidden = [512, 512]` is the default 784-512-512-10).
@@ -42,11 +42,37 @@ pub fn lenet5(device: &Device, generator: &Generator) -> Result<Sequential> {
         .add(Linear::new(84, 10, true, device, generator)?))
 }
 
+/// A small convnet with batch normalisation for 28x28 inputs (for SyncBatchNorm runs): conv 1->16
+/// 3x3 pad 1, bn, relu, maxpool 2, conv 16->32 3x3 pad 1, bn, relu, maxpool 2, flatten,
+/// fc 1568->10. The convolutions have no bias: the batch norm after each would cancel it.
+pub fn convnet_bn(device: &Device, generator: &Generator) -> Result<Sequential> {
+    Ok(Sequential::new()
+        .add(Conv2d::new(
+            Conv2dConfig::new(1, 16, 3).padding(1).bias(false),
+            device,
+            generator,
+        )?)
+        .add(BatchNorm2d::new(16, device)?)
+        .add(Relu)
+        .add(MaxPool2d::new(2)?)
+        .add(Conv2d::new(
+            Conv2dConfig::new(16, 32, 3).padding(1).bias(false),
+            device,
+            generator,
+        )?)
+        .add(BatchNorm2d::new(32, device)?)
+        .add(Relu)
+        .add(MaxPool2d::new(2)?)
+        .add(Flatten::new())
+        .add(Linear::new(32 * 7 * 7, 10, true, device, generator)?))
+}
+
 /// A built-in model by name; `hidden` applies to `mlp`.
 pub fn build(name: &str, hidden: &[usize], device: &Device, generator: &Generator) -> Result<Sequential> {
     match name {
         "mlp" => mlp(hidden, device, generator),
         "lenet5" => lenet5(device, generator),
+        "convnet-bn" => convnet_bn(device, generator),
         other => Err(Error::invalid(
             "model",
             format!("unknown model `{other}`; built-in models: {}", NAMES.join(", ")),

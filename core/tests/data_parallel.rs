@@ -5,45 +5,17 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lockstep_core::backend::{BufferRef, Communicator, LocalCommunicator, ReduceOp};
+use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
 use lockstep_core::{DType, Device, Generator, Result, Tensor, models};
 
+mod parallel_support;
+use parallel_support::Intercepted;
+
 const STEPS: usize = 4;
 const GLOBAL_BATCH: usize = 32;
-
-/// Counts all-reduce calls, forwarding everything to the real communicator.
-struct Counting {
-    inner: LocalCommunicator,
-    all_reduces: Arc<AtomicUsize>,
-}
-
-impl Communicator for Counting {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()> {
-        self.all_reduces.fetch_add(1, Ordering::Relaxed);
-        self.inner.all_reduce(buf, op)
-    }
-    fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
-        self.inner.broadcast(buf, root)
-    }
-    fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()> {
-        self.inner.all_gather(input, output)
-    }
-    fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()> {
-        self.inner.reduce_scatter(input, output, op)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
-    }
-}
 
 fn model(device: &Device) -> Sequential {
     // Same seed on every device: identical initial weights (what a broadcast from rank 0 gives).
@@ -91,18 +63,21 @@ fn data_parallel(micro: usize) -> (Vec<Vec<Vec<f32>>>, usize) {
             let counter = counter.clone();
             std::thread::spawn(move || {
                 let rank = comm.rank();
-                let comm: Arc<dyn Communicator> = Arc::new(Counting {
-                    inner: comm,
-                    all_reduces: counter,
+                // Counts all-reduce calls.
+                let comm: Arc<dyn Communicator> = Arc::new(Intercepted {
+                    inner: Arc::new(comm),
+                    before_all_reduce: Box::new(move || {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }),
                 });
                 let net = model(&device);
                 // Small buckets so the model spans several of them.
                 let config = ReducerConfig {
-                    first_bucket_bytes: 1024,
-                    bucket_bytes: 40_000,
+                    first_bucket_bytes: 512,
+                    bucket_bytes: 2_000,
                 };
                 let reducer = Reducer::new(&net.parameters(), comm, config).unwrap();
-                assert!(reducer.bucket_sizes().len() >= 3, "{:?}", reducer.bucket_sizes());
+                assert!(reducer.buckets().len() >= 3, "{:?}", reducer.buckets());
                 let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1).momentum(0.9)).unwrap();
                 let (x, y) = data(&device);
                 let shard = GLOBAL_BATCH / 2;

@@ -9,7 +9,9 @@ use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, DistributedSamp
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::{Flatten, Linear, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{GradScaler, Sgd, SgdConfig};
-use lockstep_core::train::{Classification, Precision, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::train::{
+    ChannelListener, Classification, Event, Precision, StepTimes, Trainer, TrainerConfig, TrainingSetup,
+};
 use lockstep_core::{Device, Generator, HostVec, Result};
 
 const LEN: usize = 128;
@@ -58,6 +60,7 @@ fn config(accumulate: usize) -> TrainerConfig {
     TrainerConfig {
         max_epochs: 3,
         accumulate_grad_batches: accumulate,
+        log_every_n_steps: 2,
         ..Default::default()
     }
 }
@@ -90,6 +93,16 @@ fn single_device(batch: usize, accumulate: usize) -> Vec<Vec<f32>> {
 }
 
 fn replicas(batch: usize, accumulate: usize) -> Vec<Vec<Vec<f32>>> {
+    replicas_with_events(batch, accumulate)
+        .into_iter()
+        .map(|(w, _)| w)
+        .collect()
+}
+
+/// A replica's final weights and the `rank_times` of its step events.
+type Outcome = (Vec<Vec<f32>>, Vec<Vec<StepTimes>>);
+
+fn replicas_with_events(batch: usize, accumulate: usize) -> Vec<Outcome> {
     let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
     let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
     let threads: Vec<_> = comms
@@ -107,12 +120,19 @@ fn replicas(batch: usize, accumulate: usize) -> Vec<Vec<Vec<f32>>> {
                     ..Default::default()
                 };
                 let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
-                Trainer::new(config(accumulate))
-                    .unwrap()
-                    .with_reducer(reducer)
-                    .fit(&mut s, &loader, None)
-                    .unwrap();
-                weights(&s)
+                let mut trainer = Trainer::new(config(accumulate)).unwrap().with_reducer(reducer);
+                let (listener, events) = ChannelListener::new(1 << 12);
+                trainer.add_listener(listener);
+                trainer.fit(&mut s, &loader, None).unwrap();
+                drop(trainer);
+                let rank_times = events
+                    .iter()
+                    .filter_map(|r| match r.event {
+                        Event::Step { rank_times, .. } => Some(rank_times),
+                        _ => None,
+                    })
+                    .collect();
+                (weights(&s), rank_times)
             })
         })
         .collect();
@@ -185,4 +205,18 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
         assert_eq!(after, before, "rank {rank} did not step");
     }
     assert_eq!(r[0].1, r[1].1, "the replicas are identical");
+}
+
+#[test]
+fn every_rank_receives_every_ranks_step_times() {
+    for (rank, (_, steps)) in replicas_with_events(16, 1).into_iter().enumerate() {
+        assert!(!steps.is_empty(), "rank {rank} logged no steps");
+        for times in steps {
+            assert_eq!(times.len(), 2, "one entry per rank");
+            for t in times {
+                assert!(t.forward > 0.0 && t.backward > 0.0 && t.all_reduce > 0.0, "{t:?}");
+                assert!(t.communication >= 0.0 && t.optimizer > 0.0, "{t:?}");
+            }
+        }
+    }
 }

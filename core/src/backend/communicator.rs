@@ -4,8 +4,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Backend, BufferRef};
-use crate::dtype::HostVec;
+use crate::dtype::{Element, HostVec};
 use crate::error::{Error, Result};
+use crate::map_host_vec;
 use crate::shape::Layout;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,24 +196,34 @@ impl LocalCommunicator {
     }
 }
 
-/// Reduces equal-length vectors elementwise in f64, in rank order, so every rank gets the same bits.
+/// Reduces `range` of equal-length vectors elementwise in f64, in rank order, so every rank
+/// gets the same bits. Reads the typed values in place: no f64 copy of whole vectors.
 fn reduce_host(all: &[HostVec], op: ReduceOp, range: std::ops::Range<usize>) -> HostVec {
     let dtype = all[0].dtype();
-    let columns: Vec<Vec<f64>> = all.iter().map(|v| v.to_f64_vec()[range.clone()].to_vec()).collect();
-    let mut acc = columns[0].clone();
-    for col in &columns[1..] {
-        for (a, &b) in acc.iter_mut().zip(col) {
-            *a = match op {
-                ReduceOp::Sum | ReduceOp::Mean => *a + b,
-                ReduceOp::Max => a.max(b),
-            };
-        }
+    let mut acc = vec![0.0f64; range.len()];
+    for (rank, contribution) in all.iter().enumerate() {
+        map_host_vec!(contribution, v => {
+            for (a, x) in acc.iter_mut().zip(&v[range.clone()]) {
+                let x = x.to_f64();
+                *a = match op {
+                    _ if rank == 0 => x,
+                    ReduceOp::Sum | ReduceOp::Mean => *a + x,
+                    ReduceOp::Max => a.max(x),
+                };
+            }
+        });
     }
     if op == ReduceOp::Mean {
         let n = all.len() as f64;
         acc.iter_mut().for_each(|a| *a /= n);
     }
     HostVec::from_f64(dtype, &acc)
+}
+
+/// The part of `len` elements that `rank` of `world` reduces in an all-reduce.
+fn chunk_of(rank: usize, world: usize, len: usize) -> std::ops::Range<usize> {
+    let per = len.div_ceil(world);
+    (rank * per).min(len)..((rank + 1) * per).min(len)
 }
 
 impl Communicator for LocalCommunicator {
@@ -223,10 +234,31 @@ impl Communicator for LocalCommunicator {
         self.shared.world
     }
 
+    /// A reduce-scatter (each rank reduces its chunk of everyone's data) and an all-gather of
+    /// the reduced chunks: each rank does 1/world of the arithmetic.
     fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()> {
         let all = self.exchange("all_reduce", self.read(buf)?)?;
         self.check_len("all_reduce", &all, buf.len())?;
-        self.write(buf, &reduce_host(&all, op, 0..buf.len()))
+        let world = self.world_size();
+        let mine = reduce_host(&all, op, chunk_of(self.rank, world, buf.len()));
+        drop(all);
+        let reduced = self.exchange("all_reduce", mine)?;
+        for (rank, part) in reduced.iter().enumerate() {
+            let range = chunk_of(rank, world, buf.len());
+            if part.len() != range.len() {
+                return Err(self.err("all_reduce", format!("rank {rank} returned a chunk of another size")));
+            }
+            if !part.is_empty() {
+                let staged = self.backend.from_host(part)?;
+                let target = Layout {
+                    offset: range.start,
+                    ..Layout::contiguous([range.len()])
+                };
+                self.backend
+                    .copy_strided(&staged, &Layout::contiguous([range.len()]), buf, &target)?;
+            }
+        }
+        Ok(())
     }
 
     fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {

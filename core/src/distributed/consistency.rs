@@ -3,8 +3,8 @@
 //! replica built from other flags would average unrelated tensors, or hang in a collective of
 //! another size. Every rank sees the same gathered fingerprints, so all refuse together.
 
+use super::all_gather_values;
 use crate::backend::Communicator;
-use crate::dtype::{DType, HostVec};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -19,15 +19,6 @@ fn fingerprint(text: &str) -> u32 {
         .fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
-/// Gathers one u32 per rank-element from every rank.
-fn gather(comm: &dyn Communicator, device: &crate::device::Device, mine: Vec<u32>) -> Result<Vec<u32>> {
-    let len = mine.len();
-    let input = Tensor::from_host(HostVec::U32(mine), [len], device)?;
-    let output = Tensor::zeros([len * comm.world_size()], DType::U32, device)?;
-    comm.all_gather(input.buffer(), output.buffer())?;
-    output.to_vec::<u32>()
-}
-
 /// Refuses, on every rank, a run whose replicas differ from rank 0's model, naming the first
 /// parameter that differs.
 pub fn verify_same_model(named: &[(String, Tensor)], comm: &dyn Communicator) -> Result<()> {
@@ -36,7 +27,7 @@ pub fn verify_same_model(named: &[(String, Tensor)], comm: &dyn Communicator) ->
     };
     let device = first.device();
     let (rank, world) = (comm.rank(), comm.world_size());
-    let counts = gather(comm, device, vec![named.len() as u32])?;
+    let counts = all_gather_values(comm, device, vec![named.len() as u32])?;
     if let Some(r) = (1..world).find(|&r| counts[r] != counts[0]) {
         return Err(Error::invalid(
             "data parallel",
@@ -47,7 +38,7 @@ pub fn verify_same_model(named: &[(String, Tensor)], comm: &dyn Communicator) ->
         ));
     }
     let mine: Vec<u32> = named.iter().map(|(n, p)| fingerprint(&describe(n, p))).collect();
-    let all = gather(comm, device, mine)?;
+    let all = all_gather_values(comm, device, mine)?;
     let n = named.len();
     for i in 0..n {
         if let Some(r) = (1..world).find(|&r| all[r * n + i] != all[i]) {

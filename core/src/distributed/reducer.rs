@@ -1,17 +1,20 @@
 //! The gradient reducer (PyTorch DDP's): parameters are packed into buckets in reverse
-//! registration order (the order backward finishes them), the first bucket small so
-//! communication starts early; a grad-ready hook copies each gradient into its bucket, and a
-//! bucket is averaged across replicas the moment its last gradient lands, while backward is
-//! still running. `finish` writes the averaged gradients back. With `set_sync(false)`
-//! (accumulation steps) nothing is communicated.
-//!
-//! This version all-reduces on the backward thread; a communication thread (so the wait hides
-//! behind the rest of backward) is the next step.
+//! registration order (the order backward is expected to finish them), the first bucket small
+//! so communication starts early; a grad-ready hook copies each gradient into its bucket, and
+//! full buckets are handed, strictly in bucket order (so every rank issues the same collectives
+//! in the same order), to a communication thread that averages them across replicas while
+//! backward goes on. After the first synchronised step the buckets are rebuilt once in the
+//! order gradients actually arrived on rank 0. `finish` waits for the buckets and writes the
+//! averaged gradients back. With `set_sync(false)` (accumulation steps) nothing is communicated.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use super::buckets::{Bucket, assign};
+use super::comm_worker::CommWorker;
 use super::verify_same_model;
 use crate::backend::{Communicator, ReduceOp};
+use crate::dtype::HostVec;
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::shape::Layout;
@@ -34,99 +37,90 @@ impl Default for ReducerConfig {
     }
 }
 
-struct Slot {
-    param: Tensor,
-    offset: usize,
+/// Communication of the last synchronised step, for reports and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommTimes {
+    pub buckets: usize,
+    /// Seconds the buckets' all-reduces ran (one after another on the communication thread).
+    pub all_reduce: f64,
+    /// Seconds `finish` waited for them once backward was over: the part not hidden.
+    pub exposed: f64,
 }
 
-struct Bucket {
-    /// Flat gradients of its parameters, on their device.
-    flat: Tensor,
-    slots: Vec<Slot>,
-    ready: usize,
+impl CommTimes {
+    /// Seconds of all-reduce that ran while backward was still computing.
+    pub fn hidden(&self) -> f64 {
+        (self.all_reduce - self.exposed).max(0.0)
+    }
 }
 
 struct State {
+    params: Vec<Tensor>,
     buckets: Vec<Bucket>,
     /// Parameter id -> (bucket, slot).
-    index: std::collections::HashMap<u64, (usize, usize)>,
+    index: HashMap<u64, (usize, usize)>,
     sync: bool,
-    /// Buckets reduced in this backward pass.
-    reduced: usize,
+    /// The next bucket to launch; buckets launch in index order only.
+    next_bucket: usize,
+    /// Parameter indices in the order their gradients became ready, until the rebuild.
+    arrivals: Option<Vec<usize>>,
+    config: ReducerConfig,
+    worker: CommWorker,
     comm: Arc<dyn Communicator>,
+    last: CommTimes,
 }
 
 pub struct Reducer {
     state: Arc<Mutex<State>>,
+    /// Running statistics and other buffers, kept equal to rank 0's after every step.
+    buffers: Vec<Tensor>,
 }
 
 impl Reducer {
     /// `new` for a model's parameters, after checking every replica holds the same model
-    /// (names, shapes, dtypes); a difference is refused on every rank, naming it.
+    /// (names, shapes, dtypes); a difference is refused on every rank, naming it. The model's
+    /// buffers (running statistics) start as rank 0's and are re-broadcast after every step,
+    /// as DDP's `broadcast_buffers`.
     pub fn for_model(model: &dyn Module, comm: Arc<dyn Communicator>, config: ReducerConfig) -> Result<Reducer> {
         let named = model.named_parameters();
         verify_same_model(&named, comm.as_ref())?;
         let params: Vec<Tensor> = named.into_iter().map(|(_, p)| p).collect();
-        Reducer::new(&params, comm, config)
+        let mut reducer = Reducer::new(&params, comm, config)?;
+        reducer.buffers = model.named_buffers().into_iter().map(|(_, b)| b).collect();
+        reducer.broadcast_buffers()?;
+        Ok(reducer)
     }
 
     /// Makes every replica start from rank 0's parameters (as DDP's constructor does), buckets
     /// `params` (all on one device) and hooks their gradients.
     pub fn new(params: &[Tensor], comm: Arc<dyn Communicator>, config: ReducerConfig) -> Result<Reducer> {
         for p in params {
-            let dense = p.is_contiguous() && p.layout().offset == 0 && p.buffer().len() == p.elem_count();
-            if !dense {
-                return Err(Error::invalid(
-                    "Reducer",
-                    format!(
-                        "parameter of shape {} is a view; parameters must own their storage",
-                        p.shape()
-                    ),
-                ));
-            }
+            require_dense(p)?;
             comm.broadcast(p.buffer(), 0)?;
         }
-        let mut buckets: Vec<Bucket> = Vec::new();
-        let mut current: Vec<Tensor> = Vec::new();
-        let mut bytes = 0;
-        let cap = |n: usize| {
-            if n == 0 {
-                config.first_bucket_bytes
-            } else {
-                config.bucket_bytes
-            }
-        };
-        // Reverse registration order: the last layers' gradients are ready first.
-        for p in params.iter().rev() {
-            let size = p.elem_count() * p.dtype().size_in_bytes();
-            if !current.is_empty() && bytes + size > cap(buckets.len()) {
-                buckets.push(bucket(std::mem::take(&mut current))?);
-                bytes = 0;
-            }
-            bytes += size;
-            current.push(p.clone());
-        }
-        if !current.is_empty() {
-            buckets.push(bucket(current)?);
-        }
-        let mut index = std::collections::HashMap::new();
-        for (b, bucket) in buckets.iter().enumerate() {
-            for (s, slot) in bucket.slots.iter().enumerate() {
-                index.insert(slot.param.id(), (b, s));
-            }
-        }
+        let reverse: Vec<usize> = (0..params.len()).rev().collect();
+        let (buckets, index) = build_buckets(params, &reverse, config)?;
         let state = Arc::new(Mutex::new(State {
+            params: params.to_vec(),
             buckets,
             index,
             sync: true,
-            reduced: 0,
+            next_bucket: 0,
+            arrivals: Some(Vec::with_capacity(params.len())),
+            config,
+            worker: CommWorker::spawn(comm.clone())?,
             comm,
+            last: CommTimes::default(),
         }));
         for p in params {
-            let state = state.clone();
+            // Weak: the parameters outlive the reducer; its hooks then do nothing.
+            let state = Arc::downgrade(&state);
             p.add_grad_ready_hook(Arc::new(move |param: &Tensor| on_ready(&state, param)));
         }
-        Ok(Reducer { state })
+        Ok(Reducer {
+            state,
+            buffers: Vec::new(),
+        })
     }
 
     /// Accumulation steps (`no_sync`) skip communication; the step that syncs reduces once.
@@ -134,70 +128,148 @@ impl Reducer {
         self.lock().sync = sync;
     }
 
-    /// Number of buckets and the parameters of each, in reduction order (for reports).
-    pub fn bucket_sizes(&self) -> Vec<usize> {
-        self.lock().buckets.iter().map(|b| b.slots.len()).collect()
+    /// The parameters (registration indices) of each bucket, in reduction order.
+    pub fn buckets(&self) -> Vec<Vec<usize>> {
+        let st = self.lock();
+        st.buckets
+            .iter()
+            .map(|b| b.slots.iter().map(|s| s.param).collect())
+            .collect()
     }
 
-    /// After backward: checks every bucket was reduced and writes the averaged gradients back
-    /// into the parameters' `.grad`.
+    /// The communicator gradients are averaged over.
+    pub fn communicator(&self) -> Arc<dyn Communicator> {
+        self.lock().comm.clone()
+    }
+
+    /// Communication of the last synchronised step.
+    pub fn last_comm_times(&self) -> CommTimes {
+        self.lock().last
+    }
+
+    /// After backward: waits for every bucket's all-reduce, writes the averaged gradients back
+    /// into the parameters' `.grad`, brings the buffers to rank 0's values and, after the first
+    /// step, rebuilds the buckets in the observed order.
     pub fn finish(&self) -> Result<()> {
         let mut st = self.lock();
         if !st.sync {
             return Ok(());
         }
-        if st.reduced != st.buckets.len() {
+        let drained = st.worker.wait_all()?;
+        let launched = st.next_bucket;
+        let total = st.buckets.len();
+        st.next_bucket = 0;
+        st.buckets.iter_mut().for_each(|b| b.ready = 0);
+        if launched != total {
+            st.arrivals = None;
             return Err(Error::Autograd(format!(
-                "only {} of {} gradient buckets were reduced: did every parameter take part in backward?",
-                st.reduced,
-                st.buckets.len()
+                "only {launched} of {total} gradient buckets were reduced: did every parameter take part in backward?"
             )));
         }
+        st.last = CommTimes {
+            buckets: total,
+            all_reduce: drained.busy.as_secs_f64(),
+            exposed: drained.waited.as_secs_f64(),
+        };
         for b in &st.buckets {
-            for slot in &b.slots {
-                let view = Layout {
-                    shape: slot.param.shape().clone(),
-                    strides: slot.param.shape().contiguous_strides(),
-                    offset: slot.offset,
-                };
-                let grad = Tensor::zeros(slot.param.shape().clone(), b.flat.dtype(), b.flat.device())?;
+            for (s, slot) in b.slots.iter().enumerate() {
+                let param = &st.params[slot.param];
+                let grad = Tensor::zeros(param.shape().clone(), b.flat.dtype(), b.flat.device())?;
                 grad.backend().copy_strided(
                     b.flat.buffer(),
-                    &view,
+                    &b.view_of(s, param),
                     grad.buffer(),
-                    &Layout::contiguous(slot.param.shape().clone()),
+                    &Layout::contiguous(param.shape().clone()),
                 )?;
-                slot.param.set_grad(Some(grad));
+                param.set_grad(Some(grad));
             }
         }
-        st.reduced = 0;
-        st.buckets.iter_mut().for_each(|b| b.ready = 0);
+        if let Some(arrivals) = st.arrivals.take() {
+            rebuild_in_arrival_order(&mut st, arrivals)?;
+        }
+        drop(st);
+        self.broadcast_buffers()
+    }
+
+    fn broadcast_buffers(&self) -> Result<()> {
+        let comm = self.communicator();
+        for b in &self.buffers {
+            require_dense(b)?;
+            comm.broadcast(b.buffer(), 0)?;
+        }
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-fn bucket(params: Vec<Tensor>) -> Result<Bucket> {
-    let first = &params[0];
-    let total: usize = params.iter().map(Tensor::elem_count).sum();
-    let flat = Tensor::zeros([total], first.dtype(), first.device())?;
-    let mut offset = 0;
-    let slots = params
-        .into_iter()
-        .map(|param| {
-            let slot = Slot { offset, param };
-            offset += slot.param.elem_count();
-            slot
-        })
-        .collect();
-    Ok(Bucket { flat, slots, ready: 0 })
+/// A parameter or buffer is communicated through its whole storage.
+fn require_dense(p: &Tensor) -> Result<()> {
+    let dense = p.is_contiguous() && p.layout().offset == 0 && p.buffer().len() == p.elem_count();
+    if dense {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "Reducer",
+        format!(
+            "tensor of shape {} is a view; parameters and buffers must own their storage",
+            p.shape()
+        ),
+    ))
 }
 
-/// A parameter's gradient is final: copy it into its bucket; reduce the bucket when it is full.
-fn on_ready(state: &Mutex<State>, param: &Tensor) -> Result<()> {
+type Buckets = (Vec<Bucket>, HashMap<u64, (usize, usize)>);
+
+/// Buckets over `params` taken in `order`, and where each parameter landed.
+fn build_buckets(params: &[Tensor], order: &[usize], config: ReducerConfig) -> Result<Buckets> {
+    let bytes = |i: usize| params[i].elem_count() * params[i].dtype().size_in_bytes();
+    let groups = assign(order, bytes, config.first_bucket_bytes, config.bucket_bytes);
+    let buckets = groups
+        .iter()
+        .map(|members| Bucket::new(members, params))
+        .collect::<Result<Vec<_>>>()?;
+    let mut index = HashMap::new();
+    for (b, bucket) in buckets.iter().enumerate() {
+        for (s, slot) in bucket.slots.iter().enumerate() {
+            index.insert(params[slot.param].id(), (b, s));
+        }
+    }
+    Ok((buckets, index))
+}
+
+/// Rebuilds the buckets once, in the order gradients arrived on rank 0 (broadcast so every
+/// rank holds the same buckets, as DDP's `sync_bucket_indices`).
+fn rebuild_in_arrival_order(st: &mut State, arrivals: Vec<usize>) -> Result<()> {
+    let n = st.params.len();
+    if arrivals.len() != n {
+        return Ok(());
+    }
+    let device = st.params[0].device().clone();
+    let order = HostVec::U32(arrivals.iter().map(|&i| i as u32).collect());
+    let order = Tensor::from_host(order, [n], &device)?;
+    st.comm.broadcast(order.buffer(), 0)?;
+    let order: Vec<usize> = order.to_vec::<u32>()?.into_iter().map(|i| i as usize).collect();
+    let mut seen = vec![false; n];
+    if order.iter().any(|&i| i >= n || std::mem::replace(&mut seen[i], true)) {
+        return Err(Error::invalid(
+            "Reducer",
+            "rank 0's gradient order is not a permutation of this rank's parameters: do all ranks build the same model?",
+        ));
+    }
+    let (buckets, index) = build_buckets(&st.params, &order, st.config)?;
+    st.buckets = buckets;
+    st.index = index;
+    Ok(())
+}
+
+/// A parameter's gradient is final: copy it into its bucket and launch every bucket that is
+/// now full, in bucket order.
+fn on_ready(state: &Weak<Mutex<State>>, param: &Tensor) -> Result<()> {
+    let Some(state) = state.upgrade() else {
+        return Ok(());
+    };
     let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
     if !st.sync {
         return Ok(());
@@ -205,25 +277,28 @@ fn on_ready(state: &Mutex<State>, param: &Tensor) -> Result<()> {
     let Some(&(b, s)) = st.index.get(&param.id()) else {
         return Ok(());
     };
-    let comm = st.comm.clone();
+    let registered = st.buckets[b].slots[s].param;
+    if let Some(arrivals) = st.arrivals.as_mut() {
+        arrivals.push(registered);
+    }
     let bucket = &mut st.buckets[b];
-    let slot = &bucket.slots[s];
-    let view = Layout {
-        shape: param.shape().clone(),
-        strides: param.shape().contiguous_strides(),
-        offset: slot.offset,
-    };
     // An unused parameter contributes zeros, as DDP does.
     let grad = match param.grad() {
         Some(g) => g,
         None => param.detach().zeros_like()?,
     };
-    grad.backend()
-        .copy_strided(grad.buffer(), grad.layout(), bucket.flat.buffer(), &view)?;
+    grad.backend().copy_strided(
+        grad.buffer(),
+        grad.layout(),
+        bucket.flat.buffer(),
+        &bucket.view_of(s, param),
+    )?;
     bucket.ready += 1;
-    if bucket.ready == bucket.slots.len() {
-        comm.all_reduce(bucket.flat.buffer(), ReduceOp::Mean)?;
-        st.reduced += 1;
+    let st = &mut *st;
+    while st.next_bucket < st.buckets.len() && st.buckets[st.next_bucket].is_full() {
+        let flat = st.buckets[st.next_bucket].flat.buffer().clone();
+        st.worker.launch(flat, ReduceOp::Mean)?;
+        st.next_bucket += 1;
     }
     Ok(())
 }

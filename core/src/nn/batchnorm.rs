@@ -1,13 +1,19 @@
 //! Batch normalisation over axis 1, with PyTorch's parameters (weight, bias) and buffers
-//! (running_mean, running_var, num_batches_tracked) so state dicts carry over unchanged.
+//! (running_mean, running_var, num_batches_tracked) so state dicts carry over unchanged. With a
+//! communicator (`Module::convert_sync_batchnorm`) it is PyTorch's SyncBatchNorm: in training,
+//! the batch statistics cover the batches of every replica.
+
+use std::sync::Arc;
 
 use super::module::{Module, join_name};
 use crate::autograd::no_grad;
+use crate::backend::Communicator;
 use crate::device::Device;
+use crate::distributed::synced_batch_stats;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
-use crate::tensor::Tensor;
+use crate::tensor::{BatchStatsFn, Tensor, local_batch_stats};
 
 /// Which PyTorch class a `BatchNorm` stands for: it fixes the accepted input ranks and the name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +46,8 @@ impl Kind {
 }
 
 /// Training normalises with the batch statistics and updates the running ones (momentum 0.1,
-/// unbiased variance); evaluation normalises with the running statistics.
+/// unbiased variance); evaluation normalises with the running statistics. Synchronised (SyncBatchNorm),
+/// training takes the statistics over every replica's batch; evaluation never communicates.
 pub struct BatchNorm {
     kind: Kind,
     /// Scale (ones), absent when not affine.
@@ -54,6 +61,8 @@ pub struct BatchNorm {
     momentum: f64,
     eps: f64,
     training: bool,
+    /// Set by `convert_sync_batchnorm`: the replicas whose batches share statistics.
+    sync: Option<Arc<dyn Communicator>>,
 }
 
 /// `BatchNorm1d::new(num_features, device)` builds a `BatchNorm` for `[N, C]` / `[N, C, L]`.
@@ -91,6 +100,7 @@ impl BatchNorm {
             momentum: 0.1,
             eps: 1e-5,
             training: true,
+            sync: None,
         })
     }
     /// Weight of the newest batch in the running statistics, in [0, 1] (PyTorch's default 0.1).
@@ -127,6 +137,10 @@ impl BatchNorm {
     pub fn is_training(&self) -> bool {
         self.training
     }
+    /// True after `convert_sync_batchnorm`: a SyncBatchNorm.
+    pub fn is_synchronized(&self) -> bool {
+        self.sync.is_some()
+    }
 
     /// `num_batches_tracked += 1` on the device, without reading it back. Tensor arithmetic is
     /// float-only, so the count goes through f64 (exact to 2^53), or f32 (exact to 2^24
@@ -157,12 +171,22 @@ impl Module for BatchNorm {
             );
             return Err(Error::shape(name, x.shape(), self.running_mean.shape(), hint));
         }
-        let y = x.batch_norm(
+        // As PyTorch: synchronise only when training over more than one replica.
+        let synced;
+        let stats: Option<&BatchStatsFn<'_>> = match &self.sync {
+            _ if !self.training => None,
+            Some(comm) if comm.world_size() > 1 => {
+                synced = |x: &Tensor, axes: &[isize]| synced_batch_stats(x, axes, comm);
+                Some(&synced)
+            }
+            _ => Some(&local_batch_stats),
+        };
+        let y = x.batch_norm_with(
             &self.running_mean,
             &self.running_var,
             self.weight.as_ref(),
             self.bias.as_ref(),
-            self.training,
+            stats,
             self.momentum,
             self.eps,
         )?;
@@ -185,11 +209,19 @@ impl Module for BatchNorm {
     fn set_training(&mut self, training: bool) {
         self.training = training;
     }
+    fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
+        self.sync = Some(comm.clone());
+    }
     fn describe(&self) -> String {
         let affine = if self.weight.is_some() { "True" } else { "False" };
+        // PyTorch's SyncBatchNorm is one class for every input rank.
+        let class = if self.sync.is_some() {
+            "SyncBatchNorm"
+        } else {
+            self.kind.name()
+        };
         format!(
-            "{}({}, eps={}, momentum={}, affine={affine}, track_running_stats=True)",
-            self.kind.name(),
+            "{class}({}, eps={}, momentum={}, affine={affine}, track_running_stats=True)",
             self.num_features(),
             py_float(self.eps),
             self.momentum

@@ -1,6 +1,8 @@
 //! The `Module` trait and what every module gets from it.
 
-use crate::backend::UnaryOp;
+use std::sync::Arc;
+
+use crate::backend::{Communicator, UnaryOp};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -26,6 +28,13 @@ pub trait Module: Send + Sync {
 
     /// Switches training behaviour (dropout, batch statistics) on or off.
     fn set_training(&mut self, _training: bool) {}
+
+    /// Replaces batch statistics with ones synchronised across the replicas of `comm` (PyTorch's
+    /// `SyncBatchNorm.convert_sync_batchnorm`): BatchNorm layers keep `comm`, containers forward
+    /// it to their children, other modules ignore it. Call it before creating the gradient
+    /// reducer, with a communicator of its own (its collectives must not interleave with the
+    /// reducer's).
+    fn convert_sync_batchnorm(&mut self, _comm: &Arc<dyn Communicator>) {}
 
     /// A one-line description, as PyTorch prints it: `Linear(in_features=784, out_features=512, bias=True)`.
     fn describe(&self) -> String;

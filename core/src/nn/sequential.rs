@@ -1,6 +1,9 @@
 //! A chain of modules; child i's parameters are named "i.<name>", as in PyTorch's nn.Sequential.
 
+use std::sync::Arc;
+
 use super::module::Module;
+use crate::backend::Communicator;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -67,6 +70,9 @@ impl Module for Sequential {
     }
     fn set_training(&mut self, training: bool) {
         self.layers.iter_mut().for_each(|l| l.set_training(training));
+    }
+    fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
+        self.layers.iter_mut().for_each(|l| l.convert_sync_batchnorm(comm));
     }
     fn describe(&self) -> String {
         let body: Vec<String> = self

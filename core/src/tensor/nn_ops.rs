@@ -296,10 +296,29 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
+        let stats: &BatchStatsFn<'_> = &local_batch_stats;
+        let stats = training.then_some(stats);
+        self.batch_norm_with(running_mean, running_var, weight, bias, stats, momentum, eps)
+    }
+
+    /// `batch_norm` whose training statistics come from `stats` (None: evaluation, which uses the
+    /// running statistics). SyncBatchNorm passes statistics gathered across replicas; the input
+    /// checks, autocast widening, running-statistics update and normalisation stay shared.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn batch_norm_with(
+        &self,
+        running_mean: &Tensor,
+        running_var: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        stats: Option<&BatchStatsFn<'_>>,
+        momentum: f64,
+        eps: f64,
+    ) -> Result<Tensor> {
         if crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
             // A normalisation: f32 under autocast (its statistics and parameters are f32).
             let x = crate::autocast::full(self)?;
-            return x.batch_norm(running_mean, running_var, weight, bias, training, momentum, eps);
+            return x.batch_norm_with(running_mean, running_var, weight, bias, stats, momentum, eps);
         }
         self.float_only("batch_norm")?;
         if self.rank() < 2 {
@@ -312,39 +331,25 @@ impl Tensor {
         let mut bshape = vec![1; self.rank()];
         bshape[1] = c;
         let axes: Vec<isize> = (0..self.rank() as isize).filter(|&a| a != 1).collect();
-        let (mean, var) = if training {
-            let count = self.elem_count() / c.max(1);
-            if count <= 1 {
-                return Err(Error::invalid(
-                    "batch_norm",
-                    format!(
-                        "expected more than 1 value per channel when training, got input of shape {}",
-                        self.shape()
-                    ),
-                ));
+        let (mean, var) = match stats {
+            Some(stats) => {
+                let BatchStats { mean, var, count } = stats(self, &axes)?;
+                if count <= 1 {
+                    return Err(Error::invalid(
+                        "batch_norm",
+                        format!(
+                            "expected more than 1 value per channel when training, got {count} (input of shape {})",
+                            self.shape()
+                        ),
+                    ));
+                }
+                update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
+                (mean, var)
             }
-            let mean = self.mean(&axes, true)?;
-            let centered = self.sub(&mean)?;
-            let var = centered.mul(&centered)?.mean(&axes, true)?;
-            crate::autograd::no_grad(|| -> Result<()> {
-                let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?.reshape([c])?;
-                running_mean.assign(
-                    &running_mean
-                        .affine(1.0 - momentum, 0.0)?
-                        .add(&mean.reshape([c])?.affine(momentum, 0.0)?)?,
-                )?;
-                running_var.assign(
-                    &running_var
-                        .affine(1.0 - momentum, 0.0)?
-                        .add(&unbiased.affine(momentum, 0.0)?)?,
-                )
-            })?;
-            (mean, var)
-        } else {
-            (
+            None => (
                 running_mean.reshape(bshape.clone())?,
                 running_var.reshape(bshape.clone())?,
-            )
+            ),
         };
         let mut y = self.sub(&mean)?.div(&var.add_scalar(eps)?.sqrt()?)?;
         if let Some(w) = weight {
@@ -414,4 +419,51 @@ impl Tensor {
         let d = self.sub(target)?;
         d.mul(&d)?.mean_all()
     }
+}
+
+/// Per-channel statistics of a training batch, shaped `[1, C, 1, …]` to broadcast over it.
+pub(crate) struct BatchStats {
+    pub mean: Tensor,
+    /// Biased (divided by `count`), as normalisation uses it.
+    pub var: Tensor,
+    /// Values per channel the statistics cover (over every replica for SyncBatchNorm).
+    pub count: usize,
+}
+
+/// Computes `BatchStats` of an input over the given axes (every axis but 1).
+pub(crate) type BatchStatsFn<'a> = dyn Fn(&Tensor, &[isize]) -> Result<BatchStats> + 'a;
+
+/// The statistics of this batch alone (plain BatchNorm).
+pub(crate) fn local_batch_stats(x: &Tensor, axes: &[isize]) -> Result<BatchStats> {
+    let count = x.elem_count() / x.dims()[1].max(1);
+    let mean = x.mean(axes, true)?;
+    let centered = x.sub(&mean)?;
+    let var = centered.mul(&centered)?.mean(axes, true)?;
+    Ok(BatchStats { mean, var, count })
+}
+
+/// `running = (1 - momentum) * running + momentum * batch`, in place and outside the graph, with
+/// the unbiased variance (`count / (count - 1)`) as PyTorch keeps it.
+fn update_running_stats(
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    mean: &Tensor,
+    var: &Tensor,
+    count: usize,
+    momentum: f64,
+) -> Result<()> {
+    let c = mean.elem_count();
+    crate::autograd::no_grad(|| -> Result<()> {
+        let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?.reshape([c])?;
+        running_mean.assign(
+            &running_mean
+                .affine(1.0 - momentum, 0.0)?
+                .add(&mean.reshape([c])?.affine(momentum, 0.0)?)?,
+        )?;
+        running_var.assign(
+            &running_var
+                .affine(1.0 - momentum, 0.0)?
+                .add(&unbiased.affine(momentum, 0.0)?)?,
+        )
+    })
 }

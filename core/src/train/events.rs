@@ -40,9 +40,14 @@ pub struct StepTimes {
     pub data_wait: f64,
     pub forward: f64,
     pub backward: f64,
-    /// Waiting for gradient buckets to be averaged across replicas (data parallel).
+    /// Waiting for gradient buckets to be averaged across replicas (data parallel): the
+    /// communication not hidden behind backward.
     pub communication: f64,
     pub optimizer: f64,
+    /// How long the gradient all-reduces ran, hidden behind backward or not (not a phase of
+    /// its own: it overlaps `backward`).
+    #[serde(default)]
+    pub all_reduce: f64,
 }
 
 impl StepTimes {
@@ -55,6 +60,29 @@ impl StepTimes {
             backward: self.backward / n,
             communication: self.communication / n,
             optimizer: self.optimizer / n,
+            all_reduce: self.all_reduce / n,
+        }
+    }
+    /// The fields as numbers, for gathering across ranks (`from_values` reads them back).
+    pub fn values(&self) -> [f64; 6] {
+        [
+            self.data_wait,
+            self.forward,
+            self.backward,
+            self.communication,
+            self.optimizer,
+            self.all_reduce,
+        ]
+    }
+    pub fn from_values(v: [f64; 6]) -> StepTimes {
+        let [data_wait, forward, backward, communication, optimizer, all_reduce] = v;
+        StepTimes {
+            data_wait,
+            forward,
+            backward,
+            communication,
+            optimizer,
+            all_reduce,
         }
     }
     /// (name, seconds) of each phase, in step order.
@@ -92,6 +120,9 @@ pub enum Event {
         /// Where the time of the steps since the last step event went.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         times: Option<StepTimes>,
+        /// Data parallel: every rank's `times`, by rank, gathered to rank 0.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rank_times: Vec<StepTimes>,
     },
     Epoch {
         epoch: u64,

@@ -16,7 +16,7 @@ use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::device::Device;
-use crate::distributed::Reducer;
+use crate::distributed::{Reducer, all_gather_values};
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{LrScheduler, Optimizer, OptimizerState, SchedulerState, clip_grad_norm, clip_grad_value};
@@ -356,6 +356,7 @@ impl Trainer {
                     let phase = Instant::now();
                     r.finish()?;
                     times.communication += phase.elapsed().as_secs_f64();
+                    times.all_reduce += r.last_comm_times().all_reduce;
                 }
                 let phase = Instant::now();
                 self.optimizer_step(setup)?;
@@ -367,6 +368,8 @@ impl Trainer {
                     let now = Instant::now();
                     let rate = (self.state.samples_seen - window.1) as f64 / (now - window.0).as_secs_f64().max(1e-9);
                     window = (now, self.state.samples_seen);
+                    let step_times = times.per_step(times_steps);
+                    let rank_times = self.gather_step_times(&step_times, &setup.device)?;
                     let event = Event::Step {
                         epoch: self.state.epoch,
                         step: self.state.global_step,
@@ -376,7 +379,8 @@ impl Trainer {
                         samples_per_sec: rate,
                         loss_scale: self.state.grad_scaler.as_ref().map(|s| s.scale),
                         skipped_steps: self.state.skipped_steps,
-                        times: Some(times.per_step(times_steps)),
+                        times: Some(step_times),
+                        rank_times,
                     };
                     (times, times_steps) = (StepTimes::default(), 0);
                     self.emit(event)?;
@@ -475,6 +479,22 @@ impl Trainer {
             reason: report.stop_reason.clone(),
         })?;
         Ok(report)
+    }
+
+    /// Every replica's step times, by rank (empty on a single device). Every rank takes part;
+    /// the communication thread is idle here, after `finish`.
+    fn gather_step_times(&self, mine: &StepTimes, device: &Device) -> Result<Vec<StepTimes>> {
+        let Some(reducer) = &self.reducer else {
+            return Ok(Vec::new());
+        };
+        let comm = reducer.communicator();
+        // f32: every collective engine carries it.
+        let values = mine.values().map(|v| v as f32).to_vec();
+        let all = all_gather_values(comm.as_ref(), device, values)?;
+        Ok(all
+            .chunks_exact(mine.values().len())
+            .map(|c| StepTimes::from_values(std::array::from_fn(|i| f64::from(c[i]))))
+            .collect())
     }
 
     /// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,

@@ -1,6 +1,7 @@
 //! `lockstep bench`: GEMM GFLOP/s and MLP training throughput on one device, optionally beside
 //! PyTorch in the same run, with the ratio ours / PyTorch.
 
+mod ddp;
 mod gemm;
 mod gpu;
 mod loader;
@@ -32,6 +33,9 @@ pub enum Which {
     /// A wgpu device (--device wgpu:N): tiled vs naive GEMM at 256/512/1024 and MLP steps/s,
     /// beside the CPU backend.
     Gpu,
+    /// Data parallel over --devices: per step, backward time, gradient all-reduce time and
+    /// the part of it hidden behind backward.
+    Ddp,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,6 +73,19 @@ pub struct Args {
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// The devices of `bench ddp`, one replica each.
+    #[arg(long, value_delimiter = ',', default_value = "cpu:0,cpu:1")]
+    devices: Vec<String>,
+    /// Batch of the MLP benchmark (for `bench ddp`, the global batch split over --devices).
+    #[arg(long, default_value_t = 128)]
+    batch: usize,
+    /// `bench ddp`: timed steps (after 3 warm-up steps) and bucket capacities in MiB.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    #[arg(long, default_value_t = 1.0)]
+    first_bucket_mb: f64,
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -87,6 +104,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.which == Which::Gpu {
         return gpu::run(&device);
     }
+    if args.which == Which::Ddp {
+        return run_ddp(&args);
+    }
     let plan = Plan {
         threads,
         device: device.location().into(),
@@ -104,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .chain([10])
                 .collect(),
             precision: args.precision.clone(),
+            batch: args.batch,
             ..MlpPlan::default()
         }),
     };
@@ -145,6 +166,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             load_after: &load_after,
             others_cpu_percent: &others,
         };
+        let text = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn run_ddp(args: &Args) -> anyhow::Result<()> {
+    let mib = |m: f64| (m * f64::from(1 << 20)) as usize;
+    let plan = ddp::DdpPlan {
+        devices: args.devices.clone(),
+        hidden: args.hidden.clone(),
+        batch: args.batch,
+        warmup_steps: 3,
+        steps: args.steps.max(1),
+        first_bucket_bytes: mib(args.first_bucket_mb),
+        bucket_bytes: mib(args.bucket_mb),
+    };
+    eprintln!(
+        "running {} data-parallel steps on {} …",
+        plan.steps,
+        plan.devices.join(",")
+    );
+    let report = ddp::run(&plan)?;
+    println!("{}", ddp::table(&report));
+    if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
         std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }

@@ -14,7 +14,7 @@ pub enum OptimizerKind {
 
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
-    /// Built-in model: mlp (784-512-512-10) or lenet5.
+    /// Built-in model: mlp (784-512-512-10), lenet5, or convnet-bn (two conv + BatchNorm blocks).
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Hidden layer widths of the mlp, comma separated.
@@ -57,6 +57,10 @@ pub struct Args {
     /// global batch (--batch-size is the global batch and must divide evenly).
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// With --devices: convert every BatchNorm layer to SyncBatchNorm, whose batch statistics
+    /// cover the global batch (all replicas); with one device it changes nothing.
+    #[arg(long)]
+    pub sync_batchnorm: bool,
     /// Data loader worker threads (0 loads on the training thread).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,

@@ -22,6 +22,7 @@ use lockstep_core::train::{ChannelListener, EvalMetrics, FitReport, JsonlWriter,
 
 pub use args::Args;
 pub use dashboard::launcher;
+pub(crate) use setup::communicators;
 
 /// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
 /// stop and pause buttons (single-device runs only: replicas must stop at the same step).
@@ -55,20 +56,33 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     let devices = setup::devices(&args)?;
     let world = devices.len();
     let (device, mut report, result) = if devices.len() == 1 {
-        replica(&args, devices[0].clone(), None, train_set, test_set, &hooks)?
+        replica(
+            &args,
+            devices[0].clone(),
+            Collectives::default(),
+            train_set,
+            test_set,
+            &hooks,
+        )?
     } else {
         // One thread per replica; rank 0 reports.
         let comms = setup::communicators(&devices)?;
+        let batchnorm_comms = setup::sync_batchnorm_communicators(&args, &devices)?;
         let handles: Vec<_> = comms
             .into_iter()
+            .zip(batchnorm_comms)
             .zip(devices)
-            .map(|(comm, device)| {
+            .map(|((comm, batchnorm), device)| {
                 let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
                 let hooks = Hooks {
                     controls: None,
                     ..hooks.clone()
                 };
-                std::thread::spawn(move || replica(&args, device, Some(comm), train, test, &hooks))
+                let collectives = Collectives {
+                    gradients: Some(comm),
+                    batchnorm,
+                };
+                std::thread::spawn(move || replica(&args, device, collectives, train, test, &hooks))
             })
             .collect();
         let mut results = Vec::new();
@@ -89,19 +103,33 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Trains one replica: the whole run when `comm` is None, else rank `comm.rank()` of a
-/// data-parallel run (its DistributedSampler shard, gradients averaged by a reducer; only rank 0
-/// validates, shows progress, writes metrics and checkpoints).
+/// A replica's communicators in a data-parallel run; none on a single device.
+#[derive(Default)]
+struct Collectives {
+    /// The gradient reducer's.
+    gradients: Option<Box<dyn Communicator>>,
+    /// SyncBatchNorm's (--sync-batchnorm): a group of its own.
+    batchnorm: Option<Arc<dyn Communicator>>,
+}
+
+/// Trains one replica: the whole run without a gradient communicator, else that communicator's
+/// rank of a data-parallel run (its DistributedSampler shard, gradients averaged by a reducer;
+/// only rank 0 validates, shows progress, writes metrics and checkpoints).
 fn replica(
     args: &Args,
     device: Device,
-    comm: Option<Box<dyn Communicator>>,
+    collectives: Collectives,
     train_set: Arc<dyn Dataset>,
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<(String, FitReport, EvalMetrics)> {
     let location = device.location().to_string();
     let mut setup = setup::build(args, device)?;
+    if let Some(comm) = &collectives.batchnorm {
+        // Before the reducer exists, as PyTorch converts before wrapping in DDP.
+        setup.model.convert_sync_batchnorm(comm);
+    }
+    let comm = collectives.gradients;
     let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
     let loader_config = DataLoaderConfig {
         batch_size: args.batch_size / world,

@@ -1,6 +1,7 @@
 //! Builds the model, optimizer and task that `lockstep train` asks for.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::Context;
 use lockstep_core::backend::{Communicator, LocalCommunicator};
@@ -38,6 +39,22 @@ pub fn communicators(devices: &[Device]) -> anyhow::Result<Vec<Box<dyn Communica
     Ok(LocalCommunicator::group(backends)
         .into_iter()
         .map(|c| Box::new(c) as Box<dyn Communicator>)
+        .collect())
+}
+
+/// SyncBatchNorm's communicators, one per device, when --sync-batchnorm asks for them on several
+/// devices: a group of their own, so their collectives never interleave with the gradient
+/// reducer's (which communicates on its own thread).
+pub fn sync_batchnorm_communicators(
+    args: &Args,
+    devices: &[Device],
+) -> anyhow::Result<Vec<Option<Arc<dyn Communicator>>>> {
+    if !args.sync_batchnorm || devices.len() < 2 {
+        return Ok(vec![None; devices.len()]);
+    }
+    Ok(communicators(devices)?
+        .into_iter()
+        .map(|c| Some(Arc::from(c)))
         .collect())
 }
 

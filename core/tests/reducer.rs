@@ -1,0 +1,181 @@
+//! The reducer's mechanics on two CPU virtual devices: buckets are rebuilt once in the order
+//! gradients arrive, all-reduces run on a communication thread while backward goes on, and
+//! buffers (running statistics) follow rank 0's.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::distributed::{Reducer, ReducerConfig};
+use lockstep_core::nn::{BatchNorm1d, Linear, Module, ModuleExt, Sequential};
+use lockstep_core::{DType, Device, Generator, Tensor};
+
+mod parallel_support;
+use parallel_support::Intercepted;
+
+/// Runs `body(rank, device, comm)` on two threads, one per CPU virtual device.
+fn on_two_ranks<T: Send + 'static>(
+    body: impl Fn(usize, Device, Arc<dyn Communicator>) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let body = Arc::new(body);
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .enumerate()
+        .map(|(rank, (comm, device))| {
+            let body = body.clone();
+            std::thread::spawn(move || body(rank, device, Arc::new(comm)))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Three parameters of 64 bytes, used in forward in the order p1, p0, p2: backward finishes p2
+/// first, then p0, then p1, unlike reverse registration order (p2, p1, p0).
+fn three_params(device: &Device) -> Vec<Tensor> {
+    (0..3)
+        .map(|i| {
+            Tensor::full([16], 1.0 + i as f64, DType::F32, device)
+                .unwrap()
+                .requires_grad(true)
+        })
+        .collect()
+}
+
+fn forward_backward(p: &[Tensor], x: &Tensor) {
+    let h = x.mul(&p[1]).unwrap().mul(&p[0]).unwrap().mul(&p[2]).unwrap();
+    h.sum_all().unwrap().backward().unwrap();
+}
+
+/// One parameter per bucket, so the bucket order shows the parameter order.
+const ONE_EACH: ReducerConfig = ReducerConfig {
+    first_bucket_bytes: 64,
+    bucket_bytes: 64,
+};
+
+#[test]
+fn buckets_are_rebuilt_once_in_the_order_gradients_arrived() {
+    let orders = on_two_ranks(|rank, device, comm| {
+        let p = three_params(&device);
+        let reducer = Reducer::new(&p, comm, ONE_EACH).unwrap();
+        let before = reducer.buckets();
+        let x = Tensor::full([16], 1.0 + rank as f64, DType::F32, &device).unwrap();
+        let mut after = Vec::new();
+        for _ in 0..2 {
+            forward_backward(&p, &x);
+            reducer.finish().unwrap();
+            after.push(reducer.buckets());
+            p.iter().for_each(Tensor::zero_grad);
+        }
+        (before, after)
+    });
+    for (before, after) in orders {
+        assert_eq!(
+            before,
+            vec![vec![2], vec![1], vec![0]],
+            "reverse registration order at first"
+        );
+        assert_eq!(
+            after[0],
+            vec![vec![2], vec![0], vec![1]],
+            "arrival order after the first step"
+        );
+        assert_eq!(after[1], after[0], "rebuilt once, then kept");
+    }
+}
+
+#[test]
+fn the_first_bucket_is_reduced_while_backward_is_still_running() {
+    let results = on_two_ranks(|rank, device, comm| {
+        // Holds the first all-reduce until backward has reached its last gradient: if
+        // all-reduces ran on the backward thread, backward could never get there and the wait
+        // would time out.
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (held, held_once) = (gate.clone(), Mutex::new(false));
+        let comm = Arc::new(Intercepted {
+            inner: comm,
+            before_all_reduce: Box::new(move || {
+                if std::mem::replace(&mut *held_once.lock().unwrap(), true) {
+                    return;
+                }
+                let (lock, wake) = &*held;
+                let (open, timeout) = wake
+                    .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |open| !*open)
+                    .unwrap();
+                assert!(
+                    *open && !timeout.timed_out(),
+                    "backward never reached its last gradient while the first bucket was being reduced"
+                );
+            }),
+        });
+        let p = three_params(&device);
+        let reducer = Reducer::new(&p, comm, ONE_EACH).unwrap();
+        // p1 is the last gradient of backward (see `three_params`).
+        p[1].add_grad_ready_hook(Arc::new(move |_| {
+            *gate.0.lock().unwrap() = true;
+            gate.1.notify_all();
+            Ok(())
+        }));
+        let x = Tensor::full([16], 1.0 + rank as f64, DType::F32, &device).unwrap();
+        forward_backward(&p, &x);
+        reducer.finish().unwrap();
+        let times = reducer.last_comm_times();
+        (p[2].grad().unwrap().to_vec::<f32>().unwrap(), times)
+    });
+    // d/dp2 of sum(x * p1 * p0 * p2) = x * p1 * p0 = x * 2, averaged over x = 1 and x = 2.
+    for (grad, times) in results {
+        assert!(grad.iter().all(|&g| g == 3.0), "{grad:?}");
+        assert_eq!(times.buckets, 3);
+        assert!(
+            times.all_reduce > 0.0 && times.hidden() <= times.all_reduce,
+            "{times:?}"
+        );
+    }
+}
+
+fn bn_model(device: &Device) -> Sequential {
+    let g = Generator::new(4);
+    Sequential::new()
+        .add(Linear::new(6, 5, true, device, &g).unwrap())
+        .add(BatchNorm1d::new(5, device).unwrap())
+}
+
+#[test]
+fn buffers_start_as_rank_zeros_and_stay_equal_to_them() {
+    let results = on_two_ranks(|rank, device, comm| {
+        let model = bn_model(&device);
+        let buffers = || -> Vec<Vec<f32>> {
+            let named = model.named_buffers();
+            let floats = named.iter().filter(|(_, b)| b.dtype() == DType::F32);
+            floats.map(|(_, b)| b.to_vec::<f32>().unwrap()).collect()
+        };
+        // Rank 1's running statistics start elsewhere; rank 0's must win.
+        if rank == 1 {
+            model.named_buffers()[0]
+                .1
+                .assign(&Tensor::full([5], 7.0, DType::F32, &device).unwrap())
+                .unwrap();
+        }
+        let reducer = Reducer::for_model(&model, comm, ReducerConfig::default()).unwrap();
+        let at_start = buffers();
+        // Each rank normalises its own, different batch; rank 0's statistics are kept.
+        let x = Tensor::rand_normal(
+            [8, 6],
+            rank as f64,
+            1.0,
+            DType::F32,
+            &Generator::new(rank as u64),
+            &device,
+        )
+        .unwrap();
+        model.forward(&x).unwrap().sum_all().unwrap().backward().unwrap();
+        reducer.finish().unwrap();
+        (at_start, buffers())
+    });
+    assert_eq!(results[0].0, results[1].0, "buffers broadcast at construction");
+    assert!(results[0].0[0].iter().all(|&m| m == 0.0), "{:?}", results[0].0);
+    assert_eq!(results[0].1, results[1].1, "buffers broadcast after the step");
+    assert_ne!(results[0].1, results[0].0, "the step updated the running statistics");
+}
