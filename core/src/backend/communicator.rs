@@ -95,13 +95,11 @@ impl LocalCommunicator {
     }
 
     fn read(&self, buf: &BufferRef) -> Result<HostVec> {
-        self.backend.to_host(buf, &Layout::contiguous([buf.len()]))
+        read_whole(self.backend.as_ref(), buf)
     }
 
     fn write(&self, buf: &BufferRef, data: &HostVec) -> Result<()> {
-        let staged = self.backend.from_host(data)?;
-        let layout = Layout::contiguous([buf.len()]);
-        self.backend.copy_strided(&staged, &layout, buf, &layout)
+        write_whole(self.backend.as_ref(), buf, data)
     }
 
     /// Every rank contributes one host vector and receives all of them, in rank order.
@@ -194,6 +192,18 @@ impl LocalCommunicator {
             None => Ok(()),
         }
     }
+}
+
+/// A whole device buffer on the host: how host-staged communicators (in-process, MPI) send it.
+pub fn read_whole(backend: &dyn Backend, buf: &BufferRef) -> Result<HostVec> {
+    backend.to_host(buf, &Layout::contiguous([buf.len()]))
+}
+
+/// Overwrites a whole device buffer with `data` (as long as it).
+pub fn write_whole(backend: &dyn Backend, buf: &BufferRef, data: &HostVec) -> Result<()> {
+    let staged = backend.from_host(data)?;
+    let layout = Layout::contiguous([buf.len()]);
+    backend.copy_strided(&staged, &layout, buf, &layout)
 }
 
 /// Reduces `range` of equal-length vectors elementwise in f64, in rank order, so every rank

@@ -14,7 +14,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-pub use communicator::{Communicator, LocalCommunicator, ReduceOp};
+pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use ops::{
     AdamStep, BiasGeometry, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind,
     SgdStep, UnaryOp, split_axes,
