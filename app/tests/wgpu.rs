@@ -219,3 +219,68 @@ fn half_precision_on_an_adapter_without_f16_is_refused_before_training() {
     ]));
     assert_fails_with(&out, &["16-mixed", location, "f16"]);
 }
+
+/// Every tensor of `dir/last.safetensors` (model and optimizer state) as f64, by name.
+fn checkpoint_values(dir: &TempDir) -> Vec<(String, Vec<f64>)> {
+    let file = lockstep_core::train::checkpoint::load_tensors(&dir.join("last.safetensors")).expect("a checkpoint");
+    file.tensors
+        .iter()
+        .map(|(name, t)| (name.clone(), t.data.to_f64_vec()))
+        .collect()
+}
+
+/// A short shuffled run of the 784-64-10 mlp with global batch 32 on `devices`, checkpointed.
+fn train_on(devices: &[&str], dir: &TempDir) -> Vec<(String, Vec<f64>)> {
+    let data = mnist_dir();
+    let joined = devices.join(",");
+    let flag = if devices.len() == 1 { "--device" } else { "--devices" };
+    let out = run(&mut lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        flag,
+        &joined,
+        "--hidden",
+        "64",
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "12",
+        "--seed",
+        "5",
+        "--no-val",
+        "--headless",
+        "--checkpoint-dir",
+        path_str(dir.path()),
+    ]));
+    assert_succeeds(&out);
+    checkpoint_values(dir)
+}
+
+#[test]
+fn a_job_mixing_the_cpu_and_a_wgpu_adapter_trains_as_one_device() {
+    if !have_wgpu() {
+        return;
+    }
+    let (single_dir, mixed_dir) = (TempDir::new("single"), TempDir::new("mixed"));
+    let single = train_on(&["cpu"], &single_dir);
+    let mixed = train_on(&["cpu:0", "wgpu:0"], &mixed_dir);
+    assert_eq!(
+        single.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        mixed.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    let initial = lockstep_core::models::mlp(&[64], &lockstep_core::Device::cpu(), &lockstep_core::Generator::new(5))
+        .expect("the mlp");
+    let first = lockstep_core::nn::ModuleExt::parameters(&initial)[0]
+        .to_f64_vec()
+        .expect("weights");
+    assert_ne!(single[0].1, first, "training changed the weights");
+    for ((name, a), (_, b)) in single.iter().zip(&mixed) {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 + 1e-3 * x.abs(),
+                "{name}: {x} on one device, {y} on cpu:0 + wgpu:0"
+            );
+        }
+    }
+}
