@@ -33,6 +33,9 @@ enum Command {
     Check(cli::check::Args),
     /// Train a built-in model on MNIST.
     Train(cli::train::Args),
+    /// Start the processes of a data-parallel job on this machine (torchrun's variables; CPU and
+    /// wgpu devices through mpirun) and stop them all when one fails.
+    Launch(cli::launch::Args),
     /// Measure GEMM and MLP training throughput, optionally beside a peer framework.
     Bench(cli::bench::Args),
     /// Open the dashboard on runs started elsewhere (--follow a metrics log, --open finished ones).
@@ -53,6 +56,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices(args) => cli::devices::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::Train(args) => cli::train::run(args),
+        Command::Launch(args) => cli::launch::run(args),
         Command::Check(args) => cli::check::run(args),
         Command::Dashboard(args) => cli::dashboard::run(args),
     }
@@ -98,5 +102,23 @@ mod tests {
         assert!(Cli::try_parse_from(["lockstep", "bench", "--threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["lockstep", "bench", "conv"]).is_err());
         assert!(Cli::try_parse_from(["lockstep", "devices"]).is_ok());
+    }
+
+    #[test]
+    fn launch_takes_the_command_after_the_double_dash() {
+        let cli = Cli::try_parse_from([
+            "lockstep",
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--",
+            "train",
+            "--lr",
+            "0.1",
+        ]);
+        match cli.map(|c| c.command) {
+            Ok(Some(Command::Launch(args))) => assert_eq!(args.command, ["train", "--lr", "0.1"]),
+            _ => panic!("`lockstep launch … -- train …` did not parse as a launch"),
+        }
     }
 }

@@ -39,6 +39,18 @@ struct SessionState {
     finalized: RwLock<bool>,
 }
 
+impl MpiSession {
+    /// Ends every process of the job with `code` (`MPI_Abort` on the world): for a rank that
+    /// fails while the others may wait in a collective for it, where `MPI_Finalize` would wait
+    /// with them forever. The launcher reports which rank aborted.
+    pub fn abort(self, code: i32) -> ! {
+        match &self.universe {
+            Some(universe) => universe.world().abort(code),
+            None => std::process::abort(),
+        }
+    }
+}
+
 impl Drop for MpiSession {
     fn drop(&mut self) {
         let mut finalized = self.state.finalized.write().unwrap_or_else(PoisonError::into_inner);

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
+use lockstep_core::data::{BatchSampler, DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
 use lockstep_core::{Error, HostVec, Result};
 
 /// Sample i is [i as f32, 2i as f32] with label i % 3; `fail_at` errors, `panic_at` panics.
@@ -175,4 +175,37 @@ fn bad_configuration_is_refused() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("batch_size"), "{err}");
+}
+
+/// Batches of uneven sizes, given whole (as a heterogeneous run's ranks take theirs).
+struct Listed(Vec<Vec<usize>>);
+
+impl BatchSampler for Listed {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn batches(&self, _epoch: u64) -> Vec<Vec<usize>> {
+        self.0.clone()
+    }
+}
+
+#[test]
+fn a_batch_sampler_gives_its_batches_whole_from_any_position() {
+    let listed = vec![vec![5, 1, 2], vec![0], vec![9, 8, 7, 6], vec![3, 4]];
+    for workers in [0, 2] {
+        let numbers = Numbers {
+            len: 10,
+            fail_at: None,
+            panic_at: None,
+        };
+        let config = DataLoaderConfig {
+            num_workers: workers,
+            ..Default::default()
+        };
+        let l = DataLoader::with_batch_sampler(Arc::new(numbers), Arc::new(Listed(listed.clone())), config).unwrap();
+        assert_eq!(l.len(), 4);
+        assert_eq!(firsts(&l, 0), listed);
+        let resumed: Vec<Vec<usize>> = l.iter_from(3, 2).map(|b| b.unwrap().indices).collect();
+        assert_eq!(resumed, listed[2..]);
+    }
 }

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::backend::Communicator;
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
 use lockstep_core::{DType, Device, Generator, Result, Tensor, models};
 
 mod parallel_support;
-use parallel_support::Intercepted;
+use parallel_support::{Intercepted, on_cpu_ranks};
 
 const STEPS: usize = 4;
 const GLOBAL_BATCH: usize = 32;
@@ -53,56 +53,48 @@ fn single_device() -> Vec<Vec<f32>> {
 
 /// Runs `STEPS` data-parallel steps on cpu:0 and cpu:1 with `micro` micro-batches per step.
 fn data_parallel(micro: usize) -> (Vec<Vec<Vec<f32>>>, usize) {
-    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
-    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
     let counter = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = comms
-        .into_iter()
-        .zip(devices)
-        .map(|(comm, device)| {
-            let counter = counter.clone();
-            std::thread::spawn(move || {
-                let rank = comm.rank();
-                // Counts all-reduce calls.
-                let comm: Arc<dyn Communicator> = Arc::new(Intercepted {
-                    inner: Arc::new(comm),
-                    before_all_reduce: Box::new(move || {
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }),
-                });
-                let net = model(&device);
-                // Small buckets so the model spans several of them.
-                let config = ReducerConfig {
-                    first_bucket_bytes: 512,
-                    bucket_bytes: 2_000,
-                };
-                let reducer = Reducer::new(&net.parameters(), comm, config).unwrap();
-                assert!(reducer.buckets().len() >= 3, "{:?}", reducer.buckets());
-                let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1).momentum(0.9)).unwrap();
-                let (x, y) = data(&device);
-                let shard = GLOBAL_BATCH / 2;
-                let (x, y) = (
-                    x.narrow(0, rank * shard, shard).unwrap(),
-                    y.narrow(0, rank * shard, shard).unwrap(),
-                );
-                let per = shard / micro;
-                for _ in 0..STEPS {
-                    opt.zero_grad();
-                    for m in 0..micro {
-                        // Only the last micro-batch synchronises (no_sync before it).
-                        reducer.set_sync(m + 1 == micro);
-                        let (xm, ym) = (x.narrow(0, m * per, per).unwrap(), y.narrow(0, m * per, per).unwrap());
-                        let loss = net.forward(&xm).unwrap().cross_entropy(&ym).unwrap();
-                        loss.affine(1.0 / micro as f64, 0.0).unwrap().backward().unwrap();
-                    }
-                    reducer.finish().unwrap();
-                    opt.step().unwrap();
-                }
-                weights(&net)
-            })
-        })
-        .collect();
-    let replicas = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let counted = counter.clone();
+    let replicas = on_cpu_ranks(2, move |device, comm| {
+        let rank = comm.rank();
+        // Counts all-reduce calls.
+        let counter = counted.clone();
+        let comm: Arc<dyn Communicator> = Arc::new(Intercepted {
+            inner: Arc::new(comm),
+            before_all_reduce: Box::new(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }),
+        });
+        let net = model(&device);
+        // Small buckets so the model spans several of them.
+        let config = ReducerConfig {
+            first_bucket_bytes: 512,
+            bucket_bytes: 2_000,
+        };
+        let reducer = Reducer::new(&net.parameters(), comm, config).unwrap();
+        assert!(reducer.buckets().len() >= 3, "{:?}", reducer.buckets());
+        let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.1).momentum(0.9)).unwrap();
+        let (x, y) = data(&device);
+        let shard = GLOBAL_BATCH / 2;
+        let (x, y) = (
+            x.narrow(0, rank * shard, shard).unwrap(),
+            y.narrow(0, rank * shard, shard).unwrap(),
+        );
+        let per = shard / micro;
+        for _ in 0..STEPS {
+            opt.zero_grad();
+            for m in 0..micro {
+                // Only the last micro-batch synchronises (no_sync before it).
+                reducer.set_sync(m + 1 == micro);
+                let (xm, ym) = (x.narrow(0, m * per, per).unwrap(), y.narrow(0, m * per, per).unwrap());
+                let loss = net.forward(&xm).unwrap().cross_entropy(&ym).unwrap();
+                loss.affine(1.0 / micro as f64, 0.0).unwrap().backward().unwrap();
+            }
+            reducer.finish().unwrap();
+            opt.step().unwrap();
+        }
+        weights(&net)
+    });
     (replicas, counter.load(Ordering::Relaxed))
 }
 
@@ -143,22 +135,13 @@ fn accumulation_with_no_sync_reduces_once_per_step_and_matches_the_whole_batch()
 
 #[test]
 fn replicas_start_from_rank_zeros_parameters() {
-    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
-    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
-    let threads: Vec<_> = comms
-        .into_iter()
-        .zip(devices)
-        .map(|(comm, device)| {
-            std::thread::spawn(move || {
-                // Different seeds: without the broadcast the replicas would differ.
-                let net = models::mlp(&[16], &device, &Generator::new(100 + comm.rank() as u64)).unwrap();
-                let before = weights(&net);
-                Reducer::new(&net.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
-                (before, weights(&net))
-            })
-        })
-        .collect();
-    let r: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let r = on_cpu_ranks(2, |device, comm| {
+        // Different seeds: without the broadcast the replicas would differ.
+        let net = models::mlp(&[16], &device, &Generator::new(100 + comm.rank() as u64)).unwrap();
+        let before = weights(&net);
+        Reducer::new(&net.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
+        (before, weights(&net))
+    });
     assert_ne!(r[0].0, r[1].0, "the ranks were initialised differently");
     assert_eq!(r[1].1, r[0].0, "rank 1 now holds rank 0's initial parameters");
     assert_eq!(r[0].1, r[0].0, "rank 0 keeps its own");
@@ -166,20 +149,10 @@ fn replicas_start_from_rank_zeros_parameters() {
 
 /// Builds the MLP with `hidden` widths on each of two replicas, through `Reducer::for_model`.
 fn reducers_for(hidden: [Vec<usize>; 2]) -> Vec<Result<()>> {
-    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
-    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
-    let threads: Vec<_> = comms
-        .into_iter()
-        .zip(devices)
-        .zip(hidden)
-        .map(|((comm, device), hidden)| {
-            std::thread::spawn(move || {
-                let net = models::mlp(&hidden, &device, &Generator::new(0)).unwrap();
-                Reducer::for_model(&net, Arc::new(comm), ReducerConfig::default()).map(|_| ())
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    on_cpu_ranks(2, move |device, comm| {
+        let net = models::mlp(&hidden[comm.rank()], &device, &Generator::new(0)).unwrap();
+        Reducer::for_model(&net, Arc::new(comm), ReducerConfig::default()).map(|_| ())
+    })
 }
 
 #[test]

@@ -5,31 +5,19 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::backend::Communicator;
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::{BatchNorm1d, Linear, Module, ModuleExt, Sequential};
 use lockstep_core::{DType, Device, Generator, Tensor};
 
 mod parallel_support;
-use parallel_support::Intercepted;
+use parallel_support::{Intercepted, on_cpu_ranks};
 
 /// Runs `body(rank, device, comm)` on two threads, one per CPU virtual device.
 fn on_two_ranks<T: Send + 'static>(
     body: impl Fn(usize, Device, Arc<dyn Communicator>) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let devices: Vec<Device> = (0..2).map(|i| Device::parse(&format!("cpu:{i}")).unwrap()).collect();
-    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
-    let body = Arc::new(body);
-    let threads: Vec<_> = comms
-        .into_iter()
-        .zip(devices)
-        .enumerate()
-        .map(|(rank, (comm, device))| {
-            let body = body.clone();
-            std::thread::spawn(move || body(rank, device, Arc::new(comm)))
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    on_cpu_ranks(2, move |device, comm| body(comm.rank(), device, Arc::new(comm)))
 }
 
 /// Three parameters of 64 bytes, used in forward in the order p1, p0, p2: backward finishes p2

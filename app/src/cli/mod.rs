@@ -4,6 +4,8 @@ pub mod bench;
 pub mod check;
 pub mod dashboard;
 pub mod devices;
+pub mod launch;
 mod table;
 mod threads;
 pub mod train;
+mod world;

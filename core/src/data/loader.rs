@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::batch::Batch;
+use super::batch_sampler::BatchSampler;
 use super::dataset::Dataset;
 use super::sampler::{RandomSampler, Sampler, SequentialSampler};
 use crate::error::{Error, Result};
@@ -36,9 +37,17 @@ impl Default for DataLoaderConfig {
     }
 }
 
+/// Where a loader's batches come from.
+enum Order {
+    /// Chunks of `batch_size` of one order per epoch.
+    Sampler(Arc<dyn Sampler>),
+    /// Batches given whole, one list per epoch (`batch_size` and `drop_last` unused).
+    Batches(Arc<dyn BatchSampler>),
+}
+
 pub struct DataLoader {
     dataset: Arc<dyn Dataset>,
-    sampler: Arc<dyn Sampler>,
+    order: Order,
     config: DataLoaderConfig,
 }
 
@@ -47,17 +56,25 @@ impl DataLoader {
         if config.batch_size == 0 {
             return Err(Error::invalid("DataLoader", "batch_size must be at least 1"));
         }
+        DataLoader::build(dataset, Order::Sampler(sampler), config)
+    }
+    /// A loader over the batches `batches` lists each epoch; of `config` only the worker
+    /// settings apply.
+    pub fn with_batch_sampler(
+        dataset: Arc<dyn Dataset>,
+        batches: Arc<dyn BatchSampler>,
+        config: DataLoaderConfig,
+    ) -> Result<DataLoader> {
+        DataLoader::build(dataset, Order::Batches(batches), config)
+    }
+    fn build(dataset: Arc<dyn Dataset>, order: Order, config: DataLoaderConfig) -> Result<DataLoader> {
         if config.num_workers > 0 && config.prefetch_factor == 0 {
             return Err(Error::invalid(
                 "DataLoader",
                 "prefetch_factor must be at least 1 when using workers",
             ));
         }
-        Ok(DataLoader {
-            dataset,
-            sampler,
-            config,
-        })
+        Ok(DataLoader { dataset, order, config })
     }
     /// A loader over the whole dataset, shuffled each epoch with `seed` (or in order).
     pub fn simple(dataset: Arc<dyn Dataset>, shuffle: bool, seed: u64, config: DataLoaderConfig) -> Result<DataLoader> {
@@ -77,7 +94,11 @@ impl DataLoader {
     }
     /// Batches per epoch.
     pub fn len(&self) -> usize {
-        let n = self.sampler.len();
+        let sampler = match &self.order {
+            Order::Sampler(s) => s,
+            Order::Batches(b) => return b.len(),
+        };
+        let n = sampler.len();
         if self.config.drop_last {
             n / self.config.batch_size
         } else {
@@ -93,14 +114,19 @@ impl DataLoader {
     }
     /// Iterates over the batches of `epoch` starting at batch `start` (to resume mid-epoch).
     pub fn iter_from(&self, epoch: u64, start: usize) -> BatchIter {
-        let order = self.sampler.indices(epoch);
-        let bs = self.config.batch_size;
-        let batches: Vec<Vec<usize>> = order
-            .chunks(bs)
-            .filter(|c| !self.config.drop_last || c.len() == bs)
-            .skip(start)
-            .map(<[usize]>::to_vec)
-            .collect();
+        let batches = match &self.order {
+            Order::Sampler(sampler) => {
+                let order = sampler.indices(epoch);
+                let bs = self.config.batch_size;
+                order
+                    .chunks(bs)
+                    .filter(|c| !self.config.drop_last || c.len() == bs)
+                    .skip(start)
+                    .map(<[usize]>::to_vec)
+                    .collect()
+            }
+            Order::Batches(b) => b.batches(epoch).into_iter().skip(start).collect(),
+        };
         BatchIter::new(self.dataset.clone(), batches, &self.config)
     }
 }

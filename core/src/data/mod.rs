@@ -1,13 +1,18 @@
-//! Data loading: datasets, samplers (sequential, random, distributed), a multi-worker loader
-//! that delivers batches in order, and the MNIST IDX reader.
+//! Data loading: datasets, samplers (sequential, random, distributed), batch samplers (a
+//! heterogeneous run's per-rank shares of each global batch), a multi-worker loader that
+//! delivers batches in order, and the MNIST IDX reader.
 
 mod batch;
+mod batch_sampler;
 mod dataset;
 mod loader;
 pub mod mnist;
 mod sampler;
+mod sharded_batches;
 
 pub use batch::{Batch, HostTensor, collate};
+pub use batch_sampler::BatchSampler;
 pub use dataset::{Dataset, Sample};
 pub use loader::{BatchIter, DataLoader, DataLoaderConfig};
 pub use sampler::{DistributedSampler, RandomSampler, Sampler, SequentialSampler};
+pub use sharded_batches::{BatchShares, ShardedBatches};

@@ -45,6 +45,15 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
     order
 }
 
+/// The one global order of an epoch that every rank of a data-parallel run cuts its part from.
+pub(super) fn epoch_order(len: usize, shuffle: bool, seed: u64, epoch: u64) -> Vec<usize> {
+    if shuffle {
+        permutation(len, seed.wrapping_add(epoch))
+    } else {
+        (0..len).collect()
+    }
+}
+
 impl Sampler for RandomSampler {
     fn len(&self) -> usize {
         self.len
@@ -109,11 +118,7 @@ impl Sampler for DistributedSampler {
         }
     }
     fn indices(&self, epoch: u64) -> Vec<usize> {
-        let mut order = if self.shuffle {
-            permutation(self.dataset_len, self.seed.wrapping_add(epoch))
-        } else {
-            (0..self.dataset_len).collect()
-        };
+        let mut order = epoch_order(self.dataset_len, self.shuffle, self.seed, epoch);
         let total = self.total_size();
         if order.is_empty() {
             return Vec::new();

@@ -1,16 +1,24 @@
 //! Data-parallel training pieces: the gradient reducer that averages gradients across replicas
 //! in buckets as backward produces them (PyTorch DDP's semantics), over any `Communicator`.
-//! SyncBatchNorm's batch statistics are summed across replicas here too (`all_reduce_sum`).
+//! SyncBatchNorm's batch statistics are summed across replicas here too (`all_reduce_sum`), and
+//! the processes of a job find each other through the launcher's `rendezvous`. Devices of
+//! different speeds get shares of the global batch that follow their throughput (`Balancer`).
 
+mod balance;
 mod buckets;
 mod comm_worker;
 mod consistency;
 mod gather;
 mod reducer;
+pub mod rendezvous;
+mod shares;
 mod sync_batchnorm;
 
+pub use balance::{Balancer, WorkDone};
 pub use consistency::verify_same_model;
 pub use gather::all_gather_values;
 pub use reducer::{CommTimes, Reducer, ReducerConfig};
+pub use rendezvous::{Rendezvous, RendezvousConfig};
+pub use shares::{MIN_GAIN, proportional_shares, rebalanced, step_seconds};
 pub use sync_batchnorm::all_reduce_sum;
 pub(crate) use sync_batchnorm::synced_batch_stats;

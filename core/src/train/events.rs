@@ -63,6 +63,16 @@ impl StepTimes {
             all_reduce: self.all_reduce / n,
         }
     }
+    /// Each phase's time since `earlier` (these being running totals).
+    pub fn since(&self, earlier: &StepTimes) -> StepTimes {
+        let (now, then) = (self.values(), earlier.values());
+        StepTimes::from_values(std::array::from_fn(|i| now[i] - then[i]))
+    }
+    /// The time the device computed: forward, backward and optimizer (no data or
+    /// communication waits).
+    pub fn compute(&self) -> f64 {
+        self.forward + self.backward + self.optimizer
+    }
     /// The fields as numbers, for gathering across ranks (`from_values` reads them back).
     pub fn values(&self) -> [f64; 6] {
         [
@@ -123,6 +133,10 @@ pub enum Event {
         /// Data parallel: every rank's `times`, by rank, gathered to rank 0.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         rank_times: Vec<StepTimes>,
+        /// A balanced run (devices of different speeds): each rank's samples of the global
+        /// batch, by rank, in force for this step.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        shares: Vec<usize>,
     },
     Epoch {
         epoch: u64,
@@ -191,5 +205,25 @@ impl EventListener for ChannelListener {
             }
             Err(TrySendError::Full(_)) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_lines_without_shares_still_parse_and_shares_round_trip() {
+        let old =
+            r#"{"t":0.5,"event":"step","epoch":0,"step":5,"batch":5,"loss":2.0,"lr":0.05,"samples_per_sec":1000.0}"#;
+        let mut record: Record = serde_json::from_str(old).unwrap();
+        let Event::Step { shares, .. } = &mut record.event else {
+            panic!("a step event: {record:?}")
+        };
+        assert!(shares.is_empty());
+        *shares = vec![96, 32];
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(line.contains(r#""shares":[96,32]"#), "{line}");
+        assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), record);
     }
 }

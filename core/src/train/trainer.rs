@@ -16,7 +16,7 @@ use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::device::Device;
-use crate::distributed::{Reducer, all_gather_values};
+use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{LrScheduler, Optimizer, OptimizerState, SchedulerState, clip_grad_norm, clip_grad_value};
@@ -49,6 +49,8 @@ pub struct FitReport {
     pub last_train_loss: Option<f64>,
     pub last_val: Option<EvalMetrics>,
     pub stop_reason: String,
+    /// A balanced run: each rank's samples of the global batch at the end, by rank.
+    pub shares: Vec<usize>,
 }
 
 pub struct Trainer {
@@ -61,6 +63,8 @@ pub struct Trainer {
     pause: Arc<AtomicBool>,
     /// Averages gradients with the other replicas of a data-parallel run.
     reducer: Option<Reducer>,
+    /// Sizes this replica's share of each global batch by the devices' speeds.
+    balancer: Option<Balancer>,
 }
 
 const OPTIMIZER_PREFIX: &str = "optimizer.";
@@ -77,6 +81,7 @@ impl Trainer {
             stop: Arc::new(AtomicBool::new(false)),
             pause: Arc::new(AtomicBool::new(false)),
             reducer: None,
+            balancer: None,
         })
     }
     pub fn config(&self) -> &TrainerConfig {
@@ -89,6 +94,15 @@ impl Trainer {
     /// communication and each optimizer step uses the gradients averaged across replicas.
     pub fn with_reducer(mut self, reducer: Reducer) -> Trainer {
         self.reducer = Some(reducer);
+        self
+    }
+    /// Makes this replica's share of each global batch follow the devices' measured speeds
+    /// (with a reducer; the training loader must cut its batches by the balancer's shares, as
+    /// `ShardedBatches` does): its loss is weighted by its share, so the averaged gradient is
+    /// the global batch's mean, and after each re-balance the loader starts a new iterator.
+    /// Each step then waits for this device once after backward, to time its own computation.
+    pub fn with_balancer(mut self, balancer: Balancer) -> Trainer {
+        self.balancer = Some(balancer);
         self
     }
     pub fn add_listener(&mut self, listener: impl EventListener + 'static) {
@@ -276,6 +290,12 @@ impl Trainer {
                 ),
             ));
         }
+        if self.balancer.is_some() && self.reducer.is_none() {
+            return Err(Error::invalid(
+                "Trainer",
+                "a balancer weights this replica's gradient for the replicas' average: give the trainer a reducer too (with_reducer)",
+            ));
+        }
         if cfg.precision == Precision::Mixed16 && self.state.grad_scaler.is_none() {
             self.state.grad_scaler = Some(cfg.grad_scaler.clone().unwrap_or_default());
         }
@@ -296,8 +316,9 @@ impl Trainer {
             ..Default::default()
         };
         let run_samples_start = self.state.samples_seen;
-        // Host time per phase, summed since the last step event.
-        let (mut times, mut times_steps) = (StepTimes::default(), 0u64);
+        // Host time per phase, summed over this fit; step events report the part since the
+        // last one (`logged`), the balancer the part since its last re-balance.
+        let (mut times, mut logged, mut times_steps) = (StepTimes::default(), StepTimes::default(), 0u64);
         let step_limit = |s: &TrainerState| cfg.max_steps.is_some_and(|m| s.global_step >= m);
         let mut stop = step_limit(&self.state);
 
@@ -320,8 +341,9 @@ impl Trainer {
                     let _autocast = cfg.precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
                     setup.task.loss(setup.model.as_ref(), &tensors)?
                 };
-                let mut scaled = if cfg.accumulate_grad_batches > 1 {
-                    loss.affine(1.0 / cfg.accumulate_grad_batches as f64, 0.0)?
+                let weight = self.loss_weight();
+                let mut scaled = if weight != 1.0 {
+                    loss.affine(weight, 0.0)?
                 } else {
                     loss.clone()
                 };
@@ -338,6 +360,11 @@ impl Trainer {
                     r.set_sync(steps_now);
                 }
                 scaled.backward()?;
+                if self.balancer.is_some() {
+                    // This device's own compute ends here, not inside the all-reduce where
+                    // waiting for the other ranks would mix in.
+                    setup.device.synchronize()?;
+                }
                 times.backward += phase.elapsed().as_secs_f64();
                 let detached = loss.detach();
                 loss_sum = Some(match loss_sum {
@@ -368,7 +395,7 @@ impl Trainer {
                     let now = Instant::now();
                     let rate = (self.state.samples_seen - window.1) as f64 / (now - window.0).as_secs_f64().max(1e-9);
                     window = (now, self.state.samples_seen);
-                    let step_times = times.per_step(times_steps);
+                    let step_times = times.since(&logged).per_step(times_steps);
                     let rank_times = self.gather_step_times(&step_times, &setup.device)?;
                     let event = Event::Step {
                         epoch: self.state.epoch,
@@ -381,10 +408,16 @@ impl Trainer {
                         skipped_steps: self.state.skipped_steps,
                         times: Some(step_times),
                         rank_times,
+                        shares: self.balancer.as_ref().map(Balancer::shares).unwrap_or_default(),
                     };
-                    (times, times_steps) = (StepTimes::default(), 0);
+                    (logged, times_steps) = (times, 0);
                     self.emit(event)?;
                     self.emit_device(&setup.device)?;
+                }
+                if self.rebalance(&times, &setup.device)? {
+                    // The rest of the epoch is cut by the new shares.
+                    data_wait += batches.wait_time();
+                    batches = train.iter_from(self.state.epoch, self.state.batch_in_epoch as usize);
                 }
                 let mut no_metrics = BTreeMap::new();
                 let mut action = self.run_callbacks(setup, self.state.epoch, &mut no_metrics, |c, ctx| {
@@ -470,6 +503,7 @@ impl Trainer {
         report.train_seconds = seconds;
         report.samples_per_sec = (self.state.samples_seen - run_samples_start) as f64 / seconds.max(1e-9);
         report.data_wait_seconds = data_wait.as_secs_f64();
+        report.shares = self.balancer.as_ref().map(Balancer::shares).unwrap_or_default();
         self.emit(Event::RunEnd {
             epochs: report.epochs,
             steps: report.steps,
@@ -479,6 +513,28 @@ impl Trainer {
             reason: report.stop_reason.clone(),
         })?;
         Ok(report)
+    }
+
+    /// What this micro-batch's loss is multiplied by before backward: 1/K over K accumulated
+    /// micro-batches, times the balancer's weight for this replica's share. Weighting the loss,
+    /// not the gradients in the reducer's buckets, costs no pass over the gradients and also
+    /// weights what flows to other replicas through SyncBatchNorm's all-reduces.
+    fn loss_weight(&self) -> f64 {
+        let share = self.balancer.as_ref().map_or(1.0, Balancer::gradient_weight);
+        share / self.config.accumulate_grad_batches as f64
+    }
+
+    /// After an optimizer step: lets the balancer measure it and maybe re-balance; true when
+    /// the shares changed.
+    fn rebalance(&mut self, times: &StepTimes, device: &Device) -> Result<bool> {
+        let Some(balancer) = &mut self.balancer else {
+            return Ok(false);
+        };
+        let done = WorkDone {
+            samples: self.state.samples_seen,
+            compute_seconds: times.compute(),
+        };
+        balancer.after_step(self.state.global_step, done, device)
     }
 
     /// Every replica's step times, by rank (empty on a single device). Every rank takes part;

@@ -3,8 +3,30 @@
 
 use std::sync::Arc;
 
-use lockstep_core::Result;
-use lockstep_core::backend::{BufferRef, Communicator, ReduceOp};
+use lockstep_core::backend::{BufferRef, Communicator, LocalCommunicator, ReduceOp};
+use lockstep_core::{Device, Result};
+
+/// Runs `body(device, comm)` for every rank of a group on the CPU virtual devices cpu:0,
+/// cpu:1, …, one thread each; the results in rank order.
+pub fn on_cpu_ranks<T: Send + 'static>(
+    world: usize,
+    body: impl Fn(Device, LocalCommunicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let devices: Vec<Device> = (0..world)
+        .map(|i| Device::parse(&format!("cpu:{i}")).unwrap())
+        .collect();
+    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let body = Arc::new(body);
+    let threads: Vec<_> = comms
+        .into_iter()
+        .zip(devices)
+        .map(|(comm, device)| {
+            let body = body.clone();
+            std::thread::spawn(move || body(device, comm))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
 
 /// A communicator that calls `before_all_reduce` ahead of each all-reduce (to count or hold
 /// them) and forwards everything to `inner`.

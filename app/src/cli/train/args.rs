@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use lockstep_core::distributed::ReducerConfig;
 use lockstep_core::train::{GradientClip, Precision, TrainerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -51,20 +52,46 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Device: auto (a CUDA GPU, else a hardware wgpu adapter, else the CPU), cpu, cpu:N, wgpu:N, cuda:N.
+    /// In a job started by `lockstep launch`, torchrun, mpirun or srun, `auto` (when it finds a
+    /// GPU) and `cuda` mean cuda:LOCAL_RANK, one GPU per process; any other name is used as given
+    /// by every process.
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// Data parallel: one replica per device (e.g. cpu:0,cpu:1), each with its shard of every
-    /// global batch (--batch-size is the global batch and must divide evenly).
+    /// global batch (--batch-size is the global batch and must divide evenly, unless the run
+    /// balances: see --balance).
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// With --devices: size each device's share of every global batch by its measured throughput
+    /// (re-measured every --rebalance-every steps; the global batch stays --batch-size), each
+    /// gradient weighted by its share so the job still learns the global batch's mean. On by
+    /// default when the devices are of different kinds (e.g. cuda:0,wgpu:0,cpu); devices of one
+    /// kind split evenly (PyTorch's DistributedSampler) unless given --balance.
+    #[arg(long, conflicts_with = "no_balance")]
+    pub balance: bool,
+    /// Split every global batch evenly even over devices of different kinds.
+    #[arg(long)]
+    pub no_balance: bool,
+    /// In a balanced run: optimizer steps between measurements of the devices' speeds (0 keeps
+    /// the initial even split).
+    #[arg(long, value_name = "STEPS", default_value_t = lockstep_core::distributed::Balancer::DEFAULT_EVERY)]
+    pub rebalance_every: u64,
     /// With --devices: convert every BatchNorm layer to SyncBatchNorm, whose batch statistics
     /// cover the global batch (all replicas); with one device it changes nothing.
     #[arg(long)]
     pub sync_batchnorm: bool,
+    /// Data parallel: capacity of the gradient buckets after the first, in MiB (PyTorch's
+    /// bucket_cap_mb); each full bucket is all-reduced while backward goes on.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_cap_mb: f64,
+    /// Data parallel: capacity of the first bucket (the first gradients ready), in MiB.
+    #[arg(long, default_value_t = 1.0)]
+    pub first_bucket_mb: f64,
     /// Data loader worker threads (0 loads on the training thread).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Compute threads on the CPU.
+    /// Compute threads on the CPU (default: the cores, shared among the processes a launcher
+    /// started on this machine).
     #[arg(long, default_value_t = default_threads())]
     pub threads: usize,
     /// Numeric precision: 32, 16-mixed (f16 products, loss scaling) or bf16-mixed (bf16
@@ -113,10 +140,19 @@ pub struct Args {
     /// With --dashboard: save a PNG of the window after SECONDS, then close it (and stop).
     #[arg(long, num_args = 2, value_names = ["SECONDS", "PATH"], requires = "dashboard")]
     pub screenshot_after: Vec<String>,
+    /// For tests: every replica writes its final weights to DIR/rank<R>.safetensors.
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub dump_weights: Option<PathBuf>,
 }
 
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A malformed launcher variable is reported when training starts, not here.
+    let processes_here = crate::cli::world::WorldEnv::from_env()
+        .ok()
+        .flatten()
+        .map_or(1, |w| w.local_world_size);
+    (cores / processes_here).max(1)
 }
 
 impl Args {
@@ -144,11 +180,19 @@ impl Args {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         let replicas = self.devices.len().max(1);
-        anyhow::ensure!(
-            self.batch_size.is_multiple_of(replicas),
-            "--batch-size {} does not split evenly over {replicas} devices; use a multiple of {replicas}",
-            self.batch_size
-        );
+        if super::balance::enabled(self) {
+            anyhow::ensure!(
+                self.batch_size >= replicas,
+                "--batch-size {} cannot give each of {replicas} devices a sample; use at least {replicas}",
+                self.batch_size
+            );
+        } else {
+            anyhow::ensure!(
+                self.batch_size.is_multiple_of(replicas),
+                "--batch-size {} does not split evenly over {replicas} devices; use a multiple of {replicas}",
+                self.batch_size
+            );
+        }
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = self.devices.iter().find(|d| !seen.insert(d.as_str())) {
             anyhow::bail!("--devices names {twice} twice; give each replica its own device");
@@ -158,6 +202,10 @@ impl Args {
             "--epochs must be at least 1"
         );
         anyhow::ensure!(self.accumulate > 0, "--accumulate must be at least 1");
+        anyhow::ensure!(
+            self.bucket_cap_mb > 0.0 && self.first_bucket_mb > 0.0,
+            "--bucket-cap-mb and --first-bucket-mb must be positive (MiB)"
+        );
         anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
         anyhow::ensure!(
             self.clip_grad_norm.is_none() || self.clip_grad_value.is_none(),
@@ -175,6 +223,14 @@ impl Args {
             );
         }
         Ok(())
+    }
+    /// The gradient buckets of a data-parallel run.
+    pub fn reducer_config(&self) -> ReducerConfig {
+        let bytes = |mib: f64| (mib * f64::from(1 << 20)) as usize;
+        ReducerConfig {
+            first_bucket_bytes: bytes(self.first_bucket_mb),
+            bucket_bytes: bytes(self.bucket_cap_mb),
+        }
     }
     pub fn trainer_config(&self) -> TrainerConfig {
         TrainerConfig {

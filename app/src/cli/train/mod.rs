@@ -1,11 +1,14 @@
 //! `lockstep train`: MNIST with a built-in model, as a thin layer over the core Trainer.
 
 mod args;
+mod balance;
 mod dashboard;
 mod download;
+mod process_group;
 mod progress;
 mod setup;
 mod summary;
+mod weights_dump;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -17,12 +20,15 @@ use lockstep_core::data::mnist::{Mnist, Split};
 use lockstep_core::data::{
     DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
 };
-use lockstep_core::distributed::{Reducer, ReducerConfig};
+use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{ChannelListener, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
 
 pub use args::Args;
 pub use dashboard::launcher;
+pub use process_group::NO_MPI;
 pub(crate) use setup::communicators;
+
+use crate::cli::world::WorldEnv;
 
 /// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
 /// stop and pause buttons (single-device runs only: replicas must stop at the same step).
@@ -38,13 +44,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // sized once.
     super::threads::init(args.threads)?;
     if args.dashboard {
+        anyhow::ensure!(
+            WorldEnv::from_env()?.is_none(),
+            "--dashboard opens a window in every process of a launched job: instead, give rank 0 --metrics-out \
+             FILE and watch it with `lockstep dashboard --follow FILE`"
+        );
         return dashboard::run(args);
     }
     train(args, Hooks::default())
 }
 
-/// The whole run: data, devices, one or more replicas, the summary.
+/// The whole run: the data, then one of three ways to train (one process of a launched job,
+/// several devices on threads of this process, one device), then rank 0's summary.
 fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
+    let (train_set, test_set) = load_mnist(&args)?;
+    let finished = match WorldEnv::from_env()? {
+        Some(world) => process_group::train(&args, &world, train_set, test_set, &hooks)?,
+        None => {
+            let mut devices = setup::devices(&args)?;
+            if devices.len() == 1 {
+                Some(on_one_device(&args, devices.remove(0), train_set, test_set, &hooks)?)
+            } else {
+                Some(on_threads(&args, devices, train_set, test_set, &hooks)?)
+            }
+        }
+    };
+    // Only rank 0 of a process group reports.
+    finished.map_or(Ok(()), |f| f.summarize(&args))
+}
+
+fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
     let data_dir = args.data_dir();
     if args.download {
         download::fetch_missing(&data_dir, &args.download_url, &download::CONTENT_SHA256, !args.headless)?;
@@ -53,54 +82,89 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
         Arc::new(Mnist::load(&data_dir, Split::Train).with_context(|| missing_data_hint(&data_dir))?);
     let test_set: Arc<dyn Dataset> =
         Arc::new(Mnist::load(&data_dir, Split::Test).with_context(|| missing_data_hint(&data_dir))?);
-    let devices = setup::devices(&args)?;
-    let world = devices.len();
-    let (device, mut report, result) = if devices.len() == 1 {
-        replica(
-            &args,
-            devices[0].clone(),
-            Collectives::default(),
-            train_set,
-            test_set,
-            &hooks,
-        )?
-    } else {
-        // One thread per replica; rank 0 reports.
-        let comms = setup::communicators(&devices)?;
-        let batchnorm_comms = setup::sync_batchnorm_communicators(&args, &devices)?;
-        let handles: Vec<_> = comms
-            .into_iter()
-            .zip(batchnorm_comms)
-            .zip(devices)
-            .map(|((comm, batchnorm), device)| {
-                let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
-                let hooks = Hooks {
-                    controls: None,
-                    ..hooks.clone()
-                };
-                let collectives = Collectives {
-                    gradients: Some(comm),
-                    batchnorm,
-                };
-                std::thread::spawn(move || replica(&args, device, collectives, train, test, &hooks))
-            })
-            .collect();
-        let mut results = Vec::new();
-        for (rank, h) in handles.into_iter().enumerate() {
-            let r = h.join().map_err(|_| anyhow::anyhow!("replica {rank} panicked"))?;
-            results.push(r.with_context(|| format!("replica {rank}"))?);
-        }
-        let (_, report, result) = results.swap_remove(0);
-        (args.devices.join(","), report, result)
-    };
-    // Rank 0 counted its own samples; every replica processed as many.
-    report.samples_per_sec *= world as f64;
-    let summary = summary::Summary::new(&args, &device, &report, &result);
-    summary.print();
-    if let Some(path) = &args.summary_out {
-        summary.write(path)?;
+    Ok((train_set, test_set))
+}
+
+fn on_one_device(
+    args: &Args,
+    device: Device,
+    train_set: Arc<dyn Dataset>,
+    test_set: Arc<dyn Dataset>,
+    hooks: &Hooks,
+) -> anyhow::Result<Finished> {
+    let (device, report, result) = replica(args, device, Collectives::default(), train_set, test_set, hooks)?;
+    Ok(Finished {
+        device,
+        samples_per_sec: report.samples_per_sec,
+        report,
+        result,
+    })
+}
+
+/// One thread per device, each a replica; rank 0 reports.
+fn on_threads(
+    args: &Args,
+    devices: Vec<Device>,
+    train_set: Arc<dyn Dataset>,
+    test_set: Arc<dyn Dataset>,
+    hooks: &Hooks,
+) -> anyhow::Result<Finished> {
+    let comms = setup::communicators(&devices)?;
+    let batchnorm_comms = setup::sync_batchnorm_communicators(args, &devices)?;
+    let handles: Vec<_> = comms
+        .into_iter()
+        .zip(batchnorm_comms)
+        .zip(devices)
+        .map(|((comm, batchnorm), device)| {
+            let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
+            let hooks = Hooks {
+                controls: None,
+                ..hooks.clone()
+            };
+            let collectives = Collectives {
+                gradients: Some(comm),
+                batchnorm,
+            };
+            std::thread::spawn(move || replica(&args, device, collectives, train, test, &hooks))
+        })
+        .collect();
+    let mut results = Vec::new();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let r = h.join().map_err(|_| anyhow::anyhow!("replica {rank} panicked"))?;
+        results.push(r.with_context(|| format!("replica {rank}"))?);
     }
-    Ok(())
+    // The replicas trained side by side: the run's rate is the sum of theirs (their shares
+    // differ in a balanced run).
+    let samples_per_sec = results.iter().map(|(_, r, _)| r.samples_per_sec).sum();
+    let (_, report, result) = results.swap_remove(0);
+    Ok(Finished {
+        device: args.devices.join(","),
+        samples_per_sec,
+        report,
+        result,
+    })
+}
+
+/// What the reporting replica (rank 0) hands to the summary.
+struct Finished {
+    /// The device(s), as the summary names them.
+    device: String,
+    /// The whole run's rate, every replica's samples counted.
+    samples_per_sec: f64,
+    report: FitReport,
+    result: EvalMetrics,
+}
+
+impl Finished {
+    fn summarize(mut self, args: &Args) -> anyhow::Result<()> {
+        self.report.samples_per_sec = self.samples_per_sec;
+        let summary = summary::Summary::new(args, &self.device, &self.report, &self.result);
+        summary.print();
+        if let Some(path) = &args.summary_out {
+            summary.write(path)?;
+        }
+        Ok(())
+    }
 }
 
 /// A replica's communicators in a data-parallel run; none on a single device.
@@ -151,7 +215,11 @@ fn replica(
     } else {
         Arc::new(RandomSampler { len, seed: args.seed })
     };
-    let train = DataLoader::new(train_set, sampler, loader_config.clone())?;
+    let shares = balance::initial_shares(args, world)?;
+    let train = match &shares {
+        Some(shares) => balance::loader(args, train_set, rank, shares, loader_config.clone())?,
+        None => DataLoader::new(train_set, sampler, loader_config.clone())?,
+    };
     let eval_config = DataLoaderConfig {
         batch_size: 1000,
         ..loader_config
@@ -160,7 +228,11 @@ fn replica(
 
     let mut trainer = Trainer::new(args.trainer_config())?;
     if let Some(comm) = comm {
-        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), ReducerConfig::default())?;
+        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), args.reducer_config())?;
+        if let Some(shares) = shares {
+            let balancer = Balancer::new(shares, reducer.communicator(), args.rebalance_every)?;
+            trainer = trainer.with_balancer(balancer);
+        }
         trainer = trainer.with_reducer(reducer);
     }
     if let Some((stop, pause)) = &hooks.controls {
@@ -193,6 +265,9 @@ fn replica(
     }
     let validate = leader && !args.no_val;
     let report = trainer.fit(&mut setup, &train, validate.then_some(&test))?;
+    if let Some(dir) = &args.dump_weights {
+        weights_dump::write(dir, rank, setup.model.as_ref())?;
+    }
     let result = if leader {
         trainer.test(&mut setup, &test)?
     } else {

@@ -20,6 +20,31 @@ pub struct Summary {
     pub samples_per_sec: f64,
     pub data_wait_seconds: f64,
     pub stop_reason: String,
+    /// A balanced run: each device's samples of the global batch at the end.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<DeviceShare>,
+}
+
+#[derive(Serialize)]
+pub struct DeviceShare {
+    pub device: String,
+    pub samples: usize,
+}
+
+/// Names each rank's share by its device (--devices, in rank order), else by its rank.
+fn device_shares(args: &Args, shares: &[usize]) -> Vec<DeviceShare> {
+    shares
+        .iter()
+        .enumerate()
+        .map(|(rank, &samples)| DeviceShare {
+            device: args
+                .devices
+                .get(rank)
+                .cloned()
+                .unwrap_or_else(|| format!("rank {rank}")),
+            samples,
+        })
+        .collect()
 }
 
 impl Summary {
@@ -35,11 +60,19 @@ impl Summary {
             samples_per_sec: report.samples_per_sec,
             data_wait_seconds: report.data_wait_seconds,
             stop_reason: report.stop_reason.clone(),
+            shares: device_shares(args, &report.shares),
         }
     }
     pub fn print(&self) {
+        let shares = match self.shares.as_slice() {
+            [] => String::new(),
+            some => {
+                let each: Vec<String> = some.iter().map(|s| format!("{} {}", s.device, s.samples)).collect();
+                format!(" | shares: {}", each.join(", "))
+            }
+        };
         println!(
-            "{} on {}: test accuracy {:.2}%, test loss {:.4} | {} steps, {} epochs in {:.1} s ({:.0} samples/s, {:.2} s waiting for data; stopped: {})",
+            "{} on {}: test accuracy {:.2}%, test loss {:.4} | {} steps, {} epochs in {:.1} s ({:.0} samples/s, {:.2} s waiting for data; stopped: {}){shares}",
             self.model,
             self.device,
             self.test_accuracy * 100.0,

@@ -1,0 +1,95 @@
+//! MPI for a process group of CPU or wgpu devices (the `mpi` cargo feature): the world
+//! communicator for the gradients, a duplicate for SyncBatchNorm, and the session that must
+//! end on the main thread. Without the feature, a clear refusal.
+
+use crate::cli::train::Collectives;
+use crate::cli::train::args::Args;
+use crate::cli::world::WorldEnv;
+use lockstep_core::Device;
+
+pub const NO_MPI: &str = "this binary was built without MPI; rebuild with `cargo build --release --features mpi` \
+                          (needs OpenMPI and libclang), or use CUDA devices (NCCL)";
+
+#[cfg(feature = "mpi")]
+pub use with_mpi::MpiJob;
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use std::sync::Arc;
+
+    use anyhow::Context;
+    use lockstep_core::backend::Communicator;
+    use lockstep_mpi::{MpiCommunicator, MpiSession};
+
+    use super::{Args, Collectives, Device, WorldEnv};
+
+    /// MPI for this process; keep it on the main thread until training returns.
+    pub struct MpiJob {
+        session: MpiSession,
+        rank: usize,
+        size: usize,
+    }
+
+    impl MpiJob {
+        pub fn start(args: &Args, world: &WorldEnv, device: &Device) -> anyhow::Result<(MpiJob, Collectives)> {
+            if let Some(why) = super::super::without_engine(device, world, true) {
+                anyhow::bail!(why);
+            }
+            let (session, comm) = MpiCommunicator::init(device.backend().clone()).context("cannot start MPI")?;
+            let (rank, size) = (comm.rank(), comm.world_size());
+            if (rank, size) != (world.rank, world.world_size) {
+                drop(comm);
+                drop(session);
+                anyhow::bail!(
+                    "MPI counts {size} process(es) with this one as rank {rank}, but the launcher's variables say rank \
+                     {} of {}: start the job with `mpirun -np {}` (or srun) and no RANK/WORLD_SIZE of another launcher",
+                    world.rank,
+                    world.world_size,
+                    world.world_size
+                );
+            }
+            let batchnorm = if args.sync_batchnorm {
+                let dup = comm
+                    .duplicate()
+                    .context("cannot make SyncBatchNorm's MPI communicator")?;
+                Some(Arc::new(dup) as Arc<dyn Communicator>)
+            } else {
+                None
+            };
+            let collectives = Collectives {
+                gradients: Some(Box::new(comm)),
+                batchnorm,
+            };
+            Ok((MpiJob { session, rank, size }, collectives))
+        }
+
+        /// Finalises MPI after a successful run. After a failure the other ranks may be waiting in
+        /// a collective for this one (and would wait in MPI_Finalize too), so this rank says why
+        /// and aborts the job: mpirun then ends every rank and names this one.
+        pub fn finish<T>(self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+            match result {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    eprintln!("error: rank {} of {}: {e:#}", self.rank, self.size);
+                    self.session.abort(1)
+                }
+            }
+        }
+    }
+}
+
+/// Never made in a build without MPI: `start` refuses.
+#[cfg(not(feature = "mpi"))]
+pub enum MpiJob {}
+
+#[cfg(not(feature = "mpi"))]
+impl MpiJob {
+    pub fn start(_args: &Args, world: &WorldEnv, device: &Device) -> anyhow::Result<(MpiJob, Collectives)> {
+        let why = super::without_engine(device, world, false).unwrap_or_else(|| NO_MPI.to_string());
+        anyhow::bail!(why)
+    }
+
+    pub fn finish<T>(self, _result: anyhow::Result<T>) -> anyhow::Result<T> {
+        match self {}
+    }
+}

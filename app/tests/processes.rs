@@ -1,0 +1,363 @@
+//! Training across processes on MPI (the `mpi` feature; run with
+//! `cargo test -p lockstep --features mpi --test processes`): 2 and 4 ranks under mpirun end with
+//! weights identical bit for bit and equal (to f32 rounding) to one device trained with the
+//! global batch; only rank 0 reports; a rank killed with `kill -9` under `lockstep launch` ends
+//! the job within 30 s, named.
+//!
+//! Needs OpenMPI's `mpirun`; where it is missing these tests fail, or skip with LOCKSTEP_SKIP_MPI=1.
+#![cfg(feature = "mpi")]
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lockstep_core::train::checkpoint::load_tensors;
+use support::{TempDir, assert_succeeds, lockstep, mnist_dir, run};
+
+/// One job at a time: two jobs' ranks fighting for 2 cores turn seconds into minutes.
+static ONE_JOB: Mutex<()> = Mutex::new(());
+
+/// OpenMPI refuses to run as root without both (containers, CI).
+const ROOT_ENV: [(&str, &str); 2] = [("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")];
+
+/// 20 steps of a small MLP, global batch 64, one compute thread per process.
+fn train_args(data: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "train",
+        "--data",
+        data.to_str().expect("a UTF-8 path"),
+        "--device",
+        "cpu",
+        "--hidden",
+        "32",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        "20",
+        "--seed",
+        "3",
+        "--threads",
+        "1",
+        "--workers",
+        "1",
+        "--no-val",
+        "--headless",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Sets `flag`'s value in `args`, replacing the one there (clap refuses a flag given twice).
+fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
+}
+
+fn mpirun_available() -> bool {
+    if Command::new("mpirun").arg("--version").output().is_ok() {
+        return true;
+    }
+    if std::env::var("LOCKSTEP_SKIP_MPI").as_deref() == Ok("1") {
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n**** SKIPPED: mpirun not found and LOCKSTEP_SKIP_MPI=1: the process tests did not run ****\n"
+        );
+        return false;
+    }
+    panic!(
+        "mpirun not found on PATH: install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev), \
+         or set LOCKSTEP_SKIP_MPI=1 to skip these tests"
+    );
+}
+
+/// `mpirun -np <ranks> lockstep <args>`, as a test on 2 cores must run it (more ranks than cores,
+/// no pinning, as root in containers), ended by mpirun itself if it hangs.
+fn mpirun(ranks: usize, args: &[String]) -> Output {
+    Command::new("mpirun")
+        .args([
+            "-np",
+            &ranks.to_string(),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--timeout",
+            "240",
+        ])
+        .arg(env!("CARGO_BIN_EXE_lockstep"))
+        .args(args)
+        .envs(ROOT_ENV)
+        .output()
+        .expect("mpirun starts")
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+/// Every tensor of DIR/rank<R>.safetensors by name, as f64 (exact for f32 and the i64 counters).
+fn weights(dir: &Path, rank: usize) -> Vec<(String, Vec<f64>)> {
+    let path = dir.join(format!("rank{rank}.safetensors"));
+    let file = load_tensors(&path).unwrap_or_else(|e| panic!("rank {rank} wrote no weights: {e}"));
+    let mut tensors: Vec<(String, Vec<f64>)> = file
+        .tensors
+        .into_iter()
+        .map(|(name, t)| (name, t.data.to_f64_vec()))
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    tensors
+}
+
+fn bits(w: &[(String, Vec<f64>)]) -> Vec<(String, Vec<u64>)> {
+    w.iter()
+        .map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+/// Equal to f32 rounding: the sums run in another order.
+fn assert_close(ranks: &[(String, Vec<f64>)], one: &[(String, Vec<f64>)]) {
+    assert_eq!(ranks.len(), one.len());
+    for ((name, a), (other, b)) in ranks.iter().zip(one) {
+        assert_eq!(name, other);
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 + 1e-4 * y.abs(),
+                "{name}: {x} across processes, {y} in one process"
+            );
+        }
+    }
+}
+
+fn count_lines(text: &str, needle: &str) -> usize {
+    text.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// `mpirun -np <ranks> lockstep train …` matches one device with the same global batch.
+fn processes_match_one_device(ranks: usize) {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let data = mnist_dir();
+    let (one_dir, many_dir) = (TempDir::new("one-device"), TempDir::new("processes"));
+    let out = run(lockstep(&[]).args(train_args(&data, &["--dump-weights", path_str(one_dir.path())])));
+    assert_succeeds(&out);
+
+    let summary = many_dir.join("summary.json");
+    let start = Instant::now();
+    let out = mpirun(
+        ranks,
+        &train_args(
+            &data,
+            &[
+                "--dump-weights",
+                path_str(many_dir.path()),
+                "--summary-out",
+                path_str(&summary),
+            ],
+        ),
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!(
+        "mpirun -np {ranks}: {:?} in {:?}\n{stdout}{stderr}",
+        out.status,
+        start.elapsed()
+    );
+    assert!(out.status.success(), "mpirun -np {ranks} failed:\n{stdout}\n{stderr}");
+
+    // Only rank 0 reports: one progress header, one summary.
+    assert_eq!(count_lines(&stderr, "training mlp on"), 1, "{stderr}");
+    assert_eq!(count_lines(&stdout, "test accuracy"), 1, "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("rank 0 wrote the summary")).expect("JSON");
+    assert_eq!(json["steps"], 20, "{json}");
+    assert_eq!(json["device"], format!("cpu:0 (x{ranks} processes)"), "{json}");
+
+    let rank0 = weights(many_dir.path(), 0);
+    for rank in 1..ranks {
+        assert!(
+            bits(&weights(many_dir.path(), rank)) == bits(&rank0),
+            "rank {rank}'s weights differ from rank 0's"
+        );
+    }
+    assert_close(&rank0, &weights(one_dir.path(), 0));
+}
+
+#[test]
+fn two_processes_match_one_device_with_the_global_batch() {
+    processes_match_one_device(2);
+}
+
+#[test]
+fn four_processes_match_one_device_with_the_global_batch() {
+    processes_match_one_device(4);
+}
+
+/// SyncBatchNorm across processes (its own MPI communicator, a duplicate of the gradients') ends
+/// where the same run on two threads (in-process collectives) does: one code path either way.
+#[test]
+fn sync_batchnorm_across_processes_matches_two_threads() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let data = mnist_dir();
+    let (threads_dir, processes_dir) = (TempDir::new("bn-threads"), TempDir::new("bn-processes"));
+    let bn = |dir: &TempDir| {
+        let mut args = train_args(&data, &["--model", "convnet-bn", "--sync-batchnorm"]);
+        set_flag(&mut args, "--max-steps", "5");
+        set_flag(&mut args, "--dump-weights", path_str(dir.path()));
+        args
+    };
+    let mut on_threads = bn(&threads_dir);
+    let device = on_threads.iter().position(|a| a == "--device").expect("--device");
+    on_threads.drain(device..device + 2);
+    set_flag(&mut on_threads, "--devices", "cpu:0,cpu:1");
+    assert_succeeds(&run(lockstep(&[]).args(on_threads)));
+    let out = mpirun(2, &bn(&processes_dir));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mpirun failed:\n{stderr}");
+    let rank0 = weights(processes_dir.path(), 0);
+    assert!(
+        bits(&weights(processes_dir.path(), 1)) == bits(&rank0),
+        "the ranks' weights differ"
+    );
+    assert_close(&rank0, &weights(threads_dir.path(), 0));
+}
+
+/// Kills every process whose environment carries `marker` (this test's ranks) when dropped,
+/// whatever happened.
+struct Job {
+    launcher: Child,
+    marker: String,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = self.launcher.kill();
+        let _ = self.launcher.wait();
+        for pid in pids_with(&[&self.marker]) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// The processes whose environment holds every one of `vars` (NAME=value).
+fn pids_with(vars: &[&str]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                return false;
+            };
+            let environ: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+            vars.iter().all(|v| environ.contains(&v.as_bytes()))
+        })
+        .collect()
+}
+
+fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn a_rank_killed_under_launch_ends_the_job_within_30_s_and_is_named() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let marker = format!("LOCKSTEP_TEST_JOB=killed-rank-{}", std::process::id());
+    let (marker_name, marker_value) = marker.split_once('=').expect("NAME=value");
+    let mut train = train_args(&mnist_dir(), &["--log-every", "1"]);
+    // Long enough that it is still training when killed.
+    set_flag(&mut train, "--max-steps", "100000");
+    let launcher = lockstep(&["launch", "--nproc-per-node", "2", "--"])
+        .args(&train)
+        .envs(ROOT_ENV)
+        .env(marker_name, marker_value)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lockstep launch starts");
+    let mut job = Job { launcher, marker };
+
+    // Wait for rank 0's header: by then every rank is past MPI's start and training.
+    let (started, on_start) = mpsc::channel();
+    let stderr = job.launcher.stderr.take().expect("piped");
+    let stderr = thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("training mlp on") {
+                let _ = started.send(());
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let mut stdout = job.launcher.stdout.take().expect("piped");
+    let stdout = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let training = on_start.recv_timeout(Duration::from_secs(180)).is_ok();
+    let rank1 = pids_with(&[&job.marker, "OMPI_COMM_WORLD_RANK=1"]);
+    assert!(
+        training && rank1.len() == 1,
+        "rank 1 did not start training (pids {rank1:?})"
+    );
+
+    let killed = Instant::now();
+    let kill = Command::new("kill").args(["-9", &rank1[0].to_string()]).status();
+    assert!(kill.is_ok_and(|s| s.success()), "kill -9 {} failed", rank1[0]);
+    let status = wait_at_most(&mut job.launcher, Duration::from_secs(30));
+    let elapsed = killed.elapsed();
+    drop(job);
+    let output = format!(
+        "{}{}",
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default()
+    );
+    println!("launch after kill -9 of rank 1: {status:?} in {elapsed:?}\n{output}");
+    assert!(
+        status.is_some(),
+        "the launcher still ran 30 s after rank 1 was killed:\n{output}"
+    );
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the launcher succeeded:\n{output}"
+    );
+    // mpirun's words: "process rank 1 with PID … exited on signal 9 (Killed)".
+    assert!(
+        output.contains("process rank 1 "),
+        "the output does not name rank 1:\n{output}"
+    );
+    assert!(
+        output.contains("mpirun was killed by signal") || output.contains("mpirun exited with status"),
+        "{output}"
+    );
+}

@@ -1,0 +1,13 @@
+//! Explicit batches per epoch, for loaders whose batches are not equal chunks of one order (a
+//! heterogeneous run's per-rank shares of each global batch). Like a `Sampler`, a function of
+//! the epoch, so resuming mid-epoch only needs the epoch number and the batch position.
+
+pub trait BatchSampler: Send + Sync {
+    /// Batches per epoch.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The batches of `epoch`, in order, each a list of dataset indices.
+    fn batches(&self, epoch: u64) -> Vec<Vec<usize>>;
+}
