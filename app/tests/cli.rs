@@ -194,6 +194,14 @@ fn batch_size_zero_is_refused() {
 }
 
 #[test]
+fn data_parallel_limits_that_cannot_work_are_refused() {
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--collective-timeout", "0"]);
+    assert_fails_with(&out, &["--collective-timeout must be at least 1 second"]);
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--bucket-cap-mb", "0"]);
+    assert_fails_with(&out, &["--bucket-cap-mb and --first-bucket-mb must be positive"]);
+}
+
+#[test]
 fn a_checkpoint_dir_that_is_a_file_is_refused_before_training() {
     let dir = TempDir::new("ckpt-file");
     let file = dir.join("not-a-dir");

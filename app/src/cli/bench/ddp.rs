@@ -71,7 +71,8 @@ pub fn run(plan: &DdpPlan) -> anyhow::Result<DdpReport> {
         "--batch {} does not split evenly over {world} devices",
         plan.batch
     );
-    let comms = crate::cli::train::communicators(&devices)?;
+    // PyTorch's default collective timeout: 10 minutes.
+    let comms = crate::cli::train::communicators(&devices, std::time::Duration::from_secs(600))?;
     let threads: Vec<_> = comms
         .into_iter()
         .zip(devices)

@@ -1,6 +1,7 @@
 //! The flags of `lockstep train`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use lockstep_core::distributed::ReducerConfig;
@@ -87,6 +88,11 @@ pub struct Args {
     /// Data parallel: capacity of the first bucket (the first gradients ready), in MiB.
     #[arg(long, default_value_t = 1.0)]
     pub first_bucket_mb: f64,
+    /// Data parallel: a collective that has not completed after SECONDS fails on every rank,
+    /// naming the rank(s) it waited for (in-process and NCCL; under MPI, mpirun ends a job
+    /// whose rank died).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub collective_timeout: u64,
     /// Data loader worker threads (0 loads on the training thread).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -206,6 +212,10 @@ impl Args {
             self.bucket_cap_mb > 0.0 && self.first_bucket_mb > 0.0,
             "--bucket-cap-mb and --first-bucket-mb must be positive (MiB)"
         );
+        anyhow::ensure!(
+            self.collective_timeout > 0,
+            "--collective-timeout must be at least 1 second"
+        );
         anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
         anyhow::ensure!(
             self.clip_grad_norm.is_none() || self.clip_grad_value.is_none(),
@@ -223,6 +233,9 @@ impl Args {
             );
         }
         Ok(())
+    }
+    pub fn collective_timeout(&self) -> Duration {
+        Duration::from_secs(self.collective_timeout)
     }
     /// The gradient buckets of a data-parallel run.
     pub fn reducer_config(&self) -> ReducerConfig {

@@ -109,7 +109,7 @@ fn on_threads(
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<Finished> {
-    let comms = setup::communicators(&devices)?;
+    let comms = setup::communicators(&devices, args.collective_timeout())?;
     let batchnorm_comms = setup::sync_batchnorm_communicators(args, &devices)?;
     let handles: Vec<_> = comms
         .into_iter()

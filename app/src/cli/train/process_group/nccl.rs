@@ -31,7 +31,10 @@ pub fn collectives(args: &Args, world: &WorldEnv, device: &Device) -> anyhow::Re
     // Every rank holds the ids before rank 0's rendezvous closes; a missing rank is named here.
     rendezvous.barrier("nccl-ids")?;
     drop(rendezvous);
-    let join = |id: &NcclId| NcclCommunicator::from_rank(device, world.rank, world.world_size, id);
+    let join = |id: &NcclId| {
+        let comm = NcclCommunicator::from_rank(device, world.rank, world.world_size, id)?;
+        anyhow::Ok(comm.with_timeout(args.collective_timeout()))
+    };
     let gradients = join(&gradients_id)?;
     let batchnorm = match batchnorm_id {
         Some(id) => Some(Arc::new(join(&id)?) as Arc<dyn Communicator>),
