@@ -17,7 +17,6 @@ use crate::backend::{Communicator, ReduceOp};
 use crate::dtype::HostVec;
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
-use crate::shape::Layout;
 use crate::tensor::Tensor;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +25,17 @@ pub struct ReducerConfig {
     pub first_bucket_bytes: usize,
     /// Capacity of the other buckets (PyTorch: 25 MiB).
     pub bucket_bytes: usize,
+}
+
+impl ReducerConfig {
+    /// Capacities given in MiB (as PyTorch's `bucket_cap_mb`).
+    pub fn from_mib(first_bucket: f64, bucket: f64) -> ReducerConfig {
+        let bytes = |mib: f64| (mib * f64::from(1 << 20)) as usize;
+        ReducerConfig {
+            first_bucket_bytes: bytes(first_bucket),
+            bucket_bytes: bytes(bucket),
+        }
+    }
 }
 
 impl Default for ReducerConfig {
@@ -174,14 +184,8 @@ impl Reducer {
         for b in &st.buckets {
             for (s, slot) in b.slots.iter().enumerate() {
                 let param = &st.params[slot.param];
-                let grad = Tensor::zeros(param.shape().clone(), b.flat.dtype(), b.flat.device())?;
-                grad.backend().copy_strided(
-                    b.flat.buffer(),
-                    &b.view_of(s, param),
-                    grad.buffer(),
-                    &Layout::contiguous(param.shape().clone()),
-                )?;
-                param.set_grad(Some(grad));
+                // A copy, not a view: in-place writers (clipping, unscaling) must not reach the bucket.
+                param.set_grad(Some(b.flat.view(b.view_of(s, param)).deep_copy()?));
             }
         }
         if let Some(arrivals) = st.arrivals.take() {

@@ -14,6 +14,7 @@ use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
 use lockstep_core::{DType, Device, Generator, Tensor};
 use serde::Serialize;
 
+use super::timing;
 use crate::cli::table;
 
 #[derive(Clone, Debug, Serialize)]
@@ -139,11 +140,7 @@ fn replica(
             samples.push([step_time, backward, comm.all_reduce, comm.hidden(), comm.exposed]);
         }
     }
-    let median = |i: usize| {
-        let mut v: Vec<f64> = samples.iter().map(|s| s[i]).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
+    let median = |i: usize| timing::median(&mut samples.iter().map(|s| s[i]).collect::<Vec<_>>());
     let result = RankResult {
         rank,
         device: device.location().to_string(),
@@ -154,7 +151,11 @@ fn replica(
         hidden: median(3),
         exposed: median(4),
     };
-    let bytes = model.parameters().iter().map(|p| p.elem_count() * 4).sum();
+    let bytes = model
+        .parameters()
+        .iter()
+        .map(|p| p.elem_count() * p.dtype().size_in_bytes())
+        .sum();
     Ok((result, bytes))
 }
 

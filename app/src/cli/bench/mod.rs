@@ -16,6 +16,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::ValueEnum;
+use lockstep_core::distributed::ReducerConfig;
 use lockstep_core::{DType, Device};
 
 use self::plan::{GEMM_SIZES, GEMM_TIMING, MlpPlan, Plan};
@@ -173,15 +174,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn run_ddp(args: &Args) -> anyhow::Result<()> {
-    let mib = |m: f64| (m * f64::from(1 << 20)) as usize;
+    let buckets = ReducerConfig::from_mib(args.first_bucket_mb, args.bucket_mb);
     let plan = ddp::DdpPlan {
         devices: args.devices.clone(),
         hidden: args.hidden.clone(),
         batch: args.batch,
         warmup_steps: 3,
         steps: args.steps.max(1),
-        first_bucket_bytes: mib(args.first_bucket_mb),
-        bucket_bytes: mib(args.bucket_mb),
+        first_bucket_bytes: buckets.first_bucket_bytes,
+        bucket_bytes: buckets.bucket_bytes,
     };
     eprintln!(
         "running {} data-parallel steps on {} …",

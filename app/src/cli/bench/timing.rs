@@ -43,7 +43,8 @@ impl Timing {
     }
 }
 
-fn median(times: &mut [f64]) -> f64 {
+/// The middle value (the mean of the two middle ones for an even count); sorts `times`.
+pub fn median(times: &mut [f64]) -> f64 {
     times.sort_by(f64::total_cmp);
     match times.len() {
         0 => f64::NAN,

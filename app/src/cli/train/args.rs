@@ -239,11 +239,7 @@ impl Args {
     }
     /// The gradient buckets of a data-parallel run.
     pub fn reducer_config(&self) -> ReducerConfig {
-        let bytes = |mib: f64| (mib * f64::from(1 << 20)) as usize;
-        ReducerConfig {
-            first_bucket_bytes: bytes(self.first_bucket_mb),
-            bucket_bytes: bytes(self.bucket_cap_mb),
-        }
+        ReducerConfig::from_mib(self.first_bucket_mb, self.bucket_cap_mb)
     }
     pub fn trainer_config(&self) -> TrainerConfig {
         TrainerConfig {
