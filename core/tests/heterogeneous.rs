@@ -7,6 +7,7 @@
 mod parallel_support;
 mod replica_support;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,7 +46,21 @@ struct Outcome {
 /// Two replicas starting from `shares` of a global batch of 16, re-balanced every `every`
 /// steps (0: never); the replica `slow` (if any) sleeps 25 ms per step.
 fn heterogeneous(shares: &[usize], every: u64, slow: Option<usize>) -> Vec<Outcome> {
+    run(shares, every, slow, &Checkpoints::default())
+}
+
+/// Where a run resumes from and where rank 0 saves its last state, and how many epochs it ends
+/// at (3 unless given).
+#[derive(Clone, Default)]
+struct Checkpoints {
+    resume: Option<PathBuf>,
+    save: Option<PathBuf>,
+    max_epochs: Option<u64>,
+}
+
+fn run(shares: &[usize], every: u64, slow: Option<usize>, checkpoints: &Checkpoints) -> Vec<Outcome> {
     let shares = shares.to_vec();
+    let checkpoints = checkpoints.clone();
     on_cpu_ranks(2, move |device, comm| {
         let shares = BatchShares::new(shares.clone()).unwrap();
         let rank = comm.rank();
@@ -61,13 +76,21 @@ fn heterogeneous(shares: &[usize], every: u64, slow: Option<usize>) -> Vec<Outco
         };
         let loader = DataLoader::with_batch_sampler(Arc::new(Points), Arc::new(batches), loader_config).unwrap();
         let balancer = Balancer::new(shares, reducer.communicator(), every).unwrap();
-        let mut trainer = Trainer::new(config(1))
+        let mut config = config(1);
+        config.max_epochs = checkpoints.max_epochs.unwrap_or(config.max_epochs);
+        let mut trainer = Trainer::new(config)
             .unwrap()
             .with_reducer(reducer)
             .with_balancer(balancer);
         let (listener, events) = ChannelListener::new(1 << 12);
         trainer.add_listener(listener);
+        if let Some(path) = &checkpoints.resume {
+            trainer.resume(&mut s, path).unwrap();
+        }
         let report = trainer.fit(&mut s, &loader, None).unwrap();
+        if let (Some(path), 0) = (&checkpoints.save, rank) {
+            trainer.save_checkpoint(&s, path).unwrap();
+        }
         drop(trainer);
         let logged = events
             .iter()
@@ -121,6 +144,38 @@ fn a_slow_rank_gets_a_smaller_share_and_the_result_stays_the_global_batch_mean()
         "step events show the change: {:?}",
         r[0].logged
     );
+}
+
+#[test]
+fn a_resumed_run_goes_on_with_the_shares_it_had_measured() {
+    let dir = std::env::temp_dir().join(format!("lockstep-shares-resume-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("last.safetensors");
+    let save = Checkpoints {
+        save: Some(path.clone()),
+        ..Checkpoints::default()
+    };
+    let measured = run(&[8, 8], 2, Some(1), &save).remove(0).shares;
+    assert_ne!(measured, vec![8, 8], "the slow rank's share went down");
+
+    // The resumed replicas start from an equal split, as a new run does, and never re-balance:
+    // whatever their steps use came from the checkpoint.
+    let resume = Checkpoints {
+        resume: Some(path),
+        max_epochs: Some(4),
+        ..Checkpoints::default()
+    };
+    let resumed = run(&[8, 8], 0, None, &resume);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for o in &resumed {
+        assert_eq!(o.logged.len(), 4, "one more epoch of 8 steps, logged every 2");
+        assert!(
+            o.logged.iter().all(|s| *s == measured),
+            "{:?} (saved {measured:?})",
+            o.logged
+        );
+        assert_eq!(o.shares, measured);
+    }
 }
 
 #[test]

@@ -23,8 +23,8 @@ fn replicas(batch: usize, accumulate: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
-/// A replica's final weights and the `rank_times` of its step events.
-type Outcome = (Vec<Vec<f32>>, Vec<Vec<StepTimes>>);
+/// A replica's final weights and its events.
+type Outcome = (Vec<Vec<f32>>, Vec<Event>);
 
 fn replicas_with_events(batch: usize, accumulate: usize) -> Vec<Outcome> {
     on_cpu_ranks(2, move |device, comm| {
@@ -43,14 +43,7 @@ fn replicas_with_events(batch: usize, accumulate: usize) -> Vec<Outcome> {
         trainer.add_listener(listener);
         trainer.fit(&mut s, &loader, None).unwrap();
         drop(trainer);
-        let rank_times = events
-            .iter()
-            .filter_map(|r| match r.event {
-                Event::Step { rank_times, .. } => Some(rank_times),
-                _ => None,
-            })
-            .collect();
-        (weights(&s), rank_times)
+        (weights(&s), events.iter().map(|r| r.event).collect())
     })
 }
 
@@ -107,7 +100,14 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
 
 #[test]
 fn every_rank_receives_every_ranks_step_times() {
-    for (rank, (_, steps)) in replicas_with_events(16, 1).into_iter().enumerate() {
+    for (rank, (_, events)) in replicas_with_events(16, 1).into_iter().enumerate() {
+        let steps: Vec<Vec<StepTimes>> = events
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Step { rank_times, .. } => Some(rank_times),
+                _ => None,
+            })
+            .collect();
         assert!(!steps.is_empty(), "rank {rank} logged no steps");
         for times in steps {
             assert_eq!(times.len(), 2, "one entry per rank");
@@ -115,6 +115,37 @@ fn every_rank_receives_every_ranks_step_times() {
                 assert!(t.forward > 0.0 && t.backward > 0.0 && t.all_reduce > 0.0, "{t:?}");
                 assert!(t.communication >= 0.0 && t.optimizer > 0.0, "{t:?}");
             }
+        }
+    }
+}
+
+#[test]
+fn the_run_names_every_replicas_device_and_reports_each_ones_counters() {
+    let (_, events) = replicas_with_events(16, 1).remove(0);
+    let Some(Event::RunStart { run }) = events.first() else {
+        panic!("the first event is run_start: {:?}", events.first());
+    };
+    assert_eq!(run.devices, ["cpu:0", "cpu:1"]);
+    let steps = events.iter().filter(|e| matches!(e, Event::Step { .. })).count();
+    let reported: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Device(stats) => Some(stats.device.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reported.len(),
+        2 * steps,
+        "both devices after every logged step: {reported:?}"
+    );
+    assert!(
+        reported.chunks(2).all(|pair| pair == ["cpu:0", "cpu:1"]),
+        "{reported:?}"
+    );
+    for e in &events {
+        if let Event::Device(stats) = e {
+            assert!(stats.memory_peak > 0, "{stats:?}");
         }
     }
 }

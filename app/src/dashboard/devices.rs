@@ -1,11 +1,14 @@
 //! The device panel: one row per device of each run, with utilization over time and memory.
 //! What a backend cannot measure reads "unknown", never 0.
 
+use std::collections::BTreeMap;
+
 use egui::{Color32, RichText};
 use egui_plot::{Line, Plot};
+use lockstep_core::train::StepTimes;
 
 use super::plots::run_color;
-use super::runs::DeviceSeries;
+use super::runs::{DeviceSeries, RunData};
 use super::source::Source;
 
 pub fn bytes(b: u64) -> String {
@@ -32,36 +35,75 @@ const PHASE_COLORS: [Color32; 5] = [
     Color32::from_rgb(92, 200, 120),
 ];
 
-/// One stacked bar per run: where its steps' time goes (rank 0's host time).
-fn step_split(ui: &mut egui::Ui, sources: &[Source]) {
-    for (i, s) in sources.iter().enumerate() {
-        let Some(times) = s.run.step_times else { continue };
-        let phases = times.phases();
-        let total: f64 = phases.iter().map(|(_, t)| t).sum();
-        if total <= 0.0 {
-            continue;
-        }
-        ui.horizontal(|ui| {
-            let label = if sources.len() > 1 {
-                format!("step time · {}", s.run.name)
-            } else {
-                "step time".into()
-            };
-            fixed(ui, 110.0, RichText::new(label).color(run_color(i)).strong());
-            let (rect, _) = ui.allocate_exact_size(egui::vec2(260.0, 18.0), egui::Sense::hover());
-            let mut x = rect.left();
-            for ((_, t), color) in phases.iter().zip(PHASE_COLORS) {
-                let w = (t / total) as f32 * rect.width();
-                let part = egui::Rect::from_min_size(egui::pos2(x, rect.top()), egui::vec2(w, rect.height()));
-                ui.painter().rect_filled(part, 0.0, color);
-                x += w;
-            }
-            fixed(ui, 100.0, RichText::new(format!("{:.1} ms/step", total * 1e3)).strong());
-            for ((name, t), color) in phases.iter().zip(PHASE_COLORS) {
-                ui.label(RichText::new(format!("{name} {:.1} ms", t * 1e3)).color(color));
-            }
-        });
+/// Where a device's steps' time goes, and its share of a balanced run's global batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceStep {
+    pub times: StepTimes,
+    /// (this rank's samples, the global batch).
+    pub share: Option<(usize, usize)>,
+}
+
+/// Each device's `DeviceStep`, by device name: every rank's in a data-parallel run, else the
+/// run's own (rank 0's host time).
+pub fn device_steps(run: &RunData) -> BTreeMap<String, DeviceStep> {
+    let devices = run.info.as_ref().map(|info| info.devices.clone()).unwrap_or_default();
+    if run.rank_times.is_empty() {
+        let (Some(times), [device]) = (run.step_times, devices.as_slice()) else {
+            return BTreeMap::new();
+        };
+        return BTreeMap::from([(device.clone(), DeviceStep { times, share: None })]);
     }
+    let global: usize = run.shares.iter().sum();
+    devices
+        .into_iter()
+        .zip(&run.rank_times)
+        .enumerate()
+        .map(|(rank, (device, &times))| {
+            let share = run.shares.get(rank).map(|&s| (s, global));
+            (device, DeviceStep { times, share })
+        })
+        .collect()
+}
+
+fn phases_total(times: &StepTimes) -> f64 {
+    times.phases().iter().map(|(_, t)| t).sum()
+}
+
+/// The phases' colours, named: the key to every step bar.
+fn phase_legend(ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        ui.label(RichText::new("step time:").weak());
+        for ((name, _), color) in StepTimes::default().phases().iter().zip(PHASE_COLORS) {
+            ui.label(RichText::new(format!("■ {name}")).color(color));
+        }
+    });
+}
+
+/// A device's step: its phases as a bar whose full width is `scale` seconds (the slowest
+/// device's, so a straggler stands out), the milliseconds per step and the share; hovering
+/// gives each phase.
+fn step_bar(ui: &mut egui::Ui, step: &DeviceStep, scale: f64) {
+    let phases = step.times.phases();
+    ui.vertical(|ui| {
+        let (rect, response) = ui.allocate_exact_size(egui::vec2(200.0, 16.0), egui::Sense::hover());
+        let mut x = rect.left();
+        for ((_, t), color) in phases.iter().zip(PHASE_COLORS) {
+            let w = (t / scale) as f32 * rect.width();
+            let part = egui::Rect::from_min_size(egui::pos2(x, rect.top()), egui::vec2(w, rect.height()));
+            ui.painter().rect_filled(part, 0.0, color);
+            x += w;
+        }
+        let each: Vec<String> = phases
+            .iter()
+            .map(|(name, t)| format!("{name} {:.1} ms", t * 1e3))
+            .collect();
+        response.on_hover_text(each.join("\n"));
+        let mut text = format!("{:.1} ms/step", phases_total(&step.times) * 1e3);
+        if let Some((share, global)) = step.share {
+            text += &format!(" · share {share} of {global}");
+        }
+        ui.label(text);
+    });
 }
 
 pub fn device_panel(ui: &mut egui::Ui, sources: &[Source]) {
@@ -70,7 +112,12 @@ pub fn device_panel(ui: &mut egui::Ui, sources: &[Source]) {
         ui.label(RichText::new("No device reports yet (they arrive with the first logged step).").weak());
         return;
     }
-    for (i, s) in sources.iter().enumerate() {
+    let steps: Vec<BTreeMap<String, DeviceStep>> = sources.iter().map(|s| device_steps(&s.run)).collect();
+    if steps.iter().any(|s| !s.is_empty()) {
+        phase_legend(ui);
+    }
+    for (i, (s, steps)) in sources.iter().zip(&steps).enumerate() {
+        let scale = steps.values().map(|d| phases_total(&d.times)).fold(0.0, f64::max);
         for (name, series) in &s.run.devices {
             ui.horizontal(|ui| {
                 let label = if sources.len() > 1 {
@@ -84,13 +131,16 @@ pub fn device_panel(ui: &mut egui::Ui, sources: &[Source]) {
                     Some(u) => RichText::new(format!("{:.0}% busy", u * 100.0)).strong(),
                     None => RichText::new("busy: unknown").weak(),
                 };
-                fixed(ui, 100.0, now);
+                fixed(ui, 90.0, now);
                 memory(ui, series);
+                if let Some(step) = steps.get(name).filter(|_| scale > 0.0) {
+                    ui.add_space(12.0);
+                    step_bar(ui, step, scale);
+                }
             });
             ui.separator();
         }
     }
-    step_split(ui, sources);
 }
 
 /// A label in a column of fixed width, so rows line up.
@@ -152,6 +202,56 @@ fn memory(ui: &mut egui::Ui, series: &DeviceSeries) {
 
 #[cfg(test)]
 mod tests {
+    use lockstep_core::train::{RunInfo, StepTimes};
+
+    use crate::dashboard::runs::RunData;
+
+    fn times(backward: f64) -> StepTimes {
+        StepTimes {
+            backward,
+            ..StepTimes::default()
+        }
+    }
+
+    #[test]
+    fn a_data_parallel_run_has_a_step_per_replica_with_its_share() {
+        let mut run = RunData::new("r");
+        run.info = Some(RunInfo {
+            devices: vec!["cpu:0".into(), "wgpu:0".into()],
+            ..RunInfo::default()
+        });
+        run.step_times = Some(times(1.0));
+        run.rank_times = vec![times(1.0), times(2.0)];
+        run.shares = vec![96, 32];
+        let steps = super::device_steps(&run);
+        assert_eq!(steps.len(), 2);
+        assert_eq!(steps["cpu:0"].times, times(1.0));
+        assert_eq!(steps["cpu:0"].share, Some((96, 128)));
+        assert_eq!(steps["wgpu:0"].times, times(2.0));
+        assert_eq!(steps["wgpu:0"].share, Some((32, 128)));
+
+        run.shares.clear();
+        assert_eq!(
+            super::device_steps(&run)["wgpu:0"].share,
+            None,
+            "an unbalanced run has no shares"
+        );
+    }
+
+    #[test]
+    fn a_single_device_run_has_its_own_step() {
+        let mut run = RunData::new("r");
+        run.info = Some(RunInfo {
+            devices: vec!["cuda:0".into()],
+            ..RunInfo::default()
+        });
+        assert!(super::device_steps(&run).is_empty(), "no step logged yet");
+        run.step_times = Some(times(1.0));
+        let steps = super::device_steps(&run);
+        assert_eq!(steps["cuda:0"].times, times(1.0));
+        assert_eq!(steps["cuda:0"].share, None);
+    }
+
     #[test]
     fn bytes_read_in_binary_units() {
         assert_eq!(super::bytes(512), "512 B");

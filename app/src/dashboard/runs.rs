@@ -56,6 +56,10 @@ pub struct RunData {
     pub epoch: u64,
     /// Where the latest logged steps' time went (rank 0, host time).
     pub step_times: Option<StepTimes>,
+    /// The same for every replica of a data-parallel run, by rank.
+    pub rank_times: Vec<StepTimes>,
+    /// A balanced run's latest shares of the global batch, by rank.
+    pub shares: Vec<usize>,
     pub warnings: Vec<String>,
 }
 
@@ -78,11 +82,19 @@ impl RunData {
                 lr,
                 samples_per_sec,
                 times,
+                rank_times,
+                shares,
                 ..
             } => {
                 let x = *step as f64;
                 if times.is_some() {
                     self.step_times = *times;
+                }
+                if !rank_times.is_empty() {
+                    self.rank_times.clone_from(rank_times);
+                }
+                if !shares.is_empty() {
+                    self.shares.clone_from(shares);
                 }
                 self.loss.push([x, *loss]);
                 self.lr.push([x, *lr]);

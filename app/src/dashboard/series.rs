@@ -37,9 +37,13 @@ impl Smoother {
                 self.smoothed.push([x, y]);
                 continue;
             }
+            let first = self.debias == 1.0;
             self.avg = self.weight * self.avg + (1.0 - self.weight) * y;
             self.debias *= self.weight;
-            self.smoothed.push([x, self.avg / (1.0 - self.debias)]);
+            // (1 - w) y / (1 - w) can miss y by an ulp, which would put the first smoothed point
+            // beside, not on, the raw one.
+            let smoothed = if first { y } else { self.avg / (1.0 - self.debias) };
+            self.smoothed.push([x, smoothed]);
         }
     }
 }
@@ -97,6 +101,14 @@ mod tests {
         for p in &s {
             assert!((p[1] - 4.0).abs() < 1e-12, "{s:?}");
         }
+    }
+
+    #[test]
+    fn the_first_smoothed_value_is_the_first_value_exactly() {
+        // An f32 loss for which (1 - 0.9) y / (1 - 0.9) != y in f64.
+        let y = f64::from(0.358_979_88_f32);
+        assert_eq!(smooth(&[[50.0, y]], 0.9), vec![[50.0, y]]);
+        assert_eq!(smooth(&[[0.0, f64::NAN], [1.0, y]], 0.9)[1], [1.0, y]);
     }
 
     #[test]

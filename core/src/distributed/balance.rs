@@ -57,6 +57,13 @@ impl Balancer {
         self.shares.get()
     }
 
+    /// Goes on from `saved`, the shares of a checkpoint, when they fit this run (as many ranks,
+    /// the same global batch); otherwise, as for a checkpoint of an unbalanced run or of other
+    /// devices, the shares stay as given. Returns whether `saved` was taken.
+    pub fn restore(&mut self, saved: &[usize]) -> bool {
+        !saved.is_empty() && self.shares.set(saved.to_vec()).is_ok()
+    }
+
     /// The factor on this rank's loss (the mean over its share) that turns the replicas'
     /// averaged gradients into the global batch's mean: share * world / global batch.
     pub fn gradient_weight(&self) -> f64 {

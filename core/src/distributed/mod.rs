@@ -16,7 +16,7 @@ mod sync_batchnorm;
 
 pub use balance::{Balancer, WorkDone};
 pub use consistency::verify_same_model;
-pub use gather::all_gather_values;
+pub use gather::{all_gather_strings, all_gather_values};
 pub use reducer::{CommTimes, Reducer, ReducerConfig};
 pub use rendezvous::{Rendezvous, RendezvousConfig};
 pub use shares::{MIN_GAIN, proportional_shares, rebalanced, step_seconds};

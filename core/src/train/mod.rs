@@ -7,6 +7,7 @@ pub mod checkpoint;
 mod config;
 mod events;
 mod metrics_log;
+mod replicas;
 mod state;
 mod task;
 mod trainer;

@@ -26,4 +26,8 @@ pub struct TrainerState {
     /// Optimizer steps skipped because a gradient was inf or NaN.
     #[serde(default)]
     pub skipped_steps: u64,
+    /// A balanced run's shares of the global batch, by rank, so a resumed run goes on with the
+    /// split it had measured (empty for unbalanced runs and older checkpoints).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<usize>,
 }

@@ -10,13 +10,14 @@ use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint::{self, FORMAT, FORMAT_KEY};
 use super::config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 use super::events::{DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
+use super::replicas::{device_stats, gather_reports, replica_names};
 use super::state::TrainerState;
 use super::task::{EvalMetrics, Task};
 use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::device::Device;
-use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
+use crate::distributed::{Balancer, Reducer, WorkDone};
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{LrScheduler, Optimizer, OptimizerState, SchedulerState, clip_grad_norm, clip_grad_value};
@@ -65,6 +66,8 @@ pub struct Trainer {
     reducer: Option<Reducer>,
     /// Sizes this replica's share of each global batch by the devices' speeds.
     balancer: Option<Balancer>,
+    /// Every replica's device, by rank (data parallel; set when `fit` starts).
+    replica_names: Vec<String>,
 }
 
 const OPTIMIZER_PREFIX: &str = "optimizer.";
@@ -82,6 +85,7 @@ impl Trainer {
             pause: Arc::new(AtomicBool::new(false)),
             reducer: None,
             balancer: None,
+            replica_names: Vec::new(),
         })
     }
     pub fn config(&self) -> &TrainerConfig {
@@ -141,24 +145,13 @@ impl Trainer {
         Ok(())
     }
 
-    fn emit_device(&mut self, device: &Device) -> Result<()> {
-        let (stats, info) = (device.backend().memory_stats(), device.info());
-        self.emit(Event::Device(DeviceStats {
-            device: device.location().to_string(),
-            utilization: stats.utilization,
-            memory_allocated: stats.allocated_bytes,
-            memory_reserved: stats.reserved_bytes,
-            memory_peak: stats.peak_allocated_bytes,
-            memory_total: info.total_memory_bytes,
-        }))
-    }
-
     /// The state as a checkpoint stores it: position, random streams, scheduler, callbacks.
     fn snapshot(&self, setup: &TrainingSetup) -> TrainerState {
         let mut s = self.state.clone();
         s.generators = setup.generators.iter().map(|g| g.state()).collect();
         s.scheduler = setup.scheduler.as_ref().map(|sc| (sc.base_lr(), sc.last_epoch()));
         s.callbacks = self.callbacks.iter().map(|c| (c.name(), c.state())).collect();
+        s.shares = self.balancer.as_ref().map(Balancer::shares).unwrap_or_default();
         s
     }
 
@@ -231,6 +224,9 @@ impl Trainer {
                 c.load_state(s)?;
             }
         }
+        if let Some(balancer) = &mut self.balancer {
+            balancer.restore(&state.shares);
+        }
         self.state = state;
         Ok(())
     }
@@ -300,9 +296,16 @@ impl Trainer {
             self.state.grad_scaler = Some(cfg.grad_scaler.clone().unwrap_or_default());
         }
         let steps_per_epoch = cfg.limit_train_batches.map_or(train.len(), |l| l.min(train.len())) as u64;
+        self.replica_names = match &self.reducer {
+            Some(r) => replica_names(r.communicator().as_ref(), &setup.device)?,
+            None => Vec::new(),
+        };
         let run = RunInfo {
             model: setup.model_name.clone(),
-            devices: vec![setup.device.location().to_string()],
+            devices: match self.replica_names.as_slice() {
+                [] => vec![setup.device.location().to_string()],
+                names => names.to_vec(),
+            },
             max_epochs: cfg.max_epochs,
             max_steps: cfg.max_steps,
             steps_per_epoch: steps_per_epoch.div_ceil(cfg.accumulate_grad_batches as u64),
@@ -396,7 +399,8 @@ impl Trainer {
                     let rate = (self.state.samples_seen - window.1) as f64 / (now - window.0).as_secs_f64().max(1e-9);
                     window = (now, self.state.samples_seen);
                     let step_times = times.since(&logged).per_step(times_steps);
-                    let rank_times = self.gather_step_times(&step_times, &setup.device)?;
+                    let replicas = self.gather_replicas(&step_times, &setup.device)?;
+                    let rank_times = replicas.iter().map(|(t, _)| *t).collect();
                     let event = Event::Step {
                         epoch: self.state.epoch,
                         step: self.state.global_step,
@@ -412,7 +416,13 @@ impl Trainer {
                     };
                     (logged, times_steps) = (times, 0);
                     self.emit(event)?;
-                    self.emit_device(&setup.device)?;
+                    if replicas.is_empty() {
+                        let name = setup.device.location().to_string();
+                        self.emit(Event::Device(device_stats(&setup.device, &name)))?;
+                    }
+                    for (_, stats) in replicas {
+                        self.emit(Event::Device(stats))?;
+                    }
                 }
                 if self.rebalance(&times, &setup.device)? {
                     // The rest of the epoch is cut by the new shares.
@@ -537,20 +547,13 @@ impl Trainer {
         balancer.after_step(self.state.global_step, done, device)
     }
 
-    /// Every replica's step times, by rank (empty on a single device). Every rank takes part;
-    /// the communication thread is idle here, after `finish`.
-    fn gather_step_times(&self, mine: &StepTimes, device: &Device) -> Result<Vec<StepTimes>> {
-        let Some(reducer) = &self.reducer else {
-            return Ok(Vec::new());
-        };
-        let comm = reducer.communicator();
-        // f32: every collective engine carries it.
-        let values = mine.values().map(|v| v as f32).to_vec();
-        let all = all_gather_values(comm.as_ref(), device, values)?;
-        Ok(all
-            .chunks_exact(mine.values().len())
-            .map(|c| StepTimes::from_values(std::array::from_fn(|i| f64::from(c[i]))))
-            .collect())
+    /// Every replica's step times and device counters, by rank (empty on a single device).
+    /// Every rank takes part; the communication thread is idle here, after `finish`.
+    fn gather_replicas(&self, mine: &StepTimes, device: &Device) -> Result<Vec<(StepTimes, DeviceStats)>> {
+        match &self.reducer {
+            Some(r) => gather_reports(r.communicator().as_ref(), device, mine, &self.replica_names),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,

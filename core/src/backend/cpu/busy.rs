@@ -51,6 +51,14 @@ impl BusyMeter {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
+    /// This thread's CPU time, in ns.
+    fn thread_cpu_ns() -> u64 {
+        let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+        text.split_whitespace().next().unwrap().parse().unwrap()
+    }
+
     #[test]
     fn a_busy_thread_shows_up() {
         let meter = super::BusyMeter::new();
@@ -59,13 +67,21 @@ mod tests {
             assert!(super::process_cpu_ns().is_none());
             return;
         }
-        let start = std::time::Instant::now();
+        // Spin for 50 ms of this thread's own CPU time, however long the machine's other load
+        // makes that take: the meter must report at least that share of the wall time.
+        let (start, own_start) = (Instant::now(), thread_cpu_ns());
         let mut x = 0u64;
-        while start.elapsed().as_millis() < 100 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        while thread_cpu_ns() - own_start < 50_000_000 {
+            for _ in 0..10_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
         }
         std::hint::black_box(x);
+        let own = (thread_cpu_ns() - own_start) as f64 / start.elapsed().as_nanos() as f64;
         let busy = meter.utilization(1).unwrap();
-        assert!(busy > 0.5, "a spinning thread measured {busy}");
+        assert!(
+            busy >= 0.9 * own && busy > 0.0,
+            "a spinning thread measured {busy}, its own CPU time says {own}"
+        );
     }
 }
