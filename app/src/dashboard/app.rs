@@ -112,13 +112,16 @@ impl eframe::App for Dashboard {
                 egui::ScrollArea::vertical().show(ui, |ui| run_panel::run_panel(ui, &mut self.sources));
             });
         egui::Panel::bottom("devices")
-            .default_size(170.0)
+            .default_size(220.0)
             .min_size(130.0)
             .resizable(true)
             .show(ui, |ui| {
                 ui.add_space(4.0);
                 ui.heading("Devices");
-                egui::ScrollArea::vertical().show(ui, |ui| devices::device_panel(ui, &self.sources));
+                // Not shrunk to its first frame's content (no device yet): the panel keeps its size.
+                egui::ScrollArea::vertical()
+                    .auto_shrink([false, false])
+                    .show(ui, |ui| devices::device_panel(ui, &self.sources));
             });
         egui::CentralPanel::default().show(ui, |ui| {
             if self.sources.is_empty() {

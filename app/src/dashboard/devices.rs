@@ -74,18 +74,21 @@ fn phase_legend(ui: &mut egui::Ui) {
     ui.horizontal(|ui| {
         ui.label(RichText::new("step time:").weak());
         for ((name, _), color) in StepTimes::default().phases().iter().zip(PHASE_COLORS) {
-            ui.label(RichText::new(format!("■ {name}")).color(color));
+            let (swatch, _) = ui.allocate_exact_size(egui::vec2(10.0, 10.0), egui::Sense::hover());
+            ui.painter().rect_filled(swatch, 2.0, color);
+            ui.label(RichText::new(*name).color(color));
         }
     });
 }
 
-/// A device's step: its phases as a bar whose full width is `scale` seconds (the slowest
-/// device's, so a straggler stands out), the milliseconds per step and the share; hovering
-/// gives each phase.
+/// A device's step, under its utilization: its phases as a bar whose full width is `scale`
+/// seconds (the slowest device's, so a straggler stands out), the milliseconds per step and the
+/// share; hovering gives each phase.
 fn step_bar(ui: &mut egui::Ui, step: &DeviceStep, scale: f64) {
     let phases = step.times.phases();
-    ui.vertical(|ui| {
-        let (rect, response) = ui.allocate_exact_size(egui::vec2(200.0, 16.0), egui::Sense::hover());
+    ui.horizontal(|ui| {
+        ui.add_space(110.0 + ui.spacing().item_spacing.x);
+        let (rect, response) = ui.allocate_exact_size(egui::vec2(260.0, 14.0), egui::Sense::hover());
         let mut x = rect.left();
         for ((_, t), color) in phases.iter().zip(PHASE_COLORS) {
             let w = (t / scale) as f32 * rect.width();
@@ -131,13 +134,12 @@ pub fn device_panel(ui: &mut egui::Ui, sources: &[Source]) {
                     Some(u) => RichText::new(format!("{:.0}% busy", u * 100.0)).strong(),
                     None => RichText::new("busy: unknown").weak(),
                 };
-                fixed(ui, 90.0, now);
+                fixed(ui, 100.0, now);
                 memory(ui, series);
-                if let Some(step) = steps.get(name).filter(|_| scale > 0.0) {
-                    ui.add_space(12.0);
-                    step_bar(ui, step, scale);
-                }
             });
+            if let Some(step) = steps.get(name).filter(|_| scale > 0.0) {
+                step_bar(ui, step, scale);
+            }
             ui.separator();
         }
     }

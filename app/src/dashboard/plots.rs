@@ -50,9 +50,6 @@ fn budget(ui: &egui::Ui) -> usize {
 pub fn loss_plot(ui: &mut egui::Ui, sources: &[Source], caches: &mut [SmoothCache], weight: f64, height: f32) {
     let n = budget(ui);
     Plot::new("loss")
-        // From the origin: a lone first point then still spans an x range (egui_plot rejects a
-        // plot whose bounds have no width).
-        .include_x(0.0)
         .height(height)
         .legend(Legend::default())
         .x_axis_label("step")
@@ -90,7 +87,6 @@ pub fn epoch_plots(ui: &mut egui::Ui, sources: &[Source], height: f32) {
             .collect()
     };
     Plot::new("accuracy")
-        .include_x(0.0)
         .height(half)
         .legend(Legend::default().position(egui_plot::Corner::RightBottom))
         .x_axis_label("epoch")
@@ -108,7 +104,6 @@ pub fn epoch_plots(ui: &mut egui::Ui, sources: &[Source], height: f32) {
         });
     ui.strong("Loss per epoch (solid: validation, dashed: training)");
     Plot::new("epoch-loss")
-        .include_x(0.0)
         .height(half)
         .legend(Legend::default())
         .x_axis_label("epoch")
@@ -140,7 +135,6 @@ pub fn step_plot(
 ) {
     let n = budget(ui);
     Plot::new(id)
-        .include_x(0.0)
         .height(height)
         .legend(Legend::default())
         .x_axis_label("step")
