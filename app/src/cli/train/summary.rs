@@ -84,9 +84,74 @@ impl Summary {
             self.data_wait_seconds,
             self.stop_reason
         );
+        if let Some(hint) = self.starved_hint() {
+            println!("{hint}");
+        }
+    }
+
+    /// A balanced run that left a device the least it can take (one sample per step) would
+    /// have given it less: its fixed cost per step may hold the others back.
+    fn starved_hint(&self) -> Option<String> {
+        let global: usize = self.shares.iter().map(|s| s.samples).sum();
+        let starved: Vec<&str> = self
+            .shares
+            .iter()
+            .filter(|s| s.samples == 1 && global > self.shares.len())
+            .map(|s| s.device.as_str())
+            .collect();
+        (!starved.is_empty()).then(|| {
+            format!(
+                "note: {} ended with 1 of {global} samples per step, the least a device can take: too slow to help here, \
+                 it may hold the others back each step; compare with a run without it in --devices",
+                starved.join(", ")
+            )
+        })
     }
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let json = serde_json::to_string_pretty(self)?;
         std::fs::write(path, json + "\n").with_context(|| format!("cannot write the summary to {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(shares: &[(&str, usize)]) -> Summary {
+        Summary {
+            model: "mlp".into(),
+            device: "cpu:0,wgpu:0".into(),
+            epochs: 1,
+            steps: 1,
+            test_accuracy: 0.9,
+            test_loss: 0.3,
+            train_seconds: 1.0,
+            samples_per_sec: 1.0,
+            data_wait_seconds: 0.0,
+            stop_reason: "max_epochs".into(),
+            shares: shares
+                .iter()
+                .map(|&(device, samples)| DeviceShare {
+                    device: device.into(),
+                    samples,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_device_left_one_sample_is_pointed_out() {
+        let hint = summary(&[("cpu:0", 127), ("wgpu:0", 1)]).starved_hint().unwrap();
+        assert!(
+            hint.starts_with("note: wgpu:0 ended with 1 of 128 samples per step"),
+            "{hint}"
+        );
+        assert_eq!(summary(&[("cpu:0", 100), ("wgpu:0", 28)]).starved_hint(), None);
+        assert_eq!(summary(&[]).starved_hint(), None, "not a balanced run");
+        assert_eq!(
+            summary(&[("cpu:0", 1), ("cpu:1", 1)]).starved_hint(),
+            None,
+            "a global batch of one sample per device leaves no choice"
+        );
     }
 }
