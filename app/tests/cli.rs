@@ -304,3 +304,61 @@ fn a_batch_that_does_not_split_over_the_devices_is_refused() {
     let out = train(&mnist_dir(), &["--devices", "cpu:0,cpu:1", "--batch-size", "127"]);
     assert_fails_with(&out, &["--batch-size 127", "2 devices"]);
 }
+
+#[test]
+fn ctrl_c_stops_a_data_parallel_run_after_its_step_and_saves_the_checkpoint() {
+    let dir = TempDir::new("interrupted");
+    let (metrics, summary) = (dir.join("metrics.jsonl"), dir.join("summary.json"));
+    let mnist = mnist_dir();
+    let mut child = lockstep(&[
+        "train",
+        "--data",
+        path_str(&mnist),
+        "--threads",
+        "2",
+        "--headless",
+        "--no-val",
+        "--hidden",
+        "32",
+        "--devices",
+        "cpu:0,cpu:1",
+        "--epochs",
+        "1000",
+        "--log-every",
+        "5",
+        "--checkpoint-dir",
+        path_str(dir.path()),
+        "--metrics-out",
+        path_str(&metrics),
+        "--summary-out",
+        path_str(&summary),
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("lockstep starts");
+    // Interrupt once training is under way (its first step event is written).
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|m| m.contains(r#""event":"step""#)) {
+        assert!(started.elapsed().as_secs() < 120, "no step logged in 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let out = child.wait_with_output().expect("lockstep ends");
+    assert_succeeds(&out);
+    let err = support::stderr(&out);
+    assert!(err.contains("stopping after this step"), "{err}");
+    let text = std::fs::read_to_string(&summary).expect("the summary file");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the summary is JSON");
+    assert_eq!(json["stop_reason"], "stopped by request", "{text}");
+    let steps = json["steps"].as_u64().expect("steps");
+    assert!(
+        steps > 0 && steps.is_multiple_of(5),
+        "the replicas stop together at a logged step: {text}"
+    );
+    assert!(dir.join("last.safetensors").is_file(), "the stop saved the checkpoint");
+}

@@ -6,14 +6,18 @@ mod parallel_support;
 mod replica_support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use lockstep_core::Result;
 use lockstep_core::backend::Communicator;
 use lockstep_core::data::{DataLoader, DataLoaderConfig, DistributedSampler};
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::optim::GradScaler;
-use lockstep_core::train::{ChannelListener, Event, Precision, StepTimes, Trainer, TrainerConfig};
-use parallel_support::on_cpu_ranks;
+use lockstep_core::train::{
+    Callback, CallbackAction, CallbackContext, ChannelListener, Event, Precision, StepTimes, Trainer, TrainerConfig,
+};
+use parallel_support::{on_cpu_ranks, on_cpu_ranks_with_timeout};
 use replica_support::{LEN, Points, SEED, assert_close, config, setup, single_device, weights};
 
 fn replicas(batch: usize, accumulate: usize) -> Vec<Vec<Vec<f32>>> {
@@ -147,5 +151,77 @@ fn the_run_names_every_replicas_device_and_reports_each_ones_counters() {
         if let Event::Device(stats) = e {
             assert!(stats.memory_peak > 0, "{stats:?}");
         }
+    }
+}
+
+/// Asks to stop after optimizer step `step` (`on_train_step_end`) or after epoch `epoch`
+/// (`on_epoch_end`), as a user's callback or EarlyStopping would.
+struct StopAt {
+    step: Option<u64>,
+    epoch: Option<u64>,
+}
+
+impl Callback for StopAt {
+    fn name(&self) -> String {
+        "stop_at".into()
+    }
+    fn on_train_step_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        Ok(match Some(ctx.global_step) == self.step {
+            true => CallbackAction::Stop,
+            false => CallbackAction::Continue,
+        })
+    }
+    fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
+        Ok(match Some(ctx.epoch) == self.epoch {
+            true => CallbackAction::Stop,
+            false => CallbackAction::Continue,
+        })
+    }
+}
+
+/// Two replicas where only rank 0 carries `stop` (as only rank 0 carries callbacks in the
+/// app): each replica's final (epoch, global step), weights and stop reason.
+fn stopped_by_rank_0(stop: StopAt) -> Vec<((u64, u64), Vec<Vec<f32>>, String)> {
+    let stop = std::sync::Mutex::new(Some(stop));
+    on_cpu_ranks_with_timeout(2, Duration::from_secs(20), move |device, comm| {
+        let rank = comm.rank();
+        let mut s = setup(&device);
+        let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
+        let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
+        let loader_config = DataLoaderConfig {
+            batch_size: 8,
+            ..Default::default()
+        };
+        let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
+        let mut trainer = Trainer::new(config(1)).unwrap().with_reducer(reducer);
+        if rank == 0 {
+            trainer.add_callback(stop.lock().unwrap().take().unwrap());
+        }
+        let report = trainer.fit(&mut s, &loader, None).unwrap();
+        let state = trainer.state();
+        ((state.epoch, state.global_step), weights(&s), report.stop_reason)
+    })
+}
+
+#[test]
+fn a_stop_on_one_replica_stops_every_replica_at_the_same_step() {
+    // Asked after step 3; the replicas agree at the next logged step (every 2).
+    let r = stopped_by_rank_0(StopAt {
+        step: Some(3),
+        epoch: None,
+    });
+    assert_eq!(r[0].0, (0, 4), "rank 0 stopped at the logged step after its wish");
+    assert_eq!(r[1].0, r[0].0, "rank 1 stopped with it");
+    assert_eq!(r[0].1, r[1].1, "the replicas are identical");
+    assert_eq!(r[1].2, "stopped by another replica");
+
+    // Early stopping at an epoch's end (8 steps per epoch).
+    let r = stopped_by_rank_0(StopAt {
+        step: None,
+        epoch: Some(0),
+    });
+    for (rank, (position, _, reason)) in r.iter().enumerate() {
+        assert_eq!(*position, (1, 8), "rank {rank}");
+        assert_eq!(reason, "early stopping", "rank {rank}");
     }
 }

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod check;
 pub mod dashboard;
 pub mod devices;
+mod interrupt;
 pub mod launch;
 mod table;
 mod threads;

@@ -12,7 +12,7 @@ mod state;
 mod task;
 mod trainer;
 
-pub use callbacks::{Callback, CallbackAction, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
+pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
 pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use metrics_log::JsonlWriter;

@@ -17,7 +17,7 @@ use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::device::Device;
-use crate::distributed::{Balancer, Reducer, WorkDone};
+use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{LrScheduler, Optimizer, OptimizerState, SchedulerState, clip_grad_norm, clip_grad_value};
@@ -324,6 +324,8 @@ impl Trainer {
         let (mut times, mut logged, mut times_steps) = (StepTimes::default(), StepTimes::default(), 0u64);
         let step_limit = |s: &TrainerState| cfg.max_steps.is_some_and(|m| s.global_step >= m);
         let mut stop = step_limit(&self.state);
+        // A data-parallel replica's wish to stop, until the replicas agree at a logged step.
+        let mut stop_wish = false;
 
         while !stop && self.state.epoch < cfg.max_epochs {
             let epoch_started = Instant::now();
@@ -444,6 +446,19 @@ impl Trainer {
                     report.stop_reason = "stopped by request".into();
                     action = CallbackAction::Stop;
                 }
+                // Replicas stop together: a wish (a stop request, a callback's) waits for the
+                // next logged step, where every rank's is gathered.
+                stop_wish |= action == CallbackAction::Stop && !step_limit(&self.state);
+                let log_step = self.state.global_step.is_multiple_of(cfg.log_every_n_steps);
+                if self.reducer.is_some() && !step_limit(&self.state) {
+                    action = match log_step && self.any_replica_stops(stop_wish, &setup.device)? {
+                        true => CallbackAction::Stop,
+                        false => CallbackAction::Continue,
+                    };
+                    if action == CallbackAction::Stop && !stop_wish {
+                        report.stop_reason = "stopped by another replica".into();
+                    }
+                }
                 if action == CallbackAction::Stop {
                     stop = true;
                     break;
@@ -497,7 +512,9 @@ impl Trainer {
             // The state already points at the next epoch (so a checkpoint resumes there); the
             // callbacks are told which epoch ended.
             let ended = self.state.epoch - 1;
-            if self.run_callbacks(setup, ended, &mut metrics, |c, ctx| c.on_epoch_end(ctx))? == CallbackAction::Stop {
+            let early =
+                self.run_callbacks(setup, ended, &mut metrics, |c, ctx| c.on_epoch_end(ctx))? == CallbackAction::Stop;
+            if self.any_replica_stops(early, &setup.device)? {
                 report.stop_reason = "early stopping".into();
                 stop = true;
             }
@@ -545,6 +562,18 @@ impl Trainer {
             compute_seconds: times.compute(),
         };
         balancer.after_step(self.state.global_step, done, device)
+    }
+
+    /// Whether to stop: `mine` on a single device; in a data-parallel run, whether any replica
+    /// wishes to (every rank gathers every wish), so all stop at the same step. A replica that
+    /// stopped alone would leave the others waiting in their next all-reduce (Lightning reduces
+    /// its `should_stop` across ranks the same way).
+    fn any_replica_stops(&self, mine: bool, device: &Device) -> Result<bool> {
+        let Some(reducer) = &self.reducer else {
+            return Ok(mine);
+        };
+        let wishes = all_gather_values(reducer.communicator().as_ref(), device, vec![f32::from(u8::from(mine))])?;
+        Ok(wishes.iter().any(|&w| w > 0.0))
     }
 
     /// Every replica's step times and device counters, by rank (empty on a single device).

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockstep_core::backend::{BufferRef, Communicator, LocalCommunicator, ReduceOp};
 use lockstep_core::{Device, Result};
@@ -12,10 +13,20 @@ pub fn on_cpu_ranks<T: Send + 'static>(
     world: usize,
     body: impl Fn(Device, LocalCommunicator) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
+    on_cpu_ranks_with_timeout(world, Duration::from_secs(600), body)
+}
+
+/// `on_cpu_ranks` whose collectives fail after `timeout` (a test of ranks falling out of step
+/// then fails fast instead of waiting out the 10-minute default).
+pub fn on_cpu_ranks_with_timeout<T: Send + 'static>(
+    world: usize,
+    timeout: Duration,
+    body: impl Fn(Device, LocalCommunicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let devices: Vec<Device> = (0..world)
         .map(|i| Device::parse(&format!("cpu:{i}")).unwrap())
         .collect();
-    let comms = LocalCommunicator::group(devices.iter().map(|d| d.backend().clone()).collect());
+    let comms = LocalCommunicator::group_with_timeout(devices.iter().map(|d| d.backend().clone()).collect(), timeout);
     let body = Arc::new(body);
     let threads: Vec<_> = comms
         .into_iter()

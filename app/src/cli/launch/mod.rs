@@ -111,6 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     )
                 })
                 .collect();
+            // Ctrl-C reaches every rank (one process group): they stop after their step and
+            // end well, and the launcher waits for them instead of dying first.
+            super::interrupt::stop_on_signal("the ranks stop after their step and save the checkpoint")?;
             supervise::run_ranks(&exe, &args.command, ranks)
         }
     }

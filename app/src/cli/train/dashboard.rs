@@ -24,17 +24,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let screenshot = dashboard::parse_screenshot(&args.screenshot_after)?;
-    let single = args.devices.len() <= 1;
     let (source, training) = start(args);
     let stop = source.control.as_ref().map(|c| (c.stop.clone(), c.pause.clone()));
     let shown = dashboard::show(vec![source], screenshot, Some(launcher()));
-    // However the window ended, the run stops after its current step (and checkpoints).
+    // However the window ended, the run stops after its current step (a data-parallel one at
+    // its next logged step) and checkpoints.
     if let Some((stop, pause)) = stop {
         stop.store(true, Ordering::Relaxed);
         pause.store(false, Ordering::Relaxed);
-    }
-    if !single {
-        eprintln!("the window closed; a data-parallel run goes on until it ends (Ctrl-C aborts it)");
     }
     let trained = training
         .join()
@@ -82,6 +79,9 @@ fn start(mut args: Args) -> (Source, JoinHandle<anyhow::Result<()>>) {
     let finished = control.finished.clone();
     let hooks = Hooks {
         events: Some(events),
+        // Stop reaches every replica of a data-parallel run (they agree on the step); pause
+        // only a single device's.
+        interrupted: (!single).then(|| stop.clone()),
         controls: single.then_some((stop, pause)),
     };
     let name = run_label(&args.model, SystemTime::now());

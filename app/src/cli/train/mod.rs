@@ -31,11 +31,13 @@ pub(crate) use setup::communicators;
 use crate::cli::world::WorldEnv;
 
 /// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
-/// stop and pause buttons (single-device runs only: replicas must stop at the same step).
+/// stop and pause buttons (single-device runs only: a paused replica would hold the others in
+/// their all-reduces), or the flag that Ctrl-C sets (every replica; they agree on the step).
 #[derive(Clone, Default)]
 pub struct Hooks {
     pub events: Option<ChannelListener>,
     pub controls: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+    pub interrupted: Option<Arc<AtomicBool>>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -51,7 +53,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         return dashboard::run(args);
     }
-    train(args, Hooks::default())
+    let hooks = Hooks {
+        interrupted: Some(crate::cli::interrupt::stop_on_signal(
+            "stopping after this step and saving the checkpoint",
+        )?),
+        ..Hooks::default()
+    };
+    train(args, hooks)
 }
 
 /// The whole run: the data, then one of three ways to train (one process of a launched job,
@@ -237,6 +245,8 @@ fn replica(
     }
     if let Some((stop, pause)) = &hooks.controls {
         trainer = trainer.with_controls(stop.clone(), pause.clone());
+    } else if let Some(stop) = &hooks.interrupted {
+        trainer = trainer.with_controls(stop.clone(), Arc::new(AtomicBool::new(false)));
     }
     let leader = rank == 0;
     if leader {
