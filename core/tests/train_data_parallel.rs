@@ -27,6 +27,17 @@ fn replicas(batch: usize, accumulate: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
+/// Rank `rank`'s DistributedSampler shard of the points (world 2), in batches of `batch`.
+fn shard(rank: usize, batch: usize, num_workers: usize) -> DataLoader {
+    let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
+    let loader_config = DataLoaderConfig {
+        batch_size: batch,
+        num_workers,
+        ..Default::default()
+    };
+    DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap()
+}
+
 /// A replica's final weights and its events.
 type Outcome = (Vec<Vec<f32>>, Vec<Event>);
 
@@ -35,13 +46,7 @@ fn replicas_with_events(batch: usize, accumulate: usize) -> Vec<Outcome> {
         let rank = comm.rank();
         let mut s = setup(&device);
         let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
-        let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
-        let loader_config = DataLoaderConfig {
-            batch_size: batch,
-            num_workers: 1,
-            ..Default::default()
-        };
-        let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
+        let loader = shard(rank, batch, 1);
         let mut trainer = Trainer::new(config(accumulate)).unwrap().with_reducer(reducer);
         let (listener, events) = ChannelListener::new(1 << 12);
         trainer.add_listener(listener);
@@ -78,12 +83,7 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
         let mut s = setup(&device);
         let before = weights(&s);
         let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
-        let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
-        let loader_config = DataLoaderConfig {
-            batch_size: 16,
-            ..Default::default()
-        };
-        let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
+        let loader = shard(rank, 16, 0);
         let scale = if rank == 0 { 2f64.powi(100) } else { 1.0 };
         let config = TrainerConfig {
             max_steps: Some(1),
@@ -187,12 +187,7 @@ fn stopped_by_rank_0(stop: StopAt) -> Vec<((u64, u64), Vec<Vec<f32>>, String)> {
         let rank = comm.rank();
         let mut s = setup(&device);
         let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
-        let sampler = Arc::new(DistributedSampler::new(LEN, 2, rank, true, SEED, false).unwrap());
-        let loader_config = DataLoaderConfig {
-            batch_size: 8,
-            ..Default::default()
-        };
-        let loader = DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap();
+        let loader = shard(rank, 8, 0);
         let mut trainer = Trainer::new(config(1)).unwrap().with_reducer(reducer);
         if rank == 0 {
             trainer.add_callback(stop.lock().unwrap().take().unwrap());
