@@ -310,7 +310,7 @@ fn ctrl_c_stops_a_data_parallel_run_after_its_step_and_saves_the_checkpoint() {
     let dir = TempDir::new("interrupted");
     let (metrics, summary) = (dir.join("metrics.jsonl"), dir.join("summary.json"));
     let mnist = mnist_dir();
-    let mut child = lockstep(&[
+    let child = lockstep(&[
         "train",
         "--data",
         path_str(&mnist),

@@ -126,7 +126,7 @@ fn controls(ui: &mut egui::Ui, source: &Source) {
     }
     ui.horizontal(|ui| {
         let paused = control.paused();
-        if ui.button(if paused { "Resume" } else { "Pause" }).clicked() {
+        if control.pausable && ui.button(if paused { "Resume" } else { "Pause" }).clicked() {
             control.pause.store(!paused, Ordering::Relaxed);
         }
         let stop = ui

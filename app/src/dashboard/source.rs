@@ -14,6 +14,9 @@ use super::runs::{Follower, RunData};
 pub struct RunControl {
     pub stop: Arc<AtomicBool>,
     pub pause: Arc<AtomicBool>,
+    /// Whether `pause` holds the run: a single device's only (a paused replica would hold the
+    /// others in their all-reduces until the collective timeout).
+    pub pausable: bool,
     /// Set by the training thread when it returns; the message says how it ended.
     pub finished: Arc<std::sync::Mutex<Option<String>>>,
     /// The training thread of a run the window started itself: when the window goes, the run

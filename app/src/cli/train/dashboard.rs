@@ -73,6 +73,7 @@ fn start(mut args: Args) -> (Source, JoinHandle<anyhow::Result<()>>) {
     let control = RunControl {
         stop: stop.clone(),
         pause: pause.clone(),
+        pausable: single,
         finished: Arc::new(Mutex::new(None)),
         thread: None,
     };
