@@ -394,7 +394,8 @@ impl Trainer {
                 self.optimizer_step(setup)?;
                 times.optimizer += phase.elapsed().as_secs_f64();
                 times_steps += 1;
-                if self.state.global_step.is_multiple_of(cfg.log_every_n_steps) {
+                let log_step = self.state.global_step.is_multiple_of(cfg.log_every_n_steps);
+                if log_step {
                     let value = detached.item()?;
                     check_finite(value, self.state.global_step)?;
                     let now = Instant::now();
@@ -435,7 +436,8 @@ impl Trainer {
                 let mut action = self.run_callbacks(setup, self.state.epoch, &mut no_metrics, |c, ctx| {
                     c.on_train_step_end(ctx)
                 })?;
-                if step_limit(&self.state) {
+                let at_limit = step_limit(&self.state);
+                if at_limit {
                     report.stop_reason = "max_steps".into();
                     action = CallbackAction::Stop;
                 }
@@ -447,10 +449,10 @@ impl Trainer {
                     action = CallbackAction::Stop;
                 }
                 // Replicas stop together: a wish (a stop request, a callback's) waits for the
-                // next logged step, where every rank's is gathered.
-                stop_wish |= action == CallbackAction::Stop && !step_limit(&self.state);
-                let log_step = self.state.global_step.is_multiple_of(cfg.log_every_n_steps);
-                if self.reducer.is_some() && !step_limit(&self.state) {
+                // next logged step, where every rank's is gathered. The step limit is the same
+                // on every rank and needs no agreement.
+                if self.reducer.is_some() && !at_limit {
+                    stop_wish |= action == CallbackAction::Stop;
                     action = match log_step && self.any_replica_stops(stop_wish, &setup.device)? {
                         true => CallbackAction::Stop,
                         false => CallbackAction::Continue,
