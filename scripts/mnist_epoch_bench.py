@@ -5,8 +5,9 @@ samples per second; above 1 means Lockstep is faster).
 
     python3 scripts/mnist_epoch_bench.py --model mlp --optimizer sgd --lr 0.05 --momentum 0.9
     python3 scripts/mnist_epoch_bench.py --model lenet5 --optimizer adam --lr 0.001
+    python3 scripts/mnist_epoch_bench.py --device cuda:0 --bin /path/to/lockstep --json out.json
 
-Needs a release build (`cargo build --release`) and python3 with torch.
+Needs a release build (`cargo build --release`, or --bin) and python3 with torch.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -17,7 +18,7 @@ ROOT = os.path.dirname(HERE)
 def lockstep(a, data):
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
-        cmd = [os.path.join(ROOT, "target/release/lockstep"), "train", "--model", a.model, "--epochs", "1",
+        cmd = [a.bin, "train", "--device", a.device, "--model", a.model, "--epochs", "1",
                "--optimizer", a.optimizer, "--lr", str(a.lr), "--momentum", str(a.momentum),
                "--batch-size", "128", "--threads", str(a.threads), "--workers", str(a.workers),
                "--data", data, "--headless", "--no-val", "--summary-out", summary]
@@ -29,7 +30,8 @@ def lockstep(a, data):
 
 def pytorch(a, data):
     cmd = [sys.executable, os.path.join(HERE, "mnist_pytorch.py"), "--model", a.model, "--optimizer", a.optimizer,
-           "--lr", str(a.lr), "--momentum", str(a.momentum), "--threads", str(a.threads), "--data", data]
+           "--lr", str(a.lr), "--momentum", str(a.momentum), "--threads", str(a.threads), "--data", data,
+           "--device", a.device]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1]
     s = json.loads(out)
@@ -45,6 +47,9 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N (PyTorch gets the same device)")
+    p.add_argument("--bin", default=os.path.join(ROOT, "target/release/lockstep"))
+    p.add_argument("--json", help="also write the result here")
     p.add_argument("--data", default=os.environ.get("LOCKSTEP_DATA", os.path.join(ROOT, "../shared/data/mnist")))
     a = p.parse_args()
     ours, peer = [], []
@@ -55,9 +60,13 @@ def main():
               f"pytorch {peer[-1]['seconds']:.2f} s ({peer[-1]['accuracy']:.2%})", flush=True)
     o = statistics.median(x["seconds"] for x in ours)
     t = statistics.median(x["seconds"] for x in peer)
-    print(json.dumps({"model": a.model, "optimizer": a.optimizer, "threads": a.threads, "workers": a.workers,
-                      "lockstep_epoch_seconds": o, "pytorch_epoch_seconds": t, "ratio_speed": t / o,
-                      "lockstep_accuracy": [x["accuracy"] for x in ours], "pytorch_accuracy": [x["accuracy"] for x in peer]}))
+    result = {"model": a.model, "optimizer": a.optimizer, "device": a.device, "threads": a.threads,
+              "workers": a.workers, "lockstep_epoch_seconds": o, "pytorch_epoch_seconds": t, "ratio_speed": t / o,
+              "lockstep_accuracy": [x["accuracy"] for x in ours], "pytorch_accuracy": [x["accuracy"] for x in peer]}
+    print(json.dumps(result))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

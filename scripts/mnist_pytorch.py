@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch side of Lockstep's MNIST benchmark: the same model, batch size, optimizer, data
-order semantics and normalisation as `lockstep train`, on the CPU with N threads.
+order semantics and normalisation as `lockstep train`, on the CPU with N threads or on a GPU
+(`--device cuda:0`: the data set stays in host memory and each batch is copied over, as a
+loader feeds a GPU; the epoch ends with a device sync).
 
     python3 scripts/mnist_pytorch.py --model mlp --optimizer sgd --lr 0.05 --momentum 0.9 --threads 2
 
@@ -55,25 +57,35 @@ def main():
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "test")
-    net = model(a.model, [int(h) for h in a.hidden.split(",")])
+    device = torch.device(a.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        xtr, ytr = xtr.pin_memory(), ytr.pin_memory()
+    net = model(a.model, [int(h) for h in a.hidden.split(",")]).to(device)
     lr = a.lr if a.lr is not None else (0.05 if a.optimizer == "sgd" else 1e-3)
     opt = {"sgd": lambda: torch.optim.SGD(net.parameters(), lr=lr, momentum=a.momentum),
            "adam": lambda: torch.optim.Adam(net.parameters(), lr=lr),
            "adamw": lambda: torch.optim.AdamW(net.parameters(), lr=lr)}[a.optimizer]()
     # One shuffled epoch, batches sliced from the in-memory tensors (as fast as a loader can be).
     order = torch.randperm(len(xtr))
+    sync()
     start = time.perf_counter()
     for i in range(0, len(xtr), a.batch_size):
         idx = order[i:i + a.batch_size]
+        x = xtr[idx].to(device, non_blocking=True)
+        y = ytr[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+        F.cross_entropy(net(x), y).backward()
         opt.step()
+    sync()
     epoch = time.perf_counter() - start
+    xte, yte = xte.to(device), yte.to(device)
     with torch.no_grad():
         logits = torch.cat([net(xte[i:i + 1000]) for i in range(0, len(xte), 1000)])
         loss = F.cross_entropy(logits, yte).item()

@@ -73,18 +73,22 @@ def mlp(torch, device, plan, sync):
     low = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
 
+    def step():
+        opt.zero_grad()
+        with torch.autocast(device.type, dtype=low, enabled=low is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss
+
     def window():
         for _ in range(plan["steps_per_window"]):
-            opt.zero_grad()
-            with torch.autocast(device.type, dtype=low, enabled=low is not None):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+            loss = step()
         # The window's one host sync, as on the Lockstep side.
         last["loss"] = loss.item()
 
@@ -100,7 +104,26 @@ def mlp(torch, device, plan, sync):
         "final_loss": last["loss"],
         # Peak resident memory of the process, as the Lockstep side reports it (Linux: KiB).
         "peak_rss_bytes": peak_rss_bytes(),
+        "kernels_per_step": kernels_per_step(torch, step, sync) if device.type == "cuda" else None,
     }
+
+
+def kernels_per_step(torch, step, sync, steps=5):
+    """GPU kernels per training step, counted by PyTorch's profiler (memcpy and memset excluded,
+    as the Lockstep side counts kernels only); None where the profiler is not usable."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            sync()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.lower().startswith("memcpy")
+                   and not e.name.lower().startswith("memset")]
+        return len(kernels) / steps
+    except Exception as e:  # an old or CPU-only build: no number rather than no result
+        print(f"kernel count unavailable: {e}", file=sys.stderr)
+        return None
 
 
 def main(argv):

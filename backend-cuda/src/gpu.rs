@@ -3,11 +3,13 @@
 //! for uploads, and the memory pool.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
 
+use lockstep_core::backend::WorkCounters;
 use lockstep_core::{DType, Error, Result};
 use lockstep_kernels::KernelSource;
 
@@ -32,6 +34,9 @@ pub struct Gpu {
     pub(crate) memory: Arc<Memory>,
     pub(crate) blas: Blas,
     pub(crate) staging: Staging,
+    /// Kernels launched and cuBLAS products queued, for `lockstep bench`'s launches per step.
+    pub(crate) kernels_launched: AtomicU64,
+    pub(crate) blas_calls: AtomicU64,
 }
 
 impl Gpu {
@@ -59,6 +64,8 @@ impl Gpu {
             arch: format!("sm_{major}{minor}"),
             sm_count,
             functions: Mutex::default(),
+            kernels_launched: AtomicU64::new(0),
+            blas_calls: AtomicU64::new(0),
             memory,
             blas,
             comm,
@@ -125,6 +132,13 @@ impl Gpu {
         })
     }
 
+    pub(crate) fn work_counters(&self) -> WorkCounters {
+        WorkCounters {
+            kernels: Some(self.kernels_launched.load(Ordering::Relaxed)),
+            library_calls: Some(self.blas_calls.load(Ordering::Relaxed)),
+        }
+    }
+
     pub(crate) fn launch_failed(&self, entry: &str, e: cudarc::driver::DriverError) -> Error {
         driver_error(&self.location, &format!("launching {entry}"), e)
     }
@@ -154,6 +168,7 @@ macro_rules! launch {
         // the kernel runs on the compute stream, which orders it with every other use.
         unsafe { gpu.compute.launch_builder(&function)$(.arg($arg))+.launch($cfg) }
             .map_err(|e| gpu.launch_failed(entry, e))?;
+        gpu.kernels_launched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }};
 }
 pub(crate) use launch;

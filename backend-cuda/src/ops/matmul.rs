@@ -66,6 +66,7 @@ impl CudaBackend {
             c: out.ptr,
         };
         self.gpu.blas.gemm(&self.gpu.location, dtype, &g)?;
+        self.gpu.blas_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 

@@ -62,10 +62,24 @@ pub struct MemoryStats {
     pub utilization: Option<f64>,
 }
 
+/// Device work queued since the backend opened, for benchmarks that count launches per step.
+/// `None` means the backend does not count, never zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkCounters {
+    /// Compute kernels launched (CUDA) or dispatched (wgpu).
+    pub kernels: Option<u64>,
+    /// Calls into a vendor library that launch their own kernels (cuBLAS GEMMs).
+    pub library_calls: Option<u64>,
+}
+
 /// Tensor operations on one device. Work may be queued; only `to_host` and `synchronize` wait.
 pub trait Backend: Send + Sync + fmt::Debug {
     fn info(&self) -> DeviceInfo;
     fn memory_stats(&self) -> MemoryStats;
+    /// Launch counters; the CPU has none to count.
+    fn work_counters(&self) -> WorkCounters {
+        WorkCounters::default()
+    }
     /// Waits for every queued operation on this device.
     fn synchronize(&self) -> Result<()>;
 

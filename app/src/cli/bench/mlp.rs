@@ -22,6 +22,12 @@ pub struct MlpResult {
     /// The process's peak resident memory at the end (both sides measure it the same way).
     #[serde(default)]
     pub peak_rss_bytes: Option<u64>,
+    /// Kernels launched per training step, and vendor-library calls (cuBLAS) among the
+    /// launches, where the backend counts them (CUDA).
+    #[serde(default)]
+    pub kernels_per_step: Option<f64>,
+    #[serde(default)]
+    pub library_calls_per_step: Option<f64>,
 }
 
 pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
@@ -45,7 +51,10 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
     let precision = Precision::parse(&plan.precision)?;
     let mut scaler = (precision == Precision::Mixed16).then(GradScaler::default);
     let mut final_loss = f64::NAN;
+    let counted_before = device.backend().work_counters();
+    let mut windows_run = 0usize;
     let m = plan.timing.measure(|| {
+        windows_run += 1;
         let mut loss = None;
         for _ in 0..plan.steps_per_window {
             opt.zero_grad();
@@ -77,6 +86,9 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
         Ok(())
     })?;
     let steps_per_s = plan.steps_per_window as f64 / m.median_s;
+    let counted_after = device.backend().work_counters();
+    let steps_run = (windows_run * plan.steps_per_window).max(1) as f64;
+    let per_step = |after: Option<u64>, before: Option<u64>| Some((after? - before?) as f64 / steps_run);
     Ok(MlpResult {
         batch: plan.batch,
         steps_per_window: plan.steps_per_window,
@@ -86,6 +98,8 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
         samples_per_s: steps_per_s * plan.batch as f64,
         final_loss,
         peak_rss_bytes: super::machine::peak_rss_bytes(),
+        kernels_per_step: per_step(counted_after.kernels, counted_before.kernels),
+        library_calls_per_step: per_step(counted_after.library_calls, counted_before.library_calls),
     })
 }
 
@@ -114,5 +128,6 @@ mod tests {
         assert!(r.samples_per_s > 0.0);
         // 40 steps on 4 fixed samples: the loss must have fallen well below ln(10) ≈ 2.3.
         assert!(r.final_loss < 0.5, "loss {}", r.final_loss);
+        assert_eq!(r.kernels_per_step, None, "the CPU counts no launches");
     }
 }

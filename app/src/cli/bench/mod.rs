@@ -71,6 +71,9 @@ pub struct Args {
     /// operands on TF32 tensor cores, CUDA only, the peer with `allow_tf32`).
     #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "bf16"])]
     gemm_dtype: String,
+    /// Sizes n of the square GEMM benchmark (default 512, 1024, 2048; a GPU wants 4096, 8192).
+    #[arg(long, value_delimiter = ',', default_values_t = GEMM_SIZES)]
+    sizes: Vec<usize>,
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -114,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gemm_sizes: if args.which == Which::Mlp {
             vec![]
         } else {
-            GEMM_SIZES.to_vec()
+            args.sizes.clone()
         },
         gemm_dtype: args.gemm_dtype.clone(),
         gemm_timing: GEMM_TIMING,

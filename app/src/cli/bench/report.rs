@@ -101,6 +101,19 @@ fn metrics(r: &Results) -> Vec<Metric> {
             decimals: None,
             ratio: false,
         });
+        for (label, count) in [
+            ("kernel launches per step", m.kernels_per_step),
+            ("  of which cuBLAS products", m.library_calls_per_step),
+        ] {
+            if let Some(value) = count {
+                out.push(Metric {
+                    label: label.into(),
+                    value,
+                    decimals: Some(1),
+                    ratio: false,
+                });
+            }
+        }
         if let Some(bytes) = m.peak_rss_bytes {
             out.push(Metric {
                 label: "peak resident memory (MiB)".into(),

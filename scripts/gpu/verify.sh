@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The whole GPU report on a fresh NVIDIA machine, from a release binary built elsewhere.
+#
+#   scripts/gpu/verify.sh REPORT_DIR [--bin target/release/lockstep] [--tests DIR]
+#                         [--data DIR] [--quick] [--only STEP,STEP]
+#
+# --tests DIR holds the CUDA crate's test binaries (`cargo test --release -p lockstep-cuda
+# --no-run`, copied there); --data is an MNIST directory; --quick skips the benchmarks;
+# LOCKSTEP_STEP_LIMIT=SECONDS caps every step's time limit.
+# It finds NVRTC, cuBLAS and NCCL in the installed Python wheels or a CUDA toolkit, makes the
+# libnccl.so link NCCL's wheel lacks, then runs each step under a time limit, goes on after a
+# failure, and writes REPORT_DIR/report.md and report.json (scripts/gpu/report.py) with every
+# step's log under REPORT_DIR/logs.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+
+out="${1:?usage: verify.sh REPORT_DIR [--bin PATH] [--tests DIR] [--data DIR] [--quick] [--only STEPS]}"
+shift
+bin="$root/target/release/lockstep"
+tests=""
+data="${LOCKSTEP_DATA:-$root/../shared/data/mnist}"
+quick=0
+only=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bin) bin="$2"; shift 2 ;;
+        --tests) tests="$2"; shift 2 ;;
+        --data) data="$2"; shift 2 ;;
+        --quick) quick=1; shift ;;
+        --only) only=",$2,"; shift 2 ;;
+        *) echo "verify.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$out/logs"
+out="$(cd "$out" && pwd)"
+steps="$out/steps.tsv"
+: >"$steps"
+python="${LOCKSTEP_PYTHON:-python3}"
+
+# ---- libraries ---------------------------------------------------------------------------
+# Every directory a CUDA library may sit in: the Python wheels first (PyTorch's), then toolkits.
+search_dirs() {
+    "$python" - <<'PY' 2>/dev/null
+import site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    print(d)
+PY
+    ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 2>/dev/null
+    echo /usr/lib/x86_64-linux-gnu
+}
+find_lib() {
+    local name="$1" d hit
+    while read -r d; do
+        [ -d "$d" ] || continue
+        hit=$(find -L "$d" -maxdepth 5 -name "$name" -print -quit 2>/dev/null)
+        [ -n "$hit" ] && { echo "$hit"; return 0; }
+    done < <(search_dirs)
+    return 1
+}
+shim="$out/lib"
+mkdir -p "$shim"
+lib_path=""
+{
+    for lib in libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+        if path=$(find_lib "$lib"); then
+            echo "$lib: $path"
+            case ":$lib_path:" in *":$(dirname "$path"):"*) ;; *) lib_path="$lib_path:$(dirname "$path")" ;; esac
+            # NCCL's wheel ships only libnccl.so.2; the loader asks for libnccl.so.
+            [ "$lib" = libnccl.so.2 ] && ln -sf "$path" "$shim/libnccl.so"
+        else
+            echo "$lib: NOT FOUND"
+        fi
+    done
+    echo "libcuda.so.1: $(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')"
+    echo "libnvidia-ml.so.1: $(ldconfig -p | awk '/libnvidia-ml.so.1 /{print $NF; exit}')"
+} >"$out/logs/libraries.log" 2>&1
+export LD_LIBRARY_PATH="$shim$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$out/logs/libraries.log"
+# Kernels compile once per machine into this cache; keep it with the report.
+export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$out/cache}"
+export LOCKSTEP_EXPECT_CUDA=1 LOCKSTEP_EXPECT_NCCL=1 RUST_BACKTRACE=1
+
+# ---- steps -------------------------------------------------------------------------------
+# step NAME LIMIT_SECONDS COMMAND...: runs it with its log in logs/NAME.log and one line in
+# steps.tsv (name, exit code, seconds, command); a failure is recorded, not fatal.
+step() {
+    local name="$1" limit="$2"
+    shift 2
+    if [ -n "$only" ] && [[ "$only" != *",$name,"* ]]; then return 0; fi
+    [ -n "${LOCKSTEP_STEP_LIMIT:-}" ] && [ "$LOCKSTEP_STEP_LIMIT" -lt "$limit" ] && limit=$LOCKSTEP_STEP_LIMIT
+    local start end rc
+    echo "== $name: $*" >&2
+    start=$(date +%s%N)
+    timeout -k 10 "$limit" "$@" >"$out/logs/$name.log" 2>&1
+    rc=$?
+    end=$(date +%s%N)
+    printf '%s\t%s\t%d.%d\t%s\n' "$name" "$rc" $(((end - start) / 1000000000)) $(((end - start) / 100000000 % 10)) "$*" >>"$steps"
+    [ $rc = 0 ] || echo "   $name failed (exit $rc): $(tail -n 3 "$out/logs/$name.log" | tr '\n' ' ')" >&2
+    return 0
+}
+
+step machine 60 bash -c 'nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv; uname -a; nproc; free -g; '"$python"' -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"'
+step vulkan 30 bash -c 'ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d 2>&1; ldconfig -p | grep -E "libvulkan|libGLX_nvidia|libnvidia-vulkan|libEGL_nvidia" || echo "no Vulkan loader or NVIDIA Vulkan driver in ldconfig"'
+step devices 60 "$bin" devices --details
+step check-cuda 600 "$bin" check --device cuda:0 --failures-only
+step train-mlp 300 "$bin" train --device cuda:0 --model mlp --epochs 1 --data "$data" --headless --summary-out "$out/train-mlp.json"
+if [ -n "$tests" ]; then
+    for t in "$tests"/*; do
+        [ -x "$t" ] || continue
+        step "test-$(basename "$t")" 600 "$t" --test-threads=1
+    done
+fi
+step train-lenet5 300 "$bin" train --device cuda:0 --model lenet5 --optimizer adam --lr 0.001 --epochs 1 --data "$data" --headless --summary-out "$out/train-lenet5.json"
+step train-mixed-precision 300 "$bin" train --device cuda:0 --model mlp --precision bf16-mixed --epochs 1 --data "$data" --headless --summary-out "$out/train-bf16.json"
+# NCCL cannot hold two ranks on one GPU: pair the GPU with the CPU, and with one device alone.
+step train-cuda-cpu 300 "$bin" train --devices cuda:0,cpu:0 --no-balance --model mlp --max-steps 60 --no-shuffle --no-val --data "$data" --headless --summary-out "$out/train-cuda-cpu.json"
+step train-one-device 300 "$bin" train --device cpu:0 --model mlp --max-steps 60 --no-shuffle --no-val --data "$data" --headless --summary-out "$out/train-one-device.json"
+step launch-one-rank 300 "$bin" launch --nproc-per-node 1 -- train --device cuda --model mlp --epochs 1 --data "$data" --headless --summary-out "$out/train-launch.json"
+
+if [ "$quick" = 0 ]; then
+    for dtype in f32 tf32 bf16; do
+        step "bench-gemm-$dtype" 300 "$bin" bench gemm --device cuda:0 --gemm-dtype "$dtype" --sizes 4096,8192 --peer pytorch --json "$out/bench-gemm-$dtype.json"
+    done
+    for precision in 32 bf16-mixed; do
+        step "bench-mlp4096-$precision" 300 "$bin" bench mlp --device cuda:0 --hidden 4096,4096,4096,4096 --batch 1024 --precision "$precision" --peer pytorch --json "$out/bench-mlp4096-$precision.json"
+    done
+    step bench-mlp-mnist 300 "$bin" bench mlp --device cuda:0 --peer pytorch --json "$out/bench-mlp-mnist.json"
+    for model in mlp lenet5; do
+        step "bench-epoch-$model" 600 "$python" "$root/scripts/mnist_epoch_bench.py" --bin "$bin" --device cuda:0 --model "$model" --rounds 2 --data "$data" --json "$out/bench-epoch-$model.json"
+    done
+fi
+
+# wgpu on the same GPU, where NVIDIA's Vulkan driver is installed.
+wgpu=$("$bin" devices 2>/dev/null | grep -E 'NVIDIA|H100|H200' | grep -o 'wgpu:[0-9]\+' | head -n 1)
+if [ -n "$wgpu" ]; then
+    step check-wgpu 600 "$bin" check --device "$wgpu" --failures-only
+    [ "$quick" = 0 ] && step bench-wgpu 600 "$bin" bench gpu --device "$wgpu"
+else
+    echo "no wgpu adapter on an NVIDIA GPU: $("$bin" devices 2>&1 | tr '\n' ' ')" >"$out/logs/wgpu-absent.log"
+fi
+
+"$python" "$here/report.py" "$out" || echo "report.py failed; the logs are in $out/logs" >&2
+echo "report: $out/report.md"
