@@ -1,10 +1,10 @@
-//! One opened CUDA device: its context, a compute stream and a communication stream, the
+//! One opened CUDA device: its context, a compute stream and its communicators' streams, the
 //! kernels compiled for its architecture (loaded on first use), cuBLAS, pinned staging memory
 //! for uploads, and the memory pool.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
@@ -26,7 +26,8 @@ pub struct Gpu {
     pub(crate) location: String,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) compute: Arc<CudaStream>,
-    pub(crate) comm: Arc<CudaStream>,
+    /// One stream per NCCL communicator (see nccl.rs), so `synchronize` can wait for them.
+    comm_streams: Mutex<Vec<Weak<CudaStream>>>,
     /// `sm_90` for compute capability 9.0.
     pub(crate) arch: String,
     sm_count: u32,
@@ -51,7 +52,6 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| driver_error(&location, "compute capability", e))?;
         let compute = ctx.new_stream().map_err(|e| driver_error(&location, "stream", e))?;
-        let comm = ctx.new_stream().map_err(|e| driver_error(&location, "stream", e))?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(1)
@@ -68,7 +68,7 @@ impl Gpu {
             blas_calls: AtomicU64::new(0),
             memory,
             blas,
-            comm,
+            comm_streams: Mutex::default(),
             compute,
             ctx,
         })
@@ -82,6 +82,7 @@ impl Gpu {
     }
 
     pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        crate::views::check_len("alloc", len)?;
         self.enter()?;
         CudaBuffer::new(dtype, len, self.memory.clone(), self.compute.clone())
     }
@@ -143,11 +144,32 @@ impl Gpu {
         driver_error(&self.location, &format!("launching {entry}"), e)
     }
 
-    /// Waits for everything queued on both streams.
+    /// A new stream for one communicator's collectives.
+    pub(crate) fn new_comm_stream(&self) -> Result<Arc<CudaStream>> {
+        self.enter()?;
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(|e| driver_error(&self.location, "stream", e))?;
+        let mut streams = self.comm_streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.retain(|s| s.strong_count() > 0);
+        streams.push(Arc::downgrade(&stream));
+        Ok(stream)
+    }
+
+    /// Waits for everything queued on the compute stream and every communicator's stream.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.enter()?;
-        self.comm
-            .synchronize()
+        let comm_streams: Vec<Arc<CudaStream>> = self
+            .comm_streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        comm_streams
+            .iter()
+            .try_for_each(|s| s.synchronize())
             .and_then(|_| self.compute.synchronize())
             .map_err(|e| driver_error(&self.location, "synchronize", e))
     }

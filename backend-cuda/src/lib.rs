@@ -16,6 +16,7 @@ mod error;
 mod gpu;
 mod memory;
 mod nccl;
+mod nccl_handle;
 mod nvml;
 mod ops;
 pub mod probe;

@@ -2,9 +2,13 @@
 //! `ncclCommInitAll`, each driven by its own thread) or one process per GPU (`ncclCommInitRank`
 //! with an id rank 0 created and the launcher handed over).
 //!
-//! A collective runs on the device's communication stream, after the work already queued on
-//! the compute stream (an event), and marks its buffers pending: the compute stream waits for
-//! it only when it next touches them, so a bucket's all-reduce overlaps the rest of backward.
+//! A collective runs on its communicator's own stream, after the work already queued on the
+//! compute stream (an event), and marks its buffers pending: the compute stream waits for it
+//! only when it next touches them, so a bucket's all-reduce overlaps the rest of backward. Each
+//! communicator has its own stream because NCCL kernels wait for their peers': two
+//! communicators sharing a stream (the gradients' on the communication thread, SyncBatchNorm's
+//! on the training thread) would be ordered by a thread race that can differ between ranks, a
+//! cyclic wait.
 //! NCCL calls do not fail when a peer dies, they hang: every collective also checks NCCL's
 //! asynchronous error and how long the oldest unfinished one has been running, and past the
 //! timeout (10 minutes by default) aborts the communicator with an error naming the op.
@@ -13,7 +17,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaEvent;
+use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{result, sys};
 
 use lockstep_core::backend::{BackendBuffer, BufferRef, Communicator, ReduceOp};
@@ -21,6 +25,7 @@ use lockstep_core::{DType, Device, Error, Result};
 
 use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::nccl_handle::CommHandle;
 use crate::probe;
 
 /// The 128 bytes that let ranks of one job find each other (ncclUniqueId).
@@ -48,12 +53,10 @@ impl NcclId {
     }
 }
 
-struct RawComm(sys::ncclComm_t);
-// SAFETY: an NCCL communicator may be used from any thread, one call at a time (the mutex).
-unsafe impl Send for RawComm {}
-
 pub struct NcclCommunicator {
-    comm: Mutex<RawComm>,
+    comm: CommHandle,
+    /// This communicator's own stream (see the module's doc).
+    stream: Arc<CudaStream>,
     rank: usize,
     world: usize,
     backend: Arc<CudaBackend>,
@@ -107,12 +110,12 @@ impl NcclCommunicator {
         unsafe { result::comm_init_all(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr()) }
             .map_err(|e| nccl_error("init", 0, "ncclCommInitAll", e))?;
         let world = devices.len();
-        Ok(comms
+        comms
             .into_iter()
             .zip(backends)
             .enumerate()
             .map(|(rank, (comm, backend))| NcclCommunicator::wrap(comm, rank, world, backend))
-            .collect())
+            .collect()
     }
 
     /// Rank `rank` of `world` processes, one GPU each; blocks until every rank has joined.
@@ -124,18 +127,28 @@ impl NcclCommunicator {
         // SAFETY: `comm` receives the handle; this thread's current context is the device's.
         unsafe { result::comm_init_rank(&mut comm, world as i32, id.0, rank as i32) }
             .map_err(|e| nccl_error("init", rank, "ncclCommInitRank", e))?;
-        Ok(NcclCommunicator::wrap(comm, rank, world, backend))
+        NcclCommunicator::wrap(comm, rank, world, backend)
     }
 
-    fn wrap(comm: sys::ncclComm_t, rank: usize, world: usize, backend: Arc<CudaBackend>) -> NcclCommunicator {
-        NcclCommunicator {
-            comm: Mutex::new(RawComm(comm)),
+    fn wrap(comm: sys::ncclComm_t, rank: usize, world: usize, backend: Arc<CudaBackend>) -> Result<NcclCommunicator> {
+        let comm = CommHandle::new(comm);
+        let stream = match backend.gpu.new_comm_stream() {
+            Ok(stream) => stream,
+            Err(e) => {
+                // SAFETY: the handle is live and used nowhere else yet.
+                comm.abort("no stream", |c| drop(unsafe { result::comm_abort(c) }));
+                return Err(e);
+            }
+        };
+        Ok(NcclCommunicator {
+            comm,
+            stream,
             rank,
             world,
             backend,
             timeout: Duration::from_secs(600),
             outstanding: Mutex::default(),
-        }
+        })
     }
 
     /// How long a collective may run before the communicator is aborted (default 10 minutes).
@@ -168,12 +181,12 @@ impl NcclCommunicator {
         let gpu = &self.backend.gpu;
         let fail = |what: &str, e: cudarc::driver::DriverError| self.err(op, format!("{what}: {e:?}"));
         let queued = gpu.compute.record_event(None).map_err(|e| fail("event", e))?;
-        gpu.comm.wait(&queued).map_err(|e| fail("stream wait", e))?;
-        {
-            let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
-            call(comm.0, gpu.comm.cu_stream() as _).map_err(|e| nccl_error(op, self.rank, op, e))?;
-        }
-        let done = Arc::new(gpu.comm.record_event(None).map_err(|e| fail("event", e))?);
+        self.stream.wait(&queued).map_err(|e| fail("stream wait", e))?;
+        self.comm
+            .with(|comm| call(comm, self.stream.cu_stream() as _))
+            .map_err(|why| self.aborted(op, &why))?
+            .map_err(|e| nccl_error(op, self.rank, op, e))?;
+        let done = Arc::new(self.stream.record_event(None).map_err(|e| fail("event", e))?);
         for b in touched {
             b.set_pending(done.clone());
         }
@@ -188,18 +201,26 @@ impl NcclCommunicator {
     /// the oldest unfinished one has run past the timeout.
     fn check_progress(&self, op: &'static str) -> Result<()> {
         let mut outstanding = self.outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        while outstanding.front().is_some_and(|(e, _, _)| e.is_complete()) {
-            outstanding.pop_front();
+        while let Some((event, _, running)) = outstanding.front() {
+            match event.try_is_complete() {
+                Ok(true) => drop(outstanding.pop_front()),
+                Ok(false) => break,
+                // A kernel fault, not a peer: say so now instead of waiting out the timeout.
+                Err(e) => {
+                    let why = format!("the GPU reported {e:?} while {running} ran (a kernel failed on this device)");
+                    drop(outstanding);
+                    return Err(self.fail(op, why));
+                }
+            }
         }
         let mut async_error = sys::ncclResult_t::ncclSuccess;
-        {
-            let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: `comm` is live; NCCL writes one result code.
-            unsafe { sys::ncclCommGetAsyncError(comm.0, &mut async_error) };
-        }
+        // SAFETY: the handle is live (checked by `with`); NCCL writes one result code.
+        self.comm
+            .with(|comm| unsafe { sys::ncclCommGetAsyncError(comm, &mut async_error) })
+            .map_err(|why| self.aborted(op, &why))?;
         if async_error != sys::ncclResult_t::ncclSuccess {
-            self.abort();
-            return Err(self.err(
+            drop(outstanding);
+            return Err(self.fail(
                 op,
                 format!("NCCL reported {async_error:?} (a peer failed or the network dropped)"),
             ));
@@ -207,18 +228,33 @@ impl NcclCommunicator {
         if let Some((_, since, stuck)) = outstanding.front()
             && since.elapsed() > self.timeout
         {
-            let stuck = *stuck;
+            let why = format!(
+                "{stuck} did not complete within {:?}: another rank died or stopped calling collectives",
+                self.timeout
+            );
             drop(outstanding);
-            self.abort();
-            return Err(self.err(
-                op,
-                format!(
-                    "{stuck} did not complete within {:?}: another rank died or stopped calling collectives",
-                    self.timeout
-                ),
-            ));
+            return Err(self.fail(op, why));
         }
         Ok(())
+    }
+
+    /// Aborts the communicator (so pending NCCL kernels return and streams drain) and returns
+    /// the error that says why.
+    fn fail(&self, op: &'static str, why: String) -> Error {
+        // SAFETY: `abort` hands over the live handle once; NCCL frees it.
+        self.comm.abort(&why, |c| drop(unsafe { result::comm_abort(c) }));
+        self.err(op, why)
+    }
+
+    /// The error of a call made after the communicator was aborted.
+    fn aborted(&self, op: &'static str, why: &str) -> Error {
+        self.err(
+            op,
+            format!(
+                "the communicator was aborted earlier ({why}); a run cannot go on after a collective failed: \
+                 restart it from its last checkpoint"
+            ),
+        )
     }
 
     /// Waits, with the timeout, for every queued collective.
@@ -229,14 +265,6 @@ impl NcclCommunicator {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    fn abort(&self) {
-        let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
-        if !comm.0.is_null() {
-            // SAFETY: live handle; abort makes pending NCCL kernels return so streams drain.
-            let _ = unsafe { result::comm_abort(comm.0) };
         }
     }
 }
@@ -358,7 +386,8 @@ impl Communicator for NcclCommunicator {
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
         let _ = self.backend.gpu.enter();
-        let _ = self.backend.gpu.comm.synchronize();
-        self.abort();
+        let _ = self.stream.synchronize();
+        // SAFETY: `abort` hands over the handle only if no failure freed it already.
+        self.comm.abort("dropped", |c| drop(unsafe { result::comm_abort(c) }));
     }
 }

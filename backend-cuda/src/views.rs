@@ -40,13 +40,34 @@ unsafe impl DeviceRepr for View {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for SubShape {}
 
+/// The largest element count, offset or index the kernels may see. Kernels index in u32, and a
+/// grid-stride loop's last step (`i += blockDim * gridDim`, at most 2^26 threads: 256 per block,
+/// 32 blocks per SM, up to 8192 SMs) must not wrap `i` past 2^32, where it would loop forever.
+pub(crate) const MAX_INDEX: usize = u32::MAX as usize - (1 << 26);
+
 pub(crate) fn to_u32(op: &'static str, x: usize) -> Result<u32> {
-    u32::try_from(x).map_err(|_| {
-        Error::invalid(
-            op,
-            format!("{x} elements or offsets exceed the CUDA kernels' 32-bit indexing; split the tensor"),
-        )
-    })
+    if x > MAX_INDEX {
+        return Err(too_large(op, x));
+    }
+    Ok(x as u32)
+}
+
+/// Every buffer is at most `MAX_INDEX` elements, so no index into one (nor a product such as
+/// `row * cols` below its length) overflows a kernel's u32 arithmetic.
+pub(crate) fn check_len(op: &'static str, len: usize) -> Result<()> {
+    if len > MAX_INDEX {
+        return Err(too_large(op, len));
+    }
+    Ok(())
+}
+
+fn too_large(op: &'static str, x: usize) -> Error {
+    Error::invalid(
+        op,
+        format!(
+            "{x} elements or offsets exceed the CUDA kernels' 32-bit indexing (at most {MAX_INDEX}); split the tensor"
+        ),
+    )
 }
 
 /// One shape and a view per operand, all layouts of the same shape, dimensions merged.
@@ -114,6 +135,21 @@ pub(crate) fn sub_shape(op: &'static str, dims: &[usize], strides: &[usize]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_past_the_grid_stride_headroom_are_refused() {
+        assert_eq!(to_u32("t", MAX_INDEX).unwrap(), MAX_INDEX as u32);
+        // The last step of a grid-stride loop from the largest index stays below 2^32.
+        assert!((MAX_INDEX as u64) + (1 << 26) <= u64::from(u32::MAX));
+        let err = to_u32("t", MAX_INDEX + 1).unwrap_err().to_string();
+        assert!(err.contains("32-bit indexing") && err.contains("split"), "{err}");
+        assert!(
+            to_u32("t", u32::MAX as usize).is_err(),
+            "the old bound let this through"
+        );
+        assert!(check_len("t", MAX_INDEX).is_ok());
+        assert!(check_len("t", MAX_INDEX + 1).is_err());
+    }
 
     #[test]
     fn contiguous_tensors_become_rank_one() {

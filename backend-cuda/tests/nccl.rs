@@ -41,3 +41,36 @@ fn one_rank_collectives_run_on_nccl() {
         "root 1 of 1 rank"
     );
 }
+
+/// The gradients' communicator (on the communication thread) and SyncBatchNorm's (on the
+/// training thread) run collectives at once: each communicator has its own stream, so their
+/// NCCL kernels are never ordered by a thread race (a cyclic wait across ranks). One GPU holds
+/// only one-rank communicators, so this checks they run side by side; the deadlock itself needs
+/// two GPUs (scripts/gpu/verify.sh runs this binary).
+#[test]
+fn two_communicators_on_one_device_run_from_two_threads_at_once() {
+    let Some(device) = support::cuda_device() else { return };
+    if !lockstep_cuda::probe::nccl_present() {
+        assert!(std::env::var("LOCKSTEP_EXPECT_NCCL").as_deref() != Ok("1"));
+        eprintln!("\n*** SKIPPED: NCCL not found ***\n");
+        return;
+    }
+    let comms: Vec<NcclCommunicator> = (0..2)
+        .map(|_| NcclCommunicator::from_rank(&device, 0, 1, &NcclId::new().unwrap()).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            let device = device.clone();
+            s.spawn(move || {
+                let backend = device.backend();
+                let buf = backend.from_host(&HostVec::from_f64(DType::F32, &[1.0; 4096])).unwrap();
+                for _ in 0..50 {
+                    comm.all_reduce(&buf, ReduceOp::Sum).unwrap();
+                }
+                comm.barrier().unwrap();
+                let back = backend.to_host(&buf, &Layout::contiguous([4096])).unwrap().to_f64_vec();
+                assert!(back.iter().all(|&v| v == 1.0));
+            });
+        }
+    });
+}

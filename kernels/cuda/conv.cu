@@ -65,7 +65,7 @@ FOR_FLOATS(COL2IM)
                     if (iy < 0 || iy >= (int)g.h || ix < 0 || ix >= (int)g.w) continue;           \
                     u32 index = (u32)iy * g.w + (u32)ix;                                          \
                     float v = to_f32(src[plane * g.h * g.w + index]);                             \
-                    if (best_index == 0xffffffffu || v > best) {                                  \
+                    if (best_index == 0xffffffffu || (!is_nan(best) && (is_nan(v) || v > best))) { \
                         best = v;                                                                 \
                         best_index = index;                                                       \
                     }                                                                             \

@@ -16,8 +16,8 @@ __device__ __forceinline__ float apply_binary(u32 op, float x, float y) {
     case 2: return x * y;
     case 3: return x / y;
     case 4: return pow_real(x, y);
-    case 5: return fmaxf(x, y);
-    case 6: return fminf(x, y);
+    case 5: return max_nan(x, y);
+    case 6: return min_nan(x, y);
     default: return x;
     }
 }

@@ -82,6 +82,14 @@ __device__ __forceinline__ u32 strided_index(u32 i, const Shape& shape, const Vi
 #define F32_INF __int_as_float(0x7f800000)
 #define F32_NAN __int_as_float(0x7fc00000)
 
+// NaN and infinities by their bits, so no compiler option can assume them away.
+__device__ __forceinline__ bool is_nan(float x) { return (__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u; }
+__device__ __forceinline__ bool is_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+// The larger / smaller of a and b, NaN if either is (PyTorch's maximum, relu, clamp and max
+// reductions; fmaxf would drop the NaN).
+__device__ __forceinline__ float max_nan(float a, float b) { return is_nan(a) || a > b ? a : b; }
+__device__ __forceinline__ float min_nan(float a, float b) { return is_nan(a) || a < b ? a : b; }
+
 // x^y with C's rules for a negative base (real only for an integer exponent).
 __device__ __forceinline__ float pow_real(float x, float y) { return powf(x, y); }
 
@@ -99,13 +107,14 @@ __device__ __forceinline__ float apply_unary(u32 op, float x, float p0, float p1
     case 5: return 1.0f / x;
     case 6: return tanhf(x);
     case 7: return 1.0f / (1.0f + expf(-x));
-    case 8: return fmaxf(x, 0.0f);
+    case 8: return max_nan(x, 0.0f);
     case 9: return x * 0.5f * (1.0f + erff(x * INV_SQRT2));
     case 10: return 0.5f * (1.0f + erff(x * INV_SQRT2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
     case 11: return pow_real(x, p0);
     case 12: return x * p0 + p1;
-    case 13: return fmaxf(x, p0);
-    case 14: return fminf(x, p0);
+    case 13: return max_nan(x, p0);
+    case 14: return min_nan(x, p0);
+    case 15: return is_finite(x) ? 0.0f : 1.0f;
     default: return x;
     }
 }

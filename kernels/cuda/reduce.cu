@@ -23,9 +23,11 @@ __device__ __forceinline__ u32 sub_offset(u32 i, const SubShape& s) {
 #define KIND_ARGMAX 3u
 #define NONE 0xffffffffu
 
-// Whether (a, ia) beats (b, ib): larger (smaller for min), ties to the smaller index.
+// Whether (a, ia) beats (b, ib): larger (smaller for min), ties to the smaller index; NaN beats
+// every number (the first NaN wins), as on the CPU and in PyTorch.
 __device__ __forceinline__ bool better(u32 kind, float a, u32 ia, float b, u32 ib) {
     if (ib == NONE) return true;
+    if (is_nan(a) || is_nan(b)) return is_nan(a) && (!is_nan(b) || ia < ib);
     if (kind == KIND_MIN) return a < b || (a == b && ia < ib);
     return a > b || (a == b && ia < ib);
 }

@@ -9,7 +9,7 @@ __device__ __forceinline__ float combine(float* scratch, u32 lane, u32 group, fl
     for (u32 width = group / 2; width > 0; width /= 2) {
         if (lane < width) {
             float other = scratch[threadIdx.x + width];
-            scratch[threadIdx.x] = take_max ? fmaxf(scratch[threadIdx.x], other) : scratch[threadIdx.x] + other;
+            scratch[threadIdx.x] = take_max ? max_nan(scratch[threadIdx.x], other) : scratch[threadIdx.x] + other;
         }
         __syncthreads();
     }
@@ -26,16 +26,19 @@ __device__ __forceinline__ float combine(float* scratch, u32 lane, u32 group, fl
         u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                        \
         u32 base = (row < rows ? row : rows - 1) * cols;                                          \
         float local_max = -F32_INF;                                                               \
-        for (u32 c = lane; c < cols; c += group) local_max = fmaxf(local_max, to_f32(src[base + c])); \
+        for (u32 c = lane; c < cols; c += group) local_max = max_nan(local_max, to_f32(src[base + c])); \
         float row_max = combine(scratch, lane, group, local_max, true);                          \
         float local_sum = 0.0f;                                                                   \
         for (u32 c = lane; c < cols; c += group) local_sum += expf(to_f32(src[base + c]) - row_max); \
         float sum = combine(scratch, lane, group, local_sum, false);                             \
         if (row >= rows) return;                                                                  \
         float log_sum = logf(sum);                                                                \
+        /* A row whose maximum is not finite is NaN throughout, as on the CPU. */               \
+        bool poisoned = !is_finite(row_max);                                                      \
         for (u32 c = lane; c < cols; c += group) {                                                \
             float shifted = to_f32(src[base + c]) - row_max;                                      \
-            out[base + c] = from_f32<T>(log_form ? shifted - log_sum : expf(shifted) / sum);      \
+            float value = log_form ? shifted - log_sum : expf(shifted) / sum;                     \
+            out[base + c] = from_f32<T>(poisoned ? F32_NAN : value);                              \
         }                                                                                         \
     }
 FOR_FLOATS(SOFTMAX)

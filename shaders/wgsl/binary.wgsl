@@ -16,8 +16,8 @@ fn apply(x: f32, y: f32) -> f32 {
         case 2u: { return x * y; }
         case 3u: { return x / y; }
         case 4u: { return pow_real(x, y); }
-        case 5u: { return max(x, y); }
-        case 6u: { return min(x, y); }
+        case 5u: { return max_nan(x, y); }
+        case 6u: { return min_nan(x, y); }
         default: { return x; }
     }
 }

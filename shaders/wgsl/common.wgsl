@@ -38,22 +38,59 @@ fn f32_nan() -> f32 {
     return bitcast<f32>(0x7fc00000u);
 }
 
-// x^y with C's rules for a negative base (real only for integer y); WGSL's pow leaves x < 0 undefined.
+// NaN and infinities by their bits: WGSL lets compilers assume finite floats (Metal compiles with
+// fast math), so `x != x`, `max` and comparisons with infinity may not see them.
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+fn is_finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+// The larger / smaller of a and b, NaN if either is (PyTorch's maximum, relu, clamp and max
+// reductions; WGSL's max leaves NaN undefined).
+fn max_nan(a: f32, b: f32) -> f32 {
+    if (is_nan(b)) {
+        return b;
+    }
+    return select(b, a, is_nan(a) || a > b);
+}
+fn min_nan(a: f32, b: f32) -> f32 {
+    if (is_nan(b)) {
+        return b;
+    }
+    return select(b, a, is_nan(a) || a < b);
+}
+
+// x^y with C's rules (what the CPU and CUDA compute): x^±0 and 1^y are 1 even for NaN, else NaN
+// in gives NaN out; infinite powers and bases follow IEEE's limits; a negative finite base is
+// real only for an integer power. WGSL's pow leaves x < 0 undefined.
 fn pow_real(x: f32, y: f32) -> f32 {
-    if (y == 0.0) {
+    if (y == 0.0 || x == 1.0) {
         return 1.0;
+    }
+    if (is_nan(x) || is_nan(y)) {
+        return f32_nan();
+    }
+    let ax = abs(x);
+    if (!is_finite(y)) {
+        if (ax == 1.0) {
+            return 1.0;
+        }
+        return select(0.0, f32_inf(), (ax > 1.0) == (y > 0.0));
     }
     if (x == 0.0) {
         return select(f32_inf(), 0.0, y > 0.0);
     }
-    let magnitude = exp2(y * log2(abs(x)));
+    let magnitude = exp2(y * log2(ax));
     if (x > 0.0) {
         return magnitude;
     }
-    if (fract(y) != 0.0) {
+    let integer = fract(y) == 0.0;
+    if (!integer && is_finite(x)) {
         return f32_nan();
     }
-    return select(magnitude, -magnitude, fract(y * 0.5) != 0.0);
+    return select(magnitude, -magnitude, integer && fract(y * 0.5) != 0.0);
 }
 
 const INV_SQRT2: f32 = 0.70710678118654752;
@@ -95,13 +132,14 @@ fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
         case 5u: { return 1.0 / x; }
         case 6u: { return tanh_stable(x); }
         case 7u: { return 1.0 / (1.0 + exp(-x)); }
-        case 8u: { return max(x, 0.0); }
+        case 8u: { return max_nan(x, 0.0); }
         case 9u: { return x * 0.5 * (1.0 + erf_approx(x * INV_SQRT2)); }
         case 10u: { return 0.5 * (1.0 + erf_approx(x * INV_SQRT2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x); }
         case 11u: { return pow_real(x, p0); }
         case 12u: { return x * p0 + p1; }
-        case 13u: { return max(x, p0); }
-        case 14u: { return min(x, p0); }
+        case 13u: { return max_nan(x, p0); }
+        case 14u: { return min_nan(x, p0); }
+        case 15u: { return select(1.0, 0.0, is_finite(x)); }
         default: { return x; }
     }
 }

@@ -107,7 +107,7 @@ fn max_pool2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
             }
             let index = u32(iy) * g.w + u32(ix);
             let v = f32(src[plane * g.h * g.w + index]);
-            if (best_index == 0xffffffffu || v > best) {
+            if (best_index == 0xffffffffu || (!is_nan(best) && (is_nan(v) || v > best))) {
                 best = v;
                 best_index = index;
             }

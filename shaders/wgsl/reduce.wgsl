@@ -25,8 +25,12 @@ fn sub_offset(i: u32, rank: u32, dims_at: u32) -> u32 {
     return index;
 }
 
-// Whether (a, ia) beats (b, ib) for the reduction (ties go to the smaller index).
+// Whether (a, ia) beats (b, ib) for the reduction (ties go to the smaller index; NaN beats every
+// number and the first NaN wins, as on the CPU and in PyTorch).
 fn better(a: f32, ia: u32, b: f32, ib: u32) -> bool {
+    if (is_nan(a) || is_nan(b)) {
+        return is_nan(a) && (!is_nan(b) || ia < ib);
+    }
     if (KIND == 2u) {
         return a < b || (a == b && ia < ib);
     }

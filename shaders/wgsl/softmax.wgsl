@@ -16,7 +16,7 @@ fn combine(lid: u32, value: f32, take_max: bool) -> f32 {
     for (var width = WG / 2u; width > 0u; width = width / 2u) {
         if (lid < width) {
             let other = scratch[lid + width];
-            scratch[lid] = select(scratch[lid] + other, max(scratch[lid], other), take_max);
+            scratch[lid] = select(scratch[lid] + other, max_nan(scratch[lid], other), take_max);
         }
         workgroupBarrier();
     }
@@ -37,7 +37,7 @@ fn softmax(
     let base = min(row, rows - 1u) * cols;
     var local_max = -f32_inf();
     for (var c = lid; c < cols; c += WG) {
-        local_max = max(local_max, f32(src[base + c]));
+        local_max = max_nan(local_max, f32(src[base + c]));
     }
     let row_max = combine(lid, local_max, true);
     var local_sum = 0.0;
@@ -49,8 +49,11 @@ fn softmax(
         return;
     }
     let log_sum = log(sum);
+    // A row whose maximum is not finite is NaN throughout, as on the CPU (said explicitly: with
+    // finite math assumed, exp(inf - inf) need not be NaN).
+    let poisoned = !is_finite(row_max);
     for (var c = lid; c < cols; c += WG) {
         let shifted = f32(src[base + c]) - row_max;
-        out[base + c] = T(select(exp(shifted) / sum, shifted - log_sum, LOG));
+        out[base + c] = T(select(select(exp(shifted) / sum, shifted - log_sum, LOG), f32_nan(), poisoned));
     }
 }

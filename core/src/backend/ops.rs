@@ -29,11 +29,14 @@ pub enum UnaryOp {
     ClampMin(f64),
     /// `min(x, max)`.
     ClampMax(f64),
+    /// 1 where `x` is ±inf or NaN, else 0: the overflow probe of loss scaling. Backends test the
+    /// bits, so fast-math compilers (Metal, WGSL's finite-math licence) cannot fold it away.
+    NonFinite,
 }
 
 impl UnaryOp {
     /// One of each variant: the conformance suite checks that it covers all of them.
-    pub const ALL: [UnaryOp; 15] = [
+    pub const ALL: [UnaryOp; 16] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -49,6 +52,7 @@ impl UnaryOp {
         UnaryOp::Affine { mul: -1.5, add: 0.25 },
         UnaryOp::ClampMin(0.1),
         UnaryOp::ClampMax(0.1),
+        UnaryOp::NonFinite,
     ];
     pub fn name(&self) -> &'static str {
         match self {
@@ -67,6 +71,7 @@ impl UnaryOp {
             UnaryOp::Affine { .. } => "affine",
             UnaryOp::ClampMin(_) => "clamp_min",
             UnaryOp::ClampMax(_) => "clamp_max",
+            UnaryOp::NonFinite => "non_finite",
         }
     }
 }

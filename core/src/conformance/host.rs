@@ -134,7 +134,8 @@ impl HostTensor {
     pub fn sum(&self, axes: &[usize], keepdim: bool) -> HostTensor {
         self.reduce(axes, keepdim, 0.0, |a, x| a + x)
     }
-    /// Index of the first maximum along `axis` (the axis is dropped).
+    /// Index of the first maximum along `axis` (the axis is dropped); NaN counts as the
+    /// maximum, the first NaN wins.
     pub fn argmax(&self, axis: usize) -> HostTensor {
         let mut dims = self.dims.clone();
         dims.remove(axis);
@@ -146,13 +147,24 @@ impl HostTensor {
                 src[axis] = j;
                 let v = self.at(&src);
                 src[axis] = best;
-                if v > self.at(&src) {
+                let held = self.at(&src);
+                if !held.is_nan() && (v.is_nan() || v > held) {
                     best = j;
                 }
             }
             best as f64
         })
     }
+}
+
+/// The larger of `a` and `b`, NaN if either is (PyTorch's rule; `f64::max` drops the NaN).
+pub fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+}
+
+/// The smaller of `a` and `b`, NaN if either is.
+pub fn min_nan(a: f64, b: f64) -> f64 {
+    -max_nan(-a, -b)
 }
 
 pub fn broadcast_dims(a: &[usize], b: &[usize]) -> Vec<usize> {
@@ -185,9 +197,12 @@ pub fn matmul(a: &HostTensor, b: &HostTensor) -> HostTensor {
     })
 }
 
-/// Softmax (or log-softmax) along `axis`.
+/// Softmax (or log-softmax) along `axis`; a row whose maximum is not finite (a NaN or +inf in
+/// it, or all -inf) is NaN throughout.
 pub fn softmax(x: &HostTensor, axis: usize, log: bool) -> HostTensor {
-    let max = x.reduce(&[axis], true, f64::NEG_INFINITY, f64::max);
+    let max = x
+        .reduce(&[axis], true, f64::NEG_INFINITY, max_nan)
+        .map(|m| if m.is_finite() { m } else { f64::NAN });
     let shifted = x.zip(&max, |v, m| v - m);
     let total = shifted.map(f64::exp).sum(&[axis], true);
     if log {
@@ -244,7 +259,7 @@ pub fn pool2d(x: &HostTensor, kernel: [usize; 2], stride: [usize; 2], padding: [
                 let ix = (idx[3] * stride[1] + j) as isize - padding[1] as isize;
                 if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
                     let v = x.at(&[idx[0], idx[1], iy as usize, ix as usize]);
-                    acc = if max { acc.max(v) } else { acc + v };
+                    acc = if max { max_nan(acc, v) } else { acc + v };
                 }
             }
         }

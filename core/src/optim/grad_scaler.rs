@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::autograd::no_grad;
+use crate::backend::UnaryOp;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -61,13 +62,17 @@ impl GradScaler {
         // The reciprocal in f64, then f32, as PyTorch (exact for powers of two anyway).
         let inv = (1.0 / self.scale) as f32 as f64;
         no_grad(|| {
-            // x * 0 is 0 for finite x and NaN for inf or NaN: one sum per gradient, one sum of
-            // sums, one read-back says whether any element is not finite.
+            // Counts the elements that are inf or NaN (by their bits: `x * 0` would do it too,
+            // but a fast-math GPU compiler may fold that to 0): one count per gradient, one sum
+            // of counts, one read-back.
             let mut poison: Option<Tensor> = None;
             for p in params {
                 let Some(g) = p.grad() else { continue };
                 let unscaled = g.affine(inv, 0.0)?;
-                let part = unscaled.affine(0.0, 0.0)?.sum_all()?.to_dtype(crate::DType::F32)?;
+                let part = unscaled
+                    .unary(UnaryOp::NonFinite)?
+                    .sum_all()?
+                    .to_dtype(crate::DType::F32)?;
                 poison = Some(match poison {
                     None => part,
                     Some(t) => t.add(&part.to_device(t.device())?)?,
@@ -76,7 +81,7 @@ impl GradScaler {
             }
             Ok(match poison {
                 None => true,
-                Some(t) => t.item()?.is_finite(),
+                Some(t) => t.item()? == 0.0,
             })
         })
     }

@@ -261,6 +261,8 @@ pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Res
         UnaryOp::Powf(e) => x.powf(e - 1.0)?.affine(e, 0.0)?,
         UnaryOp::ClampMin(m) => x.cmp_scalar(CmpOp::Ge, m)?.to_dtype(x.dtype())?,
         UnaryOp::ClampMax(m) => x.cmp_scalar(CmpOp::Le, m)?.to_dtype(x.dtype())?,
+        // A probe, flat wherever it is defined.
+        UnaryOp::NonFinite => return g.zeros_like(),
     };
     g.mul(&local)
 }

@@ -27,7 +27,7 @@ pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) 
         UnaryOp::Recip => map(pool, src, layout, |x: T| x.recip()),
         UnaryOp::Tanh => map(pool, src, layout, |x: T| x.tanh()),
         UnaryOp::Sigmoid => map(pool, src, layout, |x: T| one / (one + (-x).exp())),
-        UnaryOp::Relu => map(pool, src, layout, |x: T| x.max(T::zero())),
+        UnaryOp::Relu => map(pool, src, layout, |x: T| max_nan(x, T::zero())),
         UnaryOp::Gelu => map(pool, src, layout, |x: T| x * half * (one + (x * inv_sqrt2).erf())),
         UnaryOp::GeluGrad => map(pool, src, layout, |x: T| {
             half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp()
@@ -42,13 +42,25 @@ pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) 
         }
         UnaryOp::ClampMin(m) => {
             let m = T::of(m);
-            map(pool, src, layout, |x: T| x.max(m))
+            map(pool, src, layout, |x: T| max_nan(x, m))
         }
         UnaryOp::ClampMax(m) => {
             let m = T::of(m);
-            map(pool, src, layout, |x: T| x.min(m))
+            map(pool, src, layout, |x: T| min_nan(x, m))
         }
+        UnaryOp::NonFinite => map(pool, src, layout, |x: T| if x.is_finite() { T::zero() } else { one }),
     }
+}
+
+/// The larger of `a` and `b`, NaN if either is (PyTorch's maximum, relu and clamp; Rust's
+/// `max` would drop the NaN and hide a diverged value).
+fn max_nan<T: CpuFloat>(a: T, b: T) -> T {
+    if a.is_nan() || a > b { a } else { b }
+}
+
+/// The smaller of `a` and `b`, NaN if either is.
+fn min_nan<T: CpuFloat>(a: T, b: T) -> T {
+    if a.is_nan() || a < b { a } else { b }
 }
 
 /// Applies a binary op to operands broadcast to one shape (one compiled loop per op).
@@ -59,8 +71,8 @@ pub fn binary<T: CpuFloat>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layo
         BinaryOp::Mul => zip(pool, a, la, b, lb, |x: T, y: T| x * y),
         BinaryOp::Div => zip(pool, a, la, b, lb, |x: T, y: T| x / y),
         BinaryOp::Pow => zip(pool, a, la, b, lb, |x: T, y: T| x.powf(y)),
-        BinaryOp::Maximum => zip(pool, a, la, b, lb, |x: T, y: T| x.max(y)),
-        BinaryOp::Minimum => zip(pool, a, la, b, lb, |x: T, y: T| x.min(y)),
+        BinaryOp::Maximum => zip(pool, a, la, b, lb, max_nan),
+        BinaryOp::Minimum => zip(pool, a, la, b, lb, min_nan),
     }
 }
 

@@ -11,8 +11,15 @@ fn rowwise<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize, log: bool) -> Vec<T
         return out;
     }
     let row = |(o, x): (&mut [T], &[T])| {
-        let max = x.iter().fold(T::neg_infinity(), |m, &v| m.max(v));
-        let shift = if max.is_finite() { max } else { T::zero() };
+        // A row whose maximum is not finite (a NaN or +inf in it, or every entry -inf) is NaN
+        // throughout, as PyTorch's exp(x - max) makes it; every backend says so explicitly.
+        let shift = x
+            .iter()
+            .fold(T::neg_infinity(), |m, &v| if v.is_nan() || v > m { v } else { m });
+        if !shift.is_finite() {
+            o.iter_mut().for_each(|o| *o = T::nan());
+            return;
+        }
         let sum: T = x.iter().map(|&v| (v - shift).exp()).sum();
         if log {
             let lse = shift + sum.ln();

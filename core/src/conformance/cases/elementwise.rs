@@ -4,6 +4,8 @@
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::conformance::case::{Case, Input, Values, View};
 use crate::conformance::host::{self, HostTensor};
+use crate::error::Result;
+use crate::tensor::Tensor;
 
 /// Input values that keep each unary op in its domain and away from its kinks.
 fn unary_values(op: UnaryOp) -> Values {
@@ -38,13 +40,14 @@ pub fn unary_ref(op: UnaryOp) -> impl Fn(f64) -> f64 + Send + Sync + 'static {
         UnaryOp::Recip => 1.0 / x,
         UnaryOp::Tanh => x.tanh(),
         UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Relu => host::max_nan(x, 0.0),
         UnaryOp::Gelu => host::gelu(x),
         UnaryOp::GeluGrad => host::gelu_grad(x),
         UnaryOp::Powf(e) => x.powf(e),
         UnaryOp::Affine { mul, add } => x * mul + add,
-        UnaryOp::ClampMin(m) => x.max(m),
-        UnaryOp::ClampMax(m) => x.min(m),
+        UnaryOp::ClampMin(m) => host::max_nan(x, m),
+        UnaryOp::ClampMax(m) => host::min_nan(x, m),
+        UnaryOp::NonFinite => f64::from(u8::from(!x.is_finite())),
     }
 }
 
@@ -136,8 +139,8 @@ pub fn binary_ref(op: BinaryOp) -> impl Fn(f64, f64) -> f64 + Send + Sync + Copy
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
         BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum => a.max(b),
-        BinaryOp::Minimum => a.min(b),
+        BinaryOp::Maximum => host::max_nan(a, b),
+        BinaryOp::Minimum => host::min_nan(a, b),
     }
 }
 
@@ -197,16 +200,7 @@ fn binary_cases() -> Vec<Case> {
         for (label, a, b) in shapes {
             let f = binary_ref(op);
             let case = Case::new(format!("{name}/{label}"), &[name.as_str()], move |_, x| {
-                let y = match op {
-                    BinaryOp::Add => x[0].add(&x[1])?,
-                    BinaryOp::Sub => x[0].sub(&x[1])?,
-                    BinaryOp::Mul => x[0].mul(&x[1])?,
-                    BinaryOp::Div => x[0].div(&x[1])?,
-                    BinaryOp::Pow => x[0].pow(&x[1])?,
-                    BinaryOp::Maximum => x[0].maximum(&x[1])?,
-                    BinaryOp::Minimum => x[0].minimum(&x[1])?,
-                };
-                Ok(vec![y])
+                Ok(vec![apply_binary(op, &x[0], &x[1])?])
             })
             .input(a)
             .input(b)
@@ -218,7 +212,20 @@ fn binary_cases() -> Vec<Case> {
     cases
 }
 
-fn cmp_ref(op: CmpOp) -> impl Fn(f64, f64) -> f64 + Send + Sync + Copy + 'static {
+/// `a op b` through the tensor method a user calls.
+pub fn apply_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    match op {
+        BinaryOp::Add => a.add(b),
+        BinaryOp::Sub => a.sub(b),
+        BinaryOp::Mul => a.mul(b),
+        BinaryOp::Div => a.div(b),
+        BinaryOp::Pow => a.pow(b),
+        BinaryOp::Maximum => a.maximum(b),
+        BinaryOp::Minimum => a.minimum(b),
+    }
+}
+
+pub fn cmp_ref(op: CmpOp) -> impl Fn(f64, f64) -> f64 + Send + Sync + Copy + 'static {
     move |a: f64, b: f64| {
         let holds = match op {
             CmpOp::Eq => a == b,

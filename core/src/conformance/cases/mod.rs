@@ -7,6 +7,7 @@ mod nn;
 mod optim;
 mod reduce;
 mod shape;
+mod special;
 
 use super::case::Case;
 
@@ -18,5 +19,6 @@ pub fn all() -> Vec<Case> {
     all.extend(linalg::cases());
     all.extend(nn::cases());
     all.extend(optim::cases());
+    all.extend(special::cases());
     all
 }

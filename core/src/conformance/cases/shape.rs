@@ -3,11 +3,15 @@
 
 use crate::conformance::case::{Case, Input, Values, View};
 use crate::conformance::host::{self, HostTensor};
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 fn u() -> Values {
     Values::Uniform { low: -2.0, high: 2.0 }
 }
+
+const OVERLAP_LEN: usize = 1 << 16;
+const OVERLAP_SHIFT: usize = 3;
 
 fn copy_cases() -> Vec<Case> {
     vec![
@@ -49,6 +53,39 @@ fn copy_cases() -> Vec<Case> {
             len: 2,
         }))
         .oracle(|x| vec![host::concat(&[&x[0], &x[1]], 2)]),
+        // Source and destination overlap in one buffer, shifted both ways: long enough that
+        // GPU threads of different blocks would read what others already wrote.
+        Case::new("copy_strided/overlap", &["copy_strided", "unary:affine"], |_, x| {
+            let shift = |by_right: bool| -> Result<Tensor> {
+                let t = x[0].affine(1.0, 0.0)?;
+                let (from, to) = if by_right {
+                    (0, OVERLAP_SHIFT)
+                } else {
+                    (OVERLAP_SHIFT, 0)
+                };
+                let len = OVERLAP_LEN - OVERLAP_SHIFT;
+                t.narrow(0, to, len)?.assign(&t.narrow(0, from, len)?)?;
+                Ok(t)
+            };
+            Ok(vec![shift(true)?, shift(false)?])
+        })
+        .input(Input::float("x", [OVERLAP_LEN], u()))
+        .forward_only()
+        .oracle(|x| {
+            let v = &x[0].values;
+            let right = (0..OVERLAP_LEN).map(|i| v[i.checked_sub(OVERLAP_SHIFT).unwrap_or(i)]);
+            let left = (0..OVERLAP_LEN).map(|i| {
+                v[if i + OVERLAP_SHIFT < OVERLAP_LEN {
+                    i + OVERLAP_SHIFT
+                } else {
+                    i
+                }]
+            });
+            vec![
+                HostTensor::new([OVERLAP_LEN], right.collect()),
+                HostTensor::new([OVERLAP_LEN], left.collect()),
+            ]
+        }),
         // A write through a strided destination (a column slice of a larger buffer).
         Case::new("copy_strided/assign_slice", &["copy_strided", "zeros"], |ctx, x| {
             let dst = Tensor::zeros([4, 6], ctx.dtype, ctx.device)?;
