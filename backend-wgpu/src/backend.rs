@@ -10,6 +10,7 @@ use lockstep_core::{DType, Error, Result};
 
 use crate::batch::Batch;
 use crate::buffer::{WgpuBuffer, wgpu_buffer};
+use crate::fault::Fault;
 use crate::gpu::Gpu;
 use crate::meter::Meter;
 use crate::pipelines::{Pipelines, Variant};
@@ -17,8 +18,6 @@ use crate::pool::Pool;
 
 /// Invocations per workgroup of the 1-D shaders (`WG` in common.wgsl).
 pub const WORKGROUP: u32 = 256;
-/// The largest workgroup count in one grid dimension that every adapter accepts.
-const MAX_GROUPS: u32 = 65535;
 
 pub struct WgpuBackend {
     pub(crate) gpu: Gpu,
@@ -59,6 +58,11 @@ impl WgpuBackend {
         &self.gpu
     }
 
+    /// The limits the device was granted.
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
+    }
+
     pub(crate) fn batch(&self) -> MutexGuard<'_, Batch> {
         self.batch.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -67,7 +71,11 @@ impl WgpuBackend {
     pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<Arc<WgpuBuffer>> {
         self.gpu.check()?;
         let bytes = ((len * dtype.size_in_bytes()) as u64).next_multiple_of(4);
-        let (raw, last_batch) = self.pool.take(&self.gpu, bytes)?;
+        let reclaim = || {
+            self.batch().flush(&self.gpu);
+            self.gpu.wait()
+        };
+        let (raw, last_batch) = self.pool.take(&self.gpu, bytes, reclaim)?;
         Ok(Arc::new(WgpuBuffer::new(
             raw,
             last_batch,
@@ -94,17 +102,19 @@ impl WgpuBackend {
         self.groups(op, n.div_ceil(WORKGROUP as usize))
     }
 
-    /// A grid of `count` workgroups, folded into y beyond 65535 (shaders rebuild the index).
+    /// A grid of `count` workgroups, folded into y beyond the device's workgroups per dimension
+    /// (WebGPU's default of 65535 on common adapters; tests open devices with fewer); shaders
+    /// rebuild the index from their grid's size.
     pub(crate) fn groups(&self, op: &'static str, count: usize) -> Result<[u32; 3]> {
-        let x = count.min(MAX_GROUPS as usize);
-        let y = count.div_ceil(MAX_GROUPS as usize);
-        if y > MAX_GROUPS as usize {
-            return Err(Error::invalid(
-                op,
-                format!("{count} workgroups exceed a dispatch's {MAX_GROUPS}x{MAX_GROUPS}"),
-            ));
-        }
-        Ok([x as u32, y as u32, 1])
+        let max = self.gpu.limits.max_compute_workgroups_per_dimension;
+        fold_groups(count, max)
+            .ok_or_else(|| Error::invalid(op, format!("{count} workgroups exceed a dispatch's {max}x{max}")))
+    }
+
+    /// Makes `fault` happen, so tests reach the code that handles it (see `Fault`).
+    #[doc(hidden)]
+    pub fn inject_fault(&self, fault: Fault) {
+        self.gpu.inject(fault);
     }
 
     /// The WGSL type computing shaders use for `dtype`: f32, or f16 where the adapter has it.
@@ -193,6 +203,14 @@ impl WgpuBackend {
     }
 }
 
+/// `count` workgroups as an x by y grid with both at most `max`, split evenly so that the
+/// workgroups past `count` (which only check their index and return) are fewer than y.
+fn fold_groups(count: usize, max: u32) -> Option<[u32; 3]> {
+    let y = count.div_ceil(max as usize).max(1);
+    let x = count.div_ceil(y);
+    Some([u32::try_from(x).ok()?, u32::try_from(y).ok().filter(|&y| y <= max)?, 1])
+}
+
 /// Parameters of a strided operand: [offset, strides...], as `strided_index` reads them.
 pub(crate) fn view_params(op: &'static str, layout: &Layout) -> Result<Vec<u32>> {
     let mut v = Vec::with_capacity(layout.strides.len() + 1);
@@ -205,4 +223,28 @@ pub(crate) fn view_params(op: &'static str, layout: &Layout) -> Result<Vec<u32>>
 
 pub(crate) fn to_u32(op: &'static str, x: usize) -> Result<u32> {
     u32::try_from(x).map_err(|_| Error::invalid(op, format!("{x} exceeds the 32-bit indexing of WGSL shaders")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fold_groups;
+
+    const MAX: u32 = 65535;
+
+    #[test]
+    fn large_grids_fold_into_y_with_few_idle_workgroups() {
+        assert_eq!(fold_groups(0, MAX), Some([0, 1, 1]));
+        assert_eq!(fold_groups(65535, MAX), Some([65535, 1, 1]));
+        assert_eq!(fold_groups(65537, MAX), Some([32769, 2, 1]));
+        for count in [65536usize, 70_000, 1 << 24, 65535 * 65535] {
+            let [x, y, _] = fold_groups(count, MAX).expect("fits");
+            let (x, y) = (x as usize, y as usize);
+            assert!(
+                x <= MAX as usize && x * y >= count && x * y - count < y,
+                "{count}: {x}x{y}"
+            );
+        }
+        assert_eq!(fold_groups(65535 * 65535 + 1, MAX), None);
+        assert_eq!(fold_groups(17, 4), None);
+    }
 }

@@ -2,9 +2,13 @@
 //! reports out of band (validation, out of memory, device lost), kept until the next call can
 //! return them as errors naming the device instead of panicking.
 
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 use lockstep_core::{Error, Result};
+
+use crate::fault::{Fault, Faults};
+use crate::scope;
 
 pub struct Gpu {
     pub location: String,
@@ -15,22 +19,24 @@ pub struct Gpu {
     pub features: wgpu::Features,
     /// The first error wgpu reported outside an error scope, or the reason the device was lost.
     failure: Arc<Mutex<Option<String>>>,
+    faults: Faults,
 }
 
+/// What loses a device, for its error messages.
+const LOSS_CAUSES: &str = "usually a driver reset, a GPU hang or crash";
+
 impl Gpu {
-    /// Opens `adapter` as `location`, asking for everything it offers that the backend uses.
-    pub fn open(location: String, adapter: &wgpu::Adapter) -> Result<Gpu> {
+    /// Opens `adapter` as `location` with `limits`, asking for the features the backend uses.
+    pub fn open(location: String, adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
         let features = adapter.features() & wanted;
-        // The adapter's own limits, not WebGPU's defaults: those cap buffers at 256 MiB.
-        let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lockstep"),
             required_features: features,
-            required_limits: limits.clone(),
+            required_limits: limits,
             ..Default::default()
         }))
         .map_err(|e| Error::Device {
@@ -47,11 +53,18 @@ impl Gpu {
         }));
         let on_lost = failure.clone();
         device.set_device_lost_callback(move |reason, msg| {
+            let detail = if msg.is_empty() {
+                format!("{reason:?}")
+            } else {
+                format!("{reason:?}: {msg}")
+            };
             on_lost
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(format!("the device was lost ({reason:?}): {msg}"));
+                .get_or_insert(format!("the device was lost ({detail}; {LOSS_CAUSES})"));
         });
+        // What the device grants, which may differ from what was asked.
+        let limits = device.limits();
         Ok(Gpu {
             location,
             device,
@@ -60,6 +73,7 @@ impl Gpu {
             limits,
             features,
             failure,
+            faults: Faults::default(),
         })
     }
 
@@ -78,28 +92,73 @@ impl Gpu {
     pub fn check(&self) -> Result<()> {
         match &*self.failure.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(msg) => Err(self.error(format!(
-                "{msg} (on {}; results computed since may be wrong, restart the run)",
+                "{msg} (on {}; results computed since may be wrong: restart the run, from its last checkpoint)",
                 self.info.name
             ))),
             None => Ok(()),
         }
     }
 
-    /// Runs `f` inside an error scope and turns what it catches into an error naming the device.
-    pub fn scoped<T>(&self, filter: wgpu::ErrorFilter, what: &str, f: impl FnOnce() -> T) -> Result<T> {
-        let scope = self.device.push_error_scope(filter);
-        let value = f();
-        match pollster::block_on(scope.pop()) {
-            None => Ok(value),
-            Some(e) => Err(self.error(format!("{what}: {e}"))),
+    /// Runs `f` inside error scopes of every kind and turns what they catch into an error naming
+    /// the device.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        match scope::catching(&self.device, f) {
+            (value, None) => Ok(value),
+            (_, Some(e)) => Err(self.error(format!("{what}: {e}"))),
         }
     }
 
     /// Waits for all submitted work.
     pub fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| self.error(format!("waiting for the GPU failed: {e}")))?;
-        self.check()
+        // Polling a lost device fails its fence wait, which wgpu 30 turns into a panic.
+        self.check()?;
+        // A loss the device has not reported yet still panics inside wgpu; that panic unwinds
+        // out of wgpu's poll after it released its locks, so nothing is left half-updated.
+        let polled = panic::catch_unwind(AssertUnwindSafe(|| {
+            if self.faults.reset() {
+                panic!("Error in Device::poll: Parent device is lost (an injected driver reset)");
+            }
+            self.device.poll(wgpu::PollType::wait_indefinitely())
+        }));
+        match polled {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(self.error(format!("waiting for the GPU failed: {e}"))),
+            Err(panic) => self.lost(&panic_message(panic.as_ref())),
+        }
+        self.check()?;
+        self.faults.waited();
+        Ok(())
     }
+
+    /// Records that the device was lost: every later call returns an error instead of using it.
+    fn lost(&self, detail: &str) {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(format!(
+                "the device was lost while waiting for it ({detail}; {LOSS_CAUSES})"
+            ));
+    }
+
+    /// Makes `fault` happen (tests only).
+    pub fn inject(&self, fault: Fault) {
+        self.faults.arm(fault);
+        if matches!(fault, Fault::Destroyed | Fault::ResetDuringWait) {
+            self.device.destroy();
+        }
+    }
+
+    /// Whether an injected fault holds the memory a new buffer needs (see `Fault`).
+    pub fn memory_held(&self) -> bool {
+        self.faults.memory_held()
+    }
+}
+
+/// The text a panic carries (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic inside wgpu".into())
 }

@@ -13,16 +13,20 @@ mod backend;
 mod batch;
 mod buffer;
 mod contract;
+mod fault;
 mod gpu;
 mod meter;
 mod ops;
 mod pipelines;
 mod pool;
 mod provider;
+mod scope;
 mod transfer;
 
 pub use backend::WgpuBackend;
-pub use provider::{WgpuProvider, adapter, backend_of};
+#[doc(hidden)]
+pub use fault::Fault;
+pub use provider::{WgpuProvider, adapter, backend_of, open_with_limits};
 
 /// Makes `wgpu:N` devices available to `Device::parse` and `lockstep devices`.
 pub fn register() {

@@ -92,7 +92,8 @@ impl Timer {
         }
         let slice = self.readback.slice(..bytes);
         slice.map_async(wgpu::MapMode::Read, |_| {});
-        gpu.device.poll(wgpu::PollType::wait_indefinitely()).ok()?;
+        // Through `Gpu::wait`: a bare poll of a lost device panics.
+        gpu.wait().ok()?;
         let busy = {
             let view = slice.get_mapped_range().ok()?;
             let ticks: &[u64] = bytemuck::cast_slice(&view);

@@ -1,5 +1,7 @@
 //! Compiles each shader variant once: a variant is a shader entry point, the element types bound
 //! to its aliases, and its pipeline constants (the op of a unary, the kind of a reduction).
+//! Only what compiled is cached: a failure (a validation error, a driver's compiler refusing the
+//! translated shader, out of memory) is returned, and the next request tries again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,7 +54,7 @@ impl Pipelines {
             "building the {}/{} pipeline for {:?} on this driver",
             variant.shader, variant.entry, variant.types
         );
-        let pipeline = gpu.scoped(wgpu::ErrorFilter::Validation, &what, || {
+        let pipeline = gpu.scoped(&what, || {
             gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(variant.entry),
                 layout: None,
@@ -83,7 +85,7 @@ impl Pipelines {
             .ok_or_else(|| gpu.error(format!("no shader named {}", variant.shader)))?;
         let source = lockstep_shaders::compose(shader, &variant.types);
         let what = format!("compiling {}.wgsl for {:?}", variant.shader, variant.types);
-        let module = gpu.scoped(wgpu::ErrorFilter::Validation, &what, || {
+        let module = gpu.scoped(&what, || {
             gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(variant.shader),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -95,5 +97,64 @@ impl Pipelines {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, module.clone());
         Ok(module)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pipelines, Variant};
+    use crate::gpu::Gpu;
+
+    /// A device on the first adapter, or None (saying why) where there is none and CI expects none.
+    fn gpu() -> Option<Gpu> {
+        let Some(adapter) = crate::provider::adapter(0) else {
+            assert!(
+                std::env::var("LOCKSTEP_EXPECT_WGPU").as_deref() != Ok("1"),
+                "LOCKSTEP_EXPECT_WGPU=1 but wgpu found no adapter"
+            );
+            eprintln!("*** SKIPPED: no wgpu adapter ***");
+            return None;
+        };
+        Some(Gpu::open("wgpu:0 (unit test)".into(), adapter, adapter.limits()).expect("the adapter opens"))
+    }
+
+    fn cached(pipelines: &Pipelines) -> (usize, usize) {
+        let pipelines_cached = pipelines.cache.lock().map(|c| c.len()).unwrap_or_default();
+        let modules_cached = pipelines.modules.lock().map(|m| m.len()).unwrap_or_default();
+        (pipelines_cached, modules_cached)
+    }
+
+    /// Requests `broken` twice: each time an error naming `expected` and no pipeline cached, and
+    /// the device left usable.
+    fn assert_fails_uncached(gpu: &Gpu, pipelines: &Pipelines, broken: &Variant, expected: &str) {
+        for attempt in 1..=2 {
+            let err = pipelines.get(gpu, broken).expect_err("a broken variant").to_string();
+            assert!(
+                err.contains(expected) && err.contains("wgpu:0"),
+                "attempt {attempt}: {err}"
+            );
+            assert_eq!(cached(pipelines).0, 0, "attempt {attempt} cached a failed pipeline");
+        }
+        gpu.check().expect("a caught error leaves the device usable");
+        let fine = Variant::new("unary", "unary", &["f32"]);
+        pipelines.get(gpu, &fine).expect("the device still builds pipelines");
+    }
+
+    #[test]
+    fn a_pipeline_that_fails_to_build_is_an_error_and_is_not_cached() {
+        let Some(gpu) = gpu() else { return };
+        let pipelines = Pipelines::default();
+        let broken = Variant::new("unary", "no_such_entry", &["f32"]);
+        assert_fails_uncached(&gpu, &pipelines, &broken, "unary/no_such_entry");
+        assert_eq!(cached(&pipelines).0, 1, "only the working pipeline is cached");
+    }
+
+    #[test]
+    fn a_shader_that_fails_to_compile_is_an_error_and_is_not_cached() {
+        let Some(gpu) = gpu() else { return };
+        let pipelines = Pipelines::default();
+        let broken = Variant::new("unary", "unary", &["no_such_type"]);
+        assert_fails_uncached(&gpu, &pipelines, &broken, "compiling unary.wgsl");
+        assert_eq!(cached(&pipelines), (1, 1), "only the working variant is cached");
     }
 }

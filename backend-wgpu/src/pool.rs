@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use lockstep_core::Result;
+use lockstep_core::{Error, Result};
 
 use crate::gpu::Gpu;
+use crate::scope;
 
 /// Storage buffers hold tensors, and are copied to and from for uploads and read-backs.
 pub const STORAGE_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -17,8 +18,8 @@ pub const STORAGE_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 #[derive(Default)]
 struct State {
-    /// Free buffers by size class, each with the last batch that used it (an upload into a
-    /// recycled buffer must still be ordered after that batch).
+    /// Free buffers by size, each with the last batch that used it (an upload into a recycled
+    /// buffer must still be ordered after that batch).
     free: HashMap<u64, Vec<(wgpu::Buffer, u64)>>,
     allocated: u64,
     reserved: u64,
@@ -38,70 +39,117 @@ pub fn size_class(bytes: u64) -> u64 {
     bytes.div_ceil(step) * step
 }
 
+/// The byte size to allocate for a request of `bytes` (a multiple of 4) under a `limit` on one
+/// buffer: its size class, or exactly `bytes` where the class would pass a limit the request
+/// stays within (a 1.8 GiB tensor under a limit of 2 GiB - 1). None when the request passes it.
+pub fn allocation_size(bytes: u64, limit: u64) -> Option<u64> {
+    if bytes > limit {
+        return None;
+    }
+    let class = size_class(bytes);
+    Some(if class <= limit { class } else { bytes })
+}
+
+/// The tightest of the device's limits on a tensor's buffer, which is bound whole as storage:
+/// (its name, bytes).
+pub fn tensor_limit(limits: &wgpu::Limits) -> (&'static str, u64) {
+    if limits.max_storage_buffer_binding_size <= limits.max_buffer_size {
+        (
+            "max_storage_buffer_binding_size",
+            limits.max_storage_buffer_binding_size,
+        )
+    } else {
+        ("max_buffer_size", limits.max_buffer_size)
+    }
+}
+
+/// How a buffer creation went.
+enum Created {
+    Buffer(wgpu::Buffer),
+    OutOfMemory(Error),
+    Failed(Error),
+}
+
 impl Pool {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A buffer of at least `bytes` (its size is `size_class(bytes)`), and the last batch that
-    /// used it (0 for a new one).
-    pub fn take(&self, gpu: &Gpu, bytes: u64) -> Result<(wgpu::Buffer, u64)> {
-        let class = size_class(bytes);
-        let limit = gpu.limits.max_storage_buffer_binding_size;
-        if class > limit {
-            return Err(gpu.error(format!(
-                "a tensor of {bytes} bytes exceeds the adapter's max_storage_buffer_binding_size of {limit} bytes \
-                 ({}); use smaller batches or layers",
+    /// A buffer of at least `bytes` (see `allocation_size`), and the last batch that used it (0
+    /// for a new one). Out of memory, it calls `reclaim` (submit recorded work and wait for it)
+    /// to get cached buffers freed before it tries again.
+    pub fn take(&self, gpu: &Gpu, bytes: u64, reclaim: impl FnOnce() -> Result<()>) -> Result<(wgpu::Buffer, u64)> {
+        let (limit_name, limit) = tensor_limit(&gpu.limits);
+        let size = allocation_size(bytes, limit).ok_or_else(|| {
+            gpu.error(format!(
+                "a tensor of {bytes} bytes exceeds the adapter's {limit_name} of {limit} bytes ({}); \
+                 use smaller batches or layers",
                 gpu.info.name
-            )));
-        }
-        let reused = self.state().free.get_mut(&class).and_then(Vec::pop);
+            ))
+        })?;
+        let reused = self.state().free.get_mut(&size).and_then(Vec::pop);
         let (buffer, last_batch) = match reused {
             Some(b) => b,
-            None => {
-                let created = self.create(gpu, class);
-                match created {
-                    Ok(b) => (b, 0),
-                    Err(_) => {
-                        // Out of memory: give the cached buffers back to the driver and retry once.
-                        self.trim();
-                        (self.create(gpu, class)?, 0)
-                    }
-                }
-            }
+            None => (self.create_or_reclaim(gpu, size, reclaim)?, 0),
         };
         let mut s = self.state();
-        s.allocated += class;
+        s.allocated += size;
         s.peak = s.peak.max(s.allocated);
         Ok((buffer, last_batch))
     }
 
-    fn create(&self, gpu: &Gpu, class: u64) -> Result<wgpu::Buffer> {
-        let buffer = gpu.scoped(
-            wgpu::ErrorFilter::OutOfMemory,
-            &format!("allocating {class} bytes"),
-            || {
-                gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: None,
-                    size: class,
-                    usage: STORAGE_USAGE,
-                    mapped_at_creation: false,
-                })
-            },
-        )?;
-        self.state().reserved += class;
-        Ok(buffer)
+    /// A new buffer of `size` bytes, retried once out of memory with the cached buffers given
+    /// back: wgpu frees a dropped buffer only once the work that used it has completed and the
+    /// device was polled, which is what `reclaim` brings about.
+    fn create_or_reclaim(&self, gpu: &Gpu, size: u64, reclaim: impl FnOnce() -> Result<()>) -> Result<wgpu::Buffer> {
+        match self.create(gpu, size) {
+            Created::Buffer(b) => return Ok(b),
+            Created::Failed(e) => return Err(e),
+            Created::OutOfMemory(_) => {}
+        }
+        self.trim();
+        reclaim()?;
+        match self.create(gpu, size) {
+            Created::Buffer(b) => Ok(b),
+            Created::OutOfMemory(e) | Created::Failed(e) => Err(e),
+        }
+    }
+
+    fn create(&self, gpu: &Gpu, size: u64) -> Created {
+        let what = format!("allocating {size} bytes");
+        if gpu.memory_held() {
+            return Created::OutOfMemory(gpu.error(format!("{what}: out of memory (an injected fault)")));
+        }
+        let created = scope::catching(&gpu.device, || {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size,
+                usage: STORAGE_USAGE,
+                mapped_at_creation: false,
+            })
+        });
+        match created {
+            (buffer, None) => {
+                self.state().reserved += size;
+                Created::Buffer(buffer)
+            }
+            (_, Some(e @ wgpu::Error::OutOfMemory { .. })) => Created::OutOfMemory(gpu.error(format!(
+                "{what}: {e}, with the memory pool's cached buffers freed; use smaller batches or layers"
+            ))),
+            (_, Some(e)) => Created::Failed(gpu.error(format!("{what}: {e}"))),
+        }
     }
 
     /// Returns a buffer taken with `take`, last used by batch `last_batch`.
     pub fn give(&self, buffer: wgpu::Buffer, last_batch: u64) {
-        let class = buffer.size();
+        let size = buffer.size();
         let mut s = self.state();
-        s.allocated -= class;
-        s.free.entry(class).or_default().push((buffer, last_batch));
+        s.allocated -= size;
+        s.free.entry(size).or_default().push((buffer, last_batch));
     }
 
-    /// Frees every cached buffer.
+    /// Drops every cached buffer (wgpu frees their memory once their work is done and the device
+    /// was polled).
     pub fn trim(&self) {
         let mut s = self.state();
         let freed: u64 = s.free.values().flatten().map(|(b, _)| b.size()).sum();
@@ -118,7 +166,9 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{allocation_size, size_class, tensor_limit};
+
+    const GIB: u64 = 1 << 30;
 
     #[test]
     fn size_classes_round_up_by_at_most_a_quarter() {
@@ -131,5 +181,34 @@ mod tests {
             let c = size_class(bytes);
             assert!(c >= bytes && (c - bytes) * 4 <= bytes, "{bytes} -> {c}");
         }
+    }
+
+    #[test]
+    fn a_request_within_the_limit_is_granted_even_where_its_class_is_not() {
+        let limit = 2 * GIB - 1;
+        let request = 2 * GIB - 256 * (1 << 20) + 4;
+        assert!(size_class(request) > limit, "the case this guards");
+        assert_eq!(allocation_size(request, limit), Some(request));
+        assert_eq!(allocation_size(GIB + 4, limit), Some(size_class(GIB + 4)));
+        assert_eq!(allocation_size(2 * GIB - 4, limit), Some(2 * GIB - 4));
+    }
+
+    #[test]
+    fn a_request_beyond_the_limit_is_refused() {
+        assert_eq!(allocation_size(2 * GIB, 2 * GIB - 1), None);
+        assert_eq!(allocation_size(128 << 20, 128 << 20), Some(128 << 20));
+        assert_eq!(allocation_size((128 << 20) + 4, 128 << 20), None);
+    }
+
+    #[test]
+    fn the_tighter_of_binding_and_buffer_limits_applies() {
+        let mut limits = wgpu::Limits {
+            max_storage_buffer_binding_size: 128 << 20,
+            max_buffer_size: 256 << 20,
+            ..wgpu::Limits::default()
+        };
+        assert_eq!(tensor_limit(&limits), ("max_storage_buffer_binding_size", 128 << 20));
+        limits.max_buffer_size = 64 << 20;
+        assert_eq!(tensor_limit(&limits), ("max_buffer_size", 64 << 20));
     }
 }

@@ -2,6 +2,7 @@
 //! by backend), opened once per process.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lockstep_core::backend::{Backend, DeviceInfo};
@@ -106,6 +107,40 @@ pub fn adapter(ordinal: usize) -> Option<&'static wgpu::Adapter> {
     adapters().get(ordinal)
 }
 
+/// The adapter behind `wgpu:N`, or an error saying which adapters exist.
+fn existing_adapter(ordinal: usize) -> Result<&'static wgpu::Adapter> {
+    let all = adapters();
+    all.get(ordinal).ok_or_else(|| Error::UnknownDevice {
+        name: format!("wgpu:{ordinal}"),
+        hint: if all.is_empty() {
+            "wgpu found no adapter: install a Vulkan, Metal or DX12 driver (on Linux without a GPU, \
+             Mesa's lavapipe: `apt install mesa-vulkan-drivers`)"
+                .into()
+        } else {
+            format!(
+                "wgpu found {} adapter(s), wgpu:0 to wgpu:{}; `lockstep devices` lists them",
+                all.len(),
+                all.len() - 1
+            )
+        },
+    })
+}
+
+/// Opens a device of its own on the adapter behind `wgpu:N`, with `limits` instead of the
+/// adapter's: `wgpu::Limits::default()` gives what every WebGPU adapter offers, so tests prove the
+/// backend needs no more. Wrap it with `Device::from_backend`. Its location, `wgpu:N (private K)`,
+/// keeps its tensors apart from those of `wgpu:N` and of other private devices.
+pub fn open_with_limits(ordinal: usize, limits: wgpu::Limits) -> Result<Arc<WgpuBackend>> {
+    static OPENED: AtomicUsize = AtomicUsize::new(0);
+    let adapter = existing_adapter(ordinal)?;
+    let location = format!(
+        "wgpu:{ordinal} (private {})",
+        OPENED.fetch_add(1, Ordering::Relaxed) + 1
+    );
+    let info = describe(&location, adapter);
+    Ok(Arc::new(WgpuBackend::new(Gpu::open(location, adapter, limits)?, info)))
+}
+
 pub struct WgpuProvider;
 
 impl DeviceProvider for WgpuProvider {
@@ -114,24 +149,11 @@ impl DeviceProvider for WgpuProvider {
     }
 
     fn open(&self, ordinal: usize) -> Result<Arc<dyn Backend>> {
-        let all = adapters();
-        let adapter = all.get(ordinal).ok_or_else(|| Error::UnknownDevice {
-            name: format!("wgpu:{ordinal}"),
-            hint: if all.is_empty() {
-                "wgpu found no adapter: install a Vulkan, Metal or DX12 driver (on Linux without a GPU, \
-                 Mesa's lavapipe: `apt install mesa-vulkan-drivers`)"
-                    .into()
-            } else {
-                format!(
-                    "wgpu found {} adapter(s), wgpu:0 to wgpu:{}; `lockstep devices` lists them",
-                    all.len(),
-                    all.len() - 1
-                )
-            },
-        })?;
+        let adapter = existing_adapter(ordinal)?;
         let location = format!("wgpu:{ordinal}");
         let info = describe(&location, adapter);
-        let backend = Arc::new(WgpuBackend::new(Gpu::open(location, adapter)?, info));
+        // The adapter's own limits, not WebGPU's defaults: those cap buffers at 256 MiB.
+        let backend = Arc::new(WgpuBackend::new(Gpu::open(location, adapter, adapter.limits())?, info));
         opened()
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -8,6 +8,7 @@ use lockstep_core::{DType, Error, HostVec, Result};
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
+use crate::pool::allocation_size;
 
 impl WgpuBackend {
     pub(crate) fn upload(&self, data: &HostVec) -> Result<BufferRef> {
@@ -97,7 +98,7 @@ impl WgpuBackend {
 
     /// Copies `bytes` from `src` at `start` to the host, waiting for the GPU.
     fn read_bytes(&self, src: &WgpuBuffer, start: u64, bytes: u64) -> Result<Vec<u8>> {
-        let staging = self.staging_buffer(bytes);
+        let staging = self.staging_buffer(bytes)?;
         self.batch().copy(&self.gpu, src.raw(), start, &staging, bytes);
         self.finish()?;
         let slice = staging.slice(..bytes);
@@ -119,17 +120,22 @@ impl WgpuBackend {
     }
 
     /// A mappable buffer of at least `bytes`, reused across read-backs.
-    fn staging_buffer(&self, bytes: u64) -> wgpu::Buffer {
+    fn staging_buffer(&self, bytes: u64) -> Result<wgpu::Buffer> {
         let mut free = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = free.iter().position(|b| b.size() >= bytes) {
-            return free.swap_remove(i);
+            return Ok(free.swap_remove(i));
         }
         drop(free);
-        self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("lockstep read-back"),
-            size: crate::pool::size_class(bytes),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
+        // Read-backs are at most a tensor's size, which `pool` keeps within max_buffer_size.
+        let size = allocation_size(bytes, self.gpu.limits.max_buffer_size).unwrap_or(bytes);
+        self.gpu
+            .scoped(&format!("allocating a read-back buffer of {size} bytes"), || {
+                self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("lockstep read-back"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
     }
 }

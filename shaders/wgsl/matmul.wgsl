@@ -6,7 +6,9 @@
 // memory so each loaded value is used 64 times; the inner step is two vec4 loads and four vec4
 // FMAs. Accumulates in f32 for every `T`.
 // `matmul_naive` (one invocation per output, no reuse) is kept as the benchmark's baseline.
-// params: [m, n, k, lhs offset, lhs batch/m/k strides, rhs offset, rhs batch/k/n strides]
+// Both number their output blocks along n, then m, then the batch, on a grid that spills from x
+// into y past 65535 workgroups (an im2col GEMM's n reaches millions).
+// params: [m, n, k, lhs offset, lhs batch/m/k strides, rhs offset, rhs batch/k/n strides, batch]
 
 @group(0) @binding(1) var<storage, read> lhs: array<T>;
 @group(0) @binding(2) var<storage, read> rhs: array<T>;
@@ -38,18 +40,34 @@ fn rhs_or_zero(b: u32, row: u32, col: u32) -> f32 {
     return select(0.0, rhs_at(b, min(row, params[2] - 1u), min(col, params[1] - 1u)), row < params[2] && col < params[1]);
 }
 
+// The (batch, first row, first column) of the `edge` x `edge` output block of workgroup `wid`;
+// the batch is params[11] or more for the workgroups past the last block.
+fn block_origin(wid: vec3<u32>, groups: vec3<u32>, edge: u32) -> vec3<u32> {
+    let blocks_n = (params[1] + edge - 1u) / edge;
+    let blocks_m = (params[0] + edge - 1u) / edge;
+    let block = wid.x + wid.y * groups.x;
+    let in_batch = block % (blocks_n * blocks_m);
+    return vec3<u32>(block / (blocks_n * blocks_m), in_batch / blocks_n * edge, in_batch % blocks_n * edge);
+}
+
 @compute @workgroup_size(16, 16)
 fn matmul(
     @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) flat: u32,
 ) {
     let m = params[0];
     let n = params[1];
     let k = params[2];
-    let b = wid.z;
-    let row0 = wid.y * TILE;
-    let col0 = wid.x * TILE;
+    let origin = block_origin(wid, groups, TILE);
+    // Uniform across the workgroup, so no invocation is left waiting at a barrier.
+    if (origin.x >= params[11]) {
+        return;
+    }
+    let b = origin.x;
+    let row0 = origin.y;
+    let col0 = origin.z;
     // Staging: invocation `flat` fills one vec4 of each tile (4 rows of lhs, 4 columns of rhs).
     let stage_k = flat / 16u;
     let stage_quad = (flat % 16u) * 4u;
@@ -91,17 +109,23 @@ fn matmul(
 }
 
 @compute @workgroup_size(16, 16)
-fn matmul_naive(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn matmul_naive(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
     let m = params[0];
     let n = params[1];
-    let row = gid.y;
-    let col = gid.x;
-    if (row >= m || col >= n) {
+    let origin = block_origin(wid, groups, 16u);
+    let b = origin.x;
+    let row = origin.y + lid.y;
+    let col = origin.z + lid.x;
+    if (b >= params[11] || row >= m || col >= n) {
         return;
     }
     var acc = 0.0;
     for (var kk = 0u; kk < params[2]; kk++) {
-        acc = fma(lhs_at(gid.z, row, kk), rhs_at(gid.z, kk, col), acc);
+        acc = fma(lhs_at(b, row, kk), rhs_at(b, kk, col), acc);
     }
-    out[(gid.z * m + row) * n + col] = T(acc);
+    out[(b * m + row) * n + col] = T(acc);
 }

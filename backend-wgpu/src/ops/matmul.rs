@@ -1,4 +1,5 @@
-//! matmul (matmul.wgsl): batched, any strides, tiled through workgroup memory.
+//! matmul (matmul.wgsl): batched, any strides, tiled through workgroup memory, on a grid of output
+//! blocks that folds into y beyond 65535 workgroups.
 
 use lockstep_core::backend::{BufferRef, MatmulDims};
 use lockstep_core::shape::Layout;
@@ -74,19 +75,15 @@ impl WgpuBackend {
                 params.push(to_u32(OP, s)?);
             }
         }
+        params.push(to_u32(OP, batch)?);
         let edge = if entry == "matmul" { TILE } else { NAIVE_EDGE };
-        let groups = [n.div_ceil(edge), m.div_ceil(edge), batch];
-        if groups.iter().any(|&g| g > 65535) {
-            return Err(Error::invalid(
-                OP,
-                format!("{dims:?} needs a grid of {groups:?} workgroups; the limit is 65535 per dimension"),
-            ));
-        }
+        // One workgroup per output block, numbered through the batch (folded into y as needed).
+        let groups = self.groups(OP, batch * m.div_ceil(edge) * n.div_ceil(edge))?;
         self.launch(
             &Variant::new(OP, entry, &[t]),
             &params,
             &[(1, a), (2, b), (3, &out)],
-            groups.map(|g| g as u32),
+            groups,
         )?;
         Ok(out)
     }

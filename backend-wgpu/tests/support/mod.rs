@@ -1,6 +1,9 @@
 //! Opening the wgpu device a test runs on, or saying loudly why there is none.
 
+use std::sync::Arc;
+
 use lockstep_core::Device;
+use lockstep_wgpu::WgpuBackend;
 
 /// The first wgpu adapter, or None after printing why the test does not run. When
 /// `LOCKSTEP_EXPECT_WGPU=1` (CI sets it, having installed lavapipe) a missing adapter fails.
@@ -19,4 +22,13 @@ pub fn wgpu_device() -> Option<Device> {
             None
         }
     }
+}
+
+/// A device of its own on the first adapter, with `limits` (see `lockstep_wgpu::open_with_limits`),
+/// and its backend for what only the wgpu backend offers; None as for `wgpu_device`.
+#[allow(dead_code, reason = "not every test file opens one")]
+pub fn private_wgpu_device(limits: wgpu::Limits) -> Option<(Device, Arc<WgpuBackend>)> {
+    wgpu_device()?;
+    let backend = lockstep_wgpu::open_with_limits(0, limits).expect("the first adapter opens with these limits");
+    Some((Device::from_backend(backend.clone()), backend))
 }
