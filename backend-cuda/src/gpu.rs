@@ -1,12 +1,12 @@
 //! One opened CUDA device: its context, a compute stream and its communicators' streams, the
-//! kernels compiled for its architecture (loaded on first use), cuBLAS, pinned staging memory
-//! for uploads, and the memory pool.
+//! kernels compiled for its architecture (each file loaded once, on first use), cuBLAS, pinned
+//! staging memory for uploads, and device memory.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, sys};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
 
 use lockstep_core::backend::WorkCounters;
@@ -31,6 +31,9 @@ pub struct Gpu {
     /// `sm_90` for compute capability 9.0.
     pub(crate) arch: String,
     sm_count: u32,
+    /// Loaded kernel files by `KernelSource::name`: a file holds many entry points and is
+    /// compiled (or read from the disk cache) and loaded once, not once per entry.
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     pub(crate) memory: Arc<Memory>,
     pub(crate) blas: Blas,
@@ -63,6 +66,7 @@ impl Gpu {
             location,
             arch: format!("sm_{major}{minor}"),
             sm_count,
+            modules: Mutex::default(),
             functions: Mutex::default(),
             kernels_launched: AtomicU64::new(0),
             blas_calls: AtomicU64::new(0),
@@ -87,20 +91,13 @@ impl Gpu {
         CudaBuffer::new(dtype, len, self.memory.clone(), self.compute.clone())
     }
 
-    /// The kernel `entry` of `kernel`, compiling and loading the file on first use.
+    /// The kernel `entry` of `kernel`, loading the file on first use of any of its entries.
     pub(crate) fn function(&self, kernel: KernelSource, entry: &str) -> Result<CudaFunction> {
         let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = functions.get(entry) {
             return Ok(f.clone());
         }
-        let cubin = lockstep_kernels::compile_cached(&kernel, &self.arch).map_err(|e| Error::Device {
-            device: self.location.clone(),
-            msg: e.to_string(),
-        })?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| driver_error(&self.location, &format!("loading kernels/{}.cu", kernel.name), e))?;
+        let module = self.module(kernel)?;
         let f = module.load_function(entry).map_err(|e| {
             driver_error(
                 &self.location,
@@ -110,6 +107,25 @@ impl Gpu {
         })?;
         functions.insert(entry.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// The module of kernel file `kernel`, compiled (or read from the disk cache) and loaded on
+    /// first use. Called with `functions` locked; `modules` is only ever locked after it.
+    fn module(&self, kernel: KernelSource) -> Result<Arc<CudaModule>> {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(module) = modules.get(kernel.name) {
+            return Ok(module.clone());
+        }
+        let cubin = lockstep_kernels::compile_cached(&kernel, &self.arch).map_err(|e| Error::Device {
+            device: self.location.clone(),
+            msg: e.to_string(),
+        })?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| driver_error(&self.location, &format!("loading kernels/{}.cu", kernel.name), e))?;
+        modules.insert(kernel.name, module.clone());
+        Ok(module)
     }
 
     /// A grid of `BLOCK`-thread blocks for `n` elements: enough blocks to fill the device a few

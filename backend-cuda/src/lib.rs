@@ -1,6 +1,7 @@
 //! lockstep-cuda: the Lockstep `Backend` on NVIDIA GPUs through cudarc: GEMMs on cuBLAS, every
 //! other op a CUDA C kernel from lockstep-kernels compiled by NVRTC for the device's
-//! architecture, memory from the driver's stream-ordered pool, collectives on NCCL.
+//! architecture, memory from the driver's stream-ordered pool (plain allocations on devices
+//! without one), collectives on NCCL.
 //!
 //! Every CUDA library is loaded at run time: the crate builds, and `lockstep` runs, on machines
 //! without CUDA; opening `cuda:0` there is an error naming what is missing (`probe`).

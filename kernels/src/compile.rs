@@ -80,12 +80,7 @@ pub fn compile(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, Compil
     })?;
     let name = CString::new(format!("{kernel}.cu")).unwrap_or_default();
     let program = result::create_program(&src, Some(&name)).map_err(failed("nvrtcCreateProgram"))?;
-    let options = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-        // Every kernel wants f32 denormals kept and IEEE division: results must match the CPU's.
-        "--fmad=true".to_string(),
-    ];
+    let options = compile_options(arch);
     // SAFETY: `program` was just created and is destroyed below, once, on every path.
     let compiled = unsafe { result::compile_program(program, &options) };
     let outcome = match compiled {
@@ -99,6 +94,17 @@ pub fn compile(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, Compil
     // SAFETY: created above and not destroyed before.
     let _ = unsafe { result::destroy_program(program) };
     outcome
+}
+
+/// NVRTC's options for `arch`. Part of the disk cache's key too: a changed option must not
+/// reuse a CUBIN built with the old one.
+pub(crate) fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        // Every kernel wants f32 denormals kept and IEEE division: results must match the CPU's.
+        "--fmad=true".to_string(),
+    ]
 }
 
 fn cubin(program: sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError> {

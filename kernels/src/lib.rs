@@ -7,6 +7,7 @@
 
 mod cache;
 mod compile;
+mod cubin;
 
 pub use cache::{cache_dir, compile_cached};
 pub use compile::{CompileError, compile, nvrtc_present, nvrtc_version};

@@ -4,7 +4,7 @@
 
 use super::*;
 
-fn nvrtc_or_skip() -> bool {
+pub(crate) fn nvrtc_or_skip() -> bool {
     if nvrtc_present() {
         return true;
     }
@@ -27,8 +27,8 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
         for kernel in ALL {
             match compile(kernel.name, &kernel.program(), arch) {
                 Ok(cubin) => assert!(
-                    cubin.starts_with(b"\x7fELF"),
-                    "{} for {arch} is not an ELF cubin",
+                    crate::cubin::is_plausible_cubin(&cubin),
+                    "{} for {arch} is not a whole ELF cubin (the disk cache would reject it)",
                     kernel.name
                 ),
                 Err(e) => failures.push(e.to_string()),
@@ -76,12 +76,4 @@ fn a_broken_kernel_reports_the_compiler_log() {
     .unwrap_err();
     let text = err.to_string();
     assert!(text.contains("broken.cu") && text.contains("undefined_name"), "{text}");
-}
-
-#[test]
-fn the_cache_key_changes_with_the_source() {
-    let a = ELEMENTWISE.program();
-    let b = LAYOUT.program();
-    assert_ne!(a, b);
-    assert!(a.starts_with(PRELUDE));
 }
