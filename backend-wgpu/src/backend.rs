@@ -2,13 +2,14 @@
 //! the plumbing every op shares (allocation, launching a shader variant, element types); the
 //! ops themselves live in `ops/`, one file per shader family.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use lockstep_core::backend::{BufferRef, DeviceInfo, MemoryStats};
+use lockstep_core::backend::{BufferRef, DeviceInfo, MemoryStats, WorkCounters};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Recorded};
 use crate::buffer::{WgpuBuffer, wgpu_buffer};
 use crate::fault::Fault;
 use crate::gpu::Gpu;
@@ -24,6 +25,7 @@ pub struct WgpuBackend {
     pub(crate) pool: Arc<Pool>,
     pipelines: Pipelines,
     batch: Mutex<Batch>,
+    recorded: Recorded,
     pub(crate) staging: Mutex<Vec<wgpu::Buffer>>,
     pub(crate) meter: Meter,
     info: DeviceInfo,
@@ -48,6 +50,7 @@ impl WgpuBackend {
             pool: Arc::default(),
             pipelines: Pipelines::default(),
             batch,
+            recorded: Recorded::default(),
             staging: Mutex::default(),
             meter,
             info,
@@ -94,7 +97,22 @@ impl WgpuBackend {
         groups: [u32; 3],
     ) -> Result<()> {
         let pipeline = self.pipelines.get(&self.gpu, variant)?;
-        self.batch().dispatch(&self.gpu, &pipeline, params, buffers, groups)
+        self.batch()
+            .dispatch(&self.gpu, &self.recorded, &pipeline, params, buffers, groups)
+    }
+
+    /// Bind groups created since the device opened (one per dispatch while none are reused).
+    /// wgpu-only: `WorkCounters` has no field for them.
+    pub fn bind_groups_created(&self) -> u64 {
+        self.recorded.bind_groups.load(Ordering::Relaxed)
+    }
+
+    /// Compute dispatches recorded; wgpu has no vendor library calls to count.
+    pub(crate) fn recorded_work(&self) -> WorkCounters {
+        WorkCounters {
+            kernels: Some(self.recorded.dispatches.load(Ordering::Relaxed)),
+            library_calls: None,
+        }
     }
 
     /// The workgroup grid for `n` invocations of a 1-D shader.

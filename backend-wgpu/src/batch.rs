@@ -7,6 +7,7 @@
 //! buffer just before the submit, so a dispatch costs no buffer of its own.
 
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use lockstep_core::Result;
 
@@ -16,6 +17,14 @@ use crate::meter::Timer;
 
 /// Parameter bytes per submission (a dispatch uses 256 at most with alignment).
 const ARENA_BYTES: u64 = 1 << 20;
+
+/// Work recorded since the device opened, for benchmarks that report it per training step.
+/// Atomics, so reading them takes no batch lock.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub dispatches: AtomicU64,
+    pub bind_groups: AtomicU64,
+}
 
 pub struct Batch {
     /// Counts submissions; buffers remember the batch that last bound them.
@@ -69,10 +78,11 @@ impl Batch {
     }
 
     /// Records one dispatch of `pipeline` with `params` at binding 0 and `buffers` at their
-    /// bindings.
+    /// bindings, counting it and its bind group in `recorded` (an empty grid records neither).
     pub fn dispatch(
         &mut self,
         gpu: &Gpu,
+        recorded: &Recorded,
         pipeline: &wgpu::ComputePipeline,
         params: &[u32],
         buffers: &[(u32, &WgpuBuffer)],
@@ -105,6 +115,7 @@ impl Batch {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
+        recorded.bind_groups.fetch_add(1, Ordering::Relaxed);
         if self.pass.is_none() {
             let pass = self
                 .encoder(gpu)
@@ -116,6 +127,7 @@ impl Batch {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        recorded.dispatches.fetch_add(1, Ordering::Relaxed);
         for (_, b) in buffers {
             self.touch(b);
         }
@@ -132,7 +144,7 @@ impl Batch {
 
     /// Marks `b` as used by this batch: an upload into it must first submit the batch.
     pub fn touch(&self, b: &WgpuBuffer) {
-        b.last_batch.store(self.id, std::sync::atomic::Ordering::Relaxed);
+        b.last_batch.store(self.id, Ordering::Relaxed);
     }
 
     /// Submits everything recorded so far.

@@ -2,7 +2,7 @@
 
 use lockstep_core::backend::{
     AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
-    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -15,6 +15,9 @@ impl Backend for WgpuBackend {
     }
     fn memory_stats(&self) -> MemoryStats {
         self.memory()
+    }
+    fn work_counters(&self) -> WorkCounters {
+        self.recorded_work()
     }
     fn synchronize(&self) -> Result<()> {
         self.finish()

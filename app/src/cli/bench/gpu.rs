@@ -1,6 +1,7 @@
 //! `lockstep bench gpu --device wgpu:N`: GEMM GFLOP/s at 256, 512 and 1024 with the tiled kernel
 //! and the naive one (one invocation per output), and MLP training steps per second, on the GPU
-//! and on the CPU backend in the same run, so every number has its neighbours.
+//! and on the CPU backend in the same run, so every number has its neighbours; with the GPU's
+//! dispatches and bind groups per MLP step, what a step costs the driver.
 
 use anyhow::Context;
 use lockstep_core::Device;
@@ -60,15 +61,26 @@ pub fn run(device: &Device) -> anyhow::Result<()> {
         "{}",
         table::render(
             &["MLP STEP", device.location(), "CPU", "GPU/CPU"],
-            &[vec![
-                format!("{} batch {} (steps/s)", layers.join("-"), plan.batch),
-                format!("{:.1}", gpu_mlp.steps_per_s),
-                format!("{:.1}", cpu_mlp.steps_per_s),
-                format!("{:.3}", gpu_mlp.steps_per_s / cpu_mlp.steps_per_s),
-            ]]
+            &[
+                vec![
+                    format!("{} batch {} (steps/s)", layers.join("-"), plan.batch),
+                    format!("{:.1}", gpu_mlp.steps_per_s),
+                    format!("{:.1}", cpu_mlp.steps_per_s),
+                    format!("{:.3}", gpu_mlp.steps_per_s / cpu_mlp.steps_per_s),
+                ],
+                // The driver work behind each step (the CPU has none to count).
+                count_row("dispatches per step", gpu_mlp.kernels_per_step),
+                count_row("bind groups per step", gpu_mlp.bind_groups_per_step),
+            ]
         )
     );
     Ok(())
+}
+
+/// A per-step count of the GPU's (the CPU counts none), or "-" where it is not counted.
+fn count_row(label: &str, count: Option<f64>) -> Vec<String> {
+    let shown = count.map_or("-".into(), |c| format!("{c:.1}"));
+    vec![label.into(), shown, "-".into(), "-".into()]
 }
 
 fn gemm_row(n: usize, tiled: &GemmResult, naive: &GemmResult, cpu: &GemmResult) -> Vec<String> {

@@ -104,6 +104,7 @@ fn metrics(r: &Results) -> Vec<Metric> {
         for (label, count) in [
             ("kernel launches per step", m.kernels_per_step),
             ("  of which cuBLAS products", m.library_calls_per_step),
+            ("bind groups per step", m.bind_groups_per_step),
         ] {
             if let Some(value) = count {
                 out.push(Metric {
