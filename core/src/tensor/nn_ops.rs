@@ -247,52 +247,16 @@ impl Tensor {
         let (values, indices) = x.backend().max_pool2d(x.buffer(), &geom)?;
         let (oh, ow) = (geom.out_h(), geom.out_w());
         let out = Tensor::from_buffer(values, [n, c, oh, ow], x.device());
-        let indices = Tensor::from_buffer(indices, [1, n * c, oh * ow], x.device());
+        let indices = Tensor::from_buffer(indices, [n * c, oh * ow], x.device());
         Ok(out.track("max_pool2d", &[&x], move |g| {
-            // Each window's gradient goes to its tap that held the maximum, and each pixel sums
-            // the windows covering it (col2im over single-channel planes): a gather, so the
-            // cost is the windows' taps, not every output for every pixel.
-            let taps = window_taps(&geom, g.device())?;
-            let zero = Tensor::full(Shape::scalar(), 0.0, g.dtype(), g.device())?;
-            let cols = taps
-                .eq(&indices)?
-                .where_cond(&g.reshape([1, n * c, oh * ow])?, &zero)?
-                .reshape([geom.kernel[0] * geom.kernel[1], n * c * oh * ow])?;
-            let planes = Conv2dGeometry {
-                n: n * c,
-                c: 1,
-                ..geom.as_conv()
-            };
-            Ok(vec![Some(cols.col2im(planes)?.reshape([n, c, h, w])?)])
+            let grad = Tensor::zeros([n * c, h * w], g.dtype(), g.device())?;
+            let g = g.contiguous()?;
+            grad.backend()
+                .scatter_add(grad.buffer(), h * w, g.buffer(), n * c, oh * ow, 1, indices.buffer())?;
+            Ok(vec![Some(grad.reshape([n, c, h, w])?)])
         }))
     }
-}
 
-/// `[kh * kw, 1, oh * ow]`: for each tap of each window, the position in its `h * w` plane
-/// that the tap reads (what `max_pool2d`'s indices hold), or `u32::MAX` where it falls in the
-/// padding (never a maximum).
-fn window_taps(geom: &Pool2dGeometry, device: &crate::device::Device) -> Result<Tensor> {
-    let (oh, ow) = (geom.out_h(), geom.out_w());
-    let [kh, kw] = geom.kernel;
-    let mut taps = Vec::with_capacity(kh * kw * oh * ow);
-    for ki in 0..kh {
-        for kj in 0..kw {
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let iy = (oy * geom.stride[0] + ki).checked_sub(geom.padding[0]);
-                    let ix = (ox * geom.stride[1] + kj).checked_sub(geom.padding[1]);
-                    taps.push(match (iy, ix) {
-                        (Some(iy), Some(ix)) if iy < geom.h && ix < geom.w => (iy * geom.w + ix) as u32,
-                        _ => u32::MAX,
-                    });
-                }
-            }
-        }
-    }
-    Tensor::from_vec(taps, [kh * kw, 1, oh * ow], device)
-}
-
-impl Tensor {
     /// Average pooling (padding counts as zeros in the average, PyTorch's default).
     pub fn avg_pool2d(&self, opts: Pool2dOptions) -> Result<Tensor> {
         let [n, c, h, w] = self.nchw("avg_pool2d")?;
