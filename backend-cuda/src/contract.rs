@@ -153,6 +153,9 @@ impl Backend for CudaBackend {
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
         self.pool_max(src, geom)
     }
+    fn max_pool2d_backward(&self, grad: &BufferRef, indices: &BufferRef, geom: &Pool2dGeometry) -> Result<BufferRef> {
+        self.pool_max_backward(grad, indices, geom)
+    }
 
     fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()> {
         self.add_scaled(dst, src, alpha)

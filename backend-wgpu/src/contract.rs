@@ -175,6 +175,12 @@ impl Backend for WgpuBackend {
         Ok((self.rounded("max_pool2d", values)?, indices))
     }
 
+    fn max_pool2d_backward(&self, grad: &BufferRef, indices: &BufferRef, geom: &Pool2dGeometry) -> Result<BufferRef> {
+        self.in_f32("max_pool2d_backward", [grad, indices], |[grad, indices]| {
+            self.pool_max_backward(grad, indices, geom)
+        })
+    }
+
     fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()> {
         self.in_f32_mut("axpy", [dst], [src], |[dst], [src]| self.add_scaled(dst, src, alpha))
     }

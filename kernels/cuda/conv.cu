@@ -4,6 +4,8 @@
 //   col2im:     its adjoint; one thread per input pixel sums the columns that read it (no
 //               atomics, deterministic).
 //   max_pool2d: values [n, c, oh, ow] and u32 argmax indices into each h*w plane (first maximum).
+//   max_pool2d_backward: one thread per input pixel sums, in window order, the gradients of the
+//               windows covering it whose maximum it was (a gather: no atomics, deterministic).
 
 struct Geometry {
     u32 n, c, h, w, kh, kw;
@@ -76,3 +78,32 @@ FOR_FLOATS(COL2IM)
         }                                                                                         \
     }
 FOR_FLOATS(MAX_POOL2D)
+
+// The first and last window (along one axis) whose taps cover input coordinate `y` (last <
+// first when none does).
+__device__ __forceinline__ void covering(u32 y, u32 pad, u32 k, u32 stride, u32 count, int* first, int* last) {
+    int t = (int)(y + pad), reach = t - (int)k + 1;
+    *last = min(t / (int)stride, (int)count - 1);
+    *first = reach > 0 ? (reach + (int)stride - 1) / (int)stride : 0;
+}
+
+#define MAX_POOL2D_BACKWARD(T, suffix)                                                            \
+    extern "C" __global__ void max_pool2d_backward_##suffix(T* out, const T* grad,               \
+                                                            const u32* indices, u32 total,        \
+                                                            Geometry g) {                         \
+        FOR_EACH(e, total) {                                                                      \
+            u32 x = e % g.w, y = (e / g.w) % g.h, plane = e / (g.w * g.h), me = y * g.w + x;      \
+            int oy0, oy1, ox0, ox1;                                                               \
+            covering(y, g.pad_h, g.kh, g.stride_h, g.oh, &oy0, &oy1);                             \
+            covering(x, g.pad_w, g.kw, g.stride_w, g.ow, &ox0, &ox1);                             \
+            float acc = 0.0f;                                                                     \
+            for (int oy = oy0; oy <= oy1; ++oy) {                                                 \
+                for (int ox = ox0; ox <= ox1; ++ox) {                                             \
+                    u32 o = (plane * g.oh + (u32)oy) * g.ow + (u32)ox;                            \
+                    if (indices[o] == me) acc += to_f32(grad[o]);                                 \
+                }                                                                                 \
+            }                                                                                     \
+            out[e] = from_f32<T>(acc);                                                            \
+        }                                                                                         \
+    }
+FOR_FLOATS(MAX_POOL2D_BACKWARD)

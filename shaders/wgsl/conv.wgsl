@@ -4,6 +4,9 @@
 //   col2im:     its adjoint; one invocation per input pixel sums the columns that read it (no
 //               atomics, deterministic).
 //   max_pool2d: values [n, c, oh, ow] and u32 argmax indices into each h*w plane (first maximum).
+//   max_pool2d_backward: src holds the gradient [n, c, oh, ow] and out_index the argmax indices;
+//               one invocation per input pixel sums, in window order, the gradients of the
+//               windows covering it whose maximum it was (a gather: no atomics, deterministic).
 // params: [total, n, c, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, oh, ow]
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
@@ -115,4 +118,39 @@ fn max_pool2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     }
     out[e] = T(best);
     out_index[e] = best_index;
+}
+
+// The first and last window (along one axis) whose taps cover input coordinate `y`, as a
+// signed pair (last < first when none does).
+fn covering(y: u32, pad: u32, k: u32, stride: u32, count: u32) -> vec2<i32> {
+    let t = i32(y + pad);
+    let last = min(t / i32(stride), i32(count) - 1);
+    let reach = t - i32(k) + 1;
+    let first = select(0, (reach + i32(stride) - 1) / i32(stride), reach > 0);
+    return vec2<i32>(first, last);
+}
+
+@compute @workgroup_size(256)
+fn max_pool2d_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let e = flat_index(gid, groups);
+    if (e >= params[0]) {
+        return;
+    }
+    let g = geometry();
+    let x = e % g.w;
+    let y = (e / g.w) % g.h;
+    let plane = e / (g.w * g.h);
+    let me = y * g.w + x;
+    let rows = covering(y, g.pad.x, g.kh, g.stride.x, g.oh);
+    let cols = covering(x, g.pad.y, g.kw, g.stride.y, g.ow);
+    var acc = 0.0;
+    for (var oy = rows.x; oy <= rows.y; oy++) {
+        for (var ox = cols.x; ox <= cols.y; ox++) {
+            let o = (plane * g.oh + u32(oy)) * g.ow + u32(ox);
+            if (out_index[o] == me) {
+                acc += f32(src[o]);
+            }
+        }
+    }
+    out[e] = T(acc);
 }

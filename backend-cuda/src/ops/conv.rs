@@ -4,7 +4,7 @@ use cudarc::driver::DeviceRepr;
 
 use lockstep_core::backend::{BackendBuffer, BufferRef, Conv2dGeometry, Pool2dGeometry};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Result};
+use lockstep_core::{DType, Error, Result};
 
 use crate::backend::{CudaBackend, float_suffix};
 use crate::gpu::launch;
@@ -80,5 +80,31 @@ impl CudaBackend {
                 &values.ptr, &indices.ptr, &s.ptr, &total, &geom);
         }
         Ok((values, indices))
+    }
+
+    /// The gradient of `pool_max` as a gather over the windows covering each pixel (conv.cu).
+    pub(crate) fn pool_max_backward(
+        &self,
+        grad: &BufferRef,
+        indices: &BufferRef,
+        g: &Pool2dGeometry,
+    ) -> Result<BufferRef> {
+        const OP: &str = "max_pool2d_backward";
+        g.validate(OP)?;
+        let windows = g.n * g.c * g.out_h() * g.out_w();
+        let gr = self.operand(OP, grad, Some(&Layout::contiguous([windows])))?;
+        let ids = self.operand(OP, indices, Some(&Layout::contiguous([windows])))?;
+        if ids.dtype() != DType::U32 {
+            return Err(Error::dtype(OP, ids.dtype()));
+        }
+        let suffix = float_suffix(OP, gr.dtype())?;
+        let len = g.n * g.c * g.h * g.w;
+        let out = self.output(gr.dtype(), len)?;
+        if len > 0 {
+            let (total, geom) = (to_u32(OP, len)?, geometry(OP, &g.as_conv())?);
+            launch!(&self.gpu, lockstep_kernels::CONV, format!("max_pool2d_backward_{suffix}"), self.gpu.grid(len);
+                &out.ptr, &gr.ptr, &ids.ptr, &total, &geom);
+        }
+        Ok(out)
     }
 }

@@ -95,4 +95,40 @@ impl WgpuBackend {
         )?;
         Ok((values, indices))
     }
+
+    /// The gradient of `pool_max`: one invocation per input pixel gathers the windows covering
+    /// it (see conv.wgsl).
+    pub(crate) fn pool_max_backward(
+        &self,
+        grad: &BufferRef,
+        indices: &BufferRef,
+        g: &Pool2dGeometry,
+    ) -> Result<BufferRef> {
+        const OP: &str = "max_pool2d_backward";
+        g.validate(OP)?;
+        let windows = g.n * g.c * g.out_h() * g.out_w();
+        let (grad, indices) = (self.operand(OP, grad, None)?, self.operand(OP, indices, None)?);
+        if grad.len() < windows || indices.len() < windows || indices.dtype() != DType::U32 {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{g:?} needs {windows} gradients and u32 indices, got {} and {}",
+                    grad.len(),
+                    indices.len()
+                ),
+            ));
+        }
+        let t = self.float_type(OP, grad.dtype())?;
+        let len = g.n * g.c * g.h * g.w;
+        let out = self.alloc(grad.dtype(), len)?;
+        if len > 0 {
+            self.launch(
+                &Variant::new("conv", OP, &[t]),
+                &geometry_params(OP, len, &g.as_conv())?,
+                &[(1, grad), (2, &out), (3, indices)],
+                self.grid(OP, len)?,
+            )?;
+        }
+        Ok(out)
+    }
 }

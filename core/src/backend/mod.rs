@@ -218,6 +218,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
     /// Max pooling: values `[n, c, oh, ow]` and U32 argmax indices into each `h*w` plane.
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)>;
+    /// The gradient of `max_pool2d`: `[n, c, h, w]` where each window's gradient (`grad`,
+    /// contiguous `[n, c, oh, ow]`) lands on the pixel its `indices` name, summed in window
+    /// order. By default a scatter (direct on the CPU); GPUs gather over the windows covering
+    /// each pixel instead, since their scatter kernels scan every window for every pixel.
+    fn max_pool2d_backward(&self, grad: &BufferRef, indices: &BufferRef, geom: &Pool2dGeometry) -> Result<BufferRef> {
+        let (planes, plane) = (geom.n * geom.c, geom.h * geom.w);
+        let out = self.zeros(grad.dtype(), planes * plane)?;
+        self.scatter_add(&out, plane, grad, planes, geom.out_h() * geom.out_w(), 1, indices)?;
+        Ok(out)
+    }
 
     // --- in-place optimizer updates (contiguous f32 parameters and state) ------------------------
     /// `dst += alpha * src`.

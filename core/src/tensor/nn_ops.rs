@@ -249,11 +249,9 @@ impl Tensor {
         let out = Tensor::from_buffer(values, [n, c, oh, ow], x.device());
         let indices = Tensor::from_buffer(indices, [n * c, oh * ow], x.device());
         Ok(out.track("max_pool2d", &[&x], move |g| {
-            let grad = Tensor::zeros([n * c, h * w], g.dtype(), g.device())?;
             let g = g.contiguous()?;
-            grad.backend()
-                .scatter_add(grad.buffer(), h * w, g.buffer(), n * c, oh * ow, 1, indices.buffer())?;
-            Ok(vec![Some(grad.reshape([n, c, h, w])?)])
+            let grad = g.backend().max_pool2d_backward(g.buffer(), indices.buffer(), &geom)?;
+            Ok(vec![Some(Tensor::from_buffer(grad, [n, c, h, w], g.device()))])
         }))
     }
 

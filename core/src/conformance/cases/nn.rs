@@ -237,7 +237,7 @@ fn pool_cases() -> Vec<Case> {
         cases.push(
             Case::new(
                 format!("max_pool2d/{label}"),
-                &["max_pool2d", "scatter_add"],
+                &["max_pool2d", "max_pool2d_backward"],
                 move |_, x| Ok(vec![x[0].max_pool2d(opts)?]),
             )
             // Distinct values: a unique maximum per window, so the gradient is well defined.
@@ -258,7 +258,7 @@ fn pool_cases() -> Vec<Case> {
     cases.push(
         Case::new(
             "max_pool2d/T",
-            &["max_pool2d", "scatter_add", "copy_strided"],
+            &["max_pool2d", "max_pool2d_backward", "copy_strided"],
             |_, x| Ok(vec![x[0].max_pool2d(Pool2dOptions::new(2))?]),
         )
         .input(Input::float("x", [1, 2, 6, 5], Values::Distinct { low: -3.0, high: 3.0 }).transposed())
