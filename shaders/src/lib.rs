@@ -63,7 +63,12 @@ pub const SHADERS: &[Shader] = &[
         &["f32", "f16", "u32"],
         ["index_select", "gather", "index_add", "scatter_add"]
     ),
-    shader!("conv", &["T"], FLOATS, ["im2col", "col2im", "max_pool2d"]),
+    shader!(
+        "conv",
+        &["T"],
+        FLOATS,
+        ["im2col", "col2im", "max_pool2d", "max_pool2d_backward"]
+    ),
     shader!(
         "optim",
         &[],
