@@ -33,6 +33,11 @@ def main(out):
         if s:
             report["training"][name] = {k: s.get(k) for k in ("test_accuracy", "test_loss", "train_seconds",
                                                               "samples_per_sec", "final_train_loss", "steps")}
+    # The GPU beside the CPU must train as the CPU alone does (same seed, same global batch).
+    pair = report["training"].get("cuda-cpu"), report["training"].get("one-device")
+    if all(pair) and all(t.get("test_loss") is not None for t in pair):
+        gap = abs(pair[0]["test_loss"] - pair[1]["test_loss"])
+        report["cuda_cpu_matches_one_device"] = {"test_loss_gap": gap, "matches": gap <= 1e-3 * abs(pair[1]["test_loss"])}
     for dtype in ("f32", "tf32", "bf16"):
         b = read(os.path.join(out, f"bench-gemm-{dtype}.json"))
         if not b:
@@ -83,6 +88,10 @@ def markdown(r):
         lines += ["", "## Training", "", "| run | test accuracy | train seconds | samples/s |", "| --- | ---: | ---: | ---: |"]
         lines += [f"| {k} | {fmt(v['test_accuracy'], '.4f')} | {fmt(v['train_seconds'], '.1f')} | {fmt(v['samples_per_sec'], '.0f')} |"
                   for k, v in r["training"].items()]
+    if "cuda_cpu_matches_one_device" in r:
+        m = r["cuda_cpu_matches_one_device"]
+        lines += ["", f"cuda:0 + cpu:0 against cpu:0 alone: test loss gap {m['test_loss_gap']:.2e} "
+                      f"({'matches' if m['matches'] else 'DOES NOT MATCH'} within 0.1%)"]
     if r["gemm"]:
         lines += ["", "## GEMM (TFLOP/s; fraction of the dense peak)", "",
                   "| dtype | n | Lockstep | PyTorch | ratio | Lockstep of peak | PyTorch of peak |",

@@ -54,7 +54,7 @@ pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) 
 
 /// The larger of `a` and `b`, NaN if either is (PyTorch's maximum, relu and clamp; Rust's
 /// `max` would drop the NaN and hide a diverged value).
-fn max_nan<T: CpuFloat>(a: T, b: T) -> T {
+pub(super) fn max_nan<T: CpuFloat>(a: T, b: T) -> T {
     if a.is_nan() || a > b { a } else { b }
 }
 

@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::elementwise::max_nan;
 use super::float::CpuFloat;
 use super::pool::Pool;
 
@@ -13,9 +14,7 @@ fn rowwise<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize, log: bool) -> Vec<T
     let row = |(o, x): (&mut [T], &[T])| {
         // A row whose maximum is not finite (a NaN or +inf in it, or every entry -inf) is NaN
         // throughout, as PyTorch's exp(x - max) makes it; every backend says so explicitly.
-        let shift = x
-            .iter()
-            .fold(T::neg_infinity(), |m, &v| if v.is_nan() || v > m { v } else { m });
+        let shift = x.iter().fold(T::neg_infinity(), |m, &v| max_nan(v, m));
         if !shift.is_finite() {
             o.iter_mut().for_each(|o| *o = T::nan());
             return;
