@@ -15,7 +15,8 @@ use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::optim::GradScaler;
 use lockstep_core::train::{
-    Callback, CallbackAction, CallbackContext, ChannelListener, Event, Precision, StepTimes, Trainer, TrainerConfig,
+    Callback, CallbackAction, CallbackContext, ChannelListener, DataParallel, Event, Precision, StepTimes, Trainer,
+    TrainerConfig,
 };
 use parallel_support::{on_cpu_ranks, on_cpu_ranks_with_timeout};
 use replica_support::{LEN, Points, SEED, assert_close, config, setup, single_device, weights};
@@ -47,7 +48,9 @@ fn replicas_with_events(batch: usize, accumulate: usize) -> Vec<Outcome> {
         let mut s = setup(&device);
         let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
         let loader = shard(rank, batch, 1);
-        let mut trainer = Trainer::new(config(accumulate)).unwrap().with_reducer(reducer);
+        let mut trainer = Trainer::new(config(accumulate))
+            .unwrap()
+            .with_strategy(DataParallel::new(reducer));
         let (listener, events) = ChannelListener::new(1 << 12);
         trainer.add_listener(listener);
         trainer.fit(&mut s, &loader, None).unwrap();
@@ -91,7 +94,7 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
             grad_scaler: Some(GradScaler::new(scale, 2.0, 0.5, 2000).unwrap()),
             ..Default::default()
         };
-        let mut trainer = Trainer::new(config).unwrap().with_reducer(reducer);
+        let mut trainer = Trainer::new(config).unwrap().with_strategy(DataParallel::new(reducer));
         trainer.fit(&mut s, &loader, None).unwrap();
         (before, weights(&s), trainer.state().skipped_steps)
     });
@@ -188,7 +191,9 @@ fn stopped_by_rank_0(stop: StopAt) -> Vec<((u64, u64), Vec<Vec<f32>>, String)> {
         let mut s = setup(&device);
         let reducer = Reducer::new(&s.model.parameters(), Arc::new(comm), ReducerConfig::default()).unwrap();
         let loader = shard(rank, 8, 0);
-        let mut trainer = Trainer::new(config(1)).unwrap().with_reducer(reducer);
+        let mut trainer = Trainer::new(config(1))
+            .unwrap()
+            .with_strategy(DataParallel::new(reducer));
         if rank == 0 {
             trainer.add_callback(stop.lock().unwrap().take().unwrap());
         }

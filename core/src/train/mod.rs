@@ -1,14 +1,18 @@
 //! The Lightning-like training loop: a `Trainer` that fits a model with an optimizer on data
 //! loaders, with gradient accumulation, clipping, validation, callbacks, checkpoints with exact
-//! resume, and one typed event stream that every display listens to.
+//! resume, and one typed event stream that every display listens to. The loop (`fit_loop`)
+//! feeds batches; a `Strategy` turns each into gradients: on one device or as a data-parallel
+//! replica.
 
 mod callbacks;
 pub mod checkpoint;
 mod config;
 mod events;
+mod fit_loop;
 mod metrics_log;
-mod replicas;
 mod state;
+mod step;
+mod strategy;
 mod task;
 mod trainer;
 
@@ -17,5 +21,8 @@ pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use metrics_log::JsonlWriter;
 pub use state::TrainerState;
+pub use step::{MicroBatch, forward_backward};
+pub use strategy::pipeline;
+pub use strategy::{DataParallel, SingleDevice, StepReports, Strategy};
 pub use task::{Classification, EvalMetrics, Task};
 pub use trainer::{FitReport, Trainer, TrainingSetup};

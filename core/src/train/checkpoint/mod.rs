@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 
+pub(crate) mod training;
+
 /// Marks files written by this module (a plain weights file has no such key).
 pub const FORMAT_KEY: &str = "lockstep.format";
 pub const FORMAT: &str = "lockstep-checkpoint/1";

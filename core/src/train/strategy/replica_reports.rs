@@ -3,11 +3,11 @@
 //! gathered through the gradients' communicator, so replicas on threads and on processes (and
 //! machines) report alike.
 
-use super::events::{DeviceStats, StepTimes};
 use crate::backend::Communicator;
 use crate::device::Device;
 use crate::distributed::{all_gather_strings, all_gather_values};
 use crate::error::Result;
+use crate::train::events::{DeviceStats, StepTimes};
 
 /// The counters of `device`, named `name`.
 pub fn device_stats(device: &Device, name: &str) -> DeviceStats {

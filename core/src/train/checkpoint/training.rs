@@ -1,0 +1,108 @@
+//! A training run in one checkpoint file and back: model and optimizer tensors, and the trainer
+//! state, optimizer scalars and optimizer name as metadata.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{FORMAT, FORMAT_KEY, host_to_device, load_tensors, save_tensors};
+use crate::error::{Error, Result};
+use crate::nn::ModuleExt;
+use crate::optim::{OptimizerState, SchedulerState};
+use crate::train::state::TrainerState;
+use crate::train::trainer::TrainingSetup;
+
+const OPTIMIZER_PREFIX: &str = "optimizer.";
+const STATE_KEY: &str = "lockstep.trainer_state";
+const SCALARS_KEY: &str = "lockstep.optimizer_scalars";
+const OPTIMIZER_KEY: &str = "lockstep.optimizer";
+
+/// One checkpoint file: model tensors by PyTorch name, optimizer tensors under `optimizer.`,
+/// and the trainer state, optimizer scalars and optimizer name as metadata.
+pub(crate) fn write(path: &Path, setup: &TrainingSetup, state: &TrainerState) -> Result<()> {
+    let mut tensors = setup.model.state_dict();
+    let opt = setup.optimizer.state();
+    tensors.extend(
+        opt.tensors
+            .iter()
+            .map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t.clone())),
+    );
+    let meta = BTreeMap::from([
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+        (STATE_KEY.to_string(), to_json(state)),
+        (SCALARS_KEY.to_string(), to_json(&opt.scalars)),
+        (OPTIMIZER_KEY.to_string(), setup.optimizer.name().to_string()),
+    ]);
+    save_tensors(path, &tensors, meta)
+}
+
+/// Loads model, optimizer, scheduler and random streams from the checkpoint at `path` into
+/// `setup`, and returns the trainer state it holds (callbacks and strategy are the caller's).
+pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerState> {
+    let file = load_tensors(path)?;
+    let what = path.display().to_string();
+    if file.metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
+        return Err(Error::data(
+            what,
+            "not a Lockstep checkpoint (no trainer state inside); to start from plain weights use --init-weights",
+        ));
+    }
+    let state: TrainerState = parse_meta(&file.metadata, STATE_KEY, &what)?;
+    let scalars: Vec<(String, f64)> = parse_meta(&file.metadata, SCALARS_KEY, &what)?;
+    let saved_optimizer = file.metadata.get(OPTIMIZER_KEY).cloned().unwrap_or_default();
+    if saved_optimizer != setup.optimizer.name() {
+        return Err(Error::data(
+            what,
+            format!(
+                "it was saved with optimizer {saved_optimizer}, this run uses {}",
+                setup.optimizer.name()
+            ),
+        ));
+    }
+    let device = setup.device.clone();
+    let mut model_tensors = Vec::new();
+    let mut optimizer_tensors = Vec::new();
+    for (name, t) in &file.tensors {
+        let on_device = host_to_device(t, t.data.dtype(), &device)?;
+        match name.strip_prefix(OPTIMIZER_PREFIX) {
+            Some(rest) => optimizer_tensors.push((rest.to_string(), on_device)),
+            None => model_tensors.push((name.clone(), on_device)),
+        }
+    }
+    setup
+        .model
+        .load_state_dict(&model_tensors)
+        .map_err(|e| Error::data(what.clone(), format!("does not fit this model: {e}")))?;
+    setup.optimizer.load_state(&OptimizerState {
+        tensors: optimizer_tensors,
+        scalars,
+    })?;
+    if let (Some(sched), Some((base_lr, last_epoch))) = (setup.scheduler.as_mut(), state.scheduler) {
+        sched.load_state(SchedulerState { base_lr, last_epoch }, setup.optimizer.as_mut())?;
+    }
+    if state.generators.len() != setup.generators.len() {
+        return Err(Error::data(
+            what,
+            format!(
+                "it carries {} random streams, this run has {}",
+                state.generators.len(),
+                setup.generators.len()
+            ),
+        ));
+    }
+    for (g, &(seed, counter)) in setup.generators.iter().zip(&state.generators) {
+        g.restore(seed, counter);
+    }
+    Ok(state)
+}
+
+fn parse_meta<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, String>, key: &str, what: &str) -> Result<T> {
+    let raw = meta
+        .get(key)
+        .ok_or_else(|| Error::data(what.to_string(), format!("metadata `{key}` is missing")))?;
+    serde_json::from_str(raw).map_err(|e| Error::data(what.to_string(), format!("metadata `{key}` is unreadable: {e}")))
+}
+
+/// Serialises to a JSON string (a serialisation failure here would be a bug in our types).
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("\"unserialisable: {e}\""))
+}

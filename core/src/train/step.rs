@@ -1,0 +1,132 @@
+//! One training step's pieces that every strategy shares: a micro-batch's forward and backward
+//! (autocast, loss weighting, loss scaling), and the optimizer step (unscale, clip, step, zero).
+
+use std::time::Instant;
+
+use super::config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
+use super::events::StepTimes;
+use super::state::TrainerState;
+use super::trainer::TrainingSetup;
+use crate::autocast::AutocastGuard;
+use crate::autograd::no_grad;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::optim::{GradScaler, clip_grad_norm, clip_grad_value};
+use crate::tensor::Tensor;
+
+/// One micro-batch of an optimizer step, as the loop hands it to the strategy.
+pub struct MicroBatch<'a> {
+    /// The batch's tensors (inputs first, then targets), on the host's chosen device.
+    pub tensors: &'a [Tensor],
+    /// The factor on this micro-batch's loss: 1/K over K accumulated micro-batches.
+    pub weight: f64,
+    pub precision: Precision,
+    /// The loss scaler of a `16-mixed` run.
+    pub scaler: Option<&'a GradScaler>,
+    /// Whether this micro-batch ends the optimizer step: only then do gradients communicate
+    /// (DDP's `no_sync` on the others).
+    pub ends_step: bool,
+}
+
+impl MicroBatch<'_> {
+    /// Samples in this micro-batch (the first tensor's leading dimension).
+    pub fn samples(&self) -> u64 {
+        self.tensors
+            .first()
+            .map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64
+    }
+}
+
+/// The forward pass in mixed precision (backward runs outside the autocast region), the loss
+/// times `weight` and the scaler's scale, then backward. Returns the loss as computed (not
+/// weighted), detached.
+pub fn forward_backward(
+    setup: &TrainingSetup,
+    micro: &MicroBatch<'_>,
+    weight: f64,
+    times: &mut StepTimes,
+) -> Result<Tensor> {
+    let phase = Instant::now();
+    let loss = {
+        let _autocast = micro.precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
+        setup.task.loss(setup.model.as_ref(), micro.tensors)?
+    };
+    let mut scaled = if weight != 1.0 {
+        loss.affine(weight, 0.0)?
+    } else {
+        loss.clone()
+    };
+    if let Some(scaler) = micro.scaler {
+        scaled = scaler.scale_loss(&scaled)?;
+    }
+    times.forward += phase.elapsed().as_secs_f64();
+    let phase = Instant::now();
+    scaled.backward()?;
+    times.backward += phase.elapsed().as_secs_f64();
+    Ok(loss.detach())
+}
+
+/// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,
+/// advance the per-step scheduler.
+pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &mut TrainingSetup) -> Result<()> {
+    // Unscaled once per optimizer step, before clipping; with DDP the gradients are already
+    // averaged, so every rank reaches the same verdict.
+    let finite = match &state.grad_scaler {
+        Some(scaler) => scaler.unscale(setup.optimizer.parameters())?,
+        None => true,
+    };
+    if let Some(scaler) = &mut state.grad_scaler {
+        scaler.update(finite);
+    }
+    if finite {
+        no_grad(|| -> Result<()> {
+            match config.gradient_clip {
+                Some(GradientClip::Norm(max)) => {
+                    clip_grad_norm(setup.optimizer.parameters(), max, 2.0)?;
+                }
+                Some(GradientClip::Value(v)) => clip_grad_value(setup.optimizer.parameters(), v)?,
+                None => {}
+            }
+            setup.optimizer.step()
+        })?;
+    } else {
+        state.skipped_steps += 1;
+    }
+    setup.optimizer.zero_grad();
+    state.global_step += 1;
+    if config.scheduler_interval == SchedulerInterval::Step
+        && let Some(s) = setup.scheduler.as_mut()
+    {
+        s.step(setup.optimizer.as_mut());
+    }
+    Ok(())
+}
+
+/// An error unless `device` can compute in `precision`'s autocast dtype.
+pub fn check_precision(precision: Precision, device: &Device) -> Result<()> {
+    let Some(dtype) = precision.autocast_dtype() else {
+        return Ok(());
+    };
+    device.backend().zeros(dtype, 1).map(drop).map_err(|e| {
+        Error::invalid(
+            "Trainer",
+            format!(
+                "precision {} needs {dtype} on {device}: {e}; choose another precision (32, 16-mixed, bf16-mixed)",
+                precision.name()
+            ),
+        )
+    })
+}
+
+/// An error that says what to do when the loss is inf or NaN.
+pub fn check_finite(loss: f64, step: u64) -> Result<()> {
+    if loss.is_finite() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "Trainer",
+        format!(
+            "the loss became {loss} at step {step}: training diverged; lower the learning rate, enable gradient clipping (--clip-grad-norm), or check the data for NaN/inf"
+        ),
+    ))
+}

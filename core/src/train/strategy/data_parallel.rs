@@ -1,0 +1,125 @@
+//! One replica of a data-parallel run (threads, processes or machines alike): gradients are
+//! averaged across replicas by the reducer as backward produces them, a balancer may size each
+//! replica's share of the global batch by its device's speed, replicas stop together, and rank
+//! 0 reports every replica's times and counters.
+
+use std::time::Instant;
+
+use super::replica_reports::{gather_reports, replica_names};
+use super::{StepReports, Strategy};
+use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
+use crate::error::Result;
+use crate::tensor::Tensor;
+use crate::train::config::Precision;
+use crate::train::events::StepTimes;
+use crate::train::state::TrainerState;
+use crate::train::step::{self, MicroBatch};
+use crate::train::trainer::TrainingSetup;
+
+pub struct DataParallel {
+    reducer: Reducer,
+    balancer: Option<Balancer>,
+    /// Every replica's device, by rank (set by `setup`).
+    replica_names: Vec<String>,
+}
+
+impl DataParallel {
+    /// This trainer as one replica: accumulation micro-batches skip communication and each
+    /// optimizer step uses the gradients averaged across replicas.
+    pub fn new(reducer: Reducer) -> DataParallel {
+        DataParallel {
+            reducer,
+            balancer: None,
+            replica_names: Vec::new(),
+        }
+    }
+
+    /// Makes this replica's share of each global batch follow the devices' measured speeds
+    /// (the training loader must cut its batches by the balancer's shares, as `ShardedBatches`
+    /// does): its loss is weighted by its share, so the averaged gradient is the global batch's
+    /// mean, and after each re-balance the loader starts a new iterator. Each step then waits
+    /// for this device once after backward, to time its own computation.
+    pub fn with_balancer(mut self, balancer: Balancer) -> DataParallel {
+        self.balancer = Some(balancer);
+        self
+    }
+}
+
+impl Strategy for DataParallel {
+    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
+        step::check_precision(precision, &setup.device)?;
+        self.replica_names = replica_names(self.reducer.communicator().as_ref(), &setup.device)?;
+        Ok(self.replica_names.clone())
+    }
+
+    fn forward_backward(
+        &mut self,
+        setup: &TrainingSetup,
+        micro: &MicroBatch<'_>,
+        times: &mut StepTimes,
+    ) -> Result<Tensor> {
+        self.reducer.set_sync(micro.ends_step);
+        // Weighting the loss, not the gradients in the reducer's buckets, costs no pass over
+        // the gradients and also weights what flows to other replicas through SyncBatchNorm.
+        let share = self.balancer.as_ref().map_or(1.0, Balancer::gradient_weight);
+        let loss = step::forward_backward(setup, micro, micro.weight * share, times)?;
+        if self.balancer.is_some() {
+            // This device's own compute ends here, not inside the all-reduce where waiting for
+            // the other ranks would mix in.
+            let phase = Instant::now();
+            setup.device.synchronize()?;
+            times.backward += phase.elapsed().as_secs_f64();
+        }
+        Ok(loss)
+    }
+
+    fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
+        let phase = Instant::now();
+        self.reducer.finish()?;
+        times.communication += phase.elapsed().as_secs_f64();
+        times.all_reduce += self.reducer.last_comm_times().all_reduce;
+        Ok(())
+    }
+
+    fn after_optimizer_step(&mut self, setup: &TrainingSetup, state: &TrainerState, times: &StepTimes) -> Result<bool> {
+        let Some(balancer) = &mut self.balancer else {
+            return Ok(false);
+        };
+        let done = WorkDone {
+            samples: state.samples_seen,
+            compute_seconds: times.compute(),
+        };
+        balancer.after_step(state.global_step, done, &setup.device)
+    }
+
+    fn stops_together(&self) -> bool {
+        true
+    }
+
+    /// Every rank gathers every wish, so all stop at the same step. A replica that stopped
+    /// alone would leave the others waiting in their next all-reduce (Lightning reduces its
+    /// `should_stop` across ranks the same way).
+    fn any_stops(&self, setup: &TrainingSetup, mine: bool) -> Result<bool> {
+        let comm = self.reducer.communicator();
+        let wishes = all_gather_values(comm.as_ref(), &setup.device, vec![f32::from(u8::from(mine))])?;
+        Ok(wishes.iter().any(|&w| w > 0.0))
+    }
+
+    /// The communication thread is idle here, after `finish`.
+    fn step_reports(&self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
+        let comm = self.reducer.communicator();
+        let replicas = gather_reports(comm.as_ref(), &setup.device, mine, &self.replica_names)?;
+        let (worker_times, devices) = replicas.into_iter().unzip();
+        Ok(StepReports { worker_times, devices })
+    }
+
+    fn shares(&self) -> Vec<usize> {
+        self.balancer.as_ref().map(Balancer::shares).unwrap_or_default()
+    }
+
+    fn restore_shares(&mut self, saved: &[usize]) {
+        if let Some(balancer) = &mut self.balancer {
+            balancer.restore(saved);
+        }
+    }
+}

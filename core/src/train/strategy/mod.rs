@@ -1,0 +1,86 @@
+//! How a batch becomes a loss and gradients, apart from the loop that feeds batches (as
+//! Lightning splits its loops from its strategies). The loop asks the strategy to run each
+//! micro-batch, to finish the gradients before the optimizer steps, whether anyone stops, and
+//! what to report; it never names a communicator. One file per strategy.
+
+mod data_parallel;
+pub mod pipeline;
+mod replica_reports;
+mod single;
+
+pub use data_parallel::DataParallel;
+pub use single::SingleDevice;
+
+use super::config::Precision;
+use super::events::{DeviceStats, StepTimes};
+use super::state::TrainerState;
+use super::step::MicroBatch;
+use super::trainer::TrainingSetup;
+use crate::data::Batch;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// What a logged step reports besides the loss: each worker's step times (empty with one
+/// worker) and each device's counters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepReports {
+    pub worker_times: Vec<StepTimes>,
+    pub devices: Vec<DeviceStats>,
+}
+
+pub trait Strategy: Send {
+    /// Before the loop: checks that `setup` can train this way in `precision`, and returns
+    /// the run's devices (one per replica or stage) for its start event.
+    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>>;
+
+    /// A batch from the loader, on the device(s) that compute it.
+    fn batch_to_device(&self, setup: &TrainingSetup, batch: &Batch) -> Result<Vec<Tensor>> {
+        batch.to_device(&setup.device)
+    }
+
+    /// Forward and backward of one micro-batch; returns its loss (not weighted), detached.
+    fn forward_backward(
+        &mut self,
+        setup: &TrainingSetup,
+        micro: &MicroBatch<'_>,
+        times: &mut StepTimes,
+    ) -> Result<Tensor>;
+
+    /// After the step's last micro-batch, before the optimizer: the gradients are final.
+    fn finish_gradients(&mut self, _times: &mut StepTimes) -> Result<()> {
+        Ok(())
+    }
+
+    /// After each optimizer step, with the totals so far: true when the loader must cut the
+    /// rest of the epoch anew (a balanced run's shares changed).
+    fn after_optimizer_step(
+        &mut self,
+        _setup: &TrainingSetup,
+        _state: &TrainerState,
+        _times: &StepTimes,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Whether workers in lockstep must agree to stop: a wish then waits for a logged step,
+    /// where `any_stops` gathers every worker's.
+    fn stops_together(&self) -> bool {
+        false
+    }
+
+    /// Whether any worker wishes to stop, `mine` being this one's wish.
+    fn any_stops(&self, _setup: &TrainingSetup, mine: bool) -> Result<bool> {
+        Ok(mine)
+    }
+
+    /// At a logged step (every worker takes part): step times and device counters.
+    fn step_reports(&self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports>;
+
+    /// A balanced run's shares of the global batch, by rank (empty otherwise).
+    fn shares(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// Goes on with the shares a checkpoint saved, where they fit this run.
+    fn restore_shares(&mut self, _saved: &[usize]) {}
+}

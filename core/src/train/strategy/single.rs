@@ -1,0 +1,38 @@
+//! One model on one device.
+
+use super::replica_reports::device_stats;
+use super::{StepReports, Strategy};
+use crate::error::Result;
+use crate::tensor::Tensor;
+use crate::train::config::Precision;
+use crate::train::events::StepTimes;
+use crate::train::step::{self, MicroBatch};
+use crate::train::trainer::TrainingSetup;
+
+/// The default strategy: forward and backward on `TrainingSetup::device`, nothing to agree on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleDevice;
+
+impl Strategy for SingleDevice {
+    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
+        step::check_precision(precision, &setup.device)?;
+        Ok(vec![setup.device.location().to_string()])
+    }
+
+    fn forward_backward(
+        &mut self,
+        setup: &TrainingSetup,
+        micro: &MicroBatch<'_>,
+        times: &mut StepTimes,
+    ) -> Result<Tensor> {
+        step::forward_backward(setup, micro, micro.weight, times)
+    }
+
+    fn step_reports(&self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {
+        let name = setup.device.location().to_string();
+        Ok(StepReports {
+            worker_times: Vec::new(),
+            devices: vec![device_stats(&setup.device, &name)],
+        })
+    }
+}
