@@ -38,6 +38,8 @@ enum Command {
     Launch(cli::launch::Args),
     /// Measure GEMM and MLP training throughput, optionally beside a peer framework.
     Bench(cli::bench::Args),
+    /// Simulate a pipeline schedule without devices: timeline, bubble, activations held.
+    Schedule(cli::schedule::Args),
     /// Open the dashboard on runs started elsewhere (--follow a metrics log, --open finished ones).
     Dashboard(cli::dashboard::Args),
 }
@@ -58,6 +60,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => cli::train::run(args),
         Command::Launch(args) => cli::launch::run(args),
         Command::Check(args) => cli::check::run(args),
+        Command::Schedule(args) => cli::schedule::run(args),
         Command::Dashboard(args) => cli::dashboard::run(args),
     }
 }

@@ -6,6 +6,7 @@ pub mod dashboard;
 pub mod devices;
 mod interrupt;
 pub mod launch;
+pub mod schedule;
 mod table;
 mod threads;
 pub mod train;

@@ -21,7 +21,9 @@ use lockstep_core::data::{
     DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
 };
 use lockstep_core::distributed::{Balancer, Reducer};
-use lockstep_core::train::{ChannelListener, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer};
+use lockstep_core::train::{
+    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer,
+};
 
 pub use args::Args;
 pub use dashboard::launcher;
@@ -237,11 +239,15 @@ fn replica(
     let mut trainer = Trainer::new(args.trainer_config())?;
     if let Some(comm) = comm {
         let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), args.reducer_config())?;
-        if let Some(shares) = shares {
-            let balancer = Balancer::new(shares, reducer.communicator(), args.rebalance_every)?;
-            trainer = trainer.with_balancer(balancer);
-        }
-        trainer = trainer.with_reducer(reducer);
+        let balancer = match shares {
+            Some(shares) => Some(Balancer::new(shares, reducer.communicator(), args.rebalance_every)?),
+            None => None,
+        };
+        let strategy = DataParallel::new(reducer);
+        trainer = trainer.with_strategy(match balancer {
+            Some(balancer) => strategy.with_balancer(balancer),
+            None => strategy,
+        });
     }
     if let Some((stop, pause)) = &hooks.controls {
         trainer = trainer.with_controls(stop.clone(), pause.clone());
