@@ -12,6 +12,7 @@ mod module;
 mod pool;
 mod sequential;
 mod spatial;
+mod staged;
 mod state_dict;
 
 pub use activation::{Gelu, Relu};
@@ -20,6 +21,7 @@ pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use flatten::Flatten;
 pub use linear::Linear;
-pub use module::{Module, ModuleExt, join_name};
+pub use module::{AsAny, Module, ModuleExt, join_name};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::Sequential;
+pub use staged::StagedModel;

@@ -1,14 +1,27 @@
 //! The `Module` trait and what every module gets from it.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use crate::backend::{Communicator, UnaryOp};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+/// A module as `&dyn Any`, so a strategy can ask whether a model is the kind it drives (a
+/// pipeline needs a `StagedModel`); every `'static` type has it.
+pub trait AsAny {
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// A layer or a model. Parameters are leaf tensors with `requires_grad`; an optimizer updates
 /// them in place, so the module and the optimizer see the same storage.
-pub trait Module: Send + Sync {
+pub trait Module: AsAny + Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
     /// Calls `f(name, tensor)` for each trainable parameter, in registration order, with

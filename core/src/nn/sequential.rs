@@ -4,12 +4,15 @@ use std::sync::Arc;
 
 use super::module::Module;
 use crate::backend::Communicator;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<Box<dyn Module>>,
+    /// The index of the first layer in names: 0, or where this part of a split model starts,
+    /// so a pipeline stage's tensors keep the whole model's names.
+    first_index: usize,
 }
 
 impl Sequential {
@@ -34,6 +37,40 @@ impl Sequential {
     pub fn layers(&self) -> &[Box<dyn Module>] {
         &self.layers
     }
+    /// The index the first layer's names start from (0 unless this is a part of a split).
+    pub fn first_index(&self) -> usize {
+        self.first_index
+    }
+    /// Consecutive parts of `sizes[i]` layers each (together all of them), each naming its
+    /// layers by their index in this whole: the stages of a pipeline.
+    pub fn split(self, sizes: &[usize]) -> Result<Vec<Sequential>> {
+        let total: usize = sizes.iter().sum();
+        if total != self.layers.len() || sizes.contains(&0) {
+            return Err(Error::invalid(
+                "Sequential::split",
+                format!(
+                    "parts of {sizes:?} layers do not cover the {} layers once, each part at least one",
+                    self.layers.len()
+                ),
+            ));
+        }
+        let mut layers = self.layers.into_iter();
+        let mut first_index = self.first_index;
+        Ok(sizes
+            .iter()
+            .map(|&n| {
+                let part = Sequential {
+                    layers: layers.by_ref().take(n).collect(),
+                    first_index,
+                };
+                first_index += n;
+                part
+            })
+            .collect())
+    }
+    fn prefix(&self, prefix: &str, i: usize) -> String {
+        format!("{prefix}{}.", self.first_index + i)
+    }
 }
 
 impl Module for Sequential {
@@ -55,17 +92,17 @@ impl Module for Sequential {
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         for (i, layer) in self.layers.iter().enumerate() {
-            layer.visit_parameters(&format!("{prefix}{i}."), f);
+            layer.visit_parameters(&self.prefix(prefix, i), f);
         }
     }
     fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         for (i, layer) in self.layers.iter().enumerate() {
-            layer.visit_buffers(&format!("{prefix}{i}."), f);
+            layer.visit_buffers(&self.prefix(prefix, i), f);
         }
     }
     fn visit_state(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         for (i, layer) in self.layers.iter().enumerate() {
-            layer.visit_state(&format!("{prefix}{i}."), f);
+            layer.visit_state(&self.prefix(prefix, i), f);
         }
     }
     fn set_training(&mut self, training: bool) {
@@ -79,7 +116,7 @@ impl Module for Sequential {
             .layers
             .iter()
             .enumerate()
-            .map(|(i, l)| format!("  ({i}): {}", l.describe()))
+            .map(|(i, l)| format!("  ({}): {}", self.first_index + i, l.describe()))
             .collect();
         format!("Sequential(\n{}\n)", body.join("\n"))
     }

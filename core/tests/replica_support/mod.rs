@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
-use lockstep_core::nn::{Flatten, Linear, ModuleExt, Relu, Sequential};
+use lockstep_core::nn::{Flatten, Linear, Module, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{Sgd, SgdConfig};
 use lockstep_core::train::{Classification, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, HostVec, Result};
@@ -32,17 +32,26 @@ impl Dataset for Points {
     }
 }
 
+/// The model every run starts from (same seed) on `device`.
+pub fn points_model(device: &Device) -> Result<Sequential> {
+    let init = Generator::new(1);
+    Ok(Sequential::new()
+        .add(Flatten::new())
+        .add(Linear::new(8, 32, true, device, &init)?)
+        .add(Relu)
+        .add(Linear::new(32, 3, true, device, &init)?))
+}
+
 /// The same model (same seed) on `device`, with SGD and momentum.
 pub fn setup(device: &Device) -> TrainingSetup {
-    let init = Generator::new(1);
-    let model = Sequential::new()
-        .add(Flatten::new())
-        .add(Linear::new(8, 32, true, device, &init).unwrap())
-        .add(Relu)
-        .add(Linear::new(32, 3, true, device, &init).unwrap());
+    setup_with(Box::new(points_model(device).unwrap()), device)
+}
+
+/// `model` trained with SGD and momentum, its batches loaded onto `device`.
+pub fn setup_with(model: Box<dyn Module>, device: &Device) -> TrainingSetup {
     let optimizer = Sgd::new(model.parameters(), SgdConfig::new(0.2).momentum(0.9)).unwrap();
     TrainingSetup {
-        model: Box::new(model),
+        model,
         optimizer: Box::new(optimizer),
         scheduler: None,
         task: Box::new(Classification),

@@ -25,7 +25,7 @@ pub fn device_stats(device: &Device, name: &str) -> DeviceStats {
 /// Every replica's device, by rank. Where a name repeats (`cuda:0` on two machines) every name
 /// carries its rank, so each device keeps its own row in a display.
 pub fn replica_names(comm: &dyn Communicator, device: &Device) -> Result<Vec<String>> {
-    let names = all_gather_strings(comm, device, &device.location().to_string())?;
+    let names = all_gather_strings(comm, device, device.location())?;
     Ok(distinct(names))
 }
 

@@ -1,8 +1,13 @@
 //! Pipeline parallelism: a layer sequence split into stages on several devices, micro-batches
-//! flowing through them on a schedule. This far: the schedules, their validator and simulator.
+//! flowing through them on a schedule: schedules as data (`schedule`), checked and simulated
+//! without devices (`timeline`), run by one executor (a thread per stage), behind the
+//! `Pipeline` strategy.
 
+mod executor;
 mod schedule;
+mod strategy;
 mod timeline;
 
 pub use schedule::{Action, Pass, Schedule, ScheduleKind};
+pub use strategy::Pipeline;
 pub use timeline::{PassCosts, Timeline};

@@ -1,0 +1,320 @@
+//! Runs one step of a schedule: a thread per stage, each running its actions in order,
+//! activations sent forward and their gradients back over channels. A stage's input arrives
+//! detached and becomes a leaf of the stage's own graph; its gradient is what goes back.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::Instant;
+
+use super::schedule::{Action, Pass, Schedule};
+use crate::autocast::AutocastGuard;
+use crate::error::{Error, Result};
+use crate::nn::{Module, Sequential, StagedModel};
+use crate::tensor::Tensor;
+use crate::train::Task;
+use crate::train::events::StepTimes;
+use crate::train::step::MicroBatch;
+
+/// A tensor of micro-batch `usize` between neighbouring stages.
+type Message = (usize, Tensor);
+/// Each boundary's sending and receiving ends, until the stages on either side take them.
+type Ends = (Vec<Option<Sender<Message>>>, Vec<Option<Receiver<Message>>>);
+
+/// Runs `schedule` over `batch` (its first tensor the input on the first stage's device, the
+/// rest targets on the last stage's) cut into the schedule's micro-batches; each micro-batch's
+/// loss is weighted by `batch.weight / M`. Returns the mean of the micro-batches' losses,
+/// detached, on the last stage's device.
+pub(super) fn run_step(
+    model: &StagedModel,
+    task: &dyn Task,
+    schedule: &Schedule,
+    batch: &MicroBatch<'_>,
+    times: &mut StepTimes,
+) -> Result<Tensor> {
+    let (stages, micro_batches) = (schedule.stages, schedule.micro_batches);
+    let (input, targets) = batch
+        .tensors
+        .split_first()
+        .ok_or_else(|| Error::invalid("pipeline", "a batch needs at least an input tensor"))?;
+    let inputs = chunks(input, micro_batches)?;
+    let targets: Vec<Vec<Tensor>> = targets
+        .iter()
+        .map(|t| chunks(t, micro_batches))
+        .collect::<Result<_>>()?;
+    let weight = batch.weight / micro_batches as f64;
+
+    let (mut forward_tx, mut forward_rx) = links(stages);
+    let (mut backward_tx, mut backward_rx) = links(stages);
+    let started = Instant::now();
+    let outcomes: Vec<std::result::Result<StageOutcome, StageFailure>> = std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(stages);
+        for (s, actions) in schedule.actions.iter().enumerate() {
+            let last = s + 1 == stages;
+            let run = StageRun {
+                stage: s,
+                module: &model.stages()[s],
+                device: &model.devices()[s],
+                task,
+                batch,
+                weight,
+                inputs: if s == 0 { inputs.clone() } else { Vec::new() },
+                targets: if last { targets.clone() } else { Vec::new() },
+                from_previous: (s > 0).then(|| Inbox::new(forward_rx[s - 1].take())),
+                to_next: (!last).then(|| forward_tx[s].take()).flatten(),
+                grad_from_next: (!last).then(|| Inbox::new(backward_rx[s].take())),
+                grad_to_previous: (s > 0).then(|| backward_tx[s - 1].take()).flatten(),
+            };
+            handles.push(scope.spawn(move || run.actions(actions)));
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(s, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(StageFailure {
+                        error: Error::invalid("pipeline", format!("stage {s} panicked")),
+                        secondary: false,
+                    })
+                })
+            })
+            .collect()
+    });
+    let wall = started.elapsed().as_secs_f64();
+    // A stage that failed first is the cause; its neighbours then fail for want of messages.
+    let mut results = Vec::with_capacity(stages);
+    let mut secondary = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok(o) => results.push(o),
+            Err(StageFailure {
+                error,
+                secondary: false,
+            }) => return Err(error),
+            Err(StageFailure { error, .. }) => secondary = secondary.or(Some(error)),
+        }
+    }
+    if let Some(error) = secondary {
+        return Err(error);
+    }
+    let (forward, backward) = results
+        .iter()
+        .fold((0.0, 0.0), |(f, b), o| (f + o.forward, b + o.backward));
+    // Stages overlap: the step's wall time is shared out by the stages' compute in each pass.
+    let share = if forward + backward > 0.0 {
+        forward / (forward + backward)
+    } else {
+        0.5
+    };
+    times.forward += wall * share;
+    times.backward += wall * (1.0 - share);
+    let losses = results.pop().map(|o| o.losses).unwrap_or_default();
+    let mut sum = losses
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::invalid("pipeline", "the last stage computed no loss"))?;
+    for l in &losses[1..] {
+        sum = sum.add(l)?;
+    }
+    sum.affine(1.0 / micro_batches as f64, 0.0)
+}
+
+/// `micro_batches` consecutive slices along the first axis; the first `n % M` one sample
+/// larger (as `torch.tensor_split`).
+fn chunks(t: &Tensor, micro_batches: usize) -> Result<Vec<Tensor>> {
+    let n = t.dims().first().copied().unwrap_or(0);
+    if n < micro_batches {
+        return Err(Error::invalid(
+            "pipeline",
+            format!(
+                "a batch of {n} samples cannot make {micro_batches} micro-batches; use at most {n} micro-batches or a larger batch"
+            ),
+        ));
+    }
+    let (base, extra) = (n / micro_batches, n % micro_batches);
+    let mut start = 0;
+    (0..micro_batches)
+        .map(|i| {
+            let len = base + usize::from(i < extra);
+            let part = t.narrow(0, start, len);
+            start += len;
+            part
+        })
+        .collect()
+}
+
+/// One channel between each pair of neighbouring stages, taken out by the stage that uses it.
+fn links(stages: usize) -> Ends {
+    (0..stages.saturating_sub(1))
+        .map(|_| {
+            let (tx, rx) = channel();
+            (Some(tx), Some(rx))
+        })
+        .unzip()
+}
+
+/// Messages from one neighbour, by micro-batch; ones that come early wait here.
+struct Inbox {
+    rx: Option<Receiver<Message>>,
+    early: HashMap<usize, Tensor>,
+}
+
+impl Inbox {
+    fn new(rx: Option<Receiver<Message>>) -> Inbox {
+        Inbox {
+            rx,
+            early: HashMap::new(),
+        }
+    }
+
+    fn take(&mut self, micro: usize) -> Option<Tensor> {
+        if let Some(t) = self.early.remove(&micro) {
+            return Some(t);
+        }
+        let rx = self.rx.as_ref()?;
+        loop {
+            let (m, t) = rx.recv().ok()?;
+            if m == micro {
+                return Some(t);
+            }
+            self.early.insert(m, t);
+        }
+    }
+}
+
+struct StageOutcome {
+    /// The last stage's unweighted micro-batch losses, in order.
+    losses: Vec<Tensor>,
+    forward: f64,
+    backward: f64,
+}
+
+struct StageFailure {
+    error: Error,
+    /// Failed because a neighbour stopped sending (the neighbour's error is the cause).
+    secondary: bool,
+}
+
+impl From<Error> for StageFailure {
+    fn from(error: Error) -> StageFailure {
+        StageFailure {
+            error,
+            secondary: false,
+        }
+    }
+}
+
+/// What one stage's thread holds.
+struct StageRun<'a> {
+    stage: usize,
+    module: &'a Sequential,
+    device: &'a crate::device::Device,
+    task: &'a dyn Task,
+    batch: &'a MicroBatch<'a>,
+    weight: f64,
+    inputs: Vec<Tensor>,
+    targets: Vec<Vec<Tensor>>,
+    from_previous: Option<Inbox>,
+    to_next: Option<Sender<Message>>,
+    grad_from_next: Option<Inbox>,
+    grad_to_previous: Option<Sender<Message>>,
+}
+
+/// A forwarded micro-batch waiting for its backward: the stage's input leaf and its output
+/// (the weighted loss on the last stage).
+struct Held {
+    input: Tensor,
+    output: Tensor,
+}
+
+impl StageRun<'_> {
+    fn actions(mut self, actions: &[Action]) -> std::result::Result<StageOutcome, StageFailure> {
+        let mut held: HashMap<usize, Held> = HashMap::new();
+        let mut outcome = StageOutcome {
+            losses: Vec::new(),
+            forward: 0.0,
+            backward: 0.0,
+        };
+        for action in actions {
+            let started = Instant::now();
+            match action.pass {
+                Pass::Forward => {
+                    let h = self.forward(action.micro, &mut outcome.losses)?;
+                    held.insert(action.micro, h);
+                    outcome.forward += started.elapsed().as_secs_f64();
+                }
+                Pass::Backward => {
+                    let h = held
+                        .remove(&action.micro)
+                        .ok_or_else(|| Error::invalid("pipeline", format!("{action} runs before its forward")))?;
+                    self.backward(action.micro, h)?;
+                    outcome.backward += started.elapsed().as_secs_f64();
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn forward(&mut self, micro: usize, losses: &mut Vec<Tensor>) -> std::result::Result<Held, StageFailure> {
+        let input = match &mut self.from_previous {
+            None => self.inputs[micro].clone(),
+            Some(inbox) => {
+                let x = inbox.take(micro).ok_or_else(|| self.starved(micro, "activations"))?;
+                x.to_device(self.device)?.requires_grad(true)
+            }
+        };
+        let _autocast = self
+            .batch
+            .precision
+            .autocast_dtype()
+            .map(AutocastGuard::new)
+            .transpose()?;
+        let Some(to_next) = &self.to_next else {
+            let mut batch = vec![input.clone()];
+            batch.extend(self.targets.iter().map(|t| t[micro].clone()));
+            let loss = self.task.loss(self.module, &batch)?;
+            losses.push(loss.detach());
+            let mut output = loss.affine(self.weight, 0.0)?;
+            if let Some(scaler) = self.batch.scaler {
+                output = scaler.scale_loss(&output)?;
+            }
+            return Ok(Held { input, output });
+        };
+        let output = self.module.forward(&input)?;
+        // A closed channel means the next stage failed; its error is the one reported.
+        let _ = to_next.send((micro, output.detach()));
+        Ok(Held { input, output })
+    }
+
+    fn backward(&mut self, micro: usize, held: Held) -> std::result::Result<(), StageFailure> {
+        match &mut self.grad_from_next {
+            None => held.output.backward()?,
+            Some(inbox) => {
+                let g = inbox.take(micro).ok_or_else(|| self.starved(micro, "gradients"))?;
+                held.output.backward_with(g.to_device(self.device)?)?;
+            }
+        }
+        if let Some(to_previous) = &self.grad_to_previous {
+            let g = held.input.grad().ok_or_else(|| {
+                Error::invalid(
+                    "pipeline",
+                    format!("stage {}'s output does not depend on its input", self.stage),
+                )
+            })?;
+            let _ = to_previous.send((micro, g.detach()));
+        }
+        Ok(())
+    }
+
+    fn starved(&self, micro: usize, what: &str) -> StageFailure {
+        StageFailure {
+            error: Error::invalid(
+                "pipeline",
+                format!(
+                    "stage {}: the {what} of micro-batch {micro} never came (a neighbouring stage failed)",
+                    self.stage
+                ),
+            ),
+            secondary: true,
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The pipeline strategy: a `StagedModel`'s stages run at once on micro-batches of each batch,
+//! on a GPipe or 1F1B schedule; each micro-batch's loss is weighted 1/M, so the gradients are
+//! those of the whole batch on one device.
+
+use super::executor::run_step;
+use super::schedule::{Schedule, ScheduleKind};
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::nn::StagedModel;
+use crate::tensor::Tensor;
+use crate::train::config::Precision;
+use crate::train::events::StepTimes;
+use crate::train::step::{self, MicroBatch};
+use crate::train::strategy::replica_reports::device_stats;
+use crate::train::strategy::{StepReports, Strategy};
+use crate::train::trainer::TrainingSetup;
+
+pub struct Pipeline {
+    kind: ScheduleKind,
+    micro_batches: usize,
+    /// Built by `setup`, once the number of stages is known.
+    schedule: Option<Schedule>,
+}
+
+impl Pipeline {
+    /// Each batch cut into `micro_batches` micro-batches, run on `kind`'s schedule.
+    pub fn new(kind: ScheduleKind, micro_batches: usize) -> Pipeline {
+        Pipeline {
+            kind,
+            micro_batches,
+            schedule: None,
+        }
+    }
+
+    pub fn schedule(&self) -> Option<&Schedule> {
+        self.schedule.as_ref()
+    }
+}
+
+/// The model as a `StagedModel`, or an error that says how to make one.
+fn staged(setup: &TrainingSetup) -> Result<&StagedModel> {
+    setup
+        .model
+        .as_ref()
+        .as_any()
+        .downcast_ref::<StagedModel>()
+        .ok_or_else(|| {
+            Error::invalid(
+                "Pipeline",
+                "a pipeline trains a StagedModel: split the model's Sequential into stages (StagedModel::place)",
+            )
+        })
+}
+
+impl Strategy for Pipeline {
+    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
+        let model = staged(setup)?;
+        for device in model.devices() {
+            step::check_precision(precision, device)?;
+        }
+        let schedule = Schedule::new(self.kind, model.stages().len(), self.micro_batches)?;
+        schedule.validate()?;
+        self.schedule = Some(schedule);
+        Ok(model.devices().iter().map(|d| d.location().to_string()).collect())
+    }
+
+    /// The input onto the first stage's device, the targets onto the last's.
+    fn batch_to_device(&self, setup: &TrainingSetup, batch: &Batch) -> Result<Vec<Tensor>> {
+        let devices = staged(setup)?.devices();
+        let (first, last) = (&devices[0], &devices[devices.len() - 1]);
+        batch
+            .fields
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.to_device(if i == 0 { first } else { last }))
+            .collect()
+    }
+
+    fn forward_backward(
+        &mut self,
+        setup: &TrainingSetup,
+        micro: &MicroBatch<'_>,
+        times: &mut StepTimes,
+    ) -> Result<Tensor> {
+        let schedule = self
+            .schedule
+            .as_ref()
+            .ok_or_else(|| Error::invalid("Pipeline", "setup() has not run: train through Trainer::fit"))?;
+        run_step(staged(setup)?, setup.task.as_ref(), schedule, micro, times)
+    }
+
+    fn step_reports(&self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {
+        let mut devices = Vec::new();
+        for device in staged(setup)?.devices() {
+            let name = device.location().to_string();
+            if !devices.iter().any(|d: &crate::train::DeviceStats| d.device == name) {
+                devices.push(device_stats(device, &name));
+            }
+        }
+        Ok(StepReports {
+            worker_times: Vec::new(),
+            devices,
+        })
+    }
+}
