@@ -24,4 +24,4 @@ pub use linear::Linear;
 pub use module::{AsAny, Module, ModuleExt, join_name};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::Sequential;
-pub use staged::StagedModel;
+pub use staged::{StagedModel, sizes_by_parameters};

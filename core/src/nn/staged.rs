@@ -70,6 +70,52 @@ impl StagedModel {
     }
 }
 
+/// How many consecutive layers of `model` each of `stages` stages gets so that their parameter
+/// counts are as even as layer boundaries allow (a layer without parameters stays with the
+/// layer before it); every stage gets at least one layer.
+pub fn sizes_by_parameters(model: &Sequential, stages: usize) -> Result<Vec<usize>> {
+    let layers = model.len();
+    if stages == 0 || stages > layers {
+        return Err(Error::invalid(
+            "pipeline stages",
+            format!("{stages} stages for a model of {layers} layers: use 1 to {layers} stages"),
+        ));
+    }
+    let mut cumulative = Vec::with_capacity(layers);
+    let mut total = 0usize;
+    for layer in model.layers() {
+        total += layer.num_parameters();
+        cumulative.push(total);
+    }
+    // Stage k ends after the last layer whose running count is nearest k/P of the total,
+    // leaving at least one layer for each stage after it.
+    let mut ends = Vec::with_capacity(stages);
+    let mut start = 0usize;
+    for k in 1..stages {
+        let target = total as f64 * k as f64 / stages as f64;
+        let last_allowed = layers - (stages - k);
+        let end = (start + 1..=last_allowed)
+            .min_by(|&a, &b| {
+                let da = (cumulative[a - 1] as f64 - target).abs();
+                let db = (cumulative[b - 1] as f64 - target).abs();
+                da.total_cmp(&db).then(b.cmp(&a))
+            })
+            .unwrap_or(start + 1);
+        ends.push(end);
+        start = end;
+    }
+    ends.push(layers);
+    let mut previous = 0;
+    Ok(ends
+        .into_iter()
+        .map(|end| {
+            let size = end - previous;
+            previous = end;
+            size
+        })
+        .collect())
+}
+
 impl Module for StagedModel {
     /// Stage after stage; the output comes back to the input's device, where the targets are.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -103,5 +149,38 @@ impl Module for StagedModel {
             .map(|(i, (s, d))| format!("stage {i} on {d}: {}", s.describe()))
             .collect();
         body.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::{Linear, Relu};
+    use crate::rng::Generator;
+
+    fn mlp(widths: &[usize]) -> Sequential {
+        let (device, init) = (Device::cpu(), Generator::new(0));
+        let mut model = Sequential::new();
+        for w in widths.windows(2) {
+            model = model
+                .add(Linear::new(w[0], w[1], false, &device, &init).unwrap())
+                .add(Relu);
+        }
+        model
+    }
+
+    #[test]
+    fn stages_get_even_parameter_counts_and_activations_stay_with_their_layer() {
+        // Four equal layers (each with its ReLU) over two stages: two and two.
+        let model = mlp(&[8, 8, 8, 8, 8]);
+        assert_eq!(sizes_by_parameters(&model, 2).unwrap(), vec![4, 4]);
+        assert_eq!(sizes_by_parameters(&model, 4).unwrap(), vec![2, 2, 2, 2]);
+        // One large layer first: it gets a stage of its own.
+        let lopsided = mlp(&[64, 64, 4, 4, 4]);
+        assert_eq!(sizes_by_parameters(&lopsided, 2).unwrap(), vec![2, 6]);
+        // As many stages as layers, and too many.
+        assert_eq!(sizes_by_parameters(&model, 8).unwrap(), vec![1; 8]);
+        let err = sizes_by_parameters(&model, 9).unwrap_err().to_string();
+        assert!(err.contains("use 1 to 8 stages"), "{err}");
     }
 }

@@ -8,6 +8,7 @@ mod loader;
 mod machine;
 mod mlp;
 mod peer;
+mod pipeline;
 mod plan;
 mod report;
 mod timing;
@@ -37,6 +38,9 @@ pub enum Which {
     /// Data parallel over --devices: per step, backward time, gradient all-reduce time and
     /// the part of it hidden behind backward.
     Ddp,
+    /// A deep MLP (--depth layers of --width) split over --devices: naive model parallel
+    /// against GPipe and 1F1B with --micro-batches, steps/s and the measured bubble.
+    Pipeline,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -77,7 +81,7 @@ pub struct Args {
     /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// The devices of `bench ddp`, one replica each.
+    /// The devices of `bench ddp` (one replica each) and `bench pipeline` (one stage each).
     #[arg(long, value_delimiter = ',', default_value = "cpu:0,cpu:1")]
     devices: Vec<String>,
     /// Batch of the MLP benchmark (for `bench ddp`, the global batch split over --devices).
@@ -90,6 +94,13 @@ pub struct Args {
     first_bucket_mb: f64,
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
+    /// `bench pipeline`: hidden layers, their width, and micro-batches per step.
+    #[arg(long, default_value_t = 8)]
+    depth: usize,
+    #[arg(long, default_value_t = 2048)]
+    width: usize,
+    #[arg(long, default_value_t = 8)]
+    micro_batches: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -110,6 +121,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.which == Which::Ddp {
         return run_ddp(&args);
+    }
+    if args.which == Which::Pipeline {
+        return run_pipeline(&args, threads);
     }
     let plan = Plan {
         threads,
@@ -194,8 +208,34 @@ fn run_ddp(args: &Args) -> anyhow::Result<()> {
     );
     let report = ddp::run(&plan)?;
     println!("{}", ddp::table(&report));
+    write_json(args, &report)
+}
+
+fn run_pipeline(args: &Args, threads: usize) -> anyhow::Result<()> {
+    let plan = pipeline::PipelinePlan {
+        devices: args.devices.clone(),
+        depth: args.depth,
+        width: args.width,
+        batch: args.batch,
+        micro_batches: args.micro_batches,
+        // The machine's threads shared out over the stages, as separate devices would compute.
+        threads_per_stage: (threads / args.devices.len().max(1)).max(1),
+        timing: timing::Timing {
+            warmup: 2,
+            min_reps: args.steps.clamp(1, 5),
+            max_reps: args.steps.max(1),
+            min_seconds: 5.0,
+        },
+    };
+    let report = pipeline::run(&plan)?;
+    println!("{}", pipeline::table(&report));
+    write_json(args, &report)
+}
+
+/// Writes `report` to --json, when given.
+fn write_json(args: &Args, report: &impl serde::Serialize) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        let text = serde_json::to_string_pretty(report).context("cannot encode the report")?;
         std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())

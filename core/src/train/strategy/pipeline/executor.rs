@@ -28,9 +28,10 @@ pub(super) fn run_step(
     model: &StagedModel,
     task: &dyn Task,
     schedule: &Schedule,
+    pools: &[Option<rayon::ThreadPool>],
     batch: &MicroBatch<'_>,
     times: &mut StepTimes,
-) -> Result<Tensor> {
+) -> Result<(Tensor, StepProfile)> {
     let (stages, micro_batches) = (schedule.stages, schedule.micro_batches);
     let (input, targets) = batch
         .tensors
@@ -64,7 +65,12 @@ pub(super) fn run_step(
                 grad_from_next: (!last).then(|| Inbox::new(backward_rx[s].take())),
                 grad_to_previous: (s > 0).then(|| backward_tx[s - 1].take()).flatten(),
             };
-            handles.push(scope.spawn(move || run.actions(actions)));
+            let pool = pools.get(s).and_then(Option::as_ref);
+            handles.push(scope.spawn(move || match pool {
+                // Each CPU stage computes on its own threads, not in one pool with the others.
+                Some(pool) => pool.install(|| run.actions(actions)),
+                None => run.actions(actions),
+            }));
         }
         handles
             .into_iter()
@@ -96,9 +102,14 @@ pub(super) fn run_step(
     if let Some(error) = secondary {
         return Err(error);
     }
-    let (forward, backward) = results
+    let profile = StepProfile {
+        wall,
+        stages: results.iter().map(|o| o.compute).collect(),
+    };
+    let (forward, backward) = profile
+        .stages
         .iter()
-        .fold((0.0, 0.0), |(f, b), o| (f + o.forward, b + o.backward));
+        .fold((0.0, 0.0), |(f, b), c| (f + c.forward, b + c.backward));
     // Stages overlap: the step's wall time is shared out by the stages' compute in each pass.
     let share = if forward + backward > 0.0 {
         forward / (forward + backward)
@@ -115,7 +126,35 @@ pub(super) fn run_step(
     for l in &losses[1..] {
         sum = sum.add(l)?;
     }
-    sum.affine(1.0 / micro_batches as f64, 0.0)
+    Ok((sum.affine(1.0 / micro_batches as f64, 0.0)?, profile))
+}
+
+/// Where one step's time went, per stage (host time).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepProfile {
+    /// The whole step, first forward to last backward.
+    pub wall: f64,
+    pub stages: Vec<StageCompute>,
+}
+
+/// One stage's time computing in a step; the rest of the step it waited (the bubble).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageCompute {
+    pub forward: f64,
+    pub backward: f64,
+}
+
+impl StepProfile {
+    /// The share of stage-time spent waiting: 1 − Σ compute / (stages × wall).
+    pub fn bubble_fraction(&self) -> f64 {
+        let busy: f64 = self.stages.iter().map(|c| c.forward + c.backward).sum();
+        let capacity = self.stages.len() as f64 * self.wall;
+        if capacity > 0.0 {
+            (1.0 - busy / capacity).max(0.0)
+        } else {
+            0.0
+        }
+    }
 }
 
 /// `micro_batches` consecutive slices along the first axis; the first `n % M` one sample
@@ -184,8 +223,7 @@ impl Inbox {
 struct StageOutcome {
     /// The last stage's unweighted micro-batch losses, in order.
     losses: Vec<Tensor>,
-    forward: f64,
-    backward: f64,
+    compute: StageCompute,
 }
 
 struct StageFailure {
@@ -231,36 +269,41 @@ impl StageRun<'_> {
         let mut held: HashMap<usize, Held> = HashMap::new();
         let mut outcome = StageOutcome {
             losses: Vec::new(),
-            forward: 0.0,
-            backward: 0.0,
+            compute: StageCompute::default(),
         };
+        // Compute time is counted from when a pass's input has arrived: waiting for a
+        // neighbour is the bubble.
         for action in actions {
-            let started = Instant::now();
             match action.pass {
                 Pass::Forward => {
-                    let h = self.forward(action.micro, &mut outcome.losses)?;
+                    let h = self.forward(action.micro, &mut outcome.losses, &mut outcome.compute.forward)?;
                     held.insert(action.micro, h);
-                    outcome.forward += started.elapsed().as_secs_f64();
                 }
                 Pass::Backward => {
                     let h = held
                         .remove(&action.micro)
                         .ok_or_else(|| Error::invalid("pipeline", format!("{action} runs before its forward")))?;
-                    self.backward(action.micro, h)?;
-                    outcome.backward += started.elapsed().as_secs_f64();
+                    self.backward(action.micro, h, &mut outcome.compute.backward)?;
                 }
             }
         }
         Ok(outcome)
     }
 
-    fn forward(&mut self, micro: usize, losses: &mut Vec<Tensor>) -> std::result::Result<Held, StageFailure> {
-        let input = match &mut self.from_previous {
+    fn forward(
+        &mut self,
+        micro: usize,
+        losses: &mut Vec<Tensor>,
+        compute: &mut f64,
+    ) -> std::result::Result<Held, StageFailure> {
+        let received = match &mut self.from_previous {
+            None => None,
+            Some(inbox) => Some(inbox.take(micro).ok_or_else(|| self.starved(micro, "activations"))?),
+        };
+        let _timer = Timer::new(compute);
+        let input = match received {
             None => self.inputs[micro].clone(),
-            Some(inbox) => {
-                let x = inbox.take(micro).ok_or_else(|| self.starved(micro, "activations"))?;
-                x.to_device(self.device)?.requires_grad(true)
-            }
+            Some(x) => x.to_device(self.device)?.requires_grad(true),
         };
         let _autocast = self
             .batch
@@ -285,13 +328,15 @@ impl StageRun<'_> {
         Ok(Held { input, output })
     }
 
-    fn backward(&mut self, micro: usize, held: Held) -> std::result::Result<(), StageFailure> {
-        match &mut self.grad_from_next {
+    fn backward(&mut self, micro: usize, held: Held, compute: &mut f64) -> std::result::Result<(), StageFailure> {
+        let received = match &mut self.grad_from_next {
+            None => None,
+            Some(inbox) => Some(inbox.take(micro).ok_or_else(|| self.starved(micro, "gradients"))?),
+        };
+        let _timer = Timer::new(compute);
+        match received {
             None => held.output.backward()?,
-            Some(inbox) => {
-                let g = inbox.take(micro).ok_or_else(|| self.starved(micro, "gradients"))?;
-                held.output.backward_with(g.to_device(self.device)?)?;
-            }
+            Some(g) => held.output.backward_with(g.to_device(self.device)?)?,
         }
         if let Some(to_previous) = &self.grad_to_previous {
             let g = held.input.grad().ok_or_else(|| {
@@ -316,5 +361,26 @@ impl StageRun<'_> {
             ),
             secondary: true,
         }
+    }
+}
+
+/// Adds the time until it is dropped to a running total.
+struct Timer<'a> {
+    total: &'a mut f64,
+    started: Instant,
+}
+
+impl<'a> Timer<'a> {
+    fn new(total: &'a mut f64) -> Timer<'a> {
+        Timer {
+            total,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        *self.total += self.started.elapsed().as_secs_f64();
     }
 }

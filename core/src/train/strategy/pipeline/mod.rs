@@ -8,6 +8,7 @@ mod schedule;
 mod strategy;
 mod timeline;
 
+pub use executor::{StageCompute, StepProfile};
 pub use schedule::{Action, Pass, Schedule, ScheduleKind};
 pub use strategy::Pipeline;
 pub use timeline::{PassCosts, Timeline};

@@ -2,7 +2,7 @@
 //! on a GPipe or 1F1B schedule; each micro-batch's loss is weighted 1/M, so the gradients are
 //! those of the whole batch on one device.
 
-use super::executor::run_step;
+use super::executor::{StepProfile, run_step};
 use super::schedule::{Schedule, ScheduleKind};
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -18,8 +18,12 @@ use crate::train::trainer::TrainingSetup;
 pub struct Pipeline {
     kind: ScheduleKind,
     micro_batches: usize,
-    /// Built by `setup`, once the number of stages is known.
+    /// Compute threads of each CPU stage (None: the process's shared pool).
+    cpu_threads_per_stage: Option<usize>,
+    /// Built by `setup`, once the stages are known.
     schedule: Option<Schedule>,
+    pools: Vec<Option<rayon::ThreadPool>>,
+    last_profile: Option<StepProfile>,
 }
 
 impl Pipeline {
@@ -28,12 +32,27 @@ impl Pipeline {
         Pipeline {
             kind,
             micro_batches,
+            cpu_threads_per_stage: None,
             schedule: None,
+            pools: Vec::new(),
+            last_profile: None,
         }
+    }
+
+    /// Gives each stage on a CPU device `threads` compute threads of its own, as separate
+    /// devices would have, instead of all stages sharing the process's pool.
+    pub fn with_cpu_threads_per_stage(mut self, threads: usize) -> Pipeline {
+        self.cpu_threads_per_stage = Some(threads.max(1));
+        self
     }
 
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
+    }
+
+    /// Each stage's compute time in the last step, and the step's wall time.
+    pub fn last_profile(&self) -> Option<&StepProfile> {
+        self.last_profile.as_ref()
     }
 }
 
@@ -52,6 +71,18 @@ fn staged(setup: &TrainingSetup) -> Result<&StagedModel> {
         })
 }
 
+fn cpu_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| {
+            Error::invalid(
+                "Pipeline",
+                format!("cannot start {threads} compute threads for a stage: {e}"),
+            )
+        })
+}
+
 impl Strategy for Pipeline {
     fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
         let model = staged(setup)?;
@@ -61,6 +92,14 @@ impl Strategy for Pipeline {
         let schedule = Schedule::new(self.kind, model.stages().len(), self.micro_batches)?;
         schedule.validate()?;
         self.schedule = Some(schedule);
+        self.pools = model
+            .devices()
+            .iter()
+            .map(|d| match self.cpu_threads_per_stage {
+                Some(n) if d.location().starts_with("cpu") => cpu_pool(n).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<_>>()?;
         Ok(model.devices().iter().map(|d| d.location().to_string()).collect())
     }
 
@@ -86,7 +125,9 @@ impl Strategy for Pipeline {
             .schedule
             .as_ref()
             .ok_or_else(|| Error::invalid("Pipeline", "setup() has not run: train through Trainer::fit"))?;
-        run_step(staged(setup)?, setup.task.as_ref(), schedule, micro, times)
+        let (loss, profile) = run_step(staged(setup)?, setup.task.as_ref(), schedule, &self.pools, micro, times)?;
+        self.last_profile = Some(profile);
+        Ok(loss)
     }
 
     fn step_reports(&self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {
