@@ -269,6 +269,41 @@ fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
 }
 
 #[test]
+fn a_pipeline_over_two_cpu_devices_learns_as_one_device_does() {
+    let one = short_run_summary("one-device", &["--device", "cpu"]);
+    for schedule in ["gpipe", "1f1b"] {
+        let piped = short_run_summary(
+            schedule,
+            &[
+                "--pipeline-stages",
+                "2",
+                "--devices",
+                "cpu:0,cpu:1",
+                "--schedule",
+                schedule,
+            ],
+        );
+        assert_eq!(piped["device"], "cpu:0,cpu:1", "{piped}");
+        // The same weights and gradients up to f32 rounding, which 150 steps amplify a little.
+        let (a, b) = (one["test_loss"].as_f64().unwrap(), piped["test_loss"].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= 0.02 * a,
+            "{schedule}: test loss {b} against one device's {a}"
+        );
+    }
+}
+
+#[test]
+fn pipeline_flags_that_cannot_work_are_refused() {
+    let out = train(&mnist_dir(), &["--pipeline-stages", "3", "--devices", "cpu:0,cpu:1"]);
+    assert_fails_with(&out, &["--pipeline-stages 3 needs 3 devices"]);
+    let out = train(&mnist_dir(), &["--split", "0-2@cpu:0,4-5@cpu:1", "--max-steps", "1"]);
+    assert_fails_with(&out, &["must cover layers 3-"]);
+    let out = train(&mnist_dir(), &["--split", "0-2@cpu:0,3-4@cpu:1", "--max-steps", "1"]);
+    assert_fails_with(&out, &["cannot place the model's stages", "do not cover the 6 layers"]);
+}
+
+#[test]
 fn sync_batchnorm_over_two_cpu_devices_trains_the_batchnorm_convnet() {
     let dir = TempDir::new("sync-bn");
     let summary = dir.join("summary.json");

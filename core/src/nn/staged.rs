@@ -42,23 +42,24 @@ impl StagedModel {
     /// `sizes[i]` consecutive layers on `devices[i]`: builds the model on each device with
     /// `build` (from the same seed each time, so every stage gets the weights the model would
     /// have on one device) and keeps each stage's layers.
-    pub fn place(
+    pub fn place<E: From<Error>>(
         sizes: &[usize],
         devices: &[Device],
-        mut build: impl FnMut(&Device) -> Result<Sequential>,
-    ) -> Result<StagedModel> {
+        mut build: impl FnMut(&Device) -> std::result::Result<Sequential, E>,
+    ) -> std::result::Result<StagedModel, E> {
         if sizes.len() != devices.len() {
             return Err(Error::invalid(
                 "StagedModel::place",
                 format!("{} stage sizes for {} devices", sizes.len(), devices.len()),
-            ));
+            )
+            .into());
         }
         let mut stages = Vec::with_capacity(sizes.len());
         for (i, device) in devices.iter().enumerate() {
             let stage = build(device)?.split(sizes)?.swap_remove(i);
             stages.push((stage, device.clone()));
         }
-        StagedModel::new(stages)
+        Ok(StagedModel::new(stages)?)
     }
 
     pub fn stages(&self) -> &[Sequential] {

@@ -24,6 +24,9 @@ use self::plan::{GEMM_SIZES, GEMM_TIMING, MlpPlan, Plan};
 use self::report::{Busy, Report, Results};
 use super::threads;
 
+const MLP_BATCH: usize = 128;
+const PIPELINE_BATCH: usize = 2048;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Which {
     Gemm,
@@ -84,9 +87,11 @@ pub struct Args {
     /// The devices of `bench ddp` (one replica each) and `bench pipeline` (one stage each).
     #[arg(long, value_delimiter = ',', default_value = "cpu:0,cpu:1")]
     devices: Vec<String>,
-    /// Batch of the MLP benchmark (for `bench ddp`, the global batch split over --devices).
-    #[arg(long, default_value_t = 128)]
-    batch: usize,
+    /// Batch of the MLP benchmark (for `bench ddp`, the global batch split over --devices;
+    /// default 128) and of `bench pipeline` (cut into --micro-batches; default 2048, so a
+    /// micro-batch of 256 rows keeps the CPU's GEMM about as efficient as the whole batch).
+    #[arg(long)]
+    batch: Option<usize>,
     /// `bench ddp`: timed steps (after 3 warm-up steps) and bucket capacities in MiB.
     #[arg(long, default_value_t = 20)]
     steps: usize,
@@ -142,7 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .chain([10])
                 .collect(),
             precision: args.precision.clone(),
-            batch: args.batch,
+            batch: args.batch.unwrap_or(MLP_BATCH),
             ..MlpPlan::default()
         }),
     };
@@ -195,7 +200,7 @@ fn run_ddp(args: &Args) -> anyhow::Result<()> {
     let plan = ddp::DdpPlan {
         devices: args.devices.clone(),
         hidden: args.hidden.clone(),
-        batch: args.batch,
+        batch: args.batch.unwrap_or(MLP_BATCH),
         warmup_steps: 3,
         steps: args.steps.max(1),
         first_bucket_bytes: buckets.first_bucket_bytes,
@@ -216,12 +221,12 @@ fn run_pipeline(args: &Args, threads: usize) -> anyhow::Result<()> {
         devices: args.devices.clone(),
         depth: args.depth,
         width: args.width,
-        batch: args.batch,
+        batch: args.batch.unwrap_or(PIPELINE_BATCH),
         micro_batches: args.micro_batches,
         // The machine's threads shared out over the stages, as separate devices would compute.
         threads_per_stage: (threads / args.devices.len().max(1)).max(1),
         timing: timing::Timing {
-            warmup: 2,
+            warmup: 1,
             min_reps: args.steps.clamp(1, 5),
             max_reps: args.steps.max(1),
             min_seconds: 5.0,

@@ -93,6 +93,22 @@ pub struct Args {
     /// whose rank died).
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     pub collective_timeout: u64,
+    /// Pipeline parallel: split the model into P stages of even parameter counts, one on each of
+    /// --devices (P devices), and run micro-batches through them at once.
+    #[arg(long, value_name = "P", conflicts_with = "split")]
+    pub pipeline_stages: Option<usize>,
+    /// Pipeline parallel with explicit stages: layer ranges of the model's Sequential and their
+    /// devices, e.g. 0-5@cpu:0,6-11@cpu:1 (every layer once, in order).
+    #[arg(long, value_name = "FIRST-LAST@DEVICE,…")]
+    pub split: Option<String>,
+    /// Pipeline parallel: micro-batches each batch is cut into (1: naive model parallel, one
+    /// stage working at a time).
+    #[arg(long, value_name = "M", default_value_t = 4)]
+    pub micro_batches: usize,
+    /// Pipeline parallel: the schedule, gpipe (all forwards, then all backwards) or 1f1b
+    /// (fewer activations held, the same bubble).
+    #[arg(long, default_value = "1f1b")]
+    pub schedule: lockstep_core::train::pipeline::ScheduleKind,
     /// Data loader worker threads (0 loads on the training thread).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -185,7 +201,8 @@ impl Args {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
-        let replicas = self.devices.len().max(1);
+        let pipelined = self.pipeline_stages.is_some() || self.split.is_some();
+        let replicas = if pipelined { 1 } else { self.devices.len().max(1) };
         if super::balance::enabled(self) {
             anyhow::ensure!(
                 self.batch_size >= replicas,
@@ -197,6 +214,19 @@ impl Args {
                 self.batch_size.is_multiple_of(replicas),
                 "--batch-size {} does not split evenly over {replicas} devices; use a multiple of {replicas}",
                 self.batch_size
+            );
+        }
+        if let Some(stages) = self.pipeline_stages {
+            anyhow::ensure!(
+                stages > 0 && self.devices.len() == stages,
+                "--pipeline-stages {stages} needs {stages} devices, one per stage: give --devices with {stages} names (data parallel replicas of a pipeline are not built yet)"
+            );
+        }
+        anyhow::ensure!(self.micro_batches > 0, "--micro-batches must be at least 1");
+        if pipelined {
+            anyhow::ensure!(
+                !self.sync_batchnorm && !self.balance,
+                "--sync-batchnorm and --balance are for data-parallel replicas, not pipeline stages"
             );
         }
         let mut seen = std::collections::HashSet::new();

@@ -4,6 +4,7 @@ mod args;
 mod balance;
 mod dashboard;
 mod download;
+mod pipeline;
 mod process_group;
 mod progress;
 mod setup;
@@ -30,6 +31,7 @@ pub use dashboard::launcher;
 pub use process_group::NO_MPI;
 pub(crate) use setup::communicators;
 
+use self::pipeline::StagePlan;
 use crate::cli::world::WorldEnv;
 
 /// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
@@ -72,7 +74,9 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
         Some(world) => process_group::train(&args, &world, train_set, test_set, &hooks)?,
         None => {
             let mut devices = setup::devices(&args)?;
-            if devices.len() == 1 {
+            if let Some(stages) = StagePlan::from_args(&args)? {
+                Some(pipelined(&args, stages, train_set, test_set, &hooks)?)
+            } else if devices.len() == 1 {
                 Some(on_one_device(&args, devices.remove(0), train_set, test_set, &hooks)?)
             } else {
                 Some(on_threads(&args, devices, train_set, test_set, &hooks)?)
@@ -102,7 +106,26 @@ fn on_one_device(
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<Finished> {
-    let (device, report, result) = replica(args, device, Collectives::default(), train_set, test_set, hooks)?;
+    let placement = Placement::Device(device);
+    let (device, report, result) = replica(args, placement, Collectives::default(), train_set, test_set, hooks)?;
+    Ok(Finished {
+        device,
+        samples_per_sec: report.samples_per_sec,
+        report,
+        result,
+    })
+}
+
+/// One model split into pipeline stages over several devices, in this thread and one per stage.
+fn pipelined(
+    args: &Args,
+    stages: StagePlan,
+    train_set: Arc<dyn Dataset>,
+    test_set: Arc<dyn Dataset>,
+    hooks: &Hooks,
+) -> anyhow::Result<Finished> {
+    let placement = Placement::Stages(stages);
+    let (device, report, result) = replica(args, placement, Collectives::default(), train_set, test_set, hooks)?;
     Ok(Finished {
         device,
         samples_per_sec: report.samples_per_sec,
@@ -135,7 +158,7 @@ fn on_threads(
                 gradients: Some(comm),
                 batchnorm,
             };
-            std::thread::spawn(move || replica(&args, device, collectives, train, test, &hooks))
+            std::thread::spawn(move || replica(&args, Placement::Device(device), collectives, train, test, &hooks))
         })
         .collect();
     let mut results = Vec::new();
@@ -189,16 +212,25 @@ struct Collectives {
 /// Trains one replica: the whole run without a gradient communicator, else that communicator's
 /// rank of a data-parallel run (its DistributedSampler shard, gradients averaged by a reducer;
 /// only rank 0 validates, shows progress, writes metrics and checkpoints).
+/// Where a replica's model lives.
+enum Placement {
+    Device(Device),
+    /// Split into pipeline stages, each on its own device.
+    Stages(StagePlan),
+}
+
 fn replica(
     args: &Args,
-    device: Device,
+    placement: Placement,
     collectives: Collectives,
     train_set: Arc<dyn Dataset>,
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<(String, FitReport, EvalMetrics)> {
-    let location = device.location().to_string();
-    let mut setup = setup::build(args, device)?;
+    let (location, mut setup) = match &placement {
+        Placement::Device(device) => (device.location().to_string(), setup::build(args, device.clone())?),
+        Placement::Stages(stages) => (stages.describe(), stages.setup(args)?),
+    };
     if let Some(comm) = &collectives.batchnorm {
         // Before the reducer exists, as PyTorch converts before wrapping in DDP.
         setup.model.convert_sync_batchnorm(comm);
@@ -237,6 +269,9 @@ fn replica(
     let test = DataLoader::simple(test_set, false, 0, eval_config)?;
 
     let mut trainer = Trainer::new(args.trainer_config())?;
+    if let Placement::Stages(stages) = &placement {
+        trainer = trainer.with_strategy(stages.strategy(args));
+    }
     if let Some(comm) = comm {
         let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), args.reducer_config())?;
         let balancer = match shares {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lockstep_core::backend::{Communicator, LocalCommunicator};
-use lockstep_core::nn::ModuleExt;
+use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use lockstep_core::train::checkpoint::{host_to_device, load_tensors};
 use lockstep_core::train::{Classification, TrainingSetup};
@@ -62,19 +62,30 @@ pub fn sync_batchnorm_communicators(
 
 /// Model (same seed on every replica, so all start identical), optimizer and task on `device`.
 pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
+    let model = build_model(args, &device)?;
+    build_with(args, Box::new(model), device)
+}
+
+/// The model `--model` names on `device`, from `--seed` or with `--init-weights`.
+pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
     let init = Generator::new(args.seed);
-    let model = models::build(&args.model, &args.hidden, &device, &init)?;
+    let model = models::build(&args.model, &args.hidden, device, &init)?;
     if let Some(path) = &args.init_weights {
         let file = load_tensors(path)?;
         let tensors = file
             .tensors
             .iter()
-            .map(|(n, t)| Ok((n.clone(), host_to_device(t, t.data.dtype(), &device)?)))
+            .map(|(n, t)| Ok((n.clone(), host_to_device(t, t.data.dtype(), device)?)))
             .collect::<lockstep_core::Result<Vec<_>>>()?;
         model
             .load_state_dict(&tensors)
             .with_context(|| format!("--init-weights {} does not fit model {}", path.display(), args.model))?;
     }
+    Ok(model)
+}
+
+/// `model` with the optimizer and task the flags ask for; batches are loaded onto `device`.
+pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow::Result<TrainingSetup> {
     let params = model.parameters();
     let (lr, wd) = (args.lr(), args.weight_decay());
     let optimizer: Box<dyn Optimizer> = match args.optimizer {
@@ -97,7 +108,7 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
         ("precision".to_string(), args.precision.clone()),
     ]);
     Ok(TrainingSetup {
-        model: Box::new(model),
+        model,
         optimizer,
         scheduler: None,
         task: Box::new(Classification),

@@ -14,7 +14,7 @@ use lockstep_core::Device;
 use lockstep_core::data::Dataset;
 
 use super::args::Args;
-use super::{Finished, Hooks, replica};
+use super::{Finished, Hooks, Placement, replica};
 use crate::cli::world::{Launcher, WorldEnv};
 
 pub use mpi::NO_MPI;
@@ -32,11 +32,18 @@ pub fn train(
     let device = device(&args.device, world)?;
     let finished = if uses_nccl(&device) {
         let collectives = nccl::collectives(args, world, &device).with_context(|| format!("rank {rank} of {size}"))?;
-        replica(args, device, collectives, train_set, test_set, hooks)
+        replica(args, Placement::Device(device), collectives, train_set, test_set, hooks)
     } else {
         // The MPI session stays on this (the main) thread until training returns.
         let (job, collectives) = mpi::MpiJob::start(args, world, &device)?;
-        job.finish(replica(args, device, collectives, train_set, test_set, hooks))
+        job.finish(replica(
+            args,
+            Placement::Device(device),
+            collectives,
+            train_set,
+            test_set,
+            hooks,
+        ))
     };
     let (location, report, result) = finished.with_context(|| format!("rank {rank} of {size}"))?;
     Ok((rank == 0).then(|| Finished {
@@ -50,6 +57,10 @@ pub fn train(
 
 /// Flags that cannot work with one replica per process, refused before anything starts.
 fn check_flags(args: &Args, world: &WorldEnv) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.pipeline_stages.is_none() && args.split.is_none(),
+        "a pipeline runs its stages as threads of one process (stages across processes are not built yet): start it without a launcher"
+    );
     anyhow::ensure!(
         args.devices.is_empty(),
         "--devices runs several replicas as threads of one process, but a launcher started this one as rank {} of {}: \

@@ -1,4 +1,5 @@
-//! `lockstep schedule`: a pipeline schedule simulated without devices.
+//! `lockstep schedule` (a pipeline schedule simulated without devices) and `lockstep bench
+//! pipeline` (naive model parallel against GPipe and 1F1B); `train` with a pipeline is in cli.rs.
 
 mod support;
 
@@ -38,4 +39,31 @@ fn an_unknown_schedule_is_named() {
     assert_fails_with(&out, &["unknown schedule `zigzag`", "gpipe or 1f1b"]);
     let out = run(&mut lockstep(&["schedule", "--micro-batches", "0"]));
     assert_fails_with(&out, &["at least 1"]);
+}
+
+#[test]
+fn the_pipeline_bench_compares_each_schedule_with_naive_model_parallel() {
+    let text = stdout_of(&[
+        "bench",
+        "pipeline",
+        "--depth",
+        "2",
+        "--width",
+        "64",
+        "--batch",
+        "32",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "1",
+    ]);
+    assert!(text.contains("2 stages on cpu:0,cpu:1"), "{text}");
+    for row in ["naive     1", "gpipe     4", "1f1b      4"] {
+        assert!(text.contains(row), "no `{row}` row:\n{text}");
+    }
+    // Theory for P=2: 1/2 with one micro-batch, 1/5 with four.
+    assert!(
+        text.contains("1.00x") && text.contains("50.0%") && text.contains("20.0%"),
+        "{text}"
+    );
 }

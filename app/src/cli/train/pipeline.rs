@@ -1,0 +1,109 @@
+//! `--pipeline-stages` and `--split`: which layers of the model go on which device, and the
+//! model and strategy of a pipelined run.
+
+use anyhow::Context;
+use lockstep_core::Device;
+use lockstep_core::nn::{StagedModel, sizes_by_parameters};
+use lockstep_core::train::TrainingSetup;
+use lockstep_core::train::pipeline::Pipeline;
+
+use super::args::Args;
+use super::setup;
+
+/// Consecutive layers per stage, and each stage's device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StagePlan {
+    pub sizes: Vec<usize>,
+    pub devices: Vec<Device>,
+}
+
+impl StagePlan {
+    /// The stages the flags ask for; None for a run without a pipeline.
+    pub fn from_args(args: &Args) -> anyhow::Result<Option<StagePlan>> {
+        if let Some(spec) = &args.split {
+            return parse_split(spec).map(Some);
+        }
+        let Some(stages) = args.pipeline_stages else {
+            return Ok(None);
+        };
+        let devices = setup::devices(args)?;
+        // Parameter counts do not depend on the device.
+        let model = setup::build_model(args, &Device::cpu())?;
+        Ok(Some(StagePlan {
+            sizes: sizes_by_parameters(&model, stages)?,
+            devices,
+        }))
+    }
+
+    /// The model split into these stages (the same weights as on one device), with the
+    /// optimizer and task of the flags; batches are loaded onto the first stage's device.
+    pub fn setup(&self, args: &Args) -> anyhow::Result<TrainingSetup> {
+        let model = StagedModel::place(&self.sizes, &self.devices, |d| setup::build_model(args, d))
+            .with_context(|| format!("cannot place the model's stages ({:?} layers)", self.sizes))?;
+        let mut setup = setup::build_with(args, Box::new(model), self.devices[0].clone())?;
+        let layers = self.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join("+");
+        setup.hparams.extend([
+            ("pipeline_layers".to_string(), layers),
+            ("micro_batches".to_string(), args.micro_batches.to_string()),
+            ("schedule".to_string(), args.schedule.name().to_string()),
+        ]);
+        Ok(setup)
+    }
+
+    /// The schedule of the flags; CPU stages share out the compute threads, as separate
+    /// devices would each compute on their own.
+    pub fn strategy(&self, args: &Args) -> Pipeline {
+        Pipeline::new(args.schedule, args.micro_batches)
+            .with_cpu_threads_per_stage((args.threads / self.devices.len()).max(1))
+    }
+
+    /// The stages' devices, as the summary names them.
+    pub fn describe(&self) -> String {
+        let names: Vec<String> = self.devices.iter().map(|d| d.location().to_string()).collect();
+        names.join(",")
+    }
+}
+
+/// `0-5@cpu:0,6-11@cpu:1`: each stage's first and last layer (a single index for one layer)
+/// and its device; the ranges must follow each other from layer 0.
+fn parse_split(spec: &str) -> anyhow::Result<StagePlan> {
+    let mut plan = StagePlan {
+        sizes: Vec::new(),
+        devices: Vec::new(),
+    };
+    let mut next = 0usize;
+    for part in spec.split(',').map(str::trim) {
+        let bad = || format!("--split part `{part}` is not FIRST-LAST@DEVICE (e.g. 0-5@cpu:0)");
+        let (range, device) = part.split_once('@').with_context(bad)?;
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last): (usize, usize) = (
+            first.trim().parse().with_context(bad)?,
+            last.trim().parse().with_context(bad)?,
+        );
+        anyhow::ensure!(
+            first == next && last >= first,
+            "--split part `{part}` must cover layers {next}-… (each stage starts where the one before ended)"
+        );
+        plan.sizes.push(last - first + 1);
+        plan.devices.push(Device::parse(device.trim())?);
+        next = last + 1;
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_names_consecutive_ranges_and_devices() {
+        let plan = parse_split("0-5@cpu:0, 6-10@cpu:1,11@cpu:0").unwrap();
+        assert_eq!(plan.sizes, vec![6, 5, 1]);
+        assert_eq!(plan.describe(), "cpu:0,cpu:1,cpu:0");
+        let gap = parse_split("0-5@cpu:0,7-11@cpu:1").unwrap_err().to_string();
+        assert!(gap.contains("must cover layers 6-"), "{gap}");
+        let bad = parse_split("0-5cpu:0").unwrap_err().to_string();
+        assert!(bad.contains("not FIRST-LAST@DEVICE"), "{bad}");
+        assert!(parse_split("0-3@tpu:0").is_err());
+    }
+}
