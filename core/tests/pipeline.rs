@@ -1,16 +1,20 @@
 //! Pipeline parallelism on CPU virtual devices: GPipe and 1F1B over P stages and M
 //! micro-batches give the gradients of the whole model on one device, and a pipelined `fit`
-//! trains as one device does.
+//! trains as one device does, alone or as replicas of a hybrid data × pipeline run.
 
 mod replica_support;
 
 use std::sync::Arc;
 
-use lockstep_core::data::{DataLoader, DataLoaderConfig};
+use lockstep_core::backend::LocalCommunicator;
+use lockstep_core::data::{DataLoader, DataLoaderConfig, DistributedSampler};
+use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::models;
 use lockstep_core::nn::{ModuleExt, Sequential, StagedModel};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
-use lockstep_core::train::{Classification, MicroBatch, Precision, StepTimes, Strategy, Task, Trainer, TrainingSetup};
+use lockstep_core::train::{
+    Classification, Hybrid, MicroBatch, Precision, StepTimes, Strategy, Task, Trainer, TrainingSetup,
+};
 use lockstep_core::{Device, Generator, Result, Tensor};
 use replica_support::{Points, SEED, assert_close, config, points_model, setup_with, single_device, weights};
 
@@ -169,6 +173,57 @@ fn a_pipelined_fit_trains_as_one_device_does() {
             "validation runs the stages one after another"
         );
         assert_close(&weights(&s), &want);
+    }
+}
+
+/// Replica `rank`'s shard of the points (world 2), in batches of `batch`.
+fn shard(rank: usize, batch: usize) -> DataLoader {
+    let sampler = Arc::new(DistributedSampler::new(replica_support::LEN, 2, rank, true, SEED, false).unwrap());
+    let loader_config = DataLoaderConfig {
+        batch_size: batch,
+        ..Default::default()
+    };
+    DataLoader::new(Arc::new(Points), sampler, loader_config).unwrap()
+}
+
+#[test]
+fn two_stages_by_two_replicas_train_as_one_device_with_the_global_batch() {
+    let want = single_device(16, 1);
+    // Replica r's stages on cpu:2r and cpu:2r+1; stage s's group joins cpu:s and cpu:2+s.
+    let mut per_replica: Vec<Vec<LocalCommunicator>> = vec![Vec::new(), Vec::new()];
+    for stage in 0..2 {
+        let group = LocalCommunicator::group(vec![cpu(stage).backend().clone(), cpu(2 + stage).backend().clone()]);
+        for (replica, comm) in group.into_iter().enumerate() {
+            per_replica[replica].push(comm);
+        }
+    }
+    let threads: Vec<_> = per_replica
+        .into_iter()
+        .enumerate()
+        .map(|(replica, comms)| {
+            std::thread::spawn(move || {
+                let devices = [cpu(2 * replica), cpu(2 * replica + 1)];
+                let model = StagedModel::place(&[2, 2], &devices, points_model).unwrap();
+                let reducers = model
+                    .stages()
+                    .iter()
+                    .zip(comms)
+                    .map(|(stage, comm)| Reducer::new(&stage.parameters(), Arc::new(comm), ReducerConfig::default()))
+                    .collect::<Result<Vec<_>>>()
+                    .unwrap();
+                let mut s = setup_with(Box::new(model), &devices[0]);
+                let strategy = Hybrid::new(Pipeline::new(ScheduleKind::OneFOneB, 4), reducers);
+                Trainer::new(config(1))
+                    .unwrap()
+                    .with_strategy(strategy)
+                    .fit(&mut s, &shard(replica, 8), None)
+                    .unwrap();
+                weights(&s)
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_close(&t.join().unwrap(), &want);
     }
 }
 

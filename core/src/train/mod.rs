@@ -23,6 +23,6 @@ pub use metrics_log::JsonlWriter;
 pub use state::TrainerState;
 pub use step::{MicroBatch, forward_backward};
 pub use strategy::pipeline;
-pub use strategy::{DataParallel, SingleDevice, StepReports, Strategy};
+pub use strategy::{DataParallel, Hybrid, SingleDevice, StepReports, Strategy};
 pub use task::{Classification, EvalMetrics, Task};
 pub use trainer::{FitReport, Trainer, TrainingSetup};

@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use super::replica_reports::{gather_reports, replica_names};
 use super::{StepReports, Strategy};
+use crate::backend::Communicator;
+use crate::device::Device;
 use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -45,6 +47,21 @@ impl DataParallel {
     }
 }
 
+/// Whether any rank of `comm` wishes (`mine` being this rank's wish); every rank takes part.
+pub(super) fn any_wishes(comm: &dyn Communicator, device: &Device, mine: bool) -> Result<bool> {
+    let wishes = all_gather_values(comm, device, vec![f32::from(u8::from(mine))])?;
+    Ok(wishes.iter().any(|&w| w > 0.0))
+}
+
+/// `reducer.finish()`, its wait counted as communication.
+pub(super) fn finish_timed(reducer: &Reducer, times: &mut StepTimes) -> Result<()> {
+    let phase = Instant::now();
+    reducer.finish()?;
+    times.communication += phase.elapsed().as_secs_f64();
+    times.all_reduce += reducer.last_comm_times().all_reduce;
+    Ok(())
+}
+
 impl Strategy for DataParallel {
     fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
         step::check_precision(precision, &setup.device)?;
@@ -74,11 +91,7 @@ impl Strategy for DataParallel {
     }
 
     fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
-        let phase = Instant::now();
-        self.reducer.finish()?;
-        times.communication += phase.elapsed().as_secs_f64();
-        times.all_reduce += self.reducer.last_comm_times().all_reduce;
-        Ok(())
+        finish_timed(&self.reducer, times)
     }
 
     fn after_optimizer_step(&mut self, setup: &TrainingSetup, state: &TrainerState, times: &StepTimes) -> Result<bool> {
@@ -100,9 +113,7 @@ impl Strategy for DataParallel {
     /// alone would leave the others waiting in their next all-reduce (Lightning reduces its
     /// `should_stop` across ranks the same way).
     fn any_stops(&self, setup: &TrainingSetup, mine: bool) -> Result<bool> {
-        let comm = self.reducer.communicator();
-        let wishes = all_gather_values(comm.as_ref(), &setup.device, vec![f32::from(u8::from(mine))])?;
-        Ok(wishes.iter().any(|&w| w > 0.0))
+        any_wishes(self.reducer.communicator().as_ref(), &setup.device, mine)
     }
 
     /// The communication thread is idle here, after `finish`.

@@ -4,11 +4,13 @@
 //! what to report; it never names a communicator. One file per strategy.
 
 mod data_parallel;
+mod hybrid;
 pub mod pipeline;
 mod replica_reports;
 mod single;
 
 pub use data_parallel::DataParallel;
+pub use hybrid::Hybrid;
 pub use single::SingleDevice;
 
 use super::config::Precision;

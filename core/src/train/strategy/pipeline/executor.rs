@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::schedule::{Action, Pass, Schedule};
 use crate::autocast::AutocastGuard;
+use crate::distributed::Reducer;
 use crate::error::{Error, Result};
 use crate::nn::{Module, Sequential, StagedModel};
 use crate::tensor::Tensor;
@@ -22,13 +23,15 @@ type Ends = (Vec<Option<Sender<Message>>>, Vec<Option<Receiver<Message>>>);
 
 /// Runs `schedule` over `batch` (its first tensor the input on the first stage's device, the
 /// rest targets on the last stage's) cut into the schedule's micro-batches; each micro-batch's
-/// loss is weighted by `batch.weight / M`. Returns the mean of the micro-batches' losses,
+/// loss is weighted by `batch.weight / M`. With `reducers` (one per stage) each stage's
+/// gradients start their all-reduce during its last backward. Returns the mean of the micro-batches' losses,
 /// detached, on the last stage's device.
 pub(super) fn run_step(
     model: &StagedModel,
     task: &dyn Task,
     schedule: &Schedule,
     pools: &[Option<rayon::ThreadPool>],
+    reducers: &[Reducer],
     batch: &MicroBatch<'_>,
     times: &mut StepTimes,
 ) -> Result<(Tensor, StepProfile)> {
@@ -54,6 +57,8 @@ pub(super) fn run_step(
             let run = StageRun {
                 stage: s,
                 module: &model.stages()[s],
+                reducer: reducers.get(s),
+                last_backward: actions.iter().rev().find(|a| a.pass == Pass::Backward).map(|a| a.micro),
                 device: &model.devices()[s],
                 task,
                 batch,
@@ -245,6 +250,10 @@ impl From<Error> for StageFailure {
 struct StageRun<'a> {
     stage: usize,
     module: &'a Sequential,
+    /// Averages this stage's gradients with the other replicas' (hybrid data × pipeline),
+    /// during the stage's last backward of a step that syncs.
+    reducer: Option<&'a Reducer>,
+    last_backward: Option<usize>,
     device: &'a crate::device::Device,
     task: &'a dyn Task,
     batch: &'a MicroBatch<'a>,
@@ -334,6 +343,9 @@ impl StageRun<'_> {
             Some(inbox) => Some(inbox.take(micro).ok_or_else(|| self.starved(micro, "gradients"))?),
         };
         let _timer = Timer::new(compute);
+        if let Some(reducer) = self.reducer {
+            reducer.set_sync(self.batch.ends_step && self.last_backward == Some(micro));
+        }
         match received {
             None => held.output.backward()?,
             Some(g) => held.output.backward_with(g.to_device(self.device)?)?,

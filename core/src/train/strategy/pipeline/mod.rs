@@ -11,4 +11,5 @@ mod timeline;
 pub use executor::{StageCompute, StepProfile};
 pub use schedule::{Action, Pass, Schedule, ScheduleKind};
 pub use strategy::Pipeline;
+pub(in crate::train::strategy) use strategy::staged;
 pub use timeline::{PassCosts, Timeline};

@@ -5,6 +5,7 @@
 use super::executor::{StepProfile, run_step};
 use super::schedule::{Schedule, ScheduleKind};
 use crate::data::Batch;
+use crate::distributed::Reducer;
 use crate::error::{Error, Result};
 use crate::nn::StagedModel;
 use crate::tensor::Tensor;
@@ -50,6 +51,33 @@ impl Pipeline {
         self.schedule.as_ref()
     }
 
+    /// One step's micro-batches through the stages; `reducers` (one per stage, or none) average
+    /// each stage's gradients over the replicas of a hybrid run.
+    pub(in crate::train::strategy) fn run(
+        &mut self,
+        setup: &TrainingSetup,
+        micro: &MicroBatch<'_>,
+        times: &mut StepTimes,
+        reducers: &[Reducer],
+    ) -> Result<Tensor> {
+        let schedule = self
+            .schedule
+            .as_ref()
+            .ok_or_else(|| Error::invalid("Pipeline", "setup() has not run: train through Trainer::fit"))?;
+        let model = staged(setup)?;
+        let (loss, profile) = run_step(
+            model,
+            setup.task.as_ref(),
+            schedule,
+            &self.pools,
+            reducers,
+            micro,
+            times,
+        )?;
+        self.last_profile = Some(profile);
+        Ok(loss)
+    }
+
     /// Each stage's compute time in the last step, and the step's wall time.
     pub fn last_profile(&self) -> Option<&StepProfile> {
         self.last_profile.as_ref()
@@ -57,7 +85,7 @@ impl Pipeline {
 }
 
 /// The model as a `StagedModel`, or an error that says how to make one.
-fn staged(setup: &TrainingSetup) -> Result<&StagedModel> {
+pub(in crate::train::strategy) fn staged(setup: &TrainingSetup) -> Result<&StagedModel> {
     setup
         .model
         .as_ref()
@@ -121,13 +149,7 @@ impl Strategy for Pipeline {
         micro: &MicroBatch<'_>,
         times: &mut StepTimes,
     ) -> Result<Tensor> {
-        let schedule = self
-            .schedule
-            .as_ref()
-            .ok_or_else(|| Error::invalid("Pipeline", "setup() has not run: train through Trainer::fit"))?;
-        let (loss, profile) = run_step(staged(setup)?, setup.task.as_ref(), schedule, &self.pools, micro, times)?;
-        self.last_profile = Some(profile);
-        Ok(loss)
+        self.run(setup, micro, times, &[])
     }
 
     fn step_reports(&self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {

@@ -1,0 +1,80 @@
+//! Hybrid data × pipeline parallel: this trainer is one replica of a data-parallel run whose
+//! model is a pipeline. Each stage's gradients are averaged over the replicas' copies of that
+//! stage with a communicator of its own (data parallel innermost, as DeepSpeed and Megatron lay
+//! out the grid), started during the stage's last backward of the step.
+
+use super::data_parallel::{any_wishes, finish_timed};
+use super::pipeline::{Pipeline, staged};
+use super::{StepReports, Strategy};
+use crate::data::Batch;
+use crate::distributed::Reducer;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use crate::train::config::Precision;
+use crate::train::events::StepTimes;
+use crate::train::step::MicroBatch;
+use crate::train::trainer::TrainingSetup;
+
+pub struct Hybrid {
+    pipeline: Pipeline,
+    /// One per stage, over that stage's parameters and the replicas' devices of that stage.
+    reducers: Vec<Reducer>,
+}
+
+impl Hybrid {
+    /// `pipeline` as one replica; `reducers[s]` averages stage `s`'s gradients (make each with
+    /// `Reducer::new(&stage.parameters(), comm_of_stage_s, …)`). The training loader gives
+    /// this replica its shard of each global batch, as for `DataParallel`.
+    pub fn new(pipeline: Pipeline, reducers: Vec<Reducer>) -> Hybrid {
+        Hybrid { pipeline, reducers }
+    }
+}
+
+impl Strategy for Hybrid {
+    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
+        let devices = self.pipeline.setup(setup, precision)?;
+        if self.reducers.len() != devices.len() {
+            return Err(Error::invalid(
+                "Hybrid",
+                format!(
+                    "{} reducers for {} pipeline stages: give one per stage",
+                    self.reducers.len(),
+                    devices.len()
+                ),
+            ));
+        }
+        Ok(devices)
+    }
+
+    fn batch_to_device(&self, setup: &TrainingSetup, batch: &Batch) -> Result<Vec<Tensor>> {
+        self.pipeline.batch_to_device(setup, batch)
+    }
+
+    fn forward_backward(
+        &mut self,
+        setup: &TrainingSetup,
+        micro: &MicroBatch<'_>,
+        times: &mut StepTimes,
+    ) -> Result<Tensor> {
+        self.pipeline.run(setup, micro, times, &self.reducers)
+    }
+
+    fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
+        self.reducers.iter().try_for_each(|r| finish_timed(r, times))
+    }
+
+    fn stops_together(&self) -> bool {
+        true
+    }
+
+    /// Over the first stage's group, which every replica is in.
+    fn any_stops(&self, setup: &TrainingSetup, mine: bool) -> Result<bool> {
+        let first = &staged(setup)?.devices()[0];
+        any_wishes(self.reducers[0].communicator().as_ref(), first, mine)
+    }
+
+    /// This replica's stages only.
+    fn step_reports(&self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
+        self.pipeline.step_reports(setup, mine)
+    }
+}
