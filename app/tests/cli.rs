@@ -269,7 +269,7 @@ fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
 }
 
 #[test]
-fn a_pipeline_over_two_cpu_devices_learns_as_one_device_does() {
+fn a_pipeline_and_replicas_of_it_learn_as_one_device_does() {
     let one = short_run_summary("one-device", &["--device", "cpu"]);
     for schedule in ["gpipe", "1f1b"] {
         let piped = short_run_summary(
@@ -291,12 +291,26 @@ fn a_pipeline_over_two_cpu_devices_learns_as_one_device_does() {
             "{schedule}: test loss {b} against one device's {a}"
         );
     }
+    // Two replicas of the two-stage pipeline: each stage's gradients averaged over its pair.
+    let hybrid = short_run_summary(
+        "hybrid",
+        &["--pipeline-stages", "2", "--devices", "cpu:0,cpu:1,cpu:2,cpu:3"],
+    );
+    assert_eq!(hybrid["device"], "cpu:0,cpu:1,cpu:2,cpu:3", "{hybrid}");
+    let (a, b) = (
+        one["test_loss"].as_f64().unwrap(),
+        hybrid["test_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        (a - b).abs() <= 0.02 * a,
+        "2 stages x 2 replicas: test loss {b} against one device's {a}"
+    );
 }
 
 #[test]
 fn pipeline_flags_that_cannot_work_are_refused() {
     let out = train(&mnist_dir(), &["--pipeline-stages", "3", "--devices", "cpu:0,cpu:1"]);
-    assert_fails_with(&out, &["--pipeline-stages 3 needs 3 devices"]);
+    assert_fails_with(&out, &["--pipeline-stages 3 needs 3 devices per replica"]);
     let out = train(&mnist_dir(), &["--split", "0-2@cpu:0,4-5@cpu:1", "--max-steps", "1"]);
     assert_fails_with(&out, &["must cover layers 3-"]);
     let out = train(&mnist_dir(), &["--split", "0-2@cpu:0,3-4@cpu:1", "--max-steps", "1"]);

@@ -202,7 +202,11 @@ impl Args {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         let pipelined = self.pipeline_stages.is_some() || self.split.is_some();
-        let replicas = if pipelined { 1 } else { self.devices.len().max(1) };
+        let replicas = match self.pipeline_stages {
+            Some(stages) if stages > 0 => (self.devices.len() / stages).max(1),
+            _ if pipelined => 1,
+            _ => self.devices.len().max(1),
+        };
         if super::balance::enabled(self) {
             anyhow::ensure!(
                 self.batch_size >= replicas,
@@ -218,8 +222,8 @@ impl Args {
         }
         if let Some(stages) = self.pipeline_stages {
             anyhow::ensure!(
-                stages > 0 && self.devices.len() == stages,
-                "--pipeline-stages {stages} needs {stages} devices, one per stage: give --devices with {stages} names (data parallel replicas of a pipeline are not built yet)"
+                stages > 0 && !self.devices.is_empty() && self.devices.len().is_multiple_of(stages),
+                "--pipeline-stages {stages} needs {stages} devices per replica: give --devices with a multiple of {stages} names, stage by stage (stage 0's devices first)"
             );
         }
         anyhow::ensure!(self.micro_batches > 0, "--micro-batches must be at least 1");

@@ -19,7 +19,7 @@ use lockstep_core::Device;
 use lockstep_core::backend::Communicator;
 use lockstep_core::data::mnist::{Mnist, Split};
 use lockstep_core::data::{
-    DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+    BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
 };
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
@@ -75,7 +75,10 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
         None => {
             let mut devices = setup::devices(&args)?;
             if let Some(stages) = StagePlan::from_args(&args)? {
-                Some(pipelined(&args, stages, train_set, test_set, &hooks)?)
+                Some(match stages.replicas.len() {
+                    1 => pipelined(&args, stages, train_set, test_set, &hooks)?,
+                    _ => pipeline_replicas(&args, &stages, train_set, test_set, &hooks)?,
+                })
             } else if devices.len() == 1 {
                 Some(on_one_device(&args, devices.remove(0), train_set, test_set, &hooks)?)
             } else {
@@ -134,6 +137,45 @@ fn pipelined(
     })
 }
 
+/// One thread per replica of a pipeline, each running its stages on threads of their own;
+/// each stage's gradients averaged over the replicas' devices of that stage; rank 0 reports.
+fn pipeline_replicas(
+    args: &Args,
+    stages: &StagePlan,
+    train_set: Arc<dyn Dataset>,
+    test_set: Arc<dyn Dataset>,
+    hooks: &Hooks,
+) -> anyhow::Result<Finished> {
+    let replicas = stages.replicas.len();
+    let mut comms: Vec<Vec<Box<dyn Communicator>>> = (0..replicas).map(|_| Vec::new()).collect();
+    for s in 0..stages.sizes.len() {
+        let group = setup::communicators(&stages.stage_devices(s), args.collective_timeout())?;
+        comms.iter_mut().zip(group).for_each(|(mine, c)| mine.push(c));
+    }
+    let handles: Vec<_> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, stage_comms)| {
+            let placement = Placement::Stages(stages.replica(r));
+            let collectives = Collectives {
+                stages: stage_comms,
+                ..Collectives::default()
+            };
+            let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
+            let hooks = Hooks {
+                controls: None,
+                ..hooks.clone()
+            };
+            std::thread::spawn(move || replica(&args, placement, collectives, train, test, &hooks))
+        })
+        .collect();
+    let finished = join_replicas(handles)?;
+    Ok(Finished {
+        device: stages.describe(),
+        ..finished
+    })
+}
+
 /// One thread per device, each a replica; rank 0 reports.
 fn on_threads(
     args: &Args,
@@ -157,21 +199,32 @@ fn on_threads(
             let collectives = Collectives {
                 gradients: Some(comm),
                 batchnorm,
+                ..Collectives::default()
             };
             std::thread::spawn(move || replica(&args, Placement::Device(device), collectives, train, test, &hooks))
         })
         .collect();
+    let finished = join_replicas(handles)?;
+    Ok(Finished {
+        device: args.devices.join(","),
+        ..finished
+    })
+}
+
+type ReplicaHandle = std::thread::JoinHandle<anyhow::Result<(String, FitReport, EvalMetrics)>>;
+
+/// Waits for every replica; rank 0's report, with the run's rate: the sum of the replicas'
+/// (they trained side by side; their shares differ in a balanced run).
+fn join_replicas(handles: Vec<ReplicaHandle>) -> anyhow::Result<Finished> {
     let mut results = Vec::new();
     for (rank, h) in handles.into_iter().enumerate() {
         let r = h.join().map_err(|_| anyhow::anyhow!("replica {rank} panicked"))?;
         results.push(r.with_context(|| format!("replica {rank}"))?);
     }
-    // The replicas trained side by side: the run's rate is the sum of theirs (their shares
-    // differ in a balanced run).
     let samples_per_sec = results.iter().map(|(_, r, _)| r.samples_per_sec).sum();
-    let (_, report, result) = results.swap_remove(0);
+    let (device, report, result) = results.swap_remove(0);
     Ok(Finished {
-        device: args.devices.join(","),
+        device,
         samples_per_sec,
         report,
         result,
@@ -207,11 +260,53 @@ struct Collectives {
     gradients: Option<Box<dyn Communicator>>,
     /// SyncBatchNorm's (--sync-batchnorm): a group of its own.
     batchnorm: Option<Arc<dyn Communicator>>,
+    /// A replica of a pipeline: one per stage, over every replica's device of that stage.
+    stages: Vec<Box<dyn Communicator>>,
+}
+
+impl Collectives {
+    /// This replica's rank and the number of replicas.
+    fn rank_and_world(&self) -> (usize, usize) {
+        let group = self.gradients.as_deref().or(self.stages.first().map(|c| c.as_ref()));
+        group.map_or((0, 1), |c| (c.rank(), c.world_size()))
+    }
 }
 
 /// Trains one replica: the whole run without a gradient communicator, else that communicator's
 /// rank of a data-parallel run (its DistributedSampler shard, gradients averaged by a reducer;
 /// only rank 0 validates, shows progress, writes metrics and checkpoints).
+/// The trainer with the strategy of `placement` and `collectives`: one device, a data-parallel
+/// replica (balanced by `shares`), a pipeline, or one replica of a pipeline.
+fn with_strategy(
+    trainer: Trainer,
+    args: &Args,
+    placement: &Placement,
+    collectives: Collectives,
+    setup: &lockstep_core::train::TrainingSetup,
+    shares: Option<BatchShares>,
+) -> anyhow::Result<Trainer> {
+    if let Placement::Stages(stages) = placement {
+        return Ok(if collectives.stages.is_empty() {
+            trainer.with_strategy(stages.strategy(args))
+        } else {
+            trainer.with_strategy(stages.hybrid(args, setup, collectives.stages)?)
+        });
+    }
+    let Some(comm) = collectives.gradients else {
+        return Ok(trainer);
+    };
+    let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), args.reducer_config())?;
+    let balancer = match shares {
+        Some(shares) => Some(Balancer::new(shares, reducer.communicator(), args.rebalance_every)?),
+        None => None,
+    };
+    let strategy = DataParallel::new(reducer);
+    Ok(trainer.with_strategy(match balancer {
+        Some(balancer) => strategy.with_balancer(balancer),
+        None => strategy,
+    }))
+}
+
 /// Where a replica's model lives.
 enum Placement {
     Device(Device),
@@ -235,8 +330,7 @@ fn replica(
         // Before the reducer exists, as PyTorch converts before wrapping in DDP.
         setup.model.convert_sync_batchnorm(comm);
     }
-    let comm = collectives.gradients;
-    let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
+    let (rank, world) = collectives.rank_and_world();
     let loader_config = DataLoaderConfig {
         batch_size: args.batch_size / world,
         num_workers: args.workers,
@@ -268,22 +362,14 @@ fn replica(
     };
     let test = DataLoader::simple(test_set, false, 0, eval_config)?;
 
-    let mut trainer = Trainer::new(args.trainer_config())?;
-    if let Placement::Stages(stages) = &placement {
-        trainer = trainer.with_strategy(stages.strategy(args));
-    }
-    if let Some(comm) = comm {
-        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), args.reducer_config())?;
-        let balancer = match shares {
-            Some(shares) => Some(Balancer::new(shares, reducer.communicator(), args.rebalance_every)?),
-            None => None,
-        };
-        let strategy = DataParallel::new(reducer);
-        trainer = trainer.with_strategy(match balancer {
-            Some(balancer) => strategy.with_balancer(balancer),
-            None => strategy,
-        });
-    }
+    let mut trainer = with_strategy(
+        Trainer::new(args.trainer_config())?,
+        args,
+        &placement,
+        collectives,
+        &setup,
+        shares,
+    )?;
     if let Some((stop, pause)) = &hooks.controls {
         trainer = trainer.with_controls(stop.clone(), pause.clone());
     } else if let Some(stop) = &hooks.interrupted {

@@ -1,20 +1,25 @@
 //! `--pipeline-stages` and `--split`: which layers of the model go on which device, and the
-//! model and strategy of a pipelined run.
+//! model and strategy of a pipelined run (one pipeline, or data-parallel replicas of one).
+
+use std::sync::Arc;
 
 use anyhow::Context;
 use lockstep_core::Device;
-use lockstep_core::nn::{StagedModel, sizes_by_parameters};
-use lockstep_core::train::TrainingSetup;
+use lockstep_core::backend::Communicator;
+use lockstep_core::distributed::Reducer;
+use lockstep_core::nn::{ModuleExt, StagedModel, sizes_by_parameters};
 use lockstep_core::train::pipeline::Pipeline;
+use lockstep_core::train::{Hybrid, TrainingSetup};
 
 use super::args::Args;
 use super::setup;
 
-/// Consecutive layers per stage, and each stage's device.
+/// Consecutive layers per stage, and each replica's device for each stage.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StagePlan {
     pub sizes: Vec<usize>,
-    pub devices: Vec<Device>,
+    /// `replicas[r][s]`: replica r's device of stage s (one replica without data parallel).
+    pub replicas: Vec<Vec<Device>>,
 }
 
 impl StagePlan {
@@ -26,21 +31,44 @@ impl StagePlan {
         let Some(stages) = args.pipeline_stages else {
             return Ok(None);
         };
+        // Stage-major, as `--place encoder=cuda:0..3,decoder=cuda:4..7` reads: stage s of
+        // replica r is device s * replicas + r.
         let devices = setup::devices(args)?;
+        let replicas = devices.len() / stages;
         // Parameter counts do not depend on the device.
         let model = setup::build_model(args, &Device::cpu())?;
         Ok(Some(StagePlan {
             sizes: sizes_by_parameters(&model, stages)?,
-            devices,
+            replicas: (0..replicas)
+                .map(|r| (0..stages).map(|s| devices[s * replicas + r].clone()).collect())
+                .collect(),
         }))
+    }
+
+    /// Replica `r`'s pipeline alone.
+    pub fn replica(&self, r: usize) -> StagePlan {
+        StagePlan {
+            sizes: self.sizes.clone(),
+            replicas: vec![self.replicas[r].clone()],
+        }
+    }
+
+    /// Every replica's device of stage `s`.
+    pub fn stage_devices(&self, s: usize) -> Vec<Device> {
+        self.replicas.iter().map(|r| r[s].clone()).collect()
+    }
+
+    /// The first replica's stage devices.
+    fn devices(&self) -> &[Device] {
+        &self.replicas[0]
     }
 
     /// The model split into these stages (the same weights as on one device), with the
     /// optimizer and task of the flags; batches are loaded onto the first stage's device.
     pub fn setup(&self, args: &Args) -> anyhow::Result<TrainingSetup> {
-        let model = StagedModel::place(&self.sizes, &self.devices, |d| setup::build_model(args, d))
+        let model = StagedModel::place(&self.sizes, self.devices(), |d| setup::build_model(args, d))
             .with_context(|| format!("cannot place the model's stages ({:?} layers)", self.sizes))?;
-        let mut setup = setup::build_with(args, Box::new(model), self.devices[0].clone())?;
+        let mut setup = setup::build_with(args, Box::new(model), self.devices()[0].clone())?;
         let layers = self.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join("+");
         setup.hparams.extend([
             ("pipeline_layers".to_string(), layers),
@@ -54,12 +82,38 @@ impl StagePlan {
     /// devices would each compute on their own.
     pub fn strategy(&self, args: &Args) -> Pipeline {
         Pipeline::new(args.schedule, args.micro_batches)
-            .with_cpu_threads_per_stage((args.threads / self.devices.len()).max(1))
+            .with_cpu_threads_per_stage((args.threads / self.devices().len()).max(1))
     }
 
-    /// The stages' devices, as the summary names them.
+    /// This replica's pipeline with each stage's gradients averaged over `comms[s]` (every
+    /// replica's device of stage s).
+    pub fn hybrid(
+        &self,
+        args: &Args,
+        setup: &TrainingSetup,
+        comms: Vec<Box<dyn Communicator>>,
+    ) -> anyhow::Result<Hybrid> {
+        let model = setup
+            .model
+            .as_ref()
+            .as_any()
+            .downcast_ref::<StagedModel>()
+            .context("a pipeline replica's model is staged")?;
+        let reducers = model
+            .stages()
+            .iter()
+            .zip(comms)
+            .map(|(stage, comm)| Reducer::new(&stage.parameters(), Arc::from(comm), args.reducer_config()))
+            .collect::<lockstep_core::Result<Vec<_>>>()?;
+        Ok(Hybrid::new(self.strategy(args), reducers))
+    }
+
+    /// Every device, stage by stage (as --devices lists them), as the summary names them.
     pub fn describe(&self) -> String {
-        let names: Vec<String> = self.devices.iter().map(|d| d.location().to_string()).collect();
+        let names: Vec<String> = (0..self.sizes.len())
+            .flat_map(|s| self.stage_devices(s))
+            .map(|d| d.location().to_string())
+            .collect();
         names.join(",")
     }
 }
@@ -67,10 +121,7 @@ impl StagePlan {
 /// `0-5@cpu:0,6-11@cpu:1`: each stage's first and last layer (a single index for one layer)
 /// and its device; the ranges must follow each other from layer 0.
 fn parse_split(spec: &str) -> anyhow::Result<StagePlan> {
-    let mut plan = StagePlan {
-        sizes: Vec::new(),
-        devices: Vec::new(),
-    };
+    let (mut sizes, mut devices) = (Vec::new(), Vec::new());
     let mut next = 0usize;
     for part in spec.split(',').map(str::trim) {
         let bad = || format!("--split part `{part}` is not FIRST-LAST@DEVICE (e.g. 0-5@cpu:0)");
@@ -84,11 +135,14 @@ fn parse_split(spec: &str) -> anyhow::Result<StagePlan> {
             first == next && last >= first,
             "--split part `{part}` must cover layers {next}-… (each stage starts where the one before ended)"
         );
-        plan.sizes.push(last - first + 1);
-        plan.devices.push(Device::parse(device.trim())?);
+        sizes.push(last - first + 1);
+        devices.push(Device::parse(device.trim())?);
         next = last + 1;
     }
-    Ok(plan)
+    Ok(StagePlan {
+        sizes,
+        replicas: vec![devices],
+    })
 }
 
 #[cfg(test)]

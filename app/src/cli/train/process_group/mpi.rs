@@ -59,6 +59,7 @@ mod with_mpi {
             let collectives = Collectives {
                 gradients: Some(Box::new(comm)),
                 batchnorm,
+                ..Collectives::default()
             };
             Ok((MpiJob { session, rank, size }, collectives))
         }

@@ -43,6 +43,7 @@ pub fn collectives(args: &Args, world: &WorldEnv, device: &Device) -> anyhow::Re
     Ok(Collectives {
         gradients: Some(Box::new(gradients)),
         batchnorm,
+        ..Collectives::default()
     })
 }
 
