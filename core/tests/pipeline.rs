@@ -13,7 +13,8 @@ use lockstep_core::models;
 use lockstep_core::nn::{ModuleExt, Sequential, StagedModel};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
 use lockstep_core::train::{
-    Classification, Hybrid, MicroBatch, Precision, StepTimes, Strategy, Task, Trainer, TrainingSetup,
+    ChannelListener, Classification, Event, Hybrid, MicroBatch, Precision, StepTimes, Strategy, Task, Trainer,
+    TrainingSetup,
 };
 use lockstep_core::{Device, Generator, Result, Tensor};
 use replica_support::{Points, SEED, assert_close, config, points_model, setup_with, single_device, weights};
@@ -163,16 +164,28 @@ fn a_pipelined_fit_trains_as_one_device_does() {
             },
         )
         .unwrap();
-        let report = Trainer::new(config(1))
-            .unwrap()
-            .with_strategy(Pipeline::new(kind, 4))
-            .fit(&mut s, &loader, Some(&loader))
-            .unwrap();
+        let mut trainer = Trainer::new(config(1)).unwrap().with_strategy(Pipeline::new(kind, 4));
+        let (listener, events) = ChannelListener::new(1 << 12);
+        trainer.add_listener(listener);
+        let report = trainer.fit(&mut s, &loader, Some(&loader)).unwrap();
+        drop(trainer);
         assert!(
             report.last_val.is_some(),
             "validation runs the stages one after another"
         );
         assert_close(&weights(&s), &want);
+        // Each logged step reports every stage's compute and waiting, for its device's row.
+        let mut steps = 0;
+        for record in events.iter() {
+            if let Event::Step { rank_times, .. } = record.event {
+                assert_eq!(rank_times.len(), 2, "one entry per stage");
+                for t in &rank_times {
+                    assert!(t.forward > 0.0 && t.backward > 0.0 && t.waiting > 0.0, "{t:?}");
+                }
+                steps += 1;
+            }
+        }
+        assert!(steps > 0, "no step events");
     }
 }
 

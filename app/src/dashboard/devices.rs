@@ -26,13 +26,15 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
-/// Colours of the step phases (data, forward, backward, communication, optimizer).
-const PHASE_COLORS: [Color32; 5] = [
+/// Colours of the step phases (data, forward, backward, communication, optimizer, a pipeline
+/// stage's waiting).
+const PHASE_COLORS: [Color32; 6] = [
     Color32::from_rgb(150, 150, 160),
     Color32::from_rgb(86, 156, 255),
     Color32::from_rgb(255, 140, 66),
     Color32::from_rgb(230, 90, 120),
     Color32::from_rgb(92, 200, 120),
+    Color32::from_rgb(90, 90, 100),
 ];
 
 /// Where a device's steps' time goes, and its share of a balanced run's global batch.

@@ -48,6 +48,10 @@ pub struct StepTimes {
     /// its own: it overlaps `backward`).
     #[serde(default)]
     pub all_reduce: f64,
+    /// A pipeline stage's time waiting for its neighbours' activations or gradients (its share
+    /// of the bubble).
+    #[serde(default)]
+    pub waiting: f64,
 }
 
 impl StepTimes {
@@ -61,6 +65,7 @@ impl StepTimes {
             communication: self.communication / n,
             optimizer: self.optimizer / n,
             all_reduce: self.all_reduce / n,
+            waiting: self.waiting / n,
         }
     }
     /// Each phase's time since `earlier` (these being running totals).
@@ -74,7 +79,7 @@ impl StepTimes {
         self.forward + self.backward + self.optimizer
     }
     /// The fields as numbers, for gathering across ranks (`from_values` reads them back).
-    pub fn values(&self) -> [f64; 6] {
+    pub fn values(&self) -> [f64; 7] {
         [
             self.data_wait,
             self.forward,
@@ -82,10 +87,19 @@ impl StepTimes {
             self.communication,
             self.optimizer,
             self.all_reduce,
+            self.waiting,
         ]
     }
-    pub fn from_values(v: [f64; 6]) -> StepTimes {
-        let [data_wait, forward, backward, communication, optimizer, all_reduce] = v;
+    pub fn from_values(v: [f64; 7]) -> StepTimes {
+        let [
+            data_wait,
+            forward,
+            backward,
+            communication,
+            optimizer,
+            all_reduce,
+            waiting,
+        ] = v;
         StepTimes {
             data_wait,
             forward,
@@ -93,16 +107,19 @@ impl StepTimes {
             communication,
             optimizer,
             all_reduce,
+            waiting,
         }
     }
-    /// (name, seconds) of each phase, in step order.
-    pub fn phases(&self) -> [(&'static str, f64); 5] {
+    /// (name, seconds) of each phase, in step order (a pipeline stage's waiting spreads over
+    /// its forward and backward passes; it is shown last).
+    pub fn phases(&self) -> [(&'static str, f64); 6] {
         [
             ("data", self.data_wait),
             ("forward", self.forward),
             ("backward", self.backward),
             ("communication", self.communication),
             ("optimizer", self.optimizer),
+            ("waiting", self.waiting),
         ]
     }
 }

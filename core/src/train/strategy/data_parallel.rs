@@ -117,7 +117,7 @@ impl Strategy for DataParallel {
     }
 
     /// The communication thread is idle here, after `finish`.
-    fn step_reports(&self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
+    fn step_reports(&mut self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
         let comm = self.reducer.communicator();
         let replicas = gather_reports(comm.as_ref(), &setup.device, mine, &self.replica_names)?;
         let (worker_times, devices) = replicas.into_iter().unzip();

@@ -60,7 +60,8 @@ impl Strategy for Hybrid {
     }
 
     fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
-        self.reducers.iter().try_for_each(|r| finish_timed(r, times))
+        self.reducers.iter().try_for_each(|r| finish_timed(r, times))?;
+        self.pipeline.finish_gradients(times)
     }
 
     fn stops_together(&self) -> bool {
@@ -74,7 +75,7 @@ impl Strategy for Hybrid {
     }
 
     /// This replica's stages only.
-    fn step_reports(&self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
+    fn step_reports(&mut self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
         self.pipeline.step_reports(setup, mine)
     }
 }

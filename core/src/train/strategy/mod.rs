@@ -76,7 +76,7 @@ pub trait Strategy: Send {
     }
 
     /// At a logged step (every worker takes part): step times and device counters.
-    fn step_reports(&self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports>;
+    fn step_reports(&mut self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports>;
 
     /// A balanced run's shares of the global batch, by rank (empty otherwise).
     fn shares(&self) -> Vec<usize> {

@@ -28,7 +28,7 @@ impl Strategy for SingleDevice {
         step::forward_backward(setup, micro, micro.weight, times)
     }
 
-    fn step_reports(&self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {
+    fn step_reports(&mut self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {
         let name = setup.device.location().to_string();
         Ok(StepReports {
             worker_times: Vec::new(),

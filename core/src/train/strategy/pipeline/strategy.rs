@@ -25,6 +25,10 @@ pub struct Pipeline {
     schedule: Option<Schedule>,
     pools: Vec<Option<rayon::ThreadPool>>,
     last_profile: Option<StepProfile>,
+    /// Each stage's compute and waiting summed since the last step report, over
+    /// `steps_summed` optimizer steps.
+    stage_sums: Vec<StepTimes>,
+    steps_summed: u64,
 }
 
 impl Pipeline {
@@ -37,6 +41,8 @@ impl Pipeline {
             schedule: None,
             pools: Vec::new(),
             last_profile: None,
+            stage_sums: Vec::new(),
+            steps_summed: 0,
         }
     }
 
@@ -74,6 +80,12 @@ impl Pipeline {
             micro,
             times,
         )?;
+        self.stage_sums.resize(profile.stages.len(), StepTimes::default());
+        for (sum, c) in self.stage_sums.iter_mut().zip(&profile.stages) {
+            sum.forward += c.forward;
+            sum.backward += c.backward;
+            sum.waiting += (profile.wall - c.forward - c.backward).max(0.0);
+        }
         self.last_profile = Some(profile);
         Ok(loss)
     }
@@ -152,7 +164,27 @@ impl Strategy for Pipeline {
         self.run(setup, micro, times, &[])
     }
 
-    fn step_reports(&self, setup: &TrainingSetup, _mine: &StepTimes) -> Result<StepReports> {
+    fn finish_gradients(&mut self, _times: &mut StepTimes) -> Result<()> {
+        self.steps_summed += 1;
+        Ok(())
+    }
+
+    /// Each stage's compute and waiting (as a stage's "worker" times, for its device's row),
+    /// with the step's data, communication and optimizer times, which the stages share.
+    fn step_reports(&mut self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
+        let steps = std::mem::take(&mut self.steps_summed);
+        let worker_times = std::mem::take(&mut self.stage_sums)
+            .into_iter()
+            .map(|sum| {
+                let stage = sum.per_step(steps);
+                StepTimes {
+                    forward: stage.forward,
+                    backward: stage.backward,
+                    waiting: stage.waiting,
+                    ..*mine
+                }
+            })
+            .collect();
         let mut devices = Vec::new();
         for device in staged(setup)?.devices() {
             let name = device.location().to_string();
@@ -160,9 +192,6 @@ impl Strategy for Pipeline {
                 devices.push(device_stats(device, &name));
             }
         }
-        Ok(StepReports {
-            worker_times: Vec::new(),
-            devices,
-        })
+        Ok(StepReports { worker_times, devices })
     }
 }
