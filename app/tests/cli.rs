@@ -307,6 +307,53 @@ fn a_pipeline_and_replicas_of_it_learn_as_one_device_does() {
     );
 }
 
+/// `train --model seq2seq` for 20 steps placed by `placement`: its summary.
+fn seq2seq_summary(label: &str, placement: &[&str]) -> serde_json::Value {
+    let dir = TempDir::new(label);
+    let summary = dir.join("summary.json");
+    let mut args = vec![
+        "--model",
+        "seq2seq",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--batch-size",
+        "32",
+    ];
+    args.extend_from_slice(&[
+        "--max-steps",
+        "20",
+        "--test-samples",
+        "64",
+        "--summary-out",
+        path_str(&summary),
+    ]);
+    args.extend_from_slice(placement);
+    assert_succeeds(&train(&mnist_dir(), &args));
+    serde_json::from_str(&std::fs::read_to_string(&summary).expect("the summary file")).expect("JSON")
+}
+
+#[test]
+fn seq2seq_with_its_encoder_and_decoder_on_two_devices_trains_as_one_device() {
+    let one = seq2seq_summary("s2s-one", &["--device", "cpu"]);
+    let loss = |j: &serde_json::Value| j["test_loss"].as_f64().expect("test_loss");
+    assert!(loss(&one) < 2.3, "20 steps from ln(12) = 2.48: {one}");
+    for (label, place) in [
+        ("s2s-placed", "encoder=cpu:0,decoder=cpu:1"),
+        ("s2s-replicas", "encoder=cpu:0..1,decoder=cpu:2..3"),
+    ] {
+        let placed = seq2seq_summary(label, &["--place", place]);
+        // Same gradients up to f32 rounding (micro-batches, replicas), over 20 steps.
+        assert!(
+            (loss(&placed) - loss(&one)).abs() <= 1e-3 * loss(&one),
+            "{place}: test loss {} against one device's {}",
+            loss(&placed),
+            loss(&one)
+        );
+    }
+}
+
 #[test]
 fn pipeline_flags_that_cannot_work_are_refused() {
     let out = train(&mnist_dir(), &["--pipeline-stages", "3", "--devices", "cpu:0,cpu:1"]);

@@ -30,9 +30,16 @@ fn path_str(p: &Path) -> &str {
 
 /// The loss of every step of a short run of `recipe` on `device`, read from its metrics log.
 fn step_losses(device: &str, recipe: &[&str], dir: &TempDir) -> Vec<f64> {
-    let metrics = dir.join(&format!("{}-{}.jsonl", device.replace(':', "_"), recipe.join("_")));
+    step_losses_placed(&["--device", device], recipe, dir)
+}
+
+/// `step_losses` with the model placed by `placement` (e.g. `--place encoder=wgpu:0,…`).
+fn step_losses_placed(placement: &[&str], recipe: &[&str], dir: &TempDir) -> Vec<f64> {
+    let label = placement.join("_").replace([':', '=', ',', '-'], "_");
+    let metrics = dir.join(&format!("{label}-{}.jsonl", recipe.join("_")));
     let data = mnist_dir();
-    let mut args = vec!["train", "--data", path_str(&data), "--device", device];
+    let mut args = vec!["train", "--data", path_str(&data)];
+    args.extend_from_slice(placement);
     args.extend_from_slice(recipe);
     args.extend_from_slice(&[
         "--log-every",
@@ -74,6 +81,42 @@ fn training_on_wgpu_follows_the_cpu_run_step_for_step() {
         );
     }
     assert!(gpu[29] < gpu[0] * 0.5, "the wgpu run did not learn: {gpu:?}");
+}
+
+#[test]
+fn seq2seq_with_its_encoder_on_wgpu_follows_the_cpu_run() {
+    if !have_wgpu() {
+        return;
+    }
+    let dir = TempDir::new("wgpu-seq2seq");
+    let recipe = [
+        "--model",
+        "seq2seq",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--batch-size",
+        "16",
+        "--micro-batches",
+        "2",
+        "--max-steps",
+        "2",
+        "--test-samples",
+        "16",
+    ];
+    let cpu = step_losses("cpu", &recipe, &dir);
+    let placed = step_losses_placed(&["--place", "encoder=wgpu:0,decoder=cpu:0"], &recipe, &dir);
+    assert_eq!(cpu.len(), 2);
+    assert_eq!(placed.len(), cpu.len());
+    // Model parallel across vendors, 2 micro-batches: f32 rounding apart from one device.
+    for (step, (c, g)) in cpu.iter().zip(&placed).enumerate() {
+        assert!(
+            (c - g).abs() <= 1e-5 * c.abs(),
+            "step {}: cpu loss {c}, encoder on wgpu {g}",
+            step + 1
+        );
+    }
 }
 
 #[test]

@@ -19,3 +19,28 @@ pub trait Dataset: Send + Sync {
         collate(samples, indices.to_vec())
     }
 }
+
+/// The first `len` samples of another dataset (all of them when it has fewer).
+pub struct Head {
+    inner: std::sync::Arc<dyn Dataset>,
+    len: usize,
+}
+
+impl Head {
+    pub fn new(inner: std::sync::Arc<dyn Dataset>, len: usize) -> Head {
+        let len = len.min(inner.len());
+        Head { inner, len }
+    }
+}
+
+impl Dataset for Head {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn get(&self, index: usize) -> Result<Sample> {
+        self.inner.get(index)
+    }
+    fn get_batch(&self, indices: &[usize]) -> Result<Batch> {
+        self.inner.get_batch(indices)
+    }
+}

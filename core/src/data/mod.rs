@@ -1,18 +1,19 @@
 //! Data loading: datasets, samplers (sequential, random, distributed), batch samplers (a
 //! heterogeneous run's per-rank shares of each global batch), a multi-worker loader that
-//! delivers batches in order, and the MNIST IDX reader.
+//! delivers batches in order, the MNIST IDX reader, and the generated digit-reversal task.
 
 mod batch;
 mod batch_sampler;
 mod dataset;
 mod loader;
 pub mod mnist;
+pub mod reversal;
 mod sampler;
 mod sharded_batches;
 
 pub use batch::{Batch, HostTensor, collate};
 pub use batch_sampler::BatchSampler;
-pub use dataset::{Dataset, Sample};
+pub use dataset::{Dataset, Head, Sample};
 pub use loader::{BatchIter, DataLoader, DataLoaderConfig};
 pub use sampler::{DistributedSampler, RandomSampler, Sampler, SequentialSampler};
 pub use sharded_batches::{BatchShares, ShardedBatches};

@@ -10,6 +10,7 @@ mod config;
 mod events;
 mod fit_loop;
 mod metrics_log;
+mod seq2seq_task;
 mod state;
 mod step;
 mod strategy;
@@ -20,6 +21,7 @@ pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, Lr
 pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use metrics_log::JsonlWriter;
+pub use seq2seq_task::Seq2SeqTask;
 pub use state::TrainerState;
 pub use step::{MicroBatch, forward_backward};
 pub use strategy::pipeline;

@@ -18,8 +18,10 @@ use anyhow::Context;
 use lockstep_core::Device;
 use lockstep_core::backend::Communicator;
 use lockstep_core::data::mnist::{Mnist, Split};
+use lockstep_core::data::reversal::Reversal;
 use lockstep_core::data::{
-    BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+    BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, Head, RandomSampler, Sampler,
+    SequentialSampler,
 };
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
@@ -69,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// The whole run: the data, then one of three ways to train (one process of a launched job,
 /// several devices on threads of this process, one device), then rank 0's summary.
 fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
-    let (train_set, test_set) = load_mnist(&args)?;
+    let (train_set, test_set) = load_data(&args)?;
     let finished = match WorldEnv::from_env()? {
         Some(world) => process_group::train(&args, &world, train_set, test_set, &hooks)?,
         None => {
@@ -89,6 +91,25 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     // Only rank 0 of a process group reports.
     finished.map_or(Ok(()), |f| f.summarize(&args))
 }
+
+/// The model's data: generated digit reversal for seq2seq, else MNIST.
+fn load_data(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let (train, test) = if args.model == "seq2seq" {
+        let train: Arc<dyn Dataset> = Arc::new(Reversal::new(REVERSAL_TRAIN, 1));
+        (train, Arc::new(Reversal::new(REVERSAL_TEST, 2)) as Arc<dyn Dataset>)
+    } else {
+        load_mnist(args)?
+    };
+    let test = match args.test_samples {
+        Some(n) => Arc::new(Head::new(test, n)),
+        None => test,
+    };
+    Ok((train, test))
+}
+
+/// Sequences per epoch and in the test set of `--model seq2seq` (other seeds, other samples).
+const REVERSAL_TRAIN: usize = 100_000;
+const REVERSAL_TEST: usize = 2_000;
 
 fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
     let data_dir = args.data_dir();

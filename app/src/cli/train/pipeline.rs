@@ -28,6 +28,9 @@ impl StagePlan {
         if let Some(spec) = &args.split {
             return parse_split(spec).map(Some);
         }
+        if let Some(spec) = &args.place {
+            return parse_place(spec, &args.model).map(Some);
+        }
         let Some(stages) = args.pipeline_stages else {
             return Ok(None);
         };
@@ -118,6 +121,82 @@ impl StagePlan {
     }
 }
 
+/// The named parts of a model, in layer order, and their layer counts.
+fn parts(model: &str) -> Option<&'static [(&'static str, usize)]> {
+    match model {
+        "seq2seq" => Some(&[("encoder", 1), ("decoder", 1)]),
+        _ => None,
+    }
+}
+
+/// `encoder=cpu:0,decoder=cpu:1`, or ranges (`encoder=cuda:0..3,decoder=cuda:4..7`: four
+/// replicas of the pair); every part named once, each with as many devices.
+fn parse_place(spec: &str, model: &str) -> anyhow::Result<StagePlan> {
+    let parts = parts(model).with_context(|| {
+        format!("--place names the parts of seq2seq (encoder, decoder); for --model {model} use --split or --pipeline-stages")
+    })?;
+    let mut given: Vec<(&str, Vec<Device>)> = Vec::new();
+    for item in spec.split(',').map(str::trim) {
+        let (name, devices) = item
+            .split_once('=')
+            .with_context(|| format!("--place part `{item}` is not PART=DEVICES (e.g. encoder=cpu:0)"))?;
+        given.push((name.trim(), device_range(devices.trim())?));
+    }
+    let names: Vec<&str> = parts.iter().map(|(n, _)| *n).collect();
+    let mut stages = Vec::new();
+    for name in &names {
+        let devices = given
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d.clone())
+            .with_context(|| {
+                format!(
+                    "--place does not say where the {name} goes (parts: {})",
+                    names.join(", ")
+                )
+            })?;
+        stages.push(devices);
+    }
+    if let Some((unknown, _)) = given.iter().find(|(n, _)| !names.contains(n)) {
+        anyhow::bail!(
+            "--place names `{unknown}`, which {model} does not have (parts: {})",
+            names.join(", ")
+        );
+    }
+    let replicas = stages[0].len();
+    anyhow::ensure!(
+        stages.iter().all(|d| d.len() == replicas),
+        "--place gives the parts different numbers of devices; give each part one device per replica"
+    );
+    Ok(StagePlan {
+        sizes: parts.iter().map(|(_, n)| *n).collect(),
+        replicas: (0..replicas)
+            .map(|r| stages.iter().map(|d| d[r].clone()).collect())
+            .collect(),
+    })
+}
+
+/// `cpu:0` or `cuda:0..3` (0 to 3 inclusive).
+fn device_range(spec: &str) -> anyhow::Result<Vec<Device>> {
+    let Some((first, last)) = spec.split_once("..") else {
+        return Ok(vec![Device::parse(spec)?]);
+    };
+    let (kind, start) = first
+        .rsplit_once(':')
+        .with_context(|| format!("`{spec}` is not a device range like cuda:0..3"))?;
+    let (start, end): (usize, usize) = (
+        start
+            .parse()
+            .with_context(|| format!("`{spec}`: {start} is not an index"))?,
+        last.parse()
+            .with_context(|| format!("`{spec}`: {last} is not an index"))?,
+    );
+    anyhow::ensure!(end >= start, "`{spec}`: the range ends before it starts");
+    (start..=end)
+        .map(|i| Ok(Device::parse(&format!("{kind}:{i}"))?))
+        .collect()
+}
+
 /// `0-5@cpu:0,6-11@cpu:1`: each stage's first and last layer (a single index for one layer)
 /// and its device; the ranges must follow each other from layer 0.
 fn parse_split(spec: &str) -> anyhow::Result<StagePlan> {
@@ -159,5 +238,20 @@ mod tests {
         let bad = parse_split("0-5cpu:0").unwrap_err().to_string();
         assert!(bad.contains("not FIRST-LAST@DEVICE"), "{bad}");
         assert!(parse_split("0-3@tpu:0").is_err());
+    }
+
+    #[test]
+    fn a_placement_names_the_parts_and_ranges_make_replicas() {
+        let plan = parse_place("decoder=cpu:1, encoder=cpu:0", "seq2seq").unwrap();
+        assert_eq!(plan.sizes, vec![1, 1]);
+        assert_eq!(plan.describe(), "cpu:0,cpu:1");
+        let plan = parse_place("encoder=cpu:0..1,decoder=cpu:2..3", "seq2seq").unwrap();
+        assert_eq!(plan.replicas.len(), 2);
+        assert_eq!(plan.describe(), "cpu:0,cpu:1,cpu:2,cpu:3");
+        let err = |spec: &str, model: &str| parse_place(spec, model).unwrap_err().to_string();
+        assert!(err("encoder=cpu:0", "seq2seq").contains("where the decoder goes"));
+        assert!(err("encoder=cpu:0,decoder=cpu:1,head=cpu:2", "seq2seq").contains("`head`"));
+        assert!(err("encoder=cpu:0..1,decoder=cpu:2", "seq2seq").contains("different numbers"));
+        assert!(err("encoder=cpu:0,decoder=cpu:1", "mlp").contains("use --split"));
     }
 }

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::data::reversal;
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
 use lockstep_core::train::checkpoint::{host_to_device, load_tensors};
-use lockstep_core::train::{Classification, TrainingSetup};
+use lockstep_core::train::{Classification, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
 
 use super::args::{Args, OptimizerKind};
@@ -84,6 +85,14 @@ pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
     Ok(model)
 }
 
+/// What `--model` learns: digit reversal (sequence to sequence) or MNIST classification.
+fn task(model: &str) -> Box<dyn Task> {
+    match model {
+        "seq2seq" => Box::new(Seq2SeqTask { pad: reversal::PAD }),
+        _ => Box::new(Classification),
+    }
+}
+
 /// `model` with the optimizer and task the flags ask for; batches are loaded onto `device`.
 pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow::Result<TrainingSetup> {
     let params = model.parameters();
@@ -111,7 +120,7 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
         model,
         optimizer,
         scheduler: None,
-        task: Box::new(Classification),
+        task: task(&args.model),
         device,
         generators: Vec::new(),
         model_name: args.model.clone(),

@@ -1,13 +1,17 @@
 //! Built-in models, each one `nn::Sequential` whose parameter names are those of the same
-//! PyTorch `nn.Sequential` (so `--init-weights` and checkpoints move between the two).
+//! PyTorch `nn.Sequential` (seq2seq: `0.` the encoder, `1.` the decoder) (so `--init-weights` and checkpoints move between the two).
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Relu, Sequential};
 use crate::rng::Generator;
 
+mod seq2seq;
+
+pub use seq2seq::{Decoder, Encoder, seq2seq};
+
 /// The model names `build` accepts.
-pub const NAMES: [&str; 3] = ["mlp", "lenet5", "convnet-bn"];
+pub const NAMES: [&str; 4] = ["mlp", "lenet5", "convnet-bn", "seq2seq"];
 
 /// An MLP on flattened 28x28 images: 784 -> hidden… -> 10 with ReLU between layers
 /// (`hidden = [512, 512]` is the default 784-512-512-10).
@@ -73,6 +77,7 @@ pub fn build(name: &str, hidden: &[usize], device: &Device, generator: &Generato
         "mlp" => mlp(hidden, device, generator),
         "lenet5" => lenet5(device, generator),
         "convnet-bn" => convnet_bn(device, generator),
+        "seq2seq" => seq2seq(device, generator),
         other => Err(Error::invalid(
             "model",
             format!("unknown model `{other}`; built-in models: {}", NAMES.join(", ")),

@@ -1,0 +1,135 @@
+//! The model-parallel example: a GRU encoder and a GRU decoder with teacher forcing, as two
+//! layers of a `Sequential`, so `--place encoder=…,decoder=…` puts each on its own device.
+//!
+//! One tensor crosses between them: the encoder's final state beside the decoder's input tokens
+//! (as f32, exact for small integers), `[batch, hidden + steps]`, so the pair also runs as a
+//! pipeline on micro-batches. In training the decoder reads those tokens (teacher forcing); in
+//! evaluation it decodes greedily from the start token, feeding back its own predictions.
+
+use crate::data::reversal::{MAX_LEN, START, VOCAB};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::nn::{Embedding, Linear, Module, Recurrent, RecurrentConfig, RecurrentState, Sequential, gru, join_name};
+use crate::rng::Generator;
+use crate::tensor::Tensor;
+
+pub const EMBEDDING: usize = 32;
+pub const HIDDEN: usize = 128;
+
+/// `[encoder, decoder]` for the digit-reversal task.
+pub fn seq2seq(device: &Device, generator: &Generator) -> Result<Sequential> {
+    let config = RecurrentConfig::new(EMBEDDING, HIDDEN).batch_first(true);
+    Ok(Sequential::new()
+        .add(Encoder {
+            embedding: Embedding::new(VOCAB, EMBEDDING, device, generator)?,
+            gru: gru(config, device, generator)?,
+        })
+        .add(Decoder {
+            embedding: Embedding::new(VOCAB, EMBEDDING, device, generator)?,
+            gru: gru(config, device, generator)?,
+            out: Linear::new(HIDDEN, VOCAB, true, device, generator)?,
+            training: true,
+        }))
+}
+
+/// Reads `[batch, 2 * steps]` tokens (source, then the decoder's input); returns the final
+/// state beside the decoder's input, `[batch, hidden + steps]`.
+pub struct Encoder {
+    pub embedding: Embedding,
+    pub gru: Recurrent,
+}
+
+impl Module for Encoder {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 2 || x.dims()[1] != 2 * MAX_LEN {
+            return Err(Error::invalid(
+                "seq2seq encoder",
+                format!("expects [batch, {}] tokens, got {}", 2 * MAX_LEN, x.shape()),
+            ));
+        }
+        let source = x.narrow(1, 0, MAX_LEN)?;
+        let (_, state) = self.gru.forward_with_state(&self.embedding.forward(&source)?, None)?;
+        let decoder_input = x.narrow(1, MAX_LEN, MAX_LEN)?.to_dtype(DType::F32)?;
+        Tensor::concat(&[&state.h.squeeze(0)?, &decoder_input], 1)
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.embedding.visit_parameters(&join_name(prefix, "embedding."), f);
+        self.gru.visit_parameters(&join_name(prefix, "gru."), f);
+    }
+    fn describe(&self) -> String {
+        format!("Encoder({}, {})", self.embedding.describe(), self.gru.describe())
+    }
+}
+
+/// Reads the encoder's `[batch, hidden + steps]`; returns logits `[batch, steps, vocab]`.
+pub struct Decoder {
+    pub embedding: Embedding,
+    pub gru: Recurrent,
+    pub out: Linear,
+    training: bool,
+}
+
+impl Decoder {
+    /// Logits `[batch, steps, vocab]` of the GRU's outputs `[batch, steps, hidden]`.
+    fn project(&self, outputs: &Tensor) -> Result<Tensor> {
+        let (batch, steps) = (outputs.dims()[0], outputs.dims()[1]);
+        let flat = outputs.contiguous()?.reshape([batch * steps, HIDDEN])?;
+        self.out.forward(&flat)?.reshape([batch, steps, VOCAB])
+    }
+
+    /// Greedy decoding: each step's most likely token is the next step's input.
+    fn decode_greedily(&self, h: Tensor) -> Result<Tensor> {
+        let (batch, device) = (h.dims()[1], h.device().clone());
+        let mut state = RecurrentState { h, c: None };
+        let mut token = Tensor::full([batch, 1], f64::from(START), DType::U32, &device)?;
+        let mut steps = Vec::with_capacity(MAX_LEN);
+        for _ in 0..MAX_LEN {
+            let (out, next) = self
+                .gru
+                .forward_with_state(&self.embedding.forward(&token)?, Some(&state))?;
+            let logits = self.project(&out)?;
+            token = logits.argmax(-1, false)?;
+            steps.push(logits);
+            state = next;
+        }
+        Tensor::concat(&steps.iter().collect::<Vec<_>>(), 1)
+    }
+}
+
+impl Module for Decoder {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 2 || x.dims()[1] != HIDDEN + MAX_LEN {
+            return Err(Error::invalid(
+                "seq2seq decoder",
+                format!("expects the encoder's [batch, {}], got {}", HIDDEN + MAX_LEN, x.shape()),
+            ));
+        }
+        let h = x.narrow(1, 0, HIDDEN)?.unsqueeze(0)?;
+        if !self.training {
+            return self.decode_greedily(h.contiguous()?);
+        }
+        let tokens = x.narrow(1, HIDDEN, MAX_LEN)?.to_dtype(DType::U32)?;
+        let state = RecurrentState { h, c: None };
+        let (outputs, _) = self
+            .gru
+            .forward_with_state(&self.embedding.forward(&tokens)?, Some(&state))?;
+        self.project(&outputs)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.embedding.visit_parameters(&join_name(prefix, "embedding."), f);
+        self.gru.visit_parameters(&join_name(prefix, "gru."), f);
+        self.out.visit_parameters(&join_name(prefix, "out."), f);
+    }
+    fn describe(&self) -> String {
+        format!(
+            "Decoder({}, {}, {})",
+            self.embedding.describe(),
+            self.gru.describe(),
+            self.out.describe()
+        )
+    }
+}

@@ -1,0 +1,45 @@
+//! A lookup table: token ids to learned vectors, `weight` [num_embeddings, dim] as PyTorch's
+//! `nn.Embedding` (initialised N(0, 1)).
+
+use super::module::{Module, join_name};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::rng::Generator;
+use crate::tensor::Tensor;
+
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(num_embeddings: usize, dim: usize, device: &Device, generator: &Generator) -> Result<Embedding> {
+        let weight = Tensor::rand_normal([num_embeddings, dim], 0.0, 1.0, DType::F32, generator, device)?;
+        Ok(Embedding {
+            weight: weight.requires_grad(true),
+        })
+    }
+}
+
+impl Module for Embedding {
+    /// Ids of any shape (u32 or i64) to vectors: the shape with `dim` appended.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        if ids.dtype().is_float() {
+            return Err(Error::invalid(
+                "Embedding",
+                format!("ids must be integers (u32 or i64), got {}", ids.dtype()),
+            ));
+        }
+        let mut dims = ids.dims().to_vec();
+        dims.push(self.weight.dims()[1]);
+        let flat = ids.reshape([ids.elem_count()])?;
+        self.weight.index_select(0, &flat)?.reshape(dims)
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        f(join_name(prefix, "weight"), &self.weight);
+    }
+    fn describe(&self) -> String {
+        let d = self.weight.dims();
+        format!("Embedding({}, {})", d[0], d[1])
+    }
+}
