@@ -53,14 +53,14 @@ fn grads(m: &dyn Module) -> Vec<(String, Vec<f32>)> {
 
 #[test]
 fn the_encoder_and_decoder_pipelined_on_two_devices_have_one_devices_gradients() {
-    let whole = seq2seq(&Device::cpu(), &Generator::new(2)).unwrap();
+    let whole = seq2seq(64, &Device::cpu(), &Generator::new(2)).unwrap();
     let loss = TASK.loss(&whole, &batch(16, &Device::cpu())).unwrap();
     loss.backward().unwrap();
     let want = grads(&whole);
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
         for micro_batches in [1, 2, 4, 8] {
             let devices = [cpu(0), cpu(1)];
-            let staged = StagedModel::place(&[1, 1], &devices, |d| seq2seq(d, &Generator::new(2))).unwrap();
+            let staged = StagedModel::place(&[1, 1], &devices, |d| seq2seq(64, d, &Generator::new(2))).unwrap();
             let s = setup(Box::new(staged), &devices[0]);
             let mut strategy = Pipeline::new(kind, micro_batches);
             strategy.setup(&s, Precision::Full).unwrap();
@@ -94,7 +94,7 @@ fn the_encoder_and_decoder_pipelined_on_two_devices_have_one_devices_gradients()
 #[test]
 fn a_short_run_learns_and_greedy_decoding_is_evaluated() {
     let device = Device::cpu();
-    let mut s = setup(Box::new(seq2seq(&device, &Generator::new(2)).unwrap()), &device);
+    let mut s = setup(Box::new(seq2seq(64, &device, &Generator::new(2)).unwrap()), &device);
     let loader_config = DataLoaderConfig {
         batch_size: 32,
         ..Default::default()

@@ -71,13 +71,15 @@ pub fn convnet_bn(device: &Device, generator: &Generator) -> Result<Sequential> 
         .add(Linear::new(32 * 7 * 7, 10, true, device, generator)?))
 }
 
-/// A built-in model by name; `hidden` applies to `mlp`.
+/// A built-in model by name; `hidden` gives the mlp's widths (default 512, 512) and the seq2seq
+/// GRUs' width (its first value; default 128); empty means the default.
 pub fn build(name: &str, hidden: &[usize], device: &Device, generator: &Generator) -> Result<Sequential> {
     match name {
+        "mlp" if hidden.is_empty() => mlp(&[512, 512], device, generator),
         "mlp" => mlp(hidden, device, generator),
         "lenet5" => lenet5(device, generator),
         "convnet-bn" => convnet_bn(device, generator),
-        "seq2seq" => seq2seq(device, generator),
+        "seq2seq" => seq2seq(hidden.first().copied().unwrap_or(seq2seq::HIDDEN), device, generator),
         other => Err(Error::invalid(
             "model",
             format!("unknown model `{other}`; built-in models: {}", NAMES.join(", ")),

@@ -15,11 +15,15 @@ use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 pub const EMBEDDING: usize = 32;
+/// The GRUs' width unless given.
 pub const HIDDEN: usize = 128;
 
-/// `[encoder, decoder]` for the digit-reversal task.
-pub fn seq2seq(device: &Device, generator: &Generator) -> Result<Sequential> {
-    let config = RecurrentConfig::new(EMBEDDING, HIDDEN).batch_first(true);
+/// `[encoder, decoder]` for the digit-reversal task, GRUs of `hidden` features.
+pub fn seq2seq(hidden: usize, device: &Device, generator: &Generator) -> Result<Sequential> {
+    if hidden == 0 {
+        return Err(Error::invalid("seq2seq", "the hidden width must be at least 1"));
+    }
+    let config = RecurrentConfig::new(EMBEDDING, hidden).batch_first(true);
     Ok(Sequential::new()
         .add(Encoder {
             embedding: Embedding::new(VOCAB, EMBEDDING, device, generator)?,
@@ -28,7 +32,7 @@ pub fn seq2seq(device: &Device, generator: &Generator) -> Result<Sequential> {
         .add(Decoder {
             embedding: Embedding::new(VOCAB, EMBEDDING, device, generator)?,
             gru: gru(config, device, generator)?,
-            out: Linear::new(HIDDEN, VOCAB, true, device, generator)?,
+            out: Linear::new(hidden, VOCAB, true, device, generator)?,
             training: true,
         }))
 }
@@ -71,10 +75,14 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    fn hidden(&self) -> usize {
+        self.gru.config.hidden_size
+    }
+
     /// Logits `[batch, steps, vocab]` of the GRU's outputs `[batch, steps, hidden]`.
     fn project(&self, outputs: &Tensor) -> Result<Tensor> {
         let (batch, steps) = (outputs.dims()[0], outputs.dims()[1]);
-        let flat = outputs.contiguous()?.reshape([batch * steps, HIDDEN])?;
+        let flat = outputs.contiguous()?.reshape([batch * steps, self.hidden()])?;
         self.out.forward(&flat)?.reshape([batch, steps, VOCAB])
     }
 
@@ -99,17 +107,18 @@ impl Decoder {
 
 impl Module for Decoder {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.rank() != 2 || x.dims()[1] != HIDDEN + MAX_LEN {
+        let hidden = self.hidden();
+        if x.rank() != 2 || x.dims()[1] != hidden + MAX_LEN {
             return Err(Error::invalid(
                 "seq2seq decoder",
-                format!("expects the encoder's [batch, {}], got {}", HIDDEN + MAX_LEN, x.shape()),
+                format!("expects the encoder's [batch, {}], got {}", hidden + MAX_LEN, x.shape()),
             ));
         }
-        let h = x.narrow(1, 0, HIDDEN)?.unsqueeze(0)?;
+        let h = x.narrow(1, 0, hidden)?.unsqueeze(0)?;
         if !self.training {
             return self.decode_greedily(h.contiguous()?);
         }
-        let tokens = x.narrow(1, HIDDEN, MAX_LEN)?.to_dtype(DType::U32)?;
+        let tokens = x.narrow(1, hidden, MAX_LEN)?.to_dtype(DType::U32)?;
         let state = RecurrentState { h, c: None };
         let (outputs, _) = self
             .gru

@@ -21,8 +21,9 @@ pub struct Args {
     /// its accuracy is exact sequences).
     #[arg(long, default_value = "mlp")]
     pub model: String,
-    /// Hidden layer widths of the mlp, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "512,512")]
+    /// Hidden layer widths of the mlp, comma separated (default 512,512); for seq2seq, its
+    /// GRUs' width (default 128).
+    #[arg(long, value_delimiter = ',')]
     pub hidden: Vec<usize>,
     /// Directory with the four MNIST IDX files (default: $LOCKSTEP_DATA or ./data/mnist).
     #[arg(long)]
