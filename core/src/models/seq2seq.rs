@@ -45,6 +45,10 @@ pub struct Encoder {
 }
 
 impl Module for Encoder {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        self.embedding.map_tensors(f)?;
+        self.gru.map_tensors(f)
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() != 2 || x.dims()[1] != 2 * MAX_LEN {
             return Err(Error::invalid(
@@ -106,6 +110,11 @@ impl Decoder {
 }
 
 impl Module for Decoder {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        self.embedding.map_tensors(f)?;
+        self.gru.map_tensors(f)?;
+        self.out.map_tensors(f)
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let hidden = self.hidden();
         if x.rank() != 2 || x.dims()[1] != hidden + MAX_LEN {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::module::{Module, join_name};
+use super::module::{Module, join_name, remap, remap_opt};
 use crate::autograd::no_grad;
 use crate::backend::Communicator;
 use crate::device::Device;
@@ -155,6 +155,13 @@ impl BatchNorm {
 }
 
 impl Module for BatchNorm {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        remap_opt(&mut self.weight, f)?;
+        remap_opt(&mut self.bias, f)?;
+        remap(&mut self.running_mean, f)?;
+        remap(&mut self.running_var, f)?;
+        remap(&mut self.num_batches_tracked, f)
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let name = self.kind.name();
         if !self.kind.accepts(x.rank()) {

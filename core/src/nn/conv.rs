@@ -1,7 +1,7 @@
 //! 2-D convolution with weight `[out, in/groups, kh, kw]` and PyTorch's default initialisation.
 
 use super::init;
-use super::module::{Module, join_name};
+use super::module::{Module, join_name, remap, remap_opt};
 use super::spatial::{pair, per_image};
 use crate::backend::UnaryOp;
 use crate::device::Device;
@@ -144,6 +144,10 @@ impl Conv2d {
 }
 
 impl Module for Conv2d {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        remap(&mut self.weight, f)?;
+        remap_opt(&mut self.bias, f)
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_act(x, None)
     }

@@ -1,7 +1,7 @@
 //! A lookup table: token ids to learned vectors, `weight` [num_embeddings, dim] as PyTorch's
 //! `nn.Embedding` (initialised N(0, 1)).
 
-use super::module::{Module, join_name};
+use super::module::{Module, join_name, remap};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -22,6 +22,9 @@ impl Embedding {
 }
 
 impl Module for Embedding {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        remap(&mut self.weight, f)
+    }
     /// Ids of any shape (u32 or i64) to vectors: the shape with `dim` appended.
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         if ids.dtype().is_float() {

@@ -1,7 +1,7 @@
 //! Fully connected layer: `y = x @ weight^T + bias`, weight `[out, in]` as in PyTorch.
 
 use super::init;
-use super::module::{Module, join_name};
+use super::module::{Module, join_name, remap, remap_opt};
 use crate::backend::UnaryOp;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -62,6 +62,10 @@ impl Linear {
 }
 
 impl Module for Linear {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        remap(&mut self.weight, f)?;
+        remap_opt(&mut self.bias, f)
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_act(x, None)
     }

@@ -3,8 +3,10 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use crate::autograd::no_grad;
 use crate::backend::{Communicator, UnaryOp};
-use crate::error::Result;
+use crate::device::Device;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// A module as `&dyn Any`, so a strategy can ask whether a model is the kind it drives (a
@@ -39,6 +41,13 @@ pub trait Module: AsAny + Send + Sync {
         self.visit_buffers(prefix, f);
     }
 
+    /// Replaces every parameter and buffer with `f`'s result (`to_device` moves a module this
+    /// way); containers recurse. Every module that holds tensors implements it: `to_device`
+    /// checks that none stayed behind.
+    fn map_tensors(&mut self, _f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        Ok(())
+    }
+
     /// Switches training behaviour (dropout, batch statistics) on or off.
     fn set_training(&mut self, _training: bool) {}
 
@@ -63,6 +72,17 @@ pub trait Module: AsAny + Send + Sync {
     fn forward_activated(&self, _x: &Tensor, _act: UnaryOp) -> Option<Result<Tensor>> {
         None
     }
+}
+
+/// `*t = f(t)`, for `map_tensors`.
+pub fn remap(t: &mut Tensor, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+    *t = f(t)?;
+    Ok(())
+}
+
+/// `remap` of an optional tensor (a bias).
+pub fn remap_opt(t: &mut Option<Tensor>, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+    t.as_mut().map_or(Ok(()), |t| remap(t, f))
 }
 
 /// `prefix` + `name`, the dotted naming of nested modules.
@@ -111,6 +131,30 @@ pub trait ModuleExt: Module {
     }
     fn zero_grad(&self) {
         self.parameters().iter().for_each(Tensor::zero_grad)
+    }
+    /// Moves every parameter and buffer to `device` (PyTorch's `module.to(device)`); parameters
+    /// stay leaves that require grad. Build the optimizer after moving: it holds the tensors.
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        no_grad(|| {
+            self.map_tensors(&mut |t| {
+                let moved = t.to_device(device)?.detach();
+                Ok(if t.tracks_grad() {
+                    moved.requires_grad(true)
+                } else {
+                    moved
+                })
+            })
+        })?;
+        match self.state_dict().into_iter().find(|(_, t)| t.device() != device) {
+            Some((name, t)) => Err(Error::invalid(
+                "to_device",
+                format!(
+                    "{name} stayed on {}: its module does not implement map_tensors",
+                    t.device()
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 }
 

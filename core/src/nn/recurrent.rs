@@ -4,7 +4,7 @@
 //! differentiate on every backend. Each layer's input products for all time steps are one GEMM.
 
 use super::init;
-use super::module::{Module, join_name};
+use super::module::{Module, join_name, remap, remap_opt};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -255,6 +255,15 @@ impl Recurrent {
 }
 
 impl Module for Recurrent {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        for l in &mut self.layers {
+            remap(&mut l.weight_ih, f)?;
+            remap(&mut l.weight_hh, f)?;
+            remap_opt(&mut l.bias_ih, f)?;
+            remap_opt(&mut l.bias_hh, f)?;
+        }
+        Ok(())
+    }
     /// The output sequence (the final state is `forward_with_state`'s).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_with_state(x, None).map(|(out, _)| out)

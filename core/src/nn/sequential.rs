@@ -74,6 +74,9 @@ impl Sequential {
 }
 
 impl Module for Sequential {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        self.layers.iter_mut().try_for_each(|l| l.map_tensors(f))
+    }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         let mut i = 0;

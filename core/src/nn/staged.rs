@@ -2,7 +2,7 @@
 //! pipeline training. Called directly it runs stage after stage, moving the activations
 //! between devices (naive model parallel, also how it evaluates); a pipeline strategy runs the
 //! stages at once on micro-batches. Tensors keep the whole model's names, so a checkpoint loads
-//! on one device or on another placement.
+//! on one device or on another placement, and `to_device` gathers the stages onto one device.
 
 use std::sync::Arc;
 
@@ -39,27 +39,30 @@ impl StagedModel {
         Ok(StagedModel { stages, devices })
     }
 
-    /// `sizes[i]` consecutive layers on `devices[i]`: builds the model on each device with
-    /// `build` (from the same seed each time, so every stage gets the weights the model would
-    /// have on one device) and keeps each stage's layers.
+    /// `model` cut into `sizes[i]` consecutive layers, each part moved to `devices[i]` (as
+    /// PyTorch's `encoder.to(dev0)`, `decoder.to(dev1)`); build the optimizer afterwards.
+    pub fn split(model: Sequential, sizes: &[usize], devices: &[Device]) -> Result<StagedModel> {
+        if sizes.len() != devices.len() {
+            return Err(Error::invalid(
+                "StagedModel::split",
+                format!("{} stage sizes for {} devices", sizes.len(), devices.len()),
+            ));
+        }
+        let mut stages = Vec::with_capacity(sizes.len());
+        for (mut part, device) in model.split(sizes)?.into_iter().zip(devices) {
+            part.to_device(device)?;
+            stages.push((part, device.clone()));
+        }
+        StagedModel::new(stages)
+    }
+
+    /// `split` of the model `build` makes in host memory (so no device ever holds all of it).
     pub fn place<E: From<Error>>(
         sizes: &[usize],
         devices: &[Device],
-        mut build: impl FnMut(&Device) -> std::result::Result<Sequential, E>,
+        build: impl FnOnce(&Device) -> std::result::Result<Sequential, E>,
     ) -> std::result::Result<StagedModel, E> {
-        if sizes.len() != devices.len() {
-            return Err(Error::invalid(
-                "StagedModel::place",
-                format!("{} stage sizes for {} devices", sizes.len(), devices.len()),
-            )
-            .into());
-        }
-        let mut stages = Vec::with_capacity(sizes.len());
-        for (i, device) in devices.iter().enumerate() {
-            let stage = build(device)?.split(sizes)?.swap_remove(i);
-            stages.push((stage, device.clone()));
-        }
-        Ok(StagedModel::new(stages)?)
+        Ok(StagedModel::split(build(&Device::cpu())?, sizes, devices)?)
     }
 
     pub fn stages(&self) -> &[Sequential] {
@@ -137,6 +140,16 @@ impl Module for StagedModel {
     }
     fn set_training(&mut self, training: bool) {
         self.stages.iter_mut().for_each(|s| s.set_training(training));
+    }
+    /// Every stage's tensors; each stage's device becomes where its tensors went.
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        for (stage, device) in self.stages.iter_mut().zip(&mut self.devices) {
+            stage.map_tensors(f)?;
+            if let Some((_, t)) = stage.state_dict().first() {
+                *device = t.device().clone();
+            }
+        }
+        Ok(())
     }
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
         self.stages.iter_mut().for_each(|s| s.convert_sync_batchnorm(comm));
