@@ -182,9 +182,12 @@ impl Callback for StopAt {
     }
 }
 
+/// A replica's final (epoch, global step), weights and stop reason.
+type Stopped = ((u64, u64), Vec<Vec<f32>>, String);
+
 /// Two replicas where only rank 0 carries `stop` (as only rank 0 carries callbacks in the
-/// app): each replica's final (epoch, global step), weights and stop reason.
-fn stopped_by_rank_0(stop: StopAt) -> Vec<((u64, u64), Vec<Vec<f32>>, String)> {
+/// app): each replica's `Stopped`.
+fn stopped_by_rank_0(stop: StopAt) -> Vec<Stopped> {
     let stop = std::sync::Mutex::new(Some(stop));
     on_cpu_ranks_with_timeout(2, Duration::from_secs(20), move |device, comm| {
         let rank = comm.rank();
