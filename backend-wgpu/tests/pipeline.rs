@@ -55,13 +55,7 @@ fn a_wgpu_stage_and_a_cpu_stage_give_the_cpu_gradients() {
     let mut strategy = Pipeline::new(ScheduleKind::OneFOneB, 4);
     strategy.setup(&setup, Precision::Full).unwrap();
     let tensors = [x.to_device(&wgpu).unwrap(), y];
-    let micro = MicroBatch {
-        tensors: &tensors,
-        weight: 1.0,
-        precision: Precision::Full,
-        scaler: None,
-        ends_step: true,
-    };
+    let micro = MicroBatch::whole(&tensors);
     strategy
         .forward_backward(&setup, &micro, &mut StepTimes::default())
         .unwrap();

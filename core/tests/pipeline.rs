@@ -93,13 +93,7 @@ fn pipelined(
 
 /// One full-precision micro-batch of weight 1 through `strategy`.
 fn forward_backward(strategy: &mut Pipeline, setup: &TrainingSetup, tensors: &[Tensor]) -> Result<Tensor> {
-    let micro = MicroBatch {
-        tensors,
-        weight: 1.0,
-        precision: Precision::Full,
-        scaler: None,
-        ends_step: true,
-    };
+    let micro = MicroBatch::whole(tensors);
     strategy.forward_backward(setup, &micro, &mut StepTimes::default())
 }
 

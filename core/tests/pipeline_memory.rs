@@ -63,13 +63,7 @@ fn step(kind: ScheduleKind, first: usize) -> Measured {
     strategy.setup(&setup, Precision::Full).unwrap();
     let base = allocated(&devices[0]);
     let tensors = [x, y];
-    let micro = MicroBatch {
-        tensors: &tensors,
-        weight: 1.0,
-        precision: Precision::Full,
-        scaler: None,
-        ends_step: true,
-    };
+    let micro = MicroBatch::whole(&tensors);
     strategy
         .forward_backward(&setup, &micro, &mut StepTimes::default())
         .unwrap();

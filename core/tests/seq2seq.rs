@@ -66,13 +66,7 @@ fn the_encoder_and_decoder_pipelined_on_two_devices_have_one_devices_gradients()
             strategy.setup(&s, Precision::Full).unwrap();
             let mut tensors = batch(16, &devices[0]);
             tensors[1] = tensors[1].to_device(&devices[1]).unwrap();
-            let micro = MicroBatch {
-                tensors: &tensors,
-                weight: 1.0,
-                precision: Precision::Full,
-                scaler: None,
-                ends_step: true,
-            };
+            let micro = MicroBatch::whole(&tensors);
             let got_loss = strategy
                 .forward_backward(&s, &micro, &mut StepTimes::default())
                 .unwrap();

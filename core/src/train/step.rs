@@ -28,7 +28,19 @@ pub struct MicroBatch<'a> {
     pub ends_step: bool,
 }
 
-impl MicroBatch<'_> {
+impl<'a> MicroBatch<'a> {
+    /// `tensors` as a whole step in full precision (weight 1, no loss scaling): for driving a
+    /// strategy directly, in benchmarks and tests.
+    pub fn whole(tensors: &'a [Tensor]) -> MicroBatch<'a> {
+        MicroBatch {
+            tensors,
+            weight: 1.0,
+            precision: Precision::Full,
+            scaler: None,
+            ends_step: true,
+        }
+    }
+
     /// Samples in this micro-batch (the first tensor's leading dimension).
     pub fn samples(&self) -> u64 {
         self.tensors

@@ -115,13 +115,7 @@ fn schedule_steps(
     let tensors = [x, Tensor::from_vec(labels, [plan.batch], last)?];
     let mut bubbles = Vec::new();
     let measured = plan.timing.measure(|| {
-        let micro = MicroBatch {
-            tensors: &tensors,
-            weight: 1.0,
-            precision: Precision::Full,
-            scaler: None,
-            ends_step: true,
-        };
+        let micro = MicroBatch::whole(&tensors);
         let loss = strategy.forward_backward(&setup, &micro, &mut StepTimes::default())?;
         setup.optimizer.step()?;
         setup.optimizer.zero_grad();

@@ -78,11 +78,12 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
             let mut devices = setup::devices(&args)?;
             if let Some(stages) = StagePlan::from_args(&args)? {
                 Some(match stages.replicas.len() {
-                    1 => pipelined(&args, stages, train_set, test_set, &hooks)?,
+                    1 => alone(&args, Placement::Stages(stages), train_set, test_set, &hooks)?,
                     _ => pipeline_replicas(&args, &stages, train_set, test_set, &hooks)?,
                 })
             } else if devices.len() == 1 {
-                Some(on_one_device(&args, devices.remove(0), train_set, test_set, &hooks)?)
+                let placement = Placement::Device(devices.remove(0));
+                Some(alone(&args, placement, train_set, test_set, &hooks)?)
             } else {
                 Some(on_threads(&args, devices, train_set, test_set, &hooks)?)
             }
@@ -123,32 +124,14 @@ fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>
     Ok((train_set, test_set))
 }
 
-fn on_one_device(
+/// One model, in this thread: on one device, or split into pipeline stages (a thread each).
+fn alone(
     args: &Args,
-    device: Device,
+    placement: Placement,
     train_set: Arc<dyn Dataset>,
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<Finished> {
-    let placement = Placement::Device(device);
-    let (device, report, result) = replica(args, placement, Collectives::default(), train_set, test_set, hooks)?;
-    Ok(Finished {
-        device,
-        samples_per_sec: report.samples_per_sec,
-        report,
-        result,
-    })
-}
-
-/// One model split into pipeline stages over several devices, in this thread and one per stage.
-fn pipelined(
-    args: &Args,
-    stages: StagePlan,
-    train_set: Arc<dyn Dataset>,
-    test_set: Arc<dyn Dataset>,
-    hooks: &Hooks,
-) -> anyhow::Result<Finished> {
-    let placement = Placement::Stages(stages);
     let (device, report, result) = replica(args, placement, Collectives::default(), train_set, test_set, hooks)?;
     Ok(Finished {
         device,
