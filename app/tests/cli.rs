@@ -355,6 +355,37 @@ fn seq2seq_with_its_encoder_and_decoder_on_two_devices_trains_as_one_device() {
 }
 
 #[test]
+fn a_cosine_schedule_takes_the_rate_to_zero_over_the_run() {
+    let dir = TempDir::new("cosine");
+    let metrics = dir.join("metrics.jsonl");
+    let args = [
+        "--hidden",
+        "32",
+        "--max-steps",
+        "10",
+        "--log-every",
+        "5",
+        "--lr",
+        "0.1",
+        "--lr-schedule",
+        "cosine",
+        "--metrics-out",
+        path_str(&metrics),
+    ];
+    assert_succeeds(&train(&mnist_dir(), &args));
+    let rates: Vec<f64> = std::fs::read_to_string(&metrics)
+        .expect("the metrics log")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON"))
+        .filter(|e| e["event"] == "step")
+        .map(|e| e["lr"].as_f64().expect("a rate"))
+        .collect();
+    // Half-way down the half cosine, then at its end.
+    assert_eq!(rates.len(), 2, "{rates:?}");
+    assert!((rates[0] - 0.05).abs() < 1e-12 && rates[1].abs() < 1e-12, "{rates:?}");
+}
+
+#[test]
 fn pipeline_flags_that_cannot_work_are_refused() {
     let out = train(&mnist_dir(), &["--pipeline-stages", "3", "--devices", "cpu:0,cpu:1"]);
     assert_fails_with(&out, &["--pipeline-stages 3 needs 3 devices per replica"]);

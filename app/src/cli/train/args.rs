@@ -5,13 +5,21 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use lockstep_core::distributed::ReducerConfig;
-use lockstep_core::train::{GradientClip, Precision, TrainerConfig};
+use lockstep_core::train::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
     Sgd,
     Adam,
     Adamw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LrSchedule {
+    /// The learning rate stays --lr.
+    Constant,
+    /// From --lr down to 0 along a half cosine over the run's optimizer steps, stepped each step.
+    Cosine,
 }
 
 #[derive(Parser, Debug, Clone)]
@@ -46,6 +54,9 @@ pub struct Args {
     /// Learning rate (default: 0.05 for sgd, 0.001 for adam/adamw).
     #[arg(long)]
     pub lr: Option<f64>,
+    /// How the learning rate moves over the run.
+    #[arg(long, value_enum, default_value_t = LrSchedule::Constant)]
+    pub lr_schedule: LrSchedule,
     /// SGD momentum: the default recipe (lr 0.05, momentum 0.9) reaches about 96% on MNIST
     /// in 300 steps of the MLP; 0 is plain SGD.
     #[arg(long, default_value_t = 0.9)]
@@ -303,6 +314,7 @@ impl Args {
             log_every_n_steps: self.log_every,
             seed: self.seed,
             precision: Precision::parse(&self.precision).unwrap_or_default(),
+            scheduler_interval: SchedulerInterval::Step,
             ..Default::default()
         }
     }

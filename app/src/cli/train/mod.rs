@@ -360,6 +360,7 @@ fn replica(
         Some(shares) => balance::loader(args, train_set, rank, shares, loader_config.clone())?,
         None => DataLoader::new(train_set, sampler, loader_config.clone())?,
     };
+    setup.scheduler = setup::scheduler(args, train.len(), setup.optimizer.as_mut())?;
     let eval_config = DataLoaderConfig {
         batch_size: 1000,
         ..loader_config

@@ -8,12 +8,12 @@ use anyhow::Context;
 use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::data::reversal;
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
-use lockstep_core::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use lockstep_core::optim::{Adam, AdamConfig, CosineAnnealingLR, LrScheduler, Optimizer, Sgd, SgdConfig};
 use lockstep_core::train::checkpoint::{host_to_device, load_tensors};
 use lockstep_core::train::{Classification, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
 
-use super::args::{Args, OptimizerKind};
+use super::args::{Args, LrSchedule, OptimizerKind};
 
 /// The devices of the run: `--devices a,b,…` (one replica each), else `--device`.
 pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {
@@ -83,6 +83,22 @@ pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
             .with_context(|| format!("--init-weights {} does not fit model {}", path.display(), args.model))?;
     }
     Ok(model)
+}
+
+/// The `--lr-schedule` over the run's optimizer steps (`batches` per epoch); None when constant.
+pub fn scheduler(args: &Args, batches: usize, optimizer: &mut dyn Optimizer) -> anyhow::Result<Option<LrScheduler>> {
+    match args.lr_schedule {
+        LrSchedule::Constant => Ok(None),
+        LrSchedule::Cosine => {
+            let per_epoch = args.limit_train_batches.map_or(batches, |l| l.min(batches));
+            let epoch_steps = (per_epoch.div_ceil(args.accumulate) as u64).saturating_mul(args.epochs);
+            let steps = args.max_steps.unwrap_or(epoch_steps);
+            Ok(Some(LrScheduler::new(
+                CosineAnnealingLR::new(steps.max(1), 0.0)?,
+                optimizer,
+            )))
+        }
+    }
 }
 
 /// What `--model` learns: digit reversal (sequence to sequence) or MNIST classification.
