@@ -163,12 +163,55 @@ impl<'a> Checks<'a> {
         if let Err(e) = self.comm.barrier() {
             self.failures.push(format!("barrier: {e}"));
         }
-        // Mismatches need a second rank.
+        // Mismatches and messages need a second rank.
         if self.world > 1 {
             self.errors_reach_every_rank();
+            self.point_to_point();
         }
         self.duplicates_on_two_threads();
         self.time_a_large_all_reduce();
+    }
+
+    /// Pairs (0, 1), (2, 3), …: the even rank sends then receives, the odd one the other way
+    /// round, every dtype, in order; then a message larger than the receiver's buffer.
+    fn point_to_point(&mut self) {
+        let partner = self.rank ^ 1;
+        if partner >= self.world {
+            return;
+        }
+        let even = self.rank % 2 == 0;
+        for dtype in DTYPES {
+            let mine = self.buffer(&HostVec::from_f64(dtype, &contribution(self.rank, 6, dtype)));
+            let into = self.backend.zeros(dtype, 6).expect("zeros");
+            let (first, second) = if even {
+                (self.comm.send(&mine, partner), self.comm.recv(&into, partner))
+            } else {
+                let got = self.comm.recv(&into, partner);
+                (got, self.comm.send(&mine, partner))
+            };
+            if let Err(e) = first.and(second) {
+                self.failures.push(format!("send/recv {dtype}: {e}"));
+                continue;
+            }
+            let want = HostVec::from_f64(dtype, &contribution(partner, 6, dtype));
+            self.check(format!("recv {dtype} from {partner}"), Ok(()), &into, &want);
+        }
+        let two = self.buffer(&HostVec::F32(vec![1.0, 2.0]));
+        if even {
+            if let Err(e) = self.comm.send(&two, partner) {
+                self.failures.push(format!("send of 2 elements: {e}"));
+            }
+        } else {
+            let three = self.backend.zeros(DType::F32, 3).expect("zeros");
+            let got = self.comm.recv(&three, partner);
+            self.check_error(
+                "recv into a larger buffer",
+                got,
+                &["sent 2 f32 elements", "holds 3 f32"],
+            );
+        }
+        let got = self.comm.send(&two, self.rank);
+        self.check_error("send to itself", got, &["is not another rank"]);
     }
 
     /// 7 elements: not a multiple of 2 or 4 ranks, so the padded chunks are exercised.

@@ -153,6 +153,22 @@ impl MpiCommunicator {
         body: impl FnOnce(&SimpleCommunicator, P) -> Result<T>,
     ) -> Result<T> {
         let op = call.op;
+        self.with_comm(op, |comm| {
+            let mine = call.encode(prepared.is_ok());
+            let mut all = vec![0u64; HEADER * self.world];
+            comm.all_gather_into(&mine[..], &mut all[..]);
+            let prepared = prepared?;
+            match crate::header::first_difference(op, &mine, &all) {
+                Some(msg) => Err(self.err(op, msg)),
+                None => body(comm, prepared),
+            }
+        })
+    }
+
+    /// Runs `body` on the MPI communicator, unless MPI is finalised or this one is being
+    /// dropped. One call at a time per communicator: a pipeline's point-to-point messages
+    /// want a communicator of their own (`duplicate`).
+    fn with_comm<T>(&self, op: &'static str, body: impl FnOnce(&SimpleCommunicator) -> Result<T>) -> Result<T> {
         let finalized = self.session.finalized.read().unwrap_or_else(PoisonError::into_inner);
         if *finalized {
             return Err(self.err(
@@ -163,19 +179,23 @@ impl MpiCommunicator {
         let guard = self
             .comm
             .lock()
-            .map_err(|_| self.err(op, "another thread panicked inside a collective on this communicator"))?;
+            .map_err(|_| self.err(op, "another thread panicked inside a call on this communicator"))?;
         let comm = &guard
             .as_ref()
             .ok_or_else(|| self.err(op, "the communicator is being dropped"))?
             .0;
-        let mine = call.encode(prepared.is_ok());
-        let mut all = vec![0u64; HEADER * self.world];
-        comm.all_gather_into(&mine[..], &mut all[..]);
-        let prepared = prepared?;
-        match crate::header::first_difference(op, &mine, &all) {
-            Some(msg) => Err(self.err(op, msg)),
-            None => body(comm, prepared),
+        body(comm)
+    }
+
+    /// An error unless `rank` is another rank of this communicator.
+    fn peer(&self, op: &'static str, rank: usize) -> Result<()> {
+        if rank >= self.world || rank == self.rank {
+            return Err(self.err(
+                op,
+                format!("rank {rank} is not another rank of this communicator of {}", self.world),
+            ));
         }
+        Ok(())
     }
 
     fn read(&self, buf: &BufferRef) -> Result<HostVec> {
@@ -322,6 +342,37 @@ impl Communicator for MpiCommunicator {
         let world = self.world;
         let chunk = self.collective(call, prepared, |comm, host| Ok(reduce_chunk(comm, &host, op, world)))?;
         self.write(output, &chunk)
+    }
+
+    /// A header (dtype, length), then the data; returns once MPI has taken the buffer.
+    fn send(&self, buf: &BufferRef, to: usize) -> Result<()> {
+        let op = "send";
+        self.peer(op, to)?;
+        self.fits(op, buf.dtype(), buf.len(), buf.len() * buf.dtype().size_in_bytes())?;
+        let host = self.read(buf)?;
+        self.with_comm(op, |comm| {
+            crate::point_to_point::send(comm, to, &host);
+            Ok(())
+        })
+    }
+
+    fn recv(&self, buf: &BufferRef, from: usize) -> Result<()> {
+        let op = "recv";
+        self.peer(op, from)?;
+        let host = self.with_comm(op, |comm| crate::point_to_point::recv(comm, from))?;
+        if host.dtype() != buf.dtype() || host.len() != buf.len() {
+            return Err(self.err(
+                op,
+                format!(
+                    "rank {from} sent {} {} elements, this buffer holds {} {}",
+                    host.len(),
+                    host.dtype(),
+                    buf.len(),
+                    buf.dtype()
+                ),
+            ));
+        }
+        self.write(buf, &host)
     }
 
     fn barrier(&self) -> Result<()> {

@@ -44,12 +44,19 @@ impl Call {
     }
     pub(super) fn encode(&self, valid: bool) -> [u64; HEADER] {
         let op = OPS.iter().position(|&o| o == self.op).unwrap_or(OPS.len());
-        let dtype = self
-            .dtype
-            .and_then(|d| DType::ALL.iter().position(|&x| x == d))
-            .map_or(0, |i| i + 1);
-        [op as u64, dtype as u64, self.len as u64, self.aux as u64, valid as u64]
+        let dtype = self.dtype.map_or(0, dtype_code);
+        [op as u64, dtype, self.len as u64, self.aux as u64, valid as u64]
     }
+}
+
+/// `dtype` as a number in headers (0 is "none").
+pub(super) fn dtype_code(dtype: DType) -> u64 {
+    DType::ALL.iter().position(|&x| x == dtype).map_or(0, |i| i as u64 + 1)
+}
+
+/// The dtype of `dtype_code`'s number.
+pub(super) fn dtype_of(code: u64) -> Option<DType> {
+    code.checked_sub(1).and_then(|i| DType::ALL.get(i as usize)).copied()
 }
 
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max];
@@ -71,10 +78,7 @@ fn describe_aux(op: &str, aux: u64) -> String {
 }
 
 fn decode_dtype(code: u64) -> String {
-    match code.checked_sub(1).and_then(|i| DType::ALL.get(i as usize)) {
-        Some(d) => d.to_string(),
-        None => "none".into(),
-    }
+    dtype_of(code).map_or_else(|| "none".into(), |d| d.to_string())
 }
 
 /// Why rank `r`'s header `all[r]` differs from this rank's `mine`, for the first such rank.

@@ -8,6 +8,8 @@ mod communicator;
 mod header;
 #[cfg(feature = "mpi")]
 mod host;
+#[cfg(feature = "mpi")]
+mod point_to_point;
 
 #[cfg(feature = "mpi")]
 pub use communicator::{MpiCommunicator, MpiSession};

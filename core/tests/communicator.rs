@@ -223,3 +223,80 @@ fn mismatched_calls_are_errors() {
     });
     assert!(errors[1].contains("f16") && errors[1].contains("f32"), "{}", errors[1]);
 }
+
+#[test]
+fn point_to_point_messages_arrive_in_order_between_each_pair() {
+    let backends = backends(20);
+    let comms = LocalCommunicator::group(backends.clone());
+    // Each rank sends three messages to the next (a ring), then receives three from the one
+    // before: sends are buffered, so nobody waits for a receiver.
+    let got = on_every_rank(comms, &backends, |rank, c, b| {
+        let next = (rank + 1) % WORLD;
+        for k in 0..3 {
+            let msg = buffer(b, DType::F32, &[rank as f64, k as f64]);
+            c.send(&msg, next).unwrap();
+        }
+        let prev = (rank + WORLD - 1) % WORLD;
+        (0..3)
+            .map(|_| {
+                let into = buffer(b, DType::F32, &[0.0, 0.0]);
+                c.recv(&into, prev).unwrap();
+                read(b, &into)
+            })
+            .collect::<Vec<_>>()
+    });
+    for (rank, messages) in got.iter().enumerate() {
+        let prev = ((rank + WORLD - 1) % WORLD) as f64;
+        assert_eq!(
+            messages,
+            &[vec![prev, 0.0], vec![prev, 1.0], vec![prev, 2.0]],
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
+fn point_to_point_mistakes_are_named_instead_of_hanging() {
+    let backends = backends(24);
+    let comms = LocalCommunicator::group_with_timeout(backends.clone(), Duration::from_millis(200));
+    let errors = on_every_rank(comms, &backends, |rank, c, b| {
+        let two = buffer(b, DType::F32, &[1.0, 2.0]);
+        match rank {
+            // A message of another length than the receiver's buffer.
+            0 => c.send(&two, 1).map(|()| String::new()).unwrap(),
+            1 => {
+                let three = buffer(b, DType::F32, &[0.0; 3]);
+                c.recv(&three, 0).unwrap_err().to_string()
+            }
+            // Rank 3 leaves without sending; and names a rank outside the group.
+            2 => c.recv(&two, 3).unwrap_err().to_string(),
+            _ => c.send(&two, 9).unwrap_err().to_string(),
+        }
+    });
+    assert!(
+        errors[1].contains("rank 0 sent 2 f32 elements, this buffer holds 3 f32"),
+        "{}",
+        errors[1]
+    );
+    assert!(
+        errors[2].contains("rank 3 has left the group without sending"),
+        "{}",
+        errors[2]
+    );
+    assert!(errors[3].contains("rank 9 is not another rank"), "{}", errors[3]);
+
+    // A sender that stays but never sends: the receiver gives up after the timeout.
+    let others = self::backends(28);
+    let comms = LocalCommunicator::group_with_timeout(others.clone(), Duration::from_millis(200));
+    let start = Instant::now();
+    let errors = on_every_rank(comms, &others, |rank, c, b| match rank {
+        0 => c.recv(&buffer(b, DType::F32, &[0.0]), 1).unwrap_err().to_string(),
+        1 => {
+            std::thread::sleep(Duration::from_millis(600));
+            String::new()
+        }
+        _ => String::new(),
+    });
+    assert!(errors[0].contains("nothing came from rank 1"), "{}", errors[0]);
+    assert!(start.elapsed() < Duration::from_secs(5));
+}

@@ -1,5 +1,6 @@
 //! Collectives over device buffers, and the in-process implementation across local devices.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,24 @@ pub trait Communicator: Send + Sync {
     /// Reduces `input` (world_size × output length) across ranks; rank r keeps chunk r.
     fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()>;
     fn barrier(&self) -> Result<()>;
+    /// Sends the whole of `buf` to rank `to`, which takes it with `recv` into a buffer of the
+    /// same dtype and length (pipeline stages pass activations so). Messages from one rank to
+    /// another arrive in the order sent.
+    fn send(&self, _buf: &BufferRef, _to: usize) -> Result<()> {
+        Err(no_point_to_point("send", self.rank()))
+    }
+    /// Overwrites `buf` with the next message from rank `from`.
+    fn recv(&self, _buf: &BufferRef, _from: usize) -> Result<()> {
+        Err(no_point_to_point("recv", self.rank()))
+    }
+}
+
+fn no_point_to_point(op: &'static str, rank: usize) -> Error {
+    Error::Collective {
+        op,
+        rank,
+        msg: "this communicator has no point-to-point messages (the in-process and MPI ones do)".into(),
+    }
 }
 
 /// In-process collectives for devices driven by one thread each, staged through host memory,
@@ -45,6 +64,16 @@ struct Rendezvous {
     timeout: Duration,
     state: Mutex<RoundState>,
     wake: Condvar,
+    mail: Mutex<Mailboxes>,
+    mail_wake: Condvar,
+}
+
+/// Point-to-point messages not yet received, by (from, to), oldest first, and the ranks that
+/// have left (a receiver waiting on one of them fails at once).
+#[derive(Default)]
+struct Mailboxes {
+    queues: HashMap<(usize, usize), VecDeque<HostVec>>,
+    left: HashSet<usize>,
 }
 
 #[derive(Default)]
@@ -74,6 +103,8 @@ impl LocalCommunicator {
                 ..Default::default()
             }),
             wake: Condvar::new(),
+            mail: Mutex::new(Mailboxes::default()),
+            mail_wake: Condvar::new(),
         });
         backends
             .into_iter()
@@ -340,6 +371,81 @@ impl Communicator for LocalCommunicator {
     fn barrier(&self) -> Result<()> {
         self.exchange("barrier", HostVec::U32(vec![])).map(|_| ())
     }
+
+    /// Buffered: returns once the message is queued.
+    fn send(&self, buf: &BufferRef, to: usize) -> Result<()> {
+        self.peer("send", to)?;
+        let data = self.read(buf)?;
+        let mut mail = self
+            .shared
+            .mail
+            .lock()
+            .map_err(|_| self.err("send", "a rank panicked while sending"))?;
+        mail.queues.entry((self.rank, to)).or_default().push_back(data);
+        self.shared.mail_wake.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, buf: &BufferRef, from: usize) -> Result<()> {
+        self.peer("recv", from)?;
+        let shared = &self.shared;
+        let started = Instant::now();
+        let mut mail = shared
+            .mail
+            .lock()
+            .map_err(|_| self.err("recv", "a rank panicked while sending"))?;
+        let data = loop {
+            if let Some(data) = mail.queues.get_mut(&(from, self.rank)).and_then(VecDeque::pop_front) {
+                break data;
+            }
+            if mail.left.contains(&from) {
+                return Err(self.err("recv", format!("rank {from} has left the group without sending")));
+            }
+            let waited = started.elapsed();
+            if waited >= shared.timeout {
+                return Err(self.err(
+                    "recv",
+                    format!(
+                        "nothing came from rank {from} in {:?} (the collective timeout)",
+                        shared.timeout
+                    ),
+                ));
+            }
+            // Woken by a send or a departure.
+            mail = shared
+                .mail_wake
+                .wait_timeout(mail, shared.timeout - waited)
+                .map_err(|_| self.err("recv", "a rank panicked while sending"))?
+                .0;
+        };
+        drop(mail);
+        if data.dtype() != buf.dtype() || data.len() != buf.len() {
+            return Err(self.err(
+                "recv",
+                format!(
+                    "rank {from} sent {} {} elements, this buffer holds {} {}",
+                    data.len(),
+                    data.dtype(),
+                    buf.len(),
+                    buf.dtype()
+                ),
+            ));
+        }
+        self.write(buf, &data)
+    }
+}
+
+impl LocalCommunicator {
+    /// An error unless `rank` is another rank of this group.
+    fn peer(&self, op: &'static str, rank: usize) -> Result<()> {
+        if rank >= self.shared.world || rank == self.rank {
+            return Err(self.err(
+                op,
+                format!("rank {rank} is not another rank of this group of {}", self.shared.world),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for LocalCommunicator {
@@ -349,5 +455,9 @@ impl Drop for LocalCommunicator {
             st.departed.get_or_insert(self.rank);
             self.shared.wake.notify_all();
         }
+        if let Ok(mut mail) = self.shared.mail.lock() {
+            mail.left.insert(self.rank);
+        }
+        self.shared.mail_wake.notify_all();
     }
 }
