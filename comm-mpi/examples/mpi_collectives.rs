@@ -179,7 +179,7 @@ impl<'a> Checks<'a> {
         if partner >= self.world {
             return;
         }
-        let even = self.rank % 2 == 0;
+        let even = self.rank.is_multiple_of(2);
         for dtype in DTYPES {
             let mine = self.buffer(&HostVec::from_f64(dtype, &contribution(self.rank, 6, dtype)));
             let into = self.backend.zeros(dtype, 6).expect("zeros");
