@@ -88,6 +88,7 @@ fn one_f_one_b_holds_p_micro_batches_gpipe_all_of_them() {
     // one micro-batch's backward temporaries.
     let extra = 2 * gpipe.params + 2 * a;
     let show = |m: &Measured| format!("{} bytes above base ({} per micro-batch)", m.peak_above_base, a);
+    eprintln!("GPipe: {}; 1F1B: {}", show(&gpipe), show(&ofob));
     assert!(gpipe.peak_above_base >= MICRO as u64 * a, "GPipe: {}", show(&gpipe));
     assert!(
         gpipe.peak_above_base <= MICRO as u64 * a + extra,
