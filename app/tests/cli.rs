@@ -385,6 +385,48 @@ fn a_cosine_schedule_takes_the_rate_to_zero_over_the_run() {
     assert!((rates[0] - 0.05).abs() < 1e-12 && rates[1].abs() < 1e-12, "{rates:?}");
 }
 
+/// The layers per stage `train` chose for LeNet-5 on two stages balanced by `balance`.
+fn lenet5_stages(balance: &str) -> String {
+    let dir = TempDir::new(&format!("balance-{balance}"));
+    let metrics = dir.join("metrics.jsonl");
+    let args = [
+        "--model",
+        "lenet5",
+        "--pipeline-stages",
+        "2",
+        "--devices",
+        "cpu:0,cpu:1",
+        "--balance-stages",
+        balance,
+        "--max-steps",
+        "1",
+        "--test-samples",
+        "10",
+        "--metrics-out",
+        path_str(&metrics),
+    ];
+    assert_succeeds(&train(&mnist_dir(), &args));
+    let text = std::fs::read_to_string(&metrics).expect("the metrics log");
+    let start: serde_json::Value = serde_json::from_str(text.lines().next().expect("a first event")).expect("JSON");
+    start["run"]["hparams"]["pipeline_layers"]
+        .as_str()
+        .expect("the stages' layers")
+        .to_string()
+}
+
+#[test]
+fn stages_balance_by_parameters_or_by_measured_time() {
+    // Nearly all of LeNet-5's parameters are in its fully connected layers, nearly all of its
+    // time in its convolutions.
+    assert_eq!(lenet5_stages("params"), "9+3");
+    let by_time: Vec<usize> = lenet5_stages("time").split('+').map(|n| n.parse().unwrap()).collect();
+    assert_eq!(by_time.iter().sum::<usize>(), 12);
+    assert!(
+        by_time[0] < 9,
+        "by time the first stage should hold fewer layers than by parameters: {by_time:?}"
+    );
+}
+
 #[test]
 fn pipeline_flags_that_cannot_work_are_refused() {
     let out = train(&mnist_dir(), &["--pipeline-stages", "3", "--devices", "cpu:0,cpu:1"]);

@@ -28,4 +28,4 @@ pub use module::{AsAny, Module, ModuleExt, join_name};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use recurrent::{CellKind, Recurrent, RecurrentConfig, RecurrentLayer, RecurrentState, gru, lstm, rnn};
 pub use sequential::Sequential;
-pub use staged::{StagedModel, sizes_by_parameters};
+pub use staged::{StagedModel, layer_times, sizes_by_cost, sizes_by_parameters};

@@ -22,6 +22,15 @@ pub enum LrSchedule {
     Cosine,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StageBalance {
+    /// Even parameter counts.
+    Params,
+    /// Even measured time: each layer's forward and backward on a micro-batch, timed on the
+    /// first stage's device.
+    Time,
+}
+
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
     /// Built-in model: mlp (784-512-512-10), lenet5, convnet-bn (two conv + BatchNorm blocks) on
@@ -111,6 +120,9 @@ pub struct Args {
     /// --devices (P devices), and run micro-batches through them at once.
     #[arg(long, value_name = "P", conflicts_with = "split")]
     pub pipeline_stages: Option<usize>,
+    /// With --pipeline-stages: what the stages are balanced by.
+    #[arg(long, value_enum, default_value_t = StageBalance::Params)]
+    pub balance_stages: StageBalance,
     /// Pipeline parallel with explicit stages: layer ranges of the model's Sequential and their
     /// devices, e.g. 0-5@cpu:0,6-11@cpu:1 (every layer once, in order).
     #[arg(long, value_name = "FIRST-LAST@DEVICE,…")]

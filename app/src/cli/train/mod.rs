@@ -76,7 +76,7 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
         Some(world) => process_group::train(&args, &world, train_set, test_set, &hooks)?,
         None => {
             let mut devices = setup::devices(&args)?;
-            if let Some(stages) = StagePlan::from_args(&args)? {
+            if let Some(stages) = StagePlan::from_args(&args, train_set.as_ref())? {
                 Some(match stages.replicas.len() {
                     1 => alone(&args, Placement::Stages(stages), train_set, test_set, &hooks)?,
                     _ => pipeline_replicas(&args, &stages, train_set, test_set, &hooks)?,

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use lockstep_core::Device;
 use lockstep_core::backend::Communicator;
+use lockstep_core::data::Dataset;
 use lockstep_core::distributed::Reducer;
-use lockstep_core::nn::{ModuleExt, StagedModel, sizes_by_parameters};
+use lockstep_core::nn::{ModuleExt, StagedModel, layer_times, sizes_by_cost, sizes_by_parameters};
 use lockstep_core::train::pipeline::Pipeline;
 use lockstep_core::train::{Hybrid, TrainingSetup};
 
-use super::args::Args;
+use super::args::{Args, StageBalance};
 use super::setup;
 
 /// Consecutive layers per stage, and each replica's device for each stage.
@@ -23,8 +24,9 @@ pub struct StagePlan {
 }
 
 impl StagePlan {
-    /// The stages the flags ask for; None for a run without a pipeline.
-    pub fn from_args(args: &Args) -> anyhow::Result<Option<StagePlan>> {
+    /// The stages the flags ask for; None for a run without a pipeline. `train_set` gives
+    /// the micro-batch that `--balance-stages time` measures layers on.
+    pub fn from_args(args: &Args, train_set: &dyn Dataset) -> anyhow::Result<Option<StagePlan>> {
         if let Some(spec) = &args.split {
             return parse_split(spec).map(Some);
         }
@@ -38,10 +40,19 @@ impl StagePlan {
         // replica r is device s * replicas + r.
         let devices = setup::devices(args)?;
         let replicas = devices.len() / stages;
-        // Parameter counts do not depend on the device.
-        let model = setup::build_model(args, &Device::cpu())?;
+        let sizes = match args.balance_stages {
+            // Parameter counts do not depend on the device.
+            StageBalance::Params => sizes_by_parameters(&setup::build_model(args, &Device::cpu())?, stages)?,
+            StageBalance::Time => {
+                let device = &devices[0];
+                let rows = (args.batch_size / args.micro_batches).max(1).min(train_set.len());
+                let sample = train_set.get_batch(&(0..rows).collect::<Vec<_>>())?.to_device(device)?;
+                let times = layer_times(&setup::build_model(args, device)?, &sample[0])?;
+                sizes_by_cost(&times, stages)?
+            }
+        };
         Ok(Some(StagePlan {
-            sizes: sizes_by_parameters(&model, stages)?,
+            sizes,
             replicas: (0..replicas)
                 .map(|r| (0..stages).map(|s| devices[s * replicas + r].clone()).collect())
                 .collect(),
