@@ -272,3 +272,33 @@ fn a_pipeline_says_what_it_needs() {
         "{err}"
     );
 }
+
+#[test]
+fn two_stages_on_one_device_keep_a_row_each() {
+    let devices = [cpu(5), cpu(5)];
+    let model = StagedModel::place(&[2, 2], &devices, points_model).unwrap();
+    let mut s = setup_with(Box::new(model), &devices[0]);
+    let config = lockstep_core::train::TrainerConfig {
+        max_steps: Some(2),
+        log_every_n_steps: 1,
+        ..config(1)
+    };
+    let mut trainer = Trainer::new(config)
+        .unwrap()
+        .with_strategy(Pipeline::new(ScheduleKind::GPipe, 2));
+    let (listener, events) = ChannelListener::new(1 << 10);
+    trainer.add_listener(listener);
+    trainer.fit(&mut s, &shard(0, 8), None).unwrap();
+    drop(trainer);
+    let names = ["cpu:5 (stage 0)", "cpu:5 (stage 1)"].map(String::from).to_vec();
+    let (mut started, mut rows) = (None, Vec::new());
+    for record in events.iter() {
+        match record.event {
+            Event::RunStart { run } => started = Some(run.devices),
+            Event::Device(stats) => rows.push(stats.device),
+            _ => {}
+        }
+    }
+    assert_eq!(started, Some(names.clone()));
+    assert_eq!(&rows[..2], names.as_slice());
+}

@@ -26,10 +26,12 @@ pub fn device_stats(device: &Device, name: &str) -> DeviceStats {
 /// carries its rank, so each device keeps its own row in a display.
 pub fn replica_names(comm: &dyn Communicator, device: &Device) -> Result<Vec<String>> {
     let names = all_gather_strings(comm, device, device.location())?;
-    Ok(distinct(names))
+    Ok(distinct(names, "rank"))
 }
 
-fn distinct(names: Vec<String>) -> Vec<String> {
+/// `names`, each with its index (`cuda:0 (rank 1)`) where one repeats, so every worker keeps
+/// its own row in a display.
+pub(super) fn distinct(names: Vec<String>, worker: &str) -> Vec<String> {
     let unique = names.iter().collect::<std::collections::BTreeSet<_>>().len() == names.len();
     if unique {
         return names;
@@ -37,7 +39,7 @@ fn distinct(names: Vec<String>) -> Vec<String> {
     names
         .into_iter()
         .enumerate()
-        .map(|(rank, name)| format!("{name} (rank {rank})"))
+        .map(|(i, name)| format!("{name} ({worker} {i})"))
         .collect()
 }
 
@@ -96,9 +98,12 @@ mod tests {
     #[test]
     fn repeated_device_names_carry_their_ranks() {
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(distinct(names(&["cuda:0", "cuda:1"])), names(&["cuda:0", "cuda:1"]));
         assert_eq!(
-            distinct(names(&["cuda:0", "cuda:0"])),
+            distinct(names(&["cuda:0", "cuda:1"]), "rank"),
+            names(&["cuda:0", "cuda:1"])
+        );
+        assert_eq!(
+            distinct(names(&["cuda:0", "cuda:0"]), "rank"),
             names(&["cuda:0 (rank 0)", "cuda:0 (rank 1)"])
         );
     }

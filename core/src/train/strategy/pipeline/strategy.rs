@@ -12,7 +12,7 @@ use crate::tensor::Tensor;
 use crate::train::config::Precision;
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
-use crate::train::strategy::replica_reports::device_stats;
+use crate::train::strategy::replica_reports::{device_stats, distinct};
 use crate::train::strategy::{StepReports, Strategy};
 use crate::train::trainer::TrainingSetup;
 
@@ -29,6 +29,8 @@ pub struct Pipeline {
     /// `steps_summed` optimizer steps.
     stage_sums: Vec<StepTimes>,
     steps_summed: u64,
+    /// Each stage's device as events name it (`cpu:0 (stage 1)` where two stages share one).
+    stage_names: Vec<String>,
 }
 
 impl Pipeline {
@@ -43,6 +45,7 @@ impl Pipeline {
             last_profile: None,
             stage_sums: Vec::new(),
             steps_summed: 0,
+            stage_names: Vec::new(),
         }
     }
 
@@ -140,7 +143,9 @@ impl Strategy for Pipeline {
                 _ => Ok(None),
             })
             .collect::<Result<_>>()?;
-        Ok(model.devices().iter().map(|d| d.location().to_string()).collect())
+        let locations = model.devices().iter().map(|d| d.location().to_string()).collect();
+        self.stage_names = distinct(locations, "stage");
+        Ok(self.stage_names.clone())
     }
 
     /// The input onto the first stage's device, the targets onto the last's.
@@ -185,13 +190,12 @@ impl Strategy for Pipeline {
                 }
             })
             .collect();
-        let mut devices = Vec::new();
-        for device in staged(setup)?.devices() {
-            let name = device.location().to_string();
-            if !devices.iter().any(|d: &crate::train::DeviceStats| d.device == name) {
-                devices.push(device_stats(device, &name));
-            }
-        }
+        let devices = staged(setup)?
+            .devices()
+            .iter()
+            .zip(&self.stage_names)
+            .map(|(device, name)| device_stats(device, name))
+            .collect();
         Ok(StepReports { worker_times, devices })
     }
 }
