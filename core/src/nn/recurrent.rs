@@ -190,10 +190,11 @@ impl Recurrent {
                 projected = projected.add(b)?;
             }
             let projected = projected.reshape([steps, batch, self.kind.gates() * c.hidden_size])?;
+            let weight_hh = layer.weight_hh.t()?;
             let mut outputs = Vec::with_capacity(steps);
             for t in 0..steps {
                 let xw = projected.narrow(0, t, 1)?.squeeze(0)?;
-                let mut hw = h.matmul(&layer.weight_hh.t()?)?;
+                let mut hw = h.matmul(&weight_hh)?;
                 if let Some(b) = &layer.bias_hh {
                     hw = hw.add(b)?;
                 }

@@ -29,13 +29,11 @@ fn token_losses(logits: &Tensor, target: &Tensor, pad: u32) -> Result<(Tensor, T
         ));
     }
     let vocab = logits.dims()[2];
-    let real = target.to_dtype(DType::F32)?.cmp_scalar(CmpOp::Ne, f64::from(pad))?;
-    let real = real.to_dtype(logits.dtype())?;
+    let target = target.to_dtype(DType::F32)?;
+    let real = target.cmp_scalar(CmpOp::Ne, f64::from(pad))?.to_dtype(DType::F32)?;
     // Padding picks class 0 (masked out below), so every index is in range.
-    let safe = target
-        .to_dtype(DType::F32)?
-        .mul(&real.to_dtype(DType::F32)?)?
-        .to_dtype(DType::U32)?;
+    let safe = target.mul(&real)?.to_dtype(DType::U32)?;
+    let real = real.to_dtype(logits.dtype())?;
     let log_probs = logits.contiguous()?.reshape([batch * steps, vocab])?.log_softmax(-1)?;
     let picked = log_probs.gather(1, &safe.reshape([batch * steps, 1])?)?;
     let nll = picked.reshape([batch, steps])?.affine(-1.0, 0.0)?.mul(&real)?;

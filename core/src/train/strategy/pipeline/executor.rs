@@ -18,8 +18,6 @@ use crate::train::step::MicroBatch;
 
 /// A tensor of micro-batch `usize` between neighbouring stages.
 type Message = (usize, Tensor);
-/// Each boundary's sending and receiving ends, until the stages on either side take them.
-type Ends = (Vec<Option<Sender<Message>>>, Vec<Option<Receiver<Message>>>);
 
 /// Runs `schedule` over `batch` (its first tensor the input on the first stage's device, the
 /// rest targets on the last stage's) cut into the schedule's micro-batches; each micro-batch's
@@ -47,8 +45,12 @@ pub(super) fn run_step(
         .collect::<Result<_>>()?;
     let weight = batch.weight / micro_batches as f64;
 
-    let (mut forward_tx, mut forward_rx) = links(stages);
-    let (mut backward_tx, mut backward_rx) = links(stages);
+    // One channel each way between neighbours; stage s takes, in stage order, the ends of the
+    // boundary before it (s > 0) and after it (s < last).
+    let (forward_tx, forward_rx): (Vec<_>, Vec<_>) = (1..stages).map(|_| channel::<Message>()).unzip();
+    let (backward_tx, backward_rx): (Vec<_>, Vec<_>) = (1..stages).map(|_| channel::<Message>()).unzip();
+    let (mut forward_tx, mut forward_rx) = (forward_tx.into_iter(), forward_rx.into_iter());
+    let (mut backward_tx, mut backward_rx) = (backward_tx.into_iter(), backward_rx.into_iter());
     let started = Instant::now();
     let outcomes: Vec<std::result::Result<StageOutcome, StageFailure>> = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(stages);
@@ -65,10 +67,10 @@ pub(super) fn run_step(
                 weight,
                 inputs: if s == 0 { inputs.clone() } else { Vec::new() },
                 targets: if last { targets.clone() } else { Vec::new() },
-                from_previous: (s > 0).then(|| Inbox::new(forward_rx[s - 1].take())),
-                to_next: (!last).then(|| forward_tx[s].take()).flatten(),
-                grad_from_next: (!last).then(|| Inbox::new(backward_rx[s].take())),
-                grad_to_previous: (s > 0).then(|| backward_tx[s - 1].take()).flatten(),
+                from_previous: if s > 0 { forward_rx.next().map(Inbox::new) } else { None },
+                to_next: if last { None } else { forward_tx.next() },
+                grad_from_next: if last { None } else { backward_rx.next().map(Inbox::new) },
+                grad_to_previous: if s > 0 { backward_tx.next() } else { None },
             };
             let pool = pools.get(s).and_then(Option::as_ref);
             handles.push(scope.spawn(move || match pool {
@@ -186,24 +188,14 @@ fn chunks(t: &Tensor, micro_batches: usize) -> Result<Vec<Tensor>> {
         .collect()
 }
 
-/// One channel between each pair of neighbouring stages, taken out by the stage that uses it.
-fn links(stages: usize) -> Ends {
-    (0..stages.saturating_sub(1))
-        .map(|_| {
-            let (tx, rx) = channel();
-            (Some(tx), Some(rx))
-        })
-        .unzip()
-}
-
 /// Messages from one neighbour, by micro-batch; ones that come early wait here.
 struct Inbox {
-    rx: Option<Receiver<Message>>,
+    rx: Receiver<Message>,
     early: HashMap<usize, Tensor>,
 }
 
 impl Inbox {
-    fn new(rx: Option<Receiver<Message>>) -> Inbox {
+    fn new(rx: Receiver<Message>) -> Inbox {
         Inbox {
             rx,
             early: HashMap::new(),
@@ -214,9 +206,8 @@ impl Inbox {
         if let Some(t) = self.early.remove(&micro) {
             return Some(t);
         }
-        let rx = self.rx.as_ref()?;
         loop {
-            let (m, t) = rx.recv().ok()?;
+            let (m, t) = self.rx.recv().ok()?;
             if m == micro {
                 return Some(t);
             }
