@@ -1,4 +1,4 @@
-//! Shared by the CLI test files: the MNIST copy, scratch directories, running the binary, and a
+//! Shared by the CLI test files: where MNIST is, scratch directories, running the binary, and a
 //! tiny HTTP server on loopback that stops by itself.
 
 // Each test file uses a different part of this module.
@@ -10,23 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The four standard MNIST files that come with the workspace; the tests cannot run without them.
+#[path = "../../../testdata/mnist.rs"]
+mod locator;
+
+pub use locator::{full_mnist, mnist};
+
+/// A real copy of MNIST: the full set, or the committed subset on a fresh clone.
 pub fn mnist_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist");
-    for name in [
-        "train-images-idx3-ubyte",
-        "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte",
-        "t10k-labels-idx1-ubyte",
-    ] {
-        let file = dir.join(format!("{name}.gz"));
-        assert!(
-            file.is_file(),
-            "the CLI tests need the MNIST files; {} is missing",
-            file.display()
-        );
-    }
-    dir
+    mnist().dir
 }
 
 pub fn mnist_file(name: &str) -> Vec<u8> {
@@ -79,19 +70,34 @@ pub fn data_dir_with(names: &[&str]) -> TempDir {
     dir
 }
 
-pub const ALL: [&str; 4] = [
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-];
+pub const ALL: [&str; 4] = locator::MNIST_FILES;
 
-/// `lockstep <args>` with an environment that cannot redirect it: no data default, no proxy.
+/// Serves `files` (name without .gz, reply) under /mnist/.
+pub fn mirror(files: &[(&str, http::Reply)]) -> http::Server {
+    http::Server::start(
+        files
+            .iter()
+            .map(|(name, reply)| (format!("/mnist/{name}.gz"), reply.clone()))
+            .collect(),
+    )
+}
+
+/// A mirror of the four files of the MNIST copy the tests use.
+pub fn real_mirror() -> http::Server {
+    let files: Vec<_> = ALL.iter().map(|n| (*n, http::Reply::ok(mnist_file(n)))).collect();
+    mirror(&files)
+}
+
+/// `lockstep <args>` with an environment that cannot redirect it: no proxy, and a data home in
+/// scratch space, so a run without `--data` never touches the user's cache.
 pub fn lockstep(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockstep"));
     cmd.args(args);
-    for var in [
+    cmd.env(
         "LOCKSTEP_DATA",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-data-home"),
+    );
+    for var in [
         "http_proxy",
         "HTTP_PROXY",
         "https_proxy",

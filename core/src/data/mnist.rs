@@ -46,6 +46,11 @@ pub struct Mnist {
     lut: [f32; 256],
 }
 
+/// The standard files that `dir` lacks (neither raw nor gzipped there), in the order of [`FILES`].
+pub fn missing(dir: &Path) -> Vec<&'static str> {
+    FILES.into_iter().filter(|name| locate(dir, name).is_err()).collect()
+}
+
 /// Finds `name` or `name.gz` in `dir`.
 pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
     [dir.join(name), dir.join(format!("{name}.gz"))]

@@ -5,6 +5,7 @@
 mod batch;
 mod batch_sampler;
 mod dataset;
+pub mod home;
 mod loader;
 pub mod mnist;
 pub mod reversal;
@@ -14,6 +15,7 @@ mod sharded_batches;
 pub use batch::{Batch, HostTensor, collate};
 pub use batch_sampler::BatchSampler;
 pub use dataset::{Dataset, Head, Sample};
+pub use home::data_home;
 pub use loader::{BatchIter, DataLoader, DataLoaderConfig};
 pub use sampler::{DistributedSampler, RandomSampler, Sampler, SequentialSampler};
 pub use sharded_batches::{BatchShares, ShardedBatches};

@@ -1,16 +1,14 @@
-//! Where the tests find the real MNIST: ../shared/data/mnist beside the repository, or
-//! LOCKSTEP_MNIST. Missing data fails loudly: these tests need the real data set.
+//! Where the tests find the real MNIST: see testdata/mnist.rs.
 
-use std::path::PathBuf;
+// Each test file uses a different part of the shared locator.
+#![allow(dead_code)]
 
-pub fn mnist_dir() -> PathBuf {
-    let dir = std::env::var_os("LOCKSTEP_MNIST")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/mnist"));
-    assert!(
-        dir.is_dir(),
-        "MNIST not found at {} (set LOCKSTEP_MNIST): this test needs the real data set",
-        dir.display()
-    );
-    dir
+#[path = "../../../testdata/mnist.rs"]
+mod locator;
+
+pub use locator::{full_mnist, mnist};
+
+/// A real copy of MNIST: the full set, or the committed subset on a fresh clone.
+pub fn mnist_dir() -> std::path::PathBuf {
+    mnist().dir
 }

@@ -81,7 +81,7 @@ pub struct Args {
     /// Sizes n of the square GEMM benchmark (default 512, 1024, 2048; a GPU wants 4096, 8192).
     #[arg(long, value_delimiter = ',', default_values_t = GEMM_SIZES)]
     sizes: Vec<usize>,
-    /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA or ./data/mnist).
+    /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA/mnist, else the per-user cache).
     #[arg(long)]
     data: Option<PathBuf>,
     /// The devices of `bench ddp` (one replica each) and `bench pipeline` (one stage each).
@@ -114,11 +114,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     threads::init(threads)?;
     let device = Device::parse(&args.device)?;
     if args.which == Which::Loader {
-        let data = args
-            .data
-            .clone()
-            .or_else(|| std::env::var_os("LOCKSTEP_DATA").map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from("data/mnist"));
+        let data = match &args.data {
+            Some(dir) => dir.clone(),
+            None => lockstep_core::data::data_home("mnist")?,
+        };
         return loader::run(&data, &device);
     }
     if args.which == Which::Gpu {

@@ -42,14 +42,19 @@ pub struct Args {
     /// GRUs' width (default 128).
     #[arg(long, value_delimiter = ',')]
     pub hidden: Vec<usize>,
-    /// Directory with the four MNIST IDX files (default: $LOCKSTEP_DATA or ./data/mnist).
+    /// Directory with the four MNIST IDX files. Without it: $LOCKSTEP_DATA/mnist, else the
+    /// per-user cache (~/.cache/lockstep/data/mnist on Linux), downloaded there on first use.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Fetch the MNIST files missing from the data directory (checked by SHA-256).
-    #[arg(long)]
+    /// Fetch the MNIST files missing from --data DIR (checked by SHA-256); without --data,
+    /// missing files are fetched anyway.
+    #[arg(long, conflicts_with = "no_download")]
     pub download: bool,
-    /// Where --download fetches from: a URL holding the four .gz files.
-    #[arg(long, value_name = "BASE", default_value = super::download::DEFAULT_BASE_URL, requires = "download")]
+    /// Never download: fail when the files are missing (offline clusters).
+    #[arg(long)]
+    pub no_download: bool,
+    /// Where downloads come from: a URL holding the four .gz files.
+    #[arg(long, value_name = "BASE", default_value = super::download::DEFAULT_BASE_URL)]
     pub download_url: String,
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
@@ -211,11 +216,16 @@ fn default_threads() -> usize {
 }
 
 impl Args {
-    pub fn data_dir(&self) -> PathBuf {
-        self.data
-            .clone()
-            .or_else(|| std::env::var_os("LOCKSTEP_DATA").map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from("data/mnist"))
+    /// Where MNIST is read from: --data, else its per-user home.
+    pub fn data_dir(&self) -> anyhow::Result<PathBuf> {
+        match &self.data {
+            Some(dir) => Ok(dir.clone()),
+            None => Ok(lockstep_core::data::data_home("mnist")?),
+        }
+    }
+    /// Whether missing files are fetched: asked for, or the default home and not refused.
+    pub fn downloads(&self) -> bool {
+        self.download || (self.data.is_none() && !self.no_download)
     }
     pub fn lr(&self) -> f64 {
         self.lr.unwrap_or(match self.optimizer {

@@ -110,12 +110,10 @@ impl Drop for TempFile {
 }
 
 fn fetch_one(agent: &ureq::Agent, url: &str, target: &Path, expected: &str, show_progress: bool) -> anyhow::Result<()> {
-    let hint = "pass --download-url BASE naming a mirror that serves the four MNIST .gz files";
+    // The caller adds the ways out (another mirror, a local copy).
     let response = agent.get(url).call().map_err(|e| match e {
-        ureq::Error::StatusCode(code) => {
-            anyhow::anyhow!("cannot download {url}: the server answered HTTP {code}; {hint}")
-        }
-        other => anyhow::anyhow!("cannot download {url}: {other}; check your connection, or {hint}"),
+        ureq::Error::StatusCode(code) => anyhow::anyhow!("{url}: the server answered HTTP {code}"),
+        other => anyhow::anyhow!("{url}: {other}"),
     })?;
     let length = response.body().content_length();
     let name = target

@@ -3,6 +3,7 @@
 mod args;
 mod balance;
 mod dashboard;
+mod data;
 mod download;
 mod pipeline;
 mod process_group;
@@ -17,11 +18,8 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use lockstep_core::Device;
 use lockstep_core::backend::Communicator;
-use lockstep_core::data::mnist::{Mnist, Split};
-use lockstep_core::data::reversal::Reversal;
 use lockstep_core::data::{
-    BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, Head, RandomSampler, Sampler,
-    SequentialSampler,
+    BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
 };
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
@@ -71,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// The whole run: the data, then one of three ways to train (one process of a launched job,
 /// several devices on threads of this process, one device), then rank 0's summary.
 fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
-    let (train_set, test_set) = load_data(&args)?;
+    let (train_set, test_set) = data::load(&args)?;
     let finished = match WorldEnv::from_env()? {
         Some(world) => process_group::train(&args, &world, train_set, test_set, &hooks)?,
         None => {
@@ -91,37 +89,6 @@ fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     };
     // Only rank 0 of a process group reports.
     finished.map_or(Ok(()), |f| f.summarize(&args))
-}
-
-/// The model's data: generated digit reversal for seq2seq, else MNIST.
-fn load_data(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
-    let (train, test) = if args.model == "seq2seq" {
-        let train: Arc<dyn Dataset> = Arc::new(Reversal::new(REVERSAL_TRAIN, 1));
-        (train, Arc::new(Reversal::new(REVERSAL_TEST, 2)) as Arc<dyn Dataset>)
-    } else {
-        load_mnist(args)?
-    };
-    let test = match args.test_samples {
-        Some(n) => Arc::new(Head::new(test, n)),
-        None => test,
-    };
-    Ok((train, test))
-}
-
-/// Sequences per epoch and in the test set of `--model seq2seq` (other seeds, other samples).
-const REVERSAL_TRAIN: usize = 100_000;
-const REVERSAL_TEST: usize = 2_000;
-
-fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
-    let data_dir = args.data_dir();
-    if args.download {
-        download::fetch_missing(&data_dir, &args.download_url, &download::CONTENT_SHA256, !args.headless)?;
-    }
-    let train_set: Arc<dyn Dataset> =
-        Arc::new(Mnist::load(&data_dir, Split::Train).with_context(|| missing_data_hint(&data_dir))?);
-    let test_set: Arc<dyn Dataset> =
-        Arc::new(Mnist::load(&data_dir, Split::Test).with_context(|| missing_data_hint(&data_dir))?);
-    Ok((train_set, test_set))
 }
 
 /// One model, in this thread: on one device, or split into pipeline stages (a thread each).
@@ -416,11 +383,4 @@ fn replica(
         EvalMetrics::default()
     };
     Ok((location, report, result))
-}
-
-fn missing_data_hint(dir: &std::path::Path) -> String {
-    format!(
-        "cannot read MNIST from {}: put the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) there, or pass --data DIR (or set LOCKSTEP_DATA), or add --download to fetch them",
-        dir.display()
-    )
 }

@@ -1,0 +1,76 @@
+//! The run's data: generated digit reversal for seq2seq, else MNIST from `--data DIR` or its
+//! per-user home, fetched there on first use. A missing or unreachable data set is a two-line
+//! error: where it looked and which files, then the ways out.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lockstep_core::data::mnist::{self, Mnist, Split};
+use lockstep_core::data::reversal::Reversal;
+use lockstep_core::data::{Dataset, Head};
+
+use super::args::Args;
+use super::download;
+
+/// Sequences per epoch and in the test set of `--model seq2seq` (other seeds, other samples).
+const REVERSAL_TRAIN: usize = 100_000;
+const REVERSAL_TEST: usize = 2_000;
+
+/// The (train, test) sets of the run, the test set cut to `--test-samples`.
+pub fn load(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let (train, test) = if args.model == "seq2seq" {
+        let train: Arc<dyn Dataset> = Arc::new(Reversal::new(REVERSAL_TRAIN, 1));
+        (train, Arc::new(Reversal::new(REVERSAL_TEST, 2)) as Arc<dyn Dataset>)
+    } else {
+        load_mnist(args)?
+    };
+    let test = match args.test_samples {
+        Some(n) => Arc::new(Head::new(test, n)),
+        None => test,
+    };
+    Ok((train, test))
+}
+
+fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let dir = args.data_dir()?;
+    ensure_mnist(&dir, args)?;
+    let train: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Train)?);
+    let test: Arc<dyn Dataset> = Arc::new(Mnist::load(&dir, Split::Test)?);
+    Ok((train, test))
+}
+
+/// Fetches what `dir` lacks when the run may download, else refuses naming what is missing.
+fn ensure_mnist(dir: &Path, args: &Args) -> anyhow::Result<()> {
+    let missing = mnist::missing(dir);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let ways_out = "or pass --data DIR naming a directory that has them";
+    if !args.downloads() {
+        let fetch = if args.no_download {
+            "run without --no-download to fetch them there"
+        } else {
+            "add --download to fetch them there"
+        };
+        anyhow::bail!(
+            "MNIST not found in {}: {} missing\n  {fetch}, {ways_out}",
+            dir.display(),
+            gz_names(&missing)
+        );
+    }
+    if args.data.is_none() {
+        eprintln!("MNIST is not in {} yet: downloading it there", dir.display());
+    }
+    download::fetch_missing(dir, &args.download_url, &download::CONTENT_SHA256, !args.headless).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot download MNIST into {}: {e:#}\n  retry online, pass --download-url BASE for a mirror, put the four files there ({}), {ways_out}",
+            dir.display(),
+            gz_names(&mnist::FILES)
+        )
+    })?;
+    Ok(())
+}
+
+fn gz_names(names: &[&str]) -> String {
+    names.iter().map(|n| format!("{n}.gz")).collect::<Vec<_>>().join(", ")
+}
