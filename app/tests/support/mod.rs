@@ -2,7 +2,7 @@
 //! tiny HTTP server on loopback that stops by itself.
 
 // Each test file uses a different part of this module.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod http;
 

@@ -1,7 +1,7 @@
 //! Where the tests find the real MNIST: see testdata/mnist.rs.
 
 // Each test file uses a different part of the shared locator.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 #[path = "../../../testdata/mnist.rs"]
 mod locator;
