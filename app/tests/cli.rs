@@ -6,7 +6,7 @@ mod support;
 use std::io::Read;
 use std::path::Path;
 
-use support::{ALL, TempDir, assert_fails_with, assert_succeeds, data_dir_with, lockstep, mnist_dir, run};
+use support::{ALL, TempDir, assert_fails_with, assert_succeeds, data_dir_with, lockstep, mnist, mnist_dir, run};
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 temp path")
@@ -447,9 +447,11 @@ fn sync_batchnorm_over_two_cpu_devices_trains_the_batchnorm_convnet() {
     assert_eq!(json["model"], "convnet-bn", "{text}");
     assert_eq!(json["device"], "cpu:0,cpu:1", "{text}");
     assert_eq!(json["steps"], 30, "{text}");
-    // Chance is 10%; 30 steps of 64 images take a BatchNorm convnet far past it.
+    // Chance is 10%; 30 steps of 64 images take a BatchNorm convnet far past it (to 63% on the
+    // committed subset's 500 test images, above 70% on the full set's 10,000).
+    let bar = if mnist().is_full() { 0.7 } else { 0.5 };
     let accuracy = json["test_accuracy"].as_f64().expect("test_accuracy is a number");
-    assert!(accuracy > 0.7, "test accuracy {accuracy} after 30 steps:\n{text}");
+    assert!(accuracy > bar, "test accuracy {accuracy} after 30 steps:\n{text}");
 }
 
 #[test]

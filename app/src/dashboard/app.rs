@@ -14,13 +14,13 @@ use super::source::Source;
 use super::{devices, run_panel};
 
 pub struct Dashboard {
-    sources: Vec<Source>,
+    pub(super) sources: Vec<Source>,
     caches: Vec<SmoothCache>,
     smoothing: f64,
     screenshot: Option<Screenshot>,
     /// Starts runs from the window (absent where the caller offers none).
     launcher: Option<Launcher>,
-    new_run: NewRun,
+    pub(super) new_run: NewRun,
     /// The error that ended the window (a screenshot that could not be written), for the caller.
     error: Arc<Mutex<Option<String>>>,
 }
@@ -49,8 +49,9 @@ impl Dashboard {
             ui.heading(RichText::new("Lockstep").strong());
             ui.label(RichText::new("training dashboard").weak());
             ui.separator();
-            ui.label("loss smoothing");
-            ui.add(egui::Slider::new(&mut self.smoothing, 0.0..=0.99).fixed_decimals(2));
+            let label = ui.label("loss smoothing");
+            ui.add(egui::Slider::new(&mut self.smoothing, 0.0..=0.99).fixed_decimals(2))
+                .labelled_by(label.id);
             ui.separator();
             let live = self.sources.iter().filter(|s| s.is_live()).count();
             ui.label(format!("{} run(s), {live} live", self.sources.len()));
@@ -60,6 +61,19 @@ impl Dashboard {
                     self.new_run.open = true;
                 }
             }
+        });
+    }
+
+    fn no_run_yet(&self, ui: &mut egui::Ui) {
+        ui.add_space(40.0);
+        ui.vertical_centered(|ui| {
+            ui.heading("No run to show yet");
+            if self.launcher.is_some() {
+                ui.label("Start one with  + New run  above, or:");
+            }
+            ui.label("Train with the window open:  lockstep train --dashboard");
+            ui.label("Watch a run started elsewhere:  lockstep dashboard --follow runs/a/metrics.jsonl");
+            ui.label("Compare finished runs:  lockstep dashboard --open runs/");
         });
     }
 
@@ -82,6 +96,13 @@ impl Dashboard {
 
 impl eframe::App for Dashboard {
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.show(ui);
+    }
+}
+
+impl Dashboard {
+    /// One frame of the whole window (also driven by the tests, without a window).
+    pub fn show(&mut self, ui: &mut egui::Ui) {
         let ctx = ui.ctx().clone();
         for s in &mut self.sources {
             s.poll();
@@ -125,16 +146,12 @@ impl eframe::App for Dashboard {
             });
         egui::CentralPanel::default().show(ui, |ui| {
             if self.sources.is_empty() {
-                ui.add_space(40.0);
-                ui.vertical_centered(|ui| {
-                    ui.heading("No run to show yet");
-                    if self.launcher.is_some() {
-                        ui.label("Start one with  + New run  above, or:");
-                    }
-                    ui.label("Train with the window open:  lockstep train --dashboard --data DIR");
-                    ui.label("Watch a run started elsewhere:  lockstep dashboard --follow runs/a/metrics.jsonl");
-                    ui.label("Compare finished runs:  lockstep dashboard --open runs/");
-                });
+                self.no_run_yet(ui);
+                return;
+            }
+            if !self.sources.iter().any(|s| s.run.has_points()) {
+                // No empty plots: what the runs are doing instead (downloading, or failed).
+                waiting(ui, &self.sources);
                 return;
             }
             let half = (ui.available_height() / 2.0 - 28.0).max(120.0);
@@ -160,4 +177,30 @@ impl eframe::App for Dashboard {
         // Live data and the screenshot timer need frames even without input.
         ctx.request_repaint_after(Duration::from_millis(100));
     }
+}
+
+/// Where the plots go while no run has a point to plot: each run's state in one line.
+fn waiting(ui: &mut egui::Ui, sources: &[Source]) {
+    ui.add_space(40.0);
+    ui.vertical_centered(|ui| {
+        for source in sources {
+            let (line, failed) = run_panel::headline(source);
+            let text = if failed {
+                RichText::new(format!("{}: {line}", source.run.name)).color(ui.visuals().error_fg_color)
+            } else {
+                RichText::new(format!("{}: {line}…", source.run.name))
+            };
+            ui.label(text.size(15.0));
+        }
+        ui.add_space(6.0);
+        let any_live = sources.iter().any(|s| !run_panel::headline(s).1);
+        ui.label(
+            RichText::new(if any_live {
+                "The plots appear with the first logged step."
+            } else {
+                "The run ended before its first step; the whole message is under “details” on the left."
+            })
+            .weak(),
+        );
+    });
 }

@@ -16,6 +16,17 @@ mod screenshot;
 pub mod series;
 pub mod source;
 
+#[cfg(test)]
+mod first_run_tests;
+#[cfg(test)]
+#[path = "../../tests/support/http.rs"]
+#[allow(dead_code)]
+mod test_http;
+#[cfg(test)]
+#[path = "../../../testdata/mnist.rs"]
+#[allow(dead_code)]
+mod test_mnist;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

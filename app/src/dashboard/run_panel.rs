@@ -51,9 +51,40 @@ pub fn run_panel(ui: &mut egui::Ui, sources: &mut [Source]) {
     }
 }
 
+/// The run's state in one short line (the first line of an error), and whether it failed.
+pub fn headline(source: &Source) -> (String, bool) {
+    let status = status(source);
+    let failed = status.starts_with("failed");
+    let first = status.lines().next().unwrap_or_default();
+    // An error's first line names what went wrong; its cause after the last ": " is detail.
+    let short = match first.split_once(": ") {
+        Some((_, rest)) if failed => format!("failed: {}", rest.split(": ").next().unwrap_or(rest)),
+        _ => first.to_string(),
+    };
+    (short, failed)
+}
+
+/// The state line; a failure shows its first words in red, the whole message on hover and
+/// under "details".
+fn status_line(ui: &mut egui::Ui, source: &Source) {
+    let (short, failed) = headline(source);
+    if !failed {
+        ui.label(RichText::new(short).italics());
+        return;
+    }
+    let full = status(source);
+    ui.add(egui::Label::new(RichText::new(&short).color(ui.visuals().error_fg_color)).truncate())
+        .on_hover_text(&full);
+    egui::CollapsingHeader::new("details")
+        .id_salt(("failure", &source.run.name))
+        .show(ui, |ui| {
+            ui.label(RichText::new(full).small().monospace());
+        });
+}
+
 fn run_details(ui: &mut egui::Ui, source: &Source) {
     let run = &source.run;
-    ui.label(RichText::new(status(source)).italics());
+    status_line(ui, source);
     egui::Grid::new(("run", &run.name))
         .num_columns(2)
         .spacing([12.0, 4.0])

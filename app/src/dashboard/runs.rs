@@ -71,6 +71,11 @@ impl RunData {
         }
     }
 
+    /// Whether any plot has something to draw.
+    pub fn has_points(&self) -> bool {
+        !(self.loss.is_empty() && self.epochs.is_empty() && self.lr.is_empty())
+    }
+
     pub fn apply(&mut self, record: &Record) {
         self.elapsed = self.elapsed.max(record.t);
         match &record.event {

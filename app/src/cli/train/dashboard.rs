@@ -136,7 +136,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         };
         assert!(
-            outcome.starts_with("failed:") && outcome.contains("cannot read MNIST"),
+            outcome.starts_with("failed:") && outcome.contains("MNIST not found in /nonexistent/mnist"),
             "{outcome}"
         );
     }
