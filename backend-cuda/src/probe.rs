@@ -80,16 +80,17 @@ pub fn require_compute_libraries(device: &str) -> Result<()> {
 
 /// The number of CUDA devices, or an error saying why there are none usable.
 pub fn device_count() -> Result<usize> {
+    // The kind is known here; what is missing is the driver, so the error says that.
     if !driver_present() {
-        return Err(Error::UnknownDevice {
-            name: "cuda".into(),
-            hint: "no CUDA driver found (libcuda.so.1): install the NVIDIA driver, or use `wgpu:0` or `cpu`".into(),
+        return Err(Error::Device {
+            device: "cuda".into(),
+            msg: "no CUDA driver found (libcuda.so.1): install the NVIDIA driver, or use `wgpu:0` or `cpu`".into(),
         });
     }
     cudarc::driver::CudaContext::device_count()
         .map(|n| n.max(0) as usize)
-        .map_err(|e| Error::UnknownDevice {
-            name: "cuda".into(),
-            hint: format!("the CUDA driver loaded but reports no usable device ({e:?})"),
+        .map_err(|e| Error::Device {
+            device: "cuda".into(),
+            msg: format!("the CUDA driver loaded but reports no usable device ({e:?}); use `wgpu:0` or `cpu`"),
         })
 }

@@ -74,7 +74,13 @@ impl DeviceProvider for CudaProvider {
     }
 
     fn open(&self, ordinal: usize) -> Result<Arc<dyn Backend>> {
-        let count = probe::device_count()?;
+        let count = probe::device_count().map_err(|e| match e {
+            Error::Device { msg, .. } => Error::Device {
+                device: format!("cuda:{ordinal}"),
+                msg,
+            },
+            other => other,
+        })?;
         if ordinal >= count {
             return Err(Error::UnknownDevice {
                 name: format!("cuda:{ordinal}"),

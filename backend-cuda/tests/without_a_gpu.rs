@@ -20,6 +20,11 @@ fn opening_cuda_without_a_driver_says_what_is_missing() {
     }
     let message = opened.expect_err("no driver, no device").to_string();
     assert!(message.contains("no CUDA driver found"), "{message}");
+    // The kind is known; the driver is what is missing.
+    assert!(
+        message.starts_with("device cuda:0: ") && !message.contains("unknown"),
+        "{message}"
+    );
     assert!(message.contains("cpu"), "the message offers another device: {message}");
 }
 

@@ -2,6 +2,9 @@
 //! backend. Nothing here knows about a particular GPU API: devices plug in through
 //! `backend::Backend` and are chosen at run time by name.
 
+// `#[derive(Module)]` writes paths from `::lockstep_core`; inside this crate they name itself.
+extern crate self as lockstep_core;
+
 pub mod autocast;
 pub mod autograd;
 pub mod backend;

@@ -271,6 +271,13 @@ fn bad_hyper_parameters_and_parameters_are_errors() {
     let view = pat(&[4, 3], 5).narrow(0, 1, 2).unwrap().requires_grad(true);
     let msg = Sgd::new(vec![view], SgdConfig::new(0.1)).err().unwrap().to_string();
     assert!(msg.contains("view"), "{msg}");
+    // No parameters at all (a model that forgot to show them): refused, as PyTorch refuses.
+    let msg = Adam::new(vec![], AdamConfig::adam()).err().unwrap().to_string();
+    assert!(
+        msg.contains("empty parameter list") && msg.contains("derive(Module)"),
+        "{msg}"
+    );
+    assert!(Sgd::new(vec![], SgdConfig::new(0.1)).is_err());
 }
 
 #[test]

@@ -124,7 +124,8 @@ fn run_details(ui: &mut egui::Ui, source: &Source) {
                 row("samples/s", format!("{rate:.0}"));
             }
             if let Some((epoch, acc)) = run.best_val_accuracy() {
-                row("best val acc", format!("{:.2}% (epoch {epoch})", acc * 100.0));
+                // Counted from 1, as the plots' epoch axis counts.
+                row("best val acc", format!("{:.2}% (epoch {})", acc * 100.0, epoch + 1));
             }
             if let Some((loss, acc)) = run.test {
                 row("test", format!("{:.2}% · loss {loss:.4}", acc * 100.0));

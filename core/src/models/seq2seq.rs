@@ -10,7 +10,7 @@ use crate::data::reversal::{MAX_LEN, START, VOCAB};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::nn::{Embedding, Linear, Module, Recurrent, RecurrentConfig, RecurrentState, Sequential, gru, join_name};
+use crate::nn::{Embedding, Linear, Module, Recurrent, RecurrentConfig, RecurrentState, Sequential, gru};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
@@ -39,17 +39,14 @@ pub fn seq2seq(hidden: usize, device: &Device, generator: &Generator) -> Result<
 
 /// Reads `[batch, 2 * steps]` tokens (source, then the decoder's input); returns the final
 /// state beside the decoder's input, `[batch, hidden + steps]`.
+#[derive(Module)]
 pub struct Encoder {
     pub embedding: Embedding,
     pub gru: Recurrent,
 }
 
-impl Module for Encoder {
-    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
-        self.embedding.map_tensors(f)?;
-        self.gru.map_tensors(f)
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl Encoder {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() != 2 || x.dims()[1] != 2 * MAX_LEN {
             return Err(Error::invalid(
                 "seq2seq encoder",
@@ -61,24 +58,39 @@ impl Module for Encoder {
         let decoder_input = x.narrow(1, MAX_LEN, MAX_LEN)?.to_dtype(DType::F32)?;
         Tensor::concat(&[&state.h.squeeze(0)?, &decoder_input], 1)
     }
-    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
-        self.embedding.visit_parameters(&join_name(prefix, "embedding."), f);
-        self.gru.visit_parameters(&join_name(prefix, "gru."), f);
-    }
-    fn describe(&self) -> String {
-        format!("Encoder({}, {})", self.embedding.describe(), self.gru.describe())
-    }
 }
 
 /// Reads the encoder's `[batch, hidden + steps]`; returns logits `[batch, steps, vocab]`.
+#[derive(Module)]
 pub struct Decoder {
     pub embedding: Embedding,
     pub gru: Recurrent,
     pub out: Linear,
+    #[module(training)]
     training: bool,
 }
 
 impl Decoder {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let hidden = self.hidden();
+        if x.rank() != 2 || x.dims()[1] != hidden + MAX_LEN {
+            return Err(Error::invalid(
+                "seq2seq decoder",
+                format!("expects the encoder's [batch, {}], got {}", hidden + MAX_LEN, x.shape()),
+            ));
+        }
+        let h = x.narrow(1, 0, hidden)?.unsqueeze(0)?;
+        if !self.training {
+            return self.decode_greedily(h.contiguous()?);
+        }
+        let tokens = x.narrow(1, hidden, MAX_LEN)?.to_dtype(DType::U32)?;
+        let state = RecurrentState { h, c: None };
+        let (outputs, _) = self
+            .gru
+            .forward_with_state(&self.embedding.forward(&tokens)?, Some(&state))?;
+        self.project(&outputs)
+    }
+
     fn hidden(&self) -> usize {
         self.gru.config.hidden_size
     }
@@ -106,48 +118,5 @@ impl Decoder {
             state = next;
         }
         Tensor::concat(&steps.iter().collect::<Vec<_>>(), 1)
-    }
-}
-
-impl Module for Decoder {
-    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
-        self.embedding.map_tensors(f)?;
-        self.gru.map_tensors(f)?;
-        self.out.map_tensors(f)
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let hidden = self.hidden();
-        if x.rank() != 2 || x.dims()[1] != hidden + MAX_LEN {
-            return Err(Error::invalid(
-                "seq2seq decoder",
-                format!("expects the encoder's [batch, {}], got {}", hidden + MAX_LEN, x.shape()),
-            ));
-        }
-        let h = x.narrow(1, 0, hidden)?.unsqueeze(0)?;
-        if !self.training {
-            return self.decode_greedily(h.contiguous()?);
-        }
-        let tokens = x.narrow(1, hidden, MAX_LEN)?.to_dtype(DType::U32)?;
-        let state = RecurrentState { h, c: None };
-        let (outputs, _) = self
-            .gru
-            .forward_with_state(&self.embedding.forward(&tokens)?, Some(&state))?;
-        self.project(&outputs)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
-    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
-        self.embedding.visit_parameters(&join_name(prefix, "embedding."), f);
-        self.gru.visit_parameters(&join_name(prefix, "gru."), f);
-        self.out.visit_parameters(&join_name(prefix, "out."), f);
-    }
-    fn describe(&self) -> String {
-        format!(
-            "Decoder({}, {}, {})",
-            self.embedding.describe(),
-            self.gru.describe(),
-            self.out.describe()
-        )
     }
 }

@@ -1,8 +1,51 @@
 //! Modules: layers with named parameters and buffers whose names match PyTorch's, so a state
 //! dict moves between Lockstep and PyTorch unchanged (`0.weight`, `1.running_mean`, …).
+//!
+//! A model of your own is its fields and its forward; `#[derive(Module)]` writes the rest
+//! (parameters by field name, train/eval, device moves, printing):
+//!
+//! ```
+//! use lockstep_core::nn::{Linear, Module, ModuleExt, Relu};
+//! use lockstep_core::{Device, Generator, Result, Tensor};
+//!
+//! #[derive(Module)]
+//! struct Mlp {
+//!     fc1: Linear,
+//!     act: Relu,
+//!     fc2: Linear,
+//! }
+//!
+//! impl Mlp {
+//!     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+//!         self.fc2.forward(&self.act.forward(&self.fc1.forward(x)?)?)
+//!     }
+//! }
+//!
+//! let (device, g) = (Device::cpu(), Generator::new(0));
+//! let mlp = Mlp {
+//!     fc1: Linear::new(4, 8, true, &device, &g)?,
+//!     act: Relu,
+//!     fc2: Linear::new(8, 2, true, &device, &g)?,
+//! };
+//! let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
+//! assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+//! # Ok::<(), lockstep_core::Error>(())
+//! ```
+//!
+//! Without its own `forward` the same struct does not compile:
+//!
+//! ```compile_fail
+//! use lockstep_core::nn::{Linear, Module};
+//!
+//! #[derive(Module)]
+//! struct Mlp {
+//!     fc1: Linear,
+//! }
+//! ```
 
 mod activation;
 mod batchnorm;
+mod child;
 mod conv;
 mod dropout;
 mod embedding;
@@ -19,12 +62,15 @@ mod state_dict;
 
 pub use activation::{Gelu, Relu};
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
+pub use child::Child;
 pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
 pub use linear::Linear;
-pub use module::{AsAny, Module, ModuleExt, join_name};
+/// `#[derive(Module)]`: see the `lockstep-derive` crate for the field rules.
+pub use lockstep_derive::Module;
+pub use module::{AsAny, Module, ModuleExt, describe_tree, join_name, remap, remap_opt};
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use recurrent::{CellKind, Recurrent, RecurrentConfig, RecurrentLayer, RecurrentState, gru, lstm, rnn};
 pub use sequential::Sequential;

@@ -85,6 +85,53 @@ pub fn remap_opt(t: &mut Option<Tensor>, f: &mut dyn FnMut(&Tensor) -> Result<Te
     t.as_mut().map_or(Ok(()), |t| remap(t, f))
 }
 
+/// How PyTorch prints a module with children: `Kind(` then one `(name): child` line each (a
+/// child's own lines indented under it), then `)`; `Kind()` without children.
+pub fn describe_tree(kind: &str, children: &[(String, String)]) -> String {
+    if children.is_empty() {
+        return format!("{kind}()");
+    }
+    let lines: Vec<String> = children
+        .iter()
+        .map(|(name, text)| format!("  ({name}): {}", text.replace('\n', "\n  ")))
+        .collect();
+    format!("{kind}(\n{}\n)", lines.join("\n"))
+}
+
+/// A boxed module is a module: containers and derived models hold children this way.
+impl Module for Box<dyn Module> {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.as_ref().forward(x)
+    }
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.as_ref().visit_parameters(prefix, f)
+    }
+    fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.as_ref().visit_buffers(prefix, f)
+    }
+    fn visit_state(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.as_ref().visit_state(prefix, f)
+    }
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        self.as_mut().map_tensors(f)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.as_mut().set_training(training)
+    }
+    fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
+        self.as_mut().convert_sync_batchnorm(comm)
+    }
+    fn describe(&self) -> String {
+        self.as_ref().describe()
+    }
+    fn activation(&self) -> Option<UnaryOp> {
+        self.as_ref().activation()
+    }
+    fn forward_activated(&self, x: &Tensor, act: UnaryOp) -> Option<Result<Tensor>> {
+        self.as_ref().forward_activated(x, act)
+    }
+}
+
 /// `prefix` + `name`, the dotted naming of nested modules.
 pub fn join_name(prefix: &str, name: &str) -> String {
     format!("{prefix}{name}")

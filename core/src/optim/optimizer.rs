@@ -53,6 +53,13 @@ pub fn zero_grad(params: &[Tensor]) {
 /// The fused update kernels write whole buffers in place: each parameter must be a float tensor
 /// that owns its storage densely (not a view into a larger buffer).
 pub(super) fn check_parameters(op: &'static str, params: &[Tensor]) -> Result<()> {
+    // PyTorch refuses too: an optimizer over nothing trains nothing, silently.
+    if params.is_empty() {
+        return Err(Error::invalid(
+            op,
+            "got an empty parameter list: the model shows no parameters (a hand-written Module must visit them in visit_parameters; #[derive(Module)] does)",
+        ));
+    }
     for (i, p) in params.iter().enumerate() {
         if !p.dtype().is_float() {
             return Err(Error::invalid(

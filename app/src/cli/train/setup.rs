@@ -121,17 +121,20 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
         OptimizerKind::Adam => Box::new(Adam::new(params, AdamConfig::adam().lr(lr).weight_decay(wd))?),
         OptimizerKind::Adamw => Box::new(Adam::adamw(params, AdamConfig::adamw().lr(lr).weight_decay(wd))?),
     };
-    let hparams = BTreeMap::from([
+    let mut hparams = BTreeMap::from([
         ("model".to_string(), args.model.clone()),
         ("optimizer".to_string(), format!("{:?}", args.optimizer).to_lowercase()),
         ("lr".to_string(), lr.to_string()),
-        ("momentum".to_string(), args.momentum.to_string()),
         ("weight_decay".to_string(), wd.to_string()),
         ("batch_size".to_string(), args.batch_size.to_string()),
         ("seed".to_string(), args.seed.to_string()),
         ("accumulate".to_string(), args.accumulate.to_string()),
         ("precision".to_string(), args.precision.clone()),
     ]);
+    // Only SGD has a momentum: an Adam run must not show one.
+    if args.optimizer == OptimizerKind::Sgd {
+        hparams.insert("momentum".to_string(), args.momentum.to_string());
+    }
     Ok(TrainingSetup {
         model,
         optimizer,

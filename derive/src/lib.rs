@@ -1,0 +1,221 @@
+//! `#[derive(Module)]`: writes a struct's `lockstep_core::nn::Module` impl from its fields, as
+//! PyTorch's `nn.Module.__setattr__` registers them. Fields are visited in declaration order
+//! under their names (PyTorch's dotted names):
+//!
+//! - a field of type `Tensor` is a parameter (`#[module(buffer)]`: a buffer);
+//! - every other field is a child: a module, a `Box<dyn Module>`, a `Vec` of them (children
+//!   `name.0`, `name.1`, … as a `ModuleList`) or an `Option` of one;
+//! - `#[module(skip)]` leaves a field out (configuration, caches: it must hold no tensors);
+//! - `#[module(rename = "c_attn")]` registers a field under another name;
+//! - `#[module(training)]` on a `bool` field: `set_training` stores the mode there.
+//!
+//! `forward` calls the struct's own inherent `fn forward(&self, x: &Tensor) -> Result<Tensor>`;
+//! without one the impl does not compile ("function cannot return without recursing", pointing
+//! at the struct: it would call itself).
+
+use proc_macro::TokenStream;
+use proc_macro2::TokenStream as Tokens;
+use quote::{format_ident, quote, quote_spanned};
+use syn::{Data, DeriveInput, Fields, Ident, LitStr, Type, parse_macro_input};
+
+#[proc_macro_derive(Module, attributes(module))]
+pub fn derive_module(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    match expand(&input) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// What a field is to the module.
+enum Role {
+    Parameter,
+    Buffer,
+    Child,
+    TrainingFlag,
+    Skipped,
+}
+
+struct Field {
+    ident: Ident,
+    /// The registered name (the field's, or its `rename`).
+    name: String,
+    role: Role,
+}
+
+fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
+    let Data::Struct(data) = &input.data else {
+        return Err(syn::Error::new_spanned(
+            &input.ident,
+            "derive(Module) needs a struct with named fields",
+        ));
+    };
+    let Fields::Named(named) = &data.fields else {
+        return Err(syn::Error::new_spanned(
+            &input.ident,
+            "derive(Module) needs a struct with named fields (their names become the parameters' names)",
+        ));
+    };
+    let fields = named.named.iter().map(field).collect::<syn::Result<Vec<_>>>()?;
+    let ty = &input.ident;
+    let kind = ty.to_string();
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+
+    let of = |role: fn(&Role) -> bool| fields.iter().filter(move |f| role(&f.role));
+    let params: Vec<_> = of(|r| matches!(r, Role::Parameter)).collect();
+    let buffers: Vec<_> = of(|r| matches!(r, Role::Buffer)).collect();
+    let children: Vec<_> = of(|r| matches!(r, Role::Child)).collect();
+    let flags: Vec<_> = of(|r| matches!(r, Role::TrainingFlag)).collect();
+
+    let visit_own = |list: &[&Field]| -> Tokens {
+        list.iter()
+            .map(|f| {
+                let (ident, name) = (&f.ident, &f.name);
+                quote! { f(::std::format!("{}{}", prefix, #name), &self.#ident); }
+            })
+            .collect()
+    };
+    let visit_children = |method: Ident| -> Tokens {
+        children
+            .iter()
+            .map(|f| {
+                let (ident, name) = (&f.ident, &f.name);
+                quote! { ::lockstep_core::nn::Child::#method(&self.#ident, &::std::format!("{}{}", prefix, #name), f); }
+            })
+            .collect()
+    };
+    let own_params = visit_own(&params);
+    let own_buffers = visit_own(&buffers);
+    let child_params = visit_children(format_ident!("visit_parameters"));
+    let child_buffers = visit_children(format_ident!("visit_buffers"));
+    let child_state = visit_children(format_ident!("visit_state"));
+    let map_own: Tokens = params
+        .iter()
+        .chain(&buffers)
+        .map(|f| {
+            let ident = &f.ident;
+            quote! { ::lockstep_core::nn::remap(&mut self.#ident, f)?; }
+        })
+        .collect();
+    let map_children: Tokens = children
+        .iter()
+        .map(|f| {
+            let ident = &f.ident;
+            quote! { ::lockstep_core::nn::Child::map_tensors(&mut self.#ident, f)?; }
+        })
+        .collect();
+    let set_flags: Tokens = flags
+        .iter()
+        .map(|f| {
+            let ident = &f.ident;
+            quote! { self.#ident = training; }
+        })
+        .collect();
+    let train_children: Tokens = children
+        .iter()
+        .map(|f| {
+            let ident = &f.ident;
+            quote! { ::lockstep_core::nn::Child::set_training(&mut self.#ident, training); }
+        })
+        .collect();
+    let sync_children: Tokens = children
+        .iter()
+        .map(|f| {
+            let ident = &f.ident;
+            quote! { ::lockstep_core::nn::Child::convert_sync_batchnorm(&mut self.#ident, comm); }
+        })
+        .collect();
+    let describe_children: Tokens = children
+        .iter()
+        .map(|f| {
+            let (ident, name) = (&f.ident, &f.name);
+            quote! {
+                if let ::std::option::Option::Some(d) = ::lockstep_core::nn::Child::describe_child(&self.#ident) {
+                    children.push((#name.to_string(), d));
+                }
+            }
+        })
+        .collect();
+
+    // Without an inherent `forward` this would call itself: refuse to compile instead. Spanned
+    // at the struct's name, so the lint counts as the user's code (lints are silent inside
+    // another crate's macro) and the error points at the struct.
+    let forward = quote_spanned! {ty.span()=>
+        #[deny(unconditional_recursion)]
+        fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
+            #ty::forward(self, x)
+        }
+    };
+    Ok(quote! {
+        impl #impl_generics ::lockstep_core::nn::Module for #ty #ty_generics #where_clause {
+            #forward
+            fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(::std::string::String, &::lockstep_core::Tensor)) {
+                #own_params
+                #child_params
+            }
+            fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(::std::string::String, &::lockstep_core::Tensor)) {
+                #own_buffers
+                #child_buffers
+            }
+            fn visit_state(&self, prefix: &str, f: &mut dyn FnMut(::std::string::String, &::lockstep_core::Tensor)) {
+                #own_params
+                #own_buffers
+                #child_state
+            }
+            fn map_tensors(
+                &mut self,
+                f: &mut dyn FnMut(&::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor>,
+            ) -> ::lockstep_core::Result<()> {
+                #map_own
+                #map_children
+                Ok(())
+            }
+            fn set_training(&mut self, training: bool) {
+                #set_flags
+                #train_children
+            }
+            fn convert_sync_batchnorm(&mut self, comm: &::std::sync::Arc<dyn ::lockstep_core::backend::Communicator>) {
+                #sync_children
+            }
+            fn describe(&self) -> ::std::string::String {
+                let mut children: ::std::vec::Vec<(::std::string::String, ::std::string::String)> = ::std::vec::Vec::new();
+                #describe_children
+                ::lockstep_core::nn::describe_tree(#kind, &children)
+            }
+        }
+    })
+}
+
+fn field(f: &syn::Field) -> syn::Result<Field> {
+    let ident = f.ident.clone().expect("named fields have names");
+    let mut name = ident.to_string();
+    let mut role = if is_tensor(&f.ty) { Role::Parameter } else { Role::Child };
+    for attr in f.attrs.iter().filter(|a| a.path().is_ident("module")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("skip") {
+                role = Role::Skipped;
+            } else if meta.path.is_ident("buffer") {
+                role = Role::Buffer;
+            } else if meta.path.is_ident("training") {
+                role = Role::TrainingFlag;
+            } else if meta.path.is_ident("rename") {
+                name = meta.value()?.parse::<LitStr>()?.value();
+            } else {
+                return Err(meta.error("expected `skip`, `buffer`, `training` or `rename = \"name\"`"));
+            }
+            Ok(())
+        })?;
+    }
+    if matches!(role, Role::Buffer) && !is_tensor(&f.ty) {
+        return Err(syn::Error::new_spanned(
+            &f.ty,
+            "#[module(buffer)] goes on a `Tensor` field",
+        ));
+    }
+    Ok(Field { ident, name, role })
+}
+
+/// Whether the field's type is written `Tensor` (any path ending in it).
+fn is_tensor(ty: &Type) -> bool {
+    matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "Tensor" && s.arguments.is_empty()))
+}
