@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::module::Module;
+use super::module::{Module, describe_tree};
 use crate::backend::Communicator;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -115,12 +115,12 @@ impl Module for Sequential {
         self.layers.iter_mut().for_each(|l| l.convert_sync_batchnorm(comm));
     }
     fn describe(&self) -> String {
-        let body: Vec<String> = self
+        let children: Vec<(String, String)> = self
             .layers
             .iter()
             .enumerate()
-            .map(|(i, l)| format!("  ({}): {}", self.first_index + i, l.describe()))
+            .map(|(i, l)| ((self.first_index + i).to_string(), l.describe()))
             .collect();
-        format!("Sequential(\n{}\n)", body.join("\n"))
+        describe_tree("Sequential", &children)
     }
 }
