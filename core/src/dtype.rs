@@ -92,6 +92,10 @@ impl HostVec {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// A copy of the values in `range`, of the same dtype.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> HostVec {
+        map_host_vec!(self, v => Element::into_host(v[range].to_vec()))
+    }
     /// Every value as f64 (exact for all dtypes but i64 beyond 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         map_host_vec!(self, v => v.iter().map(|x| x.to_f64()).collect())

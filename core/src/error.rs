@@ -79,3 +79,14 @@ impl Error {
         Error::UnsupportedDType { op, dtype, hint: "" }
     }
 }
+
+/// `?` on an I/O call in code that returns this crate's `Result` (a user's data loader, say);
+/// the error names no path, since the `io::Error` carries none.
+impl From<std::io::Error> for Error {
+    fn from(cause: std::io::Error) -> Error {
+        Error::Io {
+            path: "I/O".into(),
+            cause,
+        }
+    }
+}

@@ -522,3 +522,12 @@ fn backend_misuse_returns_errors() {
         )
     });
 }
+
+#[test]
+fn io_errors_convert_with_question_mark() {
+    fn read_missing() -> lockstep_core::Result<Vec<u8>> {
+        Ok(std::fs::read("/nonexistent/lockstep/file")?)
+    }
+    let err = read_missing().unwrap_err().to_string();
+    assert!(err.contains("No such file"), "{err}");
+}

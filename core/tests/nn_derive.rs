@@ -170,3 +170,11 @@ fn the_tree_prints_as_pytorch_prints_it() {
     );
     assert!(!net.contains("absent"), "{net}");
 }
+
+#[test]
+fn the_dropouts_stream_is_found_through_the_fields() {
+    let net = Net::new();
+    let streams = net.generators();
+    assert_eq!(streams.len(), 1);
+    assert!(Arc::ptr_eq(&streams[0], net.dropout.generator()));
+}

@@ -5,10 +5,8 @@ use std::sync::Arc;
 
 use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
 use lockstep_core::nn::{Dropout, Flatten, Linear, ModuleExt, Relu, Sequential};
-use lockstep_core::optim::{LrScheduler, Sgd, SgdConfig, StepLR};
-use lockstep_core::train::{
-    Classification, GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup,
-};
+use lockstep_core::optim::{Sgd, SgdConfig, StepLR};
+use lockstep_core::train::{GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, HostVec, Result};
 
 /// 150 points in 8-D whose label is the index of their largest coordinate among the first 3.
@@ -30,28 +28,20 @@ impl Dataset for Blobs {
     }
 }
 
+/// The model's Dropout owns its stream: the Trainer finds it for the checkpoint by itself.
 fn setup() -> TrainingSetup {
     let device = Device::cpu();
     let init = Generator::new(1);
-    let dropout = Arc::new(Generator::new(2));
     let model = Sequential::new()
         .add(Flatten::new())
         .add(Linear::new(8, 16, true, &device, &init).unwrap())
         .add(Relu)
-        .add(Dropout::new(0.2, dropout.clone()).unwrap())
+        .add(Dropout::new(0.2, Arc::new(Generator::new(2))).unwrap())
         .add(Linear::new(16, 3, true, &device, &init).unwrap());
-    let mut optimizer = Sgd::new(model.parameters(), SgdConfig::new(0.1).momentum(0.9).nesterov(true)).unwrap();
-    let scheduler = LrScheduler::new(StepLR::new(5, 0.5).unwrap(), &mut optimizer);
-    TrainingSetup {
-        model: Box::new(model),
-        optimizer: Box::new(optimizer),
-        scheduler: Some(scheduler),
-        task: Box::new(Classification),
-        device,
-        generators: vec![dropout],
-        model_name: "blob-mlp".into(),
-        hparams: Default::default(),
-    }
+    let optimizer = Sgd::new(model.parameters(), SgdConfig::new(0.1).momentum(0.9).nesterov(true)).unwrap();
+    TrainingSetup::new(model, optimizer)
+        .schedule(StepLR::new(5, 0.5).unwrap())
+        .name("blob-mlp")
 }
 
 fn config(max_steps: Option<u64>) -> TrainerConfig {
@@ -140,22 +130,14 @@ fn a_checkpoint_for_another_model_is_refused_with_the_differences() {
 
     let device = Device::cpu();
     let init = Generator::new(1);
-    let dropout = Arc::new(Generator::new(2));
     let other = Sequential::new()
         .add(Flatten::new())
         .add(Linear::new(8, 32, true, &device, &init).unwrap())
         .add(Relu)
-        .add(Dropout::new(0.2, dropout.clone()).unwrap())
+        .add(Dropout::new(0.2, Arc::new(Generator::new(2))).unwrap())
         .add(Linear::new(32, 3, true, &device, &init).unwrap());
-    let mut optimizer = Sgd::new(other.parameters(), SgdConfig::new(0.1)).unwrap();
-    let scheduler = LrScheduler::new(StepLR::new(5, 0.5).unwrap(), &mut optimizer);
-    let mut wrong = TrainingSetup {
-        model: Box::new(other),
-        optimizer: Box::new(optimizer),
-        scheduler: Some(scheduler),
-        ..setup()
-    };
-    wrong.generators = vec![dropout];
+    let optimizer = Sgd::new(other.parameters(), SgdConfig::new(0.1)).unwrap();
+    let mut wrong = TrainingSetup::new(other, optimizer).schedule(StepLR::new(5, 0.5).unwrap());
     let err = Trainer::new(config(None))
         .unwrap()
         .resume(&mut wrong, &dir.join("last.safetensors"))

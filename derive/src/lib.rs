@@ -118,6 +118,13 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
             quote! { ::lockstep_core::nn::Child::set_training(&mut self.#ident, training); }
         })
         .collect();
+    let generator_children: Tokens = children
+        .iter()
+        .map(|f| {
+            let ident = &f.ident;
+            quote! { ::lockstep_core::nn::Child::visit_generators(&self.#ident, f); }
+        })
+        .collect();
     let sync_children: Tokens = children
         .iter()
         .map(|f| {
@@ -173,6 +180,9 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
             fn set_training(&mut self, training: bool) {
                 #set_flags
                 #train_children
+            }
+            fn visit_generators(&self, f: &mut dyn FnMut(&::std::sync::Arc<::lockstep_core::Generator>)) {
+                #generator_children
             }
             fn convert_sync_batchnorm(&mut self, comm: &::std::sync::Arc<dyn ::lockstep_core::backend::Communicator>) {
                 #sync_children

@@ -11,6 +11,7 @@ pub mod mnist;
 pub mod reversal;
 mod sampler;
 mod sharded_batches;
+mod tensor_dataset;
 
 pub use batch::{Batch, HostTensor, collate};
 pub use batch_sampler::BatchSampler;
@@ -19,3 +20,4 @@ pub use home::data_home;
 pub use loader::{BatchIter, DataLoader, DataLoaderConfig};
 pub use sampler::{DistributedSampler, RandomSampler, Sampler, SequentialSampler};
 pub use sharded_batches::{BatchShares, ShardedBatches};
+pub use tensor_dataset::TensorDataset;

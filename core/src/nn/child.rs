@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::module::{Module, describe_tree};
 use crate::backend::Communicator;
 use crate::error::Result;
+use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 pub trait Child {
@@ -15,6 +16,7 @@ pub trait Child {
     fn visit_state(&self, name: &str, f: &mut dyn FnMut(String, &Tensor));
     fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()>;
     fn set_training(&mut self, training: bool);
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>));
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>);
     /// How the parent prints this child; None for an absent optional one.
     fn describe_child(&self) -> Option<String>;
@@ -36,6 +38,9 @@ impl<M: Module> Child for M {
     }
     fn set_training(&mut self, training: bool) {
         Module::set_training(self, training)
+    }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        Module::visit_generators(self, f)
     }
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
         Module::convert_sync_batchnorm(self, comm)
@@ -66,6 +71,9 @@ impl<C: Child> Child for Vec<C> {
     }
     fn set_training(&mut self, training: bool) {
         self.iter_mut().for_each(|c| c.set_training(training));
+    }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        self.iter().for_each(|c| c.visit_generators(f));
     }
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
         self.iter_mut().for_each(|c| c.convert_sync_batchnorm(comm));
@@ -102,6 +110,11 @@ impl<C: Child> Child for Option<C> {
     fn set_training(&mut self, training: bool) {
         if let Some(c) = self {
             c.set_training(training)
+        }
+    }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        if let Some(c) = self {
+            c.visit_generators(f)
         }
     }
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {

@@ -46,6 +46,9 @@ impl Module for Dropout {
     fn set_training(&mut self, training: bool) {
         self.training = training;
     }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        f(&self.generator)
+    }
     fn describe(&self) -> String {
         format!("Dropout(p={}, inplace=False)", self.p)
     }

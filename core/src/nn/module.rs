@@ -7,6 +7,7 @@ use crate::autograd::no_grad;
 use crate::backend::{Communicator, UnaryOp};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 /// A module as `&dyn Any`, so a strategy can ask whether a model is the kind it drives (a
@@ -50,6 +51,11 @@ pub trait Module: AsAny + Send + Sync {
 
     /// Switches training behaviour (dropout, batch statistics) on or off.
     fn set_training(&mut self, _training: bool) {}
+
+    /// Calls `f` for each random stream the module draws from (Dropout's), so the Trainer
+    /// checkpoints and restores them without the user threading them anywhere; containers
+    /// recurse. A stream shared by several layers is reported by each.
+    fn visit_generators(&self, _f: &mut dyn FnMut(&Arc<Generator>)) {}
 
     /// Replaces batch statistics with ones synchronised across the replicas of `comm` (PyTorch's
     /// `SyncBatchNorm.convert_sync_batchnorm`): BatchNorm layers keep `comm`, containers forward
@@ -118,6 +124,9 @@ impl Module for Box<dyn Module> {
     fn set_training(&mut self, training: bool) {
         self.as_mut().set_training(training)
     }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        self.as_ref().visit_generators(f)
+    }
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
         self.as_mut().convert_sync_batchnorm(comm)
     }
@@ -139,6 +148,17 @@ pub fn join_name(prefix: &str, name: &str) -> String {
 
 /// Conveniences every module has.
 pub trait ModuleExt: Module {
+    /// The random streams the module draws from, each once, in the order first met.
+    fn generators(&self) -> Vec<Arc<Generator>> {
+        let mut out: Vec<Arc<Generator>> = Vec::new();
+        self.visit_generators(&mut |g| {
+            if !out.iter().any(|o| Arc::ptr_eq(o, g)) {
+                out.push(g.clone());
+            }
+        });
+        out
+    }
+
     /// Named parameters in registration order.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::module::{Module, describe_tree};
 use crate::backend::Communicator;
 use crate::error::{Error, Result};
+use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 #[derive(Default)]
@@ -110,6 +111,9 @@ impl Module for Sequential {
     }
     fn set_training(&mut self, training: bool) {
         self.layers.iter_mut().for_each(|l| l.set_training(training));
+    }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        self.layers.iter().for_each(|l| l.visit_generators(f));
     }
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
         self.layers.iter_mut().for_each(|l| l.convert_sync_batchnorm(comm));

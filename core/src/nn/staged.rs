@@ -11,6 +11,7 @@ use super::sequential::Sequential;
 use crate::backend::Communicator;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 pub struct StagedModel {
@@ -176,6 +177,9 @@ impl Module for StagedModel {
     }
     fn set_training(&mut self, training: bool) {
         self.stages.iter_mut().for_each(|s| s.set_training(training));
+    }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        self.stages.iter().for_each(|s| s.visit_generators(f));
     }
     /// Every stage's tensors; each stage's device becomes where its tensors went.
     fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {

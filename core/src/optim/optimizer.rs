@@ -28,7 +28,10 @@ impl OptimizerState {
 pub trait Optimizer: Send {
     /// PyTorch's class name (`SGD`, `Adam`, `AdamW`), e.g. for the `lr-Adam` metric key.
     fn name(&self) -> &'static str;
-    /// Applies one update to every parameter that has a gradient.
+    /// Applies one update to every parameter that has a gradient. The update writes the
+    /// parameters' storage in place through the backend, outside autograd, so no `no_grad` is
+    /// needed around it (it is needed around updates written by hand with tensor ops, and
+    /// around evaluation, where it saves the graph's memory).
     fn step(&mut self) -> Result<()>;
     /// The parameters this optimizer updates, in order.
     fn parameters(&self) -> &[Tensor];
@@ -43,6 +46,34 @@ pub trait Optimizer: Send {
     /// Restores what `state` exported (hyper-parameters included, as PyTorch does). Tensors are
     /// copied onto each parameter's device and dtype. Nothing changes unless all of it is valid.
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+}
+
+/// A boxed optimizer is an optimizer (the Trainer's setup holds one so).
+impl Optimizer for Box<dyn Optimizer> {
+    fn name(&self) -> &'static str {
+        self.as_ref().name()
+    }
+    fn step(&mut self) -> Result<()> {
+        self.as_mut().step()
+    }
+    fn parameters(&self) -> &[Tensor] {
+        self.as_ref().parameters()
+    }
+    fn lr(&self) -> f64 {
+        self.as_ref().lr()
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.as_mut().set_lr(lr)
+    }
+    fn zero_grad(&self) {
+        self.as_ref().zero_grad()
+    }
+    fn state(&self) -> OptimizerState {
+        self.as_ref().state()
+    }
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        self.as_mut().load_state(state)
+    }
 }
 
 /// Forgets the gradients of `params`.

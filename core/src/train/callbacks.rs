@@ -30,7 +30,9 @@ impl CallbackContext<'_> {
     }
 }
 
-pub trait Callback: Send {
+/// Lightning's callbacks: hooks at epoch and step ends and at the end of training, with state
+/// kept in checkpoints. `AsAny` lets `Trainer::callback::<T>()` hand one back after `fit`.
+pub trait Callback: crate::nn::AsAny + Send {
     /// A stable name: the key of this callback's state in checkpoints.
     fn name(&self) -> String;
     /// After each epoch's validation (or training, without a validation loader).

@@ -196,6 +196,13 @@ pub trait EventListener: Send {
     fn on_event(&mut self, record: &Record) -> Result<()>;
 }
 
+/// A closure is a listener: `trainer.add_listener(|r: &Record| { println!("{r:?}"); Ok(()) })`.
+impl<F: FnMut(&Record) -> Result<()> + Send> EventListener for F {
+    fn on_event(&mut self, record: &Record) -> Result<()> {
+        self(record)
+    }
+}
+
 /// Forwards records over a bounded channel. When the receiver falls behind, step and device
 /// records are dropped (the next ones carry newer values); the rest wait for room.
 #[derive(Clone)]

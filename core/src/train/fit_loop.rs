@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::TrainingSetup;
 use super::callbacks::CallbackAction;
 use super::config::{Precision, SchedulerInterval};
 use super::events::{Event, RunInfo, StepTimes};
 use super::step::{self, MicroBatch};
-use super::trainer::{FitReport, Trainer, TrainingSetup};
+use super::trainer::{FitReport, Trainer};
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::error::Result;

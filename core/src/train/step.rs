@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
+use super::TrainingSetup;
 use super::config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 use super::events::StepTimes;
 use super::state::TrainerState;
-use super::trainer::TrainingSetup;
 use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::device::Device;

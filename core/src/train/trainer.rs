@@ -11,32 +11,16 @@ use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint;
 use super::config::TrainerConfig;
 use super::events::{Event, EventListener, Record};
+use super::setup::TrainingSetup;
 use super::state::TrainerState;
 use super::strategy::{SingleDevice, Strategy};
-use super::task::{EvalMetrics, Task};
+use super::task::EvalMetrics;
 use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
-use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::Module;
-use crate::optim::{LrScheduler, Optimizer};
-use crate::rng::Generator;
 use crate::tensor::Tensor;
-
-/// Everything the trainer drives: model, optimizer, optional scheduler, task, device, and the
-/// random streams (e.g. dropout's) whose state checkpoints must carry.
-pub struct TrainingSetup {
-    pub model: Box<dyn Module>,
-    pub optimizer: Box<dyn Optimizer>,
-    pub scheduler: Option<LrScheduler>,
-    pub task: Box<dyn Task>,
-    pub device: Device,
-    pub generators: Vec<Arc<Generator>>,
-    /// A short model name for events and summaries.
-    pub model_name: String,
-    pub hparams: BTreeMap<String, String>,
-}
 
 /// What `fit` reports at the end.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -97,6 +81,13 @@ impl Trainer {
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
     }
+    /// The first callback of type `T`, to ask it things after `fit` (a `ModelCheckpoint`'s
+    /// `best()`, say).
+    pub fn callback<T: Callback + 'static>(&self) -> Option<&T> {
+        self.callbacks
+            .iter()
+            .find_map(|c| c.as_ref().as_any().downcast_ref::<T>())
+    }
     /// Set it (from another thread, a signal handler or a UI) to stop after the current step;
     /// callbacks then save their checkpoints as at any end of training.
     pub fn stop_handle(&self) -> Arc<AtomicBool> {
@@ -130,7 +121,7 @@ impl Trainer {
     /// The state as a checkpoint stores it: position, random streams, scheduler, callbacks.
     fn snapshot(&self, setup: &TrainingSetup) -> TrainerState {
         let mut s = self.state.clone();
-        s.generators = setup.generators.iter().map(|g| g.state()).collect();
+        s.generators = setup.random_streams().iter().map(|g| g.state()).collect();
         s.scheduler = setup.scheduler.as_ref().map(|sc| (sc.base_lr(), sc.last_epoch()));
         s.callbacks = self.callbacks.iter().map(|c| (c.name(), c.state())).collect();
         s.shares = self.strategy.shares();

@@ -8,8 +8,8 @@ use super::{FORMAT, FORMAT_KEY, host_to_device, load_tensors, save_tensors};
 use crate::error::{Error, Result};
 use crate::nn::ModuleExt;
 use crate::optim::{OptimizerState, SchedulerState};
+use crate::train::TrainingSetup;
 use crate::train::state::TrainerState;
-use crate::train::trainer::TrainingSetup;
 
 const OPTIMIZER_PREFIX: &str = "optimizer.";
 const STATE_KEY: &str = "lockstep.trainer_state";
@@ -79,17 +79,18 @@ pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerS
     if let (Some(sched), Some((base_lr, last_epoch))) = (setup.scheduler.as_mut(), state.scheduler) {
         sched.load_state(SchedulerState { base_lr, last_epoch }, setup.optimizer.as_mut())?;
     }
-    if state.generators.len() != setup.generators.len() {
+    let streams = setup.random_streams();
+    if state.generators.len() != streams.len() {
         return Err(Error::data(
             what,
             format!(
                 "it carries {} random streams, this run has {}",
                 state.generators.len(),
-                setup.generators.len()
+                streams.len()
             ),
         ));
     }
-    for (g, &(seed, counter)) in setup.generators.iter().zip(&state.generators) {
+    for (g, &(seed, counter)) in streams.iter().zip(&state.generators) {
         g.restore(seed, counter);
     }
     Ok(state)

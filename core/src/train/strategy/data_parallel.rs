@@ -12,11 +12,11 @@ use crate::device::Device;
 use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use crate::train::TrainingSetup;
 use crate::train::config::Precision;
 use crate::train::events::StepTimes;
 use crate::train::state::TrainerState;
 use crate::train::step::{self, MicroBatch};
-use crate::train::trainer::TrainingSetup;
 
 pub struct DataParallel {
     reducer: Reducer,

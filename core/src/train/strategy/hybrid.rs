@@ -10,10 +10,10 @@ use crate::data::Batch;
 use crate::distributed::Reducer;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::train::TrainingSetup;
 use crate::train::config::Precision;
 use crate::train::events::StepTimes;
 use crate::train::step::MicroBatch;
-use crate::train::trainer::TrainingSetup;
 
 pub struct Hybrid {
     pipeline: Pipeline,

@@ -13,11 +13,11 @@ pub use data_parallel::DataParallel;
 pub use hybrid::Hybrid;
 pub use single::SingleDevice;
 
+use super::TrainingSetup;
 use super::config::Precision;
 use super::events::{DeviceStats, StepTimes};
 use super::state::TrainerState;
 use super::step::MicroBatch;
-use super::trainer::TrainingSetup;
 use crate::data::Batch;
 use crate::error::Result;
 use crate::tensor::Tensor;

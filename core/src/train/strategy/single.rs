@@ -4,10 +4,10 @@ use super::replica_reports::device_stats;
 use super::{StepReports, Strategy};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use crate::train::TrainingSetup;
 use crate::train::config::Precision;
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
-use crate::train::trainer::TrainingSetup;
 
 /// The default strategy: forward and backward on `TrainingSetup::device`, nothing to agree on.
 #[derive(Clone, Copy, Debug, Default)]

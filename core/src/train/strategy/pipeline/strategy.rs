@@ -9,12 +9,12 @@ use crate::distributed::Reducer;
 use crate::error::{Error, Result};
 use crate::nn::StagedModel;
 use crate::tensor::Tensor;
+use crate::train::TrainingSetup;
 use crate::train::config::Precision;
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
 use crate::train::strategy::replica_reports::{device_stats, distinct};
 use crate::train::strategy::{StepReports, Strategy};
-use crate::train::trainer::TrainingSetup;
 
 pub struct Pipeline {
     kind: ScheduleKind,
