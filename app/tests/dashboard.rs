@@ -7,7 +7,7 @@ mod support;
 use std::path::Path;
 use std::process::{Child, Command};
 
-use support::{TempDir, assert_fails_with, assert_succeeds, lockstep, mnist_dir, run};
+use support::{TempDir, assert_fails_with, assert_succeeds, full_mnist, lockstep, mnist_dir, real_mirror, run};
 
 /// The colour of the first run's lines (`run_color(0)` in the dashboard).
 const RUN_BLUE: [u8; 3] = [86, 156, 255];
@@ -255,4 +255,85 @@ fn train_dashboard_without_a_display_says_what_to_do() {
         .env_remove("DISPLAY")
         .env_remove("WAYLAND_DISPLAY"));
     assert_fails_with(&out, &["--dashboard", "no display", "--follow"]);
+}
+
+/// `xdotool args…`: whether it succeeded.
+fn xdotool(display: &Display, args: &[&str]) -> bool {
+    Command::new("xdotool")
+        .args(args)
+        .env("DISPLAY", &display.name)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The desktop app's first run, for real: `lockstep dashboard` on a machine whose data home is
+/// empty opens on the New-run form with the download ticked and Start focused; Enter (pressed
+/// through the X server, as a user's key) starts the run, which downloads MNIST from a loopback
+/// mirror and trains; the window's own screenshot shows the loss curve.
+#[test]
+fn the_first_start_in_the_window_downloads_mnist_and_trains() {
+    let Some(display) = display() else { return };
+    // The download must pass the published checksums: the committed subset would not.
+    let Some(_) = full_mnist("the window's first-run download") else {
+        return;
+    };
+    if !xdotool(&display, &["version"]) {
+        assert!(
+            std::env::var("LOCKSTEP_EXPECT_XVFB").as_deref() != Ok("1"),
+            "LOCKSTEP_EXPECT_XVFB=1 but xdotool is missing (apt install xdotool)"
+        );
+        eprintln!("\n*** SKIPPED: no xdotool to press keys in the window (apt install xdotool) ***\n");
+        return;
+    }
+    let home = TempDir::new("dashboard-first-run");
+    let mirror = real_mirror();
+    let shot = home.join("first-run.png");
+    let window = lockstep(&["dashboard", "--screenshot-after", "20", path_str(&shot)])
+        .env("DISPLAY", &display.name)
+        .env("LOCKSTEP_RENDERER", "glow")
+        .env("LOCKSTEP_DATA", home.path())
+        .env("LOCKSTEP_DOWNLOAD_URL", mirror.url("mnist/"))
+        .current_dir(home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the window starts");
+    // Once the window is there, give it the keyboard (no window manager does) and press Enter.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !xdotool(&display, &["search", "--name", "^Lockstep$"]) {
+        assert!(std::time::Instant::now() < deadline, "no Lockstep window appeared");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(xdotool(
+        &display,
+        &[
+            "search",
+            "--name",
+            "^Lockstep$",
+            "windowfocus",
+            "--sync",
+            "key",
+            "Return"
+        ]
+    ));
+    let out = window.wait_with_output().expect("the window ends");
+    if !out.status.success() {
+        eprintln!("Xvfb {} said:\n{}", display.name, display.log());
+    }
+    assert_succeeds(&out);
+    for name in support::ALL {
+        assert!(
+            home.join("mnist").join(format!("{name}.gz")).is_file(),
+            "{name} was not downloaded:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let curve = run_pixels(&shot, 0.05..0.45);
+    assert!(curve > 150, "only {curve} pixels of the loss curve");
+    // Kept for a look, beside the form tests' pictures.
+    let keep = std::env::temp_dir().join("lockstep-window");
+    if std::fs::create_dir_all(&keep).is_ok() {
+        let _ = std::fs::copy(&shot, keep.join("first-run-xvfb.png"));
+    }
 }

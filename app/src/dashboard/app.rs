@@ -33,13 +33,19 @@ impl Dashboard {
         error: Arc<Mutex<Option<String>>>,
     ) -> Dashboard {
         let caches = sources.iter().map(|_| SmoothCache::default()).collect();
+        let mut new_run = NewRun::default();
+        // A window with nothing to show and the means to start a run opens on the form (Enter
+        // starts it), so the first thing a new user meets is the way in.
+        if sources.is_empty() && launcher.is_some() {
+            new_run.open();
+        }
         Dashboard {
             sources,
             caches,
             smoothing: 0.9,
             screenshot,
             launcher,
-            new_run: NewRun::default(),
+            new_run,
             error,
         }
     }
@@ -58,7 +64,7 @@ impl Dashboard {
             if self.launcher.is_some() {
                 ui.separator();
                 if ui.button("+ New run").clicked() {
-                    self.new_run.open = true;
+                    self.new_run.open();
                 }
             }
         });
@@ -85,7 +91,7 @@ impl Dashboard {
                 Ok(source) => {
                     self.sources.push(source);
                     self.caches.push(SmoothCache::default());
-                    self.new_run.open = false;
+                    self.new_run.close();
                     self.new_run.error = None;
                 }
                 Err(e) => self.new_run.error = Some(format!("{e:#}")),

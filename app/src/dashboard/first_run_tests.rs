@@ -35,7 +35,8 @@ impl Drop for Scratch {
     }
 }
 
-/// The window with no run, its form's data directory in the empty `home`, and runs started
+/// The window with no run (so it opens on the form), its form's data directory in the empty
+/// `home`, and runs started
 /// with `extra` flags after the form's (the mirror, a scratch checkpoint directory).
 fn window(home: &Path, extra: Vec<String>) -> Harness<'static, Dashboard> {
     let start = crate::cli::train::launcher();
@@ -45,6 +46,7 @@ fn window(home: &Path, extra: Vec<String>) -> Harness<'static, Dashboard> {
     });
     let mut dashboard = Dashboard::new(Vec::new(), None, Some(launcher), Arc::default());
     dashboard.new_run = NewRun::with_data_dir(home.join("mnist").display().to_string());
+    dashboard.new_run.open();
     Harness::builder()
         .with_size([1280.0, 820.0])
         .wgpu()
@@ -147,8 +149,8 @@ fn the_first_start_downloads_mnist_and_trains() {
         "2".into(),
     ];
     let mut h = window(&home.0, extra);
-    click(&mut h, "+ New run");
-    // The form says the data is missing and offers the download, ticked.
+    // The window opens on the form, which says the data is missing and offers the download,
+    // ticked.
     h.get_by_label("MNIST is not there yet");
     assert!(checkbox_ticked(&h, "download it there (about 11 MB)"));
     type_into(&mut h, "max steps", "40");
@@ -177,7 +179,6 @@ fn a_failed_first_run_shows_one_short_line_and_no_empty_plots() {
     let home = Scratch::new("failed-run-window");
     let extra = vec!["--checkpoint-dir".into(), home.0.join("ckpt").display().to_string()];
     let mut h = window(&home.0, extra);
-    click(&mut h, "+ New run");
     // Unticked: the run may not fetch, so it fails on the missing files.
     click(&mut h, "download it there (about 11 MB)");
     assert!(!checkbox_ticked(&h, "download it there (about 11 MB)"));

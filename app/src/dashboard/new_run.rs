@@ -15,7 +15,9 @@ pub type Launcher = Box<dyn Fn(Vec<String>) -> anyhow::Result<super::Source>>;
 const GENERATED: &str = "seq2seq";
 
 pub struct NewRun {
-    pub open: bool,
+    open: bool,
+    /// Set when the form opens: Start takes the keyboard focus, so Enter starts the run.
+    focus_start: bool,
     model: String,
     pub data: String,
     download: bool,
@@ -45,6 +47,7 @@ impl NewRun {
         devices.extend(lockstep_core::device::list_devices().into_iter().map(|d| d.location));
         let mut form = NewRun {
             open: false,
+            focus_start: false,
             model: "mlp".into(),
             data,
             download: false,
@@ -60,6 +63,16 @@ impl NewRun {
         };
         form.check_data();
         form
+    }
+
+    /// Shows the form, Start focused.
+    pub fn open(&mut self) {
+        self.open = true;
+        self.focus_start = true;
+    }
+
+    pub fn close(&mut self) {
+        self.open = false;
     }
 
     /// Looks for the files again when the directory changed; a directory that lacks them gets
@@ -123,7 +136,11 @@ impl NewRun {
                         .small()
                         .weak(),
                 );
-                if ui.button("Start").clicked() {
+                let button = ui.button("Start");
+                if std::mem::take(&mut self.focus_start) {
+                    button.request_focus();
+                }
+                if button.clicked() {
                     start = Some(self.args());
                 }
             });

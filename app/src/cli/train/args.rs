@@ -53,8 +53,8 @@ pub struct Args {
     /// Never download: fail when the files are missing (offline clusters).
     #[arg(long)]
     pub no_download: bool,
-    /// Where downloads come from: a URL holding the four .gz files.
-    #[arg(long, value_name = "BASE", default_value = super::download::DEFAULT_BASE_URL)]
+    /// Where downloads come from: a URL holding the four .gz files (a mirror or a local server).
+    #[arg(long, value_name = "BASE", env = "LOCKSTEP_DOWNLOAD_URL", default_value = super::download::DEFAULT_BASE_URL)]
     pub download_url: String,
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
