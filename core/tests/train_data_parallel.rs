@@ -8,7 +8,6 @@ mod replica_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockstep_core::Result;
 use lockstep_core::backend::Communicator;
 use lockstep_core::data::{DataLoader, DataLoaderConfig, DistributedSampler};
 use lockstep_core::distributed::{Reducer, ReducerConfig};
@@ -18,6 +17,7 @@ use lockstep_core::train::{
     Callback, CallbackAction, CallbackContext, ChannelListener, DataParallel, Event, Precision, StepTimes, Trainer,
     TrainerConfig,
 };
+use lockstep_core::{Device, Result};
 use parallel_support::{on_cpu_ranks, on_cpu_ranks_with_timeout};
 use replica_support::{LEN, Points, SEED, assert_close, config, setup, single_device, weights};
 
@@ -227,4 +227,43 @@ fn a_stop_on_one_replica_stops_every_replica_at_the_same_step() {
         assert_eq!(*position, (1, 8), "rank {rank}");
         assert_eq!(reason, "early stopping", "rank {rank}");
     }
+}
+
+/// The one-call form: `DataParallel::on_threads` builds the communicators, the reducer, each
+/// rank's shard of the global batch and the trainers itself, and ends equal to one device.
+#[test]
+fn data_parallel_in_one_call_equals_one_device_with_the_global_batch() {
+    let reference = single_device(16, 1);
+    let devices = vec![Device::parse("cpu:0").unwrap(), Device::parse("cpu:1").unwrap()];
+    let steps = Arc::new(std::sync::Mutex::new(0));
+    let seen = steps.clone();
+    let trained = DataParallel::on_threads(devices.clone())
+        .config(config(1))
+        .batch_size(16)
+        .shuffle(true, SEED)
+        .leader(move |trainer| {
+            trainer.add_listener(move |r: &lockstep_core::train::Record| {
+                if matches!(r.event, Event::Step { .. }) {
+                    *seen.lock().unwrap() += 1;
+                }
+                Ok(())
+            });
+            Ok(())
+        })
+        .fit(Arc::new(Points), None, |replica| Ok(setup(&replica.device)))
+        .unwrap();
+    assert_close(&weights(&trained.setup), &reference);
+    assert_eq!(trained.report.steps, 3 * (LEN / 16) as u64);
+    assert!(*steps.lock().unwrap() > 0, "rank 0's listener heard nothing");
+    // A global batch that does not split over the devices is refused before anything runs.
+    let err = DataParallel::on_threads(devices)
+        .batch_size(15)
+        .fit(Arc::new(Points), None, |replica| Ok(setup(&replica.device)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("global batch 15") && err.contains("multiple of 2"),
+        "{err}"
+    );
 }

@@ -10,6 +10,7 @@ mod config;
 mod events;
 mod fit_loop;
 mod metrics_log;
+mod replicas;
 mod seq2seq_task;
 mod setup;
 mod state;
@@ -22,6 +23,7 @@ pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, Lr
 pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use metrics_log::JsonlWriter;
+pub use replicas::{OnThreads, Replica, Trained};
 pub use seq2seq_task::Seq2SeqTask;
 pub use setup::TrainingSetup;
 pub use state::TrainerState;

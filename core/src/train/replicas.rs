@@ -1,0 +1,208 @@
+//! Data parallel as one call: `DataParallel::on_threads(devices)` runs one replica per device on
+//! threads of this process, each a Trainer whose gradients are averaged by a bucketed reducer
+//! over a local communicator group (PyTorch's DDP, one replica per device, without launching
+//! processes).
+//!
+//! The conventions, as PyTorch's DDP and Lightning have them:
+//! - the batch size given is the **global** batch: each of `n` replicas gets `batch / n`
+//!   samples of every step, from a `DistributedSampler` (the same shuffle on every rank, a
+//!   different slice each), so the run takes the steps a single device would;
+//! - every replica's weights start as rank 0's (the reducer broadcasts them), so `build` need
+//!   not seed identically; random streams inside the model (Dropout) stay per replica, as each
+//!   PyTorch process has its own;
+//! - validation, listeners and callbacks (checkpoints) run on rank 0 only (`leader`);
+//! - the result is rank 0's trained setup and report, its rate summed over the replicas.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::config::TrainerConfig;
+use super::setup::TrainingSetup;
+use super::strategy::DataParallel;
+use super::trainer::{FitReport, Trainer};
+use crate::backend::LocalCommunicator;
+use crate::data::{DataLoader, DataLoaderConfig, Dataset, DistributedSampler};
+use crate::device::Device;
+use crate::distributed::{Reducer, ReducerConfig};
+use crate::error::{Error, Result};
+
+/// Where `build` is making a replica: its rank among `world`, and its device.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    pub rank: usize,
+    pub world: usize,
+    pub device: Device,
+}
+
+/// Rank 0's trainer, before `fit`: add listeners and callbacks here.
+type Leader = Box<dyn FnOnce(&mut Trainer) -> Result<()> + Send>;
+
+/// A data-parallel run on threads, configured by its builder methods, started by `fit`.
+pub struct OnThreads {
+    devices: Vec<Device>,
+    config: TrainerConfig,
+    batch_size: usize,
+    workers: usize,
+    shuffle: bool,
+    seed: u64,
+    reducer: ReducerConfig,
+    timeout: Duration,
+    /// In a mutex only so the plan can be shared by the replicas' threads (it is taken first).
+    leader: std::sync::Mutex<Option<Leader>>,
+}
+
+/// Rank 0's model, optimizer and report after training.
+pub struct Trained {
+    pub setup: TrainingSetup,
+    pub report: FitReport,
+}
+
+impl DataParallel {
+    /// One replica per device of `devices` (e.g. `cpu:0,cpu:1`, `cuda:0,cuda:1`), on threads.
+    pub fn on_threads(devices: Vec<Device>) -> OnThreads {
+        OnThreads {
+            devices,
+            config: TrainerConfig::default(),
+            batch_size: 64,
+            workers: 0,
+            shuffle: true,
+            seed: 0,
+            reducer: ReducerConfig::default(),
+            timeout: Duration::from_secs(600),
+            leader: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl OnThreads {
+    /// Epochs, steps, precision, clipping, accumulation: every replica runs this config.
+    pub fn config(mut self, config: TrainerConfig) -> OnThreads {
+        self.config = config;
+        self
+    }
+    /// The global batch (default 64), split evenly over the replicas.
+    pub fn batch_size(mut self, global: usize) -> OnThreads {
+        self.batch_size = global;
+        self
+    }
+    /// Loader threads per replica (default 0: batches are read on the training thread).
+    pub fn workers(mut self, workers: usize) -> OnThreads {
+        self.workers = workers;
+        self
+    }
+    /// Whether the sampler shuffles each epoch (default true), from `seed` (default 0).
+    pub fn shuffle(mut self, shuffle: bool, seed: u64) -> OnThreads {
+        self.shuffle = shuffle;
+        self.seed = seed;
+        self
+    }
+    /// Gradient buckets (PyTorch's 1 MiB first bucket, then 25 MiB).
+    pub fn buckets(mut self, reducer: ReducerConfig) -> OnThreads {
+        self.reducer = reducer;
+        self
+    }
+    /// How long a collective waits for a replica before the run fails (default 10 minutes).
+    pub fn timeout(mut self, timeout: Duration) -> OnThreads {
+        self.timeout = timeout;
+        self
+    }
+    /// Prepares rank 0's trainer: listeners (progress, logs) and callbacks (checkpoints).
+    pub fn leader(mut self, prepare: impl FnOnce(&mut Trainer) -> Result<()> + Send + 'static) -> OnThreads {
+        self.leader = std::sync::Mutex::new(Some(Box::new(prepare)));
+        self
+    }
+
+    /// Trains `build`'s setups on `train` (rank 0 validating on `val`) and returns rank 0's.
+    pub fn fit(
+        self,
+        train: Arc<dyn Dataset>,
+        val: Option<Arc<dyn Dataset>>,
+        build: impl Fn(&Replica) -> Result<TrainingSetup> + Sync,
+    ) -> Result<Trained> {
+        let world = self.devices.len();
+        if world == 0 {
+            return Err(Error::invalid("DataParallel::on_threads", "needs at least one device"));
+        }
+        if self.batch_size == 0 || !self.batch_size.is_multiple_of(world) {
+            return Err(Error::invalid(
+                "DataParallel::on_threads",
+                format!(
+                    "the global batch {} does not split evenly over {world} devices: use a multiple of {world}",
+                    self.batch_size
+                ),
+            ));
+        }
+        let backends = self.devices.iter().map(|d| d.backend().clone()).collect();
+        let comms = LocalCommunicator::group_with_timeout(backends, self.timeout);
+        let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let this = &self;
+        let (train, val, build) = (&train, &val, &build);
+        let results: Vec<Result<Trained>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let replica = Replica {
+                        rank,
+                        world,
+                        device: this.devices[rank].clone(),
+                    };
+                    let prepare = if rank == 0 { leader.take() } else { None };
+                    let val = if rank == 0 { val.clone() } else { None };
+                    scope.spawn(move || this.replica(&replica, comm, train.clone(), val, prepare, build))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::invalid(
+                            "DataParallel::on_threads",
+                            format!("replica {rank} panicked"),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let mut done = Vec::with_capacity(world);
+        for (rank, result) in results.into_iter().enumerate() {
+            done.push(result.map_err(|e| Error::invalid("DataParallel::on_threads", format!("replica {rank}: {e}")))?);
+        }
+        let rate: f64 = done.iter().map(|t| t.report.samples_per_sec).sum();
+        let mut first = done.swap_remove(0);
+        first.report.samples_per_sec = rate;
+        Ok(first)
+    }
+
+    /// One replica's whole run, on its own thread.
+    fn replica(
+        &self,
+        replica: &Replica,
+        comm: LocalCommunicator,
+        train: Arc<dyn Dataset>,
+        val: Option<Arc<dyn Dataset>>,
+        prepare: Option<Leader>,
+        build: &(impl Fn(&Replica) -> Result<TrainingSetup> + Sync),
+    ) -> Result<Trained> {
+        let mut setup = build(replica)?;
+        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::new(comm), self.reducer)?;
+        let loader_config = DataLoaderConfig {
+            batch_size: self.batch_size / replica.world,
+            num_workers: self.workers,
+            ..Default::default()
+        };
+        let sampler =
+            DistributedSampler::new(train.len(), replica.world, replica.rank, self.shuffle, self.seed, false)?;
+        let train = DataLoader::new(train, Arc::new(sampler), loader_config.clone())?;
+        let val = val
+            .map(|v| DataLoader::simple(v, false, 0, loader_config))
+            .transpose()?;
+        let mut trainer = Trainer::new(self.config.clone())?.with_strategy(DataParallel::new(reducer));
+        if let Some(prepare) = prepare {
+            prepare(&mut trainer)?;
+        }
+        let report = trainer.fit(&mut setup, &train, val.as_ref())?;
+        Ok(Trained { setup, report })
+    }
+}
