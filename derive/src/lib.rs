@@ -67,82 +67,47 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let children: Vec<_> = of(|r| matches!(r, Role::Child)).collect();
     let flags: Vec<_> = of(|r| matches!(r, Role::TrainingFlag)).collect();
 
-    let visit_own = |list: &[&Field]| -> Tokens {
-        list.iter()
-            .map(|f| {
-                let (ident, name) = (&f.ident, &f.name);
-                quote! { f(::std::format!("{}{}", prefix, #name), &self.#ident); }
-            })
-            .collect()
+    let visit_own = |list: &[&Field]| {
+        each(
+            list,
+            |ident, name| quote! { f(::std::format!("{}{}", prefix, #name), &self.#ident); },
+        )
     };
-    let visit_children = |method: Ident| -> Tokens {
-        children
-            .iter()
-            .map(|f| {
-                let (ident, name) = (&f.ident, &f.name);
-                quote! { ::lockstep_core::nn::Child::#method(&self.#ident, &::std::format!("{}{}", prefix, #name), f); }
-            })
-            .collect()
+    let visit_children = |method: Ident| {
+        each(&children, |ident, name| {
+            quote! { ::lockstep_core::nn::Child::#method(&self.#ident, &::std::format!("{}{}", prefix, #name), f); }
+        })
     };
     let own_params = visit_own(&params);
     let own_buffers = visit_own(&buffers);
     let child_params = visit_children(format_ident!("visit_parameters"));
     let child_buffers = visit_children(format_ident!("visit_buffers"));
     let child_state = visit_children(format_ident!("visit_state"));
-    let map_own: Tokens = params
-        .iter()
-        .chain(&buffers)
-        .map(|f| {
-            let ident = &f.ident;
-            quote! { ::lockstep_core::nn::remap(&mut self.#ident, f)?; }
-        })
-        .collect();
-    let map_children: Tokens = children
-        .iter()
-        .map(|f| {
-            let ident = &f.ident;
-            quote! { ::lockstep_core::nn::Child::map_tensors(&mut self.#ident, f)?; }
-        })
-        .collect();
-    let set_flags: Tokens = flags
-        .iter()
-        .map(|f| {
-            let ident = &f.ident;
-            quote! { self.#ident = training; }
-        })
-        .collect();
-    let train_children: Tokens = children
-        .iter()
-        .map(|f| {
-            let ident = &f.ident;
-            quote! { ::lockstep_core::nn::Child::set_training(&mut self.#ident, training); }
-        })
-        .collect();
-    let generator_children: Tokens = children
-        .iter()
-        .map(|f| {
-            let ident = &f.ident;
-            quote! { ::lockstep_core::nn::Child::visit_generators(&self.#ident, f); }
-        })
-        .collect();
-    let sync_children: Tokens = children
-        .iter()
-        .map(|f| {
-            let ident = &f.ident;
-            quote! { ::lockstep_core::nn::Child::convert_sync_batchnorm(&mut self.#ident, comm); }
-        })
-        .collect();
-    let describe_children: Tokens = children
-        .iter()
-        .map(|f| {
-            let (ident, name) = (&f.ident, &f.name);
-            quote! {
-                if let ::std::option::Option::Some(d) = ::lockstep_core::nn::Child::describe_child(&self.#ident) {
-                    children.push((#name.to_string(), d));
-                }
+    let own_tensors = [params.as_slice(), buffers.as_slice()].concat();
+    let map_own = each(
+        &own_tensors,
+        |ident, _| quote! { ::lockstep_core::nn::remap(&mut self.#ident, f)?; },
+    );
+    let map_children = each(&children, |ident, _| {
+        quote! { ::lockstep_core::nn::Child::map_tensors(&mut self.#ident, f)?; }
+    });
+    let set_flags = each(&flags, |ident, _| quote! { self.#ident = training; });
+    let train_children = each(&children, |ident, _| {
+        quote! { ::lockstep_core::nn::Child::set_training(&mut self.#ident, training); }
+    });
+    let generator_children = each(&children, |ident, _| {
+        quote! { ::lockstep_core::nn::Child::visit_generators(&self.#ident, f); }
+    });
+    let sync_children = each(&children, |ident, _| {
+        quote! { ::lockstep_core::nn::Child::convert_sync_batchnorm(&mut self.#ident, comm); }
+    });
+    let describe_children = each(&children, |ident, name| {
+        quote! {
+            if let ::std::option::Option::Some(d) = ::lockstep_core::nn::Child::describe_child(&self.#ident) {
+                children.push((#name.to_string(), d));
             }
-        })
-        .collect();
+        }
+    });
 
     // Without an inherent `forward` this would call itself: refuse to compile instead. Spanned
     // at the struct's name, so the lint counts as the user's code (lints are silent inside
@@ -194,6 +159,11 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
             }
         }
     })
+}
+
+/// One statement per field of `list`, made from its identifier and registered name.
+fn each(list: &[&Field], stmt: impl Fn(&Ident, &str) -> Tokens) -> Tokens {
+    list.iter().map(|f| stmt(&f.ident, &f.name)).collect()
 }
 
 fn field(f: &syn::Field) -> syn::Result<Field> {

@@ -189,9 +189,9 @@ impl Dashboard {
 fn waiting(ui: &mut egui::Ui, sources: &[Source]) {
     ui.add_space(40.0);
     ui.vertical_centered(|ui| {
-        for source in sources {
-            let (line, failed) = run_panel::headline(source);
-            let text = if failed {
+        let headlines: Vec<(String, bool)> = sources.iter().map(run_panel::headline).collect();
+        for (source, (line, failed)) in sources.iter().zip(&headlines) {
+            let text = if *failed {
                 RichText::new(format!("{}: {line}", source.run.name)).color(ui.visuals().error_fg_color)
             } else {
                 RichText::new(format!("{}: {line}…", source.run.name))
@@ -199,7 +199,7 @@ fn waiting(ui: &mut egui::Ui, sources: &[Source]) {
             ui.label(text.size(15.0));
         }
         ui.add_space(6.0);
-        let any_live = sources.iter().any(|s| !run_panel::headline(s).1);
+        let any_live = headlines.iter().any(|(_, failed)| !failed);
         ui.label(
             RichText::new(if any_live {
                 "The plots appear with the first logged step."

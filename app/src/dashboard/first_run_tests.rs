@@ -36,8 +36,8 @@ impl Drop for Scratch {
 }
 
 /// The window with no run (so it opens on the form), its form's data directory in the empty
-/// `home`, and runs started
-/// with `extra` flags after the form's (the mirror, a scratch checkpoint directory).
+/// `home`, and runs started with `extra` flags after the form's (the mirror, a scratch
+/// checkpoint directory).
 fn window(home: &Path, extra: Vec<String>) -> Harness<'static, Dashboard> {
     let start = crate::cli::train::launcher();
     let launcher: Launcher = Box::new(move |mut args: Vec<String>| {

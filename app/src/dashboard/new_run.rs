@@ -65,10 +65,12 @@ impl NewRun {
         form
     }
 
-    /// Shows the form, Start focused.
+    /// Shows the form, Start focused, having looked for the files afresh (a run since the
+    /// last time may have downloaded them).
     pub fn open(&mut self) {
         self.open = true;
         self.focus_start = true;
+        self.checked = None;
     }
 
     pub fn close(&mut self) {

@@ -53,10 +53,13 @@ pub fn run_panel(ui: &mut egui::Ui, sources: &mut [Source]) {
 
 /// The run's state in one short line (the first line of an error), and whether it failed.
 pub fn headline(source: &Source) -> (String, bool) {
-    let status = status(source);
+    headline_of(&status(source))
+}
+
+fn headline_of(status: &str) -> (String, bool) {
     let failed = status.starts_with("failed");
     let first = status.lines().next().unwrap_or_default();
-    // An error's first line names what went wrong; its cause after the last ": " is detail.
+    // An error's first part names what went wrong; what follows its next ": " is detail.
     let short = match first.split_once(": ") {
         Some((_, rest)) if failed => format!("failed: {}", rest.split(": ").next().unwrap_or(rest)),
         _ => first.to_string(),
@@ -67,12 +70,12 @@ pub fn headline(source: &Source) -> (String, bool) {
 /// The state line; a failure shows its first words in red, the whole message on hover and
 /// under "details".
 fn status_line(ui: &mut egui::Ui, source: &Source) {
-    let (short, failed) = headline(source);
+    let full = status(source);
+    let (short, failed) = headline_of(&full);
     if !failed {
         ui.label(RichText::new(short).italics());
         return;
     }
-    let full = status(source);
     ui.add(egui::Label::new(RichText::new(&short).color(ui.visuals().error_fg_color)).truncate())
         .on_hover_text(&full);
     egui::CollapsingHeader::new("details")

@@ -40,15 +40,19 @@ type Leader = Box<dyn FnOnce(&mut Trainer) -> Result<()> + Send>;
 /// A data-parallel run on threads, configured by its builder methods, started by `fit`.
 pub struct OnThreads {
     devices: Vec<Device>,
+    plan: Plan,
+    timeout: Duration,
+    leader: Option<Leader>,
+}
+
+/// What every replica's thread reads to build its run.
+struct Plan {
     config: TrainerConfig,
     batch_size: usize,
     workers: usize,
     shuffle: bool,
     seed: u64,
     reducer: ReducerConfig,
-    timeout: Duration,
-    /// In a mutex only so the plan can be shared by the replicas' threads (it is taken first).
-    leader: std::sync::Mutex<Option<Leader>>,
 }
 
 /// Rank 0's model, optimizer and report after training.
@@ -62,14 +66,16 @@ impl DataParallel {
     pub fn on_threads(devices: Vec<Device>) -> OnThreads {
         OnThreads {
             devices,
-            config: TrainerConfig::default(),
-            batch_size: 64,
-            workers: 0,
-            shuffle: true,
-            seed: 0,
-            reducer: ReducerConfig::default(),
+            plan: Plan {
+                config: TrainerConfig::default(),
+                batch_size: 64,
+                workers: 0,
+                shuffle: true,
+                seed: 0,
+                reducer: ReducerConfig::default(),
+            },
             timeout: Duration::from_secs(600),
-            leader: std::sync::Mutex::new(None),
+            leader: None,
         }
     }
 }
@@ -77,28 +83,28 @@ impl DataParallel {
 impl OnThreads {
     /// Epochs, steps, precision, clipping, accumulation: every replica runs this config.
     pub fn config(mut self, config: TrainerConfig) -> OnThreads {
-        self.config = config;
+        self.plan.config = config;
         self
     }
     /// The global batch (default 64), split evenly over the replicas.
     pub fn batch_size(mut self, global: usize) -> OnThreads {
-        self.batch_size = global;
+        self.plan.batch_size = global;
         self
     }
     /// Loader threads per replica (default 0: batches are read on the training thread).
     pub fn workers(mut self, workers: usize) -> OnThreads {
-        self.workers = workers;
+        self.plan.workers = workers;
         self
     }
     /// Whether the sampler shuffles each epoch (default true), from `seed` (default 0).
     pub fn shuffle(mut self, shuffle: bool, seed: u64) -> OnThreads {
-        self.shuffle = shuffle;
-        self.seed = seed;
+        self.plan.shuffle = shuffle;
+        self.plan.seed = seed;
         self
     }
     /// Gradient buckets (PyTorch's 1 MiB first bucket, then 25 MiB).
     pub fn buckets(mut self, reducer: ReducerConfig) -> OnThreads {
-        self.reducer = reducer;
+        self.plan.reducer = reducer;
         self
     }
     /// How long a collective waits for a replica before the run fails (default 10 minutes).
@@ -108,7 +114,7 @@ impl OnThreads {
     }
     /// Prepares rank 0's trainer: listeners (progress, logs) and callbacks (checkpoints).
     pub fn leader(mut self, prepare: impl FnOnce(&mut Trainer) -> Result<()> + Send + 'static) -> OnThreads {
-        self.leader = std::sync::Mutex::new(Some(Box::new(prepare)));
+        self.leader = Some(Box::new(prepare));
         self
     }
 
@@ -119,24 +125,28 @@ impl OnThreads {
         val: Option<Arc<dyn Dataset>>,
         build: impl Fn(&Replica) -> Result<TrainingSetup> + Sync,
     ) -> Result<Trained> {
-        let world = self.devices.len();
+        let OnThreads {
+            devices,
+            plan,
+            timeout,
+            mut leader,
+        } = self;
+        let world = devices.len();
         if world == 0 {
             return Err(Error::invalid("DataParallel::on_threads", "needs at least one device"));
         }
-        if self.batch_size == 0 || !self.batch_size.is_multiple_of(world) {
+        if plan.batch_size == 0 || !plan.batch_size.is_multiple_of(world) {
             return Err(Error::invalid(
                 "DataParallel::on_threads",
                 format!(
                     "the global batch {} does not split evenly over {world} devices: use a multiple of {world}",
-                    self.batch_size
+                    plan.batch_size
                 ),
             ));
         }
-        let backends = self.devices.iter().map(|d| d.backend().clone()).collect();
-        let comms = LocalCommunicator::group_with_timeout(backends, self.timeout);
-        let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let this = &self;
-        let (train, val, build) = (&train, &val, &build);
+        let backends = devices.iter().map(|d| d.backend().clone()).collect();
+        let comms = LocalCommunicator::group_with_timeout(backends, timeout);
+        let (plan, train, val, build) = (&plan, &train, &val, &build);
         let results: Vec<Result<Trained>> = std::thread::scope(|scope| {
             let handles: Vec<_> = comms
                 .into_iter()
@@ -145,11 +155,11 @@ impl OnThreads {
                     let replica = Replica {
                         rank,
                         world,
-                        device: this.devices[rank].clone(),
+                        device: devices[rank].clone(),
                     };
                     let prepare = if rank == 0 { leader.take() } else { None };
                     let val = if rank == 0 { val.clone() } else { None };
-                    scope.spawn(move || this.replica(&replica, comm, train.clone(), val, prepare, build))
+                    scope.spawn(move || plan.replica(&replica, comm, train.clone(), val, prepare, build))
                 })
                 .collect();
             handles
@@ -174,7 +184,9 @@ impl OnThreads {
         first.report.samples_per_sec = rate;
         Ok(first)
     }
+}
 
+impl Plan {
     /// One replica's whole run, on its own thread.
     fn replica(
         &self,

@@ -32,14 +32,14 @@ impl TrainingSetup {
     /// `model` trained by `optimizer` (made over `model.parameters()`): a classification task
     /// (cross-entropy, accuracy), on the device of the model's parameters, with a constant rate.
     pub fn new(model: impl Module + 'static, optimizer: impl Optimizer + 'static) -> TrainingSetup {
-        let model = boxed_module(model);
+        let model = boxed(model, |m| Box::new(m) as Box<dyn Module>);
         let device = model
             .parameters()
             .first()
             .map_or_else(Device::cpu, |p| p.device().clone());
         TrainingSetup {
             model,
-            optimizer: boxed_optimizer(optimizer),
+            optimizer: boxed(optimizer, |o| Box::new(o) as Box<dyn Optimizer>),
             scheduler: None,
             task: Box::new(Classification),
             device,
@@ -98,21 +98,12 @@ impl TrainingSetup {
     }
 }
 
-/// Boxes a module, unless it is a box already (a box inside a box would hide the model's type
-/// from the strategies that look for it, such as the pipeline's `StagedModel`).
-fn boxed_module<M: Module + 'static>(model: M) -> Box<dyn Module> {
-    let mut slot = Some(model);
-    if let Some(boxed) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Box<dyn Module>>>() {
+/// `wrap(value)`, unless `value` is already of the wrapped type `B` (a box inside a box would hide
+/// the model's type from the strategies that look for it, such as the pipeline's `StagedModel`).
+fn boxed<T: 'static, B: 'static>(value: T, wrap: impl FnOnce(T) -> B) -> B {
+    let mut slot = Some(value);
+    if let Some(boxed) = (&mut slot as &mut dyn Any).downcast_mut::<Option<B>>() {
         return boxed.take().expect("just filled");
     }
-    Box::new(slot.take().expect("just filled"))
-}
-
-/// The same for an optimizer.
-fn boxed_optimizer<O: Optimizer + 'static>(optimizer: O) -> Box<dyn Optimizer> {
-    let mut slot = Some(optimizer);
-    if let Some(boxed) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Box<dyn Optimizer>>>() {
-        return boxed.take().expect("just filled");
-    }
-    Box::new(slot.take().expect("just filled"))
+    wrap(slot.take().expect("just filled"))
 }
