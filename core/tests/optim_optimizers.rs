@@ -5,7 +5,7 @@
 
 mod nn_support;
 
-use lockstep_core::optim::{Adam, AdamConfig, Optimizer, OptimizerState, Sgd, SgdConfig};
+use lockstep_core::optim::{Adam, AdamConfig, DecayScope, Optimizer, OptimizerState, Sgd, SgdConfig};
 use lockstep_core::{Device, Tensor, no_grad};
 use nn_support::{assert_close, pat, values};
 
@@ -204,7 +204,8 @@ fn pytorch_defaults() {
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay: 0.0,
-            decoupled: false
+            decoupled: false,
+            decay_scope: DecayScope::All,
         }
     );
     assert_eq!(
@@ -214,7 +215,8 @@ fn pytorch_defaults() {
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay: 1e-2,
-            decoupled: true
+            decoupled: true,
+            decay_scope: DecayScope::All,
         }
     );
     assert_eq!(AdamConfig::default(), AdamConfig::adam());
@@ -290,4 +292,42 @@ fn parameters_without_gradients_are_left_alone_and_zero_grad_forgets() {
     assert_eq!((adam.step_count(0), adam.step_count(1)), (1, 0));
     adam.zero_grad();
     assert!(ps.iter().all(|p| p.grad().is_none()));
+}
+
+/// `DecayScope::Weights` is PyTorch's two parameter groups, `[{params: weights}, {params:
+/// biases and norms, weight_decay: 0}]`: the matrix steps as with decay, the vector as without.
+#[test]
+fn decay_scope_weights_leaves_vectors_undecayed_as_a_second_param_group_would() {
+    type Build = fn(Vec<Tensor>, f64, DecayScope) -> Box<dyn Optimizer>;
+    let builds: [(&str, Build); 2] = [
+        ("SGD", |p, wd, scope| {
+            let config = SgdConfig::new(0.1).momentum(0.9).weight_decay(wd).decay_scope(scope);
+            Box::new(Sgd::new(p, config).unwrap())
+        }),
+        ("AdamW", |p, wd, scope| {
+            let config = AdamConfig::adamw().lr(0.1).weight_decay(wd).decay_scope(scope);
+            Box::new(Adam::new(p, config).unwrap())
+        }),
+    ];
+    for (name, build) in builds {
+        let run = |params: Vec<Tensor>, wd, scope| {
+            let mut opt = build(params, wd, scope);
+            for t in 0..5 {
+                step(opt.as_mut(), t);
+            }
+            opt.parameters().iter().map(values).collect::<Vec<_>>()
+        };
+        let [w, b] = <[Tensor; 2]>::try_from(params()).unwrap();
+        let scoped = run(vec![w.clone(), b.clone()], 0.5, DecayScope::Weights);
+        let [w0, b0] = <[Tensor; 2]>::try_from(params()).unwrap();
+        let decayed = run(vec![w0], 0.5, DecayScope::All);
+        let undecayed = run(vec![b0], 0.0, DecayScope::All);
+        assert_eq!(scoped[0], decayed[0], "{name}: the matrix decays");
+        assert_eq!(scoped[1], undecayed[0], "{name}: the vector does not");
+        let everything = run(params(), 0.5, DecayScope::All);
+        assert_ne!(
+            everything[1], scoped[1],
+            "{name}: with DecayScope::All the vector decays too"
+        );
+    }
 }

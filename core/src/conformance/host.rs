@@ -267,6 +267,26 @@ pub fn pool2d(x: &HostTensor, kernel: [usize; 2], stride: [usize; 2], padding: [
     })
 }
 
+/// PyTorch's adaptive average pooling: output cell `i` of `out` along an axis of `len` averages
+/// input positions `floor(i·len/out)` up to (excluding) `ceil((i+1)·len/out)`.
+pub fn adaptive_avg_pool2d(x: &HostTensor, out: [usize; 2]) -> HostTensor {
+    let [n, c, h, w] = [x.dims[0], x.dims[1], x.dims[2], x.dims[3]];
+    let bounds = |i: usize, len: usize, out: usize| {
+        ((i * len) as f64 / out as f64).floor() as usize..(((i + 1) * len) as f64 / out as f64).ceil() as usize
+    };
+    HostTensor::from_fn([n, c, out[0], out[1]], |idx| {
+        let (rows, cols) = (bounds(idx[2], h, out[0]), bounds(idx[3], w, out[1]));
+        let count = (rows.len() * cols.len()) as f64;
+        let mut acc = 0.0;
+        for y in rows {
+            for x_ in cols.clone() {
+                acc += x.at(&[idx[0], idx[1], y, x_]);
+            }
+        }
+        acc / count
+    })
+}
+
 /// `out[.., j, ..] = x[.., ids[j], ..]` along `axis`.
 pub fn index_select(x: &HostTensor, axis: usize, ids: &HostTensor) -> HostTensor {
     let mut dims = x.dims.clone();

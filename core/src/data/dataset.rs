@@ -18,6 +18,11 @@ pub trait Dataset: Send + Sync {
         let samples = indices.iter().map(|&i| self.get(i)).collect::<Result<Vec<_>>>()?;
         collate(samples, indices.to_vec())
     }
+    /// The batch as epoch `epoch` sees it: datasets that augment draw from (seed, epoch, index)
+    /// here, so every worker and a resumed run build the same batch. The loader calls this.
+    fn get_batch_at(&self, _epoch: u64, indices: &[usize]) -> Result<Batch> {
+        self.get_batch(indices)
+    }
 }
 
 /// The first `len` samples of another dataset (all of them when it has fewer).
@@ -42,5 +47,8 @@ impl Dataset for Head {
     }
     fn get_batch(&self, indices: &[usize]) -> Result<Batch> {
         self.inner.get_batch(indices)
+    }
+    fn get_batch_at(&self, epoch: u64, indices: &[usize]) -> Result<Batch> {
+        self.inner.get_batch_at(epoch, indices)
     }
 }

@@ -127,7 +127,7 @@ impl DataLoader {
             }
             Order::Batches(b) => b.batches(epoch).into_iter().skip(start).collect(),
         };
-        BatchIter::new(self.dataset.clone(), batches, &self.config)
+        BatchIter::new(self.dataset.clone(), epoch, batches, &self.config)
     }
 }
 
@@ -135,6 +135,7 @@ type Delivery = Result<Batch>;
 
 pub struct BatchIter {
     dataset: Arc<dyn Dataset>,
+    epoch: u64,
     batches: Arc<Vec<Vec<usize>>>,
     next: usize,
     workers: Vec<(Receiver<Delivery>, Option<JoinHandle<()>>)>,
@@ -142,7 +143,7 @@ pub struct BatchIter {
 }
 
 impl BatchIter {
-    fn new(dataset: Arc<dyn Dataset>, batches: Vec<Vec<usize>>, config: &DataLoaderConfig) -> BatchIter {
+    fn new(dataset: Arc<dyn Dataset>, epoch: u64, batches: Vec<Vec<usize>>, config: &DataLoaderConfig) -> BatchIter {
         let batches = Arc::new(batches);
         let workers = (0..config.num_workers)
             .map(|w| {
@@ -151,12 +152,13 @@ impl BatchIter {
                 let stride = config.num_workers;
                 let handle = std::thread::Builder::new()
                     .name(format!("lockstep-loader-{w}"))
-                    .spawn(move || work(dataset, batches, w, stride, tx));
+                    .spawn(move || work(dataset, epoch, batches, w, stride, tx));
                 (rx, handle.ok())
             })
             .collect();
         BatchIter {
             dataset,
+            epoch,
             batches,
             next: 0,
             workers,
@@ -176,6 +178,7 @@ impl BatchIter {
 /// A worker's loop: build its share of batches in order until done or the consumer is gone.
 fn work(
     dataset: Arc<dyn Dataset>,
+    epoch: u64,
     batches: Arc<Vec<Vec<usize>>>,
     worker: usize,
     stride: usize,
@@ -183,7 +186,7 @@ fn work(
 ) {
     for indices in batches.iter().skip(worker).step_by(stride) {
         let result = dataset
-            .get_batch(indices)
+            .get_batch_at(epoch, indices)
             .map_err(|e| Error::data(format!("data loader worker {worker}"), e.to_string()));
         let failed = result.is_err();
         if tx.send(result).is_err() || failed {
@@ -200,7 +203,7 @@ impl Iterator for BatchIter {
         self.next += 1;
         let started = Instant::now();
         let result = if self.workers.is_empty() {
-            self.dataset.get_batch(indices)
+            self.dataset.get_batch_at(self.epoch, indices)
         } else {
             let w = b % self.workers.len();
             self.workers[w].0.recv().unwrap_or_else(|_| {

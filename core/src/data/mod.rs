@@ -1,11 +1,15 @@
 //! Data loading: datasets, samplers (sequential, random, distributed), batch samplers (a
 //! heterogeneous run's per-rank shares of each global batch), a multi-worker loader that
-//! delivers batches in order, the MNIST IDX reader, and the generated digit-reversal task.
+//! delivers batches in order, the MNIST IDX and CIFAR readers, image classification with
+//! augmentation, and the generated digit-reversal task.
 
+pub mod augment;
 mod batch;
 mod batch_sampler;
+pub mod cifar;
 mod dataset;
 pub mod home;
+mod image;
 mod loader;
 pub mod mnist;
 pub mod reversal;
@@ -17,6 +21,7 @@ pub use batch::{Batch, HostTensor, collate};
 pub use batch_sampler::BatchSampler;
 pub use dataset::{Dataset, Head, Sample};
 pub use home::data_home;
+pub use image::{ImageClassification, ImageSource};
 pub use loader::{BatchIter, DataLoader, DataLoaderConfig};
 pub use sampler::{DistributedSampler, RandomSampler, Sampler, SequentialSampler};
 pub use sharded_batches::{BatchShares, ShardedBatches};

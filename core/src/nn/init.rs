@@ -32,3 +32,15 @@ pub fn kaiming_uniform_default(
 pub fn bias_default(len: usize, fan_in: usize, generator: &Generator, device: &Device) -> Result<Tensor> {
     uniform_parameter([len], 1.0 / (fan_in.max(1) as f64).sqrt(), generator, device)
 }
+
+/// `kaiming_normal_(mode="fan_out", nonlinearity="relu")`, torchvision's ResNet convolutions:
+/// normal with std = sqrt(2 / fan_out), fan_out = out_channels · kh · kw.
+pub fn kaiming_normal_fan_out(
+    shape: impl Into<Shape>,
+    fan_out: usize,
+    generator: &Generator,
+    device: &Device,
+) -> Result<Tensor> {
+    let std = (2.0 / fan_out.max(1) as f64).sqrt();
+    Ok(Tensor::rand_normal(shape, 0.0, std, DType::F32, generator, device)?.requires_grad(true))
+}

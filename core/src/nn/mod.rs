@@ -71,7 +71,7 @@ pub use linear::Linear;
 /// `#[derive(Module)]`: see the `lockstep-derive` crate for the field rules.
 pub use lockstep_derive::Module;
 pub use module::{AsAny, Module, ModuleExt, describe_tree, join_name, remap, remap_opt};
-pub use pool::{AvgPool2d, MaxPool2d};
+pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{CellKind, Recurrent, RecurrentConfig, RecurrentLayer, RecurrentState, gru, lstm, rnn};
 pub use sequential::Sequential;
 pub use staged::{StagedModel, layer_times, sizes_by_cost, sizes_by_parameters};

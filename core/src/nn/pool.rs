@@ -91,3 +91,37 @@ impl Module for AvgPool2d {
         )
     }
 }
+
+/// `AdaptiveAvgPool2d(output_size)`: averages each plane to `output_size` whatever the input's
+/// size (ResNet's `avgpool`, `(1, 1)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdaptiveAvgPool2d {
+    output: [usize; 2],
+}
+
+impl AdaptiveAvgPool2d {
+    pub fn new(output: [usize; 2]) -> Result<Self> {
+        if output.contains(&0) {
+            return Err(Error::invalid(
+                "AdaptiveAvgPool2d",
+                format!("output size must be at least 1, got {output:?}"),
+            ));
+        }
+        Ok(AdaptiveAvgPool2d { output })
+    }
+    pub fn output_size(&self) -> [usize; 2] {
+        self.output
+    }
+}
+
+impl Module for AdaptiveAvgPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        per_image("AdaptiveAvgPool2d", x, |x| x.adaptive_avg_pool2d(self.output))
+    }
+    fn describe(&self) -> String {
+        format!(
+            "AdaptiveAvgPool2d(output_size=({}, {}))",
+            self.output[0], self.output[1]
+        )
+    }
+}

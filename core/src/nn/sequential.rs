@@ -1,4 +1,6 @@
-//! A chain of modules; child i's parameters are named "i.<name>", as in PyTorch's nn.Sequential.
+//! A chain of modules; child i's parameters are named "i.<name>", as in PyTorch's nn.Sequential,
+//! or "<child>.<name>" for a child added under a name (`nn.Sequential(OrderedDict(…))`), which is
+//! how a model whose forward is a chain (torchvision's ResNet) keeps its own names.
 
 use std::sync::Arc;
 
@@ -11,6 +13,8 @@ use crate::tensor::Tensor;
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<Box<dyn Module>>,
+    /// Each layer's name when it was added with one; None names it by its index.
+    names: Vec<Option<String>>,
     /// The index of the first layer in names: 0, or where this part of a split model starts,
     /// so a pipeline stage's tensors keep the whole model's names.
     first_index: usize,
@@ -23,11 +27,18 @@ impl Sequential {
     /// Appends a layer (builder style, as `nn.Sequential(a, b, …)` reads).
     #[allow(clippy::should_implement_trait)]
     pub fn add(mut self, layer: impl Module + 'static) -> Self {
+        self.push(Box::new(layer));
+        self
+    }
+    /// Appends a layer named `name` instead of by its index (builder style).
+    pub fn add_named(mut self, name: impl Into<String>, layer: impl Module + 'static) -> Self {
         self.layers.push(Box::new(layer));
+        self.names.push(Some(name.into()));
         self
     }
     pub fn push(&mut self, layer: Box<dyn Module>) {
         self.layers.push(layer);
+        self.names.push(None);
     }
     pub fn len(&self) -> usize {
         self.layers.len()
@@ -56,12 +67,14 @@ impl Sequential {
             ));
         }
         let mut layers = self.layers.into_iter();
+        let mut names = self.names.into_iter();
         let mut first_index = self.first_index;
         Ok(sizes
             .iter()
             .map(|&n| {
                 let part = Sequential {
                     layers: layers.by_ref().take(n).collect(),
+                    names: names.by_ref().take(n).collect(),
                     first_index,
                 };
                 first_index += n;
@@ -69,8 +82,15 @@ impl Sequential {
             })
             .collect())
     }
+    /// Layer `i`'s name: the one it was added under, else its index in the whole model.
+    fn name(&self, i: usize) -> String {
+        match &self.names[i] {
+            Some(name) => name.clone(),
+            None => (self.first_index + i).to_string(),
+        }
+    }
     fn prefix(&self, prefix: &str, i: usize) -> String {
-        format!("{prefix}{}.", self.first_index + i)
+        format!("{prefix}{}.", self.name(i))
     }
 }
 
@@ -123,7 +143,7 @@ impl Module for Sequential {
             .layers
             .iter()
             .enumerate()
-            .map(|(i, l)| ((self.first_index + i).to_string(), l.describe()))
+            .map(|(i, l)| (self.name(i), l.describe()))
             .collect();
         describe_tree("Sequential", &children)
     }

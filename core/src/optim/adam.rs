@@ -1,7 +1,7 @@
 //! Adam and AdamW (decoupled weight decay) with PyTorch's defaults, through the fused
 //! `adam_step` backend op. Each parameter keeps its own moments and step count, as in PyTorch.
 
-use super::optimizer::{Optimizer, OptimizerState, check_parameters};
+use super::optimizer::{DecayScope, Optimizer, OptimizerState, check_parameters};
 use super::state_reader::{StateReader, group_key, param_key};
 use crate::backend::AdamStep;
 use crate::error::{Error, Result};
@@ -15,6 +15,8 @@ pub struct AdamConfig {
     pub weight_decay: f64,
     /// AdamW: decay the weights directly (`p *= 1 - lr*wd`) instead of adding `wd*p` to the gradient.
     pub decoupled: bool,
+    /// Which parameters `weight_decay` applies to.
+    pub decay_scope: DecayScope,
 }
 
 impl Default for AdamConfig {
@@ -32,6 +34,7 @@ impl AdamConfig {
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled: false,
+            decay_scope: DecayScope::All,
         }
     }
     /// `torch.optim.AdamW` defaults: as Adam, with decoupled weight decay 1e-2.
@@ -56,6 +59,9 @@ impl AdamConfig {
     }
     pub fn weight_decay(self, weight_decay: f64) -> Self {
         AdamConfig { weight_decay, ..self }
+    }
+    pub fn decay_scope(self, decay_scope: DecayScope) -> Self {
+        AdamConfig { decay_scope, ..self }
     }
     fn name(&self) -> &'static str {
         if self.decoupled { "AdamW" } else { "Adam" }
@@ -161,7 +167,7 @@ impl Optimizer for Adam {
                 beta1: c.betas.0,
                 beta2: c.betas.1,
                 eps: c.eps,
-                weight_decay: c.weight_decay,
+                weight_decay: c.decay_scope.weight_decay_for(p, c.weight_decay),
                 decoupled: c.decoupled,
                 step: m.step,
             };
@@ -208,6 +214,7 @@ impl Optimizer for Adam {
             eps: r.group_or("eps", c.eps),
             weight_decay: r.group_or("weight_decay", c.weight_decay),
             decoupled: c.decoupled,
+            decay_scope: c.decay_scope,
         };
         config.validate()?;
         let moments = self

@@ -16,6 +16,6 @@ pub use clip::{clip_grad_norm, clip_grad_value, grad_norm};
 pub use compose::{ChainedLR, SequentialLR};
 pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrSchedule, LrScheduler, SchedulerState};
-pub use optimizer::{Optimizer, OptimizerState, zero_grad};
+pub use optimizer::{DecayScope, Optimizer, OptimizerState, zero_grad};
 pub use schedules::{CosineAnnealingLR, LinearLR, MultiStepLR, StepLR};
 pub use sgd::{Sgd, SgdConfig};

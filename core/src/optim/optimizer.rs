@@ -25,6 +25,28 @@ impl OptimizerState {
     }
 }
 
+/// Which parameters weight decay applies to. PyTorch users get "weights only" with a second
+/// parameter group whose `weight_decay` is 0; the ResNet and GPT recipes do exactly that for
+/// biases and normalisation scales, i.e. every tensor of rank below 2.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecayScope {
+    /// Every parameter (one parameter group, PyTorch's default).
+    #[default]
+    All,
+    /// Matrices and kernels only (rank ≥ 2): not biases, not BatchNorm or LayerNorm scales.
+    Weights,
+}
+
+impl DecayScope {
+    /// The weight decay parameter `p` gets.
+    pub fn weight_decay_for(self, p: &Tensor, weight_decay: f64) -> f64 {
+        match self {
+            DecayScope::Weights if p.rank() < 2 => 0.0,
+            _ => weight_decay,
+        }
+    }
+}
+
 pub trait Optimizer: Send {
     /// PyTorch's class name (`SGD`, `Adam`, `AdamW`), e.g. for the `lr-Adam` metric key.
     fn name(&self) -> &'static str;

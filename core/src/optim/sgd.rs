@@ -1,6 +1,6 @@
 //! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay (PyTorch's SGD).
 
-use super::optimizer::{Optimizer, OptimizerState, check_parameters};
+use super::optimizer::{DecayScope, Optimizer, OptimizerState, check_parameters};
 use super::state_reader::{StateReader, group_key, param_key};
 use crate::backend::SgdStep;
 use crate::error::{Error, Result};
@@ -13,6 +13,8 @@ pub struct SgdConfig {
     pub dampening: f64,
     pub weight_decay: f64,
     pub nesterov: bool,
+    /// Which parameters `weight_decay` applies to.
+    pub decay_scope: DecayScope,
 }
 
 impl SgdConfig {
@@ -23,6 +25,7 @@ impl SgdConfig {
             dampening: 0.0,
             weight_decay: 0.0,
             nesterov: false,
+            decay_scope: DecayScope::All,
         }
     }
     pub fn momentum(self, momentum: f64) -> Self {
@@ -33,6 +36,9 @@ impl SgdConfig {
     }
     pub fn nesterov(self, nesterov: bool) -> Self {
         SgdConfig { nesterov, ..self }
+    }
+    pub fn decay_scope(self, decay_scope: DecayScope) -> Self {
+        SgdConfig { decay_scope, ..self }
     }
     pub fn dampening(self, dampening: f64) -> Self {
         SgdConfig { dampening, ..self }
@@ -101,7 +107,7 @@ impl Optimizer for Sgd {
                 lr: c.lr,
                 momentum: c.momentum,
                 dampening: c.dampening,
-                weight_decay: c.weight_decay,
+                weight_decay: c.decay_scope.weight_decay_for(p, c.weight_decay),
                 nesterov: c.nesterov,
                 first_step,
             };
@@ -152,6 +158,7 @@ impl Optimizer for Sgd {
             dampening: r.group_or("dampening", c.dampening),
             weight_decay: r.group_or("weight_decay", c.weight_decay),
             nesterov: r.group_or("nesterov", f64::from(u8::from(c.nesterov))) != 0.0,
+            decay_scope: c.decay_scope,
         };
         config.validate()?;
         let momentum = self

@@ -1,6 +1,7 @@
 //! The user-facing tensor: a shape, a dtype, a device and a shared device buffer, plus the
 //! autograd bookkeeping. Not generic: the backend is whatever device the tensor lives on.
 
+mod adaptive_pool;
 mod bias_act;
 mod elementwise;
 mod linalg;

@@ -97,7 +97,7 @@ impl Tensor {
         crate::autocast::full(self)?.rowwise(axis, true)
     }
 
-    fn nchw(&self, op: &'static str) -> Result<[usize; 4]> {
+    pub(super) fn nchw(&self, op: &'static str) -> Result<[usize; 4]> {
         match *self.dims() {
             [n, c, h, w] => Ok([n, c, h, w]),
             _ => Err(Error::invalid(

@@ -14,6 +14,37 @@ pub enum OptimizerKind {
     Adamw,
 }
 
+/// The data set a run trains on (seq2seq always trains on generated digit reversal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DatasetKind {
+    /// MNIST's 28x28 digits (the four IDX files).
+    Mnist,
+    /// CIFAR-10, binary version: the extracted folder or the published .tar.gz.
+    Cifar10,
+    /// CIFAR-100 (its 100 fine classes), binary version.
+    Cifar100,
+}
+
+impl DatasetKind {
+    /// The directory name under the data home ($LOCKSTEP_DATA/<name>).
+    pub fn home_name(self) -> &'static str {
+        match self {
+            DatasetKind::Mnist => "mnist",
+            DatasetKind::Cifar10 => "cifar10",
+            DatasetKind::Cifar100 => "cifar100",
+        }
+    }
+}
+
+/// Which parameters --weight-decay applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DecayScopeArg {
+    /// Every parameter.
+    All,
+    /// Weight matrices and kernels only, not biases or normalisation scales.
+    Weights,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LrSchedule {
     /// The learning rate stays --lr.
@@ -33,17 +64,29 @@ pub enum StageBalance {
 
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
-    /// Built-in model: mlp (784-512-512-10), lenet5, convnet-bn (two conv + BatchNorm blocks) on
-    /// MNIST, or seq2seq (a GRU encoder and decoder) on generated digit reversal (5-20 digits;
-    /// its accuracy is exact sequences).
+    /// Built-in model: mlp (784-512-512-10 on MNIST), lenet5, convnet-bn (two conv + BatchNorm
+    /// blocks; both MNIST only), resnet18, resnet34, resnet50 (torchvision's; the CIFAR stem for
+    /// images up to 64 pixels), or seq2seq (a GRU encoder and decoder) on generated digit
+    /// reversal (5-20 digits; its accuracy is exact sequences). The ResNets' default recipe is
+    /// SGD lr 0.1, momentum 0.9, weight decay 5e-4 on weights only, cosine schedule.
     #[arg(long, default_value = "mlp")]
     pub model: String,
+    /// The data set: mnist, cifar10 or cifar100 (binary version, its folder or the published
+    /// .tar.gz). Image channels and classes come from it.
+    #[arg(long, value_enum, default_value_t = DatasetKind::Mnist)]
+    pub dataset: DatasetKind,
+    /// Train on the images as they are: no random crops or flips (CIFAR's training set is
+    /// augmented by default with RandomCrop(32, padding=4) and RandomHorizontalFlip).
+    #[arg(long)]
+    pub no_augment: bool,
     /// Hidden layer widths of the mlp, comma separated (default 512,512); for seq2seq, its
     /// GRUs' width (default 128).
     #[arg(long, value_delimiter = ',')]
     pub hidden: Vec<usize>,
-    /// Directory with the four MNIST IDX files. Without it: $LOCKSTEP_DATA/mnist, else the
-    /// per-user cache (~/.cache/lockstep/data/mnist on Linux), downloaded there on first use.
+    /// Where the data set is: for MNIST a directory with the four IDX files, for CIFAR its
+    /// extracted folder, a directory holding it, or the .tar.gz. Without it:
+    /// $LOCKSTEP_DATA/<mnist|cifar10|cifar100>, else the per-user cache
+    /// (~/.cache/lockstep/data/mnist on Linux), downloaded there on first use.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Fetch the MNIST files missing from --data DIR (checked by SHA-256); without --data,
@@ -68,16 +111,19 @@ pub struct Args {
     /// Learning rate (default: 0.05 for sgd, 0.001 for adam/adamw).
     #[arg(long)]
     pub lr: Option<f64>,
-    /// How the learning rate moves over the run.
-    #[arg(long, value_enum, default_value_t = LrSchedule::Constant)]
-    pub lr_schedule: LrSchedule,
+    /// How the learning rate moves over the run (default: cosine for the ResNets, else constant).
+    #[arg(long, value_enum)]
+    pub lr_schedule: Option<LrSchedule>,
     /// SGD momentum: the default recipe (lr 0.05, momentum 0.9) reaches about 96% on MNIST
     /// in 300 steps of the MLP; 0 is plain SGD.
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// Weight decay (default: 0, or 0.01 for adamw as in PyTorch).
+    /// Weight decay (default: 0, or 0.01 for adamw as in PyTorch, 5e-4 for the ResNets).
     #[arg(long)]
     pub weight_decay: Option<f64>,
+    /// Which parameters --weight-decay applies to (default: weights for the ResNets, else all).
+    #[arg(long, value_enum)]
+    pub decay_scope: Option<DecayScopeArg>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Device: auto (a CUDA GPU, else a hardware wgpu adapter, else the CPU), cpu, cpu:N, wgpu:N, cuda:N.
@@ -216,11 +262,32 @@ fn default_threads() -> usize {
 }
 
 impl Args {
-    /// Where MNIST is read from: --data, else its per-user home.
+    /// Where the data set is read from: --data, else its per-user home.
     pub fn data_dir(&self) -> anyhow::Result<PathBuf> {
         match &self.data {
             Some(dir) => Ok(dir.clone()),
-            None => Ok(lockstep_core::data::data_home("mnist")?),
+            None => Ok(lockstep_core::data::data_home(self.dataset.home_name())?),
+        }
+    }
+    /// Whether the model is a ResNet, whose recipe (SGD 0.1, weight decay 5e-4 on weights only,
+    /// cosine) replaces the MNIST defaults for every flag not given.
+    fn resnet_recipe(&self) -> bool {
+        lockstep_core::models::ResNetConfig::named(&self.model).is_some()
+    }
+    pub fn lr_schedule(&self) -> LrSchedule {
+        self.lr_schedule.unwrap_or(if self.resnet_recipe() {
+            LrSchedule::Cosine
+        } else {
+            LrSchedule::Constant
+        })
+    }
+    pub fn decay_scope(&self) -> lockstep_core::optim::DecayScope {
+        use lockstep_core::optim::DecayScope;
+        match self.decay_scope {
+            Some(DecayScopeArg::All) => DecayScope::All,
+            Some(DecayScopeArg::Weights) => DecayScope::Weights,
+            None if self.resnet_recipe() => DecayScope::Weights,
+            None => DecayScope::All,
         }
     }
     /// Whether missing files are fetched: asked for, or the default home and not refused.
@@ -229,15 +296,16 @@ impl Args {
     }
     pub fn lr(&self) -> f64 {
         self.lr.unwrap_or(match self.optimizer {
+            OptimizerKind::Sgd if self.resnet_recipe() => 0.1,
             OptimizerKind::Sgd => 0.05,
             OptimizerKind::Adam | OptimizerKind::Adamw => 1e-3,
         })
     }
     pub fn weight_decay(&self) -> f64 {
-        self.weight_decay.unwrap_or(if self.optimizer == OptimizerKind::Adamw {
-            0.01
-        } else {
-            0.0
+        self.weight_decay.unwrap_or(match self.optimizer {
+            _ if self.resnet_recipe() => 5e-4,
+            OptimizerKind::Adamw => 0.01,
+            _ => 0.0,
         })
     }
     /// Refuses flags that cannot work together, naming the flag.

@@ -1,15 +1,18 @@
-//! The run's data: generated digit reversal for seq2seq, else MNIST from `--data DIR` or its
-//! per-user home, fetched there on first use. A missing or unreachable data set is a two-line
-//! error: where it looked and which files, then the ways out.
+//! The run's data: generated digit reversal for seq2seq, else `--dataset` (MNIST, CIFAR-10 or
+//! CIFAR-100) from `--data` or its per-user home, MNIST fetched there on first use. A missing or
+//! unreachable data set is a two-line error: where it looked and which files, then the ways out.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use lockstep_core::data::augment::{Augment, Normalize};
+use lockstep_core::data::cifar::{self, Cifar};
 use lockstep_core::data::mnist::{self, Mnist, Split};
 use lockstep_core::data::reversal::Reversal;
-use lockstep_core::data::{Dataset, Head};
+use lockstep_core::data::{Dataset, Head, ImageClassification};
+use lockstep_core::models::Input;
 
-use super::args::Args;
+use super::args::{Args, DatasetKind};
 use super::download;
 
 /// Sequences per epoch and in the test set of `--model seq2seq` (other seeds, other samples).
@@ -22,13 +25,58 @@ pub fn load(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)>
         let train: Arc<dyn Dataset> = Arc::new(Reversal::new(REVERSAL_TRAIN, 1));
         (train, Arc::new(Reversal::new(REVERSAL_TEST, 2)) as Arc<dyn Dataset>)
     } else {
-        load_mnist(args)?
+        match args.dataset {
+            DatasetKind::Mnist => load_mnist(args)?,
+            DatasetKind::Cifar10 => load_cifar(args, cifar::Kind::Cifar10)?,
+            DatasetKind::Cifar100 => load_cifar(args, cifar::Kind::Cifar100)?,
+        }
     };
     let test = match args.test_samples {
         Some(n) => Arc::new(Head::new(test, n)),
         None => test,
     };
     Ok((train, test))
+}
+
+/// The images and classes `--dataset` gives a model.
+pub fn input(args: &Args) -> anyhow::Result<Input> {
+    let cifar = |kind: cifar::Kind| Input {
+        image: [3, 32, 32],
+        classes: kind.classes(),
+    };
+    Ok(match args.dataset {
+        DatasetKind::Mnist => Input::MNIST,
+        DatasetKind::Cifar10 => cifar(cifar::Kind::Cifar10),
+        DatasetKind::Cifar100 => cifar(cifar::Kind::Cifar100),
+    })
+}
+
+/// CIFAR's training set, augmented unless --no-augment, and its test set, both normalised by
+/// the training set's per-channel mean and deviation.
+fn load_cifar(args: &Args, kind: cifar::Kind) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let path = args.data_dir()?;
+    if cifar::locate(&path, kind).is_none() {
+        anyhow::bail!(
+            "{} not found in {}: expected its folder {}, the batch files, or the published {}\n  put the archive there (from https://www.cs.toronto.edu/~kriz/cifar.html), or pass --data naming where it is",
+            kind.name(),
+            path.display(),
+            kind.folder(),
+            kind.archive()
+        );
+    }
+    let (train, test) = Cifar::load_train_test(&path, kind)?;
+    let (mean, std) = kind.mean_std();
+    let augment = if args.no_augment { Augment::NONE } else { Augment::CIFAR };
+    let serve = |images: Cifar, augment| -> anyhow::Result<Arc<dyn Dataset>> {
+        let normalize = Normalize::new(&mean, &std);
+        Ok(Arc::new(ImageClassification::new(
+            Arc::new(images),
+            augment,
+            normalize,
+            args.seed,
+        )?))
+    };
+    Ok((serve(train, augment)?, serve(test, Augment::NONE)?))
 }
 
 fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {

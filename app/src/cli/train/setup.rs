@@ -70,7 +70,7 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
 /// The model `--model` names on `device`, from `--seed` or with `--init-weights`.
 pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
     let init = Generator::new(args.seed);
-    let model = models::build(&args.model, &args.hidden, device, &init)?;
+    let model = models::build_for(&args.model, &args.hidden, super::data::input(args)?, device, &init)?;
     if let Some(path) = &args.init_weights {
         let file = load_tensors(path)?;
         let tensors = file
@@ -87,7 +87,7 @@ pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
 
 /// The `--lr-schedule` over the run's optimizer steps (`batches` per epoch); None when constant.
 pub fn scheduler(args: &Args, batches: usize, optimizer: &mut dyn Optimizer) -> anyhow::Result<Option<LrScheduler>> {
-    match args.lr_schedule {
+    match args.lr_schedule() {
         LrSchedule::Constant => Ok(None),
         LrSchedule::Cosine => {
             let per_epoch = args.limit_train_batches.map_or(batches, |l| l.min(batches));
@@ -112,20 +112,31 @@ fn task(model: &str) -> Box<dyn Task> {
 /// `model` with the optimizer and task the flags ask for; batches are loaded onto `device`.
 pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow::Result<TrainingSetup> {
     let params = model.parameters();
-    let (lr, wd) = (args.lr(), args.weight_decay());
+    let (lr, wd, scope) = (args.lr(), args.weight_decay(), args.decay_scope());
     let optimizer: Box<dyn Optimizer> = match args.optimizer {
         OptimizerKind::Sgd => Box::new(Sgd::new(
             params,
-            SgdConfig::new(lr).momentum(args.momentum).weight_decay(wd),
+            SgdConfig::new(lr)
+                .momentum(args.momentum)
+                .weight_decay(wd)
+                .decay_scope(scope),
         )?),
-        OptimizerKind::Adam => Box::new(Adam::new(params, AdamConfig::adam().lr(lr).weight_decay(wd))?),
-        OptimizerKind::Adamw => Box::new(Adam::adamw(params, AdamConfig::adamw().lr(lr).weight_decay(wd))?),
+        OptimizerKind::Adam => Box::new(Adam::new(
+            params,
+            AdamConfig::adam().lr(lr).weight_decay(wd).decay_scope(scope),
+        )?),
+        OptimizerKind::Adamw => Box::new(Adam::adamw(
+            params,
+            AdamConfig::adamw().lr(lr).weight_decay(wd).decay_scope(scope),
+        )?),
     };
     let mut hparams = BTreeMap::from([
         ("model".to_string(), args.model.clone()),
         ("optimizer".to_string(), format!("{:?}", args.optimizer).to_lowercase()),
         ("lr".to_string(), lr.to_string()),
         ("weight_decay".to_string(), wd.to_string()),
+        ("decay_scope".to_string(), format!("{scope:?}").to_lowercase()),
+        ("dataset".to_string(), format!("{:?}", args.dataset).to_lowercase()),
         ("batch_size".to_string(), args.batch_size.to_string()),
         ("seed".to_string(), args.seed.to_string()),
         ("accumulate".to_string(), args.accumulate.to_string()),

@@ -20,8 +20,10 @@ fn split(layout: &Layout, axes: &[usize]) -> (Layout, Layout) {
     (pick(true), pick(false))
 }
 
-/// Reduces floats accumulating in `T` (f32 kernels accumulate in f32, as PyTorch's CPU does).
-/// The kind is matched once, so each reduction's loops are compiled on their own.
+/// Reduces floats. Sums accumulate in f64: a plain f32 running sum over the 4,096 values per
+/// channel of a batch-norm's statistics loses about 1e-5 relative, which PyTorch's cascaded f32
+/// sums do not, and a ResNet's training magnifies that difference step by step. Max and min are
+/// exact in `T`. The kind is matched once, so each reduction's loops are compiled on their own.
 pub fn reduce<T: Element + num_traits::Float>(
     pool: &Pool,
     kind: ReduceKind,
@@ -30,29 +32,50 @@ pub fn reduce<T: Element + num_traits::Float>(
     axes: &[usize],
 ) -> Vec<T> {
     match kind {
-        ReduceKind::Sum => reduce_with(pool, src, layout, axes, T::zero(), |a, x| a + x),
+        ReduceKind::Sum => {
+            let wide = |x: T| x.to_f64();
+            let sums = reduce_with(src, layout, axes, 0.0, |a: f64, x| a + wide(x));
+            let mut out = pool.take::<T>(sums.len());
+            out.iter_mut()
+                .zip(sums)
+                .for_each(|(o, s)| *o = T::from(s).unwrap_or(T::nan()));
+            out
+        }
         // NaN wins, as in PyTorch.
-        ReduceKind::Max => reduce_with(pool, src, layout, axes, T::neg_infinity(), |a, x| {
-            if x > a || x.is_nan() { x } else { a }
-        }),
-        ReduceKind::Min => reduce_with(pool, src, layout, axes, T::infinity(), |a, x| {
-            if x < a || x.is_nan() { x } else { a }
-        }),
+        ReduceKind::Max => into_pool(
+            pool,
+            reduce_with(src, layout, axes, T::neg_infinity(), |a, x| {
+                if x > a || x.is_nan() { x } else { a }
+            }),
+        ),
+        ReduceKind::Min => into_pool(
+            pool,
+            reduce_with(src, layout, axes, T::infinity(), |a, x| {
+                if x < a || x.is_nan() { x } else { a }
+            }),
+        ),
         ReduceKind::ArgMax => unreachable!("argmax has its own kernel"),
     }
 }
 
-fn reduce_with<T: Element + num_traits::Float>(
-    pool: &Pool,
+/// `values` in a buffer of the pool.
+fn into_pool<T: Element>(pool: &Pool, values: Vec<T>) -> Vec<T> {
+    let mut out = pool.take::<T>(values.len());
+    out.copy_from_slice(&values);
+    out
+}
+
+/// Folds the reduced axes of `src` into accumulators of type `A`, one per kept element.
+fn reduce_with<T: Element, A: Copy + Send + Sync>(
     src: &[T],
     layout: &Layout,
     axes: &[usize],
-    init: T,
-    combine: impl Fn(T, T) -> T + Sync,
-) -> Vec<T> {
+    init: A,
+    combine: impl Fn(A, T) -> A + Sync,
+) -> Vec<A> {
     let (kept, reduced) = split(layout, axes);
     let n_out = kept.elem_count();
-    let mut out = pool.take::<T>(n_out);
+    let mut out = vec![init; n_out];
     // Fast path: contiguous input whose kept axes form one block, seen as [outer, mid, inner]
     // and reduced over outer and inner (trailing, leading and conv-bias reductions alike).
     let rank = layout.shape.rank();
@@ -68,12 +91,11 @@ fn reduce_with<T: Element + num_traits::Float>(
         let outer: usize = dims[..first].iter().product();
         let inner: usize = dims[last..].iter().product();
         let src = &src[range];
-        out.fill(init);
         // Fix: with no kept elements (e.g. [0, 3] over axis 1) `mid_slab` is 0 and `chunks(0)` panics.
         if inner == 0 || outer == 0 || n_out == 0 {
             return out;
         }
-        let fold_row = |acc: T, row: &[T]| row.iter().fold(acc, |a, &x| combine(a, x));
+        let fold_row = |acc: A, row: &[T]| row.iter().fold(acc, |a, &x| combine(a, x));
         let mid_slab = n_out * inner;
         if outer == 1 && src.len() >= super::elementwise::PAR_THRESHOLD {
             out.par_iter_mut()

@@ -254,6 +254,26 @@ fn pool_cases() -> Vec<Case> {
             .oracle(move |x| vec![host::pool2d(&x[0], opts.kernel, opts.stride, opts.padding, false)]),
         );
     }
+    // Adaptive average pooling's three paths: one cell (a mean), even tiles (avg_pool2d), and
+    // overlapping windows of different sizes (a product with an averaging matrix).
+    type Adaptive = (&'static str, [usize; 4], [usize; 2], &'static [&'static str]);
+    let adaptive: [Adaptive; 4] = [
+        ("1x1", [2, 3, 5, 7], [1, 1], &["reduce:sum"]),
+        ("tiles", [2, 2, 6, 4], [3, 2], &["im2col", "col2im", "reduce:sum"]),
+        ("overlap", [1, 3, 5, 7], [3, 4], &["matmul"]),
+        ("upsample", [2, 1, 2, 3], [3, 5], &["matmul"]),
+    ];
+    for (label, dims, out, methods) in adaptive {
+        cases.push(
+            Case::new(
+                format!("{}/adaptive_avg_pool2d_{label}", methods[0]),
+                methods,
+                move |_, x| Ok(vec![x[0].adaptive_avg_pool2d(out)?]),
+            )
+            .input(Input::float("x", dims, u()))
+            .oracle(move |x| vec![host::adaptive_avg_pool2d(&x[0], out)]),
+        );
+    }
     // A strided input: the op makes it contiguous first.
     cases.push(
         Case::new(

@@ -1,0 +1,238 @@
+//! torchvision's ResNets (`resnet18`, `resnet34`, `resnet50`) from one builder, with its parameter
+//! names (`conv1.weight`, `layer2.0.downsample.0.weight`, `fc.bias`, …) so state dicts move both
+//! ways, and two stems: ImageNet's (7x7 stride 2, then a 3x3 max-pool) and the CIFAR one (3x3
+//! stride 1, no max-pool) that small images need.
+//!
+//! The model is a named `Sequential` (its forward is a chain), so it also splits into pipeline
+//! stages; the residual blocks are modules of their own.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::nn::{
+    AdaptiveAvgPool2d, BatchNorm, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, Relu,
+    Sequential, init,
+};
+use crate::rng::Generator;
+use crate::tensor::{Pool2dOptions, Tensor};
+
+/// The first layers, which set how far the image shrinks before the residual stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stem {
+    /// 7x7 convolution with stride 2 and padding 3, then a 3x3 max-pool with stride 2 (224px images).
+    ImageNet,
+    /// 3x3 convolution with stride 1 and padding 1, no max-pool (32px images: CIFAR, MNIST).
+    Cifar,
+}
+
+/// The residual block of every stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// Two 3x3 convolutions (ResNet-18/34); widens nothing.
+    Basic,
+    /// 1x1, 3x3 (with the stride, torchvision's "v1.5"), 1x1 widening 4x (ResNet-50 and deeper).
+    Bottleneck,
+}
+
+impl Block {
+    fn expansion(self) -> usize {
+        match self {
+            Block::Basic => 1,
+            Block::Bottleneck => 4,
+        }
+    }
+}
+
+/// A ResNet's shape: its block, the blocks per stage, the stem, input channels and classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResNetConfig {
+    pub block: Block,
+    pub layers: [usize; 4],
+    pub stem: Stem,
+    pub in_channels: usize,
+    pub classes: usize,
+}
+
+/// The names `ResNetConfig::named` knows.
+pub const NAMES: [&str; 3] = ["resnet18", "resnet34", "resnet50"];
+
+impl ResNetConfig {
+    /// torchvision's `resnet18`/`resnet34`/`resnet50` (ImageNet stem, 3 channels, 1000 classes).
+    pub fn named(name: &str) -> Option<ResNetConfig> {
+        let (block, layers) = match name {
+            "resnet18" => (Block::Basic, [2, 2, 2, 2]),
+            "resnet34" => (Block::Basic, [3, 4, 6, 3]),
+            "resnet50" => (Block::Bottleneck, [3, 4, 6, 3]),
+            _ => return None,
+        };
+        Some(ResNetConfig {
+            block,
+            layers,
+            stem: Stem::ImageNet,
+            in_channels: 3,
+            classes: 1000,
+        })
+    }
+    pub fn stem(self, stem: Stem) -> Self {
+        ResNetConfig { stem, ..self }
+    }
+    pub fn in_channels(self, in_channels: usize) -> Self {
+        ResNetConfig { in_channels, ..self }
+    }
+    pub fn classes(self, classes: usize) -> Self {
+        ResNetConfig { classes, ..self }
+    }
+}
+
+/// A convolution without bias (a batch norm follows each), initialised as torchvision does:
+/// kaiming-normal over fan-out for ReLU.
+fn conv(
+    inputs: usize,
+    outputs: usize,
+    kernel: usize,
+    stride: usize,
+    device: &Device,
+    generator: &Generator,
+) -> Result<Conv2d> {
+    let config = Conv2dConfig::new(inputs, outputs, kernel)
+        .stride(stride)
+        .padding(kernel / 2)
+        .bias(false);
+    let mut layer = Conv2d::new(config, device, generator)?;
+    layer.weight = init::kaiming_normal_fan_out(
+        layer.weight.dims().to_vec(),
+        outputs * kernel * kernel,
+        generator,
+        device,
+    )?;
+    Ok(layer)
+}
+
+/// Builds the ResNet `config` describes.
+pub fn resnet(config: ResNetConfig, device: &Device, generator: &Generator) -> Result<Sequential> {
+    if config.in_channels == 0 || config.classes == 0 || config.layers.contains(&0) {
+        return Err(Error::invalid(
+            "resnet",
+            format!("input channels, classes and blocks per stage must be at least 1, got {config:?}"),
+        ));
+    }
+    let mut model = match config.stem {
+        Stem::ImageNet => Sequential::new()
+            .add_named("conv1", conv(config.in_channels, 64, 7, 2, device, generator)?)
+            .add_named("bn1", BatchNorm2d::new(64, device)?)
+            .add_named("relu", Relu)
+            .add_named(
+                "maxpool",
+                MaxPool2d::with_options(Pool2dOptions {
+                    kernel: [3, 3],
+                    stride: [2, 2],
+                    padding: [1, 1],
+                })?,
+            ),
+        Stem::Cifar => Sequential::new()
+            .add_named("conv1", conv(config.in_channels, 64, 3, 1, device, generator)?)
+            .add_named("bn1", BatchNorm2d::new(64, device)?)
+            .add_named("relu", Relu),
+    };
+    let mut inplanes = 64;
+    for (stage, &blocks) in config.layers.iter().enumerate() {
+        let planes = 64 << stage;
+        let mut layer = Sequential::new();
+        for b in 0..blocks {
+            let stride = if stage > 0 && b == 0 { 2 } else { 1 };
+            layer.push(block(config.block, inplanes, planes, stride, device, generator)?);
+            inplanes = planes * config.block.expansion();
+        }
+        model = model.add_named(format!("layer{}", stage + 1), layer);
+    }
+    Ok(model
+        .add_named("avgpool", AdaptiveAvgPool2d::new([1, 1])?)
+        .add_named("flatten", Flatten::new())
+        .add_named("fc", Linear::new(inplanes, config.classes, true, device, generator)?))
+}
+
+/// One residual block from `inplanes` channels, with a 1x1 projection on the shortcut where the
+/// stride or the width changes.
+fn block(
+    kind: Block,
+    inplanes: usize,
+    planes: usize,
+    stride: usize,
+    device: &Device,
+    generator: &Generator,
+) -> Result<Box<dyn Module>> {
+    let outplanes = planes * kind.expansion();
+    let downsample = if stride != 1 || inplanes != outplanes {
+        Some(
+            Sequential::new()
+                .add(conv(inplanes, outplanes, 1, stride, device, generator)?)
+                .add(BatchNorm2d::new(outplanes, device)?),
+        )
+    } else {
+        None
+    };
+    Ok(match kind {
+        Block::Basic => Box::new(BasicBlock {
+            conv1: conv(inplanes, planes, 3, stride, device, generator)?,
+            bn1: BatchNorm2d::new(planes, device)?,
+            conv2: conv(planes, planes, 3, 1, device, generator)?,
+            bn2: BatchNorm2d::new(planes, device)?,
+            downsample,
+        }),
+        Block::Bottleneck => Box::new(Bottleneck {
+            conv1: conv(inplanes, planes, 1, 1, device, generator)?,
+            bn1: BatchNorm2d::new(planes, device)?,
+            conv2: conv(planes, planes, 3, stride, device, generator)?,
+            bn2: BatchNorm2d::new(planes, device)?,
+            conv3: conv(planes, outplanes, 1, 1, device, generator)?,
+            bn3: BatchNorm2d::new(outplanes, device)?,
+            downsample,
+        }),
+    })
+}
+
+/// The shortcut: the input itself, or its projection.
+fn shortcut(downsample: &Option<Sequential>, x: &Tensor) -> Result<Tensor> {
+    match downsample {
+        Some(projection) => projection.forward(x),
+        None => Ok(x.clone()),
+    }
+}
+
+/// relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
+#[derive(Module)]
+pub struct BasicBlock {
+    pub conv1: Conv2d,
+    pub bn1: BatchNorm,
+    pub conv2: Conv2d,
+    pub bn2: BatchNorm,
+    pub downsample: Option<Sequential>,
+}
+
+impl BasicBlock {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
+        let h = self.bn2.forward(&self.conv2.forward(&h)?)?;
+        h.add(&shortcut(&self.downsample, x)?)?.relu()
+    }
+}
+
+/// relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x)).
+#[derive(Module)]
+pub struct Bottleneck {
+    pub conv1: Conv2d,
+    pub bn1: BatchNorm,
+    pub conv2: Conv2d,
+    pub bn2: BatchNorm,
+    pub conv3: Conv2d,
+    pub bn3: BatchNorm,
+    pub downsample: Option<Sequential>,
+}
+
+impl Bottleneck {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
+        let h = self.bn2.forward(&self.conv2.forward(&h)?)?.relu()?;
+        let h = self.bn3.forward(&self.conv3.forward(&h)?)?;
+        h.add(&shortcut(&self.downsample, x)?)?.relu()
+    }
+}
