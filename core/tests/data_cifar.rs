@@ -3,7 +3,6 @@
 //! takes its fine label, every malformed file is an error naming it and what was expected, and
 //! augmented batches depend on (seed, epoch, index) only, whatever the number of loader workers.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -12,61 +11,16 @@ use lockstep_core::data::augment::{Augment, Normalize};
 use lockstep_core::data::cifar::{self, Cifar, Kind, Split};
 use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, ImageClassification, ImageSource};
 
+#[path = "../../testdata/cifar.rs"]
+mod cifar_files;
+
+use cifar_files::{batch_files, record, write_archive, write_dir};
+
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lockstep-cifar-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Record `i` of file `f`: a class from both, pixels a function of (f, i, position).
-fn record(kind: Kind, f: usize, i: usize) -> Vec<u8> {
-    let class = ((f * 7 + i * 3) % kind.classes()) as u8;
-    let mut r = match kind {
-        Kind::Cifar10 => vec![class],
-        Kind::Cifar100 => vec![class / 5, class],
-    };
-    r.extend((0..cifar::PIXELS).map(|p| ((p * 31 + i * 17 + f * 101) % 256) as u8));
-    r
-}
-
-/// Every batch file of `kind`, `per_file` records each, as (name, bytes).
-fn batch_files(kind: Kind, per_file: usize) -> Vec<(String, Vec<u8>)> {
-    let names = kind.files(Split::Train).iter().chain(kind.files(Split::Test));
-    names
-        .enumerate()
-        .map(|(f, name)| {
-            (
-                name.to_string(),
-                (0..per_file).flat_map(|i| record(kind, f, i)).collect(),
-            )
-        })
-        .collect()
-}
-
-fn write_dir(dir: &Path, files: &[(String, Vec<u8>)]) {
-    std::fs::create_dir_all(dir).unwrap();
-    for (name, bytes) in files {
-        std::fs::write(dir.join(name), bytes).unwrap();
-    }
-}
-
-/// The published layout: a gzipped tar of `<folder>/<batch files>` plus a readme.
-fn write_archive(path: &Path, kind: Kind, files: &[(String, Vec<u8>)]) {
-    let gz = flate2::write::GzEncoder::new(std::fs::File::create(path).unwrap(), flate2::Compression::fast());
-    let mut tar = tar::Builder::new(gz);
-    let mut add = |name: String, bytes: &[u8]| {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(bytes.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        tar.append_data(&mut header, name, bytes).unwrap();
-    };
-    add(format!("{}/readme.html", kind.folder()), b"<html></html>");
-    for (name, bytes) in files {
-        add(format!("{}/{name}", kind.folder()), bytes);
-    }
-    tar.into_inner().unwrap().finish().unwrap().flush().unwrap();
 }
 
 fn image(source: &dyn ImageSource, i: usize) -> (Vec<u8>, u32) {

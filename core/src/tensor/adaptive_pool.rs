@@ -14,7 +14,7 @@ fn window(i: usize, len: usize, out: usize) -> std::ops::Range<usize> {
 }
 
 /// `[h·w, oh·ow]`: column `(i, j)` holds 1/area over the pixels of output cell (i, j)'s window.
-/// Built in f64 and cast once, so every dtype gets its best rounding of 1/area.
+/// Built in f64 and rounded once into the input's dtype, so each gets its nearest 1/area.
 fn averaging_matrix(h: usize, w: usize, oh: usize, ow: usize) -> Vec<f64> {
     let mut m = vec![0f64; h * w * oh * ow];
     for i in 0..oh {
@@ -60,11 +60,10 @@ impl Tensor {
             return self.avg_pool2d(options);
         }
         let weights = Tensor::from_host(
-            HostVec::F64(averaging_matrix(h, w, oh, ow)),
+            HostVec::from_f64(self.dtype(), &averaging_matrix(h, w, oh, ow)),
             [h * w, oh * ow],
             self.device(),
-        )?
-        .to_dtype(self.dtype())?;
+        )?;
         self.reshape([n * c, h * w])?.matmul(&weights)?.reshape([n, c, oh, ow])
     }
 }
