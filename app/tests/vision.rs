@@ -122,3 +122,72 @@ fn a_missing_cifar_or_a_model_built_for_mnist_is_refused_clearly() {
         "{err}"
     );
 }
+
+/// `lockstep train --dataset cifar10 --download …` into `data` from `url`, one mlp step.
+fn cifar_download_run(data: &Path, url: &str, md5: Option<&str>) -> std::process::Output {
+    let mut cmd = lockstep(&[
+        "train",
+        "--dataset",
+        "cifar10",
+        "--download",
+        "--download-url",
+        url,
+        "--data",
+        path_str(data),
+        "--hidden",
+        "16",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "1",
+        "--no-val",
+        "--threads",
+        "2",
+    ]);
+    if let Some(md5) = md5 {
+        cmd.env("LOCKSTEP_TEST_CIFAR_MD5", md5);
+    }
+    run(&mut cmd)
+}
+
+fn md5_hex(bytes: &[u8]) -> String {
+    use md5::Digest;
+    md5::Md5::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn cifar_downloads_only_when_missing_checks_the_archive_and_leaves_nothing_half_written() {
+    let served = TempDir::new("cifar-served");
+    let archive = served.join(Kind::Cifar10.archive());
+    cifar_files::write_archive(&archive, Kind::Cifar10, &cifar_files::batch_files(Kind::Cifar10, 4));
+    let bytes = std::fs::read(&archive).unwrap();
+    let route = format!("/cifar/{}", Kind::Cifar10.archive());
+
+    // The published MD5 refuses the test's archive: the error names both digests, no file stays.
+    let server = support::http::Server::start([(route.clone(), support::http::Reply::ok(bytes.clone()))].into());
+    let data = TempDir::new("cifar-refused");
+    let out = cifar_download_run(data.path(), &server.url("cifar/"), None);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success()
+            && err.contains("failed its MD5 check")
+            && err.contains("c32a1d4ab5d03f1284b67883e8d87530"),
+        "{err}"
+    );
+    assert!(data.names().is_empty(), "left behind: {:?}", data.names());
+    server.stop();
+
+    // With the archive's own digest it lands under its published name, loads and trains.
+    let md5 = md5_hex(&bytes);
+    let server = support::http::Server::start([(route.clone(), support::http::Reply::ok(bytes.clone()))].into());
+    let data = TempDir::new("cifar-download");
+    assert_succeeds(&cifar_download_run(data.path(), &server.url("cifar/"), Some(&md5)));
+    assert_eq!(server.stop(), vec![route.clone()]);
+    assert_eq!(data.names(), vec![Kind::Cifar10.archive().to_string()]);
+    assert_eq!(std::fs::read(data.join(Kind::Cifar10.archive())).unwrap(), bytes);
+
+    // The next run finds it and asks the server for nothing.
+    let server = support::http::Server::start([(route, support::http::Reply::ok(bytes))].into());
+    assert_succeeds(&cifar_download_run(data.path(), &server.url("cifar/"), Some(&md5)));
+    assert!(server.stop().is_empty(), "downloaded again");
+}

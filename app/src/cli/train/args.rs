@@ -89,16 +89,17 @@ pub struct Args {
     /// (~/.cache/lockstep/data/mnist on Linux), downloaded there on first use.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Fetch the MNIST files missing from --data DIR (checked by SHA-256); without --data,
-    /// missing files are fetched anyway.
+    /// Fetch the MNIST files (checked by SHA-256) or the CIFAR archive (by its published MD5)
+    /// missing from --data DIR; without --data, missing files are fetched anyway.
     #[arg(long, conflicts_with = "no_download")]
     pub download: bool,
     /// Never download: fail when the files are missing (offline clusters).
     #[arg(long)]
     pub no_download: bool,
-    /// Where downloads come from: a URL holding the four .gz files (a mirror or a local server).
-    #[arg(long, value_name = "BASE", env = "LOCKSTEP_DOWNLOAD_URL", default_value = super::download::DEFAULT_BASE_URL)]
-    pub download_url: String,
+    /// Where downloads come from: a URL holding MNIST's four .gz files or CIFAR's archive (a
+    /// mirror or a local server). Default: torchvision's MNIST mirror, the CIFAR authors' page.
+    #[arg(long, value_name = "BASE", env = "LOCKSTEP_DOWNLOAD_URL")]
+    pub download_url: Option<String>,
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
     /// Stop after this many optimizer steps.

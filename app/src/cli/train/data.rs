@@ -55,15 +55,7 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
 /// the training set's per-channel mean and deviation.
 fn load_cifar(args: &Args, kind: cifar::Kind) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
     let path = args.data_dir()?;
-    if cifar::locate(&path, kind).is_none() {
-        anyhow::bail!(
-            "{} not found in {}: expected its folder {}, the batch files, or the published {}\n  put the archive there (from https://www.cs.toronto.edu/~kriz/cifar.html), or pass --data naming where it is",
-            kind.name(),
-            path.display(),
-            kind.folder(),
-            kind.archive()
-        );
-    }
+    ensure_cifar(&path, kind, args)?;
     let (train, test) = Cifar::load_train_test(&path, kind)?;
     let (mean, std) = kind.mean_std();
     let augment = if args.no_augment { Augment::NONE } else { Augment::CIFAR };
@@ -109,11 +101,53 @@ fn ensure_mnist(dir: &Path, args: &Args) -> anyhow::Result<()> {
     if args.data.is_none() {
         eprintln!("MNIST is not in {} yet: downloading it there", dir.display());
     }
-    download::fetch_missing(dir, &args.download_url, &download::CONTENT_SHA256, !args.headless).map_err(|e| {
+    let base = args.download_url.as_deref().unwrap_or(download::DEFAULT_BASE_URL);
+    download::fetch_missing(dir, base, &download::CONTENT_SHA256, !args.headless).map_err(|e| {
         anyhow::anyhow!(
             "cannot download MNIST into {}: {e:#}\n  retry online, pass --download-url BASE for a mirror, put the four files there ({}), {ways_out}",
             dir.display(),
             gz_names(&mnist::FILES)
+        )
+    })?;
+    Ok(())
+}
+
+/// Fetches `kind`'s archive into `dir` when it is not there and the run may download, else
+/// refuses saying where it looked and the ways out.
+fn ensure_cifar(dir: &Path, kind: cifar::Kind, args: &Args) -> anyhow::Result<()> {
+    if cifar::locate(dir, kind).is_some() {
+        return Ok(());
+    }
+    let ways_out = format!(
+        "or put {} (or its folder {}) there, or pass --data naming where it is",
+        kind.archive(),
+        kind.folder()
+    );
+    if !args.downloads() {
+        let fetch = if args.no_download {
+            "run without --no-download"
+        } else {
+            "add --download"
+        };
+        anyhow::bail!(
+            "{} not found in {}: expected its folder {}, the batch files, or the published {}\n  {fetch} to fetch it there (about 170 MB), {ways_out}",
+            kind.name(),
+            dir.display(),
+            kind.folder(),
+            kind.archive()
+        );
+    }
+    if args.data.is_none() {
+        eprintln!("{} is not in {} yet: downloading it there", kind.name(), dir.display());
+    }
+    let base = args.download_url.as_deref().unwrap_or(download::CIFAR_BASE_URL);
+    // Tests serve a small archive of their own: they name its checksum instead of the published one.
+    let md5 = std::env::var("LOCKSTEP_TEST_CIFAR_MD5").unwrap_or_else(|_| download::cifar_md5(kind).to_string());
+    download::fetch_cifar(dir, base, kind, &md5, !args.headless).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot download {} into {}: {e:#}\n  retry online, pass --download-url BASE for a mirror, {ways_out}",
+            kind.name(),
+            dir.display()
         )
     })?;
     Ok(())
