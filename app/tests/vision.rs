@@ -191,3 +191,65 @@ fn cifar_downloads_only_when_missing_checks_the_archive_and_leaves_nothing_half_
     assert_succeeds(&cifar_download_run(data.path(), &server.url("cifar/"), Some(&md5)));
     assert!(server.stop().is_empty(), "downloaded again");
 }
+
+/// `n` PNGs per class under `dir/<class>/`, red or blue with a grain, of assorted sizes.
+fn write_image_classes(dir: &Path, n: usize) {
+    for (class, rgb) in [("blue", [20u8, 30, 220]), ("red", [220u8, 30, 20])] {
+        std::fs::create_dir_all(dir.join(class)).unwrap();
+        for i in 0..n {
+            let (w, h) = (12 + (i % 5) as u32 * 3, 20 - (i % 3) as u32 * 4);
+            let img = image::RgbImage::from_fn(w, h, |x, y| {
+                let grain = ((x * 7 + y * 13 + i as u32 * 5) % 40) as u8;
+                image::Rgb([
+                    rgb[0].saturating_sub(grain),
+                    rgb[1] + grain,
+                    rgb[2].saturating_sub(grain),
+                ])
+            });
+            img.save(dir.join(class).join(format!("{i:03}.png"))).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_folder_of_images_trains_and_a_bad_image_is_skipped_when_asked() {
+    let dir = TempDir::new("folder");
+    write_image_classes(&dir.join("train"), 24);
+    write_image_classes(&dir.join("val"), 4);
+    std::fs::write(dir.join("train/red/zz-broken.png"), b"not a png").unwrap();
+    let data = path_str(dir.path());
+    let args = [
+        "--dataset",
+        "folder",
+        "--data",
+        data,
+        "--image-size",
+        "16",
+        "--model",
+        "mlp",
+        "--hidden",
+        "32",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "12",
+        "--lr",
+        "0.05",
+    ];
+    // The broken file stops the run, named, with the way out.
+    let mut all = vec!["train", "--headless", "--threads", "2"];
+    all.extend_from_slice(&args);
+    let out = run(&mut lockstep(&all));
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("zz-broken.png") && err.contains("--skip-bad-images"),
+        "{err}"
+    );
+    // Skipped, it is warned about once and the rest trains; the loss falls.
+    let mut skipping = args.to_vec();
+    skipping.push("--skip-bad-images");
+    let losses = losses(&dir, &skipping);
+    assert_eq!(losses.len(), 12);
+    let (first, last) = (losses[..3].iter().sum::<f64>(), losses[9..].iter().sum::<f64>());
+    assert!(last < 0.5 * first, "the loss did not fall: {losses:?}");
+}

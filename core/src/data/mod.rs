@@ -1,7 +1,7 @@
 //! Data loading: datasets, samplers (sequential, random, distributed), batch samplers (a
 //! heterogeneous run's per-rank shares of each global batch), a multi-worker loader that
-//! delivers batches in order, the MNIST IDX and CIFAR readers, image classification with
-//! augmentation, and the generated digit-reversal task.
+//! delivers batches in order, the MNIST IDX and CIFAR readers, folders of images, image
+//! classification with augmentation, and the generated digit-reversal task.
 
 pub mod augment;
 mod batch;
@@ -10,6 +10,7 @@ pub mod cifar;
 mod dataset;
 pub mod home;
 mod image;
+pub mod image_folder;
 mod loader;
 pub mod mnist;
 pub mod reversal;

@@ -23,6 +23,9 @@ pub enum DatasetKind {
     Cifar10,
     /// CIFAR-100 (its 100 fine classes), binary version.
     Cifar100,
+    /// A folder of PNG/JPEG images, one subdirectory per class (torchvision's ImageFolder), or
+    /// train/ and val/ (or test/) folders of that layout.
+    Folder,
 }
 
 impl DatasetKind {
@@ -32,6 +35,7 @@ impl DatasetKind {
             DatasetKind::Mnist => "mnist",
             DatasetKind::Cifar10 => "cifar10",
             DatasetKind::Cifar100 => "cifar100",
+            DatasetKind::Folder => "images",
         }
     }
 }
@@ -76,9 +80,17 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = DatasetKind::Mnist)]
     pub dataset: DatasetKind,
     /// Train on the images as they are: no random crops or flips (CIFAR's training set is
-    /// augmented by default with RandomCrop(32, padding=4) and RandomHorizontalFlip).
+    /// augmented by default with RandomCrop(32, padding=4) and RandomHorizontalFlip, a folder's
+    /// with padding of an eighth of --image-size).
     #[arg(long)]
     pub no_augment: bool,
+    /// --dataset folder: the side of the square every image is resized to.
+    #[arg(long, default_value_t = 32, value_name = "PIXELS")]
+    pub image_size: usize,
+    /// --dataset folder: leave out files that do not read as images (checked by their header),
+    /// with a warning each, instead of failing on them.
+    #[arg(long)]
+    pub skip_bad_images: bool,
     /// Hidden layer widths of the mlp, comma separated (default 512,512); for seq2seq, its
     /// GRUs' width (default 128).
     #[arg(long, value_delimiter = ',')]
@@ -313,6 +325,7 @@ impl Args {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
+        anyhow::ensure!(self.image_size > 0, "--image-size must be at least 1 pixel");
         let pipelined = self.pipeline_stages.is_some() || self.split.is_some() || self.place.is_some();
         let replicas = match self.pipeline_stages {
             Some(stages) if stages > 0 => (self.devices.len() / stages).max(1),

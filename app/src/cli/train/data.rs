@@ -1,5 +1,6 @@
-//! The run's data: generated digit reversal for seq2seq, else `--dataset` (MNIST, CIFAR-10 or
-//! CIFAR-100) from `--data` or its per-user home, MNIST fetched there on first use. A missing or
+//! The run's data: generated digit reversal for seq2seq, else `--dataset` (MNIST, CIFAR-10,
+//! CIFAR-100 or a folder of images) from `--data` or its per-user home, MNIST fetched there on
+//! first use. A missing or
 //! unreachable data set is a two-line error: where it looked and which files, then the ways out.
 
 use std::path::Path;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 
 use lockstep_core::data::augment::{Augment, Normalize};
 use lockstep_core::data::cifar::{self, Cifar};
+use lockstep_core::data::image_folder::{IMAGENET_MEAN_STD, ImageFolder};
 use lockstep_core::data::mnist::{self, Mnist, Split};
 use lockstep_core::data::reversal::Reversal;
 use lockstep_core::data::{Dataset, Head, ImageClassification};
@@ -29,6 +31,7 @@ pub fn load(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)>
             DatasetKind::Mnist => load_mnist(args)?,
             DatasetKind::Cifar10 => load_cifar(args, cifar::Kind::Cifar10)?,
             DatasetKind::Cifar100 => load_cifar(args, cifar::Kind::Cifar100)?,
+            DatasetKind::Folder => load_folder(args)?,
         }
     };
     let test = match args.test_samples {
@@ -48,7 +51,80 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
         DatasetKind::Mnist => Input::MNIST,
         DatasetKind::Cifar10 => cifar(cifar::Kind::Cifar10),
         DatasetKind::Cifar100 => cifar(cifar::Kind::Cifar100),
+        DatasetKind::Folder => {
+            let (train, _) = folder_roots(args)?;
+            let (images, _) = ImageFolder::open(&train, args.image_size, false)?;
+            Input {
+                image: [3, args.image_size, args.image_size],
+                classes: images.class_names().len(),
+            }
+        }
     })
+}
+
+/// The training and validation folders: DIR/train and DIR/val (or DIR/test) when DIR has a
+/// train/ folder, else DIR for both (said once, as validating on training images flatters).
+fn folder_roots(args: &Args) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let Some(dir) = args.data.clone() else {
+        anyhow::bail!("--dataset folder needs --data DIR: a folder with one subdirectory of images per class");
+    };
+    let train = dir.join("train");
+    if !train.is_dir() {
+        return Ok((dir.clone(), dir));
+    }
+    let val = ["val", "test"].iter().map(|n| dir.join(n)).find(|p| p.is_dir());
+    match val {
+        Some(val) => Ok((train, val)),
+        None => anyhow::bail!(
+            "{} has a train/ folder but no val/ or test/ beside it: add one with the same class folders, or pass --data {}",
+            dir.display(),
+            train.display()
+        ),
+    }
+}
+
+/// A folder of images by class, resized to --image-size, augmented unless --no-augment.
+fn load_folder(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let (train_dir, val_dir) = folder_roots(args)?;
+    if train_dir == val_dir {
+        eprintln!(
+            "note: {} has no train/ and val/ folders: validating on the training images",
+            train_dir.display()
+        );
+    }
+    let open = |dir: &Path| -> anyhow::Result<ImageFolder> {
+        let (images, warnings) = ImageFolder::open(dir, args.image_size, args.skip_bad_images)?;
+        warnings.iter().for_each(|w| eprintln!("warning: {w}"));
+        Ok(images)
+    };
+    let (train, val) = (open(&train_dir)?, open(&val_dir)?);
+    anyhow::ensure!(
+        train.class_names() == val.class_names(),
+        "{} and {} hold different class folders ({:?} against {:?}): give both the same classes",
+        train_dir.display(),
+        val_dir.display(),
+        train.class_names(),
+        val.class_names()
+    );
+    let (mean, std) = IMAGENET_MEAN_STD;
+    let augment = if args.no_augment {
+        Augment::NONE
+    } else {
+        Augment {
+            crop_padding: Some(args.image_size / 8),
+            horizontal_flip: true,
+        }
+    };
+    let serve = |images: ImageFolder, augment| -> anyhow::Result<Arc<dyn Dataset>> {
+        let normalize = Normalize::new(&mean, &std);
+        Ok(Arc::new(ImageClassification::new(
+            Arc::new(images),
+            augment,
+            normalize,
+            args.seed,
+        )?))
+    };
+    Ok((serve(train, augment)?, serve(val, Augment::NONE)?))
 }
 
 /// CIFAR's training set, augmented unless --no-augment, and its test set, both normalised by
