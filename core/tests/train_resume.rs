@@ -1,9 +1,13 @@
 //! A run interrupted mid-epoch and resumed from its checkpoint ends with the same weights, bit
-//! for bit, as one that was not interrupted (CPU backend).
+//! for bit, as one that was not interrupted (CPU backend): on plain points, and on images that
+//! the loader's workers crop and flip at random (each draw a function of seed, epoch and index).
 
 use std::sync::Arc;
 
-use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset, HostTensor, Sample};
+use lockstep_core::data::augment::{Augment, Normalize};
+use lockstep_core::data::{
+    DataLoader, DataLoaderConfig, Dataset, HostTensor, ImageClassification, ImageSource, Sample,
+};
 use lockstep_core::nn::{Dropout, Flatten, Linear, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{Sgd, SgdConfig, StepLR};
 use lockstep_core::train::{GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup};
@@ -28,13 +32,50 @@ impl Dataset for Blobs {
     }
 }
 
+/// 150 3x8x8 images whose class (of 3) tints them, with a grain that differs per image.
+struct Tinted;
+
+impl ImageSource for Tinted {
+    fn len(&self) -> usize {
+        150
+    }
+    fn shape(&self) -> [usize; 3] {
+        [3, 8, 8]
+    }
+    fn classes(&self) -> usize {
+        3
+    }
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<u32> {
+        let class = index % 3;
+        for (p, v) in out.iter_mut().enumerate() {
+            let tint = if p / 64 == class { 160 } else { 40 };
+            *v = (tint + (p * 37 + index * 11) % 64) as u8;
+        }
+        Ok(class as u32)
+    }
+}
+
+fn tinted_images() -> Arc<dyn Dataset> {
+    let augment = Augment {
+        crop_padding: Some(2),
+        horizontal_flip: true,
+    };
+    let normalize = Normalize::new(&[0.5; 3], &[0.25; 3]);
+    Arc::new(ImageClassification::new(Arc::new(Tinted), augment, normalize, 3).unwrap())
+}
+
 /// The model's Dropout owns its stream: the Trainer finds it for the checkpoint by itself.
 fn setup() -> TrainingSetup {
+    setup_for(8)
+}
+
+/// The same MLP over inputs of `features` values.
+fn setup_for(features: usize) -> TrainingSetup {
     let device = Device::cpu();
     let init = Generator::new(1);
     let model = Sequential::new()
         .add(Flatten::new())
-        .add(Linear::new(8, 16, true, &device, &init).unwrap())
+        .add(Linear::new(features, 16, true, &device, &init).unwrap())
         .add(Relu)
         .add(Dropout::new(0.2, Arc::new(Generator::new(2))).unwrap())
         .add(Linear::new(16, 3, true, &device, &init).unwrap());
@@ -57,8 +98,12 @@ fn config(max_steps: Option<u64>) -> TrainerConfig {
 }
 
 fn loader() -> DataLoader {
+    loader_of(Arc::new(Blobs))
+}
+
+fn loader_of(data: Arc<dyn Dataset>) -> DataLoader {
     DataLoader::simple(
-        Arc::new(Blobs),
+        data,
         true,
         5,
         DataLoaderConfig {
@@ -80,27 +125,36 @@ fn weights(s: &TrainingSetup) -> Vec<(String, Vec<u32>)> {
 
 #[test]
 fn interrupted_and_resumed_equals_uninterrupted_bit_for_bit() {
-    let dir = std::env::temp_dir().join(format!("lockstep-resume-{}", std::process::id()));
+    resumed_run_equals_uninterrupted("points", Arc::new(Blobs), 8);
+}
+
+#[test]
+fn resuming_mid_epoch_replays_the_same_random_crops_and_flips() {
+    resumed_run_equals_uninterrupted("augmented", tinted_images(), 3 * 8 * 8);
+}
+
+fn resumed_run_equals_uninterrupted(label: &str, data: Arc<dyn Dataset>, features: usize) {
+    let dir = std::env::temp_dir().join(format!("lockstep-resume-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
 
-    let mut straight = setup();
+    let mut straight = setup_for(features);
     let report = Trainer::new(config(None))
         .unwrap()
-        .fit(&mut straight, &loader(), None)
+        .fit(&mut straight, &loader_of(data.clone()), None)
         .unwrap();
     // 10 batches per epoch, accumulate 2: 5 steps per epoch.
     assert_eq!((report.epochs, report.steps), (3, 15));
 
     // Stop at step 7 (mid-epoch 1); the checkpoint callback saves where it stopped.
-    let mut first = setup();
+    let mut first = setup_for(features);
     let mut trainer = Trainer::new(config(Some(7))).unwrap();
     trainer.add_callback(ModelCheckpoint::new(&dir));
-    let partial = trainer.fit(&mut first, &loader(), None).unwrap();
+    let partial = trainer.fit(&mut first, &loader_of(data.clone()), None).unwrap();
     assert_eq!((partial.steps, partial.stop_reason.as_str()), (7, "max_steps"));
     assert_ne!(weights(&first), weights(&straight));
 
     // A fresh process would rebuild everything from scratch, then resume.
-    let mut resumed = setup();
+    let mut resumed = setup_for(features);
     let mut trainer = Trainer::new(config(None)).unwrap();
     trainer.resume(&mut resumed, &dir.join("last.safetensors")).unwrap();
     assert_eq!(
@@ -111,7 +165,7 @@ fn interrupted_and_resumed_equals_uninterrupted_bit_for_bit() {
         ),
         (1, 4, 7)
     );
-    let rest = trainer.fit(&mut resumed, &loader(), None).unwrap();
+    let rest = trainer.fit(&mut resumed, &loader_of(data), None).unwrap();
     assert_eq!(rest.steps, 15);
     assert_eq!(weights(&resumed), weights(&straight));
     assert_eq!(
