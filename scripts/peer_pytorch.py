@@ -108,6 +108,51 @@ def mlp(torch, device, plan, sync):
     }
 
 
+def resnet(torch, device, plan, sync):
+    """ResNet-18 steps as `lockstep bench resnet` runs them: torchvision's model with the CIFAR
+    stem, SGD with weight decay on weights only (a second parameter group without it), one host
+    sync per step; one result per precision."""
+    import torchvision
+
+    net = getattr(torchvision.models, plan["model"])(num_classes=plan["classes"])
+    net.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    net.maxpool = torch.nn.Identity()
+    net = net.to(device).train()
+    decay = [p for p in net.parameters() if p.ndim >= 2]
+    no_decay = [p for p in net.parameters() if p.ndim < 2]
+    opt = torch.optim.SGD(
+        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=plan["lr"], momentum=plan["momentum"], weight_decay=plan["weight_decay"],
+    )
+    image, batch = plan["image"], plan["batch"]
+    x = torch.randn(batch, 3, image, image, device=device)
+    y = torch.randint(0, plan["classes"], (batch,), device=device)
+    out = []
+    for precision in plan["precisions"]:
+        low = {"bf16-mixed": torch.bfloat16}.get(precision)
+        last = {"loss": float("nan")}
+
+        def step():
+            opt.zero_grad()
+            with torch.autocast(device.type, dtype=low, enabled=low is not None):
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            last["loss"] = loss.item()
+
+        median_s, steps = measure(plan["timing"], step, sync)
+        out.append({
+            "precision": precision,
+            "batch": batch,
+            "steps": steps,
+            "median_step_s": median_s,
+            "images_per_s": batch / median_s,
+            "final_loss": last["loss"],
+            "peak_rss_bytes": peak_rss_bytes(),
+        })
+    return out
+
+
 def kernels_per_step(torch, step, sync, steps=5):
     """GPU kernels per training step, counted by PyTorch's profiler (memcpy and memset excluded,
     as the Lockstep side counts kernels only); None where the profiler is not usable."""
@@ -148,6 +193,12 @@ def main(argv):
         results["gemm"].append(gemm(torch, device, n, plan["gemm_timing"], sync, dtype))
     if plan["mlp"] is not None:
         results["mlp"] = mlp(torch, device, plan["mlp"], sync)
+    if plan.get("resnet") is not None:
+        try:
+            results["resnet"] = resnet(torch, device, plan["resnet"], sync)
+        except ImportError as e:
+            print(f"the ResNet peer needs torchvision: {e}", file=sys.stderr)
+            return NO_TORCH
     print(json.dumps(results))
     return 0
 

@@ -11,6 +11,7 @@ mod peer;
 mod pipeline;
 mod plan;
 mod report;
+mod resnet;
 mod timing;
 
 use std::path::PathBuf;
@@ -44,6 +45,9 @@ pub enum Which {
     /// A deep MLP (--depth layers of --width) split over --devices: naive model parallel
     /// against GPipe and 1F1B with --micro-batches, steps/s and the measured bubble.
     Pipeline,
+    /// ResNet-18 (CIFAR stem) training steps at --batch (default 64) in f32 and bf16-mixed,
+    /// images/s and peak memory, and the loader's augmented images/s with 0, 2 and 4 workers.
+    Resnet,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -132,14 +136,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plan = Plan {
         threads,
         device: device.location().into(),
-        gemm_sizes: if args.which == Which::Mlp {
-            vec![]
-        } else {
+        gemm_sizes: if matches!(args.which, Which::Gemm | Which::All) {
             args.sizes.clone()
+        } else {
+            vec![]
         },
         gemm_dtype: args.gemm_dtype.clone(),
         gemm_timing: GEMM_TIMING,
-        mlp: (args.which != Which::Gemm).then(|| MlpPlan {
+        resnet: (args.which == Which::Resnet).then(|| resnet::ResnetPlan {
+            batch: args.batch.unwrap_or(resnet::ResnetPlan::default().batch),
+            precisions: match args.precision.as_str() {
+                "32" => resnet::ResnetPlan::default().precisions,
+                other => vec![other.to_string()],
+            },
+            ..resnet::ResnetPlan::default()
+        }),
+        mlp: matches!(args.which, Which::Mlp | Which::All).then(|| MlpPlan {
             layers: [784]
                 .into_iter()
                 .chain(args.hidden.iter().copied())
@@ -260,6 +272,14 @@ fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
     if let Some(mlp_plan) = &plan.mlp {
         eprintln!("running the MLP training step …");
         ours.mlp = Some(mlp::run(device, mlp_plan).context("MLP benchmark")?);
+    }
+    if let Some(resnet_plan) = &plan.resnet {
+        eprintln!("running the ResNet-18 training steps …");
+        ours.resnet = resnet::run(device, resnet_plan).context("ResNet benchmark")?;
+        // Not beside the peer: the loader is ours alone, and must outrun the steps above.
+        for (workers, rate) in resnet::loader_images_per_s(resnet_plan.batch)? {
+            println!("loader, augmented CIFAR-shaped images, {workers} workers: {rate:.0} images/s");
+        }
     }
     Ok(ours)
 }

@@ -61,4 +61,5 @@ pub struct Plan {
     pub gemm_dtype: String,
     pub gemm_timing: Timing,
     pub mlp: Option<MlpPlan>,
+    pub resnet: Option<super::resnet::ResnetPlan>,
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::gemm::GemmResult;
 use super::mlp::MlpResult;
 use super::plan::Plan;
+use super::resnet::ResnetResult;
 use crate::cli::table;
 
 /// One engine's numbers. The PyTorch peer prints this same schema as JSON.
@@ -16,6 +17,8 @@ pub struct Results {
     pub gemm: Vec<GemmResult>,
     #[serde(default)]
     pub mlp: Option<MlpResult>,
+    #[serde(default)]
+    pub resnet: Vec<ResnetResult>,
 }
 
 /// What `--json` writes.
@@ -124,6 +127,33 @@ fn metrics(r: &Results) -> Vec<Metric> {
             });
         }
     }
+    for r in &r.resnet {
+        let name = if r.precision == "32" {
+            "f32"
+        } else {
+            r.precision.as_str()
+        };
+        out.push(Metric {
+            label: format!("resnet18 {name} images/s (batch {})", r.batch),
+            value: r.images_per_s,
+            decimals: Some(1),
+            ratio: true,
+        });
+        out.push(Metric {
+            label: format!("resnet18 {name} step ms"),
+            value: r.median_step_s * 1e3,
+            decimals: Some(0),
+            ratio: false,
+        });
+        if let Some(bytes) = r.peak_rss_bytes {
+            out.push(Metric {
+                label: format!("resnet18 {name} peak resident memory (MiB)"),
+                value: bytes as f64 / (1u64 << 20) as f64,
+                decimals: Some(0),
+                ratio: false,
+            });
+        }
+    }
     out
 }
 
@@ -171,11 +201,13 @@ mod tests {
             engine: "Lockstep".into(),
             gemm: vec![gemm(512, 100.0), gemm(1024, 50.0)],
             mlp: None,
+            resnet: vec![],
         };
         let peer = Results {
             engine: "PyTorch".into(),
             gemm: vec![gemm(512, 200.0)],
             mlp: None,
+            resnet: vec![],
         };
         let t = table(&ours, Some(&peer));
         let lines: Vec<&str> = t.lines().collect();
