@@ -3,6 +3,7 @@
 
 mod adaptive_pool;
 mod bias_act;
+mod conv_product;
 mod elementwise;
 mod linalg;
 mod nn_ops;

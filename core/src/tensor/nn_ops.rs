@@ -205,10 +205,8 @@ impl Tensor {
         geom.validate("conv2d")?;
         let (oh, ow) = (geom.out_h(), geom.out_w());
         // One GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow].
-        let cols = self.im2col(geom)?.reshape([g, cg * kh * kw, n * oh * ow])?;
-        let kernels = weight.reshape([g, o / g, cg * kh * kw])?;
         // Bias and activation on the GEMM's [o, n*oh*ow] output, before the batch moves first.
-        let flat = kernels.matmul(&cols)?.reshape([o, n * oh * ow])?;
+        let flat = super::conv_product::conv_product(self, weight, geom, g)?;
         let flat = match (bias, act) {
             (Some(b), _) => {
                 if b.dims() != [o] {
