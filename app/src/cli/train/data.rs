@@ -11,7 +11,7 @@ use lockstep_core::data::cifar::{self, Cifar};
 use lockstep_core::data::image_folder::{IMAGENET_MEAN_STD, ImageFolder};
 use lockstep_core::data::mnist::{self, Mnist, Split};
 use lockstep_core::data::reversal::Reversal;
-use lockstep_core::data::{Dataset, Head, ImageClassification};
+use lockstep_core::data::{Dataset, Head, ImageClassification, ImageSource};
 use lockstep_core::models::Input;
 
 use super::args::{Args, DatasetKind};
@@ -106,7 +106,6 @@ fn load_folder(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset
         train.class_names(),
         val.class_names()
     );
-    let (mean, std) = IMAGENET_MEAN_STD;
     let augment = if args.no_augment {
         Augment::NONE
     } else {
@@ -115,16 +114,23 @@ fn load_folder(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset
             horizontal_flip: true,
         }
     };
-    let serve = |images: ImageFolder, augment| -> anyhow::Result<Arc<dyn Dataset>> {
+    image_sets(train, val, augment, IMAGENET_MEAN_STD, args.seed)
+}
+
+/// A training and a test set of images as data sets: both normalised by `mean_std`, the
+/// training images augmented by `augment`.
+fn image_sets(
+    train: impl ImageSource + 'static,
+    test: impl ImageSource + 'static,
+    augment: Augment,
+    (mean, std): ([f32; 3], [f32; 3]),
+    seed: u64,
+) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let serve = |images: Arc<dyn ImageSource>, augment| -> anyhow::Result<Arc<dyn Dataset>> {
         let normalize = Normalize::new(&mean, &std);
-        Ok(Arc::new(ImageClassification::new(
-            Arc::new(images),
-            augment,
-            normalize,
-            args.seed,
-        )?))
+        Ok(Arc::new(ImageClassification::new(images, augment, normalize, seed)?))
     };
-    Ok((serve(train, augment)?, serve(val, Augment::NONE)?))
+    Ok((serve(Arc::new(train), augment)?, serve(Arc::new(test), Augment::NONE)?))
 }
 
 /// CIFAR's training set, augmented unless --no-augment, and its test set, both normalised by
@@ -133,18 +139,8 @@ fn load_cifar(args: &Args, kind: cifar::Kind) -> anyhow::Result<(Arc<dyn Dataset
     let path = args.data_dir()?;
     ensure_cifar(&path, kind, args)?;
     let (train, test) = Cifar::load_train_test(&path, kind)?;
-    let (mean, std) = kind.mean_std();
     let augment = if args.no_augment { Augment::NONE } else { Augment::CIFAR };
-    let serve = |images: Cifar, augment| -> anyhow::Result<Arc<dyn Dataset>> {
-        let normalize = Normalize::new(&mean, &std);
-        Ok(Arc::new(ImageClassification::new(
-            Arc::new(images),
-            augment,
-            normalize,
-            args.seed,
-        )?))
-    };
-    Ok((serve(train, augment)?, serve(test, Augment::NONE)?))
+    image_sets(train, test, augment, kind.mean_std(), args.seed)
 }
 
 fn load_mnist(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {

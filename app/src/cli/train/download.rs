@@ -259,24 +259,9 @@ fn progress_bar(length: Option<u64>, name: &str, show: bool) -> ProgressBar {
     bar
 }
 
-/// A digest's bytes as lower-case hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// MD5 of a file's bytes, as published checksums give it.
 pub fn file_md5(path: &Path) -> std::io::Result<String> {
-    let mut reader = BufReader::new(File::open(path)?);
-    let mut hasher = Md5::new();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = reader.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
+    digest::<Md5>(BufReader::new(File::open(path)?))
 }
 
 /// SHA-256 of a file's contents, inflated first when it starts with the gzip magic bytes
@@ -286,12 +271,16 @@ pub fn content_sha256(path: &Path) -> std::io::Result<String> {
     let mut magic = [0u8; 2];
     let gz = file.read(&mut magic)? == 2 && magic == [0x1f, 0x8b];
     let file = BufReader::new(File::open(path)?);
-    let mut reader: Box<dyn Read> = if gz {
-        Box::new(flate2::read::MultiGzDecoder::new(file))
+    if gz {
+        digest::<Sha256>(flate2::read::MultiGzDecoder::new(file))
     } else {
-        Box::new(file)
-    };
-    let mut hasher = Sha256::new();
+        digest::<Sha256>(file)
+    }
+}
+
+/// The digest `D` of everything `reader` yields, as lower-case hex.
+fn digest<D: Digest>(mut reader: impl Read) -> std::io::Result<String> {
+    let mut hasher = D::new();
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = reader.read(&mut buf)?;
@@ -300,7 +289,7 @@ pub fn content_sha256(path: &Path) -> std::io::Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hex(&hasher.finalize()))
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]
