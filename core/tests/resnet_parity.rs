@@ -12,7 +12,7 @@ use safetensors::SafeTensors;
 
 // These mirror the script's constants; see it for why the learning rate is small.
 const STEPS: usize = 20;
-const BATCH: usize = 8;
+const BATCH: usize = 16;
 const BATCHES: usize = 4;
 const IMAGE: usize = 32;
 const CLASSES: usize = 10;
@@ -139,7 +139,10 @@ fn resnet18_losses_and_running_statistics_match_pytorch_over_20_sgd_steps() {
         }
         let theirs = f32s(&expected, &name);
         let ours = t.to_vec::<f32>().unwrap();
-        // Relative to the whole tensor: a running mean is a sum of small batch means, some near 0.
+        // Relative to the whole tensor (a running mean sums small batch means, some near 0), and
+        // looser than the losses: statistics of activations carry the weights' drift, which is
+        // 3-4e-5 here whatever the thread count (so the GEMMs' summation order), against 1e-5
+        // for the losses.
         let diff: f64 = ours
             .iter()
             .zip(&theirs)
@@ -148,7 +151,7 @@ fn resnet18_losses_and_running_statistics_match_pytorch_over_20_sgd_steps() {
         let norm: f64 = theirs.iter().map(|b| (*b as f64).powi(2)).sum();
         let rel = (diff / norm).sqrt();
         assert!(
-            rel < 1e-4,
+            rel < 2e-4,
             "{name}: relative difference {rel:.2e} from PyTorch's\nours {ours:?}\nPyTorch {theirs:?}"
         );
         checked += 1;
