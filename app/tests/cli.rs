@@ -160,6 +160,26 @@ fn a_checkpoint_of_another_model_lists_the_names_and_shapes() {
 }
 
 #[test]
+fn init_weights_takes_a_whole_checkpoint_and_names_what_does_not_fit() {
+    let dir = TempDir::new("init-weights");
+    let last = trained_checkpoint(&dir);
+    // The checkpoint holds the optimizer's state too: --init-weights takes only the model's part.
+    let ok = train(
+        &mnist_dir(),
+        &["--hidden", "32", "--max-steps", "1", "--init-weights", path_str(&last)],
+    );
+    assert_succeeds(&ok);
+    let wrong = train(
+        &mnist_dir(),
+        &["--hidden", "16", "--max-steps", "1", "--init-weights", path_str(&last)],
+    );
+    assert_fails_with(
+        &wrong,
+        &["does not fit model mlp", "1.weight expected [16, 784] got [32, 784]"],
+    );
+}
+
+#[test]
 fn an_unknown_device_is_named() {
     let out = train(&mnist_dir(), &["--max-steps", "1", "--device", "tpu:0"]);
     assert_fails_with(&out, &["unknown device `tpu:0`", "cpu", "lockstep devices"]);

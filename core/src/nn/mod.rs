@@ -59,6 +59,7 @@ mod sequential;
 mod spatial;
 mod staged;
 mod state_dict;
+mod weights;
 
 pub use activation::{Gelu, Relu};
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
@@ -75,3 +76,4 @@ pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{CellKind, Recurrent, RecurrentConfig, RecurrentLayer, RecurrentState, gru, lstm, rnn};
 pub use sequential::Sequential;
 pub use staged::{StagedModel, layer_times, sizes_by_cost, sizes_by_parameters};
+pub use weights::LoadReport;

@@ -187,6 +187,31 @@ pub trait ModuleExt: Module {
     fn load_state_dict(&self, state: &[(String, Tensor)]) -> Result<()> {
         super::state_dict::load(&self.state_dict(), state)
     }
+    /// Saves the parameters and buffers under their PyTorch names as one safetensors file,
+    /// written atomically: `model.load_state_dict(safetensors.torch.load_file(path))` reads it.
+    fn save(&self, path: &std::path::Path) -> Result<()>
+    where
+        Self: Sized,
+    {
+        super::weights::save(self, path)
+    }
+    /// Loads the weights in `path` (a file `save` or PyTorch wrote, or a Lockstep checkpoint,
+    /// whose optimizer part is left out), strictly: every name must match both ways, and
+    /// nothing is written otherwise. The error lists every missing, unexpected or misshapen name.
+    fn load(&self, path: &std::path::Path) -> Result<()>
+    where
+        Self: Sized,
+    {
+        super::weights::load(self, path, true).map(|_| ())
+    }
+    /// As `load`, but loads the names both sides have and reports the rest, as PyTorch's
+    /// `load_state_dict(strict=False)` does (a shape that differs is still an error).
+    fn load_non_strict(&self, path: &std::path::Path) -> Result<super::LoadReport>
+    where
+        Self: Sized,
+    {
+        super::weights::load(self, path, false)
+    }
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Tensor::elem_count).sum()
     }

@@ -38,6 +38,17 @@ impl Problems {
 
 /// Copies `given` into `own` (a module's state dict, whose tensors share the module's storage).
 pub(super) fn load(own: &[(String, Tensor)], given: &[(String, Tensor)]) -> Result<()> {
+    copy_checked(own, given, true)
+}
+
+/// Copies `given`, whose names are all among `own`'s, leaving `own`'s other tensors as they are
+/// (a non-strict load); shapes must still agree.
+pub(super) fn load_subset(own: &[(String, Tensor)], given: &[(String, Tensor)]) -> Result<()> {
+    copy_checked(own, given, false)
+}
+
+/// Checks names (every one of `own` present when `whole`) and shapes, then copies.
+fn copy_checked(own: &[(String, Tensor)], given: &[(String, Tensor)], whole: bool) -> Result<()> {
     let mut problems = Problems::default();
     let mut by_name: HashMap<&str, &Tensor> = HashMap::with_capacity(given.len());
     for (name, t) in given {
@@ -48,7 +59,8 @@ pub(super) fn load(own: &[(String, Tensor)], given: &[(String, Tensor)]) -> Resu
     let mut copies = Vec::with_capacity(own.len());
     for (name, dst) in own {
         match by_name.get(name.as_str()) {
-            None => problems.missing.push(name.clone()),
+            None if whole => problems.missing.push(name.clone()),
+            None => {}
             Some(src) if src.shape() != dst.shape() => {
                 problems
                     .shape

@@ -9,7 +9,6 @@ use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::data::reversal;
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{Adam, AdamConfig, CosineAnnealingLR, LrScheduler, Optimizer, Sgd, SgdConfig};
-use lockstep_core::train::checkpoint::{host_to_device, load_tensors};
 use lockstep_core::train::{Classification, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
 
@@ -72,14 +71,9 @@ pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
     let init = Generator::new(args.seed);
     let model = models::build_for(&args.model, &args.hidden, super::data::input(args)?, device, &init)?;
     if let Some(path) = &args.init_weights {
-        let file = load_tensors(path)?;
-        let tensors = file
-            .tensors
-            .iter()
-            .map(|(n, t)| Ok((n.clone(), host_to_device(t, t.data.dtype(), device)?)))
-            .collect::<lockstep_core::Result<Vec<_>>>()?;
+        // A weights file (ours or PyTorch's) or a whole checkpoint, whose optimizer part stays out.
         model
-            .load_state_dict(&tensors)
+            .load(path)
             .with_context(|| format!("--init-weights {} does not fit model {}", path.display(), args.model))?;
     }
     Ok(model)

@@ -11,7 +11,7 @@ use crate::optim::{OptimizerState, SchedulerState};
 use crate::train::TrainingSetup;
 use crate::train::state::TrainerState;
 
-const OPTIMIZER_PREFIX: &str = "optimizer.";
+pub(crate) const OPTIMIZER_PREFIX: &str = "optimizer.";
 const STATE_KEY: &str = "lockstep.trainer_state";
 const SCALARS_KEY: &str = "lockstep.optimizer_scalars";
 const OPTIMIZER_KEY: &str = "lockstep.optimizer";
