@@ -89,38 +89,29 @@ fn cifar100_trains_from_its_extracted_folder_with_100_classes() {
 #[test]
 fn a_missing_cifar_or_a_model_built_for_mnist_is_refused_clearly() {
     let dir = TempDir::new("no-cifar");
-    let out = run(&mut lockstep(&[
-        "train",
-        "--model",
-        "resnet18",
-        "--dataset",
-        "cifar10",
-        "--data",
-        path_str(dir.path()),
-        "--headless",
-    ]));
-    let err = stderr(&out);
+    // `lockstep train --model MODEL --dataset cifar10 --data DIR`, which must fail: its stderr.
+    let refusal = |model: &str| {
+        let out = run(&mut lockstep(&[
+            "train",
+            "--model",
+            model,
+            "--dataset",
+            "cifar10",
+            "--data",
+            path_str(dir.path()),
+            "--headless",
+        ]));
+        assert!(!out.status.success(), "{model} trained");
+        stderr(&out)
+    };
+    let err = refusal("resnet18");
     assert!(
-        !out.status.success() && err.contains("CIFAR-10 not found") && err.contains("cifar-10-binary.tar.gz"),
+        err.contains("CIFAR-10 not found") && err.contains("cifar-10-binary.tar.gz"),
         "{err}"
     );
-
     cifar_files::write_dir(dir.path(), &cifar_files::batch_files(Kind::Cifar10, 2));
-    let out = run(&mut lockstep(&[
-        "train",
-        "--model",
-        "lenet5",
-        "--dataset",
-        "cifar10",
-        "--data",
-        path_str(dir.path()),
-        "--headless",
-    ]));
-    let err = stderr(&out);
-    assert!(
-        !out.status.success() && err.contains("1x28x28") && err.contains("3x32x32"),
-        "{err}"
-    );
+    let err = refusal("lenet5");
+    assert!(err.contains("1x28x28") && err.contains("3x32x32"), "{err}");
 }
 
 /// `lockstep train --dataset cifar10 --download …` into `data` from `url`, one mlp step.
