@@ -43,6 +43,16 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.indices.is_empty()
     }
+    /// A batch of one as that one sample: each field without its leading axis of size 1.
+    pub fn into_sample(self) -> Vec<HostTensor> {
+        self.fields
+            .into_iter()
+            .map(|f| HostTensor {
+                shape: Shape::new(&f.shape.dims()[1..]),
+                data: f.data,
+            })
+            .collect()
+    }
     /// Copies every field to `device`.
     pub fn to_device(&self, device: &Device) -> Result<Vec<Tensor>> {
         self.fields.iter().map(|f| f.to_device(device)).collect()

@@ -63,15 +63,7 @@ impl Dataset for ImageClassification {
         self.source.len()
     }
     fn get(&self, index: usize) -> Result<Sample> {
-        let batch = self.get_batch(&[index])?;
-        Ok(batch
-            .fields
-            .into_iter()
-            .map(|f| HostTensor {
-                shape: crate::shape::Shape::new(&f.shape.dims()[1..]),
-                data: f.data,
-            })
-            .collect())
+        Ok(self.get_batch(&[index])?.into_sample())
     }
     fn get_batch(&self, indices: &[usize]) -> Result<Batch> {
         self.get_batch_at(0, indices)

@@ -192,15 +192,7 @@ impl Dataset for Mnist {
     }
 
     fn get(&self, index: usize) -> Result<Sample> {
-        self.get_batch(&[index]).map(|b| {
-            b.fields
-                .into_iter()
-                .map(|f| HostTensor {
-                    shape: crate::shape::Shape::new(&f.shape.dims()[1..]),
-                    data: f.data,
-                })
-                .collect()
-        })
+        self.get_batch(&[index]).map(Batch::into_sample)
     }
 
     /// Builds the batch's image tensor `[n, 1, rows, cols]` and labels `[n]` (u32) in one pass.

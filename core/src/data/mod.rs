@@ -1,7 +1,8 @@
 //! Data loading: datasets, samplers (sequential, random, distributed), batch samplers (a
 //! heterogeneous run's per-rank shares of each global batch), a multi-worker loader that
 //! delivers batches in order, the MNIST IDX and CIFAR readers, folders of images, image
-//! classification with augmentation, and the generated digit-reversal task.
+//! classification with augmentation, text for language models, and the generated
+//! digit-reversal task.
 
 pub mod augment;
 mod batch;
@@ -17,6 +18,7 @@ pub mod reversal;
 mod sampler;
 mod sharded_batches;
 mod tensor_dataset;
+pub mod text;
 
 pub use batch::{Batch, HostTensor, collate};
 pub use batch_sampler::BatchSampler;
