@@ -30,12 +30,7 @@ impl ImageFolder {
         if size == 0 {
             return Err(Error::invalid("ImageFolder", "the image size must be at least 1 pixel"));
         }
-        let mut classes: Vec<String> = sorted_entries(&root)?
-            .into_iter()
-            .filter(|p| p.is_dir())
-            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
-            .collect();
-        classes.sort();
+        let classes = class_names(&root)?;
         let mut files = Vec::new();
         let mut warnings = Vec::new();
         for (class, name) in classes.iter().enumerate() {
@@ -115,6 +110,18 @@ impl ImageSource for ImageFolder {
         }
         Ok(*class)
     }
+}
+
+/// `root`'s class folders, sorted by name: class `i` is the `i`-th (a model's output count,
+/// without listing every image).
+pub fn class_names(root: &Path) -> Result<Vec<String>> {
+    let mut classes: Vec<String> = sorted_entries(root)?
+        .into_iter()
+        .filter(|p| p.is_dir())
+        .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
+        .collect();
+    classes.sort();
+    Ok(classes)
 }
 
 fn unreadable(path: &Path, why: &str) -> Error {

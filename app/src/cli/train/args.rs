@@ -307,6 +307,14 @@ impl Args {
     pub fn downloads(&self) -> bool {
         self.download || (self.data.is_none() && !self.no_download)
     }
+    /// The flag change that would let a refused run download its data.
+    pub fn how_to_download(&self) -> &'static str {
+        if self.no_download {
+            "run without --no-download"
+        } else {
+            "add --download"
+        }
+    }
     pub fn lr(&self) -> f64 {
         self.lr.unwrap_or(match self.optimizer {
             OptimizerKind::Sgd if self.resnet_recipe() => 0.1,

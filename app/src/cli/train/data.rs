@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use lockstep_core::data::augment::{Augment, Normalize};
 use lockstep_core::data::cifar::{self, Cifar};
-use lockstep_core::data::image_folder::{IMAGENET_MEAN_STD, ImageFolder};
+use lockstep_core::data::image_folder::{self, IMAGENET_MEAN_STD, ImageFolder};
 use lockstep_core::data::mnist::{self, Mnist, Split};
 use lockstep_core::data::reversal::Reversal;
 use lockstep_core::data::{Dataset, Head, ImageClassification, ImageSource};
@@ -53,10 +53,9 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
         DatasetKind::Cifar100 => cifar(cifar::Kind::Cifar100),
         DatasetKind::Folder => {
             let (train, _) = folder_roots(args)?;
-            let (images, _) = ImageFolder::open(&train, args.image_size, false)?;
             Input {
                 image: [3, args.image_size, args.image_size],
-                classes: images.class_names().len(),
+                classes: image_folder::class_names(&train)?.len(),
             }
         }
     })
@@ -159,15 +158,11 @@ fn ensure_mnist(dir: &Path, args: &Args) -> anyhow::Result<()> {
     }
     let ways_out = "or pass --data DIR naming a directory that has them";
     if !args.downloads() {
-        let fetch = if args.no_download {
-            "run without --no-download to fetch them there"
-        } else {
-            "add --download to fetch them there"
-        };
         anyhow::bail!(
-            "MNIST not found in {}: {} missing\n  {fetch}, {ways_out}",
+            "MNIST not found in {}: {} missing\n  {} to fetch them there, {ways_out}",
             dir.display(),
-            gz_names(&missing)
+            gz_names(&missing),
+            args.how_to_download()
         );
     }
     if args.data.is_none() {
@@ -196,17 +191,13 @@ fn ensure_cifar(dir: &Path, kind: cifar::Kind, args: &Args) -> anyhow::Result<()
         kind.folder()
     );
     if !args.downloads() {
-        let fetch = if args.no_download {
-            "run without --no-download"
-        } else {
-            "add --download"
-        };
         anyhow::bail!(
-            "{} not found in {}: expected its folder {}, the batch files, or the published {}\n  {fetch} to fetch it there (about 170 MB), {ways_out}",
+            "{} not found in {}: expected its folder {}, the batch files, or the published {}\n  {} to fetch it there (about 170 MB), {ways_out}",
             kind.name(),
             dir.display(),
             kind.folder(),
-            kind.archive()
+            kind.archive(),
+            args.how_to_download()
         );
     }
     if args.data.is_none() {
