@@ -22,6 +22,8 @@ import torch.nn as nn
 import torchvision
 from safetensors.torch import save_file
 
+from parity_hash import uniform
+
 STEPS = 20
 BATCH = 16
 IMAGE = 32
@@ -35,26 +37,10 @@ CLASSES = 10
 LR, MOMENTUM, WEIGHT_DECAY = 1e-4, 0.9, 5e-4
 # Four batches, cycled: a task the model can fit, so the losses fall steadily.
 BATCHES = 4
-MASK = (1 << 64) - 1
 FIXTURE = Path(__file__).resolve().parent.parent / "testdata" / "resnet18-parity"
 OUT = FIXTURE / "reference.safetensors"
 # torchvision's state-dict names and shapes, for the naming test (core/tests/resnet.rs).
 NAMES_OUT = FIXTURE / "torchvision_state_dicts.json"
-
-
-def splitmix(x):
-    """splitmix64's finaliser on a uint64 array (wrapping arithmetic)."""
-    x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(MASK)
-    x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(MASK)
-    x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & np.uint64(MASK)
-    return x ^ (x >> np.uint64(31))
-
-
-def uniform(stream, n):
-    """n values in [-1, 1), exact in f32: 24 bits of splitmix(stream << 32 | i)."""
-    i = np.arange(n, dtype=np.uint64) | (np.uint64(stream) << np.uint64(32))
-    bits = splitmix(i) >> np.uint64(40)
-    return bits.astype(np.float64) / float(1 << 23) - 1.0
 
 
 def fill(name, shape, stream):

@@ -31,11 +31,13 @@ enum Command {
     Devices(cli::devices::Args),
     /// Run the backend conformance suite on a device and print a report.
     Check(cli::check::Args),
-    /// Train a built-in model on MNIST.
+    /// Train a built-in model: on MNIST by default, CIFAR, a folder of images, or text.
     Train(cli::train::Args),
     /// Start the processes of a data-parallel job on this machine (torchrun's variables; CPU and
     /// wgpu devices through mpirun) and stop them all when one fails.
     Launch(cli::launch::Args),
+    /// Generate text from a language model's checkpoint (lockstep train --model gpt-tiny …).
+    Sample(cli::sample::Args),
     /// Measure GEMM and MLP training throughput, optionally beside a peer framework.
     Bench(cli::bench::Args),
     /// Simulate a pipeline schedule without devices: timeline, bubble, activations held.
@@ -57,6 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match command {
         Command::Devices(args) => cli::devices::run(args),
         Command::Bench(args) => cli::bench::run(args),
+        Command::Sample(args) => cli::sample::run(args),
         Command::Train(args) => cli::train::run(args),
         Command::Launch(args) => cli::launch::run(args),
         Command::Check(args) => cli::check::run(args),

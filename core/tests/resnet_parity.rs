@@ -10,26 +10,15 @@ use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
 use lockstep_core::{Device, HostVec, Tensor};
 use safetensors::SafeTensors;
 
+mod parity_support;
+use parity_support::{assert_losses_match, f32s, fixture, uniform};
+
 // These mirror the script's constants; see it for why the learning rate is small.
 const STEPS: usize = 20;
 const BATCH: usize = 16;
 const BATCHES: usize = 4;
 const IMAGE: usize = 32;
 const CLASSES: usize = 10;
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// `n` values in [-1, 1), exact in f32: the top 24 bits of splitmix(stream << 32 | i).
-fn uniform(stream: u64, n: usize) -> Vec<f64> {
-    (0..n as u64)
-        .map(|i| (splitmix(i | (stream << 32)) >> 40) as f64 / (1u64 << 23) as f64 - 1.0)
-        .collect()
-}
 
 /// The initial value of state-dict tensor number `stream`, named `name`.
 fn fill(name: &str, dims: &[usize], stream: u64) -> Vec<f32> {
@@ -70,23 +59,6 @@ fn batch(step: usize, dev: &Device) -> (Tensor, Tensor) {
     )
 }
 
-fn reference() -> Vec<u8> {
-    std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../testdata/resnet18-parity/reference.safetensors"
-    ))
-    .unwrap()
-}
-
-fn f32s(file: &SafeTensors, name: &str) -> Vec<f32> {
-    file.tensor(name)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 #[test]
 fn resnet18_losses_and_running_statistics_match_pytorch_over_20_sgd_steps() {
     let dev = Device::cpu();
@@ -113,7 +85,7 @@ fn resnet18_losses_and_running_statistics_match_pytorch_over_20_sgd_steps() {
     let config = SgdConfig::new(1e-4).momentum(0.9).weight_decay(5e-4);
     let mut opt = Sgd::new(net.parameters(), config).unwrap();
 
-    let bytes = reference();
+    let bytes = fixture("resnet18-parity/reference.safetensors");
     let expected = SafeTensors::deserialize(&bytes).unwrap();
     let expected_losses = f32s(&expected, "loss");
     let mut losses = Vec::new();
@@ -125,13 +97,7 @@ fn resnet18_losses_and_running_statistics_match_pytorch_over_20_sgd_steps() {
         opt.step().unwrap();
         losses.push(loss.item().unwrap());
     }
-    for (step, (ours, theirs)) in losses.iter().zip(&expected_losses).enumerate() {
-        let rel = (ours - *theirs as f64).abs() / (*theirs as f64).abs();
-        assert!(
-            rel < 1e-4,
-            "step {step}: loss {ours} against PyTorch's {theirs} (relative {rel:.2e})\nours {losses:?}\nPyTorch {expected_losses:?}"
-        );
-    }
+    assert_losses_match("resnet18", &losses, &expected_losses, 1e-4);
     let mut checked = 0;
     for (name, t) in net.named_buffers() {
         if !(name.ends_with("running_mean") || name.ends_with("running_var")) {

@@ -6,6 +6,7 @@ pub mod dashboard;
 pub mod devices;
 mod interrupt;
 pub mod launch;
+pub mod sample;
 pub mod schedule;
 mod table;
 mod threads;

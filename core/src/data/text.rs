@@ -141,9 +141,8 @@ impl Dataset for TokenWindows {
     }
 }
 
-/// A UTF-8 text file as (vocabulary, training windows, validation windows): the first 90% of
-/// its characters train, the rest validate, as nanoGPT splits them.
-pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, TokenWindows)> {
+/// The text of a UTF-8 file; a file that is empty or not UTF-8 is an error saying so.
+pub fn read_text(path: &Path) -> Result<String> {
     let what = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let text = String::from_utf8(bytes).map_err(|e| {
@@ -161,6 +160,14 @@ pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, 
             "the file is empty: a language model needs text to learn",
         ));
     }
+    Ok(text)
+}
+
+/// A UTF-8 text file as (vocabulary, training windows, validation windows): the first 90% of
+/// its characters train, the rest validate, as nanoGPT splits them.
+pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, TokenWindows)> {
+    let what = path.display().to_string();
+    let text = read_text(path)?;
     let vocab = CharVocab::of(&text);
     let ids = vocab.encode(&text)?;
     let split = ids.len() * 9 / 10;

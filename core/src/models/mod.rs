@@ -7,9 +7,13 @@ use crate::error::{Error, Result};
 use crate::nn::{BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Relu, Sequential};
 use crate::rng::Generator;
 
+pub mod gpt;
+mod gpt_generate;
 pub mod resnet;
 mod seq2seq;
 
+pub use gpt::{Gpt, GptConfig, gpt};
+pub use gpt_generate::Sampling;
 pub use resnet::{ResNetConfig, Stem, resnet};
 pub use seq2seq::{Decoder, Encoder, seq2seq};
 

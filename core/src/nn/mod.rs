@@ -44,6 +44,7 @@
 //! ```
 
 mod activation;
+mod attention;
 mod batchnorm;
 mod child;
 mod conv;
@@ -51,6 +52,7 @@ mod dropout;
 mod embedding;
 mod flatten;
 pub mod init;
+mod layer_norm;
 mod linear;
 mod module;
 mod pool;
@@ -62,12 +64,14 @@ mod state_dict;
 mod weights;
 
 pub use activation::{Gelu, Relu};
+pub use attention::CausalSelfAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use child::Child;
 pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
+pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 /// `#[derive(Module)]`: see the `lockstep-derive` crate for the field rules.
 pub use lockstep_derive::Module;

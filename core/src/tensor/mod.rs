@@ -2,9 +2,11 @@
 //! autograd bookkeeping. Not generic: the backend is whatever device the tensor lives on.
 
 mod adaptive_pool;
+mod attention;
 mod bias_act;
 mod conv_product;
 mod elementwise;
+mod layer_norm;
 mod linalg;
 mod nn_ops;
 mod reduce;

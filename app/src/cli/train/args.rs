@@ -26,6 +26,10 @@ pub enum DatasetKind {
     /// A folder of PNG/JPEG images, one subdirectory per class (torchvision's ImageFolder), or
     /// train/ and val/ (or test/) folders of that layout.
     Folder,
+    /// Text for the GPTs: a UTF-8 file (its characters are the tokens; 90% trains, 10%
+    /// validates), or a directory with nanoGPT's train.bin and val.bin (u16 token ids, with
+    /// --vocab-size).
+    Text,
 }
 
 impl DatasetKind {
@@ -36,6 +40,7 @@ impl DatasetKind {
             DatasetKind::Cifar10 => "cifar10",
             DatasetKind::Cifar100 => "cifar100",
             DatasetKind::Folder => "images",
+            DatasetKind::Text => "text",
         }
     }
 }
@@ -72,11 +77,16 @@ pub struct Args {
     /// blocks; both MNIST only), resnet18, resnet34, resnet50 (torchvision's; the CIFAR stem for
     /// images up to 64 pixels), or seq2seq (a GRU encoder and decoder) on generated digit
     /// reversal (5-20 digits; its accuracy is exact sequences). The ResNets' default recipe is
-    /// SGD lr 0.1, momentum 0.9, weight decay 5e-4 on weights only, cosine schedule.
+    /// SGD lr 0.1, momentum 0.9, weight decay 5e-4 on weights only, cosine schedule. Language
+    /// models on --dataset text: gpt-tiny (2 layers, 2 heads, 128 wide, context 64), gpt-char
+    /// (nanoGPT's shakespeare-char: 6/6/384, context 256, dropout 0.2), gpt2 (124M); their
+    /// recipe is AdamW lr 1e-3, betas 0.9/0.95, weight decay 0.1 on weights only, warm-up then
+    /// cosine to lr/10, gradients clipped at 1.0.
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// The data set: mnist, cifar10 or cifar100 (binary version, its folder or the published
-    /// .tar.gz). Image channels and classes come from it.
+    /// .tar.gz), folder (images by class) or text (for the GPTs). Image channels and classes,
+    /// or the vocabulary, come from it.
     #[arg(long, value_enum, default_value_t = DatasetKind::Mnist)]
     pub dataset: DatasetKind,
     /// Train on the images as they are: no random crops or flips (CIFAR's training set is
@@ -91,6 +101,30 @@ pub struct Args {
     /// with a warning each, instead of failing on them.
     #[arg(long)]
     pub skip_bad_images: bool,
+    /// Language models: tokens per training window, the model's context (default: the preset's,
+    /// e.g. 64 for gpt-tiny).
+    #[arg(long, value_name = "TOKENS")]
+    pub block_size: Option<usize>,
+    /// --dataset text from train.bin/val.bin: the tokenizer's vocabulary size (GPT-2's is
+    /// 50257); a character file's vocabulary is its characters.
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// GPT: transformer blocks (default: the preset's).
+    #[arg(long)]
+    pub n_layer: Option<usize>,
+    /// GPT: attention heads per block (default: the preset's).
+    #[arg(long)]
+    pub n_head: Option<usize>,
+    /// GPT: the width of every token's state (default: the preset's).
+    #[arg(long)]
+    pub n_embd: Option<usize>,
+    /// GPT: dropout on embeddings, attention weights and residual branches (default: the preset's).
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    /// Optimizer steps of linear learning-rate warm-up before --lr-schedule (default: 0, for
+    /// the GPTs a tenth of the run up to 100).
+    #[arg(long, value_name = "STEPS")]
+    pub warmup_steps: Option<u64>,
     /// Hidden layer widths of the mlp, comma separated (default 512,512); for seq2seq, its
     /// GRUs' width (default 128).
     #[arg(long, value_delimiter = ',')]
@@ -119,22 +153,26 @@ pub struct Args {
     pub max_steps: Option<u64>,
     #[arg(long, default_value_t = 128)]
     pub batch_size: usize,
-    #[arg(long, value_enum, default_value = "sgd")]
-    pub optimizer: OptimizerKind,
-    /// Learning rate (default: 0.05 for sgd, 0.001 for adam/adamw).
+    /// The optimizer (default: adamw for the GPTs, else sgd).
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Learning rate (default: 0.05 for sgd, 0.1 for the ResNets, 0.001 for adam/adamw).
     #[arg(long)]
     pub lr: Option<f64>,
-    /// How the learning rate moves over the run (default: cosine for the ResNets, else constant).
+    /// How the learning rate moves over the run (default: cosine for the ResNets and GPTs, else
+    /// constant).
     #[arg(long, value_enum)]
     pub lr_schedule: Option<LrSchedule>,
     /// SGD momentum: the default recipe (lr 0.05, momentum 0.9) reaches about 96% on MNIST
     /// in 300 steps of the MLP; 0 is plain SGD.
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// Weight decay (default: 0, or 0.01 for adamw as in PyTorch, 5e-4 for the ResNets).
+    /// Weight decay (default: 0, or 0.01 for adamw as in PyTorch, 5e-4 for the ResNets, 0.1
+    /// for the GPTs).
     #[arg(long)]
     pub weight_decay: Option<f64>,
-    /// Which parameters --weight-decay applies to (default: weights for the ResNets, else all).
+    /// Which parameters --weight-decay applies to (default: weights for the ResNets and GPTs,
+    /// else all).
     #[arg(long, value_enum)]
     pub decay_scope: Option<DecayScopeArg>,
     #[arg(long, default_value_t = 0)]
@@ -220,6 +258,7 @@ pub struct Args {
     /// Accumulate gradients over N batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
+    /// Scale gradients down to this total 2-norm (default: 1.0 for the GPTs, else none).
     #[arg(long)]
     pub clip_grad_norm: Option<f64>,
     #[arg(long)]
@@ -287,19 +326,37 @@ impl Args {
     fn resnet_recipe(&self) -> bool {
         lockstep_core::models::ResNetConfig::named(&self.model).is_some()
     }
-    pub fn lr_schedule(&self) -> LrSchedule {
-        self.lr_schedule.unwrap_or(if self.resnet_recipe() {
-            LrSchedule::Cosine
+    /// Whether the model is a GPT, whose recipe (nanoGPT's: AdamW, weight decay 0.1 on weights
+    /// only, warm-up and cosine, clipping at 1.0) replaces the defaults for every flag not given.
+    pub fn gpt_recipe(&self) -> bool {
+        lockstep_core::models::GptConfig::named(&self.model).is_some()
+    }
+    pub fn optimizer(&self) -> OptimizerKind {
+        self.optimizer.unwrap_or(if self.gpt_recipe() {
+            OptimizerKind::Adamw
         } else {
-            LrSchedule::Constant
+            OptimizerKind::Sgd
         })
+    }
+    /// Warm-up steps for a run of `steps` optimizer steps.
+    pub fn warmup_steps(&self, steps: u64) -> u64 {
+        self.warmup_steps
+            .unwrap_or(if self.gpt_recipe() { (steps / 10).min(100) } else { 0 })
+    }
+    pub fn lr_schedule(&self) -> LrSchedule {
+        self.lr_schedule
+            .unwrap_or(if self.resnet_recipe() || self.gpt_recipe() {
+                LrSchedule::Cosine
+            } else {
+                LrSchedule::Constant
+            })
     }
     pub fn decay_scope(&self) -> lockstep_core::optim::DecayScope {
         use lockstep_core::optim::DecayScope;
         match self.decay_scope {
             Some(DecayScopeArg::All) => DecayScope::All,
             Some(DecayScopeArg::Weights) => DecayScope::Weights,
-            None if self.resnet_recipe() => DecayScope::Weights,
+            None if self.resnet_recipe() || self.gpt_recipe() => DecayScope::Weights,
             None => DecayScope::All,
         }
     }
@@ -316,15 +373,16 @@ impl Args {
         }
     }
     pub fn lr(&self) -> f64 {
-        self.lr.unwrap_or(match self.optimizer {
+        self.lr.unwrap_or(match self.optimizer() {
             OptimizerKind::Sgd if self.resnet_recipe() => 0.1,
             OptimizerKind::Sgd => 0.05,
             OptimizerKind::Adam | OptimizerKind::Adamw => 1e-3,
         })
     }
     pub fn weight_decay(&self) -> f64 {
-        self.weight_decay.unwrap_or(match self.optimizer {
+        self.weight_decay.unwrap_or(match self.optimizer() {
             _ if self.resnet_recipe() => 5e-4,
+            OptimizerKind::Adamw if self.gpt_recipe() => 0.1,
             OptimizerKind::Adamw => 0.01,
             _ => 0.0,
         })
@@ -334,6 +392,17 @@ impl Args {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
         anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
         anyhow::ensure!(self.image_size > 0, "--image-size must be at least 1 pixel");
+        match (self.gpt_recipe(), self.dataset == DatasetKind::Text) {
+            (true, false) => anyhow::bail!(
+                "{} is a language model: train it with --dataset text --data FILE (a UTF-8 text)",
+                self.model
+            ),
+            (false, true) => anyhow::bail!(
+                "--dataset text is for the language models; use --model {}",
+                lockstep_core::models::gpt::NAMES.join(", --model ")
+            ),
+            _ => {}
+        }
         let pipelined = self.pipeline_stages.is_some() || self.split.is_some() || self.place.is_some();
         let replicas = match self.pipeline_stages {
             Some(stages) if stages > 0 => (self.devices.len() / stages).max(1),
@@ -422,7 +491,8 @@ impl Args {
             gradient_clip: self
                 .clip_grad_norm
                 .map(GradientClip::Norm)
-                .or(self.clip_grad_value.map(GradientClip::Value)),
+                .or(self.clip_grad_value.map(GradientClip::Value))
+                .or(self.gpt_recipe().then_some(GradientClip::Norm(1.0))),
             log_every_n_steps: self.log_every,
             seed: self.seed,
             precision: Precision::parse(&self.precision).unwrap_or_default(),

@@ -1,7 +1,7 @@
 //! The run's data: generated digit reversal for seq2seq, else `--dataset` (MNIST, CIFAR-10,
-//! CIFAR-100 or a folder of images) from `--data` or its per-user home, MNIST fetched there on
-//! first use. A missing or
-//! unreachable data set is a two-line error: where it looked and which files, then the ways out.
+//! CIFAR-100, a folder of images or text) from `--data` or its per-user home, MNIST fetched
+//! there on first use. A missing or unreachable data set is a two-line error: where it looked
+//! and which files, then the ways out.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use lockstep_core::data::cifar::{self, Cifar};
 use lockstep_core::data::image_folder::{self, IMAGENET_MEAN_STD, ImageFolder};
 use lockstep_core::data::mnist::{self, Mnist, Split};
 use lockstep_core::data::reversal::Reversal;
+use lockstep_core::data::text::{self, CharVocab};
 use lockstep_core::data::{Dataset, Head, ImageClassification, ImageSource};
 use lockstep_core::models::Input;
 
@@ -32,6 +33,7 @@ pub fn load(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)>
             DatasetKind::Cifar10 => load_cifar(args, cifar::Kind::Cifar10)?,
             DatasetKind::Cifar100 => load_cifar(args, cifar::Kind::Cifar100)?,
             DatasetKind::Folder => load_folder(args)?,
+            DatasetKind::Text => load_text(args)?,
         }
     };
     let test = match args.test_samples {
@@ -48,9 +50,10 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
         classes: kind.classes(),
     };
     Ok(match args.dataset {
-        DatasetKind::Mnist => Input::MNIST,
         DatasetKind::Cifar10 => cifar(cifar::Kind::Cifar10),
         DatasetKind::Cifar100 => cifar(cifar::Kind::Cifar100),
+        // A language model's input is its vocabulary, not images (see `text_vocabulary`).
+        DatasetKind::Mnist | DatasetKind::Text => Input::MNIST,
         DatasetKind::Folder => {
             let (train, _) = folder_roots(args)?;
             Input {
@@ -59,6 +62,67 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
             }
         }
     })
+}
+
+/// What the tokens of `--dataset text` are: a file's characters, or ids below --vocab-size.
+pub enum TextVocabulary {
+    Chars(CharVocab),
+    Ids(usize),
+}
+
+impl TextVocabulary {
+    pub fn size(&self) -> usize {
+        match self {
+            TextVocabulary::Chars(chars) => chars.len(),
+            TextVocabulary::Ids(size) => *size,
+        }
+    }
+}
+
+/// Where `--dataset text` reads: a UTF-8 file, or a directory of train.bin and val.bin.
+fn text_source(args: &Args) -> anyhow::Result<(std::path::PathBuf, bool)> {
+    let Some(path) = args.data.clone() else {
+        anyhow::bail!(
+            "--dataset text needs --data FILE (a UTF-8 text) or --data DIR (nanoGPT's train.bin and val.bin)"
+        );
+    };
+    if path.is_dir() {
+        anyhow::ensure!(
+            path.join("train.bin").is_file() && path.join("val.bin").is_file(),
+            "{} is a directory without train.bin and val.bin: give nanoGPT's token files, or --data FILE for a UTF-8 text",
+            path.display()
+        );
+        return Ok((path, true));
+    }
+    Ok((path, false))
+}
+
+/// The vocabulary of `--dataset text`: the file's characters, sorted, or --vocab-size ids.
+pub fn text_vocabulary(args: &Args) -> anyhow::Result<TextVocabulary> {
+    let (path, bins) = text_source(args)?;
+    if bins {
+        let Some(size) = args.vocab_size else {
+            anyhow::bail!(
+                "{} holds token ids: give their tokenizer's --vocab-size (GPT-2's is 50257)",
+                path.display()
+            );
+        };
+        return Ok(TextVocabulary::Ids(size));
+    }
+    Ok(TextVocabulary::Chars(CharVocab::of(&text::read_text(&path)?)))
+}
+
+/// Training and validation windows of --block-size tokens (the model's context by default).
+fn load_text(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
+    let block = super::setup::gpt_config(args)?.map_or(64, |c| c.block_size);
+    let (path, bins) = text_source(args)?;
+    let (train, val) = if bins {
+        text::token_bins(&path, block, text_vocabulary(args)?.size())?
+    } else {
+        let (_, train, val) = text::char_text(&path, block)?;
+        (train, val)
+    };
+    Ok((Arc::new(train), Arc::new(val)))
 }
 
 /// The training and validation folders: DIR/train and DIR/val (or DIR/test) when DIR has a

@@ -42,12 +42,12 @@ impl StagePlan {
         let replicas = devices.len() / stages;
         let sizes = match args.balance_stages {
             // Parameter counts do not depend on the device.
-            StageBalance::Params => sizes_by_parameters(&setup::build_model(args, &Device::cpu())?, stages)?,
+            StageBalance::Params => sizes_by_parameters(&setup::build_sequential(args, &Device::cpu())?, stages)?,
             StageBalance::Time => {
                 let device = &devices[0];
                 let rows = (args.batch_size / args.micro_batches).max(1).min(train_set.len());
                 let sample = train_set.get_batch(&(0..rows).collect::<Vec<_>>())?.to_device(device)?;
-                let times = layer_times(&setup::build_model(args, device)?, &sample[0])?;
+                let times = layer_times(&setup::build_sequential(args, device)?, &sample[0])?;
                 sizes_by_cost(&times, stages)?
             }
         };
@@ -80,7 +80,7 @@ impl StagePlan {
     /// The model split into these stages (the same weights as on one device), with the
     /// optimizer and task of the flags; batches are loaded onto the first stage's device.
     pub fn setup(&self, args: &Args) -> anyhow::Result<TrainingSetup> {
-        let model = StagedModel::place(&self.sizes, self.devices(), |d| setup::build_model(args, d))
+        let model = StagedModel::place(&self.sizes, self.devices(), |d| setup::build_sequential(args, d))
             .with_context(|| format!("cannot place the model's stages ({:?} layers)", self.sizes))?;
         let mut setup = setup::build_with(args, Box::new(model), self.devices()[0].clone())?;
         let layers = self.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join("+");

@@ -7,12 +7,17 @@ use std::time::Duration;
 use anyhow::Context;
 use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::data::reversal;
+use lockstep_core::models::GptConfig;
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
-use lockstep_core::optim::{Adam, AdamConfig, CosineAnnealingLR, LrScheduler, Optimizer, Sgd, SgdConfig};
-use lockstep_core::train::{Classification, Seq2SeqTask, Task, TrainingSetup};
+use lockstep_core::optim::{
+    Adam, AdamConfig, CosineAnnealingLR, LinearLR, LrSchedule as Schedule, LrScheduler, Optimizer, SequentialLR, Sgd,
+    SgdConfig,
+};
+use lockstep_core::train::{Classification, LanguageModeling, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
 
 use super::args::{Args, LrSchedule, OptimizerKind};
+use super::data::{TextVocabulary, text_vocabulary};
 
 /// The devices of the run: `--devices a,b,…` (one replica each), else `--device`.
 pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {
@@ -66,17 +71,61 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
     build_with(args, Box::new(model), device)
 }
 
+/// The GPT `--model` names, sized by the flags and the text's vocabulary; None for other models.
+pub fn gpt_config(args: &Args) -> anyhow::Result<Option<GptConfig>> {
+    let Some(preset) = GptConfig::named(&args.model) else {
+        return Ok(None);
+    };
+    let config = preset
+        .vocab_size(text_vocabulary(args)?.size())
+        .block_size(args.block_size.unwrap_or(preset.block_size))
+        .layers(
+            args.n_layer.unwrap_or(preset.n_layer),
+            args.n_head.unwrap_or(preset.n_head),
+            args.n_embd.unwrap_or(preset.n_embd),
+        )
+        .dropout(args.dropout.unwrap_or(preset.dropout));
+    Ok(Some(config))
+}
+
 /// The model `--model` names on `device`, from `--seed` or with `--init-weights`.
-pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
+pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Box<dyn Module>> {
+    let init = Generator::new(args.seed);
+    let model: Box<dyn Module> = match gpt_config(args)? {
+        Some(config) => Box::new(models::gpt(config, device, &init)?),
+        None => Box::new(models::build_for(
+            &args.model,
+            &args.hidden,
+            super::data::input(args)?,
+            device,
+            &init,
+        )?),
+    };
+    load_init_weights(args, &model)?;
+    Ok(model)
+}
+
+/// The model as a chain of layers, for the pipeline's stages.
+pub fn build_sequential(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
+    anyhow::ensure!(
+        !args.gpt_recipe(),
+        "{} cannot be split into pipeline stages yet (its head shares the token embedding); train it data parallel with --devices",
+        args.model
+    );
     let init = Generator::new(args.seed);
     let model = models::build_for(&args.model, &args.hidden, super::data::input(args)?, device, &init)?;
+    load_init_weights(args, &model)?;
+    Ok(model)
+}
+
+fn load_init_weights(args: &Args, model: &impl Module) -> anyhow::Result<()> {
     if let Some(path) = &args.init_weights {
         // A weights file (ours or PyTorch's) or a whole checkpoint, whose optimizer part stays out.
         model
             .load(path)
             .with_context(|| format!("--init-weights {} does not fit model {}", path.display(), args.model))?;
     }
-    Ok(model)
+    Ok(())
 }
 
 /// The `--lr-schedule` over the run's optimizer steps (`batches` per epoch); None when constant.
@@ -86,19 +135,27 @@ pub fn scheduler(args: &Args, batches: usize, optimizer: &mut dyn Optimizer) -> 
         LrSchedule::Cosine => {
             let per_epoch = args.limit_train_batches.map_or(batches, |l| l.min(batches));
             let epoch_steps = (per_epoch.div_ceil(args.accumulate) as u64).saturating_mul(args.epochs);
-            let steps = args.max_steps.unwrap_or(epoch_steps);
-            Ok(Some(LrScheduler::new(
-                CosineAnnealingLR::new(steps.max(1), 0.0)?,
-                optimizer,
-            )))
+            let steps = args.max_steps.unwrap_or(epoch_steps).max(1);
+            let warmup = args.warmup_steps(steps).min(steps - 1);
+            // nanoGPT decays to a tenth of the peak rate; the ResNet recipe to 0.
+            let floor = if args.gpt_recipe() { args.lr() / 10.0 } else { 0.0 };
+            let cosine = CosineAnnealingLR::new((steps - warmup).max(1), floor)?;
+            let schedule: Box<dyn Schedule> = if warmup == 0 {
+                Box::new(cosine)
+            } else {
+                let ramp = LinearLR::new(1.0 / warmup as f64, 1.0, warmup)?;
+                Box::new(SequentialLR::new(vec![Box::new(ramp), Box::new(cosine)], &[warmup])?)
+            };
+            Ok(Some(LrScheduler::new(schedule, optimizer)))
         }
     }
 }
 
-/// What `--model` learns: digit reversal (sequence to sequence) or MNIST classification.
+/// What `--model` learns: digit reversal (sequence to sequence), the next token, or classes.
 fn task(model: &str) -> Box<dyn Task> {
     match model {
         "seq2seq" => Box::new(Seq2SeqTask { pad: reversal::PAD }),
+        _ if GptConfig::named(model).is_some() => Box::new(LanguageModeling),
         _ => Box::new(Classification),
     }
 }
@@ -107,7 +164,9 @@ fn task(model: &str) -> Box<dyn Task> {
 pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow::Result<TrainingSetup> {
     let params = model.parameters();
     let (lr, wd, scope) = (args.lr(), args.weight_decay(), args.decay_scope());
-    let optimizer: Box<dyn Optimizer> = match args.optimizer {
+    // nanoGPT's second moment forgets faster than PyTorch's default 0.999.
+    let beta2 = if args.gpt_recipe() { 0.95 } else { 0.999 };
+    let optimizer: Box<dyn Optimizer> = match args.optimizer() {
         OptimizerKind::Sgd => Box::new(Sgd::new(
             params,
             SgdConfig::new(lr)
@@ -117,16 +176,27 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
         )?),
         OptimizerKind::Adam => Box::new(Adam::new(
             params,
-            AdamConfig::adam().lr(lr).weight_decay(wd).decay_scope(scope),
+            AdamConfig::adam()
+                .lr(lr)
+                .betas(0.9, beta2)
+                .weight_decay(wd)
+                .decay_scope(scope),
         )?),
         OptimizerKind::Adamw => Box::new(Adam::adamw(
             params,
-            AdamConfig::adamw().lr(lr).weight_decay(wd).decay_scope(scope),
+            AdamConfig::adamw()
+                .lr(lr)
+                .betas(0.9, beta2)
+                .weight_decay(wd)
+                .decay_scope(scope),
         )?),
     };
     let mut hparams = BTreeMap::from([
         ("model".to_string(), args.model.clone()),
-        ("optimizer".to_string(), format!("{:?}", args.optimizer).to_lowercase()),
+        (
+            "optimizer".to_string(),
+            format!("{:?}", args.optimizer()).to_lowercase(),
+        ),
         ("lr".to_string(), lr.to_string()),
         ("weight_decay".to_string(), wd.to_string()),
         ("decay_scope".to_string(), format!("{scope:?}").to_lowercase()),
@@ -137,8 +207,11 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
         ("precision".to_string(), args.precision.clone()),
     ]);
     // Only SGD has a momentum: an Adam run must not show one.
-    if args.optimizer == OptimizerKind::Sgd {
+    if args.optimizer() == OptimizerKind::Sgd {
         hparams.insert("momentum".to_string(), args.momentum.to_string());
+    }
+    if let Some(config) = gpt_config(args)? {
+        hparams.extend(gpt_hparams(&config, &text_vocabulary(args)?));
     }
     Ok(TrainingSetup {
         model,
@@ -150,4 +223,21 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
         model_name: args.model.clone(),
         hparams,
     })
+}
+
+/// What `lockstep sample` needs to rebuild a GPT from its checkpoint: its sizes and, for a
+/// character model, the characters its ids stand for.
+fn gpt_hparams(config: &GptConfig, vocab: &TextVocabulary) -> Vec<(String, String)> {
+    let mut out = vec![
+        ("vocab_size".to_string(), config.vocab_size.to_string()),
+        ("block_size".to_string(), config.block_size.to_string()),
+        ("n_layer".to_string(), config.n_layer.to_string()),
+        ("n_head".to_string(), config.n_head.to_string()),
+        ("n_embd".to_string(), config.n_embd.to_string()),
+        ("dropout".to_string(), config.dropout.to_string()),
+    ];
+    if let TextVocabulary::Chars(chars) = vocab {
+        out.push(("vocab_chars".to_string(), chars.chars()));
+    }
+    out
 }

@@ -17,6 +17,8 @@ use crate::tensor::Tensor;
 
 pub(crate) mod training;
 
+pub use training::hparams;
+
 /// Marks files written by this module (a plain weights file has no such key).
 pub const FORMAT_KEY: &str = "lockstep.format";
 pub const FORMAT: &str = "lockstep-checkpoint/1";

@@ -15,6 +15,7 @@ pub(crate) const OPTIMIZER_PREFIX: &str = "optimizer.";
 const STATE_KEY: &str = "lockstep.trainer_state";
 const SCALARS_KEY: &str = "lockstep.optimizer_scalars";
 const OPTIMIZER_KEY: &str = "lockstep.optimizer";
+const HPARAMS_KEY: &str = "lockstep.hparams";
 
 /// One checkpoint file: model tensors by PyTorch name, optimizer tensors under `optimizer.`,
 /// and the trainer state, optimizer scalars and optimizer name as metadata.
@@ -31,6 +32,7 @@ pub(crate) fn write(path: &Path, setup: &TrainingSetup, state: &TrainerState) ->
         (STATE_KEY.to_string(), to_json(state)),
         (SCALARS_KEY.to_string(), to_json(&opt.scalars)),
         (OPTIMIZER_KEY.to_string(), setup.optimizer.name().to_string()),
+        (HPARAMS_KEY.to_string(), to_json(&setup.hparams)),
     ]);
     save_tensors(path, &tensors, meta)
 }
@@ -94,6 +96,17 @@ pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerS
         g.restore(seed, counter);
     }
     Ok(state)
+}
+
+/// The hyperparameters a checkpoint was trained with (`TrainingSetup::hparams`, as Lightning
+/// keeps `hparams` in its checkpoints): what a program needs to rebuild the model it holds.
+pub fn hparams(path: &Path) -> Result<BTreeMap<String, String>> {
+    let file = load_tensors(path)?;
+    let what = path.display().to_string();
+    if file.metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
+        return Err(Error::data(what, "not a Lockstep checkpoint (no trainer state inside)"));
+    }
+    parse_meta(&file.metadata, HPARAMS_KEY, &what)
 }
 
 fn parse_meta<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, String>, key: &str, what: &str) -> Result<T> {

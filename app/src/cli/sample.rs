@@ -1,0 +1,90 @@
+//! `lockstep sample`: text from a language model that `lockstep train --dataset text` saved,
+//! continuing a prompt token by token (nanoGPT's sample.py).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use lockstep_core::data::text::CharVocab;
+use lockstep_core::models::{GptConfig, Sampling, gpt};
+use lockstep_core::nn::ModuleExt;
+use lockstep_core::train::checkpoint;
+use lockstep_core::{Device, Generator};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// A checkpoint of a GPT (last.safetensors or best.safetensors from --checkpoint-dir).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The text to continue; every character must be in the model's vocabulary.
+    #[arg(long, default_value = "\n")]
+    pub prompt: String,
+    /// How many tokens to generate.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: usize,
+    /// Below 1 picks likelier tokens, above 1 more surprising ones.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Draw only among the K likeliest tokens.
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// The same seed, checkpoint and prompt give the same text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// auto (the best device found), cpu, wgpu:N or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+/// A size the checkpoint's hyperparameters must hold.
+fn size(hparams: &BTreeMap<String, String>, key: &str, what: &str) -> anyhow::Result<usize> {
+    hparams
+        .get(key)
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("{what} has no readable `{key}` among its hyperparameters"))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let what = args.checkpoint.display().to_string();
+    let hparams = checkpoint::hparams(&args.checkpoint).with_context(|| format!("cannot sample from {what}"))?;
+    let model = hparams.get("model").map_or("an unnamed model", String::as_str);
+    let Some(preset) = GptConfig::named(model) else {
+        anyhow::bail!(
+            "{what} holds {model}, not a language model: sample from a checkpoint of --model {}",
+            lockstep_core::models::gpt::NAMES.join(", ")
+        );
+    };
+    let Some(chars) = hparams.get("vocab_chars") else {
+        anyhow::bail!(
+            "{what} was trained on token ids (train.bin), so there are no characters to decode; sample it with its tokenizer from the library"
+        );
+    };
+    let vocab = CharVocab::from_chars(chars);
+    let config = preset
+        .vocab_size(size(&hparams, "vocab_size", &what)?)
+        .block_size(size(&hparams, "block_size", &what)?)
+        .layers(
+            size(&hparams, "n_layer", &what)?,
+            size(&hparams, "n_head", &what)?,
+            size(&hparams, "n_embd", &what)?,
+        );
+    let device = match args.device.as_str() {
+        "auto" => lockstep_core::device::best_available()?,
+        name => Device::parse(name)?,
+    };
+    let mut net = gpt(config, &device, &Generator::new(0))?;
+    net.load(&args.checkpoint)
+        .with_context(|| format!("cannot load the weights of {what}"))?;
+    net.eval();
+    let prompt = vocab
+        .encode(&args.prompt)
+        .with_context(|| format!("the prompt does not fit {what}'s vocabulary: {:?}", vocab.chars()))?;
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        seed: args.seed,
+    };
+    let ids = net.generate(&prompt, args.tokens, &sampling)?;
+    println!("{}{}", args.prompt, vocab.decode(&ids)?);
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! A GPT as nanoGPT builds it: token and position embeddings, pre-norm blocks of causal
+//! self-attention and a GELU MLP, a final LayerNorm, and an output head tied to the token
+//! embedding. Parameter names are nanoGPT's (`transformer.wte.weight`, `transformer.h.0.ln_1.weight`,
+//! `transformer.h.0.attn.c_attn.weight`, …, `lm_head.weight`), so state dicts move both ways,
+//! and so is its initialisation: normal(0, 0.02), residual projections 0.02/sqrt(2·n_layer).
+
+use std::sync::Arc;
+
+use crate::backend::UnaryOp;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::nn::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, describe_tree, remap};
+use crate::rng::Generator;
+use crate::tensor::Tensor;
+
+/// A GPT's shape. `named` gives nanoGPT's sizes; the vocabulary comes from the data.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GptConfig {
+    pub vocab_size: usize,
+    /// The longest context (positions the model has embeddings for).
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub dropout: f64,
+}
+
+/// The names `GptConfig::named` knows.
+pub const NAMES: [&str; 3] = ["gpt-tiny", "gpt-char", "gpt2"];
+
+impl GptConfig {
+    /// `gpt-tiny` (2 layers, 2 heads, 128 wide, block 64), `gpt-char` (nanoGPT's
+    /// shakespeare-char: 6/6/384, block 256, dropout 0.2) and `gpt2` (124M: 12/12/768, block
+    /// 1024, vocabulary 50304, GPT-2's 50257 padded to a multiple of 64).
+    pub fn named(name: &str) -> Option<GptConfig> {
+        let (n_layer, n_head, n_embd, block_size, dropout) = match name {
+            "gpt-tiny" => (2, 2, 128, 64, 0.0),
+            "gpt-char" => (6, 6, 384, 256, 0.2),
+            "gpt2" => (12, 12, 768, 1024, 0.0),
+            _ => return None,
+        };
+        Some(GptConfig {
+            vocab_size: 50304,
+            block_size,
+            n_layer,
+            n_head,
+            n_embd,
+            dropout,
+        })
+    }
+    pub fn vocab_size(self, vocab_size: usize) -> Self {
+        GptConfig { vocab_size, ..self }
+    }
+    pub fn block_size(self, block_size: usize) -> Self {
+        GptConfig { block_size, ..self }
+    }
+    pub fn layers(self, n_layer: usize, n_head: usize, n_embd: usize) -> Self {
+        GptConfig {
+            n_layer,
+            n_head,
+            n_embd,
+            ..self
+        }
+    }
+    pub fn dropout(self, dropout: f64) -> Self {
+        GptConfig { dropout, ..self }
+    }
+
+    fn check(&self) -> Result<()> {
+        let sizes = [self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd];
+        if sizes.contains(&0) || self.n_embd % self.n_head != 0 {
+            return Err(Error::invalid(
+                "gpt",
+                format!("sizes must be at least 1 and n_embd a multiple of n_head, got {self:?}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The feed-forward half of a block: widen 4x, GELU, project back.
+#[derive(Module)]
+pub struct Mlp {
+    pub c_fc: Linear,
+    pub c_proj: Linear,
+    pub dropout: Dropout,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let hidden = self
+            .c_fc
+            .forward_activated(x, UnaryOp::Gelu)
+            .expect("Linear fuses its activation")?;
+        self.dropout.forward(&self.c_proj.forward(&hidden)?)
+    }
+}
+
+/// One pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+#[derive(Module)]
+pub struct Block {
+    pub ln_1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln_2: LayerNorm,
+    pub mlp: Mlp,
+}
+
+impl Block {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+    }
+}
+
+/// Everything but the head: token ids `[batch, t]` to normalised states `[batch, t, n_embd]`.
+#[derive(Module)]
+pub struct Transformer {
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    pub drop: Dropout,
+    pub h: Vec<Block>,
+    pub ln_f: LayerNorm,
+}
+
+impl Transformer {
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (t, block_size) = (ids.dims().last().copied().unwrap_or(0), self.wpe.weight.dims()[0]);
+        if ids.rank() != 2 || t == 0 || t > block_size {
+            return Err(Error::invalid(
+                "gpt",
+                format!(
+                    "expects token ids [batch, t] with 1 <= t <= block_size {block_size}, got shape {}",
+                    ids.shape()
+                ),
+            ));
+        }
+        let positions = Tensor::arange(0, t as i64, DType::U32, ids.device())?;
+        let mut x = self
+            .drop
+            .forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&positions)?)?)?;
+        for block in &self.h {
+            x = block.forward(&x)?;
+        }
+        self.ln_f.forward(&x)
+    }
+}
+
+/// The model: the transformer and a bias-free head that shares `transformer.wte.weight`.
+pub struct Gpt {
+    pub transformer: Transformer,
+    pub config: GptConfig,
+}
+
+impl Gpt {
+    /// Logits `[batch, t, vocab_size]` for token ids `[batch, t]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let states = self.transformer.forward(ids)?;
+        // Cast before the transpose, as Linear does: once per autocast region, contiguously.
+        let head = crate::autocast::lower(&self.transformer.wte.weight)?;
+        states.matmul(&head.t()?)
+    }
+}
+
+impl Module for Gpt {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Gpt::forward(self, ids)
+    }
+    /// The tied head is the token embedding: visited once, so optimizers step it once.
+    fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.transformer.visit_parameters(&format!("{prefix}transformer."), f)
+    }
+    /// nanoGPT's state dict names the tied weight twice; so does ours, so it loads either way.
+    fn visit_state(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+        self.transformer.visit_state(&format!("{prefix}transformer."), f);
+        f(format!("{prefix}lm_head.weight"), &self.transformer.wte.weight);
+    }
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        self.transformer.map_tensors(f)
+    }
+    fn set_training(&mut self, training: bool) {
+        self.transformer.set_training(training)
+    }
+    fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>)) {
+        self.transformer.visit_generators(f)
+    }
+    fn describe(&self) -> String {
+        let c = &self.config;
+        let head = format!(
+            "Linear(in_features={}, out_features={}, bias=False)",
+            c.n_embd, c.vocab_size
+        );
+        describe_tree(
+            "GPT",
+            &[
+                ("transformer".into(), self.transformer.describe()),
+                ("lm_head".into(), head),
+            ],
+        )
+    }
+}
+
+/// normal(0, std) in place of a parameter's initial value.
+fn normal(t: &mut Tensor, std: f64, generator: &Generator, device: &Device) -> Result<()> {
+    remap(t, &mut |old| {
+        Ok(Tensor::rand_normal(old.dims().to_vec(), 0.0, std, DType::F32, generator, device)?.requires_grad(true))
+    })
+}
+
+/// A linear layer initialised as nanoGPT does: weight normal(0, std), bias zero.
+fn linear(inputs: usize, outputs: usize, std: f64, device: &Device, generator: &Generator) -> Result<Linear> {
+    let mut layer = Linear::new(inputs, outputs, true, device, generator)?;
+    normal(&mut layer.weight, std, generator, device)?;
+    layer.bias = Some(Tensor::zeros([outputs], DType::F32, device)?.requires_grad(true));
+    Ok(layer)
+}
+
+/// Builds the GPT `config` describes; dropout layers share one stream seeded from `generator`.
+pub fn gpt(config: GptConfig, device: &Device, generator: &Generator) -> Result<Gpt> {
+    config.check()?;
+    const STD: f64 = 0.02;
+    let residual_std = STD / (2.0 * config.n_layer as f64).sqrt();
+    let stream = Arc::new(Generator::new(generator.seed() ^ 0x6770_745f_6472_6f70));
+    let (c, p) = (config.n_embd, config.dropout);
+    let embedding = |rows: usize| -> Result<Embedding> {
+        let mut e = Embedding::new(rows, c, device, generator)?;
+        normal(&mut e.weight, STD, generator, device)?;
+        Ok(e)
+    };
+    let (wte, wpe) = (embedding(config.vocab_size)?, embedding(config.block_size)?);
+    let h = (0..config.n_layer)
+        .map(|_| -> Result<Block> {
+            let mut attn = CausalSelfAttention::new(c, config.n_head, p, device, generator, &stream)?;
+            attn.c_attn = linear(c, 3 * c, STD, device, generator)?;
+            attn.c_proj = linear(c, c, residual_std, device, generator)?;
+            Ok(Block {
+                ln_1: LayerNorm::new(c, device)?,
+                attn,
+                ln_2: LayerNorm::new(c, device)?,
+                mlp: Mlp {
+                    c_fc: linear(c, 4 * c, STD, device, generator)?,
+                    c_proj: linear(4 * c, c, residual_std, device, generator)?,
+                    dropout: Dropout::new(p, stream.clone())?,
+                },
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Gpt {
+        transformer: Transformer {
+            wte,
+            wpe,
+            drop: Dropout::new(p, stream.clone())?,
+            h,
+            ln_f: LayerNorm::new(c, device)?,
+        },
+        config,
+    })
+}

@@ -1,0 +1,49 @@
+//! Layer normalisation over the last axis (PyTorch's `F.layer_norm` with one normalised axis),
+//! composed from reductions and elementwise ops every backend has. Under autocast it runs in f32
+//! and returns f32, as PyTorch's autocast lists it.
+
+use super::Tensor;
+use crate::error::{Error, Result};
+
+impl Tensor {
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis, with the biased
+    /// variance; `weight` and `bias` are `[features]` (the last axis's length).
+    pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        let mut operands = vec![self];
+        operands.extend(weight);
+        operands.extend(bias);
+        if let Some(wide) = crate::autocast::recast(&operands, crate::autocast::full)? {
+            let (x, rest) = (&wide[0], &wide[1..]);
+            let weight = weight.map(|_| &rest[0]);
+            let bias = bias.map(|_| &rest[rest.len() - 1]);
+            return x.layer_norm(weight, bias, eps);
+        }
+        self.float_only("layer_norm")?;
+        let features = *self
+            .dims()
+            .last()
+            .ok_or_else(|| Error::invalid("layer_norm", "needs at least one axis to normalise over"))?;
+        for (what, t) in [("weight", weight), ("bias", bias)] {
+            if let Some(t) = t
+                && t.dims() != [features]
+            {
+                return Err(Error::shape(
+                    "layer_norm",
+                    self.shape(),
+                    t.shape(),
+                    format!("{what} must be [{features}], the input's last axis"),
+                ));
+            }
+        }
+        let centred = self.sub(&self.mean(&[-1], true)?)?;
+        let variance = centred.mul(&centred)?.mean(&[-1], true)?;
+        let mut y = centred.mul(&variance.add_scalar(eps)?.powf(-0.5)?)?;
+        if let Some(w) = weight {
+            y = y.mul(w)?;
+        }
+        if let Some(b) = bias {
+            y = y.add(b)?;
+        }
+        Ok(y)
+    }
+}
