@@ -56,6 +56,25 @@ fn characters_are_sorted_ids_and_windows_predict_the_next_character() {
 }
 
 #[test]
+fn validation_windows_tile_the_last_tenth_so_each_token_is_predicted_once() {
+    let dir = scratch("tiled");
+    let path = dir.join("digits.txt");
+    // 100 characters: the last 10 ("0123456789") validate.
+    std::fs::write(&path, format!("{}0123456789", "a".repeat(90))).unwrap();
+    let (vocab, _, val) = char_text(&path, 3).unwrap();
+    assert_eq!(
+        val.len(),
+        3,
+        "windows at 0, 3 and 6; one at 9 would lack its next token"
+    );
+    let batch = val.get_batch(&[0, 1, 2]).unwrap();
+    let (x, y) = (ids(&batch.fields[0].data), ids(&batch.fields[1].data));
+    assert_eq!(vocab.decode(&x).unwrap(), "012345678");
+    assert_eq!(vocab.decode(&y).unwrap(), "123456789");
+    assert!(val.get_batch(&[3]).is_err());
+}
+
+#[test]
 fn shuffled_windows_are_the_same_for_any_worker_count() {
     let dir = scratch("shuffle");
     let path = dir.join("t.txt");

@@ -72,10 +72,14 @@ impl CharVocab {
     }
 }
 
-/// Every window of `block` tokens of a token stream, with its next-token targets.
+/// Windows of `block` tokens of a token stream, with their next-token targets: every window
+/// (for training), or windows that tile the stream (`tiled`, for validation: each token is
+/// predicted once, in a full context, instead of `block` times).
 pub struct TokenWindows {
     tokens: Arc<Vec<u32>>,
     block: usize,
+    /// Tokens between the starts of consecutive windows.
+    stride: usize,
 }
 
 impl TokenWindows {
@@ -99,7 +103,15 @@ impl TokenWindows {
         Ok(TokenWindows {
             tokens: Arc::new(tokens),
             block,
+            stride: 1,
         })
+    }
+    /// Windows that follow each other without overlap.
+    pub fn tiled(self) -> TokenWindows {
+        TokenWindows {
+            stride: self.block,
+            ..self
+        }
     }
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -111,7 +123,7 @@ impl TokenWindows {
 
 impl Dataset for TokenWindows {
     fn len(&self) -> usize {
-        self.tokens.len() - self.block
+        (self.tokens.len() - self.block - 1) / self.stride + 1
     }
     fn get(&self, index: usize) -> Result<Sample> {
         Ok(self.get_batch(&[index])?.into_sample())
@@ -121,10 +133,11 @@ impl Dataset for TokenWindows {
         let (n, block) = (indices.len(), self.block);
         let mut inputs = Vec::with_capacity(n * block);
         let mut targets = Vec::with_capacity(n * block);
-        for &start in indices {
-            if start >= self.len() {
+        for &index in indices {
+            let start = index * self.stride;
+            if index >= self.len() {
                 return Err(Error::data(
-                    format!("text window {start}"),
+                    format!("text window {index}"),
                     format!("out of range: the text has {} windows of {block} tokens", self.len()),
                 ));
             }
@@ -164,7 +177,8 @@ pub fn read_text(path: &Path) -> Result<String> {
 }
 
 /// A UTF-8 text file as (vocabulary, training windows, validation windows): the first 90% of
-/// its characters train, the rest validate, as nanoGPT splits them.
+/// its characters train, the rest validate, as nanoGPT splits them (the validation windows
+/// tiled).
 pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, TokenWindows)> {
     let what = path.display().to_string();
     let text = read_text(path)?;
@@ -180,7 +194,8 @@ pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, 
         ids[split..].to_vec(),
         block,
         &format!("{what} (its last 10%, for validation)"),
-    )?;
+    )?
+    .tiled();
     Ok((vocab, train, val))
 }
 
@@ -212,5 +227,5 @@ pub fn token_bins(dir: &Path, block: usize, vocab_size: usize) -> Result<(TokenW
         }
         TokenWindows::new(ids, block, &what)
     };
-    Ok((read("train.bin")?, read("val.bin")?))
+    Ok((read("train.bin")?, read("val.bin")?.tiled()))
 }
