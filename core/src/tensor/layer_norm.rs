@@ -1,8 +1,10 @@
 //! Layer normalisation over the last axis (PyTorch's `F.layer_norm` with one normalised axis),
-//! composed from reductions and elementwise ops every backend has. Under autocast it runs in f32
-//! and returns f32, as PyTorch's autocast lists it.
+//! composed from reductions and elementwise ops every backend has. Statistics are always taken
+//! in f32 (a half-precision `(var + eps)^-1.5` overflows in the gradient); under autocast the
+//! result stays f32, as PyTorch's autocast lists it, otherwise it returns in the input's dtype.
 
 use super::Tensor;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 impl Tensor {
@@ -19,6 +21,13 @@ impl Tensor {
             return x.layer_norm(weight, bias, eps);
         }
         self.float_only("layer_norm")?;
+        if matches!(self.dtype(), DType::F16 | DType::BF16) {
+            let wide = |t: &Tensor| t.to_dtype(DType::F32);
+            let (w, b) = (weight.map(wide).transpose()?, bias.map(wide).transpose()?);
+            return wide(self)?
+                .layer_norm(w.as_ref(), b.as_ref(), eps)?
+                .to_dtype(self.dtype());
+        }
         let features = *self
             .dims()
             .last()

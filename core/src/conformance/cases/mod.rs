@@ -8,6 +8,7 @@ mod optim;
 mod reduce;
 mod shape;
 mod special;
+mod transformer;
 
 use super::case::Case;
 
@@ -20,5 +21,6 @@ pub fn all() -> Vec<Case> {
     all.extend(nn::cases());
     all.extend(optim::cases());
     all.extend(special::cases());
+    all.extend(transformer::cases());
     all
 }

@@ -1,0 +1,87 @@
+//! Cases for the transformer's ops, composed from the backend's: layer normalisation over the
+//! last axis, a masked fill, and causal scaled dot-product attention.
+
+use crate::conformance::case::{Case, Input, Values};
+use crate::conformance::host::{self, HostTensor};
+
+fn u() -> Values {
+    Values::Uniform { low: -2.0, high: 2.0 }
+}
+
+/// `(x - mean) / sqrt(var + eps) * w + b` over the last axis, in f64.
+fn layer_norm(x: &HostTensor, w: &HostTensor, b: &HostTensor, eps: f64) -> HostTensor {
+    let last = x.dims.len() - 1;
+    let n = x.dims[last] as f64;
+    let mean = x.sum(&[last], true).map(|v| v / n);
+    let centred = x.zip(&mean, |a, m| a - m);
+    let var = centred.map(|d| d * d).sum(&[last], true).map(|v| v / n);
+    centred
+        .zip(&var, |d, v| d / (v + eps).sqrt())
+        .zip(w, |a, w| a * w)
+        .zip(b, |a, b| a + b)
+}
+
+/// softmax(q·kᵀ/sqrt(d) with the future masked)·v, for `[batch, heads, t, d]` inputs.
+fn causal_attention(q: &HostTensor, k: &HostTensor, v: &HostTensor) -> HostTensor {
+    let r = q.dims.len();
+    let d = q.dims[r - 1] as f64;
+    let mut perm: Vec<usize> = (0..r).collect();
+    perm.swap(r - 2, r - 1);
+    let scores = host::matmul(q, &k.permute(&perm));
+    let masked = HostTensor::from_fn(scores.dims.clone(), |idx| {
+        let (i, j) = (idx[r - 2], idx[r - 1]);
+        if j > i {
+            f64::NEG_INFINITY
+        } else {
+            scores.at(idx) / d.sqrt()
+        }
+    });
+    host::matmul(&host::softmax(&masked, r - 1, false), v)
+}
+
+pub fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (label, input) in [
+        ("3d", Input::float("x", [2, 3, 8], u())),
+        ("T", Input::float("x", [5, 6], u()).transposed()),
+        ("one_feature", Input::float("x", [4, 1], u())),
+    ] {
+        let features = *input.logical_shape().last().unwrap();
+        cases.push(
+            Case::new(
+                format!("reduce:sum/layer_norm_{label}"),
+                &["reduce:sum", "binary:sub", "binary:mul", "unary:powf"],
+                |_, x| Ok(vec![x[0].layer_norm(Some(&x[1]), Some(&x[2]), 1e-5)?]),
+            )
+            .input(input)
+            .input(Input::float("weight", [features], u()))
+            .input(Input::float("bias", [features], u()))
+            // Several roundings in the low dtypes (mean, centring, variance, scale, shift).
+            .tol_scale(4.0)
+            .oracle(|x| vec![layer_norm(&x[0], &x[1], &x[2], 1e-5)]),
+        );
+    }
+    cases.push(
+        Case::new("where_cond/masked_fill", &["where_cond"], |_, x| {
+            Ok(vec![x[0].masked_fill(&x[1], -3.5)?])
+        })
+        .input(Input::float("x", [3, 4, 5], u()))
+        .input(Input::mask("mask", [4, 5]))
+        .oracle(|x| vec![x[0].zip(&x[1].broadcast_to(&x[0].dims), |a, m| if m != 0.0 { -3.5 } else { a })]),
+    );
+    for (label, dims) in [("2x2x5x4", [2, 2, 5, 4]), ("one_token", [1, 3, 1, 8])] {
+        cases.push(
+            Case::new(
+                format!("softmax_last/causal_attention_{label}"),
+                &["softmax_last", "matmul", "compare:gt", "where_cond"],
+                |_, x| Ok(vec![x[0].causal_attention(&x[1], &x[2], None)?]),
+            )
+            .input(Input::float("q", dims, u()))
+            .input(Input::float("k", dims, u()))
+            .input(Input::float("v", dims, u()))
+            .tol_scale(2.0)
+            .oracle(|x| vec![causal_attention(&x[0], &x[1], &x[2])]),
+        );
+    }
+    cases
+}
