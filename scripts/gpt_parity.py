@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of the GPT parity test (core/tests/gpt_parity.rs).
 
-A GPT with nanoGPT's architecture and parameter names (pre-norm blocks, fused QKV projection,
-causal scaled dot-product attention, GELU MLP, LayerNorm with bias, head tied to the token
-embedding), every state-dict tensor filled from a counter hash that the Rust test mirrors
+A GPT with nanoGPT's architecture and parameter names (scripts/gpt_model.py), every state-dict tensor filled from a counter hash that the Rust test mirrors
 (`fill` here and there), trained for STEPS AdamW steps (nanoGPT's betas and parameter groups,
 gradients clipped at 1.0) on hashed token batches, dropout 0. Writes the per-step losses of
 each model in MODELS, and the state-dict names and shapes (safetensors metadata), to
@@ -18,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from gpt_model import Gpt
 from parity_hash import uniform
 
 STEPS = 20
@@ -33,66 +31,6 @@ LR, BETAS, WEIGHT_DECAY, CLIP = 1e-3, (0.9, 0.95), 0.1, 1.0
 # name: (n_layer, n_head, n_embd)
 MODELS = {"gpt-tiny": (2, 2, 128), "gpt-4x256": (4, 4, 256)}
 OUT = Path(__file__).resolve().parent.parent / "testdata" / "gpt-parity" / "reference.safetensors"
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.n_head = n_head
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        heads = lambda z: z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-
-class Mlp(nn.Module):
-    def __init__(self, n_embd):
-        super().__init__()
-        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
-        self.c_proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = SelfAttention(n_embd, n_head)
-        self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp = Mlp(n_embd)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class Gpt(nn.Module):
-    def __init__(self, vocab, block, n_layer, n_head, n_embd):
-        super().__init__()
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(vocab, n_embd),
-                wpe=nn.Embedding(block, n_embd),
-                h=nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)]),
-                ln_f=nn.LayerNorm(n_embd),
-            )
-        )
-        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-
-    def forward(self, ids):
-        tr = self.transformer
-        x = tr.wte(ids) + tr.wpe(torch.arange(ids.shape[1]))
-        for block in tr.h:
-            x = block(x)
-        return self.lm_head(tr.ln_f(x))
 
 
 def fill(name, shape, stream):

@@ -127,6 +127,34 @@ def resnet(torch, device, plan, sync):
     image, batch = plan["image"], plan["batch"]
     x = torch.randn(batch, 3, image, image, device=device)
     y = torch.randint(0, plan["classes"], (batch,), device=device)
+    loss = lambda: torch.nn.functional.cross_entropy(net(x), y)
+    return train_steps(torch, device, plan, opt, loss, None, batch, sync)
+
+
+def gpt(torch, device, plan, sync):
+    """GPT steps as `lockstep bench gpt` runs them: nanoGPT's architecture (scripts/gpt_model.py)
+    with F.scaled_dot_product_attention, AdamW with weight decay on matrices only, gradients
+    clipped; tokens are random ids, inputs and next-token targets."""
+    from gpt_model import Gpt
+
+    net = Gpt(plan["vocab_size"], plan["block_size"], plan["n_layer"], plan["n_head"], plan["n_embd"],
+              plan["dropout"]).to(device).train()
+    decay = [p for p in net.parameters() if p.ndim >= 2]
+    no_decay = [p for p in net.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": plan["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=plan["lr"], betas=tuple(plan["betas"]),
+    )
+    batch, block, vocab = plan["batch"], plan["block_size"], plan["vocab_size"]
+    rows = torch.randint(0, vocab, (batch, block + 1), device=device)
+    x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+    loss = lambda: torch.nn.functional.cross_entropy(net(x).view(-1, vocab), y.view(-1))
+    clip = (list(net.parameters()), plan["clip"])
+    return train_steps(torch, device, plan, opt, loss, clip, batch * block, sync)
+
+
+def train_steps(torch, device, plan, opt, loss_fn, clip, items_per_step, sync):
+    """One result per precision of whole training steps, as app/src/cli/bench/steps.rs times them."""
     out = []
     for precision in plan["precisions"]:
         low = {"bf16-mixed": torch.bfloat16}.get(precision)
@@ -135,18 +163,20 @@ def resnet(torch, device, plan, sync):
         def step():
             opt.zero_grad()
             with torch.autocast(device.type, dtype=low, enabled=low is not None):
-                loss = torch.nn.functional.cross_entropy(net(x), y)
+                loss = loss_fn()
             loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(clip[0], clip[1])
             opt.step()
             last["loss"] = loss.item()
 
         median_s, steps = measure(plan["timing"], step, sync)
         out.append({
             "precision": precision,
-            "batch": batch,
+            "batch": plan["batch"],
             "steps": steps,
             "median_step_s": median_s,
-            "images_per_s": batch / median_s,
+            "items_per_s": items_per_step / median_s,
             "final_loss": last["loss"],
             "peak_rss_bytes": peak_rss_bytes(),
         })
@@ -199,6 +229,8 @@ def main(argv):
         except ImportError as e:
             print(f"the ResNet peer needs torchvision: {e}", file=sys.stderr)
             return NO_TORCH
+    if plan.get("gpt") is not None:
+        results["gpt"] = gpt(torch, device, plan["gpt"], sync)
     print(json.dumps(results))
     return 0
 

@@ -3,6 +3,7 @@
 
 mod ddp;
 mod gemm;
+mod gpt;
 mod gpu;
 mod loader;
 mod machine;
@@ -12,6 +13,7 @@ mod pipeline;
 mod plan;
 mod report;
 mod resnet;
+mod steps;
 mod timing;
 
 use std::path::PathBuf;
@@ -48,6 +50,9 @@ pub enum Which {
     /// ResNet-18 (CIFAR stem) training steps at --batch (default 64) in f32 and bf16-mixed,
     /// images/s and peak memory, and the loader's augmented images/s with 0, 2 and 4 workers.
     Resnet,
+    /// A GPT's training steps (--model, default gpt-char; --batch, default 16) in f32 and
+    /// bf16-mixed with nanoGPT's recipe: tokens/s and peak memory.
+    Gpt,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -110,6 +115,9 @@ pub struct Args {
     width: usize,
     #[arg(long, default_value_t = 8)]
     micro_batches: usize,
+    /// `bench gpt`: the preset to measure (gpt-tiny, gpt-char, gpt2).
+    #[arg(long, default_value = "gpt-char")]
+    model: String,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -151,6 +159,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             },
             ..resnet::ResnetPlan::default()
         }),
+        gpt: (args.which == Which::Gpt)
+            .then(|| {
+                let precisions = match args.precision.as_str() {
+                    "32" => vec!["32".to_string(), "bf16-mixed".to_string()],
+                    other => vec![other.to_string()],
+                };
+                gpt::GptPlan::new(&args.model, args.batch.unwrap_or(16), precisions)
+            })
+            .transpose()?,
         mlp: matches!(args.which, Which::Mlp | Which::All).then(|| MlpPlan {
             layers: [784]
                 .into_iter()
@@ -280,6 +297,10 @@ fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
         for (workers, rate) in resnet::loader_images_per_s(resnet_plan.batch)? {
             println!("loader, augmented CIFAR-shaped images, {workers} workers: {rate:.0} images/s");
         }
+    }
+    if let Some(gpt_plan) = &plan.gpt {
+        eprintln!("running the {} training steps …", gpt_plan.model);
+        ours.gpt = gpt::run(device, gpt_plan).context("GPT benchmark")?;
     }
     Ok(ours)
 }

@@ -1,5 +1,6 @@
-//! The PyTorch peer: `scripts/peer_pytorch.py`, built into the binary, written to a temporary
-//! file and run with `python3` (or `$LOCKSTEP_PYTHON`). It prints a `Results` JSON object.
+//! The PyTorch peer: `scripts/peer_pytorch.py` and the GPT model it imports, built into the
+//! binary, written to a temporary directory and run with `python3` (or `$LOCKSTEP_PYTHON`). It
+//! prints a `Results` JSON object.
 //! A missing Python or PyTorch is not our failure: it yields a one-line note instead of numbers.
 
 use std::io::ErrorKind;
@@ -10,24 +11,31 @@ use super::plan::Plan;
 use super::report::Results;
 
 const SCRIPT: &str = include_str!("../../../../scripts/peer_pytorch.py");
+const GPT_MODEL: &str = include_str!("../../../../scripts/gpt_model.py");
 
 /// The script's exit code when `import torch` fails.
 const NO_TORCH: i32 = 3;
 
-/// Deletes the temporary script when dropped, whatever happened.
+/// The script's directory; deleted when dropped, whatever happened.
 struct TempScript(PathBuf);
 
 impl TempScript {
     fn write() -> std::io::Result<TempScript> {
-        let path = std::env::temp_dir().join(format!("lockstep-peer-pytorch-{}.py", std::process::id()));
-        std::fs::write(&path, SCRIPT)?;
-        Ok(TempScript(path))
+        let dir = std::env::temp_dir().join(format!("lockstep-peer-pytorch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let script = TempScript(dir);
+        std::fs::write(script.0.join("gpt_model.py"), GPT_MODEL)?;
+        std::fs::write(script.path(), SCRIPT)?;
+        Ok(script)
+    }
+    fn path(&self) -> PathBuf {
+        self.0.join("peer_pytorch.py")
     }
 }
 
 impl Drop for TempScript {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -54,7 +62,7 @@ pub fn pytorch(plan: &Plan) -> Result<Results, String> {
     })?;
     let threads = plan.threads.to_string();
     let output = Command::new(&python)
-        .arg(&script.0)
+        .arg(script.path())
         .arg(plan_json)
         // Sizes the OpenMP/MKL pools before torch starts them, as torch.set_num_threads does later.
         .env("OMP_NUM_THREADS", &threads)

@@ -62,4 +62,5 @@ pub struct Plan {
     pub gemm_timing: Timing,
     pub mlp: Option<MlpPlan>,
     pub resnet: Option<super::resnet::ResnetPlan>,
+    pub gpt: Option<super::gpt::GptPlan>,
 }

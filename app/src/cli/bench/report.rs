@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::gemm::GemmResult;
 use super::mlp::MlpResult;
 use super::plan::Plan;
-use super::resnet::ResnetResult;
+use super::steps::StepResult;
 use crate::cli::table;
 
 /// One engine's numbers. The PyTorch peer prints this same schema as JSON.
@@ -18,7 +18,9 @@ pub struct Results {
     #[serde(default)]
     pub mlp: Option<MlpResult>,
     #[serde(default)]
-    pub resnet: Vec<ResnetResult>,
+    pub resnet: Vec<StepResult>,
+    #[serde(default)]
+    pub gpt: Vec<StepResult>,
 }
 
 /// What `--json` writes.
@@ -127,34 +129,40 @@ fn metrics(r: &Results) -> Vec<Metric> {
             });
         }
     }
-    for r in &r.resnet {
+    step_rows(&mut out, "resnet18", "images", &r.resnet);
+    step_rows(&mut out, "gpt", "tokens", &r.gpt);
+    out
+}
+
+/// Rows of a model's training steps: items per second, step time and peak memory per precision.
+fn step_rows(out: &mut Vec<Metric>, model: &str, items: &str, results: &[StepResult]) {
+    for r in results {
         let name = if r.precision == "32" {
             "f32"
         } else {
             r.precision.as_str()
         };
         out.push(Metric {
-            label: format!("resnet18 {name} images/s (batch {})", r.batch),
-            value: r.images_per_s,
+            label: format!("{model} {name} {items}/s (batch {})", r.batch),
+            value: r.items_per_s,
             decimals: Some(1),
             ratio: true,
         });
         out.push(Metric {
-            label: format!("resnet18 {name} step ms"),
+            label: format!("{model} {name} step ms"),
             value: r.median_step_s * 1e3,
             decimals: Some(0),
             ratio: false,
         });
         if let Some(bytes) = r.peak_rss_bytes {
             out.push(Metric {
-                label: format!("resnet18 {name} peak resident memory (MiB)"),
+                label: format!("{model} {name} peak resident memory (MiB)"),
                 value: bytes as f64 / (1u64 << 20) as f64,
                 decimals: Some(0),
                 ratio: false,
             });
         }
     }
-    out
 }
 
 /// Our numbers, and beside them the peer's and the ratio ours / peer (higher is better for us).
@@ -201,13 +209,13 @@ mod tests {
             engine: "Lockstep".into(),
             gemm: vec![gemm(512, 100.0), gemm(1024, 50.0)],
             mlp: None,
-            resnet: vec![],
+            ..Results::default()
         };
         let peer = Results {
             engine: "PyTorch".into(),
             gemm: vec![gemm(512, 200.0)],
             mlp: None,
-            resnet: vec![],
+            ..Results::default()
         };
         let t = table(&ours, Some(&peer));
         let lines: Vec<&str> = t.lines().collect();

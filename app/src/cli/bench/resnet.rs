@@ -6,17 +6,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lockstep_core::autocast::AutocastGuard;
 use lockstep_core::data::augment::{Augment, Normalize};
 use lockstep_core::data::cifar::{self, Kind};
 use lockstep_core::data::{DataLoader, DataLoaderConfig, ImageClassification, ImageSource};
 use lockstep_core::models::{ResNetConfig, Stem, resnet};
 use lockstep_core::nn::{Module, ModuleExt};
-use lockstep_core::optim::{DecayScope, Optimizer, Sgd, SgdConfig};
-use lockstep_core::train::Precision;
+use lockstep_core::optim::{DecayScope, Sgd, SgdConfig};
 use lockstep_core::{DType, Device, Generator, Tensor};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use super::steps::{self, StepResult, Steps};
 use super::timing::Timing;
 
 /// Worker counts of the loader measurement.
@@ -58,21 +57,7 @@ impl Default for ResnetPlan {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ResnetResult {
-    pub precision: String,
-    pub batch: usize,
-    pub steps: usize,
-    pub median_step_s: f64,
-    pub images_per_s: f64,
-    pub final_loss: f64,
-    /// The process's peak resident memory after this precision's steps (both sides measure it
-    /// the same way; it only grows, so the last row is the run's peak).
-    #[serde(default)]
-    pub peak_rss_bytes: Option<u64>,
-}
-
-pub fn run(device: &Device, plan: &ResnetPlan) -> anyhow::Result<Vec<ResnetResult>> {
+pub fn run(device: &Device, plan: &ResnetPlan) -> anyhow::Result<Vec<StepResult>> {
     let generator = Generator::new(0);
     let config = ResNetConfig::named(&plan.model)
         .ok_or_else(|| anyhow::anyhow!("bench resnet knows resnet18, resnet34 and resnet50, not {}", plan.model))?
@@ -96,38 +81,14 @@ pub fn run(device: &Device, plan: &ResnetPlan) -> anyhow::Result<Vec<ResnetResul
         .map(|_| generator.next_below(plan.classes as u64) as u32)
         .collect();
     let y = Tensor::from_vec(labels, [plan.batch], device)?;
-    plan.precisions
-        .iter()
-        .map(|name| {
-            let precision = Precision::parse(name)?;
-            anyhow::ensure!(
-                precision != Precision::Mixed16,
-                "bench resnet measures 32 and bf16-mixed (16-mixed needs a loss scaler)"
-            );
-            let mut final_loss = f64::NAN;
-            let m = plan.timing.measure(|| {
-                opt.zero_grad();
-                let loss = {
-                    let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
-                    model.forward(&x)?.cross_entropy(&y)?
-                };
-                loss.backward()?;
-                opt.step()?;
-                final_loss = loss.item()?;
-                device.synchronize()?;
-                Ok(())
-            })?;
-            Ok(ResnetResult {
-                precision: name.clone(),
-                batch: plan.batch,
-                steps: m.reps,
-                median_step_s: m.median_s,
-                images_per_s: plan.batch as f64 / m.median_s,
-                final_loss,
-                peak_rss_bytes: super::machine::peak_rss_bytes(),
-            })
-        })
-        .collect()
+    let steps = Steps {
+        loss: Box::new(|| model.forward(&x)?.cross_entropy(&y)),
+        optimizer: &mut opt,
+        clip: None,
+        batch: plan.batch,
+        items_per_step: plan.batch,
+    };
+    steps::measure(device, &plan.timing, &plan.precisions, steps)
 }
 
 /// CIFAR-shaped images of random bytes held in memory: the loader's work without a disk.
