@@ -64,6 +64,15 @@ impl Tensor {
                 format!("inner dimensions {k} and {k2} differ"),
             ));
         }
+        // A batch of rows times one matrix (a Linear layer on [batch, t, features]) is one
+        // product of all the rows: one GEMM instead of a batched one, and the matrix's gradient
+        // needs no per-batch copies summed afterwards.
+        if rhs.rank() == 2 && self.rank() > 2 {
+            let mut dims = self.dims()[..self.rank() - 1].to_vec();
+            let rows = dims.iter().product::<usize>();
+            dims.push(n);
+            return self.reshape([rows, k])?.matmul(rhs)?.reshape(dims);
+        }
         // Fix: name the operands' full shapes when the batch axes do not broadcast.
         let batch_shape = Shape::broadcast(
             "matmul",
