@@ -15,7 +15,7 @@ use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 /// A GPT's shape. `named` gives nanoGPT's sizes; the vocabulary comes from the data.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GptConfig {
     pub vocab_size: usize,
     /// The longest context (positions the model has embeddings for).

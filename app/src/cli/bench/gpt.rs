@@ -15,12 +15,9 @@ use super::timing::Timing;
 #[derive(Clone, Debug, Serialize)]
 pub struct GptPlan {
     pub model: String,
-    pub vocab_size: usize,
-    pub block_size: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-    pub dropout: f64,
+    /// The model's sizes, flat in the plan's JSON (`vocab_size`, `n_layer`, …).
+    #[serde(flatten)]
+    pub config: GptConfig,
     pub batch: usize,
     pub lr: f64,
     pub betas: (f64, f64),
@@ -41,14 +38,11 @@ impl GptPlan {
                 lockstep_core::models::gpt::NAMES.join(", ")
             )
         })?;
+        // A character vocabulary (shakespeare-char's 65) except for GPT-2's tokenizer.
+        let vocab_size = if model == "gpt2" { c.vocab_size } else { 65 };
         Ok(GptPlan {
             model: model.into(),
-            vocab_size: if model == "gpt2" { c.vocab_size } else { 65 },
-            block_size: c.block_size,
-            n_layer: c.n_layer,
-            n_head: c.n_head,
-            n_embd: c.n_embd,
-            dropout: c.dropout,
+            config: c.vocab_size(vocab_size),
             batch,
             lr: 1e-3,
             betas: (0.9, 0.99),
@@ -63,20 +57,11 @@ impl GptPlan {
             },
         })
     }
-
-    fn config(&self) -> GptConfig {
-        GptConfig::named(&self.model)
-            .expect("checked by new")
-            .vocab_size(self.vocab_size)
-            .block_size(self.block_size)
-            .layers(self.n_layer, self.n_head, self.n_embd)
-            .dropout(self.dropout)
-    }
 }
 
 pub fn run(device: &Device, plan: &GptPlan) -> anyhow::Result<Vec<StepResult>> {
     let generator = Generator::new(0);
-    let model = gpt(plan.config(), device, &generator)?;
+    let model = gpt(plan.config, device, &generator)?;
     let params = model.parameters();
     let adamw = AdamConfig::adamw()
         .lr(plan.lr)
@@ -84,20 +69,20 @@ pub fn run(device: &Device, plan: &GptPlan) -> anyhow::Result<Vec<StepResult>> {
         .weight_decay(plan.weight_decay)
         .decay_scope(DecayScope::Weights);
     let mut opt = Adam::adamw(params.clone(), adamw)?;
-    let tokens = plan.batch * (plan.block_size + 1);
+    let tokens = plan.batch * (plan.config.block_size + 1);
     let ids: Vec<u32> = (0..tokens)
-        .map(|_| generator.next_below(plan.vocab_size as u64) as u32)
+        .map(|_| generator.next_below(plan.config.vocab_size as u64) as u32)
         .collect();
-    let rows = Tensor::from_vec(ids, [plan.batch, plan.block_size + 1], device)?;
-    let x = rows.narrow(1, 0, plan.block_size)?.contiguous()?;
-    let y = rows.narrow(1, 1, plan.block_size)?.contiguous()?;
-    let flat = plan.batch * plan.block_size;
+    let rows = Tensor::from_vec(ids, [plan.batch, plan.config.block_size + 1], device)?;
+    let x = rows.narrow(1, 0, plan.config.block_size)?.contiguous()?;
+    let y = rows.narrow(1, 1, plan.config.block_size)?.contiguous()?;
+    let flat = plan.batch * plan.config.block_size;
     let targets = y.reshape([flat])?;
     let steps = Steps {
         loss: Box::new(|| {
             model
                 .forward(&x)?
-                .reshape([flat, plan.vocab_size])?
+                .reshape([flat, plan.config.vocab_size])?
                 .cross_entropy(&targets)
         }),
         optimizer: &mut opt,
