@@ -109,9 +109,9 @@ mod tests {
     fn draws_follow_the_softmax_and_top_k_removes_the_rest() {
         let logits = [0f32, 2f32.ln(), f32::NEG_INFINITY];
         let s = Sampling::default();
-        // Probabilities 1/3 and 2/3: u below 1/3 gives token 0, above gives token 1.
-        assert_eq!(draw(&logits, &s, 0.30), 0);
-        assert_eq!(draw(&logits, &s, 0.34), 1);
+        // Probabilities 1/3 and 2/3, likeliest first: u below 2/3 gives token 1, above token 0.
+        assert_eq!(draw(&logits, &s, 0.65), 1);
+        assert_eq!(draw(&logits, &s, 0.68), 0);
         let two = Sampling { top_k: Some(2), ..s };
         assert_ne!(draw(&[5.0, 4.0, 4.5], &two, 0.999), 1, "token 1 is outside the top 2");
     }
