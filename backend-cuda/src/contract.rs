@@ -97,6 +97,19 @@ impl Backend for CudaBackend {
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         self.softmax_rows(src, rows, cols, true)
     }
+    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
+        self.layer_norm_rows(src, None, rows, cols, eps)
+    }
+    fn layer_norm_last_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) -> Result<BufferRef> {
+        self.layer_norm_rows(src, Some(grad), rows, cols, eps)
+    }
 
     fn index_select(
         &self,

@@ -105,6 +105,23 @@ impl Backend for WgpuBackend {
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         self.in_f32("log_softmax", [src], |[src]| self.softmax_rows(src, rows, cols, true))
     }
+    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
+        self.in_f32("layer_norm", [src], |[src]| {
+            self.layer_norm_rows(src, None, rows, cols, eps)
+        })
+    }
+    fn layer_norm_last_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) -> Result<BufferRef> {
+        self.in_f32("layer_norm_backward", [grad, src], |[grad, src]| {
+            self.layer_norm_rows(src, Some(grad), rows, cols, eps)
+        })
+    }
 
     fn index_select(
         &self,

@@ -118,3 +118,21 @@ __device__ __forceinline__ float apply_unary(u32 op, float x, float p0, float p1
     default: return x;
     }
 }
+
+// Row kernels (softmax, layer_norm): a group of `group` threads per row (lane = its index in
+// the group) combines its values in shared memory `scratch` (one float per thread of the block).
+// Combines the group's values into every member's return value: the maximum, or the sum.
+__device__ __forceinline__ float combine(float* scratch, u32 lane, u32 group, float v, bool take_max) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 width = group / 2; width > 0; width /= 2) {
+        if (lane < width) {
+            float other = scratch[threadIdx.x + width];
+            scratch[threadIdx.x] = take_max ? max_nan(scratch[threadIdx.x], other) : scratch[threadIdx.x] + other;
+        }
+        __syncthreads();
+    }
+    float result = scratch[threadIdx.x - lane];
+    __syncthreads();
+    return result;
+}

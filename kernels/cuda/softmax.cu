@@ -2,22 +2,6 @@
 // threads per row (G = 32 for short rows, 256 for long; 256 / G rows per block) combines the
 // row's maximum and sum of exponentials in shared memory. f32 math.
 
-// Combines the group's values into every member's return value: the maximum, or the sum.
-__device__ __forceinline__ float combine(float* scratch, u32 lane, u32 group, float v, bool take_max) {
-    scratch[threadIdx.x] = v;
-    __syncthreads();
-    for (u32 width = group / 2; width > 0; width /= 2) {
-        if (lane < width) {
-            float other = scratch[threadIdx.x + width];
-            scratch[threadIdx.x] = take_max ? max_nan(scratch[threadIdx.x], other) : scratch[threadIdx.x] + other;
-        }
-        __syncthreads();
-    }
-    float result = scratch[threadIdx.x - lane];
-    __syncthreads();
-    return result;
-}
-
 #define SOFTMAX(T, suffix)                                                                        \
     extern "C" __global__ void softmax_##suffix(T* out, const T* src, u32 rows, u32 cols,         \
                                                 u32 log_form, u32 group) {                        \

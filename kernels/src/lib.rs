@@ -37,12 +37,24 @@ pub const LAYOUT: KernelSource = kernel!("layout");
 pub const ELEMENTWISE: KernelSource = kernel!("elementwise");
 pub const REDUCE: KernelSource = kernel!("reduce");
 pub const SOFTMAX: KernelSource = kernel!("softmax");
+pub const LAYER_NORM: KernelSource = kernel!("layer_norm");
 pub const INDEX: KernelSource = kernel!("index");
 pub const CONV: KernelSource = kernel!("conv");
 pub const OPTIM: KernelSource = kernel!("optim");
 
 /// Every kernel file; the compile test builds each for sm_80 and sm_90.
-pub const ALL: [KernelSource; 9] = [FILL, RAND, LAYOUT, ELEMENTWISE, REDUCE, SOFTMAX, INDEX, CONV, OPTIM];
+pub const ALL: [KernelSource; 10] = [
+    FILL,
+    RAND,
+    LAYOUT,
+    ELEMENTWISE,
+    REDUCE,
+    SOFTMAX,
+    LAYER_NORM,
+    INDEX,
+    CONV,
+    OPTIM,
+];
 
 impl KernelSource {
     /// What NVRTC compiles: the prelude, then this file.

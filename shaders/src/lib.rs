@@ -57,6 +57,7 @@ pub const SHADERS: &[Shader] = &[
     shader!("reduce", &["T"], FLOATS, ["reduce", "argmax"]),
     shader!("matmul", &["T"], FLOATS, ["matmul", "matmul_naive"]),
     shader!("softmax", &["T"], FLOATS, ["softmax"]),
+    shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
     shader!(
         "index",
         &["T"],

@@ -4,6 +4,7 @@
 mod conv;
 mod elementwise;
 mod index;
+mod layer_norm;
 mod layout;
 mod matmul;
 mod optim;

@@ -7,6 +7,7 @@ mod bias_act;
 mod conv;
 mod elementwise;
 mod index;
+mod layer_norm;
 mod layout;
 mod matmul;
 mod optim;

@@ -164,6 +164,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // --- normalisation (contiguous input, over the last axis of `[rows, cols]`) ------------------
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
+    /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +
+    /// eps)` with the biased variance, statistics accumulated in f32 or wider.
+    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef>;
+    /// The gradient of `layer_norm_last` at `src` for the output gradient `grad`, one pass per
+    /// row (the statistics recomputed, not stored): with `n = (x - mean) * r` and
+    /// `r = 1 / sqrt(var + eps)`, `dx = r * (g - mean(g) - n * mean(g * n))`.
+    fn layer_norm_last_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) -> Result<BufferRef>;
 
     // --- indexing (contiguous `[outer, dim, inner]` views; indices U32) --------------------------
     /// `out[o, j, i] = src[o, ids[j], i]`, ids of length `out_dim`.

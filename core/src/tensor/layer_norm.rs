@@ -1,7 +1,8 @@
-//! Layer normalisation over the last axis (PyTorch's `F.layer_norm` with one normalised axis),
-//! composed from reductions and elementwise ops every backend has. Statistics are always taken
-//! in f32 (a half-precision `(var + eps)^-1.5` overflows in the gradient); under autocast the
-//! result stays f32, as PyTorch's autocast lists it, otherwise it returns in the input's dtype.
+//! Layer normalisation over the last axis (PyTorch's `F.layer_norm` with one normalised axis):
+//! the backend's fused `layer_norm_last` (one pass per row, and one for its gradient), then the
+//! affine part as elementwise ops, whose gradients give the weight's and bias's. Statistics are
+//! always taken in f32 or wider (in half precision `(var + eps)^-1.5` overflows); under autocast
+//! the result stays f32, as PyTorch's autocast lists it, otherwise it returns in the input's dtype.
 
 use super::Tensor;
 use crate::dtype::DType;
@@ -44,9 +45,7 @@ impl Tensor {
                 ));
             }
         }
-        let centred = self.sub(&self.mean(&[-1], true)?)?;
-        let variance = centred.mul(&centred)?.mean(&[-1], true)?;
-        let mut y = centred.mul(&variance.add_scalar(eps)?.powf(-0.5)?)?;
+        let mut y = self.normalize_rows(features, eps)?;
         if let Some(w) = weight {
             y = y.mul(w)?;
         }
@@ -54,5 +53,24 @@ impl Tensor {
             y = y.add(b)?;
         }
         Ok(y)
+    }
+}
+
+impl Tensor {
+    /// `(x - mean) / sqrt(var + eps)` over rows of `features`, and its gradient, as one backend
+    /// pass each.
+    fn normalize_rows(&self, features: usize, eps: f64) -> Result<Tensor> {
+        let x = self.contiguous()?;
+        let rows = if features == 0 { 0 } else { x.elem_count() / features };
+        let buffer = x.backend().layer_norm_last(x.buffer(), rows, features, eps)?;
+        let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
+        let input = x.detach();
+        Ok(out.track("layer_norm", &[&x], move |g| {
+            let g = g.contiguous()?;
+            let dx = g
+                .backend()
+                .layer_norm_last_backward(g.buffer(), input.buffer(), rows, features, eps)?;
+            Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
+        }))
     }
 }

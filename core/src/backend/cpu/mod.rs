@@ -8,6 +8,7 @@ mod conv;
 mod elementwise;
 pub mod float;
 mod index;
+mod layer_norm;
 mod matmul;
 mod optim;
 mod pool;
@@ -474,6 +475,31 @@ impl Backend for CpuBackend {
         check_len("log_softmax", &data, rows * cols)?;
         Ok(self.wrap(float_unary_dispatch!(&self.pool, "log_softmax", &*data, |v| {
             softmax::log_softmax(&self.pool, v, cols)
+        })))
+    }
+
+    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
+        let data = cpu("layer_norm", src)?.read();
+        check_len("layer_norm", &data, rows * cols)?;
+        Ok(self.wrap(float_unary_dispatch!(&self.pool, "layer_norm", &*data, |v| {
+            layer_norm::forward(&self.pool, v, cols, eps)
+        })))
+    }
+
+    fn layer_norm_last_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) -> Result<BufferRef> {
+        const OP: &str = "layer_norm_backward";
+        let (g, x) = (cpu(OP, grad)?.read(), cpu(OP, src)?.read());
+        check_len(OP, &g, rows * cols)?;
+        check_len(OP, &x, rows * cols)?;
+        Ok(self.wrap(float_binary_dispatch!(&self.pool, OP, &*g, &*x, |g, x| {
+            layer_norm::backward(&self.pool, g, x, cols, eps)
         })))
     }
 

@@ -1,5 +1,6 @@
-//! Cases for the transformer's ops, composed from the backend's: layer normalisation over the
-//! last axis, a masked fill, and causal scaled dot-product attention.
+//! Cases for the transformer's ops: layer normalisation over the last axis (the backend's fused
+//! row kernels), and, composed from other ops, a masked fill and causal scaled dot-product
+//! attention.
 
 use crate::conformance::case::{Case, Input, Values};
 use crate::conformance::host::{self, HostTensor};
@@ -49,8 +50,13 @@ pub fn cases() -> Vec<Case> {
         let features = *input.logical_shape().last().unwrap();
         cases.push(
             Case::new(
-                format!("reduce:sum/layer_norm_{label}"),
-                &["reduce:sum", "binary:sub", "binary:mul", "unary:powf"],
+                format!("layer_norm_last/{label}"),
+                &[
+                    "layer_norm_last",
+                    "layer_norm_last_backward",
+                    "binary:mul",
+                    "binary:add",
+                ],
                 |_, x| Ok(vec![x[0].layer_norm(Some(&x[1]), Some(&x[2]), 1e-5)?]),
             )
             .input(input)

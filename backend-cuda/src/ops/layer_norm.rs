@@ -1,0 +1,50 @@
+//! layer_norm_last and its gradient (layer_norm.cu) over the last axis of a contiguous
+//! [rows, cols].
+
+use lockstep_core::Result;
+use lockstep_core::backend::{BackendBuffer, BufferRef};
+use lockstep_core::shape::Layout;
+
+use super::reduce::group_for;
+use crate::backend::{CudaBackend, float_suffix};
+use crate::gpu::{BLOCK, launch};
+use crate::views::to_u32;
+
+impl CudaBackend {
+    /// The normalised rows of `src`, or (with `grad`) the gradient at `src`.
+    pub(crate) fn layer_norm_rows(
+        &self,
+        src: &BufferRef,
+        grad: Option<&BufferRef>,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) -> Result<BufferRef> {
+        let op = if grad.is_some() {
+            "layer_norm_backward"
+        } else {
+            "layer_norm"
+        };
+        let layout = Layout::contiguous([rows, cols]);
+        let s = self.operand(op, src, Some(&layout))?;
+        let suffix = float_suffix(op, s.dtype())?;
+        let out = self.output(s.dtype(), rows * cols)?;
+        if rows * cols == 0 {
+            return Ok(out);
+        }
+        let group = group_for(cols);
+        let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
+        let (rows32, cols32, eps32) = (to_u32(op, rows)?, to_u32(op, cols)?, eps as f32);
+        let name = format!("{op}_{suffix}");
+        match grad {
+            None => launch!(&self.gpu, lockstep_kernels::LAYER_NORM, name, cfg;
+                &out.ptr, &s.ptr, &rows32, &cols32, &eps32, &group),
+            Some(grad) => {
+                let g = self.operand(op, grad, Some(&layout))?;
+                launch!(&self.gpu, lockstep_kernels::LAYER_NORM, name, cfg;
+                    &out.ptr, &g.ptr, &s.ptr, &rows32, &cols32, &eps32, &group)
+            }
+        }
+        Ok(out)
+    }
+}
