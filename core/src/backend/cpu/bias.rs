@@ -17,7 +17,9 @@ pub fn bias_act<T: CpuFloat>(
     inner: usize,
     act: Option<UnaryOp>,
 ) -> Vec<T> {
-    let mut pre = vec![T::zero(); src.len()];
+    // From the pool: a fresh zeroed vector per call made the kernel fault in new pages on
+    // every layer of every step.
+    let mut pre = pool.take::<T>(src.len());
     // Row by row ([channels, inner] each), so the loops index slices and vectorise: no
     // division per element to find its channel.
     let add_row = |(out, x): (&mut [T], &[T])| {
@@ -40,7 +42,11 @@ pub fn bias_act<T: CpuFloat>(
         pre.par_chunks_mut(row).zip(src.par_chunks(row)).for_each(add_row);
     }
     match act {
-        Some(op) => elementwise::unary(pool, &pre, &Layout::contiguous([pre.len()]), op),
+        Some(op) => {
+            let out = elementwise::unary(pool, &pre, &Layout::contiguous([pre.len()]), op);
+            pool.recycle(T::into_host(pre));
+            out
+        }
         None => pre,
     }
 }
