@@ -34,23 +34,33 @@ pub fn unit_float(word: u32) -> f64 {
 
 /// Element `i` of the uniform stream for (seed, counter): word `i % 4` of block `counter + i / 4`.
 pub fn uniform_at(seed: u64, counter: u64, i: usize) -> f64 {
-    unit_float(philox4x32(seed, counter + (i / 4) as u64)[i % 4])
+    uniform_block(seed, counter, (i / 4) as u64)[i % 4]
 }
 
 /// Element `i` of the normal stream: Box–Muller on words (0,1) or (2,3) of block `counter + i / 4`.
 pub fn normal_at(seed: u64, counter: u64, i: usize) -> f64 {
-    let w = philox4x32(seed, counter + (i / 4) as u64);
-    let pair = (i % 4) / 2 * 2;
-    // 1 - u keeps the logarithm's argument in (0, 1].
-    let u1 = 1.0 - unit_float(w[pair]);
-    let u2 = unit_float(w[pair + 1]);
-    let radius = (-2.0 * u1.ln()).sqrt();
-    let angle = 2.0 * std::f64::consts::PI * u2;
-    if i.is_multiple_of(2) {
-        radius * angle.cos()
-    } else {
-        radius * angle.sin()
+    normal_block(seed, counter, (i / 4) as u64)[i % 4]
+}
+
+/// Elements `4·block … 4·block + 3` of the uniform stream, from one Philox call.
+pub fn uniform_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
+    philox4x32(seed, counter + block).map(unit_float)
+}
+
+/// Elements `4·block … 4·block + 3` of the normal stream: Box–Muller on words (0,1) and (2,3).
+pub fn normal_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
+    let w = philox4x32(seed, counter + block);
+    let mut out = [0.0; 4];
+    for pair in [0, 2] {
+        // 1 - u keeps the logarithm's argument in (0, 1].
+        let u1 = 1.0 - unit_float(w[pair]);
+        let u2 = unit_float(w[pair + 1]);
+        let radius = (-2.0 * u1.ln()).sqrt();
+        let angle = 2.0 * std::f64::consts::PI * u2;
+        out[pair] = radius * angle.cos();
+        out[pair + 1] = radius * angle.sin();
     }
+    out
 }
 
 /// A seeded stream. Each draw of n values consumes `n.div_ceil(4)` counters, so the sequence of

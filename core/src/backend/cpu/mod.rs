@@ -243,19 +243,19 @@ impl Backend for CpuBackend {
                 hint: "; random tensors are floating point",
             });
         }
-        let mut values = vec![0f64; len];
-        values.par_chunks_mut(4096).enumerate().for_each(|(c, chunk)| {
-            for (j, v) in chunk.iter_mut().enumerate() {
-                let i = c * 4096 + j;
-                *v = match dist {
-                    Distribution::Uniform { low, high } => {
-                        low + (high - low) * crate::rng::uniform_at(seed, counter, i)
-                    }
-                    Distribution::Normal { mean, std } => mean + std * crate::rng::normal_at(seed, counter, i),
-                };
+        let block = |b: u64| match dist {
+            Distribution::Uniform { low, high } => {
+                crate::rng::uniform_block(seed, counter, b).map(|u| low + (high - low) * u)
             }
-        });
-        Ok(self.wrap(HostVec::from_f64(dtype, &values)))
+            Distribution::Normal { mean, std } => crate::rng::normal_block(seed, counter, b).map(|n| mean + std * n),
+        };
+        Ok(self.wrap(match dtype {
+            DType::F32 => HostVec::F32(random_fill(&self.pool, len, block)),
+            DType::F64 => HostVec::F64(random_fill(&self.pool, len, block)),
+            DType::F16 => HostVec::F16(random_fill(&self.pool, len, block)),
+            DType::BF16 => HostVec::BF16(random_fill(&self.pool, len, block)),
+            other => return Err(Error::dtype("rand", other)),
+        }))
     }
 
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
@@ -767,6 +767,21 @@ fn check_len(op: &'static str, data: &HostVec, expected: usize) -> Result<()> {
 
 /// Runs an in-place kernel on a float destination with a source of the same dtype (f16 and bf16
 /// through the f32 kernel, rounding once).
+/// `len` random values, four per counter block (`block(b)` gives elements 4b … 4b + 3), filled
+/// in parallel chunks into a pooled vector.
+fn random_fill<T: Element>(pool: &Pool, len: usize, block: impl Fn(u64) -> [f64; 4] + Sync) -> Vec<T> {
+    const CHUNK: usize = 4096; // a multiple of 4: chunks start on block boundaries
+    let mut out = pool.take::<T>(len);
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+        let first = (c * CHUNK / 4) as u64;
+        for (b, quad) in chunk.chunks_mut(4).enumerate() {
+            let values = block(first + b as u64);
+            quad.iter_mut().zip(values).for_each(|(o, v)| *o = T::from_f64(v));
+        }
+    });
+    out
+}
+
 fn float_pair_mut(
     pool: &Pool,
     op: &'static str,
