@@ -97,6 +97,9 @@ impl Backend for CudaBackend {
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         self.softmax_rows(src, rows, cols, true)
     }
+    fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+        self.softmax_backward_rows(grad, out, rows, cols)
+    }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.layer_norm_rows(src, None, rows, cols, eps)
     }

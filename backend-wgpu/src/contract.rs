@@ -105,6 +105,11 @@ impl Backend for WgpuBackend {
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         self.in_f32("log_softmax", [src], |[src]| self.softmax_rows(src, rows, cols, true))
     }
+    fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+        self.in_f32("softmax_backward", [grad, out], |[grad, out]| {
+            self.softmax_backward_rows(grad, out, rows, cols)
+        })
+    }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.in_f32("layer_norm", [src], |[src]| {
             self.layer_norm_rows(src, None, rows, cols, eps)

@@ -26,3 +26,20 @@
         }                                                                                         \
     }
 FOR_FLOATS(SOFTMAX)
+
+// The softmax's gradient from its output y: dx = y * (grad - sum(grad * y)) per row.
+#define SOFTMAX_BACKWARD(T, suffix)                                                               \
+    extern "C" __global__ void softmax_backward_##suffix(T* out, const T* grad, const T* y,       \
+                                                         u32 rows, u32 cols, u32 group) {         \
+        __shared__ float scratch[256];                                                            \
+        u32 lane = threadIdx.x % group;                                                           \
+        u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                        \
+        u32 base = (row < rows ? row : rows - 1) * cols;                                          \
+        float local_dot = 0.0f;                                                                   \
+        for (u32 c = lane; c < cols; c += group) local_dot += to_f32(grad[base + c]) * to_f32(y[base + c]); \
+        float dot = combine(scratch, lane, group, local_dot, false);                             \
+        if (row >= rows) return;                                                                  \
+        for (u32 c = lane; c < cols; c += group)                                                  \
+            out[base + c] = from_f32<T>(to_f32(y[base + c]) * (to_f32(grad[base + c]) - dot));   \
+    }
+FOR_FLOATS(SOFTMAX_BACKWARD)

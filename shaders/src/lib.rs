@@ -56,7 +56,7 @@ pub const SHADERS: &[Shader] = &[
     shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
     shader!("reduce", &["T"], FLOATS, ["reduce", "argmax"]),
     shader!("matmul", &["T"], FLOATS, ["matmul", "matmul_naive"]),
-    shader!("softmax", &["T"], FLOATS, ["softmax"]),
+    shader!("softmax", &["T"], FLOATS, ["softmax", "softmax_backward"]),
     shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
     shader!(
         "index",

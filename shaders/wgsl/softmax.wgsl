@@ -1,11 +1,13 @@
 // softmax_last / log_softmax_last over the last axis of a contiguous [rows, cols]: one workgroup
-// per row, the row's maximum and sum of exponentials combined in workgroup memory. f32 math.
+// per row, the row's maximum and sum of exponentials combined in workgroup memory; and the
+// softmax's gradient from its output (src) and the output gradient. f32 math.
 // params: [rows, cols]
 
 override LOG: bool = false;
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read_write> out: array<T>;
+@group(0) @binding(3) var<storage, read> grad: array<T>;
 
 var<workgroup> scratch: array<f32, 256>;
 
@@ -55,5 +57,29 @@ fn softmax(
     for (var c = lid; c < cols; c += WG) {
         let shifted = f32(src[base + c]) - row_max;
         out[base + c] = T(select(select(exp(shifted) / sum, shifted - log_sum, LOG), f32_nan(), poisoned));
+    }
+}
+
+// out = y * (grad - sum(grad * y)) per row, where src holds the softmax's output y.
+@compute @workgroup_size(256)
+fn softmax_backward(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let rows = params[0];
+    let cols = params[1];
+    let row = wid.x + wid.y * groups.x;
+    let base = min(row, rows - 1u) * cols;
+    var local_dot = 0.0;
+    for (var c = lid; c < cols; c += WG) {
+        local_dot += f32(grad[base + c]) * f32(src[base + c]);
+    }
+    let dot = combine(lid, local_dot, false);
+    if (row >= rows) {
+        return;
+    }
+    for (var c = lid; c < cols; c += WG) {
+        out[base + c] = T(f32(src[base + c]) * (f32(grad[base + c]) - dot));
     }
 }

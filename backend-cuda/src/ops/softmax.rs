@@ -1,4 +1,5 @@
-//! softmax_last and log_softmax_last (softmax.cu) over the last axis of a contiguous [rows, cols].
+//! softmax_last, log_softmax_last and the softmax's gradient (softmax.cu) over the last axis of
+//! a contiguous [rows, cols].
 
 use lockstep_core::Result;
 use lockstep_core::backend::{BackendBuffer, BufferRef};
@@ -24,5 +25,32 @@ impl CudaBackend {
         launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("softmax_{suffix}"), cfg;
             &out.ptr, &s.ptr, &rows32, &cols32, &log_form, &group);
         Ok(out)
+    }
+
+    /// `out * (grad - sum(grad * out))` per row.
+    pub(crate) fn softmax_backward_rows(
+        &self,
+        grad: &BufferRef,
+        out: &BufferRef,
+        rows: usize,
+        cols: usize,
+    ) -> Result<BufferRef> {
+        const OP: &str = "softmax_backward";
+        let layout = Layout::contiguous([rows, cols]);
+        let (g, y) = (
+            self.operand(OP, grad, Some(&layout))?,
+            self.operand(OP, out, Some(&layout))?,
+        );
+        let suffix = float_suffix(OP, y.dtype())?;
+        let dx = self.output(y.dtype(), rows * cols)?;
+        if rows * cols == 0 {
+            return Ok(dx);
+        }
+        let group = group_for(cols);
+        let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
+        let (rows32, cols32) = (to_u32(OP, rows)?, to_u32(OP, cols)?);
+        launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("softmax_backward_{suffix}"), cfg;
+            &dx.ptr, &g.ptr, &y.ptr, &rows32, &cols32, &group);
+        Ok(dx)
     }
 }

@@ -1,6 +1,7 @@
-//! softmax_last and log_softmax_last (softmax.wgsl).
+//! softmax_last, log_softmax_last and the softmax's gradient (softmax.wgsl).
 
 use lockstep_core::backend::BufferRef;
+use lockstep_core::shape::Layout;
 use lockstep_core::{Error, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
@@ -28,5 +29,33 @@ impl WgpuBackend {
             self.groups(op, rows)?,
         )?;
         Ok(out)
+    }
+
+    /// `out * (grad - sum(grad * out))` per row of a contiguous [rows, cols].
+    pub(crate) fn softmax_backward_rows(
+        &self,
+        grad: &BufferRef,
+        out: &BufferRef,
+        rows: usize,
+        cols: usize,
+    ) -> Result<BufferRef> {
+        const OP: &str = "softmax_last_backward";
+        let layout = Layout::contiguous([rows, cols]);
+        let (g, y) = (
+            self.operand(OP, grad, Some(&layout))?,
+            self.operand(OP, out, Some(&layout))?,
+        );
+        let t = self.float_type(OP, y.dtype())?;
+        let dx = self.alloc(y.dtype(), rows * cols)?;
+        if rows * cols == 0 {
+            return Ok(dx);
+        }
+        self.launch(
+            &Variant::new("softmax", "softmax_backward", &[t]),
+            &[to_u32(OP, rows)?, to_u32(OP, cols)?],
+            &[(1, y), (2, &dx), (3, g)],
+            self.groups(OP, rows)?,
+        )?;
+        Ok(dx)
     }
 }

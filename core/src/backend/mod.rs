@@ -164,6 +164,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // --- normalisation (contiguous input, over the last axis of `[rows, cols]`) ------------------
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
+    /// The gradient of `softmax_last` from its output `out` and the output gradient `grad`, one
+    /// pass per row: `dx = out * (grad - sum(grad * out))`.
+    fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
     /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +
     /// eps)` with the biased variance, statistics accumulated in f32 or wider.
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef>;

@@ -75,14 +75,14 @@ impl Tensor {
         let y = out.detach();
         let out = out.track(op, &[&x], move |g| {
             let last = -1;
-            let grad = if log {
+            if log {
                 // d log_softmax: g - softmax * sum(g)
-                g.sub(&y.exp()?.mul(&g.sum(&[last], true)?)?)?
-            } else {
-                // d softmax: y * (g - sum(g * y))
-                y.mul(&g.sub(&g.mul(&y)?.sum(&[last], true)?)?)?
-            };
-            Ok(vec![Some(grad)])
+                return Ok(vec![Some(g.sub(&y.exp()?.mul(&g.sum(&[last], true)?)?)?)]);
+            }
+            // d softmax: y * (g - sum(g * y)), one backend pass (attention's largest tensor).
+            let g = g.contiguous()?;
+            let dx = g.backend().softmax_last_backward(g.buffer(), y.buffer(), rows, cols)?;
+            Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
         });
         match perm {
             Some(p) => out.permute(&p),

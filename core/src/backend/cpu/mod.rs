@@ -478,6 +478,16 @@ impl Backend for CpuBackend {
         })))
     }
 
+    fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+        const OP: &str = "softmax_backward";
+        let (g, y) = (cpu(OP, grad)?.read(), cpu(OP, out)?.read());
+        check_len(OP, &g, rows * cols)?;
+        check_len(OP, &y, rows * cols)?;
+        Ok(self.wrap(float_binary_dispatch!(&self.pool, OP, &*g, &*y, |g, y| {
+            softmax::softmax_backward(&self.pool, g, y, cols)
+        })))
+    }
+
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         let data = cpu("layer_norm", src)?.read();
         check_len("layer_norm", &data, rows * cols)?;

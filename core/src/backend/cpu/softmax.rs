@@ -1,4 +1,5 @@
-//! Softmax and log-softmax over the last axis of a contiguous `[rows, cols]` tensor.
+//! Softmax and log-softmax over the last axis of a contiguous `[rows, cols]` tensor, and the
+//! softmax's gradient.
 
 use rayon::prelude::*;
 
@@ -41,4 +42,30 @@ pub fn softmax<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize) -> Vec<T> {
 
 pub fn log_softmax<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize) -> Vec<T> {
     rowwise(pool, src, cols, true)
+}
+
+/// `out * (grad - sum(grad * out))` per row, the row's sum in f64.
+pub fn softmax_backward<T: CpuFloat>(pool: &Pool, grad: &[T], out: &[T], cols: usize) -> Vec<T> {
+    let mut dx = pool.take::<T>(out.len());
+    if cols == 0 {
+        return dx;
+    }
+    let row = |(d, (g, y)): (&mut [T], (&[T], &[T]))| {
+        let wide = |v: T| crate::dtype::Element::to_f64(v);
+        let dot: f64 = g.iter().zip(y).map(|(&g, &y)| wide(g) * wide(y)).sum();
+        let dot = T::of(dot);
+        d.iter_mut()
+            .zip(g.iter().zip(y))
+            .for_each(|(d, (&g, &y))| *d = y * (g - dot));
+    };
+    if out.len() >= super::elementwise::PAR_THRESHOLD {
+        dx.par_chunks_mut(cols)
+            .zip(grad.par_chunks(cols).zip(out.par_chunks(cols)))
+            .for_each(row);
+    } else {
+        dx.chunks_mut(cols)
+            .zip(grad.chunks(cols).zip(out.chunks(cols)))
+            .for_each(row);
+    }
+    dx
 }
