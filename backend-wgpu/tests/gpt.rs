@@ -27,10 +27,7 @@ fn run(device: &Device) -> Vec<Vec<f32>> {
         .cross_entropy(&y.reshape([16]).unwrap())
         .unwrap();
     loss.backward().unwrap();
-    let mut all = vec![
-        logits.to_vec::<f32>().unwrap(),
-        loss.to_vec::<f32>().unwrap(),
-    ];
+    let mut all = vec![logits.to_vec::<f32>().unwrap(), loss.to_vec::<f32>().unwrap()];
     all.extend(
         net.parameters()
             .iter()
@@ -46,10 +43,7 @@ fn a_gpt_on_wgpu_follows_the_cpu() {
     assert_eq!(gpu.len(), cpu.len());
     for (i, (a, b)) in gpu.iter().zip(&cpu).enumerate() {
         for (x, y) in a.iter().zip(b) {
-            assert!(
-                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                "tensor {i}: wgpu {x}, cpu {y}"
-            );
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "tensor {i}: wgpu {x}, cpu {y}");
         }
     }
 }
