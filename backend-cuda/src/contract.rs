@@ -38,6 +38,9 @@ impl Backend for CudaBackend {
     fn rand(&self, dtype: DType, len: usize, dist: Distribution, seed: u64, counter: u64) -> Result<BufferRef> {
         self.random(dtype, len, dist, seed, counter)
     }
+    fn dropout(&self, src: &BufferRef, len: usize, p: f64, seed: u64, counter: u64) -> Result<BufferRef> {
+        self.dropout_stream(src, len, p, seed, counter)
+    }
 
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
         self.copy_between(src, src_layout, dst, dst_layout)

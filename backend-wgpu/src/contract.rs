@@ -38,6 +38,11 @@ impl Backend for WgpuBackend {
     fn rand(&self, dtype: DType, len: usize, dist: Distribution, seed: u64, counter: u64) -> Result<BufferRef> {
         self.random(dtype, len, dist, seed, counter)
     }
+    fn dropout(&self, src: &BufferRef, len: usize, p: f64, seed: u64, counter: u64) -> Result<BufferRef> {
+        self.in_f32("dropout", [src], |[src]| {
+            self.dropout_stream(src, len, p, seed, counter)
+        })
+    }
 
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
         self.in_f32_mut("copy_strided", [dst], [src], |[dst], [src]| {

@@ -27,6 +27,33 @@ pub fn philox4x32(key: u64, counter: u64) -> [u32; 4] {
     c
 }
 
+/// `philox4x32` for the `N` consecutive counters from `first`, as four words of `N` lanes
+/// (`out[w][l]` is word `w` of counter `first + l`): the same arithmetic laid out so the compiler
+/// runs the lanes in SIMD registers, several times faster than `N` scalar calls.
+pub fn philox4x32_lanes<const N: usize>(key: u64, first: u64) -> [[u32; N]; 4] {
+    let (mut k0, mut k1) = (key as u32, (key >> 32) as u32);
+    let counters: [u64; N] = std::array::from_fn(|l| first.wrapping_add(l as u64));
+    let mut c0: [u32; N] = counters.map(|c| c as u32);
+    let mut c1: [u32; N] = counters.map(|c| (c >> 32) as u32);
+    let (mut c2, mut c3) = ([0u32; N], [0u32; N]);
+    for _ in 0..10 {
+        for l in 0..N {
+            let p0 = PHILOX_M0 as u64 * c0[l] as u64;
+            let p1 = PHILOX_M1 as u64 * c2[l] as u64;
+            let next = [
+                (p1 >> 32) as u32 ^ c1[l] ^ k0,
+                p1 as u32,
+                (p0 >> 32) as u32 ^ c3[l] ^ k1,
+                p0 as u32,
+            ];
+            (c0[l], c1[l], c2[l], c3[l]) = (next[0], next[1], next[2], next[3]);
+        }
+        k0 = k0.wrapping_add(PHILOX_W0);
+        k1 = k1.wrapping_add(PHILOX_W1);
+    }
+    [c0, c1, c2, c3]
+}
+
 /// A 32-bit word to a float in [0, 1) with 24 random bits (exact in f32).
 pub fn unit_float(word: u32) -> f64 {
     (word >> 8) as f64 * (1.0 / 16_777_216.0)
@@ -121,6 +148,16 @@ mod tests {
     fn philox_matches_the_published_known_answer() {
         // Random123's kat_vectors: philox4x32_10 with counter = key = 0.
         assert_eq!(philox4x32(0, 0), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+    }
+
+    #[test]
+    fn lanes_give_the_scalar_words_of_consecutive_counters_across_a_32_bit_carry() {
+        let first = u32::MAX as u64 - 5;
+        let lanes = philox4x32_lanes::<16>(0x1234_5678_9abc_def0, first);
+        for l in 0..16 {
+            let scalar = philox4x32(0x1234_5678_9abc_def0, first + l as u64);
+            assert_eq!(std::array::from_fn(|w| lanes[w][l]), scalar, "lane {l}");
+        }
     }
 
     #[test]

@@ -43,3 +43,18 @@ __device__ __forceinline__ double unit_float(u32 word) { return (double)(word >>
         }                                                                                          \
     }
 FOR_FLOATS(RAND)
+
+// dropout: out = src * (u >= p ? scale : 0), u the uniform stream's element i (compared in f32,
+// as the CPU does); applied to the output gradient it is its own backward pass.
+#define DROPOUT(T, suffix)                                                                         \
+    extern "C" __global__ void dropout_##suffix(T* out, const T* src, u32 n, u64 seed, u64 counter, \
+                                                float p, float scale) {                            \
+        FOR_EACH(i, n) {                                                                           \
+            u32 w[4];                                                                              \
+            philox(seed, counter + i / 4, w);                                                      \
+            bool keep = (float)unit_float(w[i % 4]) >= p;                                          \
+            out[i] = from_f32<T>(to_f32(src[i]) * (keep ? scale : 0.0f));                          \
+        }                                                                                          \
+    }
+FOR_FLOATS(DROPOUT)
+

@@ -48,7 +48,7 @@ pub const SHADERS: &[Shader] = &[
         &["f32", "f16", "u32"],
         ["cast_strided", "cast_from_i64", "cast_to_i64"]
     ),
-    shader!("rand", &["T"], FLOATS, ["rand"]),
+    shader!("rand", &["T"], FLOATS, ["dropout", "rand"]),
     shader!("unary", &["T"], FLOATS, ["unary"]),
     shader!("binary", &["T"], FLOATS, ["binary"]),
     shader!("bias_act", &["T"], FLOATS, ["bias_act"]),

@@ -3,8 +3,11 @@
 // into a float with 24 random bits; normals use Box-Muller on words (0,1) or (2,3).
 // params: [n, seed_lo, seed_hi, counter_lo, counter_hi, normal, a, b]
 //   uniform: a + b * u (a = low, b = high - low);  normal: a + b * z (a = mean, b = std)
+// dropout: out = src * (u >= p ? scale : 0) with u the uniform stream's element i.
+//   params: [n, seed_lo, seed_hi, counter_lo, counter_hi, p, scale]
 
 @group(0) @binding(1) var<storage, read_write> out: array<T>;
+@group(0) @binding(2) var<storage, read> src: array<T>;
 
 // The 64-bit product of two u32 as (low, high): WGSL has no 64-bit integers.
 fn mul_wide(a: u32, b: u32) -> vec2<u32> {
@@ -32,16 +35,32 @@ fn unit_float(word: u32) -> f32 {
     return f32(word >> 8u) * (1.0 / 16777216.0);
 }
 
+// The four words of element i's block: block counter + i / 4 under key seed (64-bit sums
+// carried by hand).
+fn block_words(i: u32) -> vec4<u32> {
+    let block = i / 4u;
+    let low = params[3] + block;
+    let carry = select(0u, 1u, low < block);
+    return philox(vec2<u32>(params[1], params[2]), vec2<u32>(low, params[4] + carry));
+}
+
+@compute @workgroup_size(256)
+fn dropout(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = flat_index(gid, groups);
+    if (i >= params[0]) {
+        return;
+    }
+    let keep = unit_float(block_words(i)[i % 4u]) >= param_f32(5u);
+    out[i] = T(f32(src[i]) * select(0.0, param_f32(6u), keep));
+}
+
 @compute @workgroup_size(256)
 fn rand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = flat_index(gid, groups);
     if (i >= params[0]) {
         return;
     }
-    let block = i / 4u;
-    let low = params[3] + block;
-    let carry = select(0u, 1u, low < block);
-    let w = philox(vec2<u32>(params[1], params[2]), vec2<u32>(low, params[4] + carry));
+    let w = block_words(i);
     let a = param_f32(6u);
     let b = param_f32(7u);
     if (params[5] == 0u) {

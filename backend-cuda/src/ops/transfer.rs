@@ -97,6 +97,28 @@ impl CudaBackend {
             &out.ptr, &n, &seed, &counter, &normal, &a, &b);
         Ok(out)
     }
+
+    /// Dropout with the stream's mask (rand.cu's `dropout`).
+    pub(crate) fn dropout_stream(
+        &self,
+        src: &BufferRef,
+        len: usize,
+        p: f64,
+        seed: u64,
+        counter: u64,
+    ) -> Result<BufferRef> {
+        const OP: &str = "dropout";
+        let s = self.operand(OP, src, Some(&Layout::contiguous([len])))?;
+        let suffix = float_suffix(OP, s.dtype())?;
+        let out = self.output(s.dtype(), len)?;
+        if len == 0 {
+            return Ok(out);
+        }
+        let (n, p32, scale) = (to_u32(OP, len)?, p as f32, (1.0 / (1.0 - p)) as f32);
+        launch!(&self.gpu, lockstep_kernels::RAND, format!("dropout_{suffix}"), self.gpu.grid(len);
+            &out.ptr, &s.ptr, &n, &seed, &counter, &p32, &scale);
+        Ok(out)
+    }
 }
 
 fn host_from_bytes(dtype: DType, bytes: &[u8]) -> HostVec {

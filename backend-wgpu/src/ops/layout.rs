@@ -158,4 +158,38 @@ impl WgpuBackend {
         )?;
         Ok(out)
     }
+
+    /// Dropout with the stream's mask (rand.wgsl's `dropout` entry), f32 or f16.
+    pub(crate) fn dropout_stream(
+        &self,
+        src: &BufferRef,
+        len: usize,
+        p: f64,
+        seed: u64,
+        counter: u64,
+    ) -> Result<BufferRef> {
+        const OP: &str = "dropout";
+        let src = self.operand(OP, src, Some(&Layout::contiguous([len])))?;
+        let t = self.float_type(OP, src.dtype())?;
+        let out = self.alloc(src.dtype(), len)?;
+        if len == 0 {
+            return Ok(out);
+        }
+        let params = [
+            to_u32(OP, len)?,
+            seed as u32,
+            (seed >> 32) as u32,
+            counter as u32,
+            (counter >> 32) as u32,
+            (p as f32).to_bits(),
+            ((1.0 / (1.0 - p)) as f32).to_bits(),
+        ];
+        self.launch(
+            &Variant::new("rand", "dropout", &[t]),
+            &params,
+            &[(1, &out), (2, src)],
+            self.grid(OP, len)?,
+        )?;
+        Ok(out)
+    }
 }

@@ -94,6 +94,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Counter-based random numbers: element i depends only on (seed, counter, i), so every
     /// backend draws the same values. `counter` advances by `len.div_ceil(4)` per call.
     fn rand(&self, dtype: DType, len: usize, dist: Distribution, seed: u64, counter: u64) -> Result<BufferRef>;
+    /// Dropout with its mask drawn from the counter stream as `rand` draws a uniform: element `i`
+    /// is kept when `uniform_at(seed, counter, i) >= p` (compared in f32), giving
+    /// `src[i] / (1 - p)`, else `src[i] * 0`. The same call on the output gradient is the
+    /// backward pass, so no mask is ever stored. Contiguous `src` of `len` elements, `p` in (0, 1).
+    fn dropout(&self, src: &BufferRef, len: usize, p: f64, seed: u64, counter: u64) -> Result<BufferRef>;
 
     // --- layout --------------------------------------------------------------------------------
     /// Writes the elements of `src` (any layout) into `dst` at `dst_layout` (any layout of

@@ -371,9 +371,19 @@ impl Tensor {
         if p == 1.0 {
             return self.mul_scalar(0.0);
         }
-        let u = Tensor::rand_uniform(self.shape().clone(), 0.0, 1.0, self.dtype(), generator, self.device())?;
-        let keep = u.cmp_scalar(crate::backend::CmpOp::Ge, p)?.to_dtype(self.dtype())?;
-        self.mul(&keep.affine(1.0 / (1.0 - p), 0.0)?)
+        self.float_only("dropout")?;
+        // One backend pass each way: the mask is a function of (seed, counter, index), drawn
+        // again for the gradient instead of stored (as `rand_uniform` would draw it).
+        let x = self.contiguous()?;
+        let len = x.elem_count();
+        let (seed, counter) = (generator.seed(), generator.advance(len));
+        let buffer = x.backend().dropout(x.buffer(), len, p, seed, counter)?;
+        let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
+        Ok(out.track("dropout", &[&x], move |g| {
+            let g = g.contiguous()?;
+            let dx = g.backend().dropout(g.buffer(), len, p, seed, counter)?;
+            Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
+        }))
     }
 
     /// Mean cross-entropy of `[n, classes]` logits against integer labels `[n]` (u32 or i64).

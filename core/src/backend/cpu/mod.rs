@@ -5,6 +5,7 @@
 mod bias;
 mod busy;
 mod conv;
+mod dropout;
 mod elementwise;
 pub mod float;
 mod index;
@@ -475,6 +476,14 @@ impl Backend for CpuBackend {
         check_len("log_softmax", &data, rows * cols)?;
         Ok(self.wrap(float_unary_dispatch!(&self.pool, "log_softmax", &*data, |v| {
             softmax::log_softmax(&self.pool, v, cols)
+        })))
+    }
+
+    fn dropout(&self, src: &BufferRef, len: usize, p: f64, seed: u64, counter: u64) -> Result<BufferRef> {
+        let data = cpu("dropout", src)?.read();
+        check_len("dropout", &data, len)?;
+        Ok(self.wrap(float_unary_dispatch!(&self.pool, "dropout", &*data, |v| {
+            dropout::dropout(&self.pool, &v[..len], p, seed, counter)
         })))
     }
 

@@ -1,6 +1,6 @@
 //! Cases for the transformer's ops: layer normalisation over the last axis (the backend's fused
-//! row kernels), and, composed from other ops, a masked fill and causal scaled dot-product
-//! attention.
+//! row kernels), dropout (its mask drawn from the counter stream), and, composed from other
+//! ops, a masked fill and causal scaled dot-product attention.
 
 use crate::conformance::case::{Case, Input, Values};
 use crate::conformance::host::{self, HostTensor};
@@ -65,6 +65,25 @@ pub fn cases() -> Vec<Case> {
             // Several roundings in the low dtypes (mean, centring, variance, scale, shift).
             .tol_scale(4.0)
             .oracle(|x| vec![layer_norm(&x[0], &x[1], &x[2], 1e-5)]),
+        );
+    }
+    // A fresh generator per evaluation: the gradient check sees one mask throughout. 35
+    // elements leave a partial Philox block at the end.
+    for (label, input) in [
+        ("5x7", Input::float("x", [5, 7], u())),
+        ("T", Input::float("x", [6, 5], u()).transposed()),
+    ] {
+        cases.push(
+            Case::new(format!("dropout/{label}"), &["dropout"], |_, x| {
+                Ok(vec![x[0].dropout(0.3, true, &crate::rng::Generator::new(7))?])
+            })
+            .input(input)
+            .oracle(|x| {
+                let kept = |i: usize| crate::rng::uniform_at(7, 0, i) as f32 >= 0.3f32;
+                let values = x[0].values.iter().enumerate();
+                let values = values.map(|(i, &v)| if kept(i) { v / 0.7 } else { 0.0 }).collect();
+                vec![HostTensor::new(x[0].dims.clone(), values)]
+            }),
         );
     }
     cases.push(
