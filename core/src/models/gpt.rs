@@ -89,10 +89,7 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let hidden = self
-            .c_fc
-            .forward_activated(x, UnaryOp::Gelu)
-            .expect("Linear fuses its activation")?;
+        let hidden = self.c_fc.forward_act(x, Some(UnaryOp::Gelu))?;
         self.dropout.forward(&self.c_proj.forward(&hidden)?)
     }
 }

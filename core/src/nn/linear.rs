@@ -39,7 +39,7 @@ impl Linear {
 
 impl Linear {
     /// `act(x @ weight^T + bias)`, bias and activation in one pass over the product.
-    fn forward_act(&self, x: &Tensor, act: Option<UnaryOp>) -> Result<Tensor> {
+    pub(crate) fn forward_act(&self, x: &Tensor, act: Option<UnaryOp>) -> Result<Tensor> {
         if x.rank() < 1 || x.dims()[x.rank() - 1] != self.in_features() {
             return Err(Error::shape(
                 "Linear",

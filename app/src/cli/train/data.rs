@@ -52,8 +52,8 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
     Ok(match args.dataset {
         DatasetKind::Cifar10 => cifar(cifar::Kind::Cifar10),
         DatasetKind::Cifar100 => cifar(cifar::Kind::Cifar100),
-        // A language model's input is its vocabulary, not images (see `text_vocabulary`).
-        DatasetKind::Mnist | DatasetKind::Text => Input::MNIST,
+        DatasetKind::Mnist => Input::MNIST,
+        DatasetKind::Text => anyhow::bail!("--dataset text feeds the language models, which take no images"),
         DatasetKind::Folder => {
             let (train, _) = folder_roots(args)?;
             Input {
@@ -114,7 +114,9 @@ pub fn text_vocabulary(args: &Args) -> anyhow::Result<TextVocabulary> {
 
 /// Training and validation windows of --block-size tokens (the model's context by default).
 fn load_text(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
-    let block = super::setup::gpt_config(args)?.map_or(64, |c| c.block_size);
+    // The window is the model's context (the vocabulary size plays no part in it).
+    let preset = lockstep_core::models::GptConfig::named(&args.model);
+    let block = preset.map_or(64, |p| super::setup::gpt_config(args, p, 1).block_size);
     let (path, bins) = text_source(args)?;
     let (train, val) = if bins {
         text::token_bins(&path, block, text_vocabulary(args)?.size())?

@@ -66,43 +66,32 @@ pub fn sync_batchnorm_communicators(
 }
 
 /// Model (same seed on every replica, so all start identical), optimizer and task on `device`.
+/// A GPT reads its text's vocabulary once here, for its size and for the checkpoint's hparams.
 pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
-    let model = build_model(args, &device)?;
-    build_with(args, Box::new(model), device)
+    let Some(preset) = GptConfig::named(&args.model) else {
+        let model = build_sequential(args, &device)?;
+        return build_with(args, Box::new(model), device);
+    };
+    let vocab = text_vocabulary(args)?;
+    let config = gpt_config(args, preset, vocab.size());
+    let model = models::gpt(config, &device, &Generator::new(args.seed))?;
+    load_init_weights(args, &model)?;
+    let mut setup = build_with(args, Box::new(model), device)?;
+    setup.hparams.extend(gpt_hparams(&config, &vocab));
+    Ok(setup)
 }
 
-/// The GPT `--model` names, sized by the flags and the text's vocabulary; None for other models.
-pub fn gpt_config(args: &Args) -> anyhow::Result<Option<GptConfig>> {
-    let Some(preset) = GptConfig::named(&args.model) else {
-        return Ok(None);
-    };
-    let config = preset
-        .vocab_size(text_vocabulary(args)?.size())
+/// The GPT `preset`, sized by the flags and a vocabulary of `vocab_size`.
+pub fn gpt_config(args: &Args, preset: GptConfig, vocab_size: usize) -> GptConfig {
+    preset
+        .vocab_size(vocab_size)
         .block_size(args.block_size.unwrap_or(preset.block_size))
         .layers(
             args.n_layer.unwrap_or(preset.n_layer),
             args.n_head.unwrap_or(preset.n_head),
             args.n_embd.unwrap_or(preset.n_embd),
         )
-        .dropout(args.dropout.unwrap_or(preset.dropout));
-    Ok(Some(config))
-}
-
-/// The model `--model` names on `device`, from `--seed` or with `--init-weights`.
-pub fn build_model(args: &Args, device: &Device) -> anyhow::Result<Box<dyn Module>> {
-    let init = Generator::new(args.seed);
-    let model: Box<dyn Module> = match gpt_config(args)? {
-        Some(config) => Box::new(models::gpt(config, device, &init)?),
-        None => Box::new(models::build_for(
-            &args.model,
-            &args.hidden,
-            super::data::input(args)?,
-            device,
-            &init,
-        )?),
-    };
-    load_init_weights(args, &model)?;
-    Ok(model)
+        .dropout(args.dropout.unwrap_or(preset.dropout))
 }
 
 /// The model as a chain of layers, for the pipeline's stages.
@@ -209,9 +198,6 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
     // Only SGD has a momentum: an Adam run must not show one.
     if args.optimizer() == OptimizerKind::Sgd {
         hparams.insert("momentum".to_string(), args.momentum.to_string());
-    }
-    if let Some(config) = gpt_config(args)? {
-        hparams.extend(gpt_hparams(&config, &text_vocabulary(args)?));
     }
     Ok(TrainingSetup {
         model,

@@ -4,7 +4,7 @@
 //! leaves the previous checkpoint intact.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -143,6 +143,35 @@ pub fn load_tensors(path: &Path) -> Result<TensorFile> {
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
     Ok(TensorFile { tensors, metadata })
+}
+
+/// A safetensors file's metadata, from its header alone: what a checkpoint says about itself
+/// without reading its tensors.
+pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
+    /// safetensors' own bound on a header.
+    const MAX_HEADER: u64 = 100_000_000;
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__", default)]
+        metadata: BTreeMap<String, String>,
+    }
+    let corrupt = |why: String| {
+        Error::data(
+            path.display().to_string(),
+            format!("not a valid safetensors file ({why}); it may be truncated or corrupt"),
+        )
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| corrupt(e.to_string()))?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        return Err(corrupt(format!("a header of {len} bytes")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(|e| corrupt(e.to_string()))?;
+    let header: Header = serde_json::from_slice(&header).map_err(|e| corrupt(e.to_string()))?;
+    Ok(header.metadata)
 }
 
 /// Converts a loaded tensor to `dtype` on `device`.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{FORMAT, FORMAT_KEY, host_to_device, load_tensors, save_tensors};
+use super::{FORMAT, FORMAT_KEY, host_to_device, load_metadata, load_tensors, save_tensors};
 use crate::error::{Error, Result};
 use crate::nn::ModuleExt;
 use crate::optim::{OptimizerState, SchedulerState};
@@ -100,13 +100,14 @@ pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerS
 
 /// The hyperparameters a checkpoint was trained with (`TrainingSetup::hparams`, as Lightning
 /// keeps `hparams` in its checkpoints): what a program needs to rebuild the model it holds.
+/// Reads the file's header only.
 pub fn hparams(path: &Path) -> Result<BTreeMap<String, String>> {
-    let file = load_tensors(path)?;
+    let metadata = load_metadata(path)?;
     let what = path.display().to_string();
-    if file.metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
+    if metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
         return Err(Error::data(what, "not a Lockstep checkpoint (no trainer state inside)"));
     }
-    parse_meta(&file.metadata, HPARAMS_KEY, &what)
+    parse_meta(&metadata, HPARAMS_KEY, &what)
 }
 
 fn parse_meta<T: serde::de::DeserializeOwned>(meta: &BTreeMap<String, String>, key: &str, what: &str) -> Result<T> {
