@@ -69,6 +69,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: it may set an environment variable.
+    lockstep_wgpu::quiet_display_probe_without_session();
     lockstep_wgpu::register();
     lockstep_cuda::register();
     match run(Cli::parse()) {

@@ -145,6 +145,36 @@ fn devices_details_show_vendor_driver_and_limits() {
     }
 }
 
+/// With no display session (no `XDG_RUNTIME_DIR`), Mesa's device-select layer made libwayland
+/// print "error: XDG_RUNTIME_DIR is invalid or not set" twice on every headless run.
+#[test]
+fn a_headless_machine_gets_no_display_probe_errors() {
+    if !have_wgpu() {
+        return;
+    }
+    let mut cmd = lockstep(&["devices"]);
+    for var in [
+        "XDG_RUNTIME_DIR",
+        "WAYLAND_DISPLAY",
+        "WAYLAND_SOCKET",
+        "DISPLAY",
+        "NODEVICE_SELECT",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = run(&mut cmd);
+    assert_succeeds(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("wgpu:0"),
+        "the adapter is still listed"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("XDG_RUNTIME_DIR"),
+        "a headless `devices` printed:\n{stderr}"
+    );
+}
+
 #[test]
 fn without_an_adapter_the_error_says_what_to_install() {
     // No Vulkan driver, and only the Vulkan backend allowed: wgpu finds nothing.

@@ -15,6 +15,7 @@ mod buffer;
 mod contract;
 mod fault;
 mod gpu;
+mod headless;
 mod meter;
 mod ops;
 mod pipelines;
@@ -26,6 +27,7 @@ mod transfer;
 pub use backend::WgpuBackend;
 #[doc(hidden)]
 pub use fault::Fault;
+pub use headless::quiet_display_probe_without_session;
 pub use provider::{WgpuProvider, adapter, backend_of, open_with_limits};
 
 /// Makes `wgpu:N` devices available to `Device::parse` and `lockstep devices`.

@@ -58,6 +58,13 @@ impl Precision {
     }
 }
 
+/// How the Trainer runs a fit: epochs, steps, accumulation, clipping, logging, precision.
+///
+/// There is no seed here, unlike Lightning's `seed_everything`: Lockstep has no global random
+/// state. Every random stream is made from a seed the caller passes where the stream is made
+/// (`Generator::new(seed)` for initialisation and each Dropout, the samplers' seed for
+/// shuffling, `DataParallel::on_threads(..).shuffle(true, seed)`), and checkpoints store each
+/// stream's position, so a run is reproduced and resumed exactly without a process-wide seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainerConfig {
     pub max_epochs: u64,
@@ -73,7 +80,6 @@ pub struct TrainerConfig {
     /// Validate every N epochs (when a validation loader is given).
     pub check_val_every_n_epoch: u64,
     pub scheduler_interval: SchedulerInterval,
-    pub seed: u64,
     pub precision: Precision,
     /// The loss scaler a `16-mixed` run starts with (None: PyTorch's defaults).
     pub grad_scaler: Option<crate::optim::GradScaler>,
@@ -90,7 +96,6 @@ impl Default for TrainerConfig {
             log_every_n_steps: 50,
             check_val_every_n_epoch: 1,
             scheduler_interval: SchedulerInterval::Epoch,
-            seed: 0,
             precision: Precision::Full,
             grad_scaler: None,
         }

@@ -494,7 +494,6 @@ impl Args {
                 .or(self.clip_grad_value.map(GradientClip::Value))
                 .or(self.gpt_recipe().then_some(GradientClip::Norm(1.0))),
             log_every_n_steps: self.log_every,
-            seed: self.seed,
             precision: Precision::parse(&self.precision).unwrap_or_default(),
             scheduler_interval: SchedulerInterval::Step,
             ..Default::default()
