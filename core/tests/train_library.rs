@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use lockstep_core::data::{DataLoader, DataLoaderConfig, HostTensor, TensorDataset};
 use lockstep_core::nn::{Dropout, Linear, Module, ModuleExt, Relu};
 use lockstep_core::optim::{Adam, AdamConfig};
-use lockstep_core::train::{Event, ModelCheckpoint, Monitor, Record, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::train::{
+    ConsoleProgress, Event, ModelCheckpoint, Monitor, Progress, Record, Trainer, TrainerConfig, TrainingSetup,
+};
 use lockstep_core::{Device, Generator, HostVec, Result, Tensor};
 
 #[derive(Module)]
@@ -96,5 +98,58 @@ fn a_custom_model_on_in_memory_data_trains_in_a_few_lines() {
     );
     // The model's Dropout stream travelled with the checkpoint without being registered.
     assert_eq!(setup.random_streams().len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A writer the test can read back after the Trainer has written to it.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_console_view_prints_the_run_its_epochs_and_its_checkpoints() {
+    let dir = std::env::temp_dir().join(format!("lockstep-console-{}", std::process::id()));
+    let config = DataLoaderConfig {
+        batch_size: 64,
+        ..Default::default()
+    };
+    let train = DataLoader::simple(circle(256, 1), true, 0, config.clone()).unwrap();
+    let val = DataLoader::simple(circle(128, 2), false, 0, config).unwrap();
+    let model = Classifier::new(&Generator::new(0)).unwrap();
+    let optimizer = Adam::new(model.parameters(), AdamConfig::adam().lr(1e-2)).unwrap();
+    let mut setup = TrainingSetup::new(model, optimizer).name("circle");
+    // The default view writes to stderr; this one writes the same lines where the test reads.
+    let mut trainer = Trainer::new(TrainerConfig {
+        max_epochs: 2,
+        progress: Progress::Off,
+        ..Default::default()
+    })
+    .unwrap();
+    let printed = Captured::default();
+    trainer.add_listener(ConsoleProgress::lines_to(printed.clone()));
+    trainer.add_callback(ModelCheckpoint::new(&dir));
+    trainer.fit(&mut setup, &train, Some(&val)).unwrap();
+
+    let text = String::from_utf8(printed.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "training circle on cpu:0 (4 steps per epoch)", "{text}");
+    // Epochs count from 0 here, as Lightning's `current_epoch` and its progress bar do.
+    for epoch in 0..2 {
+        let line = format!("epoch {epoch}: train loss ");
+        assert!(
+            lines.iter().any(|l| l.starts_with(&line) && l.contains("val acc")),
+            "no `{line}…val acc` in:\n{text}"
+        );
+    }
+    assert!(lines.iter().any(|l| l.starts_with("checkpoint (")), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,6 +3,8 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// How gradients are clipped before each optimizer step, after unscaling (Lightning's
+/// `gradient_clip_algorithm` with `gradient_clip_val`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum GradientClip {
     /// Rescale all gradients together so their total 2-norm is at most this.
@@ -14,7 +16,10 @@ pub enum GradientClip {
 /// When the learning-rate scheduler steps (Lightning's default is once per epoch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SchedulerInterval {
+    /// Once after each epoch, after validation (the default).
     Epoch,
+    /// After every optimizer step (Lightning's `interval: "step"`): for warm-ups and per-iteration
+    /// schedules.
     Step,
 }
 
@@ -23,13 +28,18 @@ pub enum SchedulerInterval {
 /// f32) while parameters and optimizer state stay f32; `16-mixed` also scales the loss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
+    /// `32`: everything in f32 (Lightning's `32-true`).
     #[default]
     Full,
+    /// `16-mixed`: autocast to f16, with a dynamic `GradScaler` on the loss.
     Mixed16,
+    /// `bf16-mixed`: autocast to bf16; no loss scaling, as bf16 has f32's range.
     MixedBf16,
 }
 
 impl Precision {
+    /// Reads Lightning's spellings `32`/`32-true`, `16-mixed`/`16` and `bf16-mixed`/`bf16`;
+    /// anything else is an error listing them.
     pub fn parse(s: &str) -> Result<Precision> {
         match s {
             "32" | "32-true" => Ok(Precision::Full),
@@ -41,6 +51,7 @@ impl Precision {
             )),
         }
     }
+    /// The canonical Lightning spelling (`32`, `16-mixed`, `bf16-mixed`), which `parse` reads back.
     pub fn name(self) -> &'static str {
         match self {
             Precision::Full => "32",
@@ -65,8 +76,23 @@ impl Precision {
 /// (`Generator::new(seed)` for initialisation and each Dropout, the samplers' seed for
 /// shuffling, `DataParallel::on_threads(..).shuffle(true, seed)`), and checkpoints store each
 /// stream's position, so a run is reproduced and resumed exactly without a process-wide seed.
+/// What the Trainer prints while it runs (Lightning's `enable_progress_bar`), through
+/// `ConsoleProgress` on stderr; needs the `console` feature, on by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// A bar over the run's steps with the loss and throughput (where stderr is a terminal),
+    /// and a line per epoch and checkpoint.
+    #[default]
+    Bar,
+    /// Only the lines: for logs and headless runs.
+    Lines,
+    /// Nothing; for replicas other than rank 0, and for callers with their own listeners.
+    Off,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainerConfig {
+    /// Epochs to train in all, counting those a resumed run already did (default 1).
     pub max_epochs: u64,
     /// Stop after this many optimizer steps, even mid-epoch.
     pub max_steps: Option<u64>,
@@ -74,15 +100,20 @@ pub struct TrainerConfig {
     pub limit_train_batches: Option<usize>,
     /// Optimizer step every K batches; gradients of the K batches are averaged.
     pub accumulate_grad_batches: usize,
+    /// Clips gradients before each optimizer step; `None` (the default) leaves them as they are.
     pub gradient_clip: Option<GradientClip>,
     /// Read the loss (a host sync) and emit a step event every N optimizer steps.
     pub log_every_n_steps: u64,
     /// Validate every N epochs (when a validation loader is given).
     pub check_val_every_n_epoch: u64,
+    /// When the setup's scheduler steps: once per epoch (the default) or once per optimizer step.
     pub scheduler_interval: SchedulerInterval,
+    /// Numeric precision (Lightning's `precision` flag); f32 by default.
     pub precision: Precision,
     /// The loss scaler a `16-mixed` run starts with (None: PyTorch's defaults).
     pub grad_scaler: Option<crate::optim::GradScaler>,
+    /// What the run prints to the terminal (default: a step bar and a line per epoch).
+    pub progress: Progress,
 }
 
 impl Default for TrainerConfig {
@@ -98,6 +129,7 @@ impl Default for TrainerConfig {
             scheduler_interval: SchedulerInterval::Epoch,
             precision: Precision::Full,
             grad_scaler: None,
+            progress: Progress::Bar,
         }
     }
 }

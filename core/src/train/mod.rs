@@ -7,6 +7,8 @@
 mod callbacks;
 pub mod checkpoint;
 mod config;
+#[cfg(feature = "console")]
+mod console;
 mod events;
 mod fit_loop;
 mod language_task;
@@ -21,7 +23,9 @@ mod task;
 mod trainer;
 
 pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
-pub use config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
+pub use config::{GradientClip, Precision, Progress, SchedulerInterval, TrainerConfig};
+#[cfg(feature = "console")]
+pub use console::ConsoleProgress;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use language_task::LanguageModeling;
 pub use metrics_log::JsonlWriter;

@@ -29,8 +29,11 @@ use crate::error::{Error, Result};
 /// Where `build` is making a replica: its rank among `world`, and its device.
 #[derive(Clone, Debug)]
 pub struct Replica {
+    /// This replica's rank, from 0; rank 0 validates, logs and saves checkpoints.
     pub rank: usize,
+    /// Replicas in the run: one per device.
     pub world: usize,
+    /// The device this replica trains on: build its model there.
     pub device: Device,
 }
 
@@ -57,7 +60,9 @@ struct Plan {
 
 /// Rank 0's model, optimizer and report after training.
 pub struct Trained {
+    /// Rank 0's trained model, optimizer and scheduler.
     pub setup: TrainingSetup,
+    /// Rank 0's report, its `samples_per_sec` summed over every replica.
     pub report: FitReport,
 }
 
@@ -210,7 +215,12 @@ impl Plan {
         let val = val
             .map(|v| DataLoader::simple(v, false, 0, loader_config))
             .transpose()?;
-        let mut trainer = Trainer::new(self.config.clone())?.with_strategy(DataParallel::new(reducer));
+        let mut config = self.config.clone();
+        if replica.rank != 0 {
+            // One console view per run, as with the other listeners.
+            config.progress = super::Progress::Off;
+        }
+        let mut trainer = Trainer::new(config)?.with_strategy(DataParallel::new(reducer));
         if let Some(prepare) = prepare {
             prepare(&mut trainer)?;
         }

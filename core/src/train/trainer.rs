@@ -25,19 +25,30 @@ use crate::tensor::Tensor;
 /// What `fit` reports at the end.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FitReport {
+    /// Epochs completed, counting those before a resume.
     pub epochs: u64,
+    /// Optimizer steps taken, counting those before a resume.
     pub steps: u64,
+    /// Wall-clock seconds of this `fit` call.
     pub train_seconds: f64,
+    /// Training samples per second over this `fit` call (summed over the replicas by
+    /// `DataParallel::on_threads`).
     pub samples_per_sec: f64,
     /// Time the loop spent waiting for the data loader.
     pub data_wait_seconds: f64,
+    /// The last completed epoch's mean training loss; `None` if no epoch ended.
     pub last_train_loss: Option<f64>,
+    /// The last completed epoch's validation metrics; `None` if that epoch did not validate.
     pub last_val: Option<EvalMetrics>,
+    /// Why training stopped: `max_epochs`, `max_steps`, `early stopping`, `stopped by request` or
+    /// `stopped by another replica`.
     pub stop_reason: String,
     /// A balanced run: each rank's samples of the global batch at the end, by rank.
     pub shares: Vec<usize>,
 }
 
+/// Lightning's `Trainer`: fits a `TrainingSetup` on data loaders with a `Strategy`, emits events to
+/// listeners, runs callbacks, and saves and resumes checkpoints.
 pub struct Trainer {
     pub(super) config: TrainerConfig,
     pub(super) listeners: Vec<Box<dyn EventListener>>,
@@ -51,11 +62,18 @@ pub struct Trainer {
 }
 
 impl Trainer {
+    /// A trainer on the setup's one device (`SingleDevice`) that prints progress as
+    /// `config.progress` says; an error if `config` fails `TrainerConfig::validate`.
     pub fn new(config: TrainerConfig) -> Result<Trainer> {
         config.validate()?;
+        let mut listeners: Vec<Box<dyn EventListener>> = Vec::new();
+        #[cfg(feature = "console")]
+        if config.progress != super::Progress::Off {
+            listeners.push(Box::new(super::ConsoleProgress::new(config.progress)));
+        }
         Ok(Trainer {
             config,
-            listeners: Vec::new(),
+            listeners,
             callbacks: Vec::new(),
             state: TrainerState::default(),
             started: Instant::now(),
@@ -64,9 +82,11 @@ impl Trainer {
             strategy: Box::new(SingleDevice),
         })
     }
+    /// The configuration it runs with.
     pub fn config(&self) -> &TrainerConfig {
         &self.config
     }
+    /// Its position in the run (epoch, batch, global step), as checkpoints store it.
     pub fn state(&self) -> &TrainerState {
         &self.state
     }
@@ -75,9 +95,11 @@ impl Trainer {
         self.strategy = Box::new(strategy);
         self
     }
+    /// Sends every event from now on to `listener`, after the listeners added before.
     pub fn add_listener(&mut self, listener: impl EventListener + 'static) {
         self.listeners.push(Box::new(listener));
     }
+    /// Adds a callback; each hook runs the callbacks in the order they were added.
     pub fn add_callback(&mut self, callback: impl Callback + 'static) {
         self.callbacks.push(Box::new(callback));
     }
@@ -221,5 +243,23 @@ impl Trainer {
             samples: m.samples,
         })?;
         Ok(m)
+    }
+}
+
+#[cfg(all(test, feature = "console"))]
+mod tests {
+    use super::*;
+    use crate::train::Progress;
+
+    #[test]
+    fn a_trainer_prints_its_progress_unless_told_not_to() {
+        let default = Trainer::new(TrainerConfig::default()).unwrap();
+        assert_eq!(default.listeners.len(), 1, "Lightning's default: a progress view");
+        let quiet = Trainer::new(TrainerConfig {
+            progress: Progress::Off,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(quiet.listeners.is_empty());
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use lockstep_core::distributed::ReducerConfig;
-use lockstep_core::train::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
+use lockstep_core::train::{GradientClip, Precision, Progress, SchedulerInterval, TrainerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
@@ -496,6 +496,7 @@ impl Args {
             log_every_n_steps: self.log_every,
             precision: Precision::parse(&self.precision).unwrap_or_default(),
             scheduler_interval: SchedulerInterval::Step,
+            progress: if self.headless { Progress::Lines } else { Progress::Bar },
             ..Default::default()
         }
     }

@@ -7,7 +7,6 @@ mod data;
 mod download;
 mod pipeline;
 mod process_group;
-mod progress;
 mod setup;
 mod summary;
 mod weights_dump;
@@ -23,7 +22,7 @@ use lockstep_core::data::{
 };
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
-    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Trainer,
+    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Progress, Trainer,
 };
 
 pub use args::Args;
@@ -334,14 +333,11 @@ fn replica(
     };
     let test = DataLoader::simple(test_set, false, 0, eval_config)?;
 
-    let mut trainer = with_strategy(
-        Trainer::new(args.trainer_config())?,
-        args,
-        &placement,
-        collectives,
-        &setup,
-        shares,
-    )?;
+    let mut config = args.trainer_config();
+    if rank != 0 {
+        config.progress = Progress::Off;
+    }
+    let mut trainer = with_strategy(Trainer::new(config)?, args, &placement, collectives, &setup, shares)?;
     if let Some((stop, pause)) = &hooks.controls {
         trainer = trainer.with_controls(stop.clone(), pause.clone());
     } else if let Some(stop) = &hooks.interrupted {
@@ -355,7 +351,6 @@ fn replica(
         if let Some(path) = &args.metrics_out {
             trainer.add_listener(JsonlWriter::create(path)?);
         }
-        trainer.add_listener(progress::ProgressBar::new(args.headless));
         if let Some(dir) = &args.checkpoint_dir {
             // Without validation there is no val_acc to rank by (the run would fail at the first
             // epoch end): keep only last.safetensors.
