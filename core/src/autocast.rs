@@ -37,6 +37,8 @@ pub struct AutocastGuard {
 }
 
 impl AutocastGuard {
+    /// Enters an autocast region on this thread (as `torch.autocast(dtype=...)`); an
+    /// `InvalidArgument` error unless `dtype` is F16 or BF16.
     pub fn new(dtype: DType) -> Result<AutocastGuard> {
         if !matches!(dtype, DType::F16 | DType::BF16) {
             return Err(Error::invalid(

@@ -76,6 +76,7 @@ impl Device {
         reg.open.insert(key, device.clone());
         Ok(device)
     }
+    /// The backend that runs this device's operations (for backend crates and custom kernels).
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
@@ -83,9 +84,12 @@ impl Device {
     pub fn location(&self) -> &str {
         &self.location
     }
+    /// What the device reports about itself: name, API, memory size (as shown by `lockstep devices`).
     pub fn info(&self) -> DeviceInfo {
         self.backend.info()
     }
+    /// Blocks until every operation queued on this device has finished (as `torch.cuda.synchronize`);
+    /// use it before reading wall-clock timings.
     pub fn synchronize(&self) -> Result<()> {
         self.backend.synchronize()
     }
@@ -115,6 +119,8 @@ const MAX_CPU_DEVICES: usize = 64;
 pub trait DeviceProvider: Send + Sync {
     /// The name before the colon: `wgpu`, `cuda`.
     fn prefix(&self) -> &'static str;
+    /// Opens device number `ordinal` of this kind, an error when the machine has no such device;
+    /// `Device::parse` calls it once per device and caches the result.
     fn open(&self, ordinal: usize) -> Result<Arc<dyn Backend>>;
     /// Every device of this kind present on the machine (empty, not an error, when none).
     fn list(&self) -> Vec<DeviceInfo>;

@@ -5,10 +5,14 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
+/// The element type of a tensor, as PyTorch's `torch.dtype`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit IEEE float (`torch.float32`): the default for parameters, activations and gradients.
     F32,
+    /// 16-bit IEEE half (`torch.float16`): 5 exponent bits, so mixed-precision training needs loss scaling.
     F16,
+    /// 16-bit brain float (`torch.bfloat16`): f32's exponent range with an 8-bit significand.
     BF16,
     /// Double precision: the CPU backend only, for gradient checks.
     F64,
@@ -19,8 +23,10 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, in declaration order; the MPI communicator encodes a dtype as its position here.
     pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::U32];
 
+    /// Bytes per element: 2, 4 or 8.
     pub fn size_in_bytes(self) -> usize {
         match self {
             DType::F16 | DType::BF16 => 2,
@@ -28,9 +34,11 @@ impl DType {
             DType::F64 | DType::I64 => 8,
         }
     }
+    /// True for the floating-point dtypes: f32, f16, bf16 and f64.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
+    /// The lowercase name (`f32`, `bf16`, `u32`, …) used by `Display` and in error messages.
     pub fn as_str(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -52,11 +60,17 @@ impl fmt::Display for DType {
 /// A typed host vector: what `Backend::to_host` returns and `Backend::from_host` takes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostVec {
+    /// Elements of an f32 tensor, in row-major order.
     F32(Vec<f32>),
+    /// Elements of an f16 tensor, as `half::f16`.
     F16(Vec<f16>),
+    /// Elements of a bf16 tensor, as `half::bf16`.
     BF16(Vec<bf16>),
+    /// Elements of an f64 tensor (CPU only).
     F64(Vec<f64>),
+    /// Elements of an i64 tensor, typically class labels.
     I64(Vec<i64>),
+    /// Elements of a u32 tensor: indices, argmax results or 0/1 masks.
     U32(Vec<u32>),
 }
 
@@ -76,6 +90,7 @@ macro_rules! map_host_vec {
 }
 
 impl HostVec {
+    /// The dtype of the elements held.
     pub fn dtype(&self) -> DType {
         match self {
             HostVec::F32(_) => DType::F32,
@@ -86,9 +101,11 @@ impl HostVec {
             HostVec::U32(_) => DType::U32,
         }
     }
+    /// Number of elements.
     pub fn len(&self) -> usize {
         map_host_vec!(self, v => v.len())
     }
+    /// True when it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -118,9 +135,13 @@ impl HostVec {
 
 /// A Rust type that a tensor can hold.
 pub trait Element: Copy + Send + Sync + fmt::Debug + PartialOrd + 'static {
+    /// The dtype of tensors holding this type.
     const DTYPE: DType;
+    /// The value as f64 (exact for every type but i64 beyond 2^53).
     fn to_f64(self) -> f64;
+    /// Converts from f64: rounding to nearest for floats, truncating toward zero and saturating for integers.
     fn from_f64(x: f64) -> Self;
+    /// Wraps a vector of this type as the matching `HostVec` variant, without copying.
     fn into_host(v: Vec<Self>) -> HostVec;
     /// Takes the vector out of a `HostVec` of this element type, or says which dtype it held.
     fn from_host(v: HostVec) -> Result<Vec<Self>>;

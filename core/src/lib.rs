@@ -2,6 +2,8 @@
 //! backend. Nothing here knows about a particular GPU API: devices plug in through
 //! `backend::Backend` and are chosen at run time by name.
 
+#![warn(missing_docs)]
+
 // `#[derive(Module)]` writes paths from `::lockstep_core`; inside this crate they name itself.
 extern crate self as lockstep_core;
 

@@ -99,18 +99,21 @@ pub struct Generator {
 }
 
 impl Generator {
+    /// A stream for `seed`, at its start (counter 0).
     pub fn new(seed: u64) -> Self {
         Generator {
             seed,
             counter: Mutex::new(0),
         }
     }
+    /// A stream resumed at a saved `state()`: the next draw continues exactly where that one stopped.
     pub fn from_state(seed: u64, counter: u64) -> Self {
         Generator {
             seed,
             counter: Mutex::new(counter),
         }
     }
+    /// The Philox key the stream was created with.
     pub fn seed(&self) -> u64 {
         self.seed
     }

@@ -4,22 +4,28 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
+/// The sizes of a tensor's dimensions, outermost first (as `torch.Size`); rank 0 is a scalar.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Shape(Vec<usize>);
 
 impl Shape {
+    /// A shape with these dimension sizes, outermost first.
     pub fn new(dims: impl Into<Vec<usize>>) -> Self {
         Shape(dims.into())
     }
+    /// The rank-0 shape of a scalar (one element).
     pub fn scalar() -> Self {
         Shape(vec![])
     }
+    /// The dimension sizes, outermost first.
     pub fn dims(&self) -> &[usize] {
         &self.0
     }
+    /// Number of dimensions (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.0.len()
     }
+    /// Number of elements: the product of the dimensions (1 for a scalar, 0 if any dimension is 0).
     pub fn elem_count(&self) -> usize {
         self.0.iter().product()
     }
@@ -115,12 +121,16 @@ impl fmt::Debug for Shape {
 /// `offset + i*strides[0] + j*strides[1] + ..`. Stride 0 is a broadcast dimension.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// The logical shape of the view, independent of how its elements are laid out.
     pub shape: Shape,
+    /// Buffer elements (not bytes) to step per index of each dimension; 0 repeats a broadcast value.
     pub strides: Vec<usize>,
+    /// Buffer index, in elements, of the first element.
     pub offset: usize,
 }
 
 impl Layout {
+    /// A row-major layout of `shape` starting at buffer index 0.
     pub fn contiguous(shape: impl Into<Shape>) -> Self {
         let shape = shape.into();
         let strides = shape.contiguous_strides();
@@ -130,9 +140,11 @@ impl Layout {
             offset: 0,
         }
     }
+    /// The view's dimension sizes (`shape.dims()`).
     pub fn dims(&self) -> &[usize] {
         self.shape.dims()
     }
+    /// Number of elements in the view (not the buffer's length).
     pub fn elem_count(&self) -> usize {
         self.shape.elem_count()
     }
@@ -156,6 +168,8 @@ impl Layout {
     pub fn offsets(&self) -> StridedOffsets<'_> {
         StridedOffsets::new(self)
     }
+    /// The same elements with dimensions reordered (dimension `i` of the result is `perm[i]` of this one),
+    /// as `torch.permute`; no data moves.
     pub fn permute(&self, perm: &[usize]) -> Layout {
         Layout {
             shape: Shape(perm.iter().map(|&p| self.shape.0[p]).collect()),

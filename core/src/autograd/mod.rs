@@ -36,6 +36,8 @@ pub struct NoGradGuard {
 }
 
 impl NoGradGuard {
+    /// Turns graph recording off on this thread (as `torch.no_grad()`); dropping the guard restores the
+    /// previous setting.
     pub fn new() -> Self {
         NoGradGuard {
             previous: GRAD_ENABLED.with(|g| g.replace(false)),
@@ -68,6 +70,8 @@ pub(crate) enum Edge {
     None,
 }
 
+/// One recorded operation in the autograd graph (PyTorch's `grad_fn`): its name and, until backward
+/// runs it, the edges to its inputs and its backward closure.
 pub struct Node {
     id: u64,
     name: &'static str,
@@ -89,6 +93,7 @@ impl Node {
             state: Mutex::new(Some(NodeState { edges, backward })),
         })
     }
+    /// The operation's name (`conv2d`, `gather`, …), which a tensor's `Debug` output shows as `grad_fn=`.
     pub fn name(&self) -> &'static str {
         self.name
     }

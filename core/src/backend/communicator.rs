@@ -10,17 +10,23 @@ use crate::error::{Error, Result};
 use crate::map_host_vec;
 use crate::shape::Layout;
 
+/// How a collective combines the ranks' values, elementwise (as `torch.distributed.ReduceOp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// The sum over ranks.
     Sum,
+    /// The sum divided by the world size (NCCL's `ncclAvg`), as DDP averages gradients.
     Mean,
+    /// The largest value over ranks.
     Max,
 }
 
 /// One rank's view of a group of ranks. Every rank must call the same collectives in the same
 /// order (as with NCCL and MPI); buffers are whole, contiguous and of equal dtype across ranks.
 pub trait Communicator: Send + Sync {
+    /// This member's index in the group, from 0.
     fn rank(&self) -> usize;
+    /// Number of ranks in the group.
     fn world_size(&self) -> usize;
     /// Reduces `buf` across ranks, in place; every rank ends with the same bits.
     fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()>;
@@ -30,6 +36,7 @@ pub trait Communicator: Send + Sync {
     fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()>;
     /// Reduces `input` (world_size × output length) across ranks; rank r keeps chunk r.
     fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()>;
+    /// Blocks until every rank of the group has called it (as `torch.distributed.barrier`).
     fn barrier(&self) -> Result<()>;
     /// Sends the whole of `buf` to rank `to`, which takes it with `recv` into a buffer of the
     /// same dtype and length (pipeline stages pass activations so). Messages from one rank to
@@ -93,6 +100,8 @@ impl LocalCommunicator {
         Self::group_with_timeout(backends, Duration::from_secs(600))
     }
 
+    /// As `group`, with the time a rank waits in a collective or `recv` for the others before failing
+    /// with an error naming the ranks that never arrived.
     pub fn group_with_timeout(backends: Vec<Arc<dyn Backend>>, timeout: Duration) -> Vec<LocalCommunicator> {
         let world = backends.len();
         let shared = Arc::new(Rendezvous {

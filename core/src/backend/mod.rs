@@ -26,15 +26,19 @@ use crate::shape::Layout;
 
 /// A device allocation. Backends downcast it to their own buffer type through `as_any`.
 pub trait BackendBuffer: Any + Send + Sync + fmt::Debug {
+    /// The buffer as `Any`, for the backend that made it to downcast to its own buffer type.
     fn as_any(&self) -> &dyn Any;
+    /// Element type of the allocation.
     fn dtype(&self) -> DType;
     /// Number of elements.
     fn len(&self) -> usize;
+    /// True for a zero-length allocation.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
+/// A shared handle to a device allocation; a tensor and all views of its storage hold clones of one.
 pub type BufferRef = Arc<dyn BackendBuffer>;
 
 /// What a device reports about itself (shown by `lockstep devices`).
@@ -46,6 +50,7 @@ pub struct DeviceInfo {
     pub name: String,
     /// `cpu`, `vulkan`, `metal`, `cuda`, …
     pub api: String,
+    /// Device memory in bytes (system RAM for the CPU); `None` when the backend cannot tell.
     pub total_memory_bytes: Option<u64>,
     /// A software implementation of a GPU API (lavapipe, llvmpipe, WARP): never picked by default.
     pub software: bool,
@@ -56,9 +61,15 @@ pub struct DeviceInfo {
 /// Allocator and utilisation counters. `None` means the backend cannot know, never zero.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MemoryStats {
+    /// Bytes in live buffers now.
     pub allocated_bytes: u64,
+    /// Bytes the allocator holds from the system or driver: live buffers plus cached free blocks
+    /// (at least `allocated_bytes`), as `torch.cuda.memory_reserved`.
     pub reserved_bytes: u64,
+    /// The highest `allocated_bytes` since the device was opened.
     pub peak_allocated_bytes: u64,
+    /// Fraction of time the device was busy, 0 to 1: on the CPU since the previous call, on CUDA over
+    /// NVML's last sample period.
     pub utilization: Option<f64>,
 }
 
@@ -74,7 +85,9 @@ pub struct WorkCounters {
 
 /// Tensor operations on one device. Work may be queued; only `to_host` and `synchronize` wait.
 pub trait Backend: Send + Sync + fmt::Debug {
+    /// Name, API and properties of the device.
     fn info(&self) -> DeviceInfo;
+    /// The allocator's counters now, and how busy the device has been.
     fn memory_stats(&self) -> MemoryStats;
     /// Launch counters; the CPU has none to count.
     fn work_counters(&self) -> WorkCounters {
@@ -84,8 +97,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn synchronize(&self) -> Result<()>;
 
     // --- buffers -------------------------------------------------------------------------------
+    /// A new buffer of `len` zeros of `dtype`.
     fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef>;
+    /// A new buffer of `len` elements of `dtype`, each `value` converted as `Element::from_f64` does.
     fn full(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef>;
+    /// A new buffer on this device holding a copy of `data`, of its dtype and length.
     // Named for what it does (a buffer on this device from host data), not a constructor.
     #[allow(clippy::wrong_self_convention)]
     fn from_host(&self, data: &HostVec) -> Result<BufferRef>;
@@ -109,7 +125,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef>;
 
     // --- elementwise (any layouts; binary operands are already broadcast to one shape) -------
+    /// `op` on every element of `src` as seen through `layout`: a contiguous buffer of the same float dtype.
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef>;
+    /// `op(lhs, rhs)` elementwise on float operands of one dtype, already broadcast to one shape;
+    /// contiguous output.
     fn binary(
         &self,
         op: BinaryOp,
@@ -167,7 +186,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<BufferRef>;
 
     // --- normalisation (contiguous input, over the last axis of `[rows, cols]`) ------------------
+    /// Softmax of each row of `[rows, cols]`, as `torch.softmax(x, dim=-1)`; a row holding a NaN or +inf
+    /// is NaN throughout.
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
+    /// Log-softmax of each row of `[rows, cols]`, as `torch.log_softmax(x, dim=-1)`: shifted by the row's
+    /// maximum, so large logits do not overflow.
     fn log_softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
     /// The gradient of `softmax_last` from its output `out` and the output gradient `grad`, one
     /// pass per row: `dx = out * (grad - sum(grad * out))`.
@@ -254,6 +277,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // --- in-place optimizer updates (contiguous f32 parameters and state) ------------------------
     /// `dst += alpha * src`.
     fn axpy(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()>;
+    /// One SGD update of `param` in place, as [`SgdStep`] describes; `momentum_buf` (as long as
+    /// `param`) is updated too when given, and `None` means no momentum. All buffers must be distinct.
     fn sgd_step(
         &self,
         param: &BufferRef,
@@ -261,6 +286,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
         momentum_buf: Option<&BufferRef>,
         step: &SgdStep,
     ) -> Result<()>;
+    /// One Adam/AdamW update of `param` in place, as [`AdamStep`] describes, updating the first and
+    /// second moment estimates `exp_avg` and `exp_avg_sq` (each as long as `param`).
     fn adam_step(
         &self,
         param: &BufferRef,

@@ -5,14 +5,23 @@ use crate::error::{Error, Result};
 /// Elementwise functions of one tensor. Parameters ride in the variant.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg,
+    /// `|x|`.
     Abs,
+    /// `e^x`.
     Exp,
+    /// Natural logarithm; NaN below 0, -inf at 0.
     Log,
+    /// Square root; NaN below 0.
     Sqrt,
+    /// `1 / x` (±inf at ±0).
     Recip,
+    /// Hyperbolic tangent, as `torch.tanh`.
     Tanh,
+    /// Logistic function `1 / (1 + e^-x)`, as `torch.sigmoid`.
     Sigmoid,
+    /// `max(x, 0)`, NaN staying NaN as in `torch.relu`.
     Relu,
     /// GELU with the exact erf form (PyTorch's default).
     Gelu,
@@ -22,7 +31,9 @@ pub enum UnaryOp {
     Powf(f64),
     /// `x * mul + add`.
     Affine {
+        /// Scale applied first.
         mul: f64,
+        /// Offset added after scaling.
         add: f64,
     },
     /// `max(x, min)`.
@@ -54,6 +65,7 @@ impl UnaryOp {
         UnaryOp::ClampMax(0.1),
         UnaryOp::NonFinite,
     ];
+    /// The op's lowercase name (`neg`, `gelu_grad`, `clamp_min`, …): kernel names and error messages use it.
     pub fn name(&self) -> &'static str {
         match self {
             UnaryOp::Neg => "neg",
@@ -76,19 +88,27 @@ impl UnaryOp {
     }
 }
 
+/// Elementwise functions of two float operands of one dtype and shape (broadcast beforehand).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryOp {
+    /// `lhs + rhs`.
     Add,
+    /// `lhs - rhs`.
     Sub,
+    /// `lhs * rhs`.
     Mul,
+    /// `lhs / rhs` (IEEE: ±inf or NaN on division by zero).
     Div,
     /// `lhs ^ rhs`.
     Pow,
+    /// The larger operand, NaN if either is (as `torch.maximum`).
     Maximum,
+    /// The smaller operand, NaN if either is (as `torch.minimum`).
     Minimum,
 }
 
 impl BinaryOp {
+    /// One of each variant, for conformance sweeps.
     pub const ALL: [BinaryOp; 7] = [
         BinaryOp::Add,
         BinaryOp::Sub,
@@ -98,6 +118,7 @@ impl BinaryOp {
         BinaryOp::Maximum,
         BinaryOp::Minimum,
     ];
+    /// The op's lowercase name (`add`, `maximum`, …), as kernels and error messages call it.
     pub fn name(&self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -111,18 +132,28 @@ impl BinaryOp {
     }
 }
 
+/// Elementwise comparisons for `Backend::compare`, giving 1 where true and 0 where false (as U32).
+/// Any comparison with NaN is false except `Ne`, as in IEEE and PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CmpOp {
+    /// `lhs == rhs`.
     Eq,
+    /// `lhs != rhs`.
     Ne,
+    /// `lhs < rhs`.
     Lt,
+    /// `lhs <= rhs`.
     Le,
+    /// `lhs > rhs`.
     Gt,
+    /// `lhs >= rhs`.
     Ge,
 }
 
 impl CmpOp {
+    /// Every comparison, for conformance sweeps.
     pub const ALL: [CmpOp; 6] = [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge];
+    /// The comparison's short name (`eq`, `lt`, …), as kernels and error messages call it.
     pub fn name(&self) -> &'static str {
         match self {
             CmpOp::Eq => "eq",
@@ -135,16 +166,23 @@ impl CmpOp {
     }
 }
 
+/// What `Backend::reduce` computes over the reduced axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceKind {
+    /// Sum (the CPU reference accumulates floats in f64).
     Sum,
+    /// Maximum; a NaN anywhere in the group wins, as in PyTorch.
     Max,
+    /// Minimum; a NaN anywhere in the group wins, as in PyTorch.
     Min,
+    /// U32 index of the first maximum along exactly one axis (NaN counts as the maximum), as `torch.argmax`.
     ArgMax,
 }
 
 impl ReduceKind {
+    /// Every reduction, for conformance sweeps.
     pub const ALL: [ReduceKind; 4] = [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min, ReduceKind::ArgMax];
+    /// The reduction's lowercase name (`sum`, `argmax`, …), as kernels and error messages call it.
     pub fn name(&self) -> &'static str {
         match self {
             ReduceKind::Sum => "sum",
@@ -182,45 +220,75 @@ pub fn split_axes(layout: &crate::shape::Layout, axes: &[usize]) -> [(Vec<usize>
     [kept, reduced]
 }
 
+/// The distribution `Backend::rand` draws from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Distribution {
     /// Uniform on `[low, high)`.
-    Uniform { low: f64, high: f64 },
+    Uniform {
+        /// Smallest value drawn (inclusive).
+        low: f64,
+        /// Upper bound, exclusive before rounding to the target dtype.
+        high: f64,
+    },
     /// Normal with this mean and standard deviation (Box–Muller).
-    Normal { mean: f64, std: f64 },
+    Normal {
+        /// Centre (μ): each value is `mean + std * z` for a standard normal `z`.
+        mean: f64,
+        /// Standard deviation σ, not the variance; 0 gives `mean` everywhere.
+        std: f64,
+    },
 }
 
 /// A contiguous `[outer, channels, inner]` view for `Backend::bias_act`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BiasGeometry {
+    /// Product of the dimensions before the channel axis (the batch, for NCHW).
     pub outer: usize,
+    /// Length of the channel axis, and of the bias.
     pub channels: usize,
+    /// Product of the dimensions after the channel axis: 1 for a linear layer, `h*w` for a convolution.
     pub inner: usize,
 }
 
+/// Sizes of a batched matrix product `[batch, m, k] @ [batch, k, n] -> [batch, m, n]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulDims {
+    /// Number of independent products.
     pub batch: usize,
+    /// Rows of the left operand and of the output.
     pub m: usize,
+    /// Columns of the right operand and of the output.
     pub n: usize,
+    /// The contracted length: columns of the left operand, rows of the right.
     pub k: usize,
 }
 
 /// Geometry of a 2-D convolution's unfolding: input `[n, c, h, w]`, kernel `kh x kw`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dGeometry {
+    /// Batch size.
     pub n: usize,
+    /// Input channels.
     pub c: usize,
+    /// Input height, before padding.
     pub h: usize,
+    /// Input width, before padding.
     pub w: usize,
+    /// Kernel height, in taps.
     pub kh: usize,
+    /// Kernel width, in taps.
     pub kw: usize,
+    /// Step between output positions, `[vertical, horizontal]`.
     pub stride: [usize; 2],
+    /// Implicit zeros added on each side, `[top and bottom, left and right]`.
     pub padding: [usize; 2],
+    /// Spacing between kernel taps, `[vertical, horizontal]` (1: adjacent taps).
     pub dilation: [usize; 2],
 }
 
 impl Conv2dGeometry {
+    /// Checks that strides and dilations are at least 1 and the dilated kernel fits the padded input;
+    /// `InvalidArgument` naming `op` otherwise. Call it before `out_h`/`out_w`, which assume so.
     pub fn validate(&self, op: &'static str) -> Result<()> {
         if self.stride.contains(&0) || self.dilation.contains(&0) {
             return Err(Error::invalid(op, "stride and dilation must be at least 1"));
@@ -239,9 +307,11 @@ impl Conv2dGeometry {
         }
         Ok(())
     }
+    /// Output height: `(h + 2*pad - dilation*(kh-1) - 1) / stride + 1`, as `torch.nn.Conv2d` computes it.
     pub fn out_h(&self) -> usize {
         (self.h + 2 * self.padding[0] - self.dilation[0] * (self.kh - 1) - 1) / self.stride[0] + 1
     }
+    /// Output width, by the same formula as `out_h` along the horizontal axis.
     pub fn out_w(&self) -> usize {
         (self.w + 2 * self.padding[1] - self.dilation[1] * (self.kw - 1) - 1) / self.stride[1] + 1
     }
@@ -250,16 +320,26 @@ impl Conv2dGeometry {
 /// Geometry of a 2-D max pooling window over `[n, c, h, w]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool2dGeometry {
+    /// Batch size.
     pub n: usize,
+    /// Channels (pooled independently).
     pub c: usize,
+    /// Input height, before padding.
     pub h: usize,
+    /// Input width, before padding.
     pub w: usize,
+    /// Window size, `[height, width]`.
     pub kernel: [usize; 2],
+    /// Step between windows, `[vertical, horizontal]` (PyTorch's default is the kernel size).
     pub stride: [usize; 2],
+    /// Implicit padding on each side, `[top and bottom, left and right]`; it never wins the max. At
+    /// most half the kernel.
     pub padding: [usize; 2],
 }
 
 impl Pool2dGeometry {
+    /// Checks kernel and stride are at least 1, padding at most half the kernel, and the window fits the
+    /// padded input (PyTorch's rules); `InvalidArgument` naming `op` otherwise.
     pub fn validate(&self, op: &'static str) -> Result<()> {
         if self.kernel.contains(&0) || self.stride.contains(&0) {
             return Err(Error::invalid(op, "kernel and stride must be at least 1"));
@@ -281,6 +361,7 @@ impl Pool2dGeometry {
         }
         Ok(())
     }
+    /// The same window as a convolution geometry (dilation 1), to reuse its output-size arithmetic.
     pub fn as_conv(&self) -> Conv2dGeometry {
         Conv2dGeometry {
             n: self.n,
@@ -294,9 +375,11 @@ impl Pool2dGeometry {
             dilation: [1, 1],
         }
     }
+    /// Output height, `(h + 2*padding - kernel) / stride + 1` (floor mode, as PyTorch's default).
     pub fn out_h(&self) -> usize {
         self.as_conv().out_h()
     }
+    /// Output width, by the same formula as `out_h` along the horizontal axis.
     pub fn out_w(&self) -> usize {
         self.as_conv().out_w()
     }
@@ -307,22 +390,35 @@ impl Pool2dGeometry {
 /// `p -= lr*g`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdStep {
+    /// Learning rate: the parameter moves by `-lr * g`.
     pub lr: f64,
+    /// Momentum factor (0: plain SGD, no buffer).
     pub momentum: f64,
+    /// Fraction of the new gradient left out of the momentum buffer (PyTorch's `dampening`, usually 0).
     pub dampening: f64,
+    /// L2 penalty added to the gradient as `wd * p`.
     pub weight_decay: f64,
+    /// Use Nesterov momentum: step along `g + momentum*buf` instead of `buf`.
     pub nesterov: bool,
+    /// True on the first step with momentum: the buffer is set to `g` rather than updated.
     pub first_step: bool,
 }
 
 /// One Adam/AdamW update, PyTorch semantics (step counts from 1; `decoupled` is AdamW).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamStep {
+    /// Step size: `p -= lr * m_hat / (sqrt(v_hat) + eps)` with bias-corrected moments.
     pub lr: f64,
+    /// Decay rate of the first moment (mean of gradients), PyTorch's `betas[0]`, usually 0.9.
     pub beta1: f64,
+    /// Decay rate of the second moment (mean of squared gradients), `betas[1]`, usually 0.999.
     pub beta2: f64,
+    /// Added to `sqrt(v_hat)` in the denominator so near-zero second moments do not blow up the step.
     pub eps: f64,
+    /// Weight decay: folded into the gradient (Adam, L2) or applied as `p *= 1 - lr*wd` (AdamW).
     pub weight_decay: f64,
+    /// True for AdamW's decoupled weight decay, false for Adam's L2 penalty.
     pub decoupled: bool,
+    /// This update's number, from 1, for the bias corrections `1 - beta^step`.
     pub step: u64,
 }

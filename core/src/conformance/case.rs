@@ -19,6 +19,7 @@ pub type Oracle = Arc<dyn Fn(&[HostTensor]) -> Vec<HostTensor> + Send + Sync>;
 
 /// Where and how one evaluation of a case runs.
 pub struct Ctx<'a> {
+    /// The device the inputs were built on and the forward pass runs on (the CPU for the reference).
     pub device: &'a Device,
     /// The dtype of this evaluation's float tensors (F64 for the reference).
     pub dtype: DType,
@@ -31,76 +32,107 @@ pub struct Ctx<'a> {
 /// How an input's values are drawn. All are deterministic functions of the case seed.
 #[derive(Clone, Debug)]
 pub enum Values {
+    /// Uniform on `[low, high)`.
     Uniform {
+        /// Inclusive lower bound.
         low: f64,
+        /// Exclusive upper bound.
         high: f64,
     },
+    /// Drawn from the normal distribution N(mean, std²).
     Normal {
+        /// Mean of the distribution.
         mean: f64,
+        /// Standard deviation of the distribution.
         std: f64,
     },
     /// `center ± m` with `m` uniform in `[lo, hi]` and a random sign: keeps finite differences
     /// away from kinks at `center` (relu and abs at 0, clamps at their bound).
     AwayFrom {
+        /// The kink to stay away from.
         center: f64,
+        /// Smallest distance from `center`.
         lo: f64,
+        /// Largest distance from `center`.
         hi: f64,
     },
     /// Evenly spaced over `[low, high)` in random order: no ties for max, min and their gradients.
     Distinct {
+        /// Lower end of the range; the smallest value lies half a step above it.
         low: f64,
+        /// Upper end of the range; the largest value lies half a step below it.
         high: f64,
     },
     /// `step * (k + phase)` for random integers `k` in `[-half_range, half_range]`. Exact in every
     /// float dtype; two inputs with different phases never tie, equal phases tie on purpose.
     Lattice {
+        /// Spacing of the lattice.
         step: f64,
+        /// Offset added to `k`, in units of `step`.
         phase: f64,
+        /// Largest |k|: the lattice has `2 * half_range + 1` points.
         half_range: u32,
     },
     /// Random integers in `[0, bound)`: indices or labels.
     Indices {
+        /// Exclusive upper bound of the integers.
         bound: usize,
     },
     /// Random 0/1 (a `where_cond` mask).
     Mask,
+    /// Exactly these values, in row-major storage order (as many as the shape holds).
     Given(Vec<f64>),
 }
 
 /// The element type of an input: the dtype under test, or a fixed integer type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// The evaluation's float dtype: the dtype under test on the device, F64 for the reference.
     Float,
+    /// Unsigned 32-bit integers (indices, masks).
     U32,
+    /// Signed 64-bit integers (labels, as PyTorch's `long`).
     I64,
 }
 
 /// A view applied to an input after it is created, so the backend sees strided layouts.
 #[derive(Clone, Debug)]
 pub enum View {
+    /// Axes reordered as `Tensor::permute` does.
     Permute(Vec<usize>),
+    /// A slice along one axis, as `Tensor::narrow`.
     Narrow {
+        /// The axis sliced.
         axis: usize,
+        /// First index kept along `axis`.
         start: usize,
+        /// Number of indices kept along `axis`.
         len: usize,
     },
     /// Broadcast (stride 0) to these dims.
     Broadcast(Vec<usize>),
 }
 
+/// One named input of a case: its storage shape, how its values are drawn, its element type and the views the
+/// forward pass sees it through.
 #[derive(Clone, Debug)]
 pub struct Input {
+    /// Name shown in reports; the input's gradient result is called `grad:<name>`.
     pub name: &'static str,
     /// The shape of the storage, before views.
     pub shape: Vec<usize>,
+    /// How the storage values are drawn from the case seed.
     pub values: Values,
+    /// Element type; only `Kind::Float` inputs can have a gradient.
     pub kind: Kind,
+    /// Views applied in order after the tensor is created, so backends see strided layouts.
     pub views: Vec<View>,
     /// Whether the input's gradient is compared (float inputs of differentiable cases).
     pub grad: bool,
 }
 
 impl Input {
+    /// A float input drawn from `values`, whose gradient is compared.
     pub fn float(name: &'static str, shape: impl Into<Vec<usize>>, values: Values) -> Input {
         Input {
             name,
@@ -111,6 +143,7 @@ impl Input {
             grad: true,
         }
     }
+    /// A U32 input of random integers in `[0, bound)` (indices), without a gradient.
     pub fn indices(name: &'static str, shape: impl Into<Vec<usize>>, bound: usize) -> Input {
         Input {
             name,
@@ -121,12 +154,14 @@ impl Input {
             grad: false,
         }
     }
+    /// An I64 input of random integers in `[0, bound)` (class labels), without a gradient.
     pub fn labels_i64(name: &'static str, shape: impl Into<Vec<usize>>, bound: usize) -> Input {
         Input {
             kind: Kind::I64,
             ..Input::indices(name, shape, bound)
         }
     }
+    /// A U32 input of random 0/1 values (a `where_cond` mask), without a gradient.
     pub fn mask(name: &'static str, shape: impl Into<Vec<usize>>) -> Input {
         Input {
             name,
@@ -137,14 +172,17 @@ impl Input {
             grad: false,
         }
     }
+    /// Leaves this input's gradient out of the comparison.
     pub fn no_grad(mut self) -> Input {
         self.grad = false;
         self
     }
+    /// Sets the element type.
     pub fn kind(mut self, kind: Kind) -> Input {
         self.kind = kind;
         self
     }
+    /// Appends a view, applied after the ones already added.
     pub fn view(mut self, view: View) -> Input {
         self.views.push(view);
         self
@@ -258,8 +296,11 @@ pub fn dims_label(dims: &[usize]) -> String {
 /// One conformance case. `name` is unique; `ops` are the backend methods it exercises, written
 /// `method` or `method:variant` (`unary:gelu`, `reduce:argmax`, `compare:eq`).
 pub struct Case {
+    /// Unique case name, e.g. `matmul_transposed`, shown in reports.
     pub name: String,
+    /// Backend methods exercised, as `method` or `method:variant`.
     pub ops: Vec<String>,
+    /// Inputs in the order the forward pass receives them.
     pub inputs: Vec<Input>,
     /// Whether input gradients are compared (and checked by finite differences).
     pub backward: bool,
@@ -270,11 +311,15 @@ pub struct Case {
     pub dtypes: Option<Vec<DType>>,
     /// Multiplies the dtype's tolerance, for ops that amplify rounding (long sums, pow).
     pub tol_scale: f64,
+    /// The operation under test: maps the input tensors to the outputs to compare.
     pub forward: Forward,
+    /// Optional plain-f64 implementation that checks the CPU reference's forward values.
     pub oracle: Option<Oracle>,
 }
 
 impl Case {
+    /// A case named `name` exercising `ops` through `forward`: differentiable, gradient-checked, every float
+    /// dtype, tolerance scale 1, no inputs yet.
     pub fn new(
         name: impl Into<String>,
         ops: &[&str],
@@ -292,27 +337,33 @@ impl Case {
             oracle: None,
         }
     }
+    /// Appends an input (the forward pass receives them in order).
     pub fn input(mut self, input: Input) -> Case {
         self.inputs.push(input);
         self
     }
+    /// Compares forward outputs only: no backward pass and no finite-difference check.
     pub fn forward_only(mut self) -> Case {
         self.backward = false;
         self.gradcheck = false;
         self
     }
+    /// Keeps the backward comparison but skips the finite-difference check.
     pub fn no_gradcheck(mut self) -> Case {
         self.gradcheck = false;
         self
     }
+    /// Restricts the case to `dtypes` (by default every float dtype).
     pub fn dtypes(mut self, dtypes: &[DType]) -> Case {
         self.dtypes = Some(dtypes.to_vec());
         self
     }
+    /// Multiplies the dtype's tolerance by `scale`, for ops that amplify rounding.
     pub fn tol_scale(mut self, scale: f64) -> Case {
         self.tol_scale = scale;
         self
     }
+    /// Adds a plain-f64 oracle that `run_oracles` checks the forward outputs against.
     pub fn oracle(mut self, oracle: impl Fn(&[HostTensor]) -> Vec<HostTensor> + Send + Sync + 'static) -> Case {
         self.oracle = Some(Arc::new(oracle));
         self

@@ -16,12 +16,18 @@ pub const RTOL: f64 = 1e-5;
 /// Inputs with more elements are checked on an evenly spread subset, to bound the run time.
 const MAX_ELEMENTS: usize = 400;
 
+/// The finite-difference check of one input of one case.
 #[derive(Clone, Debug)]
 pub struct GradcheckReport {
+    /// Name of the case checked.
     pub case: String,
+    /// Name of the input whose gradient was checked (`-` when the case failed to run).
     pub input: String,
+    /// How many elements were perturbed (an evenly spread subset of at most about 400).
     pub elements_checked: usize,
+    /// Largest |finite difference - autograd| over the checked elements (NaN when the case failed to run).
     pub max_abs_err: f64,
+    /// True when every checked element was within tolerance.
     pub passed: bool,
     /// The worst element, or the error that stopped the check.
     pub detail: String,

@@ -4,7 +4,9 @@
 /// A row-major array of f64 values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// Size of each axis, outermost first.
     pub dims: Vec<usize>,
+    /// The elements in row-major order, as many as the product of `dims`.
     pub values: Vec<f64>,
 }
 
@@ -34,17 +36,21 @@ fn ravel(idx: &[usize], dims: &[usize]) -> usize {
 }
 
 impl HostTensor {
+    /// A tensor of `dims` over row-major `values` (their count must be the product of `dims`).
     pub fn new(dims: impl Into<Vec<usize>>, values: Vec<f64>) -> HostTensor {
         let dims = dims.into();
         debug_assert_eq!(dims.iter().product::<usize>(), values.len());
         HostTensor { dims, values }
     }
+    /// The number of elements.
     pub fn len(&self) -> usize {
         self.values.len()
     }
+    /// True when the tensor has no elements.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }
+    /// The element at multi-index `idx`.
     pub fn at(&self, idx: &[usize]) -> f64 {
         self.values[ravel(idx, &self.dims)]
     }
@@ -55,15 +61,18 @@ impl HostTensor {
         let values = (0..n).map(|i| f(&unravel(i, &dims))).collect();
         HostTensor { dims, values }
     }
+    /// `f` applied to every element, same shape.
     pub fn map(&self, f: impl Fn(f64) -> f64) -> HostTensor {
         HostTensor {
             dims: self.dims.clone(),
             values: self.values.iter().map(|&x| f(x)).collect(),
         }
     }
+    /// The same row-major values seen with `dims` (same element count).
     pub fn reshape(&self, dims: impl Into<Vec<usize>>) -> HostTensor {
         HostTensor::new(dims, self.values.clone())
     }
+    /// Axes reordered so output axis `i` is input axis `perm[i]`, as `torch.permute`.
     pub fn permute(&self, perm: &[usize]) -> HostTensor {
         let dims: Vec<usize> = perm.iter().map(|&p| self.dims[p]).collect();
         HostTensor::from_fn(dims, |idx| {
@@ -74,6 +83,7 @@ impl HostTensor {
             self.at(&src)
         })
     }
+    /// Indices `start..start + len` along `axis`, as `torch.narrow`.
     pub fn narrow(&self, axis: usize, start: usize, len: usize) -> HostTensor {
         let mut dims = self.dims.clone();
         dims[axis] = len;
@@ -131,6 +141,7 @@ impl HostTensor {
         }
         out
     }
+    /// Sum over `axes`, kept as size 1 when `keepdim`.
     pub fn sum(&self, axes: &[usize], keepdim: bool) -> HostTensor {
         self.reduce(axes, keepdim, 0.0, |a, x| a + x)
     }
@@ -167,6 +178,7 @@ pub fn min_nan(a: f64, b: f64) -> f64 {
     -max_nan(-a, -b)
 }
 
+/// The NumPy broadcast of shapes `a` and `b` (assumes they are compatible).
 pub fn broadcast_dims(a: &[usize], b: &[usize]) -> Vec<usize> {
     let rank = a.len().max(b.len());
     let get = |d: &[usize], i: usize| if i + d.len() >= rank { d[i + d.len() - rank] } else { 1 };

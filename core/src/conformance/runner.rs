@@ -29,8 +29,11 @@ pub enum Pass {
 /// (`grad:x`), read back as f64.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
+    /// `out` (or `out0`, `out1`, … for several outputs), or `grad:<input>` for a gradient.
     pub name: String,
+    /// The dtype the result was computed in (F64 for the reference).
     pub dtype: DType,
+    /// The result's shape.
     pub dims: Vec<usize>,
     /// None: no gradient reached this input.
     pub values: Option<Vec<f64>>,
@@ -41,6 +44,7 @@ pub struct Observed {
 /// What happened to one case in one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
+    /// Every result within tolerance.
     Pass,
     /// Results differ beyond tolerance (or in shape); the string says where.
     Fail(String),
@@ -50,13 +54,20 @@ pub enum Outcome {
     Unsupported(String),
 }
 
+/// The outcome of one case in one dtype on one device: one row of the table `format_table` prints.
 #[derive(Clone, Debug)]
 pub struct CaseReport {
+    /// The device checked, e.g. `wgpu:0`.
     pub device: String,
+    /// The case's name.
     pub case: String,
+    /// Backend methods the case exercises (`unary:gelu`, …).
     pub ops: Vec<String>,
+    /// The dtype the case ran in on the device.
     pub dtype: DType,
+    /// Input shapes as the forward pass saw them, e.g. `x:13x7(T) y:13`.
     pub shapes: String,
+    /// Pass, failure, error or unsupported dtype.
     pub outcome: Outcome,
     /// Largest |device - reference| over every compared value.
     pub max_abs_err: f64,
@@ -69,6 +80,7 @@ pub struct CaseReport {
 }
 
 impl CaseReport {
+    /// True when the outcome is [`Outcome::Pass`].
     pub fn passed(&self) -> bool {
         self.outcome == Outcome::Pass
     }
@@ -168,9 +180,13 @@ pub fn evaluate(
 /// The worst errors of a comparison, and the first failure found.
 #[derive(Clone, Debug, Default)]
 pub struct Comparison {
+    /// Largest |device - reference| over the finite errors.
     pub max_abs_err: f64,
+    /// Largest |device - reference| / |reference| over references above the tolerance's `atol`.
     pub max_rel_err: f64,
+    /// Largest error as a fraction of the error allowed there (above 1 fails).
     pub tol_used: f64,
+    /// The first mismatch found (value, shape or missing gradient); `None` when everything matched.
     pub failure: Option<String>,
 }
 

@@ -10,13 +10,17 @@
 
 use crate::dtype::DType;
 
+/// How close a result must be to the reference: `|value - reference| <= atol + rtol * |reference|`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance {
+    /// Absolute allowance, in the units of the values.
     pub atol: f64,
+    /// Allowance relative to `|reference|`.
     pub rtol: f64,
 }
 
 impl Tolerance {
+    /// Zero allowance: integer results (indices, masks, casts) must match exactly.
     pub const EXACT: Tolerance = Tolerance { atol: 0.0, rtol: 0.0 };
 
     /// The tolerance for results held in `dtype`.
@@ -33,6 +37,7 @@ impl Tolerance {
         }
     }
 
+    /// Both `atol` and `rtol` multiplied by `scale` (a case's `tol_scale`).
     pub fn scaled(self, scale: f64) -> Tolerance {
         Tolerance {
             atol: self.atol * scale,

@@ -16,11 +16,14 @@ use crate::error::{Error, Result};
 /// A rank's running totals, as the trainer counts them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkDone {
+    /// Samples this rank has processed so far: a running total, of which only the growth between calls counts.
     pub samples: u64,
     /// Forward, backward (to the device's completion) and optimizer seconds.
     pub compute_seconds: f64,
 }
 
+/// Keeps the ranks' shares of the global batch proportional to their measured speed, re-balancing
+/// every `every` optimizer steps (default 200); every rank holds one and calls it at the same steps.
 pub struct Balancer {
     shares: BatchShares,
     comm: Arc<dyn Communicator>,

@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::tensor::Tensor;
 
+/// Gradient bucket sizes for [`Reducer`], as DDP's `bucket_cap_mb`; the default is PyTorch's 1 MiB
+/// first bucket and 25 MiB after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReducerConfig {
     /// Capacity of the first bucket (PyTorch: 1 MiB), so the first all-reduce starts early.
@@ -50,6 +52,7 @@ impl Default for ReducerConfig {
 /// Communication of the last synchronised step, for reports and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CommTimes {
+    /// Number of buckets all-reduced (one collective each).
     pub buckets: usize,
     /// Seconds the buckets' all-reduces ran (one after another on the communication thread).
     pub all_reduce: f64,
@@ -80,6 +83,8 @@ struct State {
     last: CommTimes,
 }
 
+/// Averages gradients across data-parallel replicas as backward produces them, bucket by bucket,
+/// as PyTorch's `DistributedDataParallel`; call `finish` after each backward.
 pub struct Reducer {
     state: Arc<Mutex<State>>,
     /// Running statistics and other buffers, kept equal to rank 0's after every step.

@@ -17,12 +17,17 @@ use crate::tensor::Tensor;
 /// A GPT's shape. `named` gives nanoGPT's sizes; the vocabulary comes from the data.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GptConfig {
+    /// Distinct token ids: the rows of `wte` and the width of the logits (50304 in the `named` sizes).
     pub vocab_size: usize,
     /// The longest context (positions the model has embeddings for).
     pub block_size: usize,
+    /// Number of transformer blocks.
     pub n_layer: usize,
+    /// Attention heads per block; must divide `n_embd`.
     pub n_head: usize,
+    /// Width of the residual stream (the embedding size); each MLP is 4x wider.
     pub n_embd: usize,
+    /// Probability of every dropout layer (embeddings, attention weights, residual outputs); 0 disables them.
     pub dropout: f64,
 }
 
@@ -49,12 +54,15 @@ impl GptConfig {
             dropout,
         })
     }
+    /// Sets the vocabulary size, usually the data set's.
     pub fn vocab_size(self, vocab_size: usize) -> Self {
         GptConfig { vocab_size, ..self }
     }
+    /// Sets the longest context, which is the number of position embeddings.
     pub fn block_size(self, block_size: usize) -> Self {
         GptConfig { block_size, ..self }
     }
+    /// Sets the depth `n_layer`, the heads `n_head` and the width `n_embd` (a multiple of `n_head`).
     pub fn layers(self, n_layer: usize, n_head: usize, n_embd: usize) -> Self {
         GptConfig {
             n_layer,
@@ -63,6 +71,7 @@ impl GptConfig {
             ..self
         }
     }
+    /// Sets the probability of every dropout layer.
     pub fn dropout(self, dropout: f64) -> Self {
         GptConfig { dropout, ..self }
     }
@@ -82,12 +91,16 @@ impl GptConfig {
 /// The feed-forward half of a block: widen 4x, GELU, project back.
 #[derive(Module)]
 pub struct Mlp {
+    /// Widening projection, `n_embd` to `4 * n_embd`, with the GELU fused into its output.
     pub c_fc: Linear,
+    /// Projection back, `4 * n_embd` to `n_embd`, initialised with the residual std `0.02/sqrt(2·n_layer)`.
     pub c_proj: Linear,
+    /// Dropout on the MLP's output.
     pub dropout: Dropout,
 }
 
 impl Mlp {
+    /// `[batch, t, n_embd]` to the same shape.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let hidden = self.c_fc.forward_act(x, Some(UnaryOp::Gelu))?;
         self.dropout.forward(&self.c_proj.forward(&hidden)?)
@@ -97,13 +110,18 @@ impl Mlp {
 /// One pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
 #[derive(Module)]
 pub struct Block {
+    /// LayerNorm applied before attention.
     pub ln_1: LayerNorm,
+    /// Causal self-attention on `ln_1`'s output, added back to the residual stream.
     pub attn: CausalSelfAttention,
+    /// LayerNorm applied before the MLP.
     pub ln_2: LayerNorm,
+    /// Feed-forward network on `ln_2`'s output, added back to the residual stream.
     pub mlp: Mlp,
 }
 
 impl Block {
+    /// `[batch, t, n_embd]` to the same shape, both residual additions included.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
         x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
@@ -113,14 +131,20 @@ impl Block {
 /// Everything but the head: token ids `[batch, t]` to normalised states `[batch, t, n_embd]`.
 #[derive(Module)]
 pub struct Transformer {
+    /// Token embedding `[vocab_size, n_embd]`, also the output head's weight (tied).
     pub wte: Embedding,
+    /// Learned position embedding `[block_size, n_embd]`.
     pub wpe: Embedding,
+    /// Dropout on the sum of token and position embeddings.
     pub drop: Dropout,
+    /// The `n_layer` blocks in order (`transformer.h.0`, `transformer.h.1`, …).
     pub h: Vec<Block>,
+    /// Final LayerNorm before the head.
     pub ln_f: LayerNorm,
 }
 
 impl Transformer {
+    /// Token ids `[batch, t]` (`1 <= t <= block_size`) to normalised states `[batch, t, n_embd]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let (t, block_size) = (ids.dims().last().copied().unwrap_or(0), self.wpe.weight.dims()[0]);
         if ids.rank() != 2 || t == 0 || t > block_size {
@@ -145,7 +169,9 @@ impl Transformer {
 
 /// The model: the transformer and a bias-free head that shares `transformer.wte.weight`.
 pub struct Gpt {
+    /// Embeddings, blocks and final LayerNorm, under `transformer.` in the state dict.
     pub transformer: Transformer,
+    /// The sizes the model was built with.
     pub config: GptConfig,
 }
 

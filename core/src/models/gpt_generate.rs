@@ -17,6 +17,7 @@ pub struct Sampling {
     pub temperature: f64,
     /// Only the `k` most likely tokens may be drawn (None: any).
     pub top_k: Option<usize>,
+    /// Seeds the draws: the same seed and prompt give the same tokens on every device (default 0).
     pub seed: u64,
 }
 

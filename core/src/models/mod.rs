@@ -32,7 +32,9 @@ pub const NAMES: [&str; 7] = [
 /// apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Input {
+    /// Channels, height and width of each image, `[c, h, w]`.
     pub image: [usize; 3],
+    /// Number of classes: the width of the model's output logits.
     pub classes: usize,
 }
 

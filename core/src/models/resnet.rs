@@ -45,10 +45,15 @@ impl Block {
 /// A ResNet's shape: its block, the blocks per stage, the stem, input channels and classes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResNetConfig {
+    /// Residual block type: `Basic` for ResNet-18/34, `Bottleneck` for ResNet-50.
     pub block: Block,
+    /// Blocks in each of the four stages `layer1`..`layer4` (e.g. `[2, 2, 2, 2]` for ResNet-18).
     pub layers: [usize; 4],
+    /// The first layers: ImageNet's for large images, CIFAR's for small ones.
     pub stem: Stem,
+    /// Channels of the input images (3 for RGB, 1 for MNIST).
     pub in_channels: usize,
+    /// Outputs of the final `fc` layer.
     pub classes: usize,
 }
 
@@ -72,12 +77,15 @@ impl ResNetConfig {
             classes: 1000,
         })
     }
+    /// Swaps the stem, e.g. to [`Stem::Cifar`] for 32px images.
     pub fn stem(self, stem: Stem) -> Self {
         ResNetConfig { stem, ..self }
     }
+    /// Sets the input image channels (`conv1`'s input).
     pub fn in_channels(self, in_channels: usize) -> Self {
         ResNetConfig { in_channels, ..self }
     }
+    /// Sets the number of classes (`fc`'s outputs).
     pub fn classes(self, classes: usize) -> Self {
         ResNetConfig { classes, ..self }
     }
@@ -201,14 +209,21 @@ fn shortcut(downsample: &Option<Sequential>, x: &Tensor) -> Result<Tensor> {
 /// relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
 #[derive(Module)]
 pub struct BasicBlock {
+    /// 3x3 convolution carrying the block's stride.
     pub conv1: Conv2d,
+    /// Batch norm of `conv1`'s output, followed by ReLU.
     pub bn1: BatchNorm,
+    /// 3x3 convolution with stride 1.
     pub conv2: Conv2d,
+    /// Batch norm of `conv2`'s output, before the residual addition.
     pub bn2: BatchNorm,
+    /// Projection of the shortcut (1x1 strided convolution, batch norm) when the stride or width changes;
+    /// `None` for the identity.
     pub downsample: Option<Sequential>,
 }
 
 impl BasicBlock {
+    /// NCHW to NCHW with `planes` channels and the spatial size divided by the block's stride.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
         let h = self.bn2.forward(&self.conv2.forward(&h)?)?;
@@ -219,16 +234,25 @@ impl BasicBlock {
 /// relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x)).
 #[derive(Module)]
 pub struct Bottleneck {
+    /// 1x1 convolution narrowing to `planes` channels.
     pub conv1: Conv2d,
+    /// Batch norm of `conv1`'s output, followed by ReLU.
     pub bn1: BatchNorm,
+    /// 3x3 convolution carrying the block's stride (torchvision's v1.5).
     pub conv2: Conv2d,
+    /// Batch norm of `conv2`'s output, followed by ReLU.
     pub bn2: BatchNorm,
+    /// 1x1 convolution widening to `4 * planes` channels.
     pub conv3: Conv2d,
+    /// Batch norm of `conv3`'s output, before the residual addition.
     pub bn3: BatchNorm,
+    /// Projection of the shortcut to `4 * planes` channels (1x1 convolution, batch norm) when the stride or width
+    /// changes; `None` for the identity.
     pub downsample: Option<Sequential>,
 }
 
 impl Bottleneck {
+    /// NCHW to NCHW with `4 * planes` channels and the spatial size divided by the block's stride.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
         let h = self.bn2.forward(&self.conv2.forward(&h)?)?.relu()?;

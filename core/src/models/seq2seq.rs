@@ -41,11 +41,15 @@ pub fn seq2seq(hidden: usize, device: &Device, generator: &Generator) -> Result<
 /// state beside the decoder's input, `[batch, hidden + steps]`.
 #[derive(Module)]
 pub struct Encoder {
+    /// Embedding of the source tokens: 12 ids (digits 0-9, padding, start) to 32 features.
     pub embedding: Embedding,
+    /// Single-layer, batch-first GRU over the embedded source; its final state is what the encoder passes on.
     pub gru: Recurrent,
 }
 
 impl Encoder {
+    /// Tokens `[batch, 40]` (20 source ids, then 20 decoder-input ids) to `[batch, hidden + 20]` f32: the GRU's
+    /// final state beside the decoder input.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() != 2 || x.dims()[1] != 2 * MAX_LEN {
             return Err(Error::invalid(
@@ -63,14 +67,19 @@ impl Encoder {
 /// Reads the encoder's `[batch, hidden + steps]`; returns logits `[batch, steps, vocab]`.
 #[derive(Module)]
 pub struct Decoder {
+    /// Embedding of the decoder's input tokens (its own table, not the encoder's).
     pub embedding: Embedding,
+    /// Single-layer, batch-first GRU started from the encoder's final state.
     pub gru: Recurrent,
+    /// Projection of each GRU output step, `hidden` to the 12 token logits.
     pub out: Linear,
     #[module(training)]
     training: bool,
 }
 
 impl Decoder {
+    /// The encoder's `[batch, hidden + 20]` to logits `[batch, 20, 12]`: teacher-forced in training, greedy decoding
+    /// from the start token in evaluation.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let hidden = self.hidden();
         if x.rank() != 2 || x.dims()[1] != hidden + MAX_LEN {

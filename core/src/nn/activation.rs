@@ -5,6 +5,7 @@ use crate::backend::UnaryOp;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+/// `max(x, 0)` elementwise, as `torch.nn.ReLU`; inside a `Sequential` it is fused into a preceding Linear or Conv2d.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Relu;
 

@@ -10,12 +10,18 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// Causal multi-head self-attention as GPT-2 and nanoGPT build it: `[batch, t, n_embd]` in and out.
 #[derive(Module)]
 pub struct CausalSelfAttention {
+    /// Joint query/key/value projection, `n_embd` to `3 * n_embd` (q, k, v concatenated on the last axis).
     pub c_attn: Linear,
+    /// Output projection, `n_embd` to `n_embd`.
     pub c_proj: Linear,
+    /// Dropout on the attention weights; its `p` and stream are passed to `Tensor::causal_attention`.
     pub attn_dropout: Dropout,
+    /// Dropout on the output of `c_proj`.
     pub resid_dropout: Dropout,
+    /// Number of heads; each attends over `n_embd / n_head` channels.
     #[module(skip)]
     pub n_head: usize,
 }

@@ -54,7 +54,9 @@ pub struct BatchNorm {
     pub weight: Option<Tensor>,
     /// Shift (zeros), absent when not affine.
     pub bias: Option<Tensor>,
+    /// Per-channel `[C]` mean, initialised to 0 and blended with each training batch's mean by `momentum`.
     pub running_mean: Tensor,
+    /// Per-channel `[C]` unbiased variance, initialised to 1 and blended with each training batch's by `momentum`.
     pub running_var: Tensor,
     /// I64 scalar, as in PyTorch; counts training batches.
     pub num_batches_tracked: Tensor,
@@ -71,6 +73,8 @@ pub struct BatchNorm1d;
 pub struct BatchNorm2d;
 
 impl BatchNorm1d {
+    /// Batch norm over `num_features` channels of `[N, C]` or `[N, C, L]` inputs, as `torch.nn.BatchNorm1d`
+    /// (affine, momentum 0.1, eps 1e-5).
     #[allow(clippy::new_ret_no_self)]
     pub fn new(num_features: usize, device: &Device) -> Result<BatchNorm> {
         BatchNorm::new(Kind::OneD, num_features, device)
@@ -78,6 +82,8 @@ impl BatchNorm1d {
 }
 
 impl BatchNorm2d {
+    /// Batch norm over `num_features` channels of NCHW inputs, as `torch.nn.BatchNorm2d`
+    /// (affine, momentum 0.1, eps 1e-5).
     #[allow(clippy::new_ret_no_self)]
     pub fn new(num_features: usize, device: &Device) -> Result<BatchNorm> {
         BatchNorm::new(Kind::TwoD, num_features, device)
@@ -131,9 +137,11 @@ impl BatchNorm {
             ..self
         }
     }
+    /// The number of channels: the size axis 1 of the input must have.
     pub fn num_features(&self) -> usize {
         self.running_mean.elem_count()
     }
+    /// True in training mode (batch statistics, running statistics updated), false after `eval`.
     pub fn is_training(&self) -> bool {
         self.training
     }

@@ -10,13 +10,22 @@ use crate::error::Result;
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// A field type that a `#[derive(Module)]` struct holds as a child: any [`Module`], a `Vec` of children
+/// (named `name.0`, `name.1`, …) or an `Option` of one; the derive's generated code calls these methods.
 pub trait Child {
+    /// Calls `f` for each parameter under the field's dotted `name`, as [`Module::visit_parameters`].
     fn visit_parameters(&self, name: &str, f: &mut dyn FnMut(String, &Tensor));
+    /// Calls `f` for each buffer under the field's dotted `name`, as [`Module::visit_buffers`].
     fn visit_buffers(&self, name: &str, f: &mut dyn FnMut(String, &Tensor));
+    /// Calls `f` for each parameter and buffer under `name` in `state_dict` order, as [`Module::visit_state`].
     fn visit_state(&self, name: &str, f: &mut dyn FnMut(String, &Tensor));
+    /// Replaces every parameter and buffer with `f`'s result, as [`Module::map_tensors`].
     fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()>;
+    /// Switches training behaviour on or off, as [`Module::set_training`].
     fn set_training(&mut self, training: bool);
+    /// Calls `f` for each random stream the child draws from, as [`Module::visit_generators`].
     fn visit_generators(&self, f: &mut dyn FnMut(&Arc<Generator>));
+    /// Hands `comm` to every batch-norm layer inside, as [`Module::convert_sync_batchnorm`].
     fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>);
     /// How the parent prints this child; None for an absent optional one.
     fn describe_child(&self) -> Option<String>;

@@ -12,13 +12,21 @@ use crate::tensor::{Conv2dOptions, Tensor};
 /// The shape of a convolution, PyTorch's `nn.Conv2d` arguments (padding mode "zeros").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dConfig {
+    /// Channels of the input (its axis 1).
     pub in_channels: usize,
+    /// Channels of the output: one filter each.
     pub out_channels: usize,
+    /// Kernel height and width, `[kh, kw]`.
     pub kernel_size: [usize; 2],
+    /// Step between windows, `[h, w]` (default 1).
     pub stride: [usize; 2],
+    /// Zeros added on each side, `[h, w]` (default 0).
     pub padding: [usize; 2],
+    /// Spacing between kernel taps, `[h, w]` (default 1).
     pub dilation: [usize; 2],
+    /// Channel groups convolved separately (default 1); both channel counts must divide by it.
     pub groups: usize,
+    /// Whether the layer has an `[out_channels]` bias (default true).
     pub bias: bool,
 }
 
@@ -36,30 +44,36 @@ impl Conv2dConfig {
             bias: true,
         }
     }
+    /// Sets a non-square kernel `[kh, kw]`.
     pub fn kernel_size(self, kernel_size: [usize; 2]) -> Self {
         Conv2dConfig { kernel_size, ..self }
     }
+    /// Sets the same stride on both axes.
     pub fn stride(self, stride: usize) -> Self {
         Conv2dConfig {
             stride: [stride; 2],
             ..self
         }
     }
+    /// Sets the same zero padding on both sides of both axes.
     pub fn padding(self, padding: usize) -> Self {
         Conv2dConfig {
             padding: [padding; 2],
             ..self
         }
     }
+    /// Sets the same dilation on both axes.
     pub fn dilation(self, dilation: usize) -> Self {
         Conv2dConfig {
             dilation: [dilation; 2],
             ..self
         }
     }
+    /// Sets the number of channel groups (`groups = in_channels` gives a depthwise convolution).
     pub fn groups(self, groups: usize) -> Self {
         Conv2dConfig { groups, ..self }
     }
+    /// With or without the `[out_channels]` bias.
     pub fn bias(self, bias: bool) -> Self {
         Conv2dConfig { bias, ..self }
     }
@@ -90,8 +104,11 @@ impl Conv2dConfig {
     }
 }
 
+/// 2-D convolution over NCHW batches or single CHW images, as `torch.nn.Conv2d` with zero padding.
 pub struct Conv2d {
+    /// `[out_channels, in_channels / groups, kh, kw]`, kaiming-uniform(a=sqrt(5)) initialised as in PyTorch.
     pub weight: Tensor,
+    /// `[out_channels]`, uniform on ±1/sqrt(fan_in); `None` when the config has no bias.
     pub bias: Option<Tensor>,
     config: Conv2dConfig,
 }
@@ -112,6 +129,7 @@ impl Conv2d {
         };
         Ok(Conv2d { weight, bias, config })
     }
+    /// The channels, kernel and hyper-parameters this layer was built with.
     pub fn config(&self) -> &Conv2dConfig {
         &self.config
     }

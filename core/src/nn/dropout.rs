@@ -7,6 +7,8 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// Zeroes each element with probability `p` in training and scales the rest by `1/(1-p)`, as `torch.nn.Dropout`;
+/// the identity in evaluation.
 pub struct Dropout {
     p: f64,
     training: bool,
@@ -15,6 +17,7 @@ pub struct Dropout {
 }
 
 impl Dropout {
+    /// Dropout with probability `p` in `[0, 1]`, drawing its masks from `generator` (shareable between layers).
     pub fn new(p: f64, generator: Arc<Generator>) -> Result<Dropout> {
         if !(0.0..=1.0).contains(&p) {
             return Err(Error::invalid(
@@ -28,12 +31,15 @@ impl Dropout {
             generator,
         })
     }
+    /// The probability of zeroing an element.
     pub fn p(&self) -> f64 {
         self.p
     }
+    /// The random stream the masks are drawn from (checkpointed by the Trainer).
     pub fn generator(&self) -> &Arc<Generator> {
         &self.generator
     }
+    /// True in training mode; in evaluation dropout passes its input through unchanged.
     pub fn is_training(&self) -> bool {
         self.training
     }

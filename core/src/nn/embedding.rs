@@ -8,11 +8,14 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// A lookup table from integer ids (u32 or i64, any shape) to learned vectors, as `torch.nn.Embedding`.
 pub struct Embedding {
+    /// `[num_embeddings, dim]` f32, initialised N(0, 1); row `i` is id `i`'s vector.
     pub weight: Tensor,
 }
 
 impl Embedding {
+    /// A table of `num_embeddings` vectors of width `dim`, drawn N(0, 1) from `generator`.
     pub fn new(num_embeddings: usize, dim: usize, device: &Device, generator: &Generator) -> Result<Embedding> {
         let weight = Tensor::rand_normal([num_embeddings, dim], 0.0, 1.0, DType::F32, generator, device)?;
         Ok(Embedding {

@@ -4,6 +4,7 @@ use super::module::Module;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Collapses axes `start_dim..=end_dim` into one, as `torch.nn.Flatten` (default: every axis after the batch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flatten {
     start_dim: isize,
@@ -21,6 +22,7 @@ impl Default for Flatten {
 }
 
 impl Flatten {
+    /// Flattens every axis after the batch axis (`start_dim=1, end_dim=-1`), PyTorch's default.
     pub fn new() -> Self {
         Flatten::default()
     }

@@ -7,10 +7,14 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Normalises over the last axis, then scales and shifts, as `torch.nn.LayerNorm(features)`.
 #[derive(Module)]
 pub struct LayerNorm {
+    /// Per-feature scale `[features]`, initialised to 1.
     pub weight: Tensor,
+    /// Per-feature shift `[features]`, initialised to 0.
     pub bias: Tensor,
+    /// Added to the (biased) variance before the square root (default 1e-5).
     #[module(skip)]
     pub eps: f64,
 }
@@ -27,6 +31,7 @@ impl LayerNorm {
             eps: 1e-5,
         })
     }
+    /// `[..., features]` to the same shape, normalised over the last axis.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.layer_norm(Some(&self.weight), Some(&self.bias), self.eps)
     }

@@ -8,12 +8,16 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// Fully connected layer `y = x @ weight^T + bias` over the input's last axis, as `torch.nn.Linear`.
 pub struct Linear {
+    /// `[out_features, in_features]`, kaiming-uniform(a=sqrt(5)) initialised as in PyTorch.
     pub weight: Tensor,
+    /// `[out_features]`, uniform on ±1/sqrt(in_features); `None` for a layer built without bias.
     pub bias: Option<Tensor>,
 }
 
 impl Linear {
+    /// An `in_features` to `out_features` layer (f32), with PyTorch's default initialisation drawn from `generator`.
     pub fn new(
         in_features: usize,
         out_features: usize,
@@ -29,9 +33,11 @@ impl Linear {
         };
         Ok(Linear { weight, bias })
     }
+    /// Width of the input's last axis (`weight`'s axis 1).
     pub fn in_features(&self) -> usize {
         self.weight.dims()[1]
     }
+    /// Width of the output's last axis (`weight`'s axis 0).
     pub fn out_features(&self) -> usize {
         self.weight.dims()[0]
     }

@@ -13,6 +13,7 @@ use crate::tensor::Tensor;
 /// A module as `&dyn Any`, so a strategy can ask whether a model is the kind it drives (a
 /// pipeline needs a `StagedModel`); every `'static` type has it.
 pub trait AsAny {
+    /// This value as `&dyn Any`, for `downcast_ref` to its concrete type.
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -25,6 +26,7 @@ impl<T: Any> AsAny for T {
 /// A layer or a model. Parameters are leaf tensors with `requires_grad`; an optimizer updates
 /// them in place, so the module and the optimizer see the same storage.
 pub trait Module: AsAny + Send + Sync {
+    /// Runs the module on `x`, as PyTorch's `forward`; each layer documents the shapes it takes and returns.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
     /// Calls `f(name, tensor)` for each trainable parameter, in registration order, with
@@ -165,6 +167,7 @@ pub trait ModuleExt: Module {
         self.visit_parameters("", &mut |n, t| out.push((n, t.clone())));
         out
     }
+    /// The trainable parameters in registration order, without names (what an optimizer takes).
     fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }
@@ -212,15 +215,19 @@ pub trait ModuleExt: Module {
     {
         super::weights::load(self, path, false)
     }
+    /// Total element count of all parameters, as `sum(p.numel() for p in model.parameters())`.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(Tensor::elem_count).sum()
     }
+    /// Switches to training mode (dropout on, batch statistics), as PyTorch's `module.train()`.
     fn train(&mut self) {
         self.set_training(true)
     }
+    /// Switches to evaluation mode (dropout off, running statistics), as PyTorch's `module.eval()`.
     fn eval(&mut self) {
         self.set_training(false)
     }
+    /// Clears every parameter's gradient (to `None`), as PyTorch's `zero_grad(set_to_none=True)`.
     fn zero_grad(&self) {
         self.parameters().iter().for_each(Tensor::zero_grad)
     }

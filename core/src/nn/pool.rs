@@ -29,14 +29,17 @@ pub struct MaxPool2d {
 }
 
 impl MaxPool2d {
+    /// A square `kernel` window with stride `kernel` and no padding, as `torch.nn.MaxPool2d(kernel)`.
     pub fn new(kernel: usize) -> Result<Self> {
         MaxPool2d::with_options(Pool2dOptions::new(kernel))
     }
+    /// Explicit kernel, stride and `-inf` padding; errors on a zero kernel or stride, or padding over half the kernel.
     pub fn with_options(options: Pool2dOptions) -> Result<Self> {
         Ok(MaxPool2d {
             options: checked("MaxPool2d", options)?,
         })
     }
+    /// The kernel, stride and padding in use.
     pub fn options(&self) -> Pool2dOptions {
         self.options
     }
@@ -64,14 +67,17 @@ pub struct AvgPool2d {
 }
 
 impl AvgPool2d {
+    /// A square `kernel` window with stride `kernel` and no padding, as `torch.nn.AvgPool2d(kernel)`.
     pub fn new(kernel: usize) -> Result<Self> {
         AvgPool2d::with_options(Pool2dOptions::new(kernel))
     }
+    /// Explicit kernel, stride and zero padding; errors on a zero kernel or stride, or padding over half the kernel.
     pub fn with_options(options: Pool2dOptions) -> Result<Self> {
         Ok(AvgPool2d {
             options: checked("AvgPool2d", options)?,
         })
     }
+    /// The kernel, stride and padding in use.
     pub fn options(&self) -> Pool2dOptions {
         self.options
     }
@@ -100,6 +106,7 @@ pub struct AdaptiveAvgPool2d {
 }
 
 impl AdaptiveAvgPool2d {
+    /// Averages each plane down to `output` `[h, w]` (both at least 1), as `torch.nn.AdaptiveAvgPool2d((h, w))`.
     pub fn new(output: [usize; 2]) -> Result<Self> {
         if output.contains(&0) {
             return Err(Error::invalid(
@@ -109,6 +116,7 @@ impl AdaptiveAvgPool2d {
         }
         Ok(AdaptiveAvgPool2d { output })
     }
+    /// The `[h, w]` each plane is averaged down to.
     pub fn output_size(&self) -> [usize; 2] {
         self.output
     }

@@ -38,17 +38,23 @@ impl CellKind {
     }
 }
 
+/// Sizes and options of a recurrent stack, the arguments of `nn.RNN`/`nn.GRU`/`nn.LSTM`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecurrentConfig {
+    /// Features per time step of the input (its last axis).
     pub input_size: usize,
+    /// Features of the hidden state (and an LSTM's cell state), and of each output step.
     pub hidden_size: usize,
+    /// Stacked layers; layer `k > 0` reads layer `k - 1`'s outputs (default 1).
     pub num_layers: usize,
+    /// Whether each layer has `bias_ih` and `bias_hh` (default true).
     pub bias: bool,
     /// Inputs and outputs are [batch, time, features] instead of [time, batch, features].
     pub batch_first: bool,
 }
 
 impl RecurrentConfig {
+    /// `input_size` to `hidden_size` with one layer, biases and `[time, batch, features]` inputs (PyTorch's defaults).
     pub fn new(input_size: usize, hidden_size: usize) -> RecurrentConfig {
         RecurrentConfig {
             input_size,
@@ -58,14 +64,17 @@ impl RecurrentConfig {
             batch_first: false,
         }
     }
+    /// Stacks `n` layers, as `num_layers=n`.
     pub fn num_layers(mut self, n: usize) -> RecurrentConfig {
         self.num_layers = n;
         self
     }
+    /// With or without the `bias_ih`/`bias_hh` vectors, as `bias=...`.
     pub fn bias(mut self, bias: bool) -> RecurrentConfig {
         self.bias = bias;
         self
     }
+    /// Takes and returns `[batch, time, features]` when true, as `batch_first=True`.
     pub fn batch_first(mut self, batch_first: bool) -> RecurrentConfig {
         self.batch_first = batch_first;
         self
@@ -74,23 +83,32 @@ impl RecurrentConfig {
 
 /// One layer's parameters: `weight_ih` [G·H, in], `weight_hh` [G·H, H], biases [G·H].
 pub struct RecurrentLayer {
+    /// `[G·H, in]`, the gates stacked in PyTorch's order; `in` is `input_size` for layer 0, `hidden_size` above.
     pub weight_ih: Tensor,
+    /// `[G·H, H]`, applied to the previous step's hidden state.
     pub weight_hh: Tensor,
+    /// `[G·H]`, added to the input product; `None` without bias.
     pub bias_ih: Option<Tensor>,
+    /// `[G·H]`, added to the hidden-state product; `None` without bias.
     pub bias_hh: Option<Tensor>,
 }
 
 /// The state between steps: h (and c for an LSTM), each [num_layers, batch, hidden].
 #[derive(Clone)]
 pub struct RecurrentState {
+    /// Each layer's hidden state, `[num_layers, batch, hidden]`.
     pub h: Tensor,
+    /// Each layer's cell state for an LSTM, `[num_layers, batch, hidden]`; `None` for an RNN or a GRU.
     pub c: Option<Tensor>,
 }
 
 /// An RNN, GRU or LSTM stack (PyTorch's `nn.RNN`, `nn.GRU`, `nn.LSTM`).
 pub struct Recurrent {
+    /// The cell type: RNN (tanh), GRU or LSTM.
     pub kind: CellKind,
+    /// Sizes and options the stack was built with.
     pub config: RecurrentConfig,
+    /// Per-layer parameters, bottom layer first (PyTorch's `_l0`, `_l1`, … names).
     pub layers: Vec<RecurrentLayer>,
 }
 

@@ -1,5 +1,5 @@
-//! A chain of modules; child i's parameters are named "i.<name>", as in PyTorch's nn.Sequential,
-//! or "<child>.<name>" for a child added under a name (`nn.Sequential(OrderedDict(…))`), which is
+//! A chain of modules; child i's parameters are named `i.<name>`, as in PyTorch's nn.Sequential,
+//! or `<child>.<name>` for a child added under a name (`nn.Sequential(OrderedDict(…))`), which is
 //! how a model whose forward is a chain (torchvision's ResNet) keeps its own names.
 
 use std::sync::Arc;
@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// A chain of modules run in order, as `torch.nn.Sequential`; an activation after a Linear or Conv2d is fused
+/// into that layer's output pass.
 #[derive(Default)]
 pub struct Sequential {
     layers: Vec<Box<dyn Module>>,
@@ -21,6 +23,7 @@ pub struct Sequential {
 }
 
 impl Sequential {
+    /// An empty chain; append layers with [`Sequential::add`] or [`Sequential::add_named`].
     pub fn new() -> Self {
         Sequential::default()
     }
@@ -36,16 +39,20 @@ impl Sequential {
         self.names.push(Some(name.into()));
         self
     }
+    /// Appends a boxed layer, named by its index.
     pub fn push(&mut self, layer: Box<dyn Module>) {
         self.layers.push(layer);
         self.names.push(None);
     }
+    /// The number of layers (activations included).
     pub fn len(&self) -> usize {
         self.layers.len()
     }
+    /// True when the chain has no layers.
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
     }
+    /// The layers in order.
     pub fn layers(&self) -> &[Box<dyn Module>] {
         &self.layers
     }

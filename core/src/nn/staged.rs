@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
+/// A [`Sequential`] cut into consecutive stages, each on its own device (model-parallel and pipeline training).
+/// Calling it runs stage after stage and returns the output on the input's device.
 pub struct StagedModel {
     stages: Vec<Sequential>,
     devices: Vec<Device>,
@@ -66,10 +68,12 @@ impl StagedModel {
         Ok(StagedModel::split(build(&Device::cpu())?, sizes, devices)?)
     }
 
+    /// The stages in order; each names its layers by their index in the whole model.
     pub fn stages(&self) -> &[Sequential] {
         &self.stages
     }
 
+    /// The device each stage's tensors live on, parallel to [`StagedModel::stages`].
     pub fn devices(&self) -> &[Device] {
         &self.devices
     }

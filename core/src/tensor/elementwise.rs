@@ -52,15 +52,19 @@ impl Tensor {
         }))
     }
 
+    /// `self + rhs`, elementwise with broadcasting, as `torch.add`.
     pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Add, rhs)
     }
+    /// `self - rhs`, elementwise with broadcasting, as `torch.sub`.
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Sub, rhs)
     }
+    /// `self * rhs`, elementwise with broadcasting, as `torch.mul`.
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Mul, rhs)
     }
+    /// `self / rhs`, elementwise with broadcasting, as `torch.div`.
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Div, rhs)
     }
@@ -68,9 +72,11 @@ impl Tensor {
     pub fn pow(&self, exponent: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Pow, exponent)
     }
+    /// The elementwise larger of `self` and `rhs` with broadcasting, as `torch.maximum` (ties split the gradient).
     pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Maximum, rhs)
     }
+    /// The elementwise smaller of `self` and `rhs` with broadcasting, as `torch.minimum` (ties split the gradient).
     pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Minimum, rhs)
     }
@@ -101,33 +107,43 @@ impl Tensor {
         Ok(out.track(op.name(), &[self], move |g| Ok(vec![Some(unary_grad(op, &x, &y, g)?)])))
     }
 
+    /// `-self`, elementwise.
     pub fn neg(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Neg)
     }
+    /// `|self|`, elementwise (the gradient at 0 is 0).
     pub fn abs(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Abs)
     }
+    /// `e^self`, elementwise.
     pub fn exp(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Exp)
     }
+    /// The natural logarithm, elementwise.
     pub fn log(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Log)
     }
+    /// The square root, elementwise.
     pub fn sqrt(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Sqrt)
     }
+    /// `1 / self`, elementwise, as `torch.reciprocal`.
     pub fn recip(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Recip)
     }
+    /// The hyperbolic tangent, elementwise.
     pub fn tanh(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Tanh)
     }
+    /// The logistic function `1 / (1 + e^-self)`, elementwise.
     pub fn sigmoid(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Sigmoid)
     }
+    /// `max(self, 0)`, elementwise, as `torch.relu`.
     pub fn relu(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Relu)
     }
+    /// The exact (erf-based) GELU, elementwise, as `torch.nn.functional.gelu` with `approximate="none"`.
     pub fn gelu(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Gelu)
     }
@@ -139,18 +155,23 @@ impl Tensor {
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
         self.unary(UnaryOp::Affine { mul, add })
     }
+    /// `self + value`, elementwise.
     pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
         self.affine(1.0, value)
     }
+    /// `self * value`, elementwise.
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
         self.affine(value, 0.0)
     }
+    /// `max(self, min)`, elementwise, as `torch.clamp(min=...)`.
     pub fn clamp_min(&self, min: f64) -> Result<Tensor> {
         self.unary(UnaryOp::ClampMin(min))
     }
+    /// `min(self, max)`, elementwise, as `torch.clamp(max=...)`.
     pub fn clamp_max(&self, max: f64) -> Result<Tensor> {
         self.unary(UnaryOp::ClampMax(max))
     }
+    /// `self` clamped into `[min, max]`, elementwise, as `torch.clamp`.
     pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
         self.clamp_min(min)?.clamp_max(max)
     }
@@ -165,25 +186,32 @@ impl Tensor {
         let buffer = self.backend().compare(op, self.buffer(), &la, rhs.buffer(), &lb)?;
         Ok(Tensor::from_buffer(buffer, shape, self.device()))
     }
+    /// [`Tensor::cmp`] against a scalar `value`: a U32 mask of 0 and 1.
     pub fn cmp_scalar(&self, op: CmpOp, value: f64) -> Result<Tensor> {
         let scalar = Tensor::full(Shape::scalar(), value, self.dtype(), self.device())?;
         self.cmp(op, &scalar)
     }
+    /// `self == rhs` with broadcasting, as a U32 mask of 0 and 1.
     pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
         self.cmp(CmpOp::Eq, rhs)
     }
+    /// `self != rhs` with broadcasting, as a U32 mask of 0 and 1.
     pub fn ne(&self, rhs: &Tensor) -> Result<Tensor> {
         self.cmp(CmpOp::Ne, rhs)
     }
+    /// `self < rhs` with broadcasting, as a U32 mask of 0 and 1.
     pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
         self.cmp(CmpOp::Lt, rhs)
     }
+    /// `self <= rhs` with broadcasting, as a U32 mask of 0 and 1.
     pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
         self.cmp(CmpOp::Le, rhs)
     }
+    /// `self > rhs` with broadcasting, as a U32 mask of 0 and 1.
     pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
         self.cmp(CmpOp::Gt, rhs)
     }
+    /// `self >= rhs` with broadcasting, as a U32 mask of 0 and 1.
     pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
         self.cmp(CmpOp::Ge, rhs)
     }

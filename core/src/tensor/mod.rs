@@ -26,6 +26,8 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::shape::{Layout, Shape};
 
+/// An n-dimensional array on a [`Device`] with an autograd graph, as `torch.Tensor`; cloning is cheap
+/// (shared storage and graph node).
 #[derive(Clone)]
 pub struct Tensor(Arc<Inner>);
 
@@ -81,12 +83,15 @@ impl Tensor {
         Tensor::from_parts(self.0.buffer.clone(), layout, self.0.device.clone())
     }
 
+    /// A tensor of `shape` filled with 0, as `torch.zeros`.
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(shape, 0.0, dtype, device)
     }
+    /// A tensor of `shape` filled with 1, as `torch.ones`.
     pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(shape, 1.0, dtype, device)
     }
+    /// A tensor of `shape` filled with `value` (converted to `dtype`), as `torch.full`.
     pub fn full(shape: impl Into<Shape>, value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         let buffer = device.backend().full(dtype, shape.elem_count(), value)?;
@@ -100,12 +105,15 @@ impl Tensor {
         let values: Vec<f64> = (start..end).map(|x| x as f64).collect();
         Tensor::from_host(HostVec::from_f64(dtype, &values), [values.len()], device)
     }
+    /// A tensor of `shape` from row-major `data`, with the dtype of `T`; errors if the lengths differ.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         Tensor::from_host(T::into_host(data), shape, device)
     }
+    /// As [`Tensor::from_vec`], copying `data` first.
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape, device)
     }
+    /// A tensor of `shape` from a typed host vector (row-major, its dtype kept); errors if the lengths differ.
     pub fn from_host(data: HostVec, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         if shape.elem_count() != data.len() {
@@ -171,42 +179,53 @@ impl Tensor {
     pub fn full_like(&self, value: f64) -> Result<Tensor> {
         Tensor::full(self.shape().clone(), value, self.dtype(), self.device())
     }
+    /// A tensor of the same shape, dtype and device filled with 0, as `torch.zeros_like`.
     pub fn zeros_like(&self) -> Result<Tensor> {
         self.full_like(0.0)
     }
 
     // --- accessors -------------------------------------------------------------------------------
 
+    /// A process-unique id; clones share it, while views, detached tensors and `requires_grad` leaves get new ones.
     pub fn id(&self) -> u64 {
         self.0.id
     }
+    /// The shape (dims) of this tensor.
     pub fn shape(&self) -> &Shape {
         &self.0.layout.shape
     }
+    /// The size of each axis, outermost first.
     pub fn dims(&self) -> &[usize] {
         self.0.layout.dims()
     }
+    /// The number of axes (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.0.layout.shape.rank()
     }
+    /// The total number of elements (the product of the dims).
     pub fn elem_count(&self) -> usize {
         self.0.layout.elem_count()
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.0.dtype
     }
+    /// The device whose buffer holds the data.
     pub fn device(&self) -> &Device {
         &self.0.device
     }
+    /// The shape, strides and offset through which this tensor reads its buffer.
     pub fn layout(&self) -> &Layout {
         &self.0.layout
     }
+    /// The shared device buffer; a view may cover only part of it, as described by [`Tensor::layout`].
     pub fn buffer(&self) -> &BufferRef {
         &self.0.buffer
     }
     pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
         self.0.device.backend()
     }
+    /// True when the elements are laid out row-major without gaps (the offset may still be non-zero).
     pub fn is_contiguous(&self) -> bool {
         self.0.layout.is_contiguous()
     }
@@ -228,6 +247,7 @@ impl Tensor {
         }
         T::from_host(self.to_host()?)
     }
+    /// The elements in row-major order as a typed host vector of this tensor's dtype. Waits for the device.
     pub fn to_host(&self) -> Result<HostVec> {
         self.backend().to_host(&self.0.buffer, &self.0.layout)
     }
@@ -344,6 +364,7 @@ impl Tensor {
     pub fn tracks_grad(&self) -> bool {
         self.0.requires_grad
     }
+    /// True when no recorded op produced this tensor (parameters, inputs and detached tensors).
     pub fn is_leaf(&self) -> bool {
         self.0.grad_fn.is_none()
     }
@@ -355,9 +376,11 @@ impl Tensor {
     pub fn grad(&self) -> Option<Tensor> {
         self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+    /// Replaces the accumulated gradient (`None` clears it), outside the graph.
     pub fn set_grad(&self, grad: Option<Tensor>) {
         *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
     }
+    /// Clears the accumulated gradient, as `tensor.grad = None` in PyTorch.
     pub fn zero_grad(&self) {
         self.set_grad(None);
     }

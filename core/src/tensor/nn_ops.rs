@@ -8,11 +8,17 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::shape::Shape;
 
+/// Stride, zero padding, dilation and groups of a 2-D convolution (per axis `[h, w]`), as `torch.nn.functional.conv2d`.
+/// The default is stride 1, no padding, dilation 1, one group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dOptions {
+    /// Step between windows, `[h, w]`.
     pub stride: [usize; 2],
+    /// Zeros added on each side, `[h, w]`.
     pub padding: [usize; 2],
+    /// Spacing between kernel taps, `[h, w]` (1 is a dense kernel).
     pub dilation: [usize; 2],
+    /// Number of channel groups; input and output channels must both divide by it.
     pub groups: usize,
 }
 
@@ -27,10 +33,14 @@ impl Default for Conv2dOptions {
     }
 }
 
+/// Window geometry of a 2-D pooling, per axis `[h, w]`; [`Pool2dOptions::new`] gives PyTorch's defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool2dOptions {
+    /// Window size, `[h, w]`.
     pub kernel: [usize; 2],
+    /// Step between windows, `[h, w]`.
     pub stride: [usize; 2],
+    /// Padding on each side, `[h, w]`: `-inf` for max pooling, zeros counted in the mean for average pooling.
     pub padding: [usize; 2],
 }
 
@@ -90,9 +100,11 @@ impl Tensor {
         }
     }
 
+    /// Softmax along `axis` (negative counts from the end), as `torch.softmax`; f16/bf16 run in f32 under autocast.
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
         crate::autocast::full(self)?.rowwise(axis, false)
     }
+    /// Log-softmax along `axis` (negative counts from the end), as `torch.log_softmax`; computed in f32 under autocast.
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
         crate::autocast::full(self)?.rowwise(axis, true)
     }

@@ -64,12 +64,14 @@ impl Tensor {
         let axes: Vec<usize> = (0..self.rank()).collect();
         self.sum_keepdim(&axes)?.reshape(Shape::scalar())
     }
+    /// Mean over `axes` (negative counts from the end), as `torch.mean(dim, keepdim)`.
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let resolved = self.resolve_axes("mean", axes)?;
         let count: usize = resolved.iter().map(|&a| self.dims()[a]).product();
         // Over nothing the mean is 0/0 = NaN, as in PyTorch.
         self.sum(axes, keepdim)?.affine(1.0 / count as f64, 0.0)
     }
+    /// Mean of every element, as a scalar tensor.
     pub fn mean_all(&self) -> Result<Tensor> {
         self.sum_all()?.affine(1.0 / self.elem_count() as f64, 0.0)
     }
@@ -97,9 +99,11 @@ impl Tensor {
         out.drop_axes(&[a], keepdim)
     }
 
+    /// Maximum along `axis`, as the values of `torch.max(dim, keepdim)`; the gradient goes to the first maximum.
     pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.extremum(ReduceKind::Max, axis, keepdim)
     }
+    /// Minimum along `axis`, as the values of `torch.min(dim, keepdim)`; the gradient goes to the first minimum.
     pub fn min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.extremum(ReduceKind::Min, axis, keepdim)
     }

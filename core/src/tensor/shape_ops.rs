@@ -98,6 +98,7 @@ impl Tensor {
         self.transpose(-2, -1)
     }
 
+    /// Inserts an axis of size 1 at position `axis` (`0..=rank`), as `torch.unsqueeze`.
     pub fn unsqueeze(&self, axis: usize) -> Result<Tensor> {
         if axis > self.rank() {
             return Err(Error::invalid(
@@ -110,6 +111,7 @@ impl Tensor {
         self.reshape(dims)
     }
 
+    /// Removes `axis`, which must have size 1 (unlike PyTorch, any other size is an error).
     pub fn squeeze(&self, axis: usize) -> Result<Tensor> {
         if self.dims().get(axis) != Some(&1) {
             return Err(Error::invalid(

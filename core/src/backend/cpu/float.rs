@@ -9,8 +9,11 @@ use rayon::prelude::*;
 use super::pool::Pool;
 use crate::dtype::{Element, HostVec};
 
+/// The float types the CPU kernels are written for (f32 and f64; f16/bf16 run through f32).
 pub trait CpuFloat: Float + Element + Send + Sync + std::iter::Sum {
+    /// The error function, from `libm` (GELU needs it; `num_traits::Float` lacks it).
     fn erf(self) -> Self;
+    /// An f64 constant (a step size, an epsilon) in this type, rounded to nearest.
     fn of(x: f64) -> Self {
         <Self as Element>::from_f64(x)
     }
@@ -41,15 +44,19 @@ fn convert<S: Sync, D: Send>(src: &[S], mut out: Vec<D>, convert: impl Fn(&[S], 
     out
 }
 
+/// f16 values widened to f32 (exact), in a vector from `pool`.
 pub fn widen_f16(pool: &Pool, v: &[f16]) -> Vec<f32> {
     convert(v, pool.take(v.len()), |i, o| i.convert_to_f32_slice(o))
 }
+/// bf16 values widened to f32 (exact), in a vector from `pool`.
 pub fn widen_bf16(pool: &Pool, v: &[bf16]) -> Vec<f32> {
     convert(v, pool.take(v.len()), |i, o| i.convert_to_f32_slice(o))
 }
+/// f32 values rounded to nearest f16, in a vector from `pool`.
 pub fn narrow_f16(pool: &Pool, v: &[f32]) -> Vec<f16> {
     convert(v, pool.take(v.len()), |i, o| o.convert_from_f32_slice(i))
 }
+/// f32 values rounded to nearest bf16, in a vector from `pool`.
 pub fn narrow_bf16(pool: &Pool, v: &[f32]) -> Vec<bf16> {
     convert(v, pool.take(v.len()), |i, o| o.convert_from_f32_slice(i))
 }

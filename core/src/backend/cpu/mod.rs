@@ -70,6 +70,9 @@ impl Drop for CpuBuffer {
     }
 }
 
+/// The built-in CPU device `cpu:N`: the reference implementation of every `Backend` operation, on
+/// host memory with rayon threads. Each instance has its own buffer pool and memory counters; all
+/// share the process's cores.
 #[derive(Debug)]
 pub struct CpuBackend {
     ordinal: usize,
@@ -127,6 +130,8 @@ fn u32_ids<'a>(op: &'static str, ids: &'a HostVec) -> Result<&'a [u32]> {
 }
 
 impl CpuBackend {
+    /// A fresh `cpu:ordinal` device with its own buffer pool; `Device::parse("cpu:N")` makes one per
+    /// ordinal, so use that unless you need an instance outside the device registry.
     pub fn new(ordinal: usize) -> Self {
         CpuBackend {
             ordinal,

@@ -30,13 +30,17 @@ const CONNECT_RETRY: Duration = Duration::from_millis(100);
 /// Extra time a rank gives rank 0 to answer beyond the wait itself, before calling it lost.
 const REPLY_MARGIN: Duration = Duration::from_secs(10);
 
+/// Where and as whom a process joins the rendezvous (torchrun's MASTER_ADDR, MASTER_PORT, RANK,
+/// WORLD_SIZE), and how long it waits.
 #[derive(Clone, Debug)]
 pub struct RendezvousConfig {
     /// Rank 0's host (MASTER_ADDR): rank 0 listens there, the others connect there.
     pub host: String,
     /// MASTER_PORT; 0 lets rank 0 pick a free port (read it back with `Rendezvous::port`).
     pub port: u16,
+    /// This process's rank, 0 to `world_size - 1`; rank 0 serves the rendezvous (RANK).
     pub rank: usize,
+    /// Number of processes in the job, across all nodes (WORLD_SIZE).
     pub world_size: usize,
     /// The same on every rank of a job, so a process of another job is refused.
     pub token: String,
@@ -45,6 +49,7 @@ pub struct RendezvousConfig {
 }
 
 impl RendezvousConfig {
+    /// A config with the default 300-second timeout ([`DEFAULT_TIMEOUT`]).
     pub fn new(host: &str, port: u16, rank: usize, world_size: usize, token: &str) -> RendezvousConfig {
         RendezvousConfig {
             host: host.to_string(),
@@ -56,6 +61,7 @@ impl RendezvousConfig {
         }
     }
 
+    /// Replaces the limit on connecting and on each wait.
     pub fn timeout(mut self, timeout: Duration) -> RendezvousConfig {
         self.timeout = timeout;
         self
@@ -140,10 +146,12 @@ impl Rendezvous {
         self.server.as_ref().map_or(self.config.port, |s| s.local_addr().port())
     }
 
+    /// This process's rank in the job.
     pub fn rank(&self) -> usize {
         self.config.rank
     }
 
+    /// Number of processes in the job.
     pub fn world_size(&self) -> usize {
         self.config.world_size
     }
