@@ -71,6 +71,8 @@ pub struct Normalize {
 }
 
 impl Normalize {
+    /// One `(x/255 - mean) / std` table per channel, from `mean` and `std` in [0, 1] units
+    /// (torchvision's `Normalize` after `ToTensor`).
     pub fn new(mean: &[f32], std: &[f32]) -> Normalize {
         let tables = mean
             .iter()
@@ -79,6 +81,7 @@ impl Normalize {
             .collect();
         Normalize { tables }
     }
+    /// Number of channels it normalises: one per (mean, std) pair.
     pub fn channels(&self) -> usize {
         self.tables.len()
     }

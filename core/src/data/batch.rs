@@ -9,11 +9,14 @@ use crate::tensor::Tensor;
 /// An array in host memory: what datasets produce and what a batch carries to the device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// The values in row-major order, in their dtype.
     pub data: HostVec,
+    /// The dimensions; `data` holds exactly their product of values.
     pub shape: Shape,
 }
 
 impl HostTensor {
+    /// Pairs `data` with `shape`; an error unless the element counts match.
     pub fn new(data: HostVec, shape: impl Into<Shape>) -> Result<HostTensor> {
         let shape = shape.into();
         if data.len() != shape.elem_count() {
@@ -24,6 +27,7 @@ impl HostTensor {
         }
         Ok(HostTensor { data, shape })
     }
+    /// Copies it to `device` as a tensor of the same dtype and shape.
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         Tensor::from_host(self.data.clone(), self.shape.clone(), device)
     }
@@ -32,14 +36,19 @@ impl HostTensor {
 /// One batch: each field stacked over the samples, plus the dataset indices it holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
+    /// Each sample field stacked along a new first axis of the batch's length, e.g. images
+    /// `[n, c, h, w]` and labels `[n]`.
     pub fields: Vec<HostTensor>,
+    /// The dataset index of each sample, in batch order.
     pub indices: Vec<usize>,
 }
 
 impl Batch {
+    /// Samples in the batch.
     pub fn len(&self) -> usize {
         self.indices.len()
     }
+    /// True when the batch holds no samples.
     pub fn is_empty(&self) -> bool {
         self.indices.is_empty()
     }

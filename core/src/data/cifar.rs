@@ -11,20 +11,26 @@ use crate::error::{Error, Result};
 /// Pixels of one image: 3 channels of 32x32.
 pub const PIXELS: usize = 3 * 32 * 32;
 
+/// Which CIFAR data set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// 10 classes; training data in 5 batch files of 10000 images.
     Cifar10,
     /// The 100 fine classes (each record also holds one of 20 coarse ones, which is read past).
     Cifar100,
 }
 
+/// Which split: 50000 training or 10000 test images (both data sets).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Split {
+    /// The 50000 training images.
     Train,
+    /// The 10000 test images.
     Test,
 }
 
 impl Kind {
+    /// The display name, `CIFAR-10` or `CIFAR-100`.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Cifar10 => "CIFAR-10",
@@ -45,6 +51,7 @@ impl Kind {
             Kind::Cifar100 => "cifar-100-binary.tar.gz",
         }
     }
+    /// Number of classes: 10, or CIFAR-100's 100 fine classes.
     pub fn classes(self) -> usize {
         match self {
             Kind::Cifar10 => 10,
@@ -58,6 +65,7 @@ impl Kind {
             Kind::Cifar100 => 2,
         }
     }
+    /// Bytes per record in a batch file: the label byte(s), then `PIXELS`.
     pub fn record_bytes(self) -> usize {
         self.label_bytes() + PIXELS
     }
@@ -88,7 +96,9 @@ impl Kind {
 /// Where the batch files are: a directory holding them, or the published archive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
+    /// A directory holding the `.bin` batch files.
     Directory(PathBuf),
+    /// The published `.tar.gz`, read without unpacking.
     Archive(PathBuf),
 }
 
@@ -199,6 +209,7 @@ impl Cifar {
         Ok(())
     }
 
+    /// Which data set this split is of.
     pub fn kind(&self) -> Kind {
         self.kind
     }

@@ -6,8 +6,12 @@ use crate::error::Result;
 /// One sample: its fields, e.g. `[image [1, 28, 28] f32, label [] u32]`.
 pub type Sample = Vec<HostTensor>;
 
+/// A map-style data set (PyTorch's `Dataset`): a length and each sample by index, shared by the
+/// loader's worker threads.
 pub trait Dataset: Send + Sync {
+    /// Number of samples; valid indices are `0..len()`.
     fn len(&self) -> usize;
+    /// True when there are no samples.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -32,6 +36,8 @@ pub struct Head {
 }
 
 impl Head {
+    /// The first `len` samples of `inner` (all of them if it has fewer), e.g. for a quick run on
+    /// part of a data set.
     pub fn new(inner: std::sync::Arc<dyn Dataset>, len: usize) -> Head {
         let len = len.min(inner.len());
         Head { inner, len }

@@ -11,12 +11,15 @@ use crate::error::{Error, Result};
 
 /// Images of one shape as bytes (`[c, h, w]`, 0-255) and their classes.
 pub trait ImageSource: Send + Sync {
+    /// Number of images.
     fn len(&self) -> usize;
+    /// True when there are no images.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// `[channels, height, width]` of every image.
     fn shape(&self) -> [usize; 3];
+    /// Number of classes; every class that `read` returns is below it.
     fn classes(&self) -> usize;
     /// Writes image `index` into `out` (`c·h·w` bytes) and returns its class; an error names
     /// the image (and its file, where it has one).
@@ -53,6 +56,7 @@ impl ImageClassification {
             seed,
         })
     }
+    /// The images and classes it serves.
     pub fn source(&self) -> &Arc<dyn ImageSource> {
         &self.source
     }

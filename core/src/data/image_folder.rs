@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 /// The extensions read as images (case-insensitive).
 const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
 
+/// A folder of class subfolders as an `ImageSource` (torchvision's `ImageFolder`); each image is
+/// decoded and resized to a square RGB image when read.
 pub struct ImageFolder {
     root: PathBuf,
     classes: Vec<String>,
@@ -67,6 +69,7 @@ impl ImageFolder {
     pub fn class_names(&self) -> &[String] {
         &self.classes
     }
+    /// The folder it was opened at.
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -16,9 +16,13 @@ use super::dataset::Dataset;
 use super::sampler::{RandomSampler, Sampler, SequentialSampler};
 use crate::error::{Error, Result};
 
+/// How a `DataLoader` batches and prefetches, with PyTorch's `DataLoader` argument names.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DataLoaderConfig {
+    /// Samples per batch of this loader (at least 1): a data-parallel rank's loader gets its share
+    /// of the global batch.
     pub batch_size: usize,
+    /// Drop each epoch's last batch when it is short (default false).
     pub drop_last: bool,
     /// 0 loads in the consumer's thread.
     pub num_workers: usize,
@@ -45,6 +49,8 @@ enum Order {
     Batches(Arc<dyn BatchSampler>),
 }
 
+/// PyTorch's `DataLoader`: batches of a `Dataset` in a sampler's order, optionally built ahead by
+/// worker threads; indexed by epoch, so a run resumes mid-epoch.
 pub struct DataLoader {
     dataset: Arc<dyn Dataset>,
     order: Order,
@@ -52,6 +58,8 @@ pub struct DataLoader {
 }
 
 impl DataLoader {
+    /// Batches of `config.batch_size` in `sampler`'s order; an error for a batch size of 0, or
+    /// workers with a `prefetch_factor` of 0.
     pub fn new(dataset: Arc<dyn Dataset>, sampler: Arc<dyn Sampler>, config: DataLoaderConfig) -> Result<DataLoader> {
         if config.batch_size == 0 {
             return Err(Error::invalid("DataLoader", "batch_size must be at least 1"));
@@ -86,9 +94,11 @@ impl DataLoader {
         };
         DataLoader::new(dataset, sampler, config)
     }
+    /// The batching and worker settings.
     pub fn config(&self) -> &DataLoaderConfig {
         &self.config
     }
+    /// The data set it reads.
     pub fn dataset(&self) -> &Arc<dyn Dataset> {
         &self.dataset
     }
@@ -105,6 +115,7 @@ impl DataLoader {
             n.div_ceil(self.config.batch_size)
         }
     }
+    /// True when an epoch has no batches.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -133,6 +144,8 @@ impl DataLoader {
 
 type Delivery = Result<Batch>;
 
+/// One epoch's batches in sampler order, from `DataLoader::iter`; dropping it stops and joins its
+/// workers.
 pub struct BatchIter {
     dataset: Arc<dyn Dataset>,
     epoch: u64,

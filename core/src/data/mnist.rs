@@ -9,13 +9,19 @@ use super::dataset::{Dataset, Sample};
 use crate::dtype::HostVec;
 use crate::error::{Error, Result};
 
+/// The mean of MNIST's training pixels in [0, 1], subtracted by the normalisation.
 pub const MEAN: f32 = 0.1307;
+/// The standard deviation of MNIST's training pixels, divided out by the normalisation.
 pub const STD: f32 = 0.3081;
+/// Number of classes: the digits 0 to 9.
 pub const CLASSES: usize = 10;
 
+/// Which MNIST split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Split {
+    /// The 60000 training images.
     Train,
+    /// The 10000 test images (the `t10k` files).
     Test,
 }
 
@@ -37,6 +43,8 @@ pub const FILES: [&str; 4] = [
     "t10k-labels-idx1-ubyte",
 ];
 
+/// One MNIST split in memory, served as normalised `[n, 1, 28, 28]` f32 images and `[n]` u32
+/// labels.
 pub struct Mnist {
     images: Vec<u8>,
     labels: Vec<u8>,
@@ -168,6 +176,7 @@ impl Mnist {
         })
     }
 
+    /// `[1, rows, cols]` of every image, from the files' header (`[1, 28, 28]`).
     pub fn image_shape(&self) -> [usize; 3] {
         [1, self.rows, self.cols]
     }

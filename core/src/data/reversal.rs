@@ -12,19 +12,26 @@ use crate::dtype::HostVec;
 use crate::error::Result;
 use crate::rng::uniform_at;
 
+/// The shortest source sequence, in digits.
 pub const MIN_LEN: usize = 5;
+/// The longest source sequence, in digits: the target's padded length and half the input's.
 pub const MAX_LEN: usize = 20;
 /// The digits 0-9, then padding and the decoder's start token.
 pub const PAD: u32 = 10;
+/// The decoder's start token, which begins the teacher-forcing half of the input.
 pub const START: u32 = 11;
+/// Token ids in all: the 10 digits, `PAD` and `START`.
 pub const VOCAB: usize = 12;
 
+/// The digit-reversal data set: samples of a u32 input `[40]` and target `[20]`, generated from a
+/// seed.
 pub struct Reversal {
     samples: usize,
     seed: u64,
 }
 
 impl Reversal {
+    /// `samples` samples drawn from `seed`: the same seed gives the same data on every rank.
     pub fn new(samples: usize, seed: u64) -> Reversal {
         Reversal { samples, seed }
     }

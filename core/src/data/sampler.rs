@@ -4,9 +4,11 @@
 use crate::error::{Error, Result};
 use crate::rng::Generator;
 
+/// An order of dataset indices for each epoch (PyTorch's `Sampler`), a pure function of the epoch.
 pub trait Sampler: Send + Sync {
     /// Number of indices one epoch yields.
     fn len(&self) -> usize;
+    /// True when an epoch yields no indices.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -16,6 +18,7 @@ pub trait Sampler: Send + Sync {
 
 /// 0, 1, …, n-1 every epoch.
 pub struct SequentialSampler {
+    /// Samples in the data set: the indices are `0..len`.
     pub len: usize,
 }
 
@@ -30,7 +33,9 @@ impl Sampler for SequentialSampler {
 
 /// A fresh permutation each epoch from a generator seeded with `seed + epoch`.
 pub struct RandomSampler {
+    /// Samples in the data set, permuted each epoch.
     pub len: usize,
+    /// The base seed: epoch `e` shuffles with `seed + e`.
     pub seed: u64,
 }
 
@@ -77,6 +82,9 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
+    /// Rank `rank`'s part of `dataset_len` samples split over `replicas` (PyTorch's
+    /// `num_replicas`), shuffled by `seed` + epoch when `shuffle`; `drop_last` truncates instead of
+    /// padding; an error unless `rank < replicas`.
     pub fn new(
         dataset_len: usize,
         replicas: usize,

@@ -51,10 +51,12 @@ impl BatchShares {
         self.shares.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The global batch: the sum of the shares.
     pub fn global_batch(&self) -> usize {
         self.get().iter().sum()
     }
 
+    /// Number of ranks the shares are for.
     pub fn ranks(&self) -> usize {
         self.get().len()
     }
@@ -97,6 +99,8 @@ pub struct ShardedBatches {
 }
 
 impl ShardedBatches {
+    /// Rank `rank`'s batches over `dataset_len` samples, shuffled by `seed` + epoch when `shuffle`,
+    /// cut by `shares`; an error if `rank` is not one of the shares' ranks.
     pub fn new(dataset_len: usize, rank: usize, shuffle: bool, seed: u64, shares: BatchShares) -> Result<Self> {
         let ranks = shares.ranks();
         if rank >= ranks {
@@ -114,6 +118,7 @@ impl ShardedBatches {
         })
     }
 
+    /// The shares it cuts by, shared with the balancer that changes them.
     pub fn shares(&self) -> &BatchShares {
         &self.shares
     }

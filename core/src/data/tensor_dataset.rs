@@ -6,6 +6,7 @@ use super::dataset::{Dataset, Sample};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 
+/// PyTorch's `TensorDataset`: sample `i` is row `i` of each of a few arrays held in memory.
 pub struct TensorDataset {
     fields: Vec<HostTensor>,
     len: usize,

@@ -27,9 +27,11 @@ impl CharVocab {
         chars.dedup();
         CharVocab { chars }
     }
+    /// Vocabulary size: the number of distinct characters.
     pub fn len(&self) -> usize {
         self.chars.len()
     }
+    /// True for the vocabulary of an empty text.
     pub fn is_empty(&self) -> bool {
         self.chars.is_empty()
     }
@@ -67,6 +69,7 @@ impl CharVocab {
     pub fn chars(&self) -> String {
         self.chars.iter().collect()
     }
+    /// The vocabulary `chars()` wrote, e.g. read back from a checkpoint's metadata.
     pub fn from_chars(chars: &str) -> CharVocab {
         CharVocab::of(chars)
     }
@@ -113,9 +116,11 @@ impl TokenWindows {
             ..self
         }
     }
+    /// The whole token stream the windows are cut from.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
+    /// Tokens per window: the context length (nanoGPT's `block_size`).
     pub fn block(&self) -> usize {
         self.block
     }

@@ -7,11 +7,19 @@ use crate::backend::AdamStep;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Hyper-parameters of `Adam` and AdamW, with `torch.optim.Adam`'s names: start from `adam()` or
+/// `adamw()` and change them with the setters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamConfig {
+    /// Learning rate (default 1e-3).
     pub lr: f64,
+    /// Decay rates (β1, β2) of the running averages of the gradient and its square
+    /// (default (0.9, 0.999)).
     pub betas: (f64, f64),
+    /// Added to the denominator's square root for numerical stability (default 1e-8).
     pub eps: f64,
+    /// Weight decay: an L2 term on the gradient for Adam, a direct decay for AdamW (default 0,
+    /// AdamW's 1e-2).
     pub weight_decay: f64,
     /// AdamW: decay the weights directly (`p *= 1 - lr*wd`) instead of adding `wd*p` to the gradient.
     pub decoupled: bool,
@@ -45,21 +53,27 @@ impl AdamConfig {
             ..AdamConfig::adam()
         }
     }
+    /// Sets the learning rate (non-negative).
     pub fn lr(self, lr: f64) -> Self {
         AdamConfig { lr, ..self }
     }
+    /// Sets (β1, β2), each in [0, 1).
     pub fn betas(self, beta1: f64, beta2: f64) -> Self {
         AdamConfig {
             betas: (beta1, beta2),
             ..self
         }
     }
+    /// Sets the stabilising `eps` (non-negative).
     pub fn eps(self, eps: f64) -> Self {
         AdamConfig { eps, ..self }
     }
+    /// Sets the weight decay (non-negative), L2 or decoupled as `decoupled` says.
     pub fn weight_decay(self, weight_decay: f64) -> Self {
         AdamConfig { weight_decay, ..self }
     }
+    /// Sets which parameters weight decay applies to, e.g. `DecayScope::Weights` to spare biases
+    /// and norm scales.
     pub fn decay_scope(self, decay_scope: DecayScope) -> Self {
         AdamConfig { decay_scope, ..self }
     }
@@ -93,6 +107,8 @@ struct Moments {
     step: u64,
 }
 
+/// `torch.optim.Adam` and `AdamW`: one fused in-place update per parameter with a gradient, each
+/// parameter keeping its own moments and step count.
 pub struct Adam {
     params: Vec<Tensor>,
     config: AdamConfig,
@@ -100,6 +116,8 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// Adam (AdamW when `config.decoupled`) over `params`; an error for invalid hyper-parameters,
+    /// no parameters, or parameters that are views or not floating point.
     pub fn new(params: Vec<Tensor>, config: AdamConfig) -> Result<Adam> {
         config.validate()?;
         check_parameters(config.name(), &params)?;
@@ -116,6 +134,7 @@ impl Adam {
             },
         )
     }
+    /// The hyper-parameters now, `lr` as a scheduler last set it.
     pub fn config(&self) -> &AdamConfig {
         &self.config
     }

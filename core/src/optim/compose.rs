@@ -13,6 +13,8 @@ pub struct SequentialLR {
 }
 
 impl SequentialLR {
+    /// Runs `schedules[0]` until `milestones[0]`, then each next one from its milestone; needs one
+    /// milestone fewer than schedules, in non-decreasing order.
     pub fn new(schedules: Vec<Box<dyn LrSchedule>>, milestones: &[u64]) -> Result<Self> {
         if schedules.is_empty() || milestones.len() + 1 != schedules.len() {
             return Err(Error::invalid(
@@ -53,6 +55,7 @@ pub struct ChainedLR {
 }
 
 impl ChainedLR {
+    /// Applies all of `schedules` (at least one) at every step, in order.
     pub fn new(schedules: Vec<Box<dyn LrSchedule>>) -> Result<Self> {
         if schedules.is_empty() {
             return Err(Error::invalid("ChainedLR", "needs at least one schedule"));

@@ -11,11 +11,17 @@ use crate::backend::UnaryOp;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Dynamic loss scaling for `16-mixed` training (`torch.amp.GradScaler`), kept in checkpoints with
+/// the trainer's state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GradScaler {
+    /// The loss scale S now (PyTorch's `init_scale` to start, 65536 by default).
     pub scale: f64,
+    /// What S is multiplied by after `growth_interval` clean steps (default 2).
     pub growth_factor: f64,
+    /// What S is multiplied by after a step with an inf or NaN gradient (default 0.5).
     pub backoff_factor: f64,
+    /// Clean optimizer steps in a row before S grows (default 2000).
     pub growth_interval: u64,
     /// Clean steps since the scale last changed.
     pub growth_tracker: u64,
@@ -35,6 +41,9 @@ impl Default for GradScaler {
 }
 
 impl GradScaler {
+    /// A scaler starting at `scale`, with a zero growth tracker; an error unless `scale` is
+    /// positive and finite, `growth_factor > 1` and `0 <= backoff_factor < 1` (a `growth_interval`
+    /// of 0 counts as 1).
     pub fn new(scale: f64, growth_factor: f64, backoff_factor: f64, growth_interval: u64) -> Result<GradScaler> {
         if !(scale.is_finite() && scale > 0.0) || growth_factor <= 1.0 || !(0.0..1.0).contains(&backoff_factor) {
             return Err(Error::invalid(

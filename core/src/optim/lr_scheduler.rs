@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 /// A schedule: the learning rate after `step` scheduler steps, starting from `base_lr`
 /// (PyTorch's `_get_closed_form_lr` with `last_epoch = step`).
 pub trait LrSchedule: Send + Sync + Debug {
+    /// The learning rate after `step` scheduler steps from `base_lr` (step 0 is the rate at the
+    /// start).
     fn lr_at(&self, base_lr: f64, step: u64) -> f64;
 }
 
@@ -21,7 +23,10 @@ impl LrSchedule for Box<dyn LrSchedule> {
 /// What a checkpoint needs to resume a scheduler (PyTorch's `base_lrs` and `last_epoch`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SchedulerState {
+    /// The optimizer's rate when the scheduler was made (PyTorch's `base_lrs[0]`).
     pub base_lr: f64,
+    /// Scheduler steps taken (PyTorch's `last_epoch`: optimizer steps or epochs, whichever it is
+    /// stepped by).
     pub last_epoch: u64,
 }
 
@@ -55,12 +60,15 @@ impl LrScheduler {
     pub fn get_last_lr(&self) -> f64 {
         self.schedule.lr_at(self.base_lr, self.last_epoch)
     }
+    /// Scheduler steps taken so far (PyTorch's `last_epoch`).
     pub fn last_epoch(&self) -> u64 {
         self.last_epoch
     }
+    /// The rate the schedule scales: the optimizer's rate when this scheduler was made.
     pub fn base_lr(&self) -> f64 {
         self.base_lr
     }
+    /// What a checkpoint keeps to resume this scheduler with `load_state`.
     pub fn state(&self) -> SchedulerState {
         SchedulerState {
             base_lr: self.base_lr,

@@ -17,9 +17,11 @@ pub struct OptimizerState {
 }
 
 impl OptimizerState {
+    /// The tensor named `name`, e.g. `state.0.exp_avg`, if present.
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
+    /// The scalar named `name`, e.g. `param_groups.0.lr`, if present.
     pub fn scalar(&self, name: &str) -> Option<f64> {
         self.scalars.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
     }
@@ -47,6 +49,8 @@ impl DecayScope {
     }
 }
 
+/// A `torch.optim.Optimizer` with one parameter group: updates a fixed list of parameters from
+/// their gradients, in place.
 pub trait Optimizer: Send {
     /// PyTorch's class name (`SGD`, `Adam`, `AdamW`), e.g. for the `lr-Adam` metric key.
     fn name(&self) -> &'static str;
@@ -57,7 +61,9 @@ pub trait Optimizer: Send {
     fn step(&mut self) -> Result<()>;
     /// The parameters this optimizer updates, in order.
     fn parameters(&self) -> &[Tensor];
+    /// The learning rate the next `step` uses (PyTorch's `param_groups[0]["lr"]`).
     fn lr(&self) -> f64;
+    /// Sets the learning rate, as a scheduler does between steps.
     fn set_lr(&mut self, lr: f64);
     /// Forgets every parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`).
     fn zero_grad(&self) {

@@ -11,6 +11,7 @@ pub struct StepLR {
 }
 
 impl StepLR {
+    /// Multiplies the rate by `gamma` (finite) every `step_size` steps (at least 1).
     pub fn new(step_size: u64, gamma: f64) -> Result<Self> {
         if step_size == 0 || !gamma.is_finite() {
             return Err(Error::invalid(
@@ -37,6 +38,7 @@ pub struct MultiStepLR {
 }
 
 impl MultiStepLR {
+    /// Multiplies the rate by `gamma` (finite) at each of `milestones`, given in any order.
     pub fn new(milestones: &[u64], gamma: f64) -> Result<Self> {
         if !gamma.is_finite() {
             return Err(Error::invalid(
@@ -67,6 +69,8 @@ pub struct CosineAnnealingLR {
 }
 
 impl CosineAnnealingLR {
+    /// Anneals from the base rate to `eta_min` (non-negative) over `t_max` steps (PyTorch's
+    /// `T_max`, at least 1).
     pub fn new(t_max: u64, eta_min: f64) -> Result<Self> {
         if t_max == 0 || eta_min.is_nan() || eta_min < 0.0 {
             return Err(Error::invalid(

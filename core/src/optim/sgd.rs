@@ -6,18 +6,26 @@ use crate::backend::SgdStep;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+/// Hyper-parameters of `Sgd`, with `torch.optim.SGD`'s names and defaults: start from
+/// `SgdConfig::new(lr)` and change them with the setters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SgdConfig {
+    /// Learning rate: the factor on the (momentum-smoothed) gradient in each update; non-negative.
     pub lr: f64,
+    /// Momentum factor (default 0: plain SGD, with no momentum buffers).
     pub momentum: f64,
+    /// Dampening of momentum: new gradients enter the buffer times `1 - dampening` (default 0).
     pub dampening: f64,
+    /// L2 penalty, added to the gradient as `weight_decay * p` (default 0).
     pub weight_decay: f64,
+    /// Nesterov momentum; needs a momentum and zero dampening (default false).
     pub nesterov: bool,
     /// Which parameters `weight_decay` applies to.
     pub decay_scope: DecayScope,
 }
 
 impl SgdConfig {
+    /// `lr` with PyTorch's defaults for the rest: no momentum, dampening, weight decay or Nesterov.
     pub fn new(lr: f64) -> Self {
         SgdConfig {
             lr,
@@ -28,18 +36,24 @@ impl SgdConfig {
             decay_scope: DecayScope::All,
         }
     }
+    /// Sets the momentum factor (non-negative).
     pub fn momentum(self, momentum: f64) -> Self {
         SgdConfig { momentum, ..self }
     }
+    /// Sets the L2 weight decay (non-negative).
     pub fn weight_decay(self, weight_decay: f64) -> Self {
         SgdConfig { weight_decay, ..self }
     }
+    /// Turns Nesterov momentum on or off; on needs a momentum and zero dampening.
     pub fn nesterov(self, nesterov: bool) -> Self {
         SgdConfig { nesterov, ..self }
     }
+    /// Sets which parameters weight decay applies to (`DecayScope::Weights` spares biases and norm
+    /// scales).
     pub fn decay_scope(self, decay_scope: DecayScope) -> Self {
         SgdConfig { decay_scope, ..self }
     }
+    /// Sets the momentum dampening (zero for Nesterov).
     pub fn dampening(self, dampening: f64) -> Self {
         SgdConfig { dampening, ..self }
     }
@@ -62,6 +76,8 @@ impl SgdConfig {
     }
 }
 
+/// `torch.optim.SGD`: one fused in-place update per parameter with a gradient, with momentum
+/// buffers created on a parameter's first update.
 pub struct Sgd {
     params: Vec<Tensor>,
     config: SgdConfig,
@@ -70,6 +86,8 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// SGD over `params`; an error for invalid hyper-parameters, no parameters, or parameters that
+    /// are views or not floating point.
     pub fn new(params: Vec<Tensor>, config: SgdConfig) -> Result<Sgd> {
         config.validate()?;
         check_parameters("SGD", &params)?;
@@ -80,6 +98,7 @@ impl Sgd {
             momentum,
         })
     }
+    /// The hyper-parameters now, `lr` as a scheduler last set it.
     pub fn config(&self) -> &SgdConfig {
         &self.config
     }

@@ -8,9 +8,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// What a callback hook asks of the trainer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallbackAction {
+    /// Go on training.
     Continue,
+    /// Stop training, as setting Lightning's `trainer.should_stop`; data-parallel replicas stop
+    /// together.
     Stop,
 }
 
@@ -18,6 +22,7 @@ pub enum CallbackAction {
 pub struct CallbackContext<'a> {
     /// The epoch that just ended (`on_epoch_end`) or is running (the other hooks), from 0.
     pub epoch: u64,
+    /// Optimizer steps taken so far, the step a checkpoint saved now resumes after.
     pub global_step: u64,
     /// `train_loss`, `val_loss`, `val_acc`, … of the epoch that just ended.
     pub metrics: &'a mut BTreeMap<String, f64>,
@@ -25,6 +30,8 @@ pub struct CallbackContext<'a> {
 }
 
 impl CallbackContext<'_> {
+    /// Writes a training checkpoint of the current state to `path`; a `Checkpoint` event with
+    /// `reason` follows once the hook returns.
     pub fn save_checkpoint(&mut self, path: &Path, reason: &str) -> Result<()> {
         (self.saver)(path, reason)
     }
@@ -47,9 +54,11 @@ pub trait Callback: crate::nn::AsAny + Send {
     fn on_train_end(&mut self, _ctx: &mut CallbackContext) -> Result<()> {
         Ok(())
     }
+    /// This callback's state to keep in checkpoints (Lightning's `state_dict`); `Null` for none.
     fn state(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+    /// Restores what `state` returned, on `Trainer::resume` (Lightning's `load_state_dict`).
     fn load_state(&mut self, _state: &serde_json::Value) -> Result<()> {
         Ok(())
     }
@@ -58,17 +67,21 @@ pub trait Callback: crate::nn::AsAny + Send {
 /// A metric to watch and whether lower or higher is better.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Monitor {
+    /// The key in `CallbackContext::metrics`, e.g. `val_loss`, `val_acc` or `train_loss`.
     pub metric: String,
+    /// True for Lightning's `mode="max"`, false for `mode="min"`.
     pub higher_is_better: bool,
 }
 
 impl Monitor {
+    /// Watches `metric`, lower being better (Lightning's `mode="min"`, e.g. for a loss).
     pub fn min(metric: &str) -> Monitor {
         Monitor {
             metric: metric.into(),
             higher_is_better: false,
         }
     }
+    /// Watches `metric`, higher being better (Lightning's `mode="max"`, e.g. for an accuracy).
     pub fn max(metric: &str) -> Monitor {
         Monitor {
             metric: metric.into(),
@@ -97,10 +110,17 @@ impl Monitor {
 /// and the `top_k` best checkpoints by a monitored metric (older ones are deleted only after the
 /// new one is safely written).
 pub struct ModelCheckpoint {
+    /// The directory the checkpoints go to (created when first written).
     pub dir: PathBuf,
+    /// Keep `last.safetensors` current at every epoch end and when training ends (Lightning's
+    /// `save_last`); default true.
     pub save_last: bool,
+    /// The metric that ranks the top-k checkpoints; `None` (the default) saves none.
     pub monitor: Option<Monitor>,
+    /// How many of the best checkpoints to keep (Lightning's `save_top_k`); 0 keeps none.
     pub top_k: usize,
+    /// Also overwrite `last.safetensors` every N optimizer steps (Lightning's
+    /// `every_n_train_steps`).
     pub every_n_train_steps: Option<u64>,
     kept: Vec<(f64, PathBuf)>,
     /// The step of the last epoch-end save: training that ends right there (nothing changed
@@ -114,6 +134,7 @@ struct CheckpointState {
 }
 
 impl ModelCheckpoint {
+    /// Saves `last.safetensors` in `dir` at every epoch end: no monitor, no step saves.
     pub fn new(dir: impl Into<PathBuf>) -> ModelCheckpoint {
         ModelCheckpoint {
             dir: dir.into(),
@@ -125,6 +146,8 @@ impl ModelCheckpoint {
             epoch_end_step: None,
         }
     }
+    /// Also keeps the `top_k` best checkpoints by `monitor`, each named
+    /// `epoch=E-step=S-METRIC=SCORE.safetensors`.
     pub fn monitor(self, monitor: Monitor, top_k: usize) -> ModelCheckpoint {
         ModelCheckpoint {
             monitor: Some(monitor),
@@ -132,12 +155,14 @@ impl ModelCheckpoint {
             ..self
         }
     }
+    /// Also writes `last.safetensors` every `n` optimizer steps (0 never).
     pub fn every_n_train_steps(self, n: u64) -> ModelCheckpoint {
         ModelCheckpoint {
             every_n_train_steps: Some(n),
             ..self
         }
     }
+    /// Where the last checkpoint goes: `dir/last.safetensors`.
     pub fn last_path(&self) -> PathBuf {
         self.dir.join("last.safetensors")
     }
@@ -220,8 +245,11 @@ impl Callback for ModelCheckpoint {
 
 /// Stops when the monitored metric has not improved by `min_delta` for `patience` epochs.
 pub struct EarlyStopping {
+    /// The metric watched; an epoch whose metrics lack it is an error.
     pub monitor: Monitor,
+    /// Epoch ends without improvement before stopping (Lightning's `patience`).
     pub patience: u64,
+    /// The least change that counts as an improvement, in the metric's units (kept non-negative).
     pub min_delta: f64,
     best: Option<f64>,
     wait: u64,
@@ -234,6 +262,8 @@ struct EarlyStoppingState {
 }
 
 impl EarlyStopping {
+    /// Stops after `patience` epochs without an improvement of more than `min_delta` (its sign is
+    /// ignored), or at once when the metric is not finite.
     pub fn new(monitor: Monitor, patience: u64, min_delta: f64) -> EarlyStopping {
         EarlyStopping {
             monitor,
@@ -297,11 +327,13 @@ pub struct LrMonitor {
 }
 
 impl LrMonitor {
+    /// Adds the rate under `lr-{optimizer_name}`; pass `Optimizer::name`, e.g. `lr-SGD`.
     pub fn new(optimizer_name: &str) -> LrMonitor {
         LrMonitor {
             key: format!("lr-{optimizer_name}"),
         }
     }
+    /// The metrics key it writes, `lr-` followed by the optimizer's name.
     pub fn key(&self) -> &str {
         &self.key
     }

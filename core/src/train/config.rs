@@ -69,13 +69,6 @@ impl Precision {
     }
 }
 
-/// How the Trainer runs a fit: epochs, steps, accumulation, clipping, logging, precision.
-///
-/// There is no seed here, unlike Lightning's `seed_everything`: Lockstep has no global random
-/// state. Every random stream is made from a seed the caller passes where the stream is made
-/// (`Generator::new(seed)` for initialisation and each Dropout, the samplers' seed for
-/// shuffling, `DataParallel::on_threads(..).shuffle(true, seed)`), and checkpoints store each
-/// stream's position, so a run is reproduced and resumed exactly without a process-wide seed.
 /// What the Trainer prints while it runs (Lightning's `enable_progress_bar`), through
 /// `ConsoleProgress` on stderr; needs the `console` feature, on by default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,6 +83,13 @@ pub enum Progress {
     Off,
 }
 
+/// How the Trainer runs a fit: epochs, steps, accumulation, clipping, logging, precision.
+///
+/// There is no seed here, unlike Lightning's `seed_everything`: Lockstep has no global random
+/// state. Every random stream is made from a seed the caller passes where the stream is made
+/// (`Generator::new(seed)` for initialisation and each Dropout, the samplers' seed for
+/// shuffling, `DataParallel::on_threads(..).shuffle(true, seed)`), and checkpoints store each
+/// stream's position, so a run is reproduced and resumed exactly without a process-wide seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainerConfig {
     /// Epochs to train in all, counting those a resumed run already did (default 1).

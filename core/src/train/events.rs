@@ -12,10 +12,16 @@ use crate::error::Result;
 /// What the run is, once at its start.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
+    /// The setup's short model name (`TrainingSetup::name`).
     pub model: String,
+    /// One name per replica or pipeline stage (`cpu:0`, `cuda:1`); a name that repeats carries its
+    /// rank or stage, e.g. `cuda:0 (rank 1)`.
     pub devices: Vec<String>,
+    /// `TrainerConfig::max_epochs`: the epoch limit, counting epochs done before a resume.
     pub max_epochs: u64,
+    /// `TrainerConfig::max_steps`: the optimizer-step limit, if any.
     pub max_steps: Option<u64>,
+    /// Optimizer steps per epoch, after `limit_train_batches` and gradient accumulation.
     pub steps_per_epoch: u64,
     /// Hyper-parameters as given (optimizer, lr, batch size, …).
     pub hparams: BTreeMap<String, String>,
@@ -24,11 +30,17 @@ pub struct RunInfo {
 /// A device's counters; `None` where the backend cannot know (shown as "unknown", never 0).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceStats {
+    /// The device's name, as in `RunInfo::devices`.
     pub device: String,
+    /// The share of wall time the device was busy since its previous report, in [0, 1].
     pub utilization: Option<f64>,
+    /// Bytes held by live tensors now, as `torch.cuda.memory_allocated`.
     pub memory_allocated: u64,
+    /// Bytes the caching allocator holds, in use or free, as `torch.cuda.memory_reserved`.
     pub memory_reserved: u64,
+    /// The most bytes allocated at once so far, as `torch.cuda.max_memory_allocated`.
     pub memory_peak: u64,
+    /// The device's total memory in bytes.
     pub memory_total: Option<u64>,
 }
 
@@ -37,12 +49,18 @@ pub struct DeviceStats {
 /// host waits for it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepTimes {
+    /// Waiting for the loader's next batch and copying it to the device.
     pub data_wait: f64,
+    /// Forward passes, including the loss and its weighting and scaling.
     pub forward: f64,
+    /// Backward passes (with data parallel, only the all-reduce wait not hidden behind them is
+    /// `communication`).
     pub backward: f64,
     /// Waiting for gradient buckets to be averaged across replicas (data parallel): the
     /// communication not hidden behind backward.
     pub communication: f64,
+    /// The optimizer step: unscaling, clipping, the update, zeroing gradients and a per-step
+    /// scheduler.
     pub optimizer: f64,
     /// How long the gradient all-reduces ran, hidden behind backward or not (not a phase of
     /// its own: it overlaps `backward`).
@@ -90,6 +108,7 @@ impl StepTimes {
             self.waiting,
         ]
     }
+    /// The inverse of `values`: the fields from numbers in the same order.
     pub fn from_values(v: [f64; 7]) -> StepTimes {
         let [
             data_wait,
@@ -124,19 +143,31 @@ impl StepTimes {
     }
 }
 
+/// One thing that happened in a run, as every listener receives it; serialised with its kind in an
+/// `event` field in snake_case (`"event":"step"`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// Once, when `fit` starts (a resumed run starts again here).
     RunStart {
+        /// The model, devices, limits and hyper-parameters of this run.
         run: RunInfo,
     },
     /// Every `log_every_n_steps` optimizer steps.
     Step {
+        /// The epoch in progress, from 0.
         epoch: u64,
+        /// Optimizer steps taken so far, this one included (`TrainerState::global_step`, so from
+        /// 1).
         step: u64,
+        /// Loader batches of this epoch consumed so far: with accumulation, K per optimizer step.
         batch: u64,
+        /// The loss of the step's last micro-batch on this worker, before the 1/K accumulation
+        /// weight and loss scaling (not averaged over replicas).
         loss: f64,
+        /// The learning rate after this step, a per-step scheduler having already advanced.
         lr: f64,
+        /// This worker's training samples per second of wall time since the previous step event.
         samples_per_sec: f64,
         /// The loss scale of a `16-mixed` run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,30 +186,55 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         shares: Vec<usize>,
     },
+    /// At each epoch's end, after validation and before the epoch scheduler and the callbacks.
     Epoch {
+        /// The epoch that ended, from 0.
         epoch: u64,
+        /// The mean of the epoch's micro-batch losses on this worker (unweighted).
         train_loss: f64,
+        /// The mean per-sample validation loss; `None` when this epoch did not validate (no loader,
+        /// or `check_val_every_n_epoch`).
         val_loss: Option<f64>,
+        /// The validation accuracy in [0, 1]; `None` when `val_loss` is.
         val_accuracy: Option<f64>,
+        /// The learning rate at the epoch's end, before a per-epoch scheduler steps.
         lr: f64,
+        /// Wall-clock seconds of the epoch, validation included (from the resume point when resumed
+        /// mid-epoch).
         seconds: f64,
     },
+    /// A device's counters, right after each step event, one per replica or stage.
     Device(DeviceStats),
+    /// A callback wrote a training checkpoint.
     Checkpoint {
+        /// The file written, as displayed.
         path: String,
+        /// Why it was written: `last`, `every_n_train_steps`, or `top-K METRIC` for a top-k save.
         reason: String,
     },
+    /// The result of `Trainer::test`.
     Test {
+        /// The mean per-sample loss over the test loader.
         loss: f64,
+        /// The task's accuracy over the test loader, in [0, 1].
         accuracy: f64,
+        /// Test samples evaluated.
         samples: u64,
     },
+    /// Once, when `fit` returns normally, after the `on_train_end` callbacks.
     RunEnd {
+        /// Epochs completed, counting those before a resume.
         epochs: u64,
+        /// Optimizer steps taken, counting those before a resume.
         steps: u64,
+        /// Wall-clock seconds of this `fit` call.
         seconds: f64,
+        /// This worker's training samples per second over this `fit` call.
         samples_per_sec: f64,
+        /// Seconds this `fit` call waited for the data loader.
         data_wait_seconds: f64,
+        /// Why training stopped: `max_epochs`, `max_steps`, `early stopping`, `stopped by request`
+        /// or `stopped by another replica`.
         reason: String,
     },
 }
@@ -188,11 +244,16 @@ pub enum Event {
 pub struct Record {
     /// Seconds since the run started.
     pub t: f64,
+    /// What happened; its fields sit next to `t` in the JSON line.
     #[serde(flatten)]
     pub event: Event,
 }
 
+/// Receives every record of a run, in order, on the training thread (the role of Lightning's
+/// loggers).
 pub trait EventListener: Send {
+    /// Handles one record; training waits until it returns, and an error ends `fit` with that
+    /// error.
     fn on_event(&mut self, record: &Record) -> Result<()>;
 }
 
@@ -211,6 +272,8 @@ pub struct ChannelListener {
 }
 
 impl ChannelListener {
+    /// A listener and the receiving end of its channel, which holds up to `capacity` records (at
+    /// least 1).
     pub fn new(capacity: usize) -> (ChannelListener, Receiver<Record>) {
         let (tx, rx) = sync_channel(capacity.max(1));
         (ChannelListener { tx }, rx)

@@ -8,6 +8,8 @@ use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::tensor::Tensor;
 
+/// Next-token prediction on `[tokens, next tokens]` batches: mean cross-entropy over every
+/// position, as nanoGPT.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LanguageModeling;
 

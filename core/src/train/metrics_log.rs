@@ -8,12 +8,15 @@ use std::path::{Path, PathBuf};
 use super::events::{Event, EventListener, Record};
 use crate::error::{Error, Result};
 
+/// A listener that writes each `Record` as one JSON line; step and device lines are flushed with
+/// the next other event.
 pub struct JsonlWriter {
     path: PathBuf,
     out: BufWriter<File>,
 }
 
 impl JsonlWriter {
+    /// Creates or truncates the log at `path`, creating its parent directories.
     pub fn create(path: impl AsRef<Path>) -> Result<JsonlWriter> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {

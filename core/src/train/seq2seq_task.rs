@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::tensor::Tensor;
 
+/// Sequence-to-sequence on `[input, target tokens]` batches, padded targets ignored; its accuracy
+/// counts sequences with every real token right.
 #[derive(Clone, Copy, Debug)]
 pub struct Seq2SeqTask {
     /// The target token that marks padding.

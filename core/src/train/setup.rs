@@ -16,15 +16,22 @@ use crate::rng::Generator;
 /// random streams beyond the model's own (data augmentation's, say) whose state checkpoints
 /// must carry.
 pub struct TrainingSetup {
+    /// The model trained, its parameters already on `device`.
     pub model: Box<dyn Module>,
+    /// The optimizer over the model's parameters.
     pub optimizer: Box<dyn Optimizer>,
+    /// The learning-rate scheduler, if any, stepped as `TrainerConfig::scheduler_interval` says.
     pub scheduler: Option<LrScheduler>,
+    /// What the loss and the evaluation metrics are (`Classification` by default).
     pub task: Box<dyn Task>,
+    /// Where batches go: the device of the model's parameters unless set.
     pub device: Device,
     /// Streams the model does not own; the model's (Dropout's) are found by themselves.
     pub generators: Vec<Arc<Generator>>,
     /// A short model name for events and summaries.
     pub model_name: String,
+    /// Hyper-parameters recorded in the run-start event and in every checkpoint
+    /// (`checkpoint::hparams` reads them back).
     pub hparams: BTreeMap<String, String>,
 }
 

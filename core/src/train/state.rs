@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Where a run stands, as Lightning's loop state: stored as JSON in every checkpoint so
+/// `Trainer::resume` continues at the same batch.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
     /// The epoch in progress (0-based).
@@ -12,7 +14,9 @@ pub struct TrainerState {
     pub global_step: u64,
     /// Sum and count of the current epoch's batch losses so far.
     pub epoch_loss_sum: f64,
+    /// Micro-batches whose losses `epoch_loss_sum` holds.
     pub epoch_loss_count: u64,
+    /// Training samples this worker has consumed over the whole run (its shard, in data parallel).
     pub samples_seen: u64,
     /// (seed, counter) of each registered random stream, in registration order.
     pub generators: Vec<(u64, u64)>,

@@ -20,6 +20,7 @@ pub struct MicroBatch<'a> {
     pub tensors: &'a [Tensor],
     /// The factor on this micro-batch's loss: 1/K over K accumulated micro-batches.
     pub weight: f64,
+    /// The run's precision: the forward pass autocasts to its dtype.
     pub precision: Precision,
     /// The loss scaler of a `16-mixed` run.
     pub scaler: Option<&'a GradScaler>,

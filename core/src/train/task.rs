@@ -7,11 +7,17 @@ use crate::tensor::Tensor;
 /// Evaluation totals over a loader, kept on the device until the end.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EvalMetrics {
+    /// The mean loss per sample (per sequence, for sequence tasks).
     pub loss: f64,
+    /// The share right, in [0, 1]: of samples, of tokens for `LanguageModeling`, of whole sequences
+    /// for `Seq2SeqTask`.
     pub accuracy: f64,
+    /// Samples evaluated: the batches' leading dimensions summed.
     pub samples: u64,
 }
 
+/// What the model learns from a batch: its training loss and evaluation sums (as Lightning's
+/// `training_step` and `validation_step`).
 pub trait Task: Send + Sync {
     /// The scalar loss of one batch (already on the device).
     fn loss(&self, model: &dyn Module, batch: &[Tensor]) -> Result<Tensor>;

@@ -21,15 +21,19 @@ pub use training::hparams;
 
 /// Marks files written by this module (a plain weights file has no such key).
 pub const FORMAT_KEY: &str = "lockstep.format";
+/// The `FORMAT_KEY` value of this layout; resuming refuses files without it.
 pub const FORMAT: &str = "lockstep-checkpoint/1";
 
 /// The contents of a safetensors file in host memory.
 pub struct TensorFile {
+    /// (name, tensor) pairs, sorted by name.
     pub tensors: Vec<(String, HostTensor)>,
+    /// The header's `__metadata__` map (empty when the file has none).
     pub metadata: BTreeMap<String, String>,
 }
 
 impl TensorFile {
+    /// The tensor named `name`, if the file has one.
     pub fn get(&self, name: &str) -> Option<&HostTensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }

@@ -18,6 +18,8 @@ use crate::train::events::StepTimes;
 use crate::train::state::TrainerState;
 use crate::train::step::{self, MicroBatch};
 
+/// One replica of a data-parallel run (PyTorch's DDP): its `Reducer` averages the gradients across
+/// replicas during backward, and all replicas stop together.
 pub struct DataParallel {
     reducer: Reducer,
     balancer: Option<Balancer>,

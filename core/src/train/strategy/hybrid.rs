@@ -15,6 +15,8 @@ use crate::train::config::Precision;
 use crate::train::events::StepTimes;
 use crate::train::step::MicroBatch;
 
+/// One replica of a data × pipeline parallel run: a `Pipeline` whose stages each average their
+/// gradients over the replicas with a `Reducer` of their own.
 pub struct Hybrid {
     pipeline: Pipeline,
     /// One per stage, over that stage's parameters and the replicas' devices of that stage.

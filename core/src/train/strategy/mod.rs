@@ -26,10 +26,15 @@ use crate::tensor::Tensor;
 /// worker) and each device's counters.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepReports {
+    /// Each worker's step times, by rank (data parallel) or stage (pipeline); empty with one
+    /// worker.
     pub worker_times: Vec<StepTimes>,
+    /// Every device's counters, one per rank or stage.
     pub devices: Vec<DeviceStats>,
 }
 
+/// How the training loop turns each batch into gradients (Lightning's `Strategy`): `SingleDevice`,
+/// `DataParallel`, `pipeline::Pipeline` or `Hybrid`.
 pub trait Strategy: Send {
     /// Before the loop: checks that `setup` can train this way in `precision`, and returns
     /// the run's devices (one per replica or stage) for its start event.

@@ -141,13 +141,17 @@ pub(super) fn run_step(
 pub struct StepProfile {
     /// The whole step, first forward to last backward.
     pub wall: f64,
+    /// Each stage's compute time, by stage.
     pub stages: Vec<StageCompute>,
 }
 
 /// One stage's time computing in a step; the rest of the step it waited (the bubble).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StageCompute {
+    /// Seconds in the stage's forward passes (the last stage's loss included), each timed from its
+    /// input's arrival.
     pub forward: f64,
+    /// Seconds in the stage's backward passes, each timed from its gradient's arrival.
     pub backward: f64,
 }
 

@@ -8,17 +8,23 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
+/// Which pass of a micro-batch an `Action` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pass {
+    /// The stage's forward pass, written `F`; it needs the previous stage's activations.
     Forward,
+    /// The stage's backward pass, written `B`; it needs the next stage's gradient.
     Backward,
 }
 
 /// One pass of one micro-batch through one stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Action {
+    /// The stage that runs it, from 0.
     pub stage: usize,
+    /// Forward or backward (the `F` or `B` of `1F0`).
     pub pass: Pass,
+    /// The micro-batch, from 0 (the batch's first samples first).
     pub micro: usize,
 }
 
@@ -44,6 +50,7 @@ pub enum ScheduleKind {
 }
 
 impl ScheduleKind {
+    /// The lowercase name that `FromStr` reads back: `gpipe` or `1f1b`.
     pub fn name(self) -> &'static str {
         match self {
             ScheduleKind::GPipe => "gpipe",
@@ -69,8 +76,11 @@ impl FromStr for ScheduleKind {
 /// Each stage's actions, in the order it runs them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schedule {
+    /// Pipeline stages (P), at least 1.
     pub stages: usize,
+    /// Micro-batches each batch is cut into (M), at least 1.
     pub micro_batches: usize,
+    /// `actions[s]` is stage `s`'s actions, in the order it runs them.
     pub actions: Vec<Vec<Action>>,
 }
 

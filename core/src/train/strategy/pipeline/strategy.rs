@@ -16,6 +16,8 @@ use crate::train::step::{self, MicroBatch};
 use crate::train::strategy::replica_reports::{device_stats, distinct};
 use crate::train::strategy::{StepReports, Strategy};
 
+/// The pipeline-parallel strategy (as `torch.distributed.pipelining`): a `StagedModel`'s stages run
+/// each batch as micro-batches on a GPipe or 1F1B schedule, a thread per stage.
 pub struct Pipeline {
     kind: ScheduleKind,
     micro_batches: usize,
@@ -56,6 +58,7 @@ impl Pipeline {
         self
     }
 
+    /// The schedule built by `setup` at the start of `Trainer::fit`; `None` before.
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
     }

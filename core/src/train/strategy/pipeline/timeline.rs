@@ -12,7 +12,9 @@ use crate::error::{Error, Result};
 /// What each pass costs in the simulation, in any unit (measured seconds or 1 and 2).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PassCosts {
+    /// Cost of one stage's forward pass of one micro-batch.
     pub forward: f64,
+    /// Cost of one stage's backward pass of one micro-batch (twice the forward by default).
     pub backward: f64,
 }
 
@@ -31,6 +33,7 @@ impl Default for PassCosts {
 pub struct Timeline {
     /// Per stage, (action, start, end) in order.
     pub spans: Vec<Vec<(Action, f64, f64)>>,
+    /// When the last action ends: the step's length, in the costs' unit.
     pub makespan: f64,
 }
 
