@@ -9,7 +9,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -68,12 +68,36 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The command line with `train --config FILE` read in; None when it was only to print the
+/// configuration (`train --print-config`, done here: it needs clap's view of every flag).
+fn parse_command_line() -> anyhow::Result<Option<Cli>> {
+    let argv = cli::config_file::expand(&Cli::command(), "train", std::env::args_os().collect())?;
+    let matches = Cli::command().get_matches_from(argv);
+    if let Some(("train", train)) = matches.subcommand()
+        && cli::config_file::wants_print(train)
+    {
+        let command = Cli::command();
+        let train_command = command.find_subcommand("train").expect("`train` is a subcommand");
+        print!("{}", cli::config_file::print(train_command, train));
+        return Ok(None);
+    }
+    Ok(Some(Cli::from_arg_matches(&matches)?))
+}
+
 fn main() -> ExitCode {
     // Before any thread starts: it may set an environment variable.
     lockstep_wgpu::quiet_display_probe_without_session();
     lockstep_wgpu::register();
     lockstep_cuda::register();
-    match run(Cli::parse()) {
+    let cli = match parse_command_line() {
+        Ok(Some(cli)) => cli,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // `{:#}` joins the context chain into one line: "what we did: why it failed".

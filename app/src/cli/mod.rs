@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod config_file;
 pub mod dashboard;
 pub mod devices;
 mod interrupt;

@@ -73,6 +73,13 @@ pub enum StageBalance {
 
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
+    /// Read flags from a TOML file whose keys are the flags' names (`batch_size = 64`,
+    /// `devices = ["cpu:0", "cpu:1"]`, `headless = true`); flags on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print every flag this run would use, as a TOML file for --config, and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// Built-in model: mlp (784-512-512-10 on MNIST), lenet5, convnet-bn (two conv + BatchNorm
     /// blocks; both MNIST only), resnet18, resnet34, resnet50 (torchvision's; the CIFAR stem for
     /// images up to 64 pixels), or seq2seq (a GRU encoder and decoder) on generated digit
