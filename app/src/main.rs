@@ -1,6 +1,9 @@
 //! `lockstep`: the command line. Each subcommand lives in its own module under `cli/`; adding one
 //! means one variant below, one arm in `run`, and one file.
 
+// The flags' doc comments are their --help text, written for a terminal (`runs/<model>-<time>/`).
+#![allow(rustdoc::invalid_html_tags)]
+
 mod cli;
 mod dashboard;
 

@@ -3,7 +3,7 @@
 //! The Trainer adds it itself (`TrainerConfig::progress`); it needs the `console` feature (on by
 //! default).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use indicatif::{ProgressBar as Bar, ProgressDrawTarget, ProgressStyle};
 
@@ -12,7 +12,7 @@ use super::events::{Event, EventListener, Record};
 use crate::error::Result;
 
 /// Prints a run's start, its epochs and its checkpoints to stderr, under a step bar when the
-/// progress setting is `Progress::Bar` and stderr is a terminal.
+/// progress setting is `Progress::Bar` and stderr is a terminal (else the lines alone).
 pub struct ConsoleProgress {
     bar: Option<Bar>,
     with_bar: bool,
@@ -23,10 +23,16 @@ impl ConsoleProgress {
     /// A console view as `progress` asks: `Bar` draws the step bar, `Lines` (headless runs,
     /// logs) prints only the lines, `Off` prints nothing.
     pub fn new(progress: Progress) -> ConsoleProgress {
+        // A bar on a stderr that is not a terminal draws nothing, and would swallow the lines.
+        let with_bar = progress == Progress::Bar && std::io::stderr().is_terminal();
+        let out: Box<dyn Write + Send> = match progress {
+            Progress::Off => Box::new(std::io::sink()),
+            Progress::Bar | Progress::Lines => Box::new(std::io::stderr()),
+        };
         ConsoleProgress {
             bar: None,
-            with_bar: progress == Progress::Bar,
-            out: Box::new(std::io::stderr()),
+            with_bar,
+            out,
         }
     }
 

@@ -20,6 +20,7 @@ mod state;
 mod step;
 mod strategy;
 mod task;
+mod tensorboard;
 mod trainer;
 
 pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
@@ -37,4 +38,5 @@ pub use step::{MicroBatch, forward_backward};
 pub use strategy::pipeline;
 pub use strategy::{DataParallel, Hybrid, SingleDevice, StepReports, Strategy};
 pub use task::{Classification, EvalMetrics, Task};
+pub use tensorboard::TensorBoardWriter;
 pub use trainer::{FitReport, Trainer};

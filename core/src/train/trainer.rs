@@ -59,6 +59,8 @@ pub struct Trainer {
     pub(super) pause: Arc<AtomicBool>,
     /// How each batch becomes a loss and gradients: one device, or a data-parallel replica.
     pub(super) strategy: Box<dyn Strategy>,
+    /// The name of the first callback that asked to stop, for the report's stop reason.
+    pub(super) stopped_by: Option<String>,
 }
 
 impl Trainer {
@@ -80,6 +82,7 @@ impl Trainer {
             stop: Arc::new(AtomicBool::new(false)),
             pause: Arc::new(AtomicBool::new(false)),
             strategy: Box::new(SingleDevice),
+            stopped_by: None,
         })
     }
     /// The configuration it runs with.
@@ -195,6 +198,7 @@ impl Trainer {
             };
             if hook(cb.as_mut(), &mut ctx)? == CallbackAction::Stop {
                 action = CallbackAction::Stop;
+                self.stopped_by.get_or_insert_with(|| cb.name());
             }
         }
         for (path, reason) in saved {

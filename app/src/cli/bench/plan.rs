@@ -25,7 +25,7 @@ pub const MLP_TIMING: Timing = Timing {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MlpPlan {
-    /// Layer widths: Linear(layers[i], layers[i+1]) with ReLU between.
+    /// Layer widths: `Linear(layers[i], layers[i+1])` with ReLU between.
     pub layers: Vec<usize>,
     pub batch: usize,
     pub lr: f64,

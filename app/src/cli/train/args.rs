@@ -33,7 +33,7 @@ pub enum DatasetKind {
 }
 
 impl DatasetKind {
-    /// The directory name under the data home ($LOCKSTEP_DATA/<name>).
+    /// The directory name under the data home (`$LOCKSTEP_DATA/<name>`).
     pub fn home_name(self) -> &'static str {
         match self {
             DatasetKind::Mnist => "mnist",
@@ -283,6 +283,10 @@ pub struct Args {
     /// Write every event as a JSON line to this file.
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
+    /// Write TensorBoard event files to this directory (`tensorboard --logdir DIR`): each
+    /// logged step's train_loss, lr and samples_per_sec, each epoch's losses and val_acc.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     /// Write the final summary (accuracy, loss, time, throughput) as JSON to this file.
     #[arg(long)]
     pub summary_out: Option<PathBuf>,

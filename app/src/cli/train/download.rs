@@ -48,7 +48,7 @@ const MAX_BYTES: u64 = 128 << 20;
 /// Where the CIFAR authors publish the binary archives.
 pub const CIFAR_BASE_URL: &str = "https://www.cs.toronto.edu/~kriz/";
 
-/// Each archive's MD5, as published on https://www.cs.toronto.edu/~kriz/cifar.html.
+/// Each archive's MD5, as published on <https://www.cs.toronto.edu/~kriz/cifar.html>.
 pub fn cifar_md5(kind: cifar::Kind) -> &'static str {
     match kind {
         cifar::Kind::Cifar10 => "c32a1d4ab5d03f1284b67883e8d87530",

@@ -22,7 +22,8 @@ use lockstep_core::data::{
 };
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
-    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Progress, Trainer,
+    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Progress,
+    TensorBoardWriter, Trainer,
 };
 
 pub use args::Args;
@@ -350,6 +351,11 @@ fn replica(
         }
         if let Some(path) = &args.metrics_out {
             trainer.add_listener(JsonlWriter::create(path)?);
+        }
+        if let Some(dir) = &args.tensorboard {
+            let writer = TensorBoardWriter::create(dir)
+                .with_context(|| format!("cannot write TensorBoard files to {}", dir.display()))?;
+            trainer.add_listener(writer);
         }
         if let Some(dir) = &args.checkpoint_dir {
             // Without validation there is no val_acc to rank by (the run would fail at the first

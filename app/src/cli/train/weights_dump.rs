@@ -1,5 +1,5 @@
 //! `--dump-weights DIR` (hidden; for tests): every replica writes its final weights to
-//! DIR/rank<R>.safetensors, so a test can check that the replicas of a run agree bit for bit.
+//! `DIR/rank<R>.safetensors`, so a test can check that the replicas of a run agree bit for bit.
 
 use std::collections::BTreeMap;
 use std::path::Path;
