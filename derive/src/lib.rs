@@ -11,7 +11,9 @@
 //!
 //! `forward` calls the struct's own inherent `fn forward(&self, x: &Tensor) -> Result<Tensor>`;
 //! without one the impl does not compile ("function cannot return without recursing", pointing
-//! at the struct: it would call itself).
+//! at the struct: it would call itself). A model of several inputs says `#[module(inputs)]` on
+//! the struct and writes `fn forward(&self, inputs: &[Tensor]) -> Result<Tensor>` instead:
+//! `Module::forward_inputs` hands it the batch's inputs, and `Module::forward` its one.
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as Tokens;
@@ -57,6 +59,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         ));
     };
     let fields = named.named.iter().map(field).collect::<syn::Result<Vec<_>>>()?;
+    let several_inputs = takes_several_inputs(input)?;
     let ty = &input.ident;
     let kind = ty.to_string();
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
@@ -112,10 +115,24 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     // Without an inherent `forward` this would call itself: refuse to compile instead. Spanned
     // at the struct's name, so the lint counts as the user's code (lints are silent inside
     // another crate's macro) and the error points at the struct.
-    let forward = quote_spanned! {ty.span()=>
-        #[deny(unconditional_recursion)]
-        fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-            #ty::forward(self, x)
+    let forward = if several_inputs {
+        quote_spanned! {ty.span()=>
+            fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
+                #ty::forward(self, ::std::slice::from_ref(x))
+            }
+            fn forward_inputs(
+                &self,
+                inputs: &[::lockstep_core::Tensor],
+            ) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
+                #ty::forward(self, inputs)
+            }
+        }
+    } else {
+        quote_spanned! {ty.span()=>
+            #[deny(unconditional_recursion)]
+            fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
+                #ty::forward(self, x)
+            }
         }
     };
     Ok(quote! {
@@ -159,6 +176,22 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
             }
         }
     })
+}
+
+/// Whether the struct says `#[module(inputs)]`: its forward takes `&[Tensor]`.
+fn takes_several_inputs(input: &DeriveInput) -> syn::Result<bool> {
+    let mut several = false;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("module")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("inputs") {
+                several = true;
+                Ok(())
+            } else {
+                Err(meta.error("on a struct, expected `inputs` (its forward takes `&[Tensor]`)"))
+            }
+        })?;
+    }
+    Ok(several)
 }
 
 /// One statement per field of `list`, made from its identifier and registered name.

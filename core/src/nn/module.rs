@@ -29,6 +29,24 @@ pub trait Module: AsAny + Send + Sync {
     /// Runs the module on `x`, as PyTorch's `forward`; each layer documents the shapes it takes and returns.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
+    /// Runs the module on several inputs, as a PyTorch `forward(self, a, b)`: the built-in tasks
+    /// pass a batch's fields but the last (the labels). A module of one input takes exactly one;
+    /// a model of several derives `Module` with `#[module(inputs)]` and writes its inherent
+    /// `fn forward(&self, inputs: &[Tensor])`.
+    fn forward_inputs(&self, inputs: &[Tensor]) -> Result<Tensor> {
+        match inputs {
+            [x] => self.forward(x),
+            _ => Err(Error::invalid(
+                "forward",
+                format!(
+                    "the model takes one input but the batch gives it {}; a model of several inputs derives \
+                     Module with #[module(inputs)] and takes them as `forward(&self, inputs: &[Tensor])`",
+                    inputs.len()
+                ),
+            )),
+        }
+    }
+
     /// Calls `f(name, tensor)` for each trainable parameter, in registration order, with
     /// PyTorch's dotted name under `prefix` (e.g. prefix "0." gives "0.weight").
     fn visit_parameters(&self, _prefix: &str, _f: &mut dyn FnMut(String, &Tensor)) {}
@@ -110,6 +128,9 @@ pub fn describe_tree(kind: &str, children: &[(String, String)]) -> String {
 impl Module for Box<dyn Module> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.as_ref().forward(x)
+    }
+    fn forward_inputs(&self, inputs: &[Tensor]) -> Result<Tensor> {
+        self.as_ref().forward_inputs(inputs)
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         self.as_ref().visit_parameters(prefix, f)

@@ -297,10 +297,10 @@ impl Trainer {
             self.run_callbacks(setup, ended, &mut metrics, |c, ctx| c.on_epoch_end(ctx))? == CallbackAction::Stop;
         let stops = self.strategy.any_stops(setup, early)?;
         if stops {
-            // Another replica's callback may have asked: this one then names none.
             progress.report.stop_reason = match self.stopped_by.as_deref() {
-                None | Some("EarlyStopping") => "early stopping".into(),
+                Some("EarlyStopping") => "early stopping".into(),
                 Some(name) => format!("stopped by the {name} callback"),
+                None => "stopped by another replica".into(),
             };
         }
         Ok(stops)

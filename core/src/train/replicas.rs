@@ -215,12 +215,7 @@ impl Plan {
         let val = val
             .map(|v| DataLoader::simple(v, false, 0, loader_config))
             .transpose()?;
-        let mut config = self.config.clone();
-        if replica.rank != 0 {
-            // One console view per run, as with the other listeners.
-            config.progress = super::Progress::Off;
-        }
-        let mut trainer = Trainer::new(config)?.with_strategy(DataParallel::new(reducer));
+        let mut trainer = Trainer::new(self.config.clone())?.with_strategy(DataParallel::new(reducer));
         if let Some(prepare) = prepare {
             prepare(&mut trainer)?;
         }

@@ -26,28 +26,30 @@ pub trait Task: Send + Sync {
     fn eval_sums(&self, model: &dyn Module, batch: &[Tensor]) -> Result<(Tensor, Tensor)>;
 }
 
-/// Classification with cross-entropy: batches are `[inputs, integer labels]`.
+/// Classification with cross-entropy: batches are `[inputs, integer labels]`, or
+/// `[input_1, …, input_n, labels]` for a model of several inputs (`Module::forward_inputs`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Classification;
 
-fn split(batch: &[Tensor]) -> Result<(&Tensor, &Tensor)> {
+/// The model's inputs (every field but the last) and the labels (the last).
+fn split(batch: &[Tensor]) -> Result<(&[Tensor], &Tensor)> {
     match batch {
-        [x, y] => Ok((x, y)),
+        [inputs @ .., y] if !inputs.is_empty() => Ok((inputs, y)),
         _ => Err(Error::invalid(
             "Classification",
-            format!("expects batches of [inputs, labels], got {} fields", batch.len()),
+            format!("expects batches of [inputs…, labels], got {} field(s)", batch.len()),
         )),
     }
 }
 
 impl Task for Classification {
     fn loss(&self, model: &dyn Module, batch: &[Tensor]) -> Result<Tensor> {
-        let (x, y) = split(batch)?;
-        model.forward(x)?.cross_entropy(y)
+        let (inputs, y) = split(batch)?;
+        model.forward_inputs(inputs)?.cross_entropy(y)
     }
     fn eval_sums(&self, model: &dyn Module, batch: &[Tensor]) -> Result<(Tensor, Tensor)> {
-        let (x, y) = split(batch)?;
-        let logits = model.forward(x)?;
+        let (inputs, y) = split(batch)?;
+        let logits = model.forward_inputs(inputs)?;
         let n = y.elem_count() as f64;
         let loss_sum = logits.cross_entropy(y)?.affine(n, 0.0)?;
         let labels = y.to_dtype(crate::dtype::DType::U32)?;

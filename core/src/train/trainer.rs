@@ -52,6 +52,8 @@ pub struct FitReport {
 pub struct Trainer {
     pub(super) config: TrainerConfig,
     pub(super) listeners: Vec<Box<dyn EventListener>>,
+    /// The progress view `config.progress` asks for; rank 0's only, in data parallel.
+    console: Option<Box<dyn EventListener>>,
     pub(super) callbacks: Vec<Box<dyn Callback>>,
     pub(super) state: TrainerState,
     pub(super) started: Instant,
@@ -68,14 +70,15 @@ impl Trainer {
     /// `config.progress` says; an error if `config` fails `TrainerConfig::validate`.
     pub fn new(config: TrainerConfig) -> Result<Trainer> {
         config.validate()?;
-        let mut listeners: Vec<Box<dyn EventListener>> = Vec::new();
         #[cfg(feature = "console")]
-        if config.progress != super::Progress::Off {
-            listeners.push(Box::new(super::ConsoleProgress::new(config.progress)));
-        }
+        let console = (config.progress != super::Progress::Off)
+            .then(|| Box::new(super::ConsoleProgress::new(config.progress)) as Box<dyn EventListener>);
+        #[cfg(not(feature = "console"))]
+        let console = None;
         Ok(Trainer {
             config,
-            listeners,
+            listeners: Vec::new(),
+            console,
             callbacks: Vec::new(),
             state: TrainerState::default(),
             started: Instant::now(),
@@ -93,8 +96,12 @@ impl Trainer {
     pub fn state(&self) -> &TrainerState {
         &self.state
     }
-    /// Trains with `strategy` (e.g. `DataParallel`) instead of on the setup's one device.
+    /// Trains with `strategy` (e.g. `DataParallel`) instead of on the setup's one device; a
+    /// replica other than rank 0 then prints no progress.
     pub fn with_strategy(mut self, strategy: impl Strategy + 'static) -> Trainer {
+        if strategy.rank() != 0 {
+            self.console = None;
+        }
         self.strategy = Box::new(strategy);
         self
     }
@@ -137,7 +144,7 @@ impl Trainer {
             t: self.started.elapsed().as_secs_f64(),
             event,
         };
-        for l in &mut self.listeners {
+        for l in self.console.iter_mut().chain(&mut self.listeners) {
             l.on_event(&record)?;
         }
         Ok(())
@@ -258,12 +265,43 @@ mod tests {
     #[test]
     fn a_trainer_prints_its_progress_unless_told_not_to() {
         let default = Trainer::new(TrainerConfig::default()).unwrap();
-        assert_eq!(default.listeners.len(), 1, "Lightning's default: a progress view");
+        assert!(default.console.is_some(), "Lightning's default: a progress view");
         let quiet = Trainer::new(TrainerConfig {
             progress: Progress::Off,
             ..Default::default()
         })
         .unwrap();
-        assert!(quiet.listeners.is_empty());
+        assert!(quiet.console.is_none());
+    }
+
+    #[test]
+    fn only_rank_0_of_a_data_parallel_run_prints() {
+        use crate::backend::LocalCommunicator;
+        use crate::distributed::{Reducer, ReducerConfig};
+        use crate::train::DataParallel;
+
+        let device = crate::Device::cpu();
+        let weight = Tensor::zeros([2], crate::DType::F32, &device).unwrap();
+        let comms = LocalCommunicator::group(vec![device.backend().clone(), device.backend().clone()]);
+        // Making a reducer broadcasts rank 0's weights: the ranks make theirs side by side.
+        let consoles: Vec<bool> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|comm| {
+                    let weight = weight.clone();
+                    scope.spawn(move || {
+                        let reducer = Reducer::new(&[weight], Arc::new(comm), ReducerConfig::default()).unwrap();
+                        let strategy = DataParallel::new(reducer);
+                        Trainer::new(TrainerConfig::default())
+                            .unwrap()
+                            .with_strategy(strategy)
+                            .console
+                            .is_some()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(consoles, [true, false]);
     }
 }

@@ -22,8 +22,8 @@ use lockstep_core::data::{
 };
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
-    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, Progress,
-    TensorBoardWriter, Trainer,
+    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, TensorBoardWriter,
+    Trainer,
 };
 
 pub use args::Args;
@@ -334,11 +334,14 @@ fn replica(
     };
     let test = DataLoader::simple(test_set, false, 0, eval_config)?;
 
-    let mut config = args.trainer_config();
-    if rank != 0 {
-        config.progress = Progress::Off;
-    }
-    let mut trainer = with_strategy(Trainer::new(config)?, args, &placement, collectives, &setup, shares)?;
+    let mut trainer = with_strategy(
+        Trainer::new(args.trainer_config())?,
+        args,
+        &placement,
+        collectives,
+        &setup,
+        shares,
+    )?;
     if let Some((stop, pause)) = &hooks.controls {
         trainer = trainer.with_controls(stop.clone(), pause.clone());
     } else if let Some(stop) = &hooks.interrupted {

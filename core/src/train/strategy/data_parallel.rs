@@ -65,6 +65,9 @@ pub(super) fn finish_timed(reducer: &Reducer, times: &mut StepTimes) -> Result<(
 }
 
 impl Strategy for DataParallel {
+    fn rank(&self) -> usize {
+        self.reducer.communicator().rank()
+    }
     fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
         step::check_precision(precision, &setup.device)?;
         self.replica_names = replica_names(self.reducer.communicator().as_ref(), &setup.device)?;

@@ -33,6 +33,9 @@ impl Hybrid {
 }
 
 impl Strategy for Hybrid {
+    fn rank(&self) -> usize {
+        self.reducers.first().map_or(0, |r| r.communicator().rank())
+    }
     fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
         let devices = self.pipeline.setup(setup, precision)?;
         if self.reducers.len() != devices.len() {

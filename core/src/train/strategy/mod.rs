@@ -83,6 +83,12 @@ pub trait Strategy: Send {
     /// At a logged step (every worker takes part): step times and device counters.
     fn step_reports(&mut self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports>;
 
+    /// This worker's rank among the replicas (0 without data parallelism): only rank 0 prints
+    /// its progress, as Lightning's `rank_zero_only`.
+    fn rank(&self) -> usize {
+        0
+    }
+
     /// A balanced run's shares of the global batch, by rank (empty otherwise).
     fn shares(&self) -> Vec<usize> {
         Vec::new()
