@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use cudarc::driver::CudaContext;
 
-use lockstep_core::backend::{Backend, DeviceInfo};
+use lockstep_core::backend::{Backend, Communicator, DeviceInfo};
 use lockstep_core::device::DeviceProvider;
-use lockstep_core::{Error, Result};
+use lockstep_core::{Device, Error, Result};
 
 use crate::backend::CudaBackend;
 use crate::gpu::Gpu;
@@ -106,5 +107,18 @@ impl DeviceProvider for CudaProvider {
             return vec![];
         };
         (0..count).filter_map(describe).collect()
+    }
+
+    /// NCCL's group where libnccl loads (else the core's host-staged one).
+    fn communicators(&self, devices: &[Device], timeout: Duration) -> Option<Result<Vec<Box<dyn Communicator>>>> {
+        if !probe::nccl_present() {
+            return None;
+        }
+        Some(crate::NcclCommunicator::group(devices).map(|group| {
+            group
+                .into_iter()
+                .map(|c| Box::new(c.with_timeout(timeout)) as Box<dyn Communicator>)
+                .collect()
+        }))
     }
 }

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, DeviceInfo};
+use crate::backend::{Backend, Communicator, DeviceInfo, LocalCommunicator};
 use crate::error::{Error, Result};
 
 /// A handle to one device. Cheap to clone; two handles are equal when they name the same device.
@@ -124,11 +125,41 @@ pub trait DeviceProvider: Send + Sync {
     fn open(&self, ordinal: usize) -> Result<Arc<dyn Backend>>;
     /// Every device of this kind present on the machine (empty, not an error, when none).
     fn list(&self) -> Vec<DeviceInfo>;
+    /// A native communicator group over `devices` (all of this kind), one per device by rank,
+    /// e.g. NCCL's for `cuda:*`; None (the default) to use the core's host-staged group.
+    fn communicators(&self, _devices: &[Device], _timeout: Duration) -> Option<Result<Vec<Box<dyn Communicator>>>> {
+        None
+    }
+}
+
+/// One communicator per device of `devices`, by rank, for the replicas of a data-parallel run:
+/// the devices' own kind (NCCL for `cuda:*` where its library loads) when they are all of one
+/// kind that has one, else `LocalCommunicator`, which stages through host memory and so joins
+/// any mix of devices. A collective waits `timeout` for a rank before failing.
+pub fn communicator_group(devices: &[Device], timeout: Duration) -> Result<Vec<Box<dyn Communicator>>> {
+    let kind = |d: &Device| d.location().split(':').next().unwrap_or_default().to_string();
+    if let Some(first) = devices.first()
+        && devices.iter().all(|d| kind(d) == kind(first))
+    {
+        // Out of the registry's lock: the provider may open devices.
+        let native = {
+            let reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+            reg.providers.iter().find(|p| p.prefix() == kind(first)).cloned()
+        };
+        if let Some(group) = native.and_then(|p| p.communicators(devices, timeout)) {
+            return group;
+        }
+    }
+    let backends = devices.iter().map(|d| d.backend().clone()).collect();
+    Ok(LocalCommunicator::group_with_timeout(backends, timeout)
+        .into_iter()
+        .map(|c| Box::new(c) as Box<dyn Communicator>)
+        .collect())
 }
 
 #[derive(Default)]
 struct Registry {
-    providers: Vec<Box<dyn DeviceProvider>>,
+    providers: Vec<Arc<dyn DeviceProvider>>,
     open: HashMap<String, Device>,
 }
 
@@ -141,7 +172,7 @@ fn registry() -> &'static Mutex<Registry> {
 pub fn register_provider(provider: Box<dyn DeviceProvider>) {
     let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
     reg.providers.retain(|p| p.prefix() != provider.prefix());
-    reg.providers.push(provider);
+    reg.providers.push(Arc::from(provider));
 }
 
 /// The device a run uses when none is named: a CUDA GPU, else a hardware GPU through wgpu

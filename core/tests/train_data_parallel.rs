@@ -268,3 +268,63 @@ fn data_parallel_in_one_call_equals_one_device_with_the_global_batch() {
         "{err}"
     );
 }
+
+/// A device kind whose devices are CPU backends and whose provider brings its own communicator
+/// group, as CUDA's brings NCCL's; it counts the groups it makes.
+struct Twin;
+
+static TWIN_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl lockstep_core::device::DeviceProvider for Twin {
+    fn prefix(&self) -> &'static str {
+        "twin"
+    }
+    fn open(&self, ordinal: usize) -> lockstep_core::Result<Arc<dyn lockstep_core::backend::Backend>> {
+        Ok(Arc::new(lockstep_core::backend::cpu::CpuBackend::new(ordinal)))
+    }
+    fn list(&self) -> Vec<lockstep_core::backend::DeviceInfo> {
+        Vec::new()
+    }
+    fn communicators(
+        &self,
+        devices: &[Device],
+        timeout: Duration,
+    ) -> Option<lockstep_core::Result<Vec<Box<dyn Communicator>>>> {
+        TWIN_GROUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let backends = devices.iter().map(|d| d.backend().clone()).collect();
+        let group = lockstep_core::backend::LocalCommunicator::group_with_timeout(backends, timeout);
+        Some(Ok(group
+            .into_iter()
+            .map(|c| Box::new(c) as Box<dyn Communicator>)
+            .collect()))
+    }
+}
+
+/// `on_threads` over devices of one kind uses that kind's own communicators (NCCL's for
+/// `cuda:*`), and the host-staged group for a mix of kinds.
+#[test]
+fn data_parallel_in_one_call_uses_the_device_kinds_own_communicators() {
+    lockstep_core::device::register_provider(Box::new(Twin));
+    let devices = vec![Device::parse("twin:0").unwrap(), Device::parse("twin:1").unwrap()];
+    let trained = DataParallel::on_threads(devices)
+        .config(config(1))
+        .batch_size(16)
+        .shuffle(true, SEED)
+        .fit(Arc::new(Points), None, |replica| Ok(setup(&replica.device)))
+        .unwrap();
+    assert_close(&weights(&trained.setup), &single_device(16, 1));
+    assert_eq!(TWIN_GROUPS.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    let mixed = vec![Device::parse("twin:0").unwrap(), Device::parse("cpu:1").unwrap()];
+    assert_eq!(
+        lockstep_core::device::communicator_group(&mixed, Duration::from_secs(5))
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        TWIN_GROUPS.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a mix of kinds is host-staged"
+    );
+}

@@ -20,9 +20,9 @@ use super::config::TrainerConfig;
 use super::setup::TrainingSetup;
 use super::strategy::DataParallel;
 use super::trainer::{FitReport, Trainer};
-use crate::backend::LocalCommunicator;
+use crate::backend::Communicator;
 use crate::data::{DataLoader, DataLoaderConfig, Dataset, DistributedSampler};
-use crate::device::Device;
+use crate::device::{Device, communicator_group};
 use crate::distributed::{Reducer, ReducerConfig};
 use crate::error::{Error, Result};
 
@@ -149,36 +149,23 @@ impl OnThreads {
                 ),
             ));
         }
-        let backends = devices.iter().map(|d| d.backend().clone()).collect();
-        let comms = LocalCommunicator::group_with_timeout(backends, timeout);
+        let comms = communicator_group(&devices, timeout)?;
         let (plan, train, val, build) = (&plan, &train, &val, &build);
-        let results: Vec<Result<Trained>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    let replica = Replica {
-                        rank,
-                        world,
-                        device: devices[rank].clone(),
-                    };
-                    let prepare = if rank == 0 { leader.take() } else { None };
-                    let val = if rank == 0 { val.clone() } else { None };
-                    scope.spawn(move || plan.replica(&replica, comm, train.clone(), val, prepare, build))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .enumerate()
-                .map(|(rank, h)| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::invalid(
-                            "DataParallel::on_threads",
-                            format!("replica {rank} panicked"),
-                        ))
-                    })
-                })
-                .collect()
+        let work: Vec<_> = comms
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (comm, device))| {
+                (
+                    Replica { rank, world, device },
+                    comm,
+                    if rank == 0 { leader.take() } else { None },
+                )
+            })
+            .collect();
+        let results = each_replica(work, |rank, (replica, comm, prepare)| {
+            let val = if rank == 0 { val.clone() } else { None };
+            plan.replica(&replica, comm, train.clone(), val, prepare, build)
         });
         let mut done = Vec::with_capacity(world);
         for (rank, result) in results.into_iter().enumerate() {
@@ -196,14 +183,14 @@ impl Plan {
     fn replica(
         &self,
         replica: &Replica,
-        comm: LocalCommunicator,
+        comm: Box<dyn Communicator>,
         train: Arc<dyn Dataset>,
         val: Option<Arc<dyn Dataset>>,
         prepare: Option<Leader>,
         build: &(impl Fn(&Replica) -> Result<TrainingSetup> + Sync),
     ) -> Result<Trained> {
         let mut setup = build(replica)?;
-        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::new(comm), self.reducer)?;
+        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), self.reducer)?;
         let loader_config = DataLoaderConfig {
             batch_size: self.batch_size / replica.world,
             num_workers: self.workers,
@@ -222,4 +209,30 @@ impl Plan {
         let report = trainer.fit(&mut setup, &train, val.as_ref())?;
         Ok(Trained { setup, report })
     }
+}
+
+/// Runs `run(rank, item)` for every item of `work` (a replica's communicator and whatever else
+/// it needs), each on a thread of its own, and returns their results by rank once all are done.
+/// A replica that panics gives an error naming its rank, and does not take the others down.
+/// `DataParallel::on_threads` runs on it, and so does the `lockstep` binary's data parallel.
+pub fn each_replica<W: Send, T: Send, E: Send + From<Error>>(
+    work: Vec<W>,
+    run: impl Fn(usize, W) -> std::result::Result<T, E> + Sync,
+) -> Vec<std::result::Result<T, E>> {
+    let run = &run;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = work
+            .into_iter()
+            .enumerate()
+            .map(|(rank, item)| scope.spawn(move || run(rank, item)))
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::invalid("replica", format!("replica {rank} panicked")).into()))
+            })
+            .collect()
+    })
 }

@@ -73,7 +73,7 @@ pub fn run(plan: &DdpPlan) -> anyhow::Result<DdpReport> {
         plan.batch
     );
     // PyTorch's default collective timeout: 10 minutes.
-    let comms = crate::cli::train::communicators(&devices, std::time::Duration::from_secs(600))?;
+    let comms = lockstep_core::device::communicator_group(&devices, std::time::Duration::from_secs(600))?;
     let threads: Vec<_> = comms
         .into_iter()
         .zip(devices)

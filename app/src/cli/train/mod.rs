@@ -20,16 +20,16 @@ use lockstep_core::backend::Communicator;
 use lockstep_core::data::{
     BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
 };
+use lockstep_core::device::communicator_group;
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
     ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, TensorBoardWriter,
-    Trainer,
+    Trainer, each_replica,
 };
 
 pub use args::Args;
 pub use dashboard::launcher;
 pub use process_group::NO_MPI;
-pub(crate) use setup::communicators;
 
 use self::pipeline::StagePlan;
 use crate::cli::world::WorldEnv;
@@ -120,31 +120,21 @@ fn pipeline_replicas(
     let replicas = stages.replicas.len();
     let mut comms: Vec<Vec<Box<dyn Communicator>>> = (0..replicas).map(|_| Vec::new()).collect();
     for s in 0..stages.sizes.len() {
-        let group = setup::communicators(&stages.stage_devices(s), args.collective_timeout())?;
+        let group = communicator_group(&stages.stage_devices(s), args.collective_timeout())?;
         comms.iter_mut().zip(group).for_each(|(mine, c)| mine.push(c));
     }
-    let handles: Vec<_> = comms
+    let work = comms
         .into_iter()
         .enumerate()
         .map(|(r, stage_comms)| {
-            let placement = Placement::Stages(stages.replica(r));
             let collectives = Collectives {
                 stages: stage_comms,
                 ..Collectives::default()
             };
-            let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
-            let hooks = Hooks {
-                controls: None,
-                ..hooks.clone()
-            };
-            std::thread::spawn(move || replica(&args, placement, collectives, train, test, &hooks))
+            (Placement::Stages(stages.replica(r)), collectives)
         })
         .collect();
-    let finished = join_replicas(handles)?;
-    Ok(Finished {
-        device: stages.describe(),
-        ..finished
-    })
+    side_by_side(args, work, stages.describe(), train_set, test_set, hooks)
 }
 
 /// One thread per device, each a replica; rank 0 reports.
@@ -155,45 +145,63 @@ fn on_threads(
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<Finished> {
-    let comms = setup::communicators(&devices, args.collective_timeout())?;
+    let comms = communicator_group(&devices, args.collective_timeout())?;
     let batchnorm_comms = setup::sync_batchnorm_communicators(args, &devices)?;
-    let handles: Vec<_> = comms
+    let work = comms
         .into_iter()
         .zip(batchnorm_comms)
         .zip(devices)
         .map(|((comm, batchnorm), device)| {
-            let (args, train, test) = (args.clone(), train_set.clone(), test_set.clone());
-            let hooks = Hooks {
-                controls: None,
-                ..hooks.clone()
-            };
             let collectives = Collectives {
                 gradients: Some(comm),
                 batchnorm,
                 ..Collectives::default()
             };
-            std::thread::spawn(move || replica(&args, Placement::Device(device), collectives, train, test, &hooks))
+            (Placement::Device(device), collectives)
         })
         .collect();
-    let finished = join_replicas(handles)?;
+    side_by_side(args, work, args.devices.join(","), train_set, test_set, hooks)
+}
+
+/// Every replica of `work` on a thread of its own; rank 0 reports, as `name` for its device.
+fn side_by_side(
+    args: &Args,
+    work: Vec<(Placement, Collectives)>,
+    name: String,
+    train_set: Arc<dyn Dataset>,
+    test_set: Arc<dyn Dataset>,
+    hooks: &Hooks,
+) -> anyhow::Result<Finished> {
+    let hooks = Hooks {
+        controls: None,
+        ..hooks.clone()
+    };
+    let results = each_replica(work, |_, (placement, collectives)| {
+        replica(
+            args,
+            placement,
+            collectives,
+            train_set.clone(),
+            test_set.clone(),
+            &hooks,
+        )
+    });
     Ok(Finished {
-        device: args.devices.join(","),
-        ..finished
+        device: name,
+        ..rank_0_of(results)?
     })
 }
 
-type ReplicaHandle = std::thread::JoinHandle<anyhow::Result<(String, FitReport, EvalMetrics)>>;
-
-/// Waits for every replica; rank 0's report, with the run's rate: the sum of the replicas'
-/// (they trained side by side; their shares differ in a balanced run).
-fn join_replicas(handles: Vec<ReplicaHandle>) -> anyhow::Result<Finished> {
-    let mut results = Vec::new();
-    for (rank, h) in handles.into_iter().enumerate() {
-        let r = h.join().map_err(|_| anyhow::anyhow!("replica {rank} panicked"))?;
-        results.push(r.with_context(|| format!("replica {rank}"))?);
+/// Rank 0's report once every replica is done, with the run's rate: the sum of the replicas'
+/// (they trained side by side; their shares differ in a balanced run). The first failure, by
+/// rank, fails the run.
+fn rank_0_of(results: Vec<anyhow::Result<(String, FitReport, EvalMetrics)>>) -> anyhow::Result<Finished> {
+    let mut done = Vec::with_capacity(results.len());
+    for (rank, r) in results.into_iter().enumerate() {
+        done.push(r.with_context(|| format!("replica {rank}"))?);
     }
-    let samples_per_sec = results.iter().map(|(_, r, _)| r.samples_per_sec).sum();
-    let (device, report, result) = results.swap_remove(0);
+    let samples_per_sec = done.iter().map(|(_, r, _)| r.samples_per_sec).sum();
+    let (device, report, result) = done.swap_remove(0);
     Ok(Finished {
         device,
         samples_per_sec,

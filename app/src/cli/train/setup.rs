@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use lockstep_core::backend::{Communicator, LocalCommunicator};
+use lockstep_core::backend::Communicator;
 use lockstep_core::data::reversal;
+use lockstep_core::device::communicator_group;
 use lockstep_core::models::GptConfig;
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{
@@ -30,25 +30,6 @@ pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {
     }])
 }
 
-/// One communicator per device of a data-parallel run: NCCL when every device is a CUDA GPU
-/// and NCCL loads, else the in-process host-staged collectives (any mix of devices). A
-/// collective that has not completed after `timeout` fails on every rank, naming the op.
-pub fn communicators(devices: &[Device], timeout: Duration) -> anyhow::Result<Vec<Box<dyn Communicator>>> {
-    let all_cuda = devices.iter().all(|d| d.location().starts_with("cuda:"));
-    if all_cuda && lockstep_cuda::probe::nccl_present() {
-        let comms = lockstep_cuda::NcclCommunicator::group(devices)?;
-        return Ok(comms
-            .into_iter()
-            .map(|c| Box::new(c.with_timeout(timeout)) as Box<dyn Communicator>)
-            .collect());
-    }
-    let backends = devices.iter().map(|d| d.backend().clone()).collect();
-    Ok(LocalCommunicator::group_with_timeout(backends, timeout)
-        .into_iter()
-        .map(|c| Box::new(c) as Box<dyn Communicator>)
-        .collect())
-}
-
 /// SyncBatchNorm's communicators, one per device, when --sync-batchnorm asks for them on several
 /// devices: a group of their own, so their collectives never interleave with the gradient
 /// reducer's (which communicates on its own thread).
@@ -59,7 +40,7 @@ pub fn sync_batchnorm_communicators(
     if !args.sync_batchnorm || devices.len() < 2 {
         return Ok(vec![None; devices.len()]);
     }
-    Ok(communicators(devices, args.collective_timeout())?
+    Ok(communicator_group(devices, args.collective_timeout())?
         .into_iter()
         .map(|c| Some(Arc::from(c)))
         .collect())
