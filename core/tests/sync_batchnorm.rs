@@ -411,3 +411,59 @@ fn data_parallel_convnet_bn_with_sync_batchnorm_trains_as_one_device_with_the_wh
         assert_close(&format!("state {i}"), got, want, 1e-4);
     }
 }
+
+/// `DataParallel::on_threads(..).sync_batchnorm(true)`: the one-call form converts each
+/// replica's BatchNorm before its reducer, and trains convnet-bn as one device on the global
+/// batch does.
+#[test]
+fn data_parallel_in_one_call_with_sync_batchnorm_trains_as_one_device() {
+    use lockstep_core::data::{DataLoader, DataLoaderConfig, HostTensor, TensorDataset};
+    use lockstep_core::train::{DataParallel, Progress, Trainer, TrainerConfig, TrainingSetup};
+    use lockstep_core::{HostVec, data::Dataset};
+
+    let g = Generator::new(9);
+    let images = Tensor::rand_normal([16, 1, 28, 28], 0.0, 1.0, DType::F32, &g, &device(0)).unwrap();
+    let images = HostTensor::new(HostVec::F32(values(&images)), [16, 1, 28, 28]).unwrap();
+    let labels = HostTensor::new(HostVec::U32((0..16).map(|i| (i * 3) % 10).collect()), [16]).unwrap();
+    let data: Arc<dyn Dataset> = Arc::new(TensorDataset::new(vec![images, labels]).unwrap());
+    let build = |device: &Device| {
+        let net = models::convnet_bn(device, &Generator::new(4))?;
+        let opt = Sgd::new(net.parameters(), SgdConfig::new(0.1).momentum(0.9))?;
+        Ok(TrainingSetup::new(net, opt))
+    };
+    let config = TrainerConfig {
+        max_epochs: STEPS as u64,
+        progress: Progress::Off,
+        ..Default::default()
+    };
+
+    let mut alone = build(&device(0)).unwrap();
+    let loader = DataLoader::simple(
+        data.clone(),
+        false,
+        0,
+        DataLoaderConfig {
+            batch_size: 16,
+            ..Default::default()
+        },
+    );
+    Trainer::new(config.clone())
+        .unwrap()
+        .fit(&mut alone, &loader.unwrap(), None)
+        .unwrap();
+
+    let trained = DataParallel::on_threads(vec![device(0), device(1)])
+        .config(config)
+        .batch_size(16)
+        .shuffle(false, 0)
+        .sync_batchnorm(true)
+        .fit(data, None, |replica| build(&replica.device))
+        .unwrap();
+    let (got, want) = (
+        convnet_weights(trained.setup.model.as_ref()),
+        convnet_weights(alone.model.as_ref()),
+    );
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_close(&format!("state {i}"), got, want, 1e-4);
+    }
+}

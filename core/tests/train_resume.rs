@@ -254,3 +254,32 @@ fn a_paused_run_holds_and_a_stop_ends_it_with_its_checkpoint() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A killed writer's temporary checkpoint (its process gone) is removed when a checkpoint
+/// callback next takes the directory; a live process's is another run's write in progress
+/// and stays.
+#[test]
+fn a_checkpoint_directory_sheds_the_temporaries_of_dead_writers_only() {
+    let dir = std::env::temp_dir().join(format!("lockstep-stale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dead = (100_000..4_000_000u32)
+        .rev()
+        .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .unwrap();
+    let live = 1; // init: always running
+    for pid in [dead, live] {
+        std::fs::write(dir.join(format!(".last.safetensors.tmp-{pid}")), b"partial").unwrap();
+    }
+    std::fs::write(dir.join("notes.tmp-1"), b"not ours").unwrap();
+    let _callback = ModelCheckpoint::new(&dir);
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [format!(".last.safetensors.tmp-{live}"), "notes.tmp-1".to_string()]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

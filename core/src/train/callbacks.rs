@@ -136,8 +136,11 @@ struct CheckpointState {
 impl ModelCheckpoint {
     /// Saves `last.safetensors` in `dir` at every epoch end: no monitor, no step saves.
     pub fn new(dir: impl Into<PathBuf>) -> ModelCheckpoint {
+        let dir = dir.into();
+        // What killed writers of an earlier run left there (see `write_atomically`).
+        super::checkpoint::remove_stale_temporaries(&dir);
         ModelCheckpoint {
-            dir: dir.into(),
+            dir,
             save_last: true,
             monitor: None,
             top_k: 1,

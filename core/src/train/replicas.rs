@@ -56,7 +56,12 @@ struct Plan {
     shuffle: bool,
     seed: u64,
     reducer: ReducerConfig,
+    sync_batchnorm: bool,
 }
+
+/// A replica's communicators: the reducer's, and SyncBatchNorm's (a group of its own, so its
+/// collectives never interleave with the reducer's, which run on another thread).
+type Comms = (Box<dyn Communicator>, Option<Arc<dyn Communicator>>);
 
 /// Rank 0's model, optimizer and report after training.
 pub struct Trained {
@@ -78,6 +83,7 @@ impl DataParallel {
                 shuffle: true,
                 seed: 0,
                 reducer: ReducerConfig::default(),
+                sync_batchnorm: false,
             },
             timeout: Duration::from_secs(600),
             leader: None,
@@ -110,6 +116,12 @@ impl OnThreads {
     /// Gradient buckets (PyTorch's 1 MiB first bucket, then 25 MiB).
     pub fn buckets(mut self, reducer: ReducerConfig) -> OnThreads {
         self.plan.reducer = reducer;
+        self
+    }
+    /// BatchNorm layers normalise over the global batch, every replica's samples together
+    /// (PyTorch's `SyncBatchNorm.convert_sync_batchnorm`, made before the reducer as DDP wants).
+    pub fn sync_batchnorm(mut self, sync: bool) -> OnThreads {
+        self.plan.sync_batchnorm = sync;
         self
     }
     /// How long a collective waits for a replica before the run fails (default 10 minutes).
@@ -149,7 +161,16 @@ impl OnThreads {
                 ),
             ));
         }
-        let comms = communicator_group(&devices, timeout)?;
+        let gradients = communicator_group(&devices, timeout)?;
+        let batchnorm: Vec<Option<Arc<dyn Communicator>>> = if plan.sync_batchnorm && world > 1 {
+            communicator_group(&devices, timeout)?
+                .into_iter()
+                .map(|c| Some(Arc::from(c)))
+                .collect()
+        } else {
+            vec![None; world]
+        };
+        let comms: Vec<Comms> = gradients.into_iter().zip(batchnorm).collect();
         let (plan, train, val, build) = (&plan, &train, &val, &build);
         let work: Vec<_> = comms
             .into_iter()
@@ -183,14 +204,17 @@ impl Plan {
     fn replica(
         &self,
         replica: &Replica,
-        comm: Box<dyn Communicator>,
+        (gradients, batchnorm): Comms,
         train: Arc<dyn Dataset>,
         val: Option<Arc<dyn Dataset>>,
         prepare: Option<Leader>,
         build: &(impl Fn(&Replica) -> Result<TrainingSetup> + Sync),
     ) -> Result<Trained> {
         let mut setup = build(replica)?;
-        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(comm), self.reducer)?;
+        if let Some(comm) = &batchnorm {
+            setup.model.convert_sync_batchnorm(comm);
+        }
+        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(gradients), self.reducer)?;
         let loader_config = DataLoaderConfig {
             batch_size: self.batch_size / replica.world,
             num_workers: self.workers,

@@ -75,6 +75,7 @@ fn from_bytes(what: &str, dtype: Dtype, bytes: &[u8]) -> Result<HostVec> {
 }
 
 /// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename.
+/// Temporary files left in that directory by writers that were killed go first.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
@@ -85,6 +86,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    remove_stale_temporaries(dir);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -101,6 +103,30 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, e)
     })
+}
+
+/// Removes the `.NAME.tmp-PID` files of `write_atomically` in `dir` whose writer process no
+/// longer runs: a killed writer leaves one, up to a checkpoint's size, that nothing else would
+/// remove. Another live process's (a second run writing into the same directory) is left
+/// alone, and so is everything where liveness cannot be told (no `/proc`).
+pub fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let writer = file
+            .to_str()
+            .filter(|f| f.starts_with('.'))
+            .and_then(|f| f.rsplit_once(".tmp-"))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        if writer.is_some_and(|pid| pid != std::process::id() && process_is_gone(pid)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether process `pid` has certainly exited (Linux's `/proc`; elsewhere never certain).
+fn process_is_gone(pid: u32) -> bool {
+    Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Saves named tensors (read back from their devices) and metadata as one safetensors file.

@@ -1,0 +1,159 @@
+//! Faults during a run: `lockstep train` killed with SIGKILL at random instants while it writes
+//! its checkpoint. Afterwards `last.safetensors` is always a whole checkpoint (the previous one
+//! or the new one, never a part), the run resumes from it, and the temporary file the killed
+//! writer left behind is removed by the next run over the same directory.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_core::train::checkpoint::{FORMAT, FORMAT_KEY, load_tensors};
+use support::{TempDir, assert_succeeds, lockstep, mnist_dir, run};
+
+/// Kills; the number. Each is a short process (about a second on 2 cores).
+const KILLS: u64 = 50;
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+/// A run that writes a ~46 MB checkpoint (a 2048-wide MLP and its momentum) after every
+/// one-step epoch, for as long as it is let.
+fn start(dir: &Path, resume: bool) -> Child {
+    let data = mnist_dir();
+    let last = dir.join("last.safetensors");
+    let mut args = vec![
+        "train",
+        "--data",
+        path_str(&data),
+        "--headless",
+        "--threads",
+        "2",
+        "--hidden",
+        "2048,2048",
+        "--limit-train-batches",
+        "1",
+        "--epochs",
+        "100000",
+        "--no-val",
+        "--test-samples",
+        "100",
+        "--checkpoint-dir",
+        path_str(dir),
+    ];
+    if resume {
+        args.extend(["--resume", path_str(&last)]);
+    }
+    lockstep(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("lockstep starts")
+}
+
+/// The temporary files of writers in `dir`.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| n.contains(".tmp-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits for the `nth` checkpoint write of `child` to begin (its temporary file appears), then lets it run
+/// for `delay` and kills the process; false when the process ended first.
+fn kill_during_write(child: &mut Child, dir: &Path, nth: u32, delay: Duration) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = 0;
+    let mut writing = false;
+    while seen < nth {
+        assert!(Instant::now() < deadline, "no checkpoint write began in 120 s");
+        if child.try_wait().expect("wait").is_some() {
+            return false;
+        }
+        let mine = format!(".tmp-{}", child.id());
+        let now = temporaries(dir).iter().any(|name| name.ends_with(&mine));
+        if now && !writing {
+            seen += 1;
+        }
+        writing = now;
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    std::thread::sleep(delay);
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    true
+}
+
+#[test]
+fn a_checkpoint_killed_mid_write_is_the_old_or_the_new_one_and_resumes() {
+    let dir = TempDir::new("kill-checkpoint");
+    let mut killed_mid_write = 0;
+    for i in 0..KILLS {
+        // A random instant: one of the first three writes, 0-40 ms into it (a write takes tens
+        // of milliseconds: 46 MB, fsync, rename).
+        let draw = |j| lockstep_core::rng::uniform_at(7, i, j);
+        let nth = 1 + (draw(0) * 3.0) as u32;
+        let delay = Duration::from_micros((draw(1) * 40_000.0) as u64);
+        let resume = dir.join("last.safetensors").exists();
+        let mut child = start(dir.path(), resume);
+        if !kill_during_write(&mut child, dir.path(), nth, delay) {
+            panic!("run {i} ended by itself before its write {nth}");
+        }
+        let pid = format!(".tmp-{}", child.id());
+        killed_mid_write += u64::from(temporaries(dir.path()).iter().any(|name| name.ends_with(&pid)));
+        let last = dir.join("last.safetensors");
+        if last.exists() {
+            let file = load_tensors(&last).unwrap_or_else(|e| panic!("kill {i}: last.safetensors is broken: {e}"));
+            assert_eq!(
+                file.metadata.get(FORMAT_KEY).map(String::as_str),
+                Some(FORMAT),
+                "kill {i}"
+            );
+        }
+    }
+    assert!(
+        killed_mid_write > 0,
+        "no kill landed inside a write: the test did not test"
+    );
+    eprintln!("{killed_mid_write} of {KILLS} kills left a half-written temporary file");
+
+    // The last complete checkpoint resumes, and the run clears the killed writers' leftovers.
+    let data = mnist_dir();
+    let last = dir.join("last.safetensors");
+    let out = run(&mut lockstep(&[
+        "train",
+        "--data",
+        path_str(&data),
+        "--headless",
+        "--threads",
+        "2",
+        "--hidden",
+        "2048,2048",
+        "--limit-train-batches",
+        "1",
+        "--epochs",
+        "100000",
+        "--max-steps",
+        "1",
+        "--no-val",
+        "--test-samples",
+        "100",
+        "--checkpoint-dir",
+        path_str(dir.path()),
+        "--resume",
+        path_str(&last),
+    ]));
+    assert_succeeds(&out);
+    assert!(
+        temporaries(dir.path()).is_empty(),
+        "left behind: {:?}",
+        temporaries(dir.path())
+    );
+}
