@@ -6,11 +6,11 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lockstep_core::train::checkpoint::{FORMAT, FORMAT_KEY, load_tensors};
-use support::{TempDir, assert_succeeds, lockstep, mnist_dir, run};
+use support::{TempDir, assert_succeeds, run, train_on_mnist};
 
 /// Kills; the number. Each is a short process (about a second on 2 cores).
 const KILLS: u64 = 50;
@@ -19,18 +19,10 @@ fn path_str(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 temp path")
 }
 
-/// A run that writes a ~46 MB checkpoint (a 2048-wide MLP and its momentum) after every
-/// one-step epoch, for as long as it is let.
-fn start(dir: &Path, resume: bool) -> Child {
-    let data = mnist_dir();
-    let last = dir.join("last.safetensors");
+/// A run that writes a ~46 MB checkpoint (a 2048-wide MLP and its momentum) to `dir` after
+/// every one-step epoch, for as long as it is let (or `extra` says).
+fn big_run(dir: &Path, extra: &[&str]) -> Command {
     let mut args = vec![
-        "train",
-        "--data",
-        path_str(&data),
-        "--headless",
-        "--threads",
-        "2",
         "--hidden",
         "2048,2048",
         "--limit-train-batches",
@@ -43,10 +35,14 @@ fn start(dir: &Path, resume: bool) -> Child {
         "--checkpoint-dir",
         path_str(dir),
     ];
-    if resume {
-        args.extend(["--resume", path_str(&last)]);
-    }
-    lockstep(&args)
+    args.extend_from_slice(extra);
+    train_on_mnist(&args)
+}
+
+fn start(dir: &Path, resume: bool) -> Child {
+    let last = dir.join("last.safetensors");
+    let extra: &[&str] = if resume { &["--resume", path_str(&last)] } else { &[] };
+    big_run(dir, extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -125,31 +121,11 @@ fn a_checkpoint_killed_mid_write_is_the_old_or_the_new_one_and_resumes() {
     eprintln!("{killed_mid_write} of {KILLS} kills left a half-written temporary file");
 
     // The last complete checkpoint resumes, and the run clears the killed writers' leftovers.
-    let data = mnist_dir();
     let last = dir.join("last.safetensors");
-    let out = run(&mut lockstep(&[
-        "train",
-        "--data",
-        path_str(&data),
-        "--headless",
-        "--threads",
-        "2",
-        "--hidden",
-        "2048,2048",
-        "--limit-train-batches",
-        "1",
-        "--epochs",
-        "100000",
-        "--max-steps",
-        "1",
-        "--no-val",
-        "--test-samples",
-        "100",
-        "--checkpoint-dir",
-        path_str(dir.path()),
-        "--resume",
-        path_str(&last),
-    ]));
+    let out = run(&mut big_run(
+        dir.path(),
+        &["--max-steps", "1", "--resume", path_str(&last)],
+    ));
     assert_succeeds(&out);
     assert!(
         temporaries(dir.path()).is_empty(),

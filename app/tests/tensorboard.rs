@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use support::{TempDir, assert_succeeds, lockstep, mnist_dir, run};
+use support::{TempDir, assert_succeeds, run, train_on_mnist};
 
 /// `python3` with the tensorboard package importable, or None (after failing where it must be).
 fn tensorboard_python() -> Option<Command> {
@@ -43,14 +43,7 @@ fn tensorboard_reads_back_the_losses_and_accuracies_the_run_logged() {
     let Some(mut python) = tensorboard_python() else { return };
     let dir = TempDir::new("tensorboard");
     let (logs, metrics) = (dir.join("tb"), dir.join("metrics.jsonl"));
-    let data = mnist_dir();
-    let out = run(&mut lockstep(&[
-        "train",
-        "--data",
-        path_str(&data),
-        "--headless",
-        "--threads",
-        "2",
+    let out = run(&mut train_on_mnist(&[
         "--hidden",
         "32",
         "--epochs",

@@ -88,6 +88,21 @@ pub fn real_mirror() -> http::Server {
     mirror(&files)
 }
 
+/// `lockstep train` on the tests' MNIST, headless on 2 threads, with `extra` flags.
+pub fn train_on_mnist(extra: &[&str]) -> Command {
+    let data = mnist_dir();
+    let mut args = vec![
+        "train",
+        "--data",
+        data.to_str().expect("a UTF-8 path"),
+        "--headless",
+        "--threads",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    lockstep(&args)
+}
+
 /// `lockstep <args>` with an environment that cannot redirect it: no proxy, and a data home in
 /// scratch space, so a run without `--data` never touches the user's cache.
 pub fn lockstep(args: &[&str]) -> Command {
