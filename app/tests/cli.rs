@@ -219,20 +219,23 @@ fn a_checkpoint_dir_that_is_a_file_is_refused_before_training() {
 #[test]
 fn a_diverging_run_stops_with_a_clear_error() {
     // A learning rate of 1e10 overflows the weights within a few steps.
-    let out = train(
-        &mnist_dir(),
-        &[
-            "--hidden",
-            "32",
-            "--max-steps",
-            "30",
-            "--lr",
-            "1e10",
-            "--log-every",
-            "1",
-        ],
-    );
-    assert_fails_with(&out, &["diverged", "lower the learning rate"]);
+    let diverging = ["--hidden", "32", "--max-steps", "30", "--lr", "1e10"];
+    let out = train(&mnist_dir(), &[&diverging[..], &["--log-every", "1"]].concat());
+    let needles = [
+        "diverged",
+        "lower the learning rate",
+        "first parameter no longer finite is `1.weight`",
+    ];
+    assert_fails_with(&out, &needles);
+
+    // The same run told to skip such steps goes to its end and counts them.
+    let dir = TempDir::new("on-nan-skip");
+    let summary = dir.join("summary.json");
+    let skip = ["--on-nan", "skip", "--summary-out", path_str(&summary)];
+    assert_succeeds(&train(&mnist_dir(), &[&diverging[..], &skip].concat()));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(json["steps"], 30, "{json}");
+    assert!(json["skipped_steps"].as_u64().is_some_and(|n| n > 0), "{json}");
 }
 
 /// 150 steps of a small MLP (plus `extra` flags); asserts it learnt and returns the summary.

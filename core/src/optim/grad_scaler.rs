@@ -70,29 +70,15 @@ impl GradScaler {
     pub fn unscale(&self, params: &[Tensor]) -> Result<bool> {
         // The reciprocal in f64, then f32, as PyTorch (exact for powers of two anyway).
         let inv = (1.0 / self.scale) as f32 as f64;
-        no_grad(|| {
-            // Counts the elements that are inf or NaN (by their bits: `x * 0` would do it too,
-            // but a fast-math GPU compiler may fold that to 0): one count per gradient, one sum
-            // of counts, one read-back.
-            let mut poison: Option<Tensor> = None;
+        no_grad(|| -> Result<()> {
             for p in params {
-                let Some(g) = p.grad() else { continue };
-                let unscaled = g.affine(inv, 0.0)?;
-                let part = unscaled
-                    .unary(UnaryOp::NonFinite)?
-                    .sum_all()?
-                    .to_dtype(crate::DType::F32)?;
-                poison = Some(match poison {
-                    None => part,
-                    Some(t) => t.add(&part.to_device(t.device())?)?,
-                });
-                p.set_grad(Some(unscaled));
+                if let Some(g) = p.grad() {
+                    p.set_grad(Some(g.affine(inv, 0.0)?));
+                }
             }
-            Ok(match poison {
-                None => true,
-                Some(t) => t.item()? == 0.0,
-            })
-        })
+            Ok(())
+        })?;
+        grads_finite(params)
     }
 
     /// Adjusts the scale after an optimizer step (taken when `finite`, skipped otherwise).
@@ -156,4 +142,30 @@ mod tests {
         assert!(GradScaler::new(1.0, 1.0, 0.5, 1).is_err());
         assert!(GradScaler::new(1.0, 2.0, 1.5, 1).is_err());
     }
+}
+
+/// Whether every gradient of `params` is finite. Counts the elements that are inf or NaN (by
+/// their bits: `x * 0` would do it too, but a fast-math GPU compiler may fold that to 0): one
+/// count per gradient, one sum of counts, one read-back.
+pub fn grads_finite(params: &[Tensor]) -> Result<bool> {
+    let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+    Ok(non_finite_elements(&grads)? == 0)
+}
+
+/// How many elements of `tensors` are inf or NaN, read back once.
+pub fn non_finite_elements(tensors: &[Tensor]) -> Result<u64> {
+    no_grad(|| {
+        let mut poison: Option<Tensor> = None;
+        for t in tensors {
+            let part = t.unary(UnaryOp::NonFinite)?.sum_all()?.to_dtype(crate::DType::F32)?;
+            poison = Some(match poison {
+                None => part,
+                Some(sum) => sum.add(&part.to_device(sum.device())?)?,
+            });
+        }
+        Ok(match poison {
+            None => 0,
+            Some(t) => t.item()? as u64,
+        })
+    })
 }

@@ -14,7 +14,7 @@ mod state_reader;
 pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, clip_grad_value, grad_norm};
 pub use compose::{ChainedLR, SequentialLR};
-pub use grad_scaler::GradScaler;
+pub use grad_scaler::{GradScaler, grads_finite, non_finite_elements};
 pub use lr_scheduler::{LrSchedule, LrScheduler, SchedulerState};
 pub use optimizer::{DecayScope, Optimizer, OptimizerState, zero_grad};
 pub use schedules::{CosineAnnealingLR, LinearLR, MultiStepLR, StepLR};

@@ -69,6 +69,20 @@ impl Precision {
     }
 }
 
+/// What a step whose loss or gradients are inf or NaN does (mixed precision's loss scaler
+/// skips such steps whatever this says, as PyTorch's `GradScaler` does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnNan {
+    /// The run stops with an error naming the step, the batch and the first parameter that is
+    /// no longer finite; checked when a step is logged (`log_every_n_steps`), so it costs nothing
+    /// between.
+    #[default]
+    Stop,
+    /// The step is skipped (its gradients dropped, the weights untouched) and counted in
+    /// `FitReport::skipped_steps`; every step's gradients are checked, one device read each.
+    Skip,
+}
+
 /// What the Trainer prints while it runs (Lightning's `enable_progress_bar`), through
 /// `ConsoleProgress` on stderr; needs the `console` feature, on by default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,6 +128,8 @@ pub struct TrainerConfig {
     pub grad_scaler: Option<crate::optim::GradScaler>,
     /// What the run prints to the terminal (default: a step bar and a line per epoch).
     pub progress: Progress,
+    /// What a step with an inf or NaN loss or gradient does (default: stop the run).
+    pub on_nan: OnNan,
 }
 
 impl Default for TrainerConfig {
@@ -130,6 +146,7 @@ impl Default for TrainerConfig {
             precision: Precision::Full,
             grad_scaler: None,
             progress: Progress::Bar,
+            on_nan: OnNan::Stop,
         }
     }
 }

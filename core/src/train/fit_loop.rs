@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::TrainingSetup;
 use super::callbacks::CallbackAction;
-use super::config::{Precision, SchedulerInterval};
+use super::config::{OnNan, Precision, SchedulerInterval};
 use super::events::{Event, RunInfo, StepTimes};
 use super::step::{self, MicroBatch};
 use super::trainer::{FitReport, Trainer};
@@ -87,6 +87,7 @@ impl Trainer {
         let mut report = progress.report;
         report.epochs = self.state.epoch;
         report.steps = self.state.global_step;
+        report.skipped_steps = self.state.skipped_steps;
         report.train_seconds = seconds;
         report.samples_per_sec = (self.state.samples_seen - samples_at_start) as f64 / seconds.max(1e-9);
         report.data_wait_seconds = progress.data_wait.as_secs_f64();
@@ -118,8 +119,11 @@ impl Trainer {
         let accumulate = self.config.accumulate_grad_batches;
         let mut batches = train.iter_from(self.state.epoch, self.state.batch_in_epoch as usize);
         let mut micro = 0usize;
-        // The epoch's loss sum stays on the device; it is read once at the epoch's end.
+        // The epoch's loss sum stays on the device; it is read once at the epoch's end. A step's
+        // micro-batch losses join it when the step is taken (a skipped inf/NaN step's do not).
         let mut loss_sum: Option<Tensor> = None;
+        let mut step_losses: Option<Tensor> = None;
+        let mut step_micro_batches = 0;
         let mut stop = false;
         while self.state.batch_in_epoch < steps_per_epoch {
             let phase = Instant::now();
@@ -138,11 +142,11 @@ impl Trainer {
             let loss = self
                 .strategy
                 .forward_backward(setup, &micro_batch, &mut progress.times)?;
-            loss_sum = Some(match loss_sum {
+            step_losses = Some(match step_losses {
                 Some(s) => no_grad(|| s.add(&loss))?,
                 None => loss.clone(),
             });
-            self.state.epoch_loss_count += 1;
+            step_micro_batches += 1;
             self.state.batch_in_epoch += 1;
             self.state.samples_seen += micro_batch.samples();
             if !micro_batch.ends_step {
@@ -152,12 +156,24 @@ impl Trainer {
             micro = 0;
             self.strategy.finish_gradients(&mut progress.times)?;
             let phase = Instant::now();
-            step::optimizer_step(&self.config, &mut self.state, setup)?;
+            let stepped = step::optimizer_step(&self.config, &mut self.state, setup)?;
             progress.times.optimizer += phase.elapsed().as_secs_f64();
+            // Only a step skipped by choice (`OnNan::Skip`) leaves its loss out; mixed
+            // precision's skipped overflow steps count as they always did.
+            let counted = stepped || self.config.on_nan == OnNan::Stop;
+            let losses = step_losses.take();
+            if counted {
+                loss_sum = match (loss_sum, losses) {
+                    (Some(s), Some(l)) => Some(no_grad(|| s.add(&l))?),
+                    (s, l) => s.or(l),
+                };
+                self.state.epoch_loss_count += std::mem::take(&mut step_micro_batches);
+            }
+            step_micro_batches = 0;
             progress.steps_since_log += 1;
             let logged = self.state.global_step.is_multiple_of(self.config.log_every_n_steps);
             if logged {
-                self.log_step(setup, &loss, progress)?;
+                self.log_step(setup, &loss, counted, progress)?;
             }
             if self
                 .strategy
@@ -182,9 +198,18 @@ impl Trainer {
     }
 
     /// The step event (loss, rate, phase times, every worker's) and the devices' counters.
-    fn log_step(&mut self, setup: &TrainingSetup, loss: &Tensor, progress: &mut FitProgress) -> Result<()> {
+    /// A step skipped by `OnNan::Skip` (not `counted`) logs its loss, whatever it is.
+    fn log_step(
+        &mut self,
+        setup: &TrainingSetup,
+        loss: &Tensor,
+        counted: bool,
+        progress: &mut FitProgress,
+    ) -> Result<()> {
         let value = loss.item()?;
-        step::check_finite(value, self.state.global_step)?;
+        if counted {
+            step::check_finite(value, &self.state, setup)?;
+        }
         let now = Instant::now();
         let samples = self.state.samples_seen - progress.window.1;
         let rate = samples as f64 / (now - progress.window.0).as_secs_f64().max(1e-9);
@@ -256,7 +281,7 @@ impl Trainer {
         progress: &mut FitProgress,
     ) -> Result<bool> {
         let train_loss = self.state.epoch_loss_sum / self.state.epoch_loss_count.max(1) as f64;
-        step::check_finite(train_loss, self.state.global_step)?;
+        step::check_finite(train_loss, &self.state, setup)?;
         progress.report.last_train_loss = Some(train_loss);
         let mut metrics = BTreeMap::from([
             ("train_loss".to_string(), train_loss),

@@ -24,7 +24,7 @@ mod tensorboard;
 mod trainer;
 
 pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
-pub use config::{GradientClip, Precision, Progress, SchedulerInterval, TrainerConfig};
+pub use config::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
 #[cfg(feature = "console")]
 pub use console::ConsoleProgress;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};

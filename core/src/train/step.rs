@@ -4,14 +4,15 @@
 use std::time::Instant;
 
 use super::TrainingSetup;
-use super::config::{GradientClip, Precision, SchedulerInterval, TrainerConfig};
+use super::config::{GradientClip, OnNan, Precision, SchedulerInterval, TrainerConfig};
 use super::events::StepTimes;
 use super::state::TrainerState;
 use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::optim::{GradScaler, clip_grad_norm, clip_grad_value};
+use crate::nn::{Module, ModuleExt};
+use crate::optim::{GradScaler, clip_grad_norm, clip_grad_value, grads_finite, non_finite_elements};
 use crate::tensor::Tensor;
 
 /// One micro-batch of an optimizer step, as the loop hands it to the strategy.
@@ -80,12 +81,13 @@ pub fn forward_backward(
 }
 
 /// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,
-/// advance the per-step scheduler.
-pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &mut TrainingSetup) -> Result<()> {
+/// advance the per-step scheduler; false when the step was skipped.
+pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &mut TrainingSetup) -> Result<bool> {
     // Unscaled once per optimizer step, before clipping; with DDP the gradients are already
     // averaged, so every rank reaches the same verdict.
     let finite = match &state.grad_scaler {
         Some(scaler) => scaler.unscale(setup.optimizer.parameters())?,
+        None if config.on_nan == OnNan::Skip => grads_finite(setup.optimizer.parameters())?,
         None => true,
     };
     if let Some(scaler) = &mut state.grad_scaler {
@@ -112,7 +114,7 @@ pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &
     {
         s.step(setup.optimizer.as_mut());
     }
-    Ok(())
+    Ok(finite)
 }
 
 /// An error unless `device` can compute in `precision`'s autocast dtype.
@@ -131,15 +133,33 @@ pub fn check_precision(precision: Precision, device: &Device) -> Result<()> {
     })
 }
 
-/// An error that says what to do when the loss is inf or NaN.
-pub fn check_finite(loss: f64, step: u64) -> Result<()> {
+/// An error that says where the loss became inf or NaN, which parameter went first, and what
+/// to do.
+pub fn check_finite(loss: f64, state: &TrainerState, setup: &TrainingSetup) -> Result<()> {
     if loss.is_finite() {
         return Ok(());
     }
+    let parameter = match first_non_finite_parameter(setup.model.as_ref())? {
+        Some(name) => format!("the first parameter no longer finite is `{name}`"),
+        None => "every parameter is still finite (look at the data and the loss)".into(),
+    };
     Err(Error::invalid(
         "Trainer",
         format!(
-            "the loss became {loss} at step {step}: training diverged; lower the learning rate, enable gradient clipping (--clip-grad-norm), or check the data for NaN/inf"
+            "the loss became {loss} at step {} (epoch {}, batch {}); {parameter}: training diverged; lower the \
+             learning rate, enable gradient clipping (--clip-grad-norm), skip such steps (--on-nan skip), or check \
+             the data for NaN/inf",
+            state.global_step, state.epoch, state.batch_in_epoch
         ),
     ))
+}
+
+/// The name of the model's first parameter, in registration order, holding an inf or NaN.
+fn first_non_finite_parameter(model: &dyn Module) -> Result<Option<String>> {
+    for (name, p) in model.named_parameters() {
+        if non_finite_elements(&[p])? > 0 {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
 }

@@ -43,6 +43,9 @@ pub struct FitReport {
     /// Why training stopped: `max_epochs`, `max_steps`, `early stopping`, `stopped by request` or
     /// `stopped by another replica`.
     pub stop_reason: String,
+    /// Optimizer steps skipped for inf/NaN gradients (`OnNan::Skip`, or mixed precision's loss
+    /// scaler), counting those before a resume.
+    pub skipped_steps: u64,
     /// A balanced run: each rank's samples of the global batch at the end, by rank.
     pub shares: Vec<usize>,
 }

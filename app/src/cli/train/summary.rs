@@ -20,6 +20,8 @@ pub struct Summary {
     pub samples_per_sec: f64,
     pub data_wait_seconds: f64,
     pub stop_reason: String,
+    /// Steps skipped for inf/NaN gradients (--on-nan skip, or 16-mixed's loss scaler).
+    pub skipped_steps: u64,
     /// A balanced run: each device's samples of the global batch at the end.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<DeviceShare>,
@@ -60,6 +62,7 @@ impl Summary {
             samples_per_sec: report.samples_per_sec,
             data_wait_seconds: report.data_wait_seconds,
             stop_reason: report.stop_reason.clone(),
+            skipped_steps: report.skipped_steps,
             shares: device_shares(args, &report.shares),
         }
     }
@@ -71,8 +74,12 @@ impl Summary {
                 format!(" | shares: {}", each.join(", "))
             }
         };
+        let skipped = match self.skipped_steps {
+            0 => String::new(),
+            n => format!(", {n} skipped for inf/NaN"),
+        };
         println!(
-            "{} on {}: test accuracy {:.2}%, test loss {:.4} | {} steps, {} epochs in {:.1} s ({:.0} samples/s, {:.2} s waiting for data; stopped: {}){shares}",
+            "{} on {}: test accuracy {:.2}%, test loss {:.4} | {} steps{skipped}, {} epochs in {:.1} s ({:.0} samples/s, {:.2} s waiting for data; stopped: {}){shares}",
             self.model,
             self.device,
             self.test_accuracy * 100.0,
@@ -129,6 +136,7 @@ mod tests {
             samples_per_sec: 1.0,
             data_wait_seconds: 0.0,
             stop_reason: "max_epochs".into(),
+            skipped_steps: 0,
             shares: shares
                 .iter()
                 .map(|&(device, samples)| DeviceShare {
