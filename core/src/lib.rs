@@ -1,6 +1,64 @@
 //! Lockstep core: tensors, autograd, modules, optimizers, collectives and the CPU reference
 //! backend. Nothing here knows about a particular GPU API: devices plug in through
-//! `backend::Backend` and are chosen at run time by name.
+//! `backend::Backend` and are chosen at run time by name (`cpu:0`; `wgpu:0` and `cuda:0` once
+//! `lockstep_wgpu::register()` or `lockstep_cuda::register()` ran).
+//!
+//! # Quick start
+//!
+//! A model is its fields and its forward; `TrainingSetup` and the `Trainer` do the rest, as
+//! PyTorch Lightning's `LightningModule` and `Trainer` do:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use lockstep_core::data::{DataLoader, DataLoaderConfig, HostTensor, TensorDataset};
+//! use lockstep_core::nn::{Linear, Module, ModuleExt, Relu};
+//! use lockstep_core::optim::{Adam, AdamConfig};
+//! use lockstep_core::train::{Trainer, TrainerConfig, TrainingSetup};
+//! use lockstep_core::{Device, Generator, HostVec, Result, Tensor};
+//!
+//! #[derive(Module)]
+//! struct Classifier {
+//!     hidden: Linear,
+//!     act: Relu,
+//!     out: Linear,
+//! }
+//!
+//! impl Classifier {
+//!     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+//!         self.out.forward(&self.act.forward(&self.hidden.forward(x)?)?)
+//!     }
+//! }
+//!
+//! # fn main() -> Result<()> {
+//! // 256 points in the plane, labelled by the sign of x + y.
+//! let xy: Vec<f32> = (0..512).map(|i| lockstep_core::rng::uniform_at(1, i, 0) as f32 - 0.5).collect();
+//! let labels: Vec<u32> = xy.chunks(2).map(|p| u32::from(p[0] + p[1] > 0.0)).collect();
+//! let points = TensorDataset::new(vec![
+//!     HostTensor::new(HostVec::F32(xy), [256, 2])?,
+//!     HostTensor::new(HostVec::U32(labels), [256])?,
+//! ])?;
+//! let config = DataLoaderConfig { batch_size: 32, ..Default::default() };
+//! let train = DataLoader::simple(Arc::new(points), true, 0, config)?;
+//!
+//! let (device, init) = (Device::cpu(), Generator::new(0));
+//! let model = Classifier {
+//!     hidden: Linear::new(2, 16, true, &device, &init)?,
+//!     act: Relu,
+//!     out: Linear::new(16, 2, true, &device, &init)?,
+//! };
+//! let optimizer = Adam::new(model.parameters(), AdamConfig::adam().lr(1e-2))?;
+//! let mut setup = TrainingSetup::new(model, optimizer);
+//! let mut trainer = Trainer::new(TrainerConfig { max_epochs: 5, ..Default::default() })?;
+//! let report = trainer.fit(&mut setup, &train, None)?;
+//! assert_eq!(report.steps, 5 * 8);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! From there: `train::DataParallel::on_threads` trains one replica per device, `model.save`
+//! and `model.load` move weights to and from PyTorch, and `core/examples/` holds whole programs
+//! (a hand-written loop, callbacks, tasks, PyTorch weights, data parallel).
 
 #![warn(missing_docs)]
 
