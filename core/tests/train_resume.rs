@@ -10,7 +10,9 @@ use lockstep_core::data::{
 };
 use lockstep_core::nn::{Dropout, Flatten, Linear, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{Sgd, SgdConfig, StepLR};
-use lockstep_core::train::{GradientClip, ModelCheckpoint, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup};
+use lockstep_core::train::{
+    GradientClip, ModelCheckpoint, OnWriteError, SchedulerInterval, Trainer, TrainerConfig, TrainingSetup,
+};
 use lockstep_core::{Device, Generator, HostVec, Result};
 
 /// 150 points in 8-D whose label is the index of their largest coordinate among the first 3.
@@ -281,5 +283,42 @@ fn a_checkpoint_directory_sheds_the_temporaries_of_dead_writers_only() {
         left,
         [format!(".last.safetensors.tmp-{live}"), "notes.tmp-1".to_string()]
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A checkpoint that cannot be written (here its directory's parent is a file) ends the run
+/// with an error that says the previous checkpoint is intact, or under `OnWriteError::Warn` is
+/// counted while training goes on.
+#[test]
+fn a_checkpoint_that_cannot_be_written_stops_the_run_or_only_warns() {
+    let dir = std::env::temp_dir().join(format!("lockstep-unwritable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, b"in the way").unwrap();
+    let unwritable = blocker.join("checkpoints");
+    let run = |on_error: OnWriteError| {
+        let mut setup = setup();
+        let mut trainer = Trainer::new(TrainerConfig {
+            max_epochs: 2,
+            ..config(None)
+        })
+        .unwrap();
+        trainer.add_callback(ModelCheckpoint::new(&unwritable).on_write_error(on_error));
+        let result = trainer.fit(&mut setup, &loader(), None);
+        (result, trainer.callback::<ModelCheckpoint>().unwrap().failed_writes())
+    };
+    let (stopped, _) = run(OnWriteError::Stop);
+    let err = stopped.unwrap_err().to_string();
+    for needle in [
+        "checkpoints",
+        "the previous checkpoint is intact",
+        "--on-checkpoint-error warn",
+    ] {
+        assert!(err.contains(needle), "`{needle}` not in: {err}");
+    }
+    let (warned, failed) = run(OnWriteError::Warn);
+    assert_eq!(warned.unwrap().epochs, 2, "training went on");
+    assert!(failed >= 2, "each epoch's write failed and was counted: {failed}");
+    assert_eq!(std::fs::read(&blocker).unwrap(), b"in the way");
     std::fs::remove_dir_all(&dir).unwrap();
 }

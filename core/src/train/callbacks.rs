@@ -122,10 +122,25 @@ pub struct ModelCheckpoint {
     /// Also overwrite `last.safetensors` every N optimizer steps (Lightning's
     /// `every_n_train_steps`).
     pub every_n_train_steps: Option<u64>,
+    /// What a checkpoint that cannot be written (a full disk, a vanished directory) does.
+    pub on_write_error: OnWriteError,
+    failed_writes: u64,
     kept: Vec<(f64, PathBuf)>,
     /// The step of the last epoch-end save: training that ends right there (nothing changed
     /// since) need not write `last.safetensors` again.
     epoch_end_step: Option<u64>,
+}
+
+/// What `ModelCheckpoint` does when a write fails; the file it was replacing stays whole
+/// either way (writes go to a temporary file that is renamed over it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnWriteError {
+    /// The run ends with the error.
+    #[default]
+    Stop,
+    /// A warning on stderr, the failure counted (`ModelCheckpoint::failed_writes`), and
+    /// training goes on.
+    Warn,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -145,6 +160,8 @@ impl ModelCheckpoint {
             monitor: None,
             top_k: 1,
             every_n_train_steps: None,
+            on_write_error: OnWriteError::Stop,
+            failed_writes: 0,
             kept: Vec::new(),
             epoch_end_step: None,
         }
@@ -165,6 +182,33 @@ impl ModelCheckpoint {
             ..self
         }
     }
+    /// Whether a failed write ends the run (the default) or only warns.
+    pub fn on_write_error(self, on_write_error: OnWriteError) -> ModelCheckpoint {
+        ModelCheckpoint { on_write_error, ..self }
+    }
+    /// Writes that failed and were let pass (`OnWriteError::Warn`).
+    pub fn failed_writes(&self) -> u64 {
+        self.failed_writes
+    }
+    /// Saves through `ctx`; true when the file was written. A failure ends the run or, under
+    /// `OnWriteError::Warn`, is reported and counted.
+    fn save(&mut self, ctx: &mut CallbackContext, path: &Path, reason: &str) -> Result<bool> {
+        match ctx.save_checkpoint(path, reason) {
+            Ok(()) => Ok(true),
+            Err(e) if self.on_write_error == OnWriteError::Warn => {
+                self.failed_writes += 1;
+                eprintln!("warning: checkpoint not written, training goes on: {e}");
+                Ok(false)
+            }
+            Err(e) => Err(Error::invalid(
+                "ModelCheckpoint",
+                format!(
+                    "{e}; the previous checkpoint is intact. Free space or fix the directory, then resume from it \
+                     (or --on-checkpoint-error warn to train on without checkpoints)"
+                ),
+            )),
+        }
+    }
     /// Where the last checkpoint goes: `dir/last.safetensors`.
     pub fn last_path(&self) -> PathBuf {
         self.dir.join("last.safetensors")
@@ -180,8 +224,7 @@ impl Callback for ModelCheckpoint {
         "ModelCheckpoint".into()
     }
     fn on_epoch_end(&mut self, ctx: &mut CallbackContext) -> Result<CallbackAction> {
-        if self.save_last {
-            ctx.save_checkpoint(&self.last_path(), "last")?;
+        if self.save_last && self.save(ctx, &self.last_path(), "last")? {
             self.epoch_end_step = Some(ctx.global_step);
         }
         let Some(monitor) = self.monitor.clone() else {
@@ -197,7 +240,9 @@ impl Callback for ModelCheckpoint {
             "epoch={}-step={}-{}={score:.4}.safetensors",
             ctx.epoch, ctx.global_step, monitor.metric
         ));
-        ctx.save_checkpoint(&path, &format!("top-{} {}", self.top_k, monitor.metric))?;
+        if !self.save(ctx, &path, &format!("top-{} {}", self.top_k, monitor.metric))? {
+            return Ok(CallbackAction::Continue);
+        }
         self.kept.push((score, path));
         self.kept.sort_by(|a, b| {
             if monitor.better(a.0, b.0) {
@@ -218,16 +263,15 @@ impl Callback for ModelCheckpoint {
             .every_n_train_steps
             .is_some_and(|n| n > 0 && ctx.global_step.is_multiple_of(n))
         {
-            ctx.save_checkpoint(&self.last_path(), "every_n_train_steps")?;
+            self.save(ctx, &self.last_path(), "every_n_train_steps")?;
         }
         Ok(CallbackAction::Continue)
     }
     fn on_train_end(&mut self, ctx: &mut CallbackContext) -> Result<()> {
         if self.save_last && self.epoch_end_step != Some(ctx.global_step) {
-            ctx.save_checkpoint(&self.last_path(), "last")
-        } else {
-            Ok(())
+            self.save(ctx, &self.last_path(), "last")?;
         }
+        Ok(())
     }
     fn state(&self) -> serde_json::Value {
         serde_json::to_value(CheckpointState {

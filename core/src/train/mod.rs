@@ -23,7 +23,9 @@ mod task;
 mod tensorboard;
 mod trainer;
 
-pub use callbacks::{Callback, CallbackAction, CallbackContext, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor};
+pub use callbacks::{
+    Callback, CallbackAction, CallbackContext, EarlyStopping, LrMonitor, ModelCheckpoint, Monitor, OnWriteError,
+};
 pub use config::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
 #[cfg(feature = "console")]
 pub use console::ConsoleProgress;

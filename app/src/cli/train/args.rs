@@ -54,6 +54,15 @@ pub enum OnNanArg {
     Skip,
 }
 
+/// What --on-checkpoint-error does when a checkpoint cannot be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnCheckpointError {
+    /// End the run with the error.
+    Stop,
+    /// Print a warning and go on training.
+    Warn,
+}
+
 /// Which parameters --weight-decay applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DecayScopeArg {
@@ -295,6 +304,10 @@ pub struct Args {
     /// anyway.
     #[arg(long, value_enum, default_value_t = OnNanArg::Stop)]
     pub on_nan: OnNanArg,
+    /// A checkpoint that cannot be written (a full disk, a vanished directory): stop the run
+    /// (the previous checkpoint stays whole), or warn and train on.
+    #[arg(long, value_enum, default_value_t = OnCheckpointError::Stop)]
+    pub on_checkpoint_error: OnCheckpointError,
     /// Write every event as a JSON line to this file.
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,

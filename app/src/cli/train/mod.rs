@@ -23,11 +23,12 @@ use lockstep_core::data::{
 use lockstep_core::device::communicator_group;
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
-    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, TensorBoardWriter,
-    Trainer, each_replica,
+    ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, OnWriteError,
+    TensorBoardWriter, Trainer, each_replica,
 };
 
 pub use args::Args;
+use args::OnCheckpointError;
 pub use dashboard::launcher;
 pub use process_group::NO_MPI;
 
@@ -371,7 +372,10 @@ fn replica(
         if let Some(dir) = &args.checkpoint_dir {
             // Without validation there is no val_acc to rank by (the run would fail at the first
             // epoch end): keep only last.safetensors.
-            let checkpoint = ModelCheckpoint::new(dir);
+            let checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
+                OnCheckpointError::Stop => OnWriteError::Stop,
+                OnCheckpointError::Warn => OnWriteError::Warn,
+            });
             trainer.add_callback(if args.no_val {
                 checkpoint
             } else {
