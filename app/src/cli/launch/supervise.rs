@@ -1,7 +1,8 @@
 //! Starting the ranks of this machine and watching them, as torchrun's agent does: every rank
 //! that ends well is done; the first that fails or is killed stops the others at once, and the
-//! launcher fails naming it. The others are killed outright (std offers SIGKILL only): a rank
-//! holds nothing a signal handler could save, and checkpoints are written atomically.
+//! launcher fails naming it. The others get SIGTERM (a rank of `lockstep train` then stops after
+//! its step and saves its checkpoint), and SIGKILL after a grace period: a rank blocked in a
+//! collective with the dead one cannot finish its step, and checkpoints are written atomically.
 
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -10,6 +11,9 @@ use std::time::Duration;
 
 /// How often the children are looked at (torchrun's monitor interval is 0.1 s too).
 const POLL: Duration = Duration::from_millis(100);
+
+/// How long the other ranks have between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_secs(10);
 
 pub struct RankProcess {
     pub rank: usize,
@@ -28,7 +32,7 @@ pub fn run_ranks(
         match spawned {
             Ok(child) => started.push(RankProcess { rank, child }),
             Err(e) => {
-                stop(&mut started);
+                stop(&mut started, GRACE);
                 anyhow::bail!("cannot start rank {rank} ({}): {e}", exe.display());
             }
         }
@@ -38,7 +42,12 @@ pub fn run_ranks(
 
 /// Waits until every rank has ended well, or until one fails: then stops the rest and returns
 /// an error naming the rank, its pid and how it ended.
-pub fn supervise(mut ranks: Vec<RankProcess>) -> anyhow::Result<()> {
+pub fn supervise(ranks: Vec<RankProcess>) -> anyhow::Result<()> {
+    supervise_with_grace(ranks, GRACE)
+}
+
+/// `supervise` with `grace` between the other ranks' SIGTERM and their SIGKILL.
+fn supervise_with_grace(mut ranks: Vec<RankProcess>, grace: Duration) -> anyhow::Result<()> {
     while !ranks.is_empty() {
         let mut failure = None;
         ranks.retain_mut(|r| {
@@ -54,7 +63,7 @@ pub fn supervise(mut ranks: Vec<RankProcess>) -> anyhow::Result<()> {
         });
         if let Some(failure) = failure {
             eprintln!("lockstep launch: {failure}; stopping the other ranks");
-            stop(&mut ranks);
+            stop(&mut ranks, grace);
             anyhow::bail!("{failure}");
         }
         thread::sleep(POLL);
@@ -62,12 +71,27 @@ pub fn supervise(mut ranks: Vec<RankProcess>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn stop(ranks: &mut [RankProcess]) {
-    for r in ranks.iter_mut() {
-        let _ = r.child.kill();
+/// SIGTERM to every rank, up to `grace` for them to end, then SIGKILL to the rest; all reaped.
+fn stop(ranks: &mut [RankProcess], grace: Duration) {
+    for r in ranks.iter() {
+        terminate(&r.child);
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline && ranks.iter_mut().any(|r| matches!(r.child.try_wait(), Ok(None))) {
+        thread::sleep(Duration::from_millis(20));
     }
     for r in ranks.iter_mut() {
+        let _ = r.child.kill();
         let _ = r.child.wait();
+    }
+}
+
+/// Asks `child` to stop (SIGTERM); where there is no such signal, the grace period passes and
+/// SIGKILL follows.
+fn terminate(child: &Child) {
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
     }
 }
 
@@ -123,6 +147,34 @@ mod tests {
             !Path::new(&format!("/proc/{survivor_pid}")).exists(),
             "rank 0 still runs"
         );
+    }
+
+    #[test]
+    fn the_others_get_sigterm_and_a_grace_period_before_sigkill() {
+        let marker = std::env::temp_dir().join(format!("lockstep-sigterm-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let polite = shell(
+            0,
+            &format!(
+                "trap 'touch {}; exit 0' TERM; while :; do sleep 0.05; done",
+                marker.display()
+            ),
+        );
+        // Ignores SIGTERM (as a rank blocked in a collective would not get to act on it).
+        let stubborn = shell(1, "trap '' TERM; exec sleep 30");
+        let stubborn_pid = stubborn.child.id();
+        let start = Instant::now();
+        let grace = Duration::from_millis(800);
+        let err = supervise_with_grace(vec![polite, stubborn, shell(2, "sleep 0.3; exit 3")], grace).unwrap_err();
+        assert!(err.to_string().starts_with("rank 2 "), "{err}");
+        assert!(marker.exists(), "rank 0 never saw SIGTERM");
+        let took = start.elapsed();
+        assert!(took >= grace && took < Duration::from_secs(10), "took {took:?}");
+        assert!(
+            !Path::new(&format!("/proc/{stubborn_pid}")).exists(),
+            "rank 1 outlived its SIGKILL"
+        );
+        let _ = std::fs::remove_file(&marker);
     }
 
     #[test]
