@@ -74,13 +74,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// The command line with `train --config FILE` read in; None when it was only to print the
 /// configuration (`train --print-config`, done here: it needs clap's view of every flag).
 fn parse_command_line() -> anyhow::Result<Option<Cli>> {
-    let argv = cli::config_file::expand(&Cli::command(), "train", std::env::args_os().collect())?;
-    let matches = Cli::command().get_matches_from(argv);
+    let command = Cli::command();
+    let argv = cli::config_file::expand(&command, "train", std::env::args_os().collect())?;
+    let matches = command.clone().get_matches_from(argv);
     if let Some(("train", train)) = matches.subcommand()
         && cli::config_file::wants_print(train)
+        && let Some(train_command) = command.find_subcommand("train")
     {
-        let command = Cli::command();
-        let train_command = command.find_subcommand("train").expect("`train` is a subcommand");
         print!("{}", cli::config_file::print(train_command, train));
         return Ok(None);
     }

@@ -123,7 +123,6 @@ impl Trainer {
         // micro-batch losses join it when the step is taken (a skipped inf/NaN step's do not).
         let mut loss_sum: Option<Tensor> = None;
         let mut step_losses: Option<Tensor> = None;
-        let mut step_micro_batches = 0;
         let mut stop = false;
         while self.state.batch_in_epoch < steps_per_epoch {
             let phase = Instant::now();
@@ -146,13 +145,13 @@ impl Trainer {
                 Some(s) => no_grad(|| s.add(&loss))?,
                 None => loss.clone(),
             });
-            step_micro_batches += 1;
             self.state.batch_in_epoch += 1;
             self.state.samples_seen += micro_batch.samples();
             if !micro_batch.ends_step {
                 micro += 1;
                 continue;
             }
+            let micro_batches_in_step = micro as u64 + 1;
             micro = 0;
             self.strategy.finish_gradients(&mut progress.times)?;
             let phase = Instant::now();
@@ -167,9 +166,8 @@ impl Trainer {
                     (Some(s), Some(l)) => Some(no_grad(|| s.add(&l))?),
                     (s, l) => s.or(l),
                 };
-                self.state.epoch_loss_count += std::mem::take(&mut step_micro_batches);
+                self.state.epoch_loss_count += micro_batches_in_step;
             }
-            step_micro_batches = 0;
             progress.steps_since_log += 1;
             let logged = self.state.global_step.is_multiple_of(self.config.log_every_n_steps);
             if logged {

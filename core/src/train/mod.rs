@@ -32,7 +32,7 @@ pub use console::ConsoleProgress;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use language_task::LanguageModeling;
 pub use metrics_log::JsonlWriter;
-pub use replicas::{OnThreads, Replica, Trained, each_replica};
+pub use replicas::{OnThreads, Replica, Trained, batchnorm_groups, each_replica};
 pub use seq2seq_task::Seq2SeqTask;
 pub use setup::TrainingSetup;
 pub use state::TrainerState;

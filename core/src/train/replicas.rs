@@ -162,14 +162,7 @@ impl OnThreads {
             ));
         }
         let gradients = communicator_group(&devices, timeout)?;
-        let batchnorm: Vec<Option<Arc<dyn Communicator>>> = if plan.sync_batchnorm && world > 1 {
-            communicator_group(&devices, timeout)?
-                .into_iter()
-                .map(|c| Some(Arc::from(c)))
-                .collect()
-        } else {
-            vec![None; world]
-        };
+        let batchnorm = batchnorm_groups(&devices, plan.sync_batchnorm, timeout)?;
         let comms: Vec<Comms> = gradients.into_iter().zip(batchnorm).collect();
         let (plan, train, val, build) = (&plan, &train, &val, &build);
         let work: Vec<_> = comms
@@ -233,6 +226,23 @@ impl Plan {
         let report = trainer.fit(&mut setup, &train, val.as_ref())?;
         Ok(Trained { setup, report })
     }
+}
+
+/// SyncBatchNorm's communicators for replicas on `devices`, one each by rank: a group of their
+/// own, so their collectives never interleave with the gradient reducer's (which communicates
+/// on its own thread); none where `sync` is off or there is only one device.
+pub fn batchnorm_groups(
+    devices: &[Device],
+    sync: bool,
+    timeout: Duration,
+) -> Result<Vec<Option<Arc<dyn Communicator>>>> {
+    if !sync || devices.len() < 2 {
+        return Ok(vec![None; devices.len()]);
+    }
+    Ok(communicator_group(devices, timeout)?
+        .into_iter()
+        .map(|c| Some(Arc::from(c)))
+        .collect())
 }
 
 /// Runs `run(rank, item)` for every item of `work` (a replica's communicator and whatever else

@@ -24,7 +24,7 @@ use lockstep_core::device::communicator_group;
 use lockstep_core::distributed::{Balancer, Reducer};
 use lockstep_core::train::{
     ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, OnWriteError,
-    TensorBoardWriter, Trainer, each_replica,
+    TensorBoardWriter, Trainer, batchnorm_groups, each_replica,
 };
 
 pub use args::Args;
@@ -147,7 +147,7 @@ fn on_threads(
     hooks: &Hooks,
 ) -> anyhow::Result<Finished> {
     let comms = communicator_group(&devices, args.collective_timeout())?;
-    let batchnorm_comms = setup::sync_batchnorm_communicators(args, &devices)?;
+    let batchnorm_comms = batchnorm_groups(&devices, args.sync_batchnorm, args.collective_timeout())?;
     let work = comms
         .into_iter()
         .zip(batchnorm_comms)

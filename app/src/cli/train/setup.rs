@@ -1,12 +1,9 @@
 //! Builds the model, optimizer and task that `lockstep train` asks for.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use anyhow::Context;
-use lockstep_core::backend::Communicator;
 use lockstep_core::data::reversal;
-use lockstep_core::device::communicator_group;
 use lockstep_core::models::GptConfig;
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{
@@ -28,22 +25,6 @@ pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {
         "auto" => lockstep_core::device::best_available()?,
         name => Device::parse(name)?,
     }])
-}
-
-/// SyncBatchNorm's communicators, one per device, when --sync-batchnorm asks for them on several
-/// devices: a group of their own, so their collectives never interleave with the gradient
-/// reducer's (which communicates on its own thread).
-pub fn sync_batchnorm_communicators(
-    args: &Args,
-    devices: &[Device],
-) -> anyhow::Result<Vec<Option<Arc<dyn Communicator>>>> {
-    if !args.sync_batchnorm || devices.len() < 2 {
-        return Ok(vec![None; devices.len()]);
-    }
-    Ok(communicator_group(devices, args.collective_timeout())?
-        .into_iter()
-        .map(|c| Some(Arc::from(c)))
-        .collect())
 }
 
 /// Model (same seed on every replica, so all start identical), optimizer and task on `device`.
