@@ -200,3 +200,77 @@ fn a_port_that_speaks_another_protocol_is_named() {
     assert_mentions(&msg, &["does not speak Lockstep's rendezvous", "MASTER_PORT"]);
     server.join().unwrap();
 }
+
+/// This machine's address on its default route, when it has one (a UDP connect sends nothing).
+fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn rank_0_listens_on_loopback_when_master_addr_is_loopback() {
+    for host in ["127.0.0.1", "localhost"] {
+        let zero = Rendezvous::join(RendezvousConfig::new(host, 0, 0, 2, TOKEN).timeout(SHORT)).unwrap();
+        let addr = zero.listen_addr().expect("rank 0 serves the rendezvous");
+        assert!(addr.ip().is_loopback(), "{host}: listening on {addr}");
+        match non_loopback_address() {
+            Some(ip) => {
+                let outside = std::net::SocketAddr::new(ip, addr.port());
+                let reached = std::net::TcpStream::connect_timeout(&outside, SHORT);
+                assert!(reached.is_err(), "rank 0 on {host} is reachable from {outside}");
+            }
+            None => eprintln!("NOTE: no non-loopback address here; only the bound address was checked"),
+        }
+    }
+}
+
+#[test]
+fn a_silent_stranger_does_not_stall_the_job() {
+    let (mut zero, port) = rank0(2);
+    let silent = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let one = thread::spawn(move || {
+        let mut r = Rendezvous::join(config(port, 1, 2, TOKEN)).unwrap();
+        r.barrier("start")
+    });
+    zero.barrier("start").unwrap();
+    one.join().unwrap().unwrap();
+    // Rank 0 hangs up on it at the handshake deadline (here the 0.8 s timeout).
+    let mut silent = silent;
+    silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    assert!(
+        std::io::Read::read_to_end(&mut silent, &mut rest).is_ok(),
+        "the silent connection is still open"
+    );
+}
+
+#[test]
+fn a_gigabyte_sender_is_cut_off_after_a_few_kilobytes() {
+    let (mut zero, port) = rank0(2);
+    let flood = thread::spawn(move || {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        // The magic word, then a token that claims to be a gigabyte long, then the gigabyte.
+        let mut sent = 0usize;
+        let mut frame = b"LKRV".to_vec();
+        frame.extend_from_slice(&(1u64 << 30).to_le_bytes());
+        let chunk = vec![b'x'; 1 << 20];
+        let mut result = std::io::Write::write_all(&mut stream, &frame);
+        while result.is_ok() && sent < 1 << 30 {
+            result = std::io::Write::write_all(&mut stream, &chunk);
+            sent += chunk.len();
+        }
+        (result.is_err(), sent)
+    });
+    let one = thread::spawn(move || {
+        let mut r = Rendezvous::join(config(port, 1, 2, TOKEN)).unwrap();
+        r.barrier("start")
+    });
+    zero.barrier("start").unwrap();
+    one.join().unwrap().unwrap();
+    let (cut_off, sent) = flood.join().unwrap();
+    assert!(cut_off, "rank 0 read the whole gigabyte");
+    // What the kernel's socket buffers took before rank 0 hung up: megabytes, not the gigabyte.
+    assert!(sent < 64 << 20, "sent {} MiB before being cut off", sent >> 20);
+}

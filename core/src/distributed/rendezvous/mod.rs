@@ -8,10 +8,11 @@
 //! never arrived, or rank 0's address when nobody answers there.
 
 mod server;
-mod wire;
+pub mod wire;
 
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -107,7 +108,9 @@ impl Rendezvous {
             })?
             .collect();
         let (server, targets) = if rank == 0 {
-            let server = Server::bind(&addrs, config.world_size, &config.token).map_err(|e| {
+            let handshake = config.timeout.min(server::HANDSHAKE_DEADLINE);
+            let log: server::Log = Arc::new(|msg: &str| eprintln!("lockstep rendezvous (rank 0): {msg}"));
+            let server = Server::bind(&addrs, config.world_size, &config.token, handshake, log).map_err(|e| {
                 fail(format!(
                     "rank 0 cannot listen on {named} for the rendezvous ({e}): if another job uses the port, pick \
                      another MASTER_PORT (--master-port); MASTER_ADDR must be an address of rank 0's machine"
@@ -144,6 +147,12 @@ impl Rendezvous {
     /// The port rank 0 listens on (useful when the configured port was 0).
     pub fn port(&self) -> u16 {
         self.server.as_ref().map_or(self.config.port, |s| s.local_addr().port())
+    }
+
+    /// The address rank 0's server listens on (`None` on the other ranks): MASTER_ADDR's, so
+    /// loopback unless MASTER_ADDR names another address of this machine.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.server.as_ref().map(Server::local_addr)
     }
 
     /// This process's rank in the job.
