@@ -1,7 +1,8 @@
 //! Faults during a run: `lockstep train` killed with SIGKILL at random instants while it writes
 //! its checkpoint. Afterwards `last.safetensors` is always a whole checkpoint (the previous one
 //! or the new one, never a part), the run resumes from it, and the temporary file the killed
-//! writer left behind is removed by the next run over the same directory.
+//! writer left behind is removed by the next run over the same directory. And a disk that fills
+//! up: the run stops (or warns and goes on, as told) with the previous checkpoint intact.
 
 mod support;
 
@@ -132,4 +133,128 @@ fn a_checkpoint_killed_mid_write_is_the_old_or_the_new_one_and_resumes() {
         "left behind: {:?}",
         temporaries(dir.path())
     );
+}
+
+/// Runs `lockstep train` with its checkpoint directory on a tmpfs of `bytes` (mounted in a
+/// private mount namespace, so nothing outlives the test); afterwards copies what the run left
+/// there to `out`. `None` when this machine cannot mount one (no user namespaces).
+fn train_on_a_small_disk(bytes: u64, out: &Path, extra: &[&str]) -> Option<std::process::Output> {
+    let disk = out.join("disk");
+    std::fs::create_dir_all(&disk).expect("mount point");
+    let left = out.join("left");
+    let script = format!(
+        "mount -t tmpfs -o size={bytes} lockstep-full-disk '{disk}' || exit 97; \"$@\"; rc=$?; cp -a '{disk}' '{left}'; exit $rc",
+        disk = disk.display(),
+        left = left.display()
+    );
+    let mut args = vec![
+        "--hidden",
+        "256",
+        "--epochs",
+        "3",
+        "--limit-train-batches",
+        "2",
+        "--no-val",
+        "--test-samples",
+        "100",
+        "--checkpoint-dir",
+        path_str(&disk),
+    ];
+    args.extend_from_slice(extra);
+    let trainer = train_on_mnist(&args);
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--user", "--map-root-user", "--mount", "sh", "-c", &script, "sh"]);
+    cmd.arg(trainer.get_program()).args(trainer.get_args());
+    for (key, value) in trainer.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    let output = run(&mut cmd);
+    if output.status.code() == Some(97) || !left.exists() {
+        let why = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            std::env::var_os("LOCKSTEP_EXPECT_TMPFS").is_none(),
+            "LOCKSTEP_EXPECT_TMPFS is set but no tmpfs could be mounted: {why}"
+        );
+        eprintln!(
+            "SKIPPED: cannot mount a small tmpfs here (unshare/mount: {why}); set LOCKSTEP_EXPECT_TMPFS=1 to fail instead"
+        );
+        return None;
+    }
+    Some(output)
+}
+
+/// The size of one checkpoint of the run above, written to a roomy directory.
+fn checkpoint_size(dir: &Path) -> u64 {
+    let roomy = dir.join("roomy");
+    let out = run(&mut train_on_mnist(&[
+        "--hidden",
+        "256",
+        "--epochs",
+        "1",
+        "--limit-train-batches",
+        "2",
+        "--no-val",
+        "--test-samples",
+        "100",
+        "--checkpoint-dir",
+        path_str(&roomy),
+    ]));
+    assert_succeeds(&out);
+    std::fs::metadata(roomy.join("last.safetensors"))
+        .expect("a checkpoint")
+        .len()
+}
+
+/// The optimizer steps a checkpoint holds, from its trainer state.
+fn checkpoint_step(path: &Path) -> u64 {
+    let file = load_tensors(path).unwrap_or_else(|e| panic!("{} is broken: {e}", path.display()));
+    let state = file.metadata.get("lockstep.trainer_state").expect("trainer state");
+    let state: serde_json::Value = serde_json::from_str(state).expect("trainer state JSON");
+    state["global_step"].as_u64().expect("a step count")
+}
+
+#[test]
+fn a_full_disk_stops_the_run_or_warns_and_keeps_the_previous_checkpoint() {
+    let dir = TempDir::new("full-disk");
+    // Room for one checkpoint and half of the next: the second write (a temporary file beside
+    // the first) runs out of space.
+    let size = checkpoint_size(dir.path());
+    let disk = size * 3 / 2;
+
+    let stop = dir.join("stop");
+    let Some(out) = train_on_a_small_disk(disk, &stop, &[]) else {
+        return;
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a run whose checkpoint cannot be written went on: {stderr}"
+    );
+    for needle in ["No space left on device", "intact", "--on-checkpoint-error warn"] {
+        assert!(stderr.contains(needle), "`{needle}` missing from: {stderr}");
+    }
+    let left = stop.join("left");
+    assert_eq!(
+        checkpoint_step(&left.join("last.safetensors")),
+        2,
+        "not epoch 0's checkpoint"
+    );
+    assert!(temporaries(&left).is_empty(), "left behind: {:?}", temporaries(&left));
+
+    let warn = dir.join("warn");
+    let out = train_on_a_small_disk(disk, &warn, &["--on-checkpoint-error", "warn"]).expect("mounted before");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "--on-checkpoint-error warn stopped: {stderr}");
+    assert!(stderr.contains("No space left on device"), "no warning in: {stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("test accuracy"));
+    let left = warn.join("left");
+    assert_eq!(
+        checkpoint_step(&left.join("last.safetensors")),
+        2,
+        "not epoch 0's checkpoint"
+    );
+    assert!(temporaries(&left).is_empty(), "left behind: {:?}", temporaries(&left));
 }
