@@ -361,3 +361,101 @@ fn a_rank_killed_under_launch_ends_the_job_within_30_s_and_is_named() {
         "{output}"
     );
 }
+
+/// The optimizer steps in a checkpoint, or None while it does not exist or is being replaced.
+fn checkpoint_step(path: &Path) -> Option<u64> {
+    let file = load_tensors(path).ok()?;
+    let state: serde_json::Value = serde_json::from_str(file.metadata.get("lockstep.trainer_state")?).ok()?;
+    state["global_step"].as_u64()
+}
+
+/// torchrun's elastic restart: rank 1 killed once, after the first checkpoint; `launch
+/// --max-restarts 1` starts the job again, `--resume last` picks up the last checkpoint, and the
+/// job ends with the weights of a run nobody interrupted, bit for bit.
+#[test]
+fn a_job_restarted_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let data = mnist_dir();
+    let job_args = |dir: &TempDir| {
+        let mut args = train_args(
+            &data,
+            &[
+                "--limit-train-batches",
+                "8",
+                "--epochs",
+                "6",
+                "--checkpoint-dir",
+                path_str(&dir.join("checkpoints")),
+                "--resume",
+                "last",
+                "--dump-weights",
+                path_str(dir.path()),
+            ],
+        );
+        set_flag(&mut args, "--hidden", "512");
+        set_flag(&mut args, "--max-steps", "48");
+        args
+    };
+    let (calm, restarted) = (TempDir::new("uninterrupted"), TempDir::new("restarted"));
+    let out = mpirun(2, &job_args(&calm));
+    assert!(
+        out.status.success(),
+        "the uninterrupted job failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let marker = format!("LOCKSTEP_TEST_JOB=restarted-{}", std::process::id());
+    let (marker_name, marker_value) = marker.split_once('=').expect("NAME=value");
+    let launcher = lockstep(&["launch", "--nproc-per-node", "2", "--max-restarts", "1", "--"])
+        .args(job_args(&restarted))
+        .envs(ROOT_ENV)
+        .env(marker_name, marker_value)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lockstep launch starts");
+    let mut job = Job { launcher, marker };
+    let stderr = job.launcher.stderr.take().expect("piped");
+    let stderr = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        text
+    });
+
+    // Kill rank 1 as soon as epoch 0's checkpoint is whole.
+    let last = restarted.join("checkpoints").join("last.safetensors");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let killed_at = loop {
+        assert!(Instant::now() < deadline, "no checkpoint within 180 s");
+        if let Some(step) = checkpoint_step(&last) {
+            let rank1 = pids_with(&[&job.marker, "OMPI_COMM_WORLD_RANK=1"]);
+            assert_eq!(rank1.len(), 1, "rank 1's process: {rank1:?}");
+            let kill = Command::new("kill").args(["-9", &rank1[0].to_string()]).status();
+            assert!(kill.is_ok_and(|s| s.success()), "kill -9 {} failed", rank1[0]);
+            break step;
+        }
+        thread::sleep(Duration::from_millis(2));
+    };
+    let status = wait_at_most(&mut job.launcher, Duration::from_secs(240));
+    drop(job);
+    let stderr = stderr.join().unwrap_or_default();
+    println!("killed rank 1 after step {killed_at}; launch: {status:?}\n{stderr}");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the restarted job failed:\n{stderr}"
+    );
+    assert!(stderr.contains("process rank 1 "), "the kill is not named:\n{stderr}");
+    assert!(
+        stderr.contains("restarting the job (1 of --max-restarts 1)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("resumed from"), "the restart did not resume:\n{stderr}");
+    assert!(killed_at < 48, "the job ended before the kill: nothing was restarted");
+    assert!(
+        bits(&weights(restarted.path(), 0)) == bits(&weights(calm.path(), 0)),
+        "the restarted job's weights differ from the uninterrupted job's"
+    );
+}

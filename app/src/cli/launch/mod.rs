@@ -10,6 +10,7 @@ mod plan;
 mod supervise;
 
 use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::Parser;
@@ -45,6 +46,11 @@ pub struct Args {
     /// token to every machine's launcher.
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// When a rank fails, stop them all and start the whole job again, up to N times
+    /// (torchrun's --max-restarts): with `train --checkpoint-dir DIR --resume last` each start
+    /// resumes from the last checkpoint.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_restarts: usize,
     /// The lockstep subcommand and its arguments that every process runs, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -99,22 +105,49 @@ impl Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.validate()?;
     let exe = std::env::current_exe().context("cannot find this executable to start its processes")?;
-    match plan::engine(&args.command)? {
-        plan::Engine::Mpirun => mpirun::run(&exe, &args),
-        plan::Engine::Processes => {
-            let token = args.token.clone().unwrap_or_else(random_token);
-            let ranks = (0..args.nproc_per_node)
-                .map(|local| {
-                    (
-                        args.node_rank * args.nproc_per_node + local,
-                        args.rank_env(local, &token),
-                    )
-                })
-                .collect();
-            // Ctrl-C reaches every rank (one process group): they stop after their step and
-            // end well, and the launcher waits for them instead of dying first.
-            super::interrupt::stop_on_signal("the ranks stop after their step and save the checkpoint")?;
-            supervise::run_ranks(&exe, &args.command, ranks)
+    let engine = plan::engine(&args.command)?;
+    // Ctrl-C reaches every rank (one process group): they stop after their step and end well,
+    // and the launcher waits for them instead of dying first (and does not restart them).
+    let interrupted = match engine {
+        plan::Engine::Processes => Some(super::interrupt::stop_on_signal(
+            "the ranks stop after their step and save the checkpoint",
+        )?),
+        plan::Engine::Mpirun => None,
+    };
+    if args.max_restarts > 0 && !args.command.iter().any(|a| a == "--resume") {
+        eprintln!(
+            "lockstep launch: --max-restarts without `--resume last` (and --checkpoint-dir) in the command: a \
+             restarted job trains from the beginning"
+        );
+    }
+    let mut restarts = 0;
+    loop {
+        let ended = match engine {
+            plan::Engine::Mpirun => mpirun::run(&exe, &args),
+            plan::Engine::Processes => {
+                let token = args.token.clone().unwrap_or_else(random_token);
+                let ranks = (0..args.nproc_per_node)
+                    .map(|local| {
+                        (
+                            args.node_rank * args.nproc_per_node + local,
+                            args.rank_env(local, &token),
+                        )
+                    })
+                    .collect();
+                supervise::run_ranks(&exe, &args.command, ranks)
+            }
+        };
+        let stopped_by_user = interrupted.as_ref().is_some_and(|flag| flag.load(Ordering::SeqCst));
+        match ended {
+            Err(failure) if restarts < args.max_restarts && !stopped_by_user => {
+                restarts += 1;
+                eprintln!(
+                    "lockstep launch: {failure}; restarting the job ({restarts} of --max-restarts {})",
+                    args.max_restarts
+                );
+            }
+            Err(failure) if restarts > 0 => return Err(failure.context(format!("after {restarts} restart(s)"))),
+            ended => return ended,
         }
     }
 }

@@ -321,8 +321,11 @@ pub struct Args {
     /// Save last.safetensors and the best by validation accuracy here.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Continue a run from a checkpoint written with --checkpoint-dir.
-    #[arg(long)]
+    /// Continue a run from a checkpoint written with --checkpoint-dir. `--resume last` takes
+    /// --checkpoint-dir's last.safetensors when a run has written one and starts from the
+    /// beginning when none has (Lightning's ckpt_path="last"): what a job restarted by
+    /// `lockstep launch --max-restarts` wants.
+    #[arg(long, value_name = "PATH|last")]
     pub resume: Option<PathBuf>,
     /// Load PyTorch-named weights (safetensors) before training.
     #[arg(long)]
@@ -500,6 +503,10 @@ impl Args {
             self.lr() > 0.0 && self.lr().is_finite(),
             "--lr must be a positive number"
         );
+        anyhow::ensure!(
+            !self.resumes_last() || self.checkpoint_dir.is_some(),
+            "--resume last resumes from --checkpoint-dir's last.safetensors: pass --checkpoint-dir too"
+        );
         // Checked before training, not at the first save an epoch later.
         if let Some(dir) = self.checkpoint_dir.as_ref().filter(|d| d.exists() && !d.is_dir()) {
             anyhow::bail!(
@@ -509,6 +516,21 @@ impl Args {
         }
         Ok(())
     }
+    fn resumes_last(&self) -> bool {
+        self.resume.as_ref().is_some_and(|p| p.as_os_str() == "last")
+    }
+
+    /// The checkpoint to resume from: --resume's path, or under `--resume last` the checkpoint
+    /// directory's last.safetensors if a run has written one.
+    pub fn resume_from(&self) -> Option<PathBuf> {
+        let path = self.resume.as_ref()?;
+        if !self.resumes_last() {
+            return Some(path.clone());
+        }
+        let last = self.checkpoint_dir.as_ref()?.join("last.safetensors");
+        last.exists().then_some(last)
+    }
+
     pub fn collective_timeout(&self) -> Duration {
         Duration::from_secs(self.collective_timeout)
     }

@@ -383,10 +383,23 @@ fn replica(
             });
         }
     }
-    if let Some(path) = &args.resume {
-        trainer
-            .resume(&mut setup, path)
-            .with_context(|| format!("cannot resume from {}", path.display()))?;
+    match args.resume_from() {
+        Some(path) => {
+            trainer
+                .resume(&mut setup, &path)
+                .with_context(|| format!("cannot resume from {}", path.display()))?;
+            if leader {
+                eprintln!(
+                    "resumed from {} at step {}",
+                    path.display(),
+                    trainer.state().global_step
+                );
+            }
+        }
+        None if args.resume.is_some() && leader => {
+            eprintln!("--resume last: no checkpoint in --checkpoint-dir yet, so training starts from the beginning")
+        }
+        None => {}
     }
     let validate = leader && !args.no_val;
     let report = trainer.fit(&mut setup, &train, validate.then_some(&test))?;
