@@ -2,7 +2,8 @@
 //! `cargo test -p lockstep --features mpi --test processes`): 2 and 4 ranks under mpirun end with
 //! weights identical bit for bit and equal (to f32 rounding) to one device trained with the
 //! global batch; only rank 0 reports; a rank killed with `kill -9` under `lockstep launch` ends
-//! the job within 30 s, named.
+//! the job within 30 s, named, and one stopped (hung) ends it at the collective timeout; a job
+//! restarted after a kill ends with the weights of an uninterrupted one.
 //!
 //! Needs OpenMPI's `mpirun`; where it is missing these tests fail, or skip with LOCKSTEP_SKIP_MPI=1.
 #![cfg(feature = "mpi")]
@@ -283,16 +284,15 @@ fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     None
 }
 
-#[test]
-fn a_rank_killed_under_launch_ends_the_job_within_30_s_and_is_named() {
-    if !mpirun_available() {
-        return;
-    }
-    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
-    let marker = format!("LOCKSTEP_TEST_JOB=killed-rank-{}", std::process::id());
+/// Starts a long 2-rank job under `lockstep launch` with `extra` train flags, sends rank 1
+/// `signal` once every rank trains, and waits up to 30 s for the launcher: its status (None
+/// if it still ran), how long it took after the signal, and everything it printed.
+fn signal_rank_1_while_training(signal: &str, extra: &[&str]) -> (Option<ExitStatus>, Duration, String) {
+    let marker = format!("LOCKSTEP_TEST_JOB=rank-1-{signal}-{}", std::process::id());
     let (marker_name, marker_value) = marker.split_once('=').expect("NAME=value");
     let mut train = train_args(&mnist_dir(), &["--log-every", "1"]);
-    // Long enough that it is still training when killed.
+    train.extend(extra.iter().map(|s| s.to_string()));
+    // Long enough that it is still training when signalled.
     set_flag(&mut train, "--max-steps", "100000");
     let launcher = lockstep(&["launch", "--nproc-per-node", "2", "--"])
         .args(&train)
@@ -331,26 +331,36 @@ fn a_rank_killed_under_launch_ends_the_job_within_30_s_and_is_named() {
         "rank 1 did not start training (pids {rank1:?})"
     );
 
-    let killed = Instant::now();
-    let kill = Command::new("kill").args(["-9", &rank1[0].to_string()]).status();
-    assert!(kill.is_ok_and(|s| s.success()), "kill -9 {} failed", rank1[0]);
+    let signalled = Instant::now();
+    let sent = Command::new("kill").args([signal, &rank1[0].to_string()]).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill {signal} {} failed", rank1[0]);
     let status = wait_at_most(&mut job.launcher, Duration::from_secs(30));
-    let elapsed = killed.elapsed();
+    let elapsed = signalled.elapsed();
     drop(job);
     let output = format!(
         "{}{}",
         stdout.join().unwrap_or_default(),
         stderr.join().unwrap_or_default()
     );
-    println!("launch after kill -9 of rank 1: {status:?} in {elapsed:?}\n{output}");
+    println!("launch after kill {signal} of rank 1: {status:?} in {elapsed:?}\n{output}");
     assert!(
         status.is_some(),
-        "the launcher still ran 30 s after rank 1 was killed:\n{output}"
+        "the launcher still ran 30 s after rank 1 got {signal}:\n{output}"
     );
     assert!(
         status.is_some_and(|s| !s.success()),
         "the launcher succeeded:\n{output}"
     );
+    (status, elapsed, output)
+}
+
+#[test]
+fn a_rank_killed_under_launch_ends_the_job_within_30_s_and_is_named() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let (_, _, output) = signal_rank_1_while_training("-KILL", &[]);
     // mpirun's words: "process rank 1 with PID … exited on signal 9 (Killed)".
     assert!(
         output.contains("process rank 1 "),
@@ -359,6 +369,26 @@ fn a_rank_killed_under_launch_ends_the_job_within_30_s_and_is_named() {
     assert!(
         output.contains("mpirun was killed by signal") || output.contains("mpirun exited with status"),
         "{output}"
+    );
+}
+
+/// A rank that stops (SIGSTOP: hung, not dead) is invisible to mpirun; the collective timeout
+/// of the rank waiting for it ends the job.
+#[test]
+fn a_stopped_rank_ends_the_job_at_the_collective_timeout() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let (_, elapsed, output) = signal_rank_1_while_training("-STOP", &["--collective-timeout", "3"]);
+    assert!(
+        output.contains("rank 0: ") && output.contains("has waited 3s for the other ranks"),
+        "rank 0's watchdog did not speak:\n{output}"
+    );
+    assert!(output.contains("--collective-timeout 3s"), "{output}");
+    assert!(
+        elapsed >= Duration::from_secs(3),
+        "ended before the timeout: {elapsed:?}"
     );
 }
 

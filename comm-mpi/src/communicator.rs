@@ -4,11 +4,13 @@
 //!
 //! Every collective first all-gathers a small header (`header.rs`): a rank that calls another
 //! collective or passes another size makes every rank return an error, instead of MPI hanging
-//! or truncating. A rank that dies is the launcher's business: MPI has no timeout, and mpirun
-//! ends the whole job (MPI's own errors abort the job too: MPI_ERRORS_ARE_FATAL).
+//! or truncating. A rank that dies is the launcher's business: mpirun ends the whole job (MPI's
+//! own errors abort the job too: MPI_ERRORS_ARE_FATAL). A rank that hangs is the watchdog's
+//! (`with_timeout`, `watchdog.rs`): MPI itself has no timeout.
 
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use ::mpi::Threading;
 use ::mpi::environment::Universe;
@@ -22,6 +24,7 @@ use lockstep_core::map_host_vec;
 
 use crate::header::{Call, HEADER, op_code};
 use crate::host::{bytes, bytes_mut, reduce_chunk, zeros};
+use crate::watchdog::{self, InFlight};
 
 /// MPI for this process: `MPI_Finalize` runs when it is dropped. Keep it in `main` until every
 /// `MpiCommunicator` is gone (their collectives fail after it) and let `main` return: MPI wants
@@ -73,6 +76,8 @@ pub struct MpiCommunicator {
     world: usize,
     backend: Arc<dyn Backend>,
     session: Arc<SessionState>,
+    /// The collective timeout and the watchdog's view of the call in flight (`with_timeout`).
+    watched: Option<(Duration, Arc<InFlight>)>,
 }
 
 impl MpiCommunicator {
@@ -120,7 +125,19 @@ impl MpiCommunicator {
             comm: Mutex::new(Some(RawComm(comm))),
             backend,
             session,
+            watched: None,
         }
+    }
+
+    /// Ends the whole job (`MPI_Abort`, after a message naming this rank and the call) when a
+    /// collective has waited longer than `timeout` for the other ranks: a rank that hangs or
+    /// is stopped would otherwise hold every rank forever. Duplicates inherit it.
+    pub fn with_timeout(mut self, timeout: Duration) -> MpiCommunicator {
+        let session = self.session.clone();
+        // While MPI finalises (write-locked) or after, there is nothing left to abort.
+        let finalized = move || session.finalized.try_read().map_or(true, |done| *done);
+        self.watched = Some((timeout, watchdog::watched(self.rank, timeout, finalized)));
+        self
     }
 
     /// A new communicator over the same ranks (`MPI_Comm_dup`) whose collectives never match
@@ -128,7 +145,11 @@ impl MpiCommunicator {
     /// reducer). Collective: every rank must call it at the same point.
     pub fn duplicate(&self) -> Result<MpiCommunicator> {
         let dup = self.collective(Call::bare("duplicate"), Ok(()), |comm, ()| Ok(comm.duplicate()))?;
-        Ok(MpiCommunicator::wrap(dup, self.backend.clone(), self.session.clone()))
+        let dup = MpiCommunicator::wrap(dup, self.backend.clone(), self.session.clone());
+        Ok(match &self.watched {
+            Some((timeout, _)) => dup.with_timeout(*timeout),
+            None => dup,
+        })
     }
 
     /// The backend whose buffers this communicator reads and writes.
@@ -184,6 +205,7 @@ impl MpiCommunicator {
             .as_ref()
             .ok_or_else(|| self.err(op, "the communicator is being dropped"))?
             .0;
+        let _watched = self.watched.as_ref().map(|(_, calls)| calls.start(op));
         body(comm)
     }
 

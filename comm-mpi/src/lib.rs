@@ -10,6 +10,8 @@ mod header;
 mod host;
 #[cfg(feature = "mpi")]
 mod point_to_point;
+#[cfg(feature = "mpi")]
+mod watchdog;
 
 #[cfg(feature = "mpi")]
 pub use communicator::{MpiCommunicator, MpiSession};

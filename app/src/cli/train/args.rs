@@ -239,8 +239,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0)]
     pub first_bucket_mb: f64,
     /// Data parallel: a collective that has not completed after SECONDS fails on every rank,
-    /// naming the rank(s) it waited for (in-process and NCCL; under MPI, mpirun ends a job
-    /// whose rank died).
+    /// naming the rank(s) it waited for (in-process and NCCL); under MPI the rank that waited
+    /// ends the whole job (MPI_Abort), and mpirun names the ranks.
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     pub collective_timeout: u64,
     /// Pipeline parallel: split the model into P stages of even parameter counts, one on each of

@@ -36,6 +36,7 @@ mod with_mpi {
                 anyhow::bail!(why);
             }
             let (session, comm) = MpiCommunicator::init(device.backend().clone()).context("cannot start MPI")?;
+            let comm = comm.with_timeout(args.collective_timeout());
             let (rank, size) = (comm.rank(), comm.world_size());
             if (rank, size) != (world.rank, world.world_size) {
                 drop(comm);
