@@ -399,11 +399,39 @@ fn checkpoint_step(path: &Path) -> Option<u64> {
     state["global_step"].as_u64()
 }
 
-/// torchrun's elastic restart: rank 1 killed once, after the first checkpoint; `launch
-/// --max-restarts 1` starts the job again, `--resume last` picks up the last checkpoint, and the
-/// job ends with the weights of a run nobody interrupted, bit for bit.
+/// Where the restart tests kill a rank.
+#[derive(Clone, Copy, PartialEq)]
+enum KillAt {
+    /// Rank 1, as soon as epoch 0's checkpoint is whole (in the next steps).
+    Rank1AfterFirstCheckpoint,
+    /// Rank 0, while it writes epoch 1's checkpoint (its temporary file is there).
+    Rank0InSecondCheckpointWrite,
+}
+
+/// The temporary file of a checkpoint being written in `dir`, if one is.
+fn writing_checkpoint(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_str().is_some_and(|n| n.contains(".tmp-")))
+    })
+}
+
+/// torchrun's elastic restart: a rank killed once; `launch --max-restarts 1` starts the job
+/// again, `--resume last` picks up the last whole checkpoint, and the job ends with the weights
+/// of a run nobody interrupted, bit for bit.
 #[test]
 fn a_job_restarted_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run() {
+    restarted_job_matches_an_uninterrupted_one(KillAt::Rank1AfterFirstCheckpoint, "512");
+}
+
+#[test]
+fn a_job_restarted_after_rank_0_dies_writing_a_checkpoint_resumes_the_previous_one() {
+    // Wide enough that a write (13 MB and an fsync) lasts long enough to be caught in.
+    restarted_job_matches_an_uninterrupted_one(KillAt::Rank0InSecondCheckpointWrite, "2048");
+}
+
+fn restarted_job_matches_an_uninterrupted_one(kill_at: KillAt, hidden: &str) {
     if !mpirun_available() {
         return;
     }
@@ -425,7 +453,7 @@ fn a_job_restarted_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run() 
                 path_str(dir.path()),
             ],
         );
-        set_flag(&mut args, "--hidden", "512");
+        set_flag(&mut args, "--hidden", hidden);
         set_flag(&mut args, "--max-steps", "48");
         args
     };
@@ -455,29 +483,46 @@ fn a_job_restarted_after_a_kill_ends_with_the_weights_of_an_uninterrupted_run() 
         text
     });
 
-    // Kill rank 1 as soon as epoch 0's checkpoint is whole.
-    let last = restarted.join("checkpoints").join("last.safetensors");
+    let checkpoints = restarted.join("checkpoints");
+    let last = checkpoints.join("last.safetensors");
     let deadline = Instant::now() + Duration::from_secs(180);
-    let killed_at = loop {
-        assert!(Instant::now() < deadline, "no checkpoint within 180 s");
-        if let Some(step) = checkpoint_step(&last) {
-            let rank1 = pids_with(&[&job.marker, "OMPI_COMM_WORLD_RANK=1"]);
-            assert_eq!(rank1.len(), 1, "rank 1's process: {rank1:?}");
-            let kill = Command::new("kill").args(["-9", &rank1[0].to_string()]).status();
-            assert!(kill.is_ok_and(|s| s.success()), "kill -9 {} failed", rank1[0]);
-            break step;
+    let (rank, killed_at) = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint (or no second write) within 180 s"
+        );
+        let step = checkpoint_step(&last);
+        let now = match kill_at {
+            KillAt::Rank1AfterFirstCheckpoint => step.map(|s| (1, s)),
+            KillAt::Rank0InSecondCheckpointWrite => step.filter(|_| writing_checkpoint(&checkpoints)).map(|s| (0, s)),
+        };
+        if let Some((rank, step)) = now {
+            let pids = pids_with(&[&job.marker, &format!("OMPI_COMM_WORLD_RANK={rank}")]);
+            assert_eq!(pids.len(), 1, "rank {rank}'s process: {pids:?}");
+            let kill = Command::new("kill").args(["-9", &pids[0].to_string()]).status();
+            assert!(kill.is_ok_and(|s| s.success()), "kill -9 {} failed", pids[0]);
+            break (rank, step);
         }
-        thread::sleep(Duration::from_millis(2));
+        thread::sleep(Duration::from_millis(1));
     };
     let status = wait_at_most(&mut job.launcher, Duration::from_secs(240));
     drop(job);
     let stderr = stderr.join().unwrap_or_default();
-    println!("killed rank 1 after step {killed_at}; launch: {status:?}\n{stderr}");
+    println!("killed rank {rank} after step {killed_at}; launch: {status:?}\n{stderr}");
     assert!(
         status.is_some_and(|s| s.success()),
         "the restarted job failed:\n{stderr}"
     );
-    assert!(stderr.contains("process rank 1 "), "the kill is not named:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("process rank {rank} ")),
+        "the kill is not named:\n{stderr}"
+    );
+    if kill_at == KillAt::Rank0InSecondCheckpointWrite {
+        assert!(
+            stderr.contains(&format!("at step {killed_at}")),
+            "the restart did not resume the whole checkpoint of step {killed_at}:\n{stderr}"
+        );
+    }
     assert!(
         stderr.contains("restarting the job (1 of --max-restarts 1)"),
         "{stderr}"
