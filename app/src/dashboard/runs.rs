@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use lockstep_core::train::{DeviceStats, Event, Record, RunInfo, StepTimes};
+use lockstep_core::train::{DeviceStats, Event, Record, RunInfo, StepTimes, parse_metrics_line, parse_metrics_log};
 
 use super::series::Point;
 
@@ -151,13 +151,9 @@ impl RunData {
     /// Folds a whole metrics log; lines that do not parse become warnings.
     pub fn from_jsonl(name: impl Into<String>, text: &str) -> RunData {
         let mut run = RunData::new(name);
-        let ends_cleanly = text.ends_with('\n');
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let last = i + 1 == lines.len();
-            match parse_line(line, i + 1, last && !ends_cleanly) {
-                Ok(Some(record)) => run.apply(&record),
-                Ok(None) => {}
+        for line in parse_metrics_log(text) {
+            match line {
+                Ok(record) => run.apply(&record),
                 Err(warning) => run.warnings.push(warning),
             }
         }
@@ -198,29 +194,6 @@ impl RunData {
         Some(self.elapsed / self.step as f64 * (total - self.step as f64).max(0.0))
     }
 }
-
-/// One line of a log: a record, nothing (blank), or a warning naming the line.
-fn parse_line(line: &str, number: usize, unterminated_last: bool) -> Result<Option<Record>, String> {
-    if line.trim().is_empty() {
-        return Ok(None);
-    }
-    serde_json::from_str::<Record>(line).map(Some).map_err(|e| {
-        if unterminated_last && e.is_eof() {
-            return format!("line {number} is incomplete (the run may still be writing it); skipped");
-        }
-        match serde_json::from_str::<serde_json::Value>(line) {
-            Ok(v) => match v.get("event").and_then(|k| k.as_str()) {
-                Some(kind) if !KNOWN_EVENTS.contains(&kind) => {
-                    format!("line {number}: unknown event kind `{kind}` (from a newer lockstep?); skipped")
-                }
-                _ => format!("line {number}: {e}; skipped"),
-            },
-            Err(_) => format!("line {number} is not JSON ({e}); skipped"),
-        }
-    })
-}
-
-const KNOWN_EVENTS: [&str; 7] = ["run_start", "step", "epoch", "device", "checkpoint", "test", "run_end"];
 
 /// A log's name in a legend: its file stem, with the directory when the stem is generic.
 pub fn run_name(path: &Path) -> String {
@@ -309,7 +282,7 @@ impl Follower {
         while let Some(end) = self.pending.find('\n') {
             let line: String = self.pending.drain(..=end).collect();
             self.line += 1;
-            match parse_line(line.trim_end(), self.line, false) {
+            match parse_metrics_line(line.trim_end(), self.line, false) {
                 Ok(Some(r)) => polled.records.push(r),
                 Ok(None) => {}
                 Err(w) => polled.warnings.push(w),

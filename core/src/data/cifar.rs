@@ -145,7 +145,11 @@ impl Cifar {
         let names: Vec<&str> = splits.iter().flat_map(|s| kind.files(*s).iter().copied()).collect();
         let files = match locate(path, kind) {
             Some(Location::Directory(dir)) => read_directory(&dir, kind, &names)?,
-            Some(Location::Archive(archive)) => read_archive(&archive, kind, &names)?,
+            Some(Location::Archive(archive)) => {
+                let file = std::fs::File::open(&archive).map_err(|e| Error::io(&archive, e))?;
+                let what = archive.display().to_string();
+                return Cifar::from_archive(std::io::BufReader::new(file), &what, kind, splits);
+            }
             None => {
                 return Err(Error::data(
                     format!("{} in {}", kind.name(), path.display()),
@@ -158,19 +162,40 @@ impl Cifar {
                 ));
             }
         };
-        let mut files = files.into_iter();
+        Cifar::split_files(kind, splits, files)
+    }
+
+    /// Loads `splits` of `kind` from the published `.tar.gz` as a stream of bytes (named `what` in
+    /// errors), reading it once; one `Cifar` per split, in that order.
+    pub fn from_archive(archive: impl Read, what: &str, kind: Kind, splits: &[Split]) -> Result<Vec<Cifar>> {
+        let names: Vec<&str> = splits.iter().flat_map(|s| kind.files(*s).iter().copied()).collect();
+        let files = read_archive(archive, what, kind, &names)?;
+        Cifar::split_files(kind, splits, files)
+    }
+
+    /// One split of `kind` from the contents of its batch files, as `(name, bytes)` pairs in the
+    /// order of [`Kind::files`] (the names only say in errors which file is wrong).
+    pub fn from_batches(kind: Kind, batches: &[(String, Vec<u8>)]) -> Result<Cifar> {
+        let mut cifar = Cifar {
+            kind,
+            images: Vec::new(),
+            labels: Vec::new(),
+        };
+        for (name, bytes) in batches {
+            cifar.append(name, bytes)?;
+        }
+        Ok(cifar)
+    }
+
+    /// Deals `files` (the batch files of `splits`, in order) out to one `Cifar` per split.
+    fn split_files(kind: Kind, splits: &[Split], files: Vec<(String, Vec<u8>)>) -> Result<Vec<Cifar>> {
+        let mut files = files.as_slice();
         splits
             .iter()
             .map(|split| {
-                let mut cifar = Cifar {
-                    kind,
-                    images: Vec::new(),
-                    labels: Vec::new(),
-                };
-                for (name, bytes) in files.by_ref().take(kind.files(*split).len()) {
-                    cifar.append(&name, &bytes)?;
-                }
-                Ok(cifar)
+                let (these, rest) = files.split_at(kind.files(*split).len().min(files.len()));
+                files = rest;
+                Cifar::from_batches(kind, these)
             })
             .collect()
     }
@@ -264,16 +289,16 @@ fn read_directory(dir: &Path, kind: Kind, names: &[&str]) -> Result<Vec<(String,
         .collect()
 }
 
-/// Reads the batch files `wanted` out of the gzipped tar archive, in that order, in one pass.
-fn read_archive(archive: &Path, kind: Kind, wanted: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
+/// Reads the batch files `wanted` out of a gzipped tar archive (named `what` in errors), in that
+/// order, in one pass.
+fn read_archive(archive: impl Read, what: &str, kind: Kind, wanted: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
     let corrupt = |e: std::io::Error| {
         Error::data(
-            archive.display().to_string(),
+            what,
             format!("cannot read the archive ({e}): it is truncated or corrupt; download it again"),
         )
     };
-    let file = std::fs::File::open(archive).map_err(|e| Error::io(archive, e))?;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(std::io::BufReader::new(file)));
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(archive));
     let mut found: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
     for entry in tar.entries().map_err(corrupt)? {
         let mut entry = entry.map_err(corrupt)?;
@@ -285,8 +310,9 @@ fn read_archive(archive: &Path, kind: Kind, wanted: &[&str]) -> Result<Vec<(Stri
         else {
             continue;
         };
-        // The header's size is outside input: a hint for the buffer, capped, never trusted.
-        let mut bytes = Vec::with_capacity((entry.size() as usize).min(1 << 26));
+        // The header's size is outside input, not even a hint: a tiny archive may claim
+        // gigabytes. The buffer grows with the bytes that are really there.
+        let mut bytes = Vec::new();
         entry.read_to_end(&mut bytes).map_err(corrupt)?;
         found[slot] = Some(bytes);
     }
@@ -294,7 +320,7 @@ fn read_archive(archive: &Path, kind: Kind, wanted: &[&str]) -> Result<Vec<(Stri
         .iter()
         .zip(found)
         .map(|(name, bytes)| {
-            let what = format!("{}:{name}", archive.display());
+            let what = format!("{what}:{name}");
             bytes.map(|b| (what.clone(), b)).ok_or_else(|| {
                 Error::data(
                     what,

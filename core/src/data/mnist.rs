@@ -76,23 +76,22 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
         })
 }
 
-/// Reads a whole file, inflating it when it starts with the gzip magic bytes.
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| {
-                Error::data(
-                    path.display().to_string(),
-                    format!("corrupt or truncated gzip data ({e}); download the file again"),
-                )
-            })?;
-        Ok(out)
-    } else {
-        Ok(raw)
+/// The contents of an IDX file (`what` in errors), inflated when they start with the gzip magic
+/// bytes.
+fn inflate_if_gz(what: &str, raw: Vec<u8>) -> Result<Vec<u8>> {
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(raw);
     }
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(&raw[..])
+        .read_to_end(&mut out)
+        .map_err(|e| {
+            Error::data(
+                what,
+                format!("corrupt or truncated gzip data ({e}); download the file again"),
+            )
+        })?;
+    Ok(out)
 }
 
 fn be_u32(bytes: &[u8], at: usize) -> usize {
@@ -101,8 +100,7 @@ fn be_u32(bytes: &[u8], at: usize) -> usize {
 
 /// Checks an IDX header (magic `0x0000_08_dims` for unsigned bytes) and the payload length;
 /// returns the dimensions and the payload.
-fn parse_idx(path: &Path, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
-    let what = path.display().to_string();
+fn parse_idx(what: &str, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
     let header = 4 + 4 * dims;
     if bytes.len() < header {
         return Err(Error::data(
@@ -125,9 +123,12 @@ fn parse_idx(path: &Path, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Ve
         ));
     }
     let shape: Vec<usize> = (0..dims).map(|d| be_u32(&bytes, 4 + 4 * d)).collect();
-    let payload = shape.iter().product::<usize>();
+    // Innermost first, so that the size of one item (an image's rows x columns) is checked too,
+    // even when the count before it is 0: outside input, it may not fit in a usize.
+    let payload = shape.iter().rev().try_fold(1usize, |n, &d| n.checked_mul(d));
     let actual = bytes.len() - header;
-    if actual != payload {
+    if payload != Some(actual) {
+        let payload = payload.map_or("more than usize::MAX".to_string(), |p| p.to_string());
         return Err(Error::data(
             what,
             format!(
@@ -146,11 +147,22 @@ impl Mnist {
         let dir = dir.as_ref();
         let (images_name, labels_name) = split.file_names();
         let (images_path, labels_path) = (locate(dir, images_name)?, locate(dir, labels_name)?);
-        let (image_shape, images) = parse_idx(&images_path, read_maybe_gz(&images_path)?, 3)?;
-        let (label_shape, labels) = parse_idx(&labels_path, read_maybe_gz(&labels_path)?, 1)?;
+        let read = |path: &Path| std::fs::read(path).map_err(|e| Error::io(path, e));
+        Mnist::from_bytes(
+            (&images_path.display().to_string(), read(&images_path)?),
+            (&labels_path.display().to_string(), read(&labels_path)?),
+        )
+    }
+
+    /// One split from the contents of its image and label files, each raw or gzipped, as `load`
+    /// reads them: `(name, bytes)` pairs, the names only saying in errors which file is wrong.
+    pub fn from_bytes(images: (&str, Vec<u8>), labels: (&str, Vec<u8>)) -> Result<Mnist> {
+        let ((images_what, images), (labels_what, labels)) = (images, labels);
+        let (image_shape, images) = parse_idx(images_what, inflate_if_gz(images_what, images)?, 3)?;
+        let (label_shape, labels) = parse_idx(labels_what, inflate_if_gz(labels_what, labels)?, 1)?;
         if image_shape[0] != label_shape[0] {
             return Err(Error::data(
-                format!("{} and {}", images_path.display(), labels_path.display()),
+                format!("{images_what} and {labels_what}"),
                 format!(
                     "{} images but {} labels: the files do not belong together",
                     image_shape[0], label_shape[0]
@@ -159,7 +171,7 @@ impl Mnist {
         }
         if let Some(i) = labels.iter().position(|&l| l as usize >= CLASSES) {
             return Err(Error::data(
-                labels_path.display().to_string(),
+                labels_what,
                 format!("label {} at index {i} is not a digit 0-9", labels[i]),
             ));
         }
@@ -206,11 +218,12 @@ impl Dataset for Mnist {
 
     /// Builds the batch's image tensor `[n, 1, rows, cols]` and labels `[n]` (u32) in one pass.
     fn get_batch(&self, indices: &[usize]) -> Result<Batch> {
+        // Indices first: a split of no images may still claim images too large to allocate.
+        indices.iter().try_for_each(|&i| self.check_index(i))?;
         let pixels = self.rows * self.cols;
         let mut images = Vec::with_capacity(indices.len() * pixels);
         let mut labels = Vec::with_capacity(indices.len());
         for &i in indices {
-            self.check_index(i)?;
             images.extend(
                 self.images[i * pixels..(i + 1) * pixels]
                     .iter()

@@ -161,11 +161,16 @@ impl Dataset for TokenWindows {
 
 /// The text of a UTF-8 file; a file that is empty or not UTF-8 is an error saying so.
 pub fn read_text(path: &Path) -> Result<String> {
-    let what = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse_text(bytes, &path.display().to_string())
+}
+
+/// The text in a file's contents `bytes` (named `what` in errors), as [`read_text`] checks it:
+/// empty or not UTF-8 is an error saying so.
+pub fn parse_text(bytes: Vec<u8>, what: &str) -> Result<String> {
     let text = String::from_utf8(bytes).map_err(|e| {
         Error::data(
-            what.clone(),
+            what,
             format!(
                 "not UTF-8 text: invalid bytes at offset {}; convert it to UTF-8 (or give nanoGPT's train.bin / val.bin)",
                 e.utf8_error().valid_up_to()
@@ -185,10 +190,13 @@ pub fn read_text(path: &Path) -> Result<String> {
 /// its characters train, the rest validate, as nanoGPT splits them (the validation windows
 /// tiled).
 pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, TokenWindows)> {
-    let what = path.display().to_string();
-    let text = read_text(path)?;
-    let vocab = CharVocab::of(&text);
-    let ids = vocab.encode(&text)?;
+    char_windows(&read_text(path)?, &path.display().to_string(), block)
+}
+
+/// As [`char_text`], for a text already read (named `what` in errors).
+pub fn char_windows(text: &str, what: &str, block: usize) -> Result<(CharVocab, TokenWindows, TokenWindows)> {
+    let vocab = CharVocab::of(text);
+    let ids = vocab.encode(text)?;
     let split = ids.len() * 9 / 10;
     let train = TokenWindows::new(
         ids[..split].to_vec(),
@@ -209,28 +217,34 @@ pub fn char_text(path: &Path, block: usize) -> Result<(CharVocab, TokenWindows, 
 pub fn token_bins(dir: &Path, block: usize, vocab_size: usize) -> Result<(TokenWindows, TokenWindows)> {
     let read = |name: &str| -> Result<TokenWindows> {
         let path = dir.join(name);
-        let what = path.display().to_string();
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        if bytes.len() % 2 != 0 {
-            return Err(Error::data(
-                what,
-                format!(
-                    "{} bytes is not a whole number of u16 token ids: truncated?",
-                    bytes.len()
-                ),
-            ));
-        }
-        let ids: Vec<u32> = bytes
-            .chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
-            .collect();
-        if let Some(at) = ids.iter().position(|&id| id as usize >= vocab_size) {
-            return Err(Error::data(
-                what,
-                format!("token {at} is id {}, past --vocab-size {vocab_size}", ids[at]),
-            ));
-        }
-        TokenWindows::new(ids, block, &what)
+        token_windows(&bytes, &path.display().to_string(), block, vocab_size)
     };
     Ok((read("train.bin")?, read("val.bin")?.tiled()))
+}
+
+/// The windows of `block` tokens over the contents of one of nanoGPT's `.bin` files (named
+/// `what` in errors), as [`token_bins`] reads them: little-endian u16 ids, each below
+/// `vocab_size`.
+pub fn token_windows(bytes: &[u8], what: &str, block: usize, vocab_size: usize) -> Result<TokenWindows> {
+    if bytes.len() % 2 != 0 {
+        return Err(Error::data(
+            what,
+            format!(
+                "{} bytes is not a whole number of u16 token ids: truncated?",
+                bytes.len()
+            ),
+        ));
+    }
+    let ids: Vec<u32> = bytes
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
+        .collect();
+    if let Some(at) = ids.iter().position(|&id| id as usize >= vocab_size) {
+        return Err(Error::data(
+            what,
+            format!("token {at} is id {}, past --vocab-size {vocab_size}", ids[at]),
+        ));
+    }
+    TokenWindows::new(ids, block, what)
 }

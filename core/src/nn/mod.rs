@@ -80,4 +80,4 @@ pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{CellKind, Recurrent, RecurrentConfig, RecurrentLayer, RecurrentState, gru, lstm, rnn};
 pub use sequential::Sequential;
 pub use staged::{StagedModel, layer_times, sizes_by_cost, sizes_by_parameters};
-pub use weights::LoadReport;
+pub use weights::{LoadReport, load_weights};

@@ -8,7 +8,9 @@ use std::path::Path;
 use super::module::{Module, ModuleExt};
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::train::checkpoint::{FORMAT_KEY, host_to_device, load_tensors, save_tensors, training::OPTIMIZER_PREFIX};
+use crate::train::checkpoint::{
+    FORMAT_KEY, TensorFile, host_to_device, load_tensors, save_tensors, training::OPTIMIZER_PREFIX,
+};
 
 /// What a non-strict load left out, as PyTorch's `load_state_dict(strict=False)` reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,7 +30,13 @@ pub fn save(module: &dyn Module, path: &Path) -> Result<()> {
 /// Strict: every name must match both ways and nothing is written otherwise. Not strict: the
 /// names both have are loaded and the rest reported. A shape that differs is an error either way.
 pub fn load(module: &dyn Module, path: &Path, strict: bool) -> Result<LoadReport> {
-    let file = load_tensors(path)?;
+    load_weights(module, &load_tensors(path)?, strict)
+}
+
+/// As `Module::load` (`strict`) or `Module::load_non_strict`, from a safetensors file already
+/// read, e.g. by [`checkpoint::parse_tensors`](crate::train::checkpoint::parse_tensors) from
+/// bytes that are not in a file.
+pub fn load_weights(module: &dyn Module, file: &TensorFile, strict: bool) -> Result<LoadReport> {
     // A Lockstep checkpoint also holds the optimizer's state: not the model's to load.
     let checkpoint = file.metadata.contains_key(FORMAT_KEY);
     let own = module.state_dict();

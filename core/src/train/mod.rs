@@ -31,7 +31,7 @@ pub use config::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, Tr
 pub use console::ConsoleProgress;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use language_task::LanguageModeling;
-pub use metrics_log::JsonlWriter;
+pub use metrics_log::{JsonlWriter, parse_metrics_line, parse_metrics_log};
 pub use replicas::{OnThreads, Replica, Trained, batchnorm_groups, each_replica};
 pub use seq2seq_task::Seq2SeqTask;
 pub use setup::TrainingSetup;

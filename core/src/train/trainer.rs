@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use super::callbacks::{Callback, CallbackAction, CallbackContext};
-use super::checkpoint;
+use super::checkpoint::{self, TensorFile};
 use super::config::TrainerConfig;
 use super::events::{Event, EventListener, Record};
 use super::setup::TrainingSetup;
@@ -171,7 +171,14 @@ impl Trainer {
     /// Restores model, optimizer, scheduler, random streams, callbacks and position from a
     /// checkpoint, so `fit` continues exactly where that run stopped.
     pub fn resume(&mut self, setup: &mut TrainingSetup, path: &Path) -> Result<()> {
-        let state = checkpoint::training::restore(setup, path)?;
+        let file = checkpoint::load_tensors(path)?;
+        self.resume_from(setup, &file, &path.display().to_string())
+    }
+
+    /// As [`resume`](Trainer::resume), from a checkpoint already read (e.g. by
+    /// [`checkpoint::parse_tensors`] from bytes that are not in a file), named `what` in errors.
+    pub fn resume_from(&mut self, setup: &mut TrainingSetup, file: &TensorFile, what: &str) -> Result<()> {
+        let state = checkpoint::training::restore(setup, file, what)?;
         for c in &mut self.callbacks {
             if let Some(s) = state.callbacks.get(&c.name()) {
                 c.load_state(s)?;

@@ -149,19 +149,39 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)], metadata: BTreeMa
 
 /// Reads a whole safetensors file, saying what is wrong when it is not one.
 pub fn load_tensors(path: &Path) -> Result<TensorFile> {
-    let what = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse_tensors(&bytes, &path.display().to_string())
+}
+
+/// The tensors and metadata of the safetensors file whose contents are `bytes` (named `what` in
+/// errors), as [`load_tensors`] reads them.
+pub fn parse_tensors(bytes: &[u8], what: &str) -> Result<TensorFile> {
     let corrupt = |e: safetensors::SafeTensorError| {
         Error::data(
-            what.clone(),
+            what,
             format!("not a valid safetensors file ({e}); it may be truncated or corrupt"),
         )
     };
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(corrupt)?;
-    let file = SafeTensors::deserialize(&bytes).map_err(corrupt)?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(corrupt)?;
+    let file = SafeTensors::deserialize(bytes).map_err(corrupt)?;
     let mut tensors = Vec::new();
     for (name, view) in file.tensors() {
-        let data = from_bytes(&format!("{what}: tensor {name}"), view.dtype(), view.data())?;
+        let tensor = format!("{what}: tensor {name}");
+        // safetensors checks that the data fills the shape, which a 0 anywhere in it does: the
+        // other dimensions must still multiply within a usize, as the tensor's strides do.
+        let dims = view.shape();
+        if dims
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .is_none()
+        {
+            return Err(Error::data(
+                tensor,
+                format!("shape {dims:?} is too large to address (its dimensions overflow a usize)"),
+            ));
+        }
+        let data = from_bytes(&tensor, view.dtype(), view.data())?;
         tensors.push((
             name,
             HostTensor {
@@ -178,6 +198,13 @@ pub fn load_tensors(path: &Path) -> Result<TensorFile> {
 /// A safetensors file's metadata, from its header alone: what a checkpoint says about itself
 /// without reading its tensors.
 pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    read_metadata(file, &path.display().to_string())
+}
+
+/// The metadata in the header of the safetensors file read from `file` (named `what` in errors),
+/// as [`load_metadata`] reads it; nothing past the header is read.
+pub fn read_metadata(mut file: impl Read, what: &str) -> Result<BTreeMap<String, String>> {
     /// safetensors' own bound on a header.
     const MAX_HEADER: u64 = 100_000_000;
     #[derive(serde::Deserialize)]
@@ -187,19 +214,27 @@ pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
     }
     let corrupt = |why: String| {
         Error::data(
-            path.display().to_string(),
+            what,
             format!("not a valid safetensors file ({why}); it may be truncated or corrupt"),
         )
     };
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(|e| corrupt(e.to_string()))?;
     let len = u64::from_le_bytes(len);
     if len > MAX_HEADER {
         return Err(corrupt(format!("a header of {len} bytes")));
     }
-    let mut header = vec![0u8; len as usize];
-    file.read_exact(&mut header).map_err(|e| corrupt(e.to_string()))?;
+    // The length is outside input: the buffer grows with the bytes that are really there.
+    let mut header = Vec::new();
+    file.take(len)
+        .read_to_end(&mut header)
+        .map_err(|e| corrupt(e.to_string()))?;
+    if header.len() as u64 != len {
+        return Err(corrupt(format!(
+            "a header of {len} bytes, but the file ends after {}",
+            header.len()
+        )));
+    }
     let header: Header = serde_json::from_slice(&header).map_err(|e| corrupt(e.to_string()))?;
     Ok(header.metadata)
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{FORMAT, FORMAT_KEY, host_to_device, load_metadata, load_tensors, save_tensors};
+use super::{FORMAT, FORMAT_KEY, TensorFile, host_to_device, load_metadata, save_tensors};
 use crate::error::{Error, Result};
 use crate::nn::ModuleExt;
 use crate::optim::{OptimizerState, SchedulerState};
@@ -37,19 +37,18 @@ pub(crate) fn write(path: &Path, setup: &TrainingSetup, state: &TrainerState) ->
     save_tensors(path, &tensors, meta)
 }
 
-/// Loads model, optimizer, scheduler and random streams from the checkpoint at `path` into
-/// `setup`, and returns the trainer state it holds (callbacks and strategy are the caller's).
-pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerState> {
-    let file = load_tensors(path)?;
-    let what = path.display().to_string();
+/// Loads model, optimizer, scheduler and random streams from the checkpoint `file` (named
+/// `what` in errors) into `setup`, and returns the trainer state it holds (callbacks and strategy
+/// are the caller's).
+pub(crate) fn restore(setup: &mut TrainingSetup, file: &TensorFile, what: &str) -> Result<TrainerState> {
     if file.metadata.get(FORMAT_KEY).map(String::as_str) != Some(FORMAT) {
         return Err(Error::data(
             what,
             "not a Lockstep checkpoint (no trainer state inside); to start from plain weights use --init-weights",
         ));
     }
-    let state: TrainerState = parse_meta(&file.metadata, STATE_KEY, &what)?;
-    let scalars: Vec<(String, f64)> = parse_meta(&file.metadata, SCALARS_KEY, &what)?;
+    let state: TrainerState = parse_meta(&file.metadata, STATE_KEY, what)?;
+    let scalars: Vec<(String, f64)> = parse_meta(&file.metadata, SCALARS_KEY, what)?;
     let saved_optimizer = file.metadata.get(OPTIMIZER_KEY).cloned().unwrap_or_default();
     if saved_optimizer != setup.optimizer.name() {
         return Err(Error::data(
@@ -59,6 +58,29 @@ pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerS
                 setup.optimizer.name()
             ),
         ));
+    }
+    // Checked before anything is loaded into `setup`: a stream of another seed is another run's.
+    let streams = setup.random_streams();
+    if state.generators.len() != streams.len() {
+        return Err(Error::data(
+            what,
+            format!(
+                "it carries {} random streams, this run has {}",
+                state.generators.len(),
+                streams.len()
+            ),
+        ));
+    }
+    for (i, (g, &(seed, _))) in streams.iter().zip(&state.generators).enumerate() {
+        if seed != g.seed() {
+            return Err(Error::data(
+                what,
+                format!(
+                    "its random stream {i} has seed {seed}, this run's has seed {}: resume with the seed of the run that wrote it",
+                    g.seed()
+                ),
+            ));
+        }
     }
     let device = setup.device.clone();
     let mut model_tensors = Vec::new();
@@ -73,24 +95,13 @@ pub(crate) fn restore(setup: &mut TrainingSetup, path: &Path) -> Result<TrainerS
     setup
         .model
         .load_state_dict(&model_tensors)
-        .map_err(|e| Error::data(what.clone(), format!("does not fit this model: {e}")))?;
+        .map_err(|e| Error::data(what, format!("does not fit this model: {e}")))?;
     setup.optimizer.load_state(&OptimizerState {
         tensors: optimizer_tensors,
         scalars,
     })?;
     if let (Some(sched), Some((base_lr, last_epoch))) = (setup.scheduler.as_mut(), state.scheduler) {
         sched.load_state(SchedulerState { base_lr, last_epoch }, setup.optimizer.as_mut())?;
-    }
-    let streams = setup.random_streams();
-    if state.generators.len() != streams.len() {
-        return Err(Error::data(
-            what,
-            format!(
-                "it carries {} random streams, this run has {}",
-                state.generators.len(),
-                streams.len()
-            ),
-        ));
     }
     for (g, &(seed, counter)) in streams.iter().zip(&state.generators) {
         g.restore(seed, counter);

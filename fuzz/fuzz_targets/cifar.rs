@@ -1,0 +1,5 @@
+//! The `cifar` target: see `lockstep_fuzz::cifar` (fuzz/src/lib.rs) for what it reads and how.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lockstep_fuzz::cifar(data));

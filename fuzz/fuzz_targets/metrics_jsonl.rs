@@ -1,0 +1,5 @@
+//! The `metrics_jsonl` target: see `lockstep_fuzz::metrics_jsonl` (fuzz/src/lib.rs) for what it reads and how.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lockstep_fuzz::metrics_jsonl(data));

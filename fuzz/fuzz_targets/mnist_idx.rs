@@ -1,0 +1,5 @@
+//! The `mnist_idx` target: see `lockstep_fuzz::mnist_idx` (fuzz/src/lib.rs) for what it reads and how.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lockstep_fuzz::mnist_idx(data));

@@ -1,0 +1,6 @@
+//! The `rendezvous_wire` target: see `lockstep_fuzz::rendezvous_wire` (fuzz/src/lib.rs) for what
+//! it reads and how.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lockstep_fuzz::rendezvous_wire(data));
