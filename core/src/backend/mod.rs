@@ -261,6 +261,31 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
     /// The adjoint of `im2col`: sums columns `[c*kh*kw, n*oh*ow]` back into `[n, c, h, w]`.
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef>;
+    /// A convolution's product for one group, `weight [o, c*kh*kw] @ im2col(x)` as
+    /// `[o, n*oh*ow]`, fused image by image where the backend has such a kernel for the dtype;
+    /// `None` where it has not, and the caller composes `im2col` and `matmul`. `x` is `[n, c,
+    /// h, w]` and `weight` `[o, c*kh*kw]`, both contiguous.
+    fn conv2d_product(
+        &self,
+        _x: &BufferRef,
+        _weight: &BufferRef,
+        _geom: &Conv2dGeometry,
+        _out_channels: usize,
+    ) -> Option<Result<BufferRef>> {
+        None
+    }
+    /// The gradients of `conv2d_product` from `grad` `[o, n*oh*ow]` (contiguous): the input's
+    /// `[n, c, h, w]` and the weight's `[o, c*kh*kw]`; `None` as for `conv2d_product`.
+    fn conv2d_product_backward(
+        &self,
+        _x: &BufferRef,
+        _weight: &BufferRef,
+        _grad: &BufferRef,
+        _geom: &Conv2dGeometry,
+        _out_channels: usize,
+    ) -> Option<Result<(BufferRef, BufferRef)>> {
+        None
+    }
     /// Max pooling: values `[n, c, oh, ow]` and U32 argmax indices into each `h*w` plane.
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)>;
     /// The gradient of `max_pool2d`: `[n, c, h, w]` where each window's gradient (`grad`,

@@ -2,7 +2,8 @@
 //! tracked operation that keeps the input rather than its columns for the backward pass. The
 //! columns are kh·kw times the input (9x for a 3x3 convolution): a ResNet-18 step at batch 64
 //! would otherwise hold about a gigabyte of them between forward and backward. The backward
-//! unfolds them again, which costs one memory-bound pass beside two GEMMs.
+//! unfolds them again, which costs one memory-bound pass beside two GEMMs. Backends with a
+//! fused kernel (`Backend::conv2d_product`, the CPU's) do all of it image by image instead.
 
 use super::Tensor;
 use crate::autograd::no_grad;
@@ -22,11 +23,33 @@ pub(super) fn conv_product(x: &Tensor, weight: &Tensor, geom: Conv2dGeometry, gr
             .matmul(&cols)?
             .reshape([o, pixels])
     };
-    let out = no_grad(|| product(x, weight))?;
-    let (x_kept, weight_kept) = (x.detach(), weight.detach());
+    let (x_kept, weight_kept) = (x.detach().contiguous()?, weight.detach().contiguous()?);
     let weight_dims = weight.dims().to_vec();
+    let fused = match groups {
+        1 => x
+            .backend()
+            .conv2d_product(x_kept.buffer(), weight_kept.buffer(), &geom, o),
+        _ => None,
+    };
+    let out = match fused {
+        Some(out) => Tensor::from_buffer(out?, [o, pixels], x.device()),
+        None => no_grad(|| product(x, weight))?,
+    };
     Ok(out.track("conv2d", &[x, weight], move |grad| {
-        let grad = grad.contiguous()?.reshape([groups, o / groups, pixels])?;
+        let grad = grad.contiguous()?;
+        if groups == 1
+            && let Some(grads) =
+                grad.backend()
+                    .conv2d_product_backward(x_kept.buffer(), weight_kept.buffer(), grad.buffer(), &geom, o)
+        {
+            let (grad_x, grad_weight) = grads?;
+            let device = grad.device();
+            return Ok(vec![
+                Some(Tensor::from_buffer(grad_x, [geom.n, geom.c, geom.h, geom.w], device)),
+                Some(Tensor::from_buffer(grad_weight, weight_dims, device)),
+            ]);
+        }
+        let grad = grad.reshape([groups, o / groups, pixels])?;
         let grad_weight = {
             let cols = x_kept.im2col(geom)?.reshape([groups, taps, pixels])?;
             grad.matmul(&cols.transpose(1, 2)?)?.reshape(weight_dims)?

@@ -26,6 +26,18 @@ pub fn im2col<T: CpuFloat>(pool: &Pool, src: &[T], g: &Conv2dGeometry) -> Vec<T>
     out
 }
 
+/// `im2col` of one image (`g.n == 1`) into `out`, on this thread: the fused convolution's
+/// per-image columns.
+pub fn im2col_image<T: CpuFloat>(src: &[T], out: &mut [T], g: &Conv2dGeometry) {
+    let cols = g.out_h() * g.out_w();
+    if cols == 0 {
+        return;
+    }
+    out.chunks_mut(cols)
+        .enumerate()
+        .for_each(|(r, row)| im2col_row(src, row, r, g));
+}
+
 /// Fills row `r` = (channel, ki, kj) of the columns for every image.
 fn im2col_row<T: CpuFloat>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometry) {
     let (oh, ow) = (g.out_h(), g.out_w());
@@ -82,6 +94,17 @@ pub fn col2im<T: CpuFloat>(pool: &Pool, cols: &[T], g: &Conv2dGeometry) -> Vec<T
         .enumerate()
         .for_each(|(nc, img)| col2im_plane(cols, img, nc / g.c, nc % g.c, g));
     out
+}
+
+/// `col2im` of one image (`g.n == 1`) into `img` `[c, h, w]`, on this thread.
+pub fn col2im_image<T: CpuFloat>(cols: &[T], img: &mut [T], g: &Conv2dGeometry) {
+    img.fill(T::zero());
+    if g.h * g.w == 0 {
+        return;
+    }
+    img.chunks_mut(g.h * g.w)
+        .enumerate()
+        .for_each(|(c, plane)| col2im_plane(cols, plane, 0, c, g));
 }
 
 /// Sums the taps of channel `c` of image `n` back into its `h x w` plane.

@@ -5,6 +5,7 @@
 mod bias;
 mod busy;
 mod conv;
+mod conv_fused;
 mod dropout;
 mod elementwise;
 pub mod float;
@@ -651,6 +652,75 @@ impl Backend for CpuBackend {
                 &self.pool, v, geom
             ))),
         )
+    }
+
+    fn conv2d_product(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        geom: &Conv2dGeometry,
+        out_channels: usize,
+    ) -> Option<Result<BufferRef>> {
+        let checked = || {
+            geom.validate("conv2d")?;
+            let (x, w) = (cpu("conv2d", x)?.read(), cpu("conv2d", weight)?.read());
+            check_len("conv2d", &x, geom.n * geom.c * geom.h * geom.w)?;
+            check_len("conv2d (weight)", &w, out_channels * geom.c * geom.kh * geom.kw)?;
+            Ok(match (&*x, &*w) {
+                (HostVec::F32(x), HostVec::F32(w)) => {
+                    Some(HostVec::F32(conv_fused::forward(&self.pool, x, w, geom, out_channels)))
+                }
+                (HostVec::F64(x), HostVec::F64(w)) => {
+                    Some(HostVec::F64(conv_fused::forward(&self.pool, x, w, geom, out_channels)))
+                }
+                // Low precision keeps the composed path and its bf16 products.
+                _ => None,
+            })
+        };
+        checked().map(|out| out.map(|out| self.wrap(out))).transpose()
+    }
+
+    fn conv2d_product_backward(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        grad: &BufferRef,
+        geom: &Conv2dGeometry,
+        out_channels: usize,
+    ) -> Option<Result<(BufferRef, BufferRef)>> {
+        let checked = || {
+            geom.validate("conv2d backward")?;
+            let (x, w, g) = (
+                cpu("conv2d backward", x)?.read(),
+                cpu("conv2d backward", weight)?.read(),
+                cpu("conv2d backward", grad)?.read(),
+            );
+            check_len("conv2d backward", &x, geom.n * geom.c * geom.h * geom.w)?;
+            check_len(
+                "conv2d backward (weight)",
+                &w,
+                out_channels * geom.c * geom.kh * geom.kw,
+            )?;
+            check_len(
+                "conv2d backward (gradient)",
+                &g,
+                out_channels * geom.n * geom.out_h() * geom.out_w(),
+            )?;
+            Ok(match (&*x, &*w, &*g) {
+                (HostVec::F32(x), HostVec::F32(w), HostVec::F32(g)) => {
+                    let (gx, gw) = conv_fused::backward(&self.pool, x, w, g, geom, out_channels);
+                    Some((HostVec::F32(gx), HostVec::F32(gw)))
+                }
+                (HostVec::F64(x), HostVec::F64(w), HostVec::F64(g)) => {
+                    let (gx, gw) = conv_fused::backward(&self.pool, x, w, g, geom, out_channels);
+                    Some((HostVec::F64(gx), HostVec::F64(gw)))
+                }
+                _ => None,
+            })
+        };
+        checked()
+            .map(|out| out.map(|(gx, gw)| (self.wrap(gx), self.wrap(gw))))
+            .transpose()
     }
 
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
