@@ -115,7 +115,14 @@ fn conv_cases() -> Vec<Case> {
             let k = c.w[1] * c.w[2] * c.w[3];
             let mut case = Case::new(
                 format!("im2col/conv2d_{}", c.label),
-                &["im2col", "col2im", "matmul"],
+                // Composed from the first three, or fused where the backend has the last two.
+                &[
+                    "im2col",
+                    "col2im",
+                    "matmul",
+                    "conv2d_product",
+                    "conv2d_product_backward",
+                ],
                 move |_, x| Ok(vec![x[0].conv2d(&x[1], if bias { Some(&x[2]) } else { None }, opts)?]),
             )
             .input(Input::float("x", c.x, u()))
