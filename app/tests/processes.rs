@@ -486,22 +486,30 @@ fn restarted_job_matches_an_uninterrupted_one(kill_at: KillAt, hidden: &str) {
     let checkpoints = restarted.join("checkpoints");
     let last = checkpoints.join("last.safetensors");
     let deadline = Instant::now() + Duration::from_secs(180);
-    let (rank, killed_at) = loop {
+    let rank = match kill_at {
+        KillAt::Rank1AfterFirstCheckpoint => 1,
+        KillAt::Rank0InSecondCheckpointWrite => 0,
+    };
+    // Looked up once the job runs, so that the kill follows the moment it waits for at once.
+    let mut pid = None;
+    let killed_at = loop {
         assert!(
             Instant::now() < deadline,
             "no checkpoint (or no second write) within 180 s"
         );
         let step = checkpoint_step(&last);
-        let now = match kill_at {
-            KillAt::Rank1AfterFirstCheckpoint => step.map(|s| (1, s)),
-            KillAt::Rank0InSecondCheckpointWrite => step.filter(|_| writing_checkpoint(&checkpoints)).map(|s| (0, s)),
-        };
-        if let Some((rank, step)) = now {
+        if pid.is_none() && step.is_some() {
             let pids = pids_with(&[&job.marker, &format!("OMPI_COMM_WORLD_RANK={rank}")]);
             assert_eq!(pids.len(), 1, "rank {rank}'s process: {pids:?}");
-            let kill = Command::new("kill").args(["-9", &pids[0].to_string()]).status();
-            assert!(kill.is_ok_and(|s| s.success()), "kill -9 {} failed", pids[0]);
-            break (rank, step);
+            pid = Some(nix::unistd::Pid::from_raw(pids[0] as i32));
+        }
+        let now = match kill_at {
+            KillAt::Rank1AfterFirstCheckpoint => step,
+            KillAt::Rank0InSecondCheckpointWrite => step.filter(|_| writing_checkpoint(&checkpoints)),
+        };
+        if let (Some(step), Some(pid)) = (now, pid) {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill -9 the rank");
+            break step;
         }
         thread::sleep(Duration::from_millis(1));
     };
