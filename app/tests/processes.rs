@@ -19,7 +19,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lockstep_core::train::checkpoint::load_tensors;
-use support::{TempDir, assert_succeeds, lockstep, mnist_dir, run};
+use support::{TempDir, assert_succeeds, checkpoint_step, lockstep, mnist_dir, run};
 
 /// One job at a time: two jobs' ranks fighting for 2 cores turn seconds into minutes.
 static ONE_JOB: Mutex<()> = Mutex::new(());
@@ -246,6 +246,26 @@ struct Job {
     marker: String,
 }
 
+impl Job {
+    /// `lockstep launch --nproc-per-node 2 <launch…> -- <train…>`, its output piped, its ranks
+    /// marked as this test's job `name`.
+    fn launch(name: &str, launch: &[&str], train: &[String]) -> Job {
+        let marker = format!("LOCKSTEP_TEST_JOB={name}-{}", std::process::id());
+        let (marker_name, marker_value) = marker.split_once('=').expect("NAME=value");
+        let launcher = lockstep(&["launch", "--nproc-per-node", "2"])
+            .args(launch)
+            .arg("--")
+            .args(train)
+            .envs(ROOT_ENV)
+            .env(marker_name, marker_value)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("lockstep launch starts");
+        Job { launcher, marker }
+    }
+}
+
 impl Drop for Job {
     fn drop(&mut self) {
         let _ = self.launcher.kill();
@@ -288,21 +308,11 @@ fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 /// `signal` once every rank trains, and waits up to 30 s for the launcher: its status (None
 /// if it still ran), how long it took after the signal, and everything it printed.
 fn signal_rank_1_while_training(signal: &str, extra: &[&str]) -> (Option<ExitStatus>, Duration, String) {
-    let marker = format!("LOCKSTEP_TEST_JOB=rank-1-{signal}-{}", std::process::id());
-    let (marker_name, marker_value) = marker.split_once('=').expect("NAME=value");
     let mut train = train_args(&mnist_dir(), &["--log-every", "1"]);
     train.extend(extra.iter().map(|s| s.to_string()));
     // Long enough that it is still training when signalled.
     set_flag(&mut train, "--max-steps", "100000");
-    let launcher = lockstep(&["launch", "--nproc-per-node", "2", "--"])
-        .args(&train)
-        .envs(ROOT_ENV)
-        .env(marker_name, marker_value)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("lockstep launch starts");
-    let mut job = Job { launcher, marker };
+    let mut job = Job::launch(&format!("rank-1-{signal}"), &[], &train);
 
     // Wait for rank 0's header: by then every rank is past MPI's start and training.
     let (started, on_start) = mpsc::channel();
@@ -392,13 +402,6 @@ fn a_stopped_rank_ends_the_job_at_the_collective_timeout() {
     );
 }
 
-/// The optimizer steps in a checkpoint, or None while it does not exist or is being replaced.
-fn checkpoint_step(path: &Path) -> Option<u64> {
-    let file = load_tensors(path).ok()?;
-    let state: serde_json::Value = serde_json::from_str(file.metadata.get("lockstep.trainer_state")?).ok()?;
-    state["global_step"].as_u64()
-}
-
 /// Where the restart tests kill a rank.
 #[derive(Clone, Copy, PartialEq)]
 enum KillAt {
@@ -465,17 +468,7 @@ fn restarted_job_matches_an_uninterrupted_one(kill_at: KillAt, hidden: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let marker = format!("LOCKSTEP_TEST_JOB=restarted-{}", std::process::id());
-    let (marker_name, marker_value) = marker.split_once('=').expect("NAME=value");
-    let launcher = lockstep(&["launch", "--nproc-per-node", "2", "--max-restarts", "1", "--"])
-        .args(job_args(&restarted))
-        .envs(ROOT_ENV)
-        .env(marker_name, marker_value)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("lockstep launch starts");
-    let mut job = Job { launcher, marker };
+    let mut job = Job::launch("restarted", &["--max-restarts", "1"], &job_args(&restarted));
     let stderr = job.launcher.stderr.take().expect("piped");
     let stderr = thread::spawn(move || {
         let mut text = String::new();

@@ -158,3 +158,11 @@ pub fn assert_succeeds(out: &Output) {
         stderr(out)
     );
 }
+
+/// The optimizer steps a checkpoint holds, from its trainer state; None while the file is
+/// missing or being replaced.
+pub fn checkpoint_step(path: &Path) -> Option<u64> {
+    let file = lockstep_core::train::checkpoint::load_tensors(path).ok()?;
+    let state: serde_json::Value = serde_json::from_str(file.metadata.get("lockstep.trainer_state")?).ok()?;
+    state["global_step"].as_u64()
+}

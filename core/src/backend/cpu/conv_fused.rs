@@ -139,7 +139,8 @@ pub fn backward<T: GemmElement + CpuFloat>(
         .par_chunks_mut(per_range * plane)
         .enumerate()
         .map(|(r, grad_x_range)| {
-            let mut partial = vec![T::zero(); o * taps];
+            // Written whole by the range's first image (no accumulation), then summed into.
+            let mut partial = pool.take::<T>(o * taps);
             let (mut cols, mut grad_cols) = (pool.take::<T>(taps * pixels), pool.take::<T>(taps * pixels));
             for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
                 let i = r * per_range + j;
@@ -179,8 +180,9 @@ pub fn backward<T: GemmElement + CpuFloat>(
             partial
         })
         .collect();
-    for partial in &partials {
-        grad_w.iter_mut().zip(partial).for_each(|(w, &p)| *w = *w + p);
+    for partial in partials {
+        grad_w.iter_mut().zip(&partial).for_each(|(w, &p)| *w = *w + p);
+        pool.recycle(T::into_host(partial));
     }
     (grad_x, grad_w)
 }
