@@ -4,6 +4,16 @@
 // The flags' doc comments are their --help text, written for a terminal (`runs/<model>-<time>/`).
 #![allow(rustdoc::invalid_html_tags)]
 
+/// `eprintln!` in one write: the ranks of a job share one terminal, and `eprintln!` writes each
+/// piece of its format separately, so two ranks' lines would interleave mid-word.
+macro_rules! eprintln_whole {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 mod cli;
 mod dashboard;
 
@@ -96,7 +106,7 @@ fn main() -> ExitCode {
         Ok(Some(cli)) => cli,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln_whole!("error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
@@ -104,7 +114,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // `{:#}` joins the context chain into one line: "what we did: why it failed".
-            eprintln!("error: {e:#}");
+            eprintln_whole!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -31,7 +31,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for log in runs::find_logs(path)? {
             let run = runs::RunData::load(&log)?;
             for w in &run.warnings {
-                eprintln!("warning: {}: {w}", log.display());
+                eprintln_whole!("warning: {}: {w}", log.display());
             }
             sources.push(Source::finished(run));
         }

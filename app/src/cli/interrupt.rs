@@ -13,10 +13,10 @@ pub fn stop_on_signal(first: &'static str) -> anyhow::Result<Arc<AtomicBool>> {
     let flag = stop.clone();
     ctrlc::set_handler(move || {
         if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("\nlockstep: interrupted again: stopping now, without a checkpoint");
+            eprintln_whole!("\nlockstep: interrupted again: stopping now, without a checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\nlockstep: {first}; interrupt again to stop at once");
+        eprintln_whole!("\nlockstep: {first}; interrupt again to stop at once");
     })
     .context("cannot install the Ctrl-C / SIGTERM handler")?;
     Ok(stop)

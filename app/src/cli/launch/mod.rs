@@ -115,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plan::Engine::Mpirun => None,
     };
     if args.max_restarts > 0 && !args.command.iter().any(|a| a == "--resume") {
-        eprintln!(
+        eprintln_whole!(
             "lockstep launch: --max-restarts without `--resume last` (and --checkpoint-dir) in the command: a \
              restarted job trains from the beginning"
         );
@@ -141,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         match ended {
             Err(failure) if restarts < args.max_restarts && !stopped_by_user => {
                 restarts += 1;
-                eprintln!(
+                eprintln_whole!(
                     "lockstep launch: {failure}; restarting the job ({restarts} of --max-restarts {})",
                     args.max_restarts
                 );

@@ -23,7 +23,7 @@ pub fn run(exe: &Path, args: &Args) -> anyhow::Result<()> {
         args.command.join(" ")
     );
     let mut mpirun = command(exe, args);
-    eprintln!(
+    eprintln_whole!(
         "lockstep launch: CPU and wgpu devices talk through MPI, so mpirun starts the processes: {}",
         shown(&mpirun)
     );

@@ -62,7 +62,7 @@ fn supervise_with_grace(mut ranks: Vec<RankProcess>, grace: Duration) -> anyhow:
             false
         });
         if let Some(failure) = failure {
-            eprintln!("lockstep launch: {failure}; stopping the other ranks");
+            eprintln_whole!("lockstep launch: {failure}; stopping the other ranks");
             stop(&mut ranks, grace);
             anyhow::bail!("{failure}");
         }

@@ -152,14 +152,14 @@ fn folder_roots(args: &Args) -> anyhow::Result<(std::path::PathBuf, std::path::P
 fn load_folder(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)> {
     let (train_dir, val_dir) = folder_roots(args)?;
     if train_dir == val_dir {
-        eprintln!(
+        eprintln_whole!(
             "note: {} has no train/ and val/ folders: validating on the training images",
             train_dir.display()
         );
     }
     let open = |dir: &Path| -> anyhow::Result<ImageFolder> {
         let (images, warnings) = ImageFolder::open(dir, args.image_size, args.skip_bad_images)?;
-        warnings.iter().for_each(|w| eprintln!("warning: {w}"));
+        warnings.iter().for_each(|w| eprintln_whole!("warning: {w}"));
         Ok(images)
     };
     let (train, val) = (open(&train_dir)?, open(&val_dir)?);
@@ -232,7 +232,7 @@ fn ensure_mnist(dir: &Path, args: &Args) -> anyhow::Result<()> {
         );
     }
     if args.data.is_none() {
-        eprintln!("MNIST is not in {} yet: downloading it there", dir.display());
+        eprintln_whole!("MNIST is not in {} yet: downloading it there", dir.display());
     }
     let base = args.download_url.as_deref().unwrap_or(download::DEFAULT_BASE_URL);
     download::fetch_missing(dir, base, &download::CONTENT_SHA256, !args.headless).map_err(|e| {
@@ -267,7 +267,7 @@ fn ensure_cifar(dir: &Path, kind: cifar::Kind, args: &Args) -> anyhow::Result<()
         );
     }
     if args.data.is_none() {
-        eprintln!("{} is not in {} yet: downloading it there", kind.name(), dir.display());
+        eprintln_whole!("{} is not in {} yet: downloading it there", kind.name(), dir.display());
     }
     let base = args.download_url.as_deref().unwrap_or(download::CIFAR_BASE_URL);
     // Tests serve a small archive of their own: they name its checksum instead of the published one.

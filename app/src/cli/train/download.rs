@@ -85,7 +85,7 @@ pub fn fetch_missing(
         let file = format!("{name}.gz");
         let url = join_url(base_url, &file);
         let target = dir.join(&file);
-        eprintln!("downloading {url}");
+        eprintln_whole!("downloading {url}");
         let fetch = Fetch {
             url: &url,
             target: &target,
@@ -127,7 +127,7 @@ pub fn fetch_cifar(
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create the data directory {}", dir.display()))?;
     let url = join_url(base_url, kind.archive());
     let target = dir.join(kind.archive());
-    eprintln!("downloading {url}");
+    eprintln_whole!("downloading {url}");
     let fetch = Fetch {
         url: &url,
         target: &target,

@@ -389,7 +389,7 @@ fn replica(
                 .resume(&mut setup, &path)
                 .with_context(|| format!("cannot resume from {}", path.display()))?;
             if leader {
-                eprintln!(
+                eprintln_whole!(
                     "resumed from {} at step {}",
                     path.display(),
                     trainer.state().global_step
@@ -397,7 +397,9 @@ fn replica(
             }
         }
         None if args.resume.is_some() && leader => {
-            eprintln!("--resume last: no checkpoint in --checkpoint-dir yet, so training starts from the beginning")
+            eprintln_whole!(
+                "--resume last: no checkpoint in --checkpoint-dir yet, so training starts from the beginning"
+            )
         }
         None => {}
     }

@@ -72,7 +72,7 @@ mod with_mpi {
             match result {
                 Ok(value) => Ok(value),
                 Err(e) => {
-                    eprintln!("error: rank {} of {}: {e:#}", self.rank, self.size);
+                    eprintln_whole!("error: rank {} of {}: {e:#}", self.rank, self.size);
                     self.session.abort(1)
                 }
             }
