@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use support::{assert_fails_with, lockstep, mnist_dir, run};
 
 /// `lockstep train --device cpu` with torchrun's variables for rank 0 of 2, plus `extra_env`.
-fn train_as_rank_0_of_2(extra_env: &[(&str, &str)]) -> std::process::Output {
+fn train_as_rank_0_of_2(extra_env: &[(&str, &str)], extra_args: &[&str]) -> std::process::Output {
     let data = mnist_dir();
     let mut cmd = lockstep(&[
         "train",
@@ -22,6 +22,7 @@ fn train_as_rank_0_of_2(extra_env: &[(&str, &str)]) -> std::process::Output {
         "--max-steps",
         "1",
     ]);
+    cmd.args(extra_args);
     cmd.envs([("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCKSTEP_RDZV_TIMEOUT", "5")])
         .envs(extra_env.iter().copied());
     run(&mut cmd)
@@ -30,7 +31,7 @@ fn train_as_rank_0_of_2(extra_env: &[(&str, &str)]) -> std::process::Output {
 #[test]
 fn cpu_processes_started_with_torchrun_variables_say_how_to_start_them() {
     let start = Instant::now();
-    let out = train_as_rank_0_of_2(&[]);
+    let out = train_as_rank_0_of_2(&[], &[]);
     if cfg!(feature = "mpi") {
         assert_fails_with(&out, &["cpu:0 across processes", "mpirun -np 2 lockstep train"]);
     } else {
@@ -41,10 +42,32 @@ fn cpu_processes_started_with_torchrun_variables_say_how_to_start_them() {
 
 #[test]
 fn a_malformed_launcher_variable_is_named() {
-    let out = train_as_rank_0_of_2(&[("RANK", "first")]);
+    let out = train_as_rank_0_of_2(&[("RANK", "first")], &[]);
     assert_fails_with(&out, &["RANK=first is not a valid number"]);
-    let out = train_as_rank_0_of_2(&[("MASTER_PORT", "http")]);
+    let out = train_as_rank_0_of_2(&[("MASTER_PORT", "http")], &[]);
     assert_fails_with(&out, &["MASTER_PORT=http"]);
+}
+
+#[test]
+fn a_pipeline_under_a_launcher_runs_one_stage_per_process() {
+    let out = train_as_rank_0_of_2(&[], &["--pipeline-stages", "3"]);
+    assert_fails_with(
+        &out,
+        &[
+            "--pipeline-stages 3 under a launcher runs one stage per process",
+            "has 2 processes",
+        ],
+    );
+    let out = train_as_rank_0_of_2(&[], &["--pipeline-stages", "2", "--balance-stages", "time"]);
+    assert_fails_with(&out, &["balanced by parameter count"]);
+    let out = train_as_rank_0_of_2(&[], &["--split", "0-1@cpu:0,2-3@cpu:1"]);
+    assert_fails_with(
+        &out,
+        &[
+            "--split and --place put stages on the devices of one process",
+            "--pipeline-stages 2",
+        ],
+    );
 }
 
 #[test]

@@ -207,6 +207,111 @@ fn four_processes_match_one_device_with_the_global_batch() {
     processes_match_one_device(4);
 }
 
+/// The step losses a run's metrics log recorded, in order.
+fn logged_losses(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .expect("rank 0 wrote the metrics log")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON lines"))
+        .filter(|v| v["event"] == "step")
+        .map(|v| v["loss"].as_f64().expect("a step's loss"))
+        .collect()
+}
+
+/// The "test accuracy …" part of a run's summary line.
+fn test_result(stdout: &str) -> &str {
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("test accuracy"))
+        .expect("a summary line");
+    let start = line.find("test accuracy").expect("found above");
+    &line[start..line[start..].find(" |").map_or(line.len(), |end| start + end)]
+}
+
+/// Two stages in two processes (`mpirun -np 2 lockstep train --pipeline-stages 2`) log the
+/// losses of the same pipeline as threads of one process bit for bit, end with its weights and
+/// test result, and each stage checkpoints its own layers and resumes from them exactly.
+#[test]
+fn a_pipeline_of_two_processes_trains_as_the_same_pipeline_in_one_process() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let data = mnist_dir();
+    let (one, many) = (TempDir::new("pipeline-one"), TempDir::new("pipeline-processes"));
+    let args = |dir: &TempDir| {
+        let (log, weights) = (dir.join("metrics.jsonl"), dir.join("weights"));
+        let mut args = train_args(
+            &data,
+            &["--pipeline-stages", "2", "--micro-batches", "4", "--schedule", "1f1b"],
+        );
+        set_flag(&mut args, "--log-every", "1");
+        set_flag(&mut args, "--metrics-out", path_str(&log));
+        set_flag(&mut args, "--dump-weights", path_str(&weights));
+        set_flag(&mut args, "--checkpoint-dir", path_str(&dir.join("checkpoints")));
+        args
+    };
+    let mut in_one = args(&one);
+    set_flag(&mut in_one, "--device", "cpu:0");
+    in_one.extend(["--devices".to_string(), "cpu:0,cpu:1".to_string()]);
+    let out_one = run(lockstep(&[]).args(&in_one));
+    assert_succeeds(&out_one);
+    let out = mpirun(2, &args(&many));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("mpirun -np 2 --pipeline-stages 2: {:?}\n{stdout}{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "the pipeline of processes failed:\n{stdout}\n{stderr}"
+    );
+
+    let want = logged_losses(&one.join("metrics.jsonl"));
+    assert_eq!(want.len(), 20, "one step event per step");
+    assert!(
+        logged_losses(&many.join("metrics.jsonl")) == want,
+        "the processes logged other losses than one process"
+    );
+    assert_eq!(
+        count_lines(&stdout, "test accuracy"),
+        1,
+        "only stage 0 reports:\n{stdout}"
+    );
+    assert_eq!(
+        test_result(&stdout),
+        test_result(&String::from_utf8_lossy(&out_one.stdout))
+    );
+    // Stage 0's process holds the first layers, stage 1's the rest: together, one process's.
+    let mut stages = weights(&many.join("weights"), 0);
+    stages.extend(weights(&many.join("weights"), 1));
+    stages.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(
+        bits(&stages) == bits(&weights(&one.join("weights"), 0)),
+        "the stages' weights differ"
+    );
+    for stage in 0..2 {
+        let path = many.join(&format!("checkpoints/stage-{stage}/last.safetensors"));
+        assert_eq!(checkpoint_step(&path), Some(20), "{}", path.display());
+    }
+
+    // Stopped after 10 steps and resumed, each stage from its own checkpoint (with its
+    // momentum): the last 10 losses of the uninterrupted run.
+    let part = TempDir::new("pipeline-resumed");
+    let mut first_half = args(&part);
+    set_flag(&mut first_half, "--max-steps", "10");
+    let out = mpirun(2, &first_half);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut resumed = args(&part);
+    set_flag(&mut resumed, "--resume", "last");
+    let out = mpirun(2, &resumed);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        logged_losses(&part.join("metrics.jsonl")) == want[10..],
+        "a resumed pipeline of processes went on other than the uninterrupted one"
+    );
+}
+
 /// SyncBatchNorm across processes (its own MPI communicator, a duplicate of the gradients') ends
 /// where the same run on two threads (in-process collectives) does: one code path either way.
 #[test]

@@ -6,7 +6,7 @@ mod support;
 use lockstep_core::nn::{Flatten, Linear, Module, ModuleExt, Relu, Sequential, StagedModel};
 use lockstep_core::optim::{Sgd, SgdConfig};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
-use lockstep_core::train::{Classification, MicroBatch, Precision, StepTimes, Strategy, Task, TrainingSetup};
+use lockstep_core::train::{Classification, MicroBatch, StepTimes, Strategy, Task, TrainerConfig, TrainingSetup};
 use lockstep_core::{DType, Device, Generator, Result, Tensor};
 
 fn model(device: &Device) -> Result<Sequential> {
@@ -53,7 +53,7 @@ fn a_wgpu_stage_and_a_cpu_stage_give_the_cpu_gradients() {
         hparams: Default::default(),
     };
     let mut strategy = Pipeline::new(ScheduleKind::OneFOneB, 4);
-    strategy.setup(&setup, Precision::Full).unwrap();
+    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
     let tensors = [x.to_device(&wgpu).unwrap(), y];
     let micro = MicroBatch::whole(&tensors);
     strategy

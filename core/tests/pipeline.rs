@@ -13,7 +13,7 @@ use lockstep_core::models;
 use lockstep_core::nn::{ModuleExt, Sequential, StagedModel};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
 use lockstep_core::train::{
-    ChannelListener, Classification, Event, Hybrid, MicroBatch, Precision, StepTimes, Strategy, Task, Trainer,
+    ChannelListener, Classification, Event, Hybrid, MicroBatch, StepTimes, Strategy, Task, Trainer, TrainerConfig,
     TrainingSetup,
 };
 use lockstep_core::{Device, Generator, Result, Tensor};
@@ -84,7 +84,7 @@ fn pipelined(
     let model = StagedModel::place(&even_sizes(layers, stages), &devices, build).unwrap();
     let setup = setup_with(Box::new(model), &devices[0]);
     let mut strategy = Pipeline::new(kind, micro_batches);
-    strategy.setup(&setup, Precision::Full).unwrap();
+    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
     let (x, y) = batch();
     let tensors = [x, y.to_device(&devices[stages - 1]).unwrap()];
     let loss = forward_backward(&mut strategy, &setup, &tensors).unwrap();
@@ -253,7 +253,7 @@ fn a_pipeline_says_what_it_needs() {
     let model = StagedModel::place(&[2, 2], &devices, points_model).unwrap();
     let setup = setup_with(Box::new(model), &devices[0]);
     let mut strategy = Pipeline::new(ScheduleKind::GPipe, 4);
-    strategy.setup(&setup, Precision::Full).unwrap();
+    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
     let x = Tensor::zeros([2, 8], lockstep_core::DType::F32, &devices[0]).unwrap();
     let tensors = [x, y.narrow(0, 0, 2).unwrap().to_device(&devices[1]).unwrap()];
     let err = forward_backward(&mut strategy, &setup, &tensors)

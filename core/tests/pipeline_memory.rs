@@ -6,7 +6,7 @@ mod replica_support;
 
 use lockstep_core::nn::{Linear, Module, ModuleExt, Relu, Sequential, StagedModel};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
-use lockstep_core::train::{MicroBatch, Precision, StepTimes, Strategy};
+use lockstep_core::train::{MicroBatch, StepTimes, Strategy, TrainerConfig};
 use lockstep_core::{DType, Device, Generator, Result, Tensor};
 use replica_support::setup_with;
 
@@ -60,7 +60,7 @@ fn step(kind: ScheduleKind, first: usize) -> Measured {
         .sum();
     let setup = setup_with(Box::new(staged), &devices[0]);
     let mut strategy = Pipeline::new(kind, MICRO);
-    strategy.setup(&setup, Precision::Full).unwrap();
+    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
     let base = allocated(&devices[0]);
     let tensors = [x, y];
     let micro = MicroBatch::whole(&tensors);

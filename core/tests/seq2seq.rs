@@ -12,9 +12,7 @@ use lockstep_core::models::seq2seq;
 use lockstep_core::nn::{Module, ModuleExt, StagedModel};
 use lockstep_core::optim::{Adam, AdamConfig};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
-use lockstep_core::train::{
-    MicroBatch, Precision, Seq2SeqTask, StepTimes, Strategy, Task, Trainer, TrainerConfig, TrainingSetup,
-};
+use lockstep_core::train::{MicroBatch, Seq2SeqTask, StepTimes, Strategy, Task, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, Tensor};
 
 const TASK: Seq2SeqTask = Seq2SeqTask { pad: PAD };
@@ -63,7 +61,7 @@ fn the_encoder_and_decoder_pipelined_on_two_devices_have_one_devices_gradients()
             let staged = StagedModel::place(&[1, 1], &devices, |d| seq2seq(64, d, &Generator::new(2))).unwrap();
             let s = setup(Box::new(staged), &devices[0]);
             let mut strategy = Pipeline::new(kind, micro_batches);
-            strategy.setup(&s, Precision::Full).unwrap();
+            strategy.setup(&s, &TrainerConfig::default()).unwrap();
             let mut tensors = batch(16, &devices[0]);
             tensors[1] = tensors[1].to_device(&devices[1]).unwrap();
             let micro = MicroBatch::whole(&tensors);

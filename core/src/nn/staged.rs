@@ -68,6 +68,28 @@ impl StagedModel {
         Ok(StagedModel::split(build(&Device::cpu())?, sizes, devices)?)
     }
 
+    /// Stage `stage` alone of the model `build` makes in host memory, cut into `sizes`, on
+    /// `device`: a pipeline whose stages are processes holds one stage in each, its layers
+    /// named as in the whole model (so each stage's checkpoint names what it holds).
+    pub fn place_one<E: From<Error>>(
+        sizes: &[usize],
+        stage: usize,
+        device: &Device,
+        build: impl FnOnce(&Device) -> std::result::Result<Sequential, E>,
+    ) -> std::result::Result<StagedModel, E> {
+        let mut parts = build(&Device::cpu())?.split(sizes)?;
+        if stage >= parts.len() {
+            return Err(Error::invalid(
+                "StagedModel::place_one",
+                format!("stage {stage} of a model cut into {} stages", parts.len()),
+            )
+            .into());
+        }
+        let mut part = parts.swap_remove(stage);
+        part.to_device(device)?;
+        Ok(StagedModel::new(vec![(part, device.clone())])?)
+    }
+
     /// The stages in order; each names its layers by their index in the whole model.
     pub fn stages(&self) -> &[Sequential] {
         &self.stages

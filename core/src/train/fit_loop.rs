@@ -41,7 +41,7 @@ impl Trainer {
     ) -> Result<FitReport> {
         let cfg = self.config.clone();
         self.started = Instant::now();
-        let devices = self.strategy.setup(setup, cfg.precision)?;
+        let devices = self.strategy.setup(setup, &cfg)?;
         if cfg.precision == Precision::Mixed16 && self.state.grad_scaler.is_none() {
             self.state.grad_scaler = Some(cfg.grad_scaler.clone().unwrap_or_default());
         }

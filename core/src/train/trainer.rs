@@ -235,7 +235,7 @@ impl Trainer {
             for batch in loader.iter(0) {
                 let tensors = batch?.to_device(&setup.device)?;
                 samples += tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
-                let (loss, correct) = setup.task.eval_sums(setup.model.as_ref(), &tensors)?;
+                let (loss, correct) = self.strategy.eval_sums(setup, &tensors)?;
                 sums = Some(match sums {
                     Some((l, c)) => (l.add(&loss)?, c.add(&correct)?),
                     None => (loss, correct),

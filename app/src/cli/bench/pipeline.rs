@@ -6,7 +6,7 @@ use anyhow::Context;
 use lockstep_core::nn::{Linear, ModuleExt, Relu, Sequential, StagedModel, sizes_by_parameters};
 use lockstep_core::optim::{Sgd, SgdConfig};
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
-use lockstep_core::train::{Classification, MicroBatch, Precision, StepTimes, Strategy, TrainingSetup};
+use lockstep_core::train::{Classification, MicroBatch, StepTimes, Strategy, TrainerConfig, TrainingSetup};
 use lockstep_core::{DType, Device, Generator, Tensor};
 use serde::Serialize;
 
@@ -107,7 +107,7 @@ fn schedule_steps(
         hparams: Default::default(),
     };
     let mut strategy = Pipeline::new(kind, micro_batches).with_cpu_threads_per_stage(plan.threads_per_stage);
-    strategy.setup(&setup, Precision::Full)?;
+    strategy.setup(&setup, &TrainerConfig::default())?;
     let data = Generator::new(1);
     let last = &devices[devices.len() - 1];
     let x = Tensor::rand_uniform([plan.batch, plan.width], -1.0, 1.0, DType::F32, &data, &devices[0])?;

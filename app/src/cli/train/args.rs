@@ -464,10 +464,14 @@ impl Args {
                 self.batch_size
             );
         }
-        if let Some(stages) = self.pipeline_stages {
+        // Under a launcher each process runs one stage on its --device (the process group checks
+        // the count).
+        let launched = matches!(crate::cli::world::WorldEnv::from_env(), Ok(Some(_)));
+        if let Some(stages) = self.pipeline_stages.filter(|_| !launched) {
             anyhow::ensure!(
                 stages > 0 && !self.devices.is_empty() && self.devices.len().is_multiple_of(stages),
-                "--pipeline-stages {stages} needs {stages} devices per replica: give --devices with a multiple of {stages} names, stage by stage (stage 0's devices first)"
+                "--pipeline-stages {stages} needs {stages} devices per replica: give --devices with a multiple of {stages} names, stage by stage (stage 0's devices first); \
+                 or run one stage per process: `lockstep launch --nproc-per-node {stages} -- train --pipeline-stages {stages}`"
             );
         }
         anyhow::ensure!(self.micro_batches > 0, "--micro-batches must be at least 1");
@@ -522,13 +526,35 @@ impl Args {
 
     /// The checkpoint to resume from: --resume's path, or under `--resume last` the checkpoint
     /// directory's last.safetensors if a run has written one.
-    pub fn resume_from(&self) -> Option<PathBuf> {
-        let path = self.resume.as_ref()?;
+    /// The checkpoint to resume from: `--resume PATH`, or `last.safetensors` in the
+    /// checkpoint directory of `stage` (see `checkpoint_dir_of`) where it exists.
+    pub fn resume_from(&self, stage: Option<usize>) -> anyhow::Result<Option<PathBuf>> {
+        let Some(path) = self.resume.as_ref() else {
+            return Ok(None);
+        };
         if !self.resumes_last() {
-            return Some(path.clone());
+            anyhow::ensure!(
+                stage.is_none(),
+                "the stages of a pipeline of processes each resume their own checkpoint: give --resume last and \
+                 the run's --checkpoint-dir (it holds stage-0/, stage-1/, …)"
+            );
+            return Ok(Some(path.clone()));
         }
-        let last = self.checkpoint_dir.as_ref()?.join("last.safetensors");
-        last.exists().then_some(last)
+        let Some(dir) = self.checkpoint_dir_of(stage) else {
+            return Ok(None);
+        };
+        let last = dir.join("last.safetensors");
+        Ok(last.exists().then_some(last))
+    }
+
+    /// `--checkpoint-dir`, or for a stage of a pipeline of processes its `stage-N/` within
+    /// (each process saves its own layers, as DeepSpeed saves one file per pipeline rank).
+    pub fn checkpoint_dir_of(&self, stage: Option<usize>) -> Option<PathBuf> {
+        let dir = self.checkpoint_dir.as_ref()?;
+        Some(match stage {
+            Some(stage) => dir.join(format!("stage-{stage}")),
+            None => dir.clone(),
+        })
     }
 
     pub fn collective_timeout(&self) -> Duration {

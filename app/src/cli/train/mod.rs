@@ -22,6 +22,7 @@ use lockstep_core::data::{
 };
 use lockstep_core::device::communicator_group;
 use lockstep_core::distributed::{Balancer, Reducer};
+use lockstep_core::train::pipeline::{Pipeline, ProcessStages};
 use lockstep_core::train::{
     ChannelListener, DataParallel, EvalMetrics, FitReport, JsonlWriter, ModelCheckpoint, Monitor, OnWriteError,
     TensorBoardWriter, Trainer, batchnorm_groups, each_replica,
@@ -242,6 +243,8 @@ struct Collectives {
     batchnorm: Option<Arc<dyn Communicator>>,
     /// A replica of a pipeline: one per stage, over every replica's device of that stage.
     stages: Vec<Box<dyn Communicator>>,
+    /// One stage of a pipeline whose stages are the job's processes.
+    pipeline: Option<ProcessStages>,
 }
 
 impl Collectives {
@@ -265,6 +268,10 @@ fn with_strategy(
     setup: &lockstep_core::train::TrainingSetup,
     shares: Option<BatchShares>,
 ) -> anyhow::Result<Trainer> {
+    if let Some(processes) = collectives.pipeline {
+        let strategy = Pipeline::new(args.schedule, args.micro_batches).across_processes(processes);
+        return Ok(trainer.with_strategy(strategy));
+    }
     if let Placement::Stages(stages) = placement {
         return Ok(if collectives.stages.is_empty() {
             trainer.with_strategy(stages.strategy(args))
@@ -302,10 +309,18 @@ fn replica(
     test_set: Arc<dyn Dataset>,
     hooks: &Hooks,
 ) -> anyhow::Result<(String, FitReport, EvalMetrics)> {
-    let (location, mut setup) = match &placement {
-        Placement::Device(device) => (device.location().to_string(), setup::build(args, device.clone())?),
-        Placement::Stages(stages) => (stages.describe(), stages.setup(args)?),
+    // A pipeline of processes: this one's stage. Every stage validates, tests and checkpoints
+    // (its own layers); only the first reports.
+    let stage = collectives.pipeline.as_ref().map(|p| (p.stage(), p.stages()));
+    let (location, mut setup) = match (&placement, stage) {
+        (Placement::Device(device), Some((stage, stages))) => (
+            device.location().to_string(),
+            pipeline::process_stage_setup(args, stage, stages, device)?,
+        ),
+        (Placement::Device(device), None) => (device.location().to_string(), setup::build(args, device.clone())?),
+        (Placement::Stages(stages), _) => (stages.describe(), stages.setup(args)?),
     };
+    let stage = stage.map(|(stage, _)| stage);
     if let Some(comm) = &collectives.batchnorm {
         // Before the reducer exists, as PyTorch converts before wrapping in DDP.
         setup.model.convert_sync_batchnorm(comm);
@@ -356,7 +371,7 @@ fn replica(
     } else if let Some(stop) = &hooks.interrupted {
         trainer = trainer.with_controls(stop.clone(), Arc::new(AtomicBool::new(false)));
     }
-    let leader = rank == 0;
+    let leader = rank == 0 && stage.unwrap_or(0) == 0;
     if leader {
         if let Some(events) = &hooks.events {
             trainer.add_listener(events.clone());
@@ -369,21 +384,21 @@ fn replica(
                 .with_context(|| format!("cannot write TensorBoard files to {}", dir.display()))?;
             trainer.add_listener(writer);
         }
-        if let Some(dir) = &args.checkpoint_dir {
-            // Without validation there is no val_acc to rank by (the run would fail at the first
-            // epoch end): keep only last.safetensors.
-            let checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
-                OnCheckpointError::Stop => OnWriteError::Stop,
-                OnCheckpointError::Warn => OnWriteError::Warn,
-            });
-            trainer.add_callback(if args.no_val {
-                checkpoint
-            } else {
-                checkpoint.monitor(Monitor::max("val_acc"), 1)
-            });
-        }
     }
-    match args.resume_from() {
+    if let Some(dir) = args.checkpoint_dir_of(stage).filter(|_| leader || stage.is_some()) {
+        // Without validation there is no val_acc to rank by (the run would fail at the first
+        // epoch end): keep only last.safetensors.
+        let checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
+            OnCheckpointError::Stop => OnWriteError::Stop,
+            OnCheckpointError::Warn => OnWriteError::Warn,
+        });
+        trainer.add_callback(if args.no_val {
+            checkpoint
+        } else {
+            checkpoint.monitor(Monitor::max("val_acc"), 1)
+        });
+    }
+    match args.resume_from(stage)? {
         Some(path) => {
             trainer
                 .resume(&mut setup, &path)
@@ -403,12 +418,13 @@ fn replica(
         }
         None => {}
     }
-    let validate = leader && !args.no_val;
+    let evaluates = leader || stage.is_some();
+    let validate = evaluates && !args.no_val;
     let report = trainer.fit(&mut setup, &train, validate.then_some(&test))?;
     if let Some(dir) = &args.dump_weights {
-        weights_dump::write(dir, rank, setup.model.as_ref())?;
+        weights_dump::write(dir, stage.unwrap_or(rank), setup.model.as_ref())?;
     }
-    let result = if leader {
+    let result = if evaluates {
         trainer.test(&mut setup, &test)?
     } else {
         EvalMetrics::default()

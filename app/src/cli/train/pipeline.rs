@@ -83,12 +83,7 @@ impl StagePlan {
         let model = StagedModel::place(&self.sizes, self.devices(), |d| setup::build_sequential(args, d))
             .with_context(|| format!("cannot place the model's stages ({:?} layers)", self.sizes))?;
         let mut setup = setup::build_with(args, Box::new(model), self.devices()[0].clone())?;
-        let layers = self.sizes.iter().map(usize::to_string).collect::<Vec<_>>().join("+");
-        setup.hparams.extend([
-            ("pipeline_layers".to_string(), layers),
-            ("micro_batches".to_string(), args.micro_batches.to_string()),
-            ("schedule".to_string(), args.schedule.name().to_string()),
-        ]);
+        setup.hparams.extend(hparams(args, &self.sizes));
         Ok(setup)
     }
 
@@ -130,6 +125,27 @@ impl StagePlan {
             .collect();
         names.join(",")
     }
+}
+
+/// What a checkpoint records of a pipeline: its stages' layer counts and its schedule.
+fn hparams(args: &Args, sizes: &[usize]) -> [(String, String); 3] {
+    let layers = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join("+");
+    [
+        ("pipeline_layers".to_string(), layers),
+        ("micro_batches".to_string(), args.micro_batches.to_string()),
+        ("schedule".to_string(), args.schedule.name().to_string()),
+    ]
+}
+
+/// Stage `stage` of `stages`, one per process of a launched job, on `device`: the layers
+/// balanced by parameter count (as in one process), this stage's alone built.
+pub fn process_stage_setup(args: &Args, stage: usize, stages: usize, device: &Device) -> anyhow::Result<TrainingSetup> {
+    let sizes = sizes_by_parameters(&setup::build_sequential(args, &Device::cpu())?, stages)?;
+    let model = StagedModel::place_one(&sizes, stage, device, |d| setup::build_sequential(args, d))
+        .with_context(|| format!("cannot place stage {stage} of the model ({sizes:?} layers)"))?;
+    let mut setup = setup::build_with(args, Box::new(model), device.clone())?;
+    setup.hparams.extend(hparams(args, &sizes));
+    Ok(setup)
 }
 
 /// The named parts of a model, in layer order, and their layer counts.

@@ -13,7 +13,7 @@ use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
-use crate::train::config::Precision;
+use crate::train::config::TrainerConfig;
 use crate::train::events::StepTimes;
 use crate::train::state::TrainerState;
 use crate::train::step::{self, MicroBatch};
@@ -68,8 +68,8 @@ impl Strategy for DataParallel {
     fn rank(&self) -> usize {
         self.reducer.communicator().rank()
     }
-    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
-        step::check_precision(precision, &setup.device)?;
+    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+        step::check_precision(config.precision, &setup.device)?;
         self.replica_names = replica_names(self.reducer.communicator().as_ref(), &setup.device)?;
         Ok(self.replica_names.clone())
     }

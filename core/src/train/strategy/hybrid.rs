@@ -11,7 +11,7 @@ use crate::distributed::Reducer;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
-use crate::train::config::Precision;
+use crate::train::config::TrainerConfig;
 use crate::train::events::StepTimes;
 use crate::train::step::MicroBatch;
 
@@ -36,8 +36,8 @@ impl Strategy for Hybrid {
     fn rank(&self) -> usize {
         self.reducers.first().map_or(0, |r| r.communicator().rank())
     }
-    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
-        let devices = self.pipeline.setup(setup, precision)?;
+    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+        let devices = self.pipeline.setup(setup, config)?;
         if self.reducers.len() != devices.len() {
             return Err(Error::invalid(
                 "Hybrid",

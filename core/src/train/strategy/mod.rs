@@ -14,7 +14,7 @@ pub use hybrid::Hybrid;
 pub use single::SingleDevice;
 
 use super::TrainingSetup;
-use super::config::Precision;
+use super::config::TrainerConfig;
 use super::events::{DeviceStats, StepTimes};
 use super::state::TrainerState;
 use super::step::MicroBatch;
@@ -36,9 +36,9 @@ pub struct StepReports {
 /// How the training loop turns each batch into gradients (Lightning's `Strategy`): `SingleDevice`,
 /// `DataParallel`, `pipeline::Pipeline` or `Hybrid`.
 pub trait Strategy: Send {
-    /// Before the loop: checks that `setup` can train this way in `precision`, and returns
-    /// the run's devices (one per replica or stage) for its start event.
-    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>>;
+    /// Before the loop: checks that `setup` can train this way with `config` (its precision,
+    /// above all), and returns the run's devices (one per replica or stage) for its start event.
+    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>>;
 
     /// A batch from the loader, on the device(s) that compute it.
     fn batch_to_device(&self, setup: &TrainingSetup, batch: &Batch) -> Result<Vec<Tensor>> {
@@ -56,6 +56,12 @@ pub trait Strategy: Send {
     /// After the step's last micro-batch, before the optimizer: the gradients are final.
     fn finish_gradients(&mut self, _times: &mut StepTimes) -> Result<()> {
         Ok(())
+    }
+
+    /// The loss and correct-prediction sums of one evaluation batch (on the setup's device),
+    /// as the task computes them; every worker that evaluates takes part.
+    fn eval_sums(&self, setup: &TrainingSetup, batch: &[Tensor]) -> Result<(Tensor, Tensor)> {
+        setup.task.eval_sums(setup.model.as_ref(), batch)
     }
 
     /// After each optimizer step, with the totals so far: true when the loader must cut the

@@ -5,7 +5,7 @@ use super::{StepReports, Strategy};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
-use crate::train::config::Precision;
+use crate::train::config::TrainerConfig;
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
 
@@ -14,8 +14,8 @@ use crate::train::step::{self, MicroBatch};
 pub struct SingleDevice;
 
 impl Strategy for SingleDevice {
-    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
-        step::check_precision(precision, &setup.device)?;
+    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+        step::check_precision(config.precision, &setup.device)?;
         Ok(vec![setup.device.location().to_string()])
     }
 

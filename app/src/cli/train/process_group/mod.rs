@@ -13,7 +13,7 @@ use anyhow::Context;
 use lockstep_core::Device;
 use lockstep_core::data::Dataset;
 
-use super::args::Args;
+use super::args::{Args, StageBalance};
 use super::{Finished, Hooks, Placement, replica};
 use crate::cli::world::{Launcher, WorldEnv};
 
@@ -31,6 +31,12 @@ pub fn train(
     check_flags(args, world)?;
     let device = device(&args.device, world)?;
     let finished = if uses_nccl(&device) {
+        anyhow::ensure!(
+            args.pipeline_stages.is_none(),
+            "stages across processes pass activations as MPI messages, and NCCL's communicators here have none yet: \
+             run the stages as threads of one process (`train --pipeline-stages {} --devices cuda:0,…`)",
+            size
+        );
         let collectives = nccl::collectives(args, world, &device).with_context(|| format!("rank {rank} of {size}"))?;
         replica(args, Placement::Device(device), collectives, train_set, test_set, hooks)
     } else {
@@ -46,21 +52,55 @@ pub fn train(
         ))
     };
     let (location, report, result) = finished.with_context(|| format!("rank {rank} of {size}"))?;
-    Ok((rank == 0).then(|| Finished {
-        device: format!("{location} (x{size} processes)"),
+    let (device, samples_per_sec) = if args.pipeline_stages.is_some() {
+        // Every stage sees every sample: the first stage's rate is the pipeline's.
+        (
+            format!("{location} (stage 1 of {size}, one per process)"),
+            report.samples_per_sec,
+        )
+    } else {
         // Every process takes an equal share of each global batch, as rank 0 did.
-        samples_per_sec: report.samples_per_sec * size as f64,
+        (
+            format!("{location} (x{size} processes)"),
+            report.samples_per_sec * size as f64,
+        )
+    };
+    Ok((rank == 0).then_some(Finished {
+        device,
+        samples_per_sec,
         report,
         result,
     }))
 }
 
-/// Flags that cannot work with one replica per process, refused before anything starts.
+/// Flags that cannot work with one replica (or one pipeline stage) per process, refused before
+/// anything starts.
 fn check_flags(args: &Args, world: &WorldEnv) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.pipeline_stages.is_none() && args.split.is_none(),
-        "a pipeline runs its stages as threads of one process (stages across processes are not built yet): start it without a launcher"
+        args.split.is_none() && args.place.is_none(),
+        "--split and --place put stages on the devices of one process: start it without a launcher, or give \
+         --pipeline-stages {} to run one stage in each of the {} processes",
+        world.world_size,
+        world.world_size
     );
+    if let Some(stages) = args.pipeline_stages {
+        anyhow::ensure!(
+            stages == world.world_size,
+            "--pipeline-stages {stages} under a launcher runs one stage per process, but this job has {} processes: \
+             start {stages} (`lockstep launch --nproc-per-node {stages}`)",
+            world.world_size
+        );
+        anyhow::ensure!(
+            args.balance_stages == StageBalance::Params,
+            "stages across processes are balanced by parameter count: --balance-stages time would measure on \
+             each process and the processes could cut the model differently"
+        );
+        anyhow::ensure!(
+            !args.sync_batchnorm,
+            "--sync-batchnorm syncs data-parallel replicas; a pipeline's processes hold different layers"
+        );
+        return Ok(());
+    }
     anyhow::ensure!(
         args.devices.is_empty(),
         "--devices runs several replicas as threads of one process, but a launcher started this one as rank {} of {}: \

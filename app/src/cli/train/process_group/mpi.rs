@@ -1,6 +1,7 @@
 //! MPI for a process group of CPU or wgpu devices (the `mpi` cargo feature): the world
-//! communicator for the gradients, a duplicate for SyncBatchNorm, and the session that must
-//! end on the main thread. Without the feature, a clear refusal.
+//! communicator for the gradients, a duplicate for SyncBatchNorm, or a pipeline's
+//! communicators (one stage per process), and the session that must end on the main thread.
+//! Without the feature, a clear refusal.
 
 use crate::cli::train::Collectives;
 use crate::cli::train::args::Args;
@@ -19,6 +20,7 @@ mod with_mpi {
 
     use anyhow::Context;
     use lockstep_core::backend::Communicator;
+    use lockstep_core::train::pipeline::ProcessStages;
     use lockstep_mpi::{MpiCommunicator, MpiSession};
 
     use super::{Args, Collectives, Device, WorldEnv};
@@ -48,6 +50,17 @@ mod with_mpi {
                     world.world_size,
                     world.world_size
                 );
+            }
+            if args.pipeline_stages.is_some() {
+                let comm = Arc::new(comm);
+                let more = || Ok(Box::new(comm.duplicate()?) as Box<dyn Communicator>);
+                let stages =
+                    ProcessStages::new(comm.clone(), more).context("cannot make the pipeline's MPI communicators")?;
+                let collectives = Collectives {
+                    pipeline: Some(stages),
+                    ..Collectives::default()
+                };
+                return Ok((MpiJob { session, rank, size }, collectives));
             }
             let batchnorm = if args.sync_batchnorm {
                 let dup = comm

@@ -1,11 +1,14 @@
 //! Runs one step of a schedule: a thread per stage, each running its actions in order,
 //! activations sent forward and their gradients back over channels. A stage's input arrives
-//! detached and becomes a leaf of the stage's own graph; its gradient is what goes back.
+//! detached and becomes a leaf of the stage's own graph; its gradient is what goes back. In a
+//! pipeline of processes, this process runs one stage and bridges carry its channels' far ends
+//! to its neighbours (`processes`).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Instant;
 
+use super::processes::{BridgeEnds, Message, ProcessStages};
 use super::schedule::{Action, Pass, Schedule};
 use crate::autocast::AutocastGuard;
 use crate::distributed::Reducer;
@@ -16,23 +19,23 @@ use crate::train::Task;
 use crate::train::events::StepTimes;
 use crate::train::step::MicroBatch;
 
-/// A tensor of micro-batch `usize` between neighbouring stages.
-type Message = (usize, Tensor);
-
 /// Runs `schedule` over `batch` (its first tensor the input on the first stage's device, the
 /// rest targets on the last stage's) cut into the schedule's micro-batches; each micro-batch's
 /// loss is weighted by `batch.weight / M`. With `reducers` (one per stage) each stage's
-/// gradients start their all-reduce during its last backward. Returns the mean of the micro-batches' losses,
-/// detached, on the last stage's device.
+/// gradients start their all-reduce during its last backward. With `processes`, `model` holds
+/// this process's stage alone. Returns the mean of the micro-batches' losses, detached, on the
+/// last stage's device: `None` in a process that does not run the last stage.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_step(
     model: &StagedModel,
+    processes: Option<&ProcessStages>,
     task: &dyn Task,
     schedule: &Schedule,
     pools: &[Option<rayon::ThreadPool>],
     reducers: &[Reducer],
     batch: &MicroBatch<'_>,
     times: &mut StepTimes,
-) -> Result<(Tensor, StepProfile)> {
+) -> Result<(Option<Tensor>, StepProfile)> {
     let (stages, micro_batches) = (schedule.stages, schedule.micro_batches);
     let (input, targets) = batch
         .tensors
@@ -45,57 +48,74 @@ pub(super) fn run_step(
         .collect::<Result<_>>()?;
     let weight = batch.weight / micro_batches as f64;
 
-    // One channel each way between neighbours; stage s takes, in stage order, the ends of the
-    // boundary before it (s > 0) and after it (s < last).
-    let (forward_tx, forward_rx): (Vec<_>, Vec<_>) = (1..stages).map(|_| channel::<Message>()).unzip();
-    let (backward_tx, backward_rx): (Vec<_>, Vec<_>) = (1..stages).map(|_| channel::<Message>()).unzip();
-    let (mut forward_tx, mut forward_rx) = (forward_tx.into_iter(), forward_rx.into_iter());
-    let (mut backward_tx, mut backward_rx) = (backward_tx.into_iter(), backward_rx.into_iter());
+    let first_stage = processes.map_or(0, ProcessStages::stage);
+    let (ends, far) = match processes {
+        None => (local_ends(stages), None),
+        Some(p) => {
+            let (ends, far) = process_ends(p);
+            (vec![ends], Some(far))
+        }
+    };
     let started = Instant::now();
-    let outcomes: Vec<std::result::Result<StageOutcome, StageFailure>> = std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(stages);
-        for (s, actions) in schedule.actions.iter().enumerate() {
+    let (outcomes, bridge_errors) = std::thread::scope(|scope| {
+        let bridges = match (processes, far) {
+            (Some(p), Some(far)) => p.bridge(scope, micro_batches, &model.devices()[0], far),
+            _ => Vec::new(),
+        };
+        let mut handles = Vec::with_capacity(ends.len());
+        for (i, ends) in ends.into_iter().enumerate() {
+            let s = first_stage + i;
+            let actions = &schedule.actions[s];
             let last = s + 1 == stages;
             let run = StageRun {
                 stage: s,
-                module: &model.stages()[s],
-                reducer: reducers.get(s),
+                module: &model.stages()[i],
+                reducer: reducers.get(i),
                 last_backward: actions.iter().rev().find(|a| a.pass == Pass::Backward).map(|a| a.micro),
-                device: &model.devices()[s],
+                device: &model.devices()[i],
                 task,
                 batch,
                 weight,
                 inputs: if s == 0 { inputs.clone() } else { Vec::new() },
                 targets: if last { targets.clone() } else { Vec::new() },
-                from_previous: if s > 0 { forward_rx.next().map(Inbox::new) } else { None },
-                to_next: if last { None } else { forward_tx.next() },
-                grad_from_next: if last { None } else { backward_rx.next().map(Inbox::new) },
-                grad_to_previous: if s > 0 { backward_tx.next() } else { None },
+                ends,
             };
-            let pool = pools.get(s).and_then(Option::as_ref);
+            let pool = pools.get(i).and_then(Option::as_ref);
             handles.push(scope.spawn(move || match pool {
                 // Each CPU stage computes on its own threads, not in one pool with the others.
                 Some(pool) => pool.install(|| run.actions(actions)),
                 None => run.actions(actions),
             }));
         }
-        handles
+        let outcomes: Vec<std::result::Result<StageOutcome, StageFailure>> = handles
             .into_iter()
             .enumerate()
-            .map(|(s, h)| {
+            .map(|(i, h)| {
                 h.join().unwrap_or_else(|_| {
                     Err(StageFailure {
-                        error: Error::invalid("pipeline", format!("stage {s} panicked")),
+                        error: Error::invalid("pipeline", format!("stage {} panicked", first_stage + i)),
                         secondary: false,
                     })
                 })
             })
-            .collect()
+            .collect();
+        let bridge_errors: Vec<Error> = bridges
+            .into_iter()
+            .filter_map(|h| match h.join() {
+                Ok(result) => result.err(),
+                Err(_) => Some(Error::invalid(
+                    "pipeline",
+                    "a bridge to another stage's process panicked",
+                )),
+            })
+            .collect();
+        (outcomes, bridge_errors)
     });
     let wall = started.elapsed().as_secs_f64();
-    // A stage that failed first is the cause; its neighbours then fail for want of messages.
+    // A stage that failed first is the cause; its neighbours then fail for want of messages,
+    // which a failed bridge to another process explains better.
     let mut results = Vec::with_capacity(stages);
-    let mut secondary = None;
+    let mut secondary = bridge_errors.into_iter().next();
     for outcome in outcomes {
         match outcome {
             Ok(o) => results.push(o),
@@ -125,6 +145,9 @@ pub(super) fn run_step(
     };
     times.forward += wall * share;
     times.backward += wall * (1.0 - share);
+    if processes.is_some_and(|p| !p.is_last()) {
+        return Ok((None, profile));
+    }
     let losses = results.pop().map(|o| o.losses).unwrap_or_default();
     let mut sum = losses
         .first()
@@ -133,7 +156,49 @@ pub(super) fn run_step(
     for l in &losses[1..] {
         sum = sum.add(l)?;
     }
-    Ok((sum.affine(1.0 / micro_batches as f64, 0.0)?, profile))
+    Ok((Some(sum.affine(1.0 / micro_batches as f64, 0.0)?), profile))
+}
+
+/// One stage's ends of the channels to its neighbours (none where it has no neighbour).
+#[derive(Default)]
+struct StageEnds {
+    from_previous: Option<Inbox>,
+    to_next: Option<Sender<Message>>,
+    grad_from_next: Option<Inbox>,
+    grad_to_previous: Option<Sender<Message>>,
+}
+
+/// Every stage runs here: one channel each way between neighbours.
+fn local_ends(stages: usize) -> Vec<StageEnds> {
+    let mut ends: Vec<StageEnds> = (0..stages).map(|_| StageEnds::default()).collect();
+    for b in 1..stages {
+        let (tx, rx) = channel();
+        ends[b - 1].to_next = Some(tx);
+        ends[b].from_previous = Some(Inbox::new(rx));
+        let (tx, rx) = channel();
+        ends[b].grad_to_previous = Some(tx);
+        ends[b - 1].grad_from_next = Some(Inbox::new(rx));
+    }
+    ends
+}
+
+/// This process's one stage: the far end of each of its channels goes to a bridge to the
+/// neighbour's process.
+fn process_ends(p: &ProcessStages) -> (StageEnds, BridgeEnds) {
+    let (mut ends, mut far) = (StageEnds::default(), BridgeEnds::default());
+    if p.stage() > 0 {
+        let (tx, rx) = channel();
+        (ends.from_previous, far.activations_in) = (Some(Inbox::new(rx)), Some(tx));
+        let (tx, rx) = channel();
+        (ends.grad_to_previous, far.gradients_out) = (Some(tx), Some(rx));
+    }
+    if !p.is_last() {
+        let (tx, rx) = channel();
+        (ends.to_next, far.activations_out) = (Some(tx), Some(rx));
+        let (tx, rx) = channel();
+        (ends.grad_from_next, far.gradients_in) = (Some(Inbox::new(rx)), Some(tx));
+    }
+    (ends, far)
 }
 
 /// Where one step's time went, per stage (host time).
@@ -255,10 +320,7 @@ struct StageRun<'a> {
     weight: f64,
     inputs: Vec<Tensor>,
     targets: Vec<Vec<Tensor>>,
-    from_previous: Option<Inbox>,
-    to_next: Option<Sender<Message>>,
-    grad_from_next: Option<Inbox>,
-    grad_to_previous: Option<Sender<Message>>,
+    ends: StageEnds,
 }
 
 /// A forwarded micro-batch waiting for its backward: the stage's input leaf and its output
@@ -300,7 +362,7 @@ impl StageRun<'_> {
         losses: &mut Vec<Tensor>,
         compute: &mut f64,
     ) -> std::result::Result<Held, StageFailure> {
-        let received = match &mut self.from_previous {
+        let received = match &mut self.ends.from_previous {
             None => None,
             Some(inbox) => Some(inbox.take(micro).ok_or_else(|| self.starved(micro, "activations"))?),
         };
@@ -315,7 +377,7 @@ impl StageRun<'_> {
             .autocast_dtype()
             .map(AutocastGuard::new)
             .transpose()?;
-        let Some(to_next) = &self.to_next else {
+        let Some(to_next) = &self.ends.to_next else {
             let mut batch = vec![input.clone()];
             batch.extend(self.targets.iter().map(|t| t[micro].clone()));
             let loss = self.task.loss(self.module, &batch)?;
@@ -333,7 +395,7 @@ impl StageRun<'_> {
     }
 
     fn backward(&mut self, micro: usize, held: Held, compute: &mut f64) -> std::result::Result<(), StageFailure> {
-        let received = match &mut self.grad_from_next {
+        let received = match &mut self.ends.grad_from_next {
             None => None,
             Some(inbox) => Some(inbox.take(micro).ok_or_else(|| self.starved(micro, "gradients"))?),
         };
@@ -345,7 +407,7 @@ impl StageRun<'_> {
             None => held.output.backward()?,
             Some(g) => held.output.backward_with(g.to_device(self.device)?)?,
         }
-        if let Some(to_previous) = &self.grad_to_previous {
+        if let Some(to_previous) = &self.ends.grad_to_previous {
             let g = held.input.grad().ok_or_else(|| {
                 Error::invalid(
                     "pipeline",

@@ -4,11 +4,13 @@
 //! `Pipeline` strategy.
 
 mod executor;
+mod processes;
 mod schedule;
 mod strategy;
 mod timeline;
 
 pub use executor::{StageCompute, StepProfile};
+pub use processes::ProcessStages;
 pub use schedule::{Action, Pass, Schedule, ScheduleKind};
 pub use strategy::Pipeline;
 pub(in crate::train::strategy) use strategy::staged;

@@ -1,19 +1,22 @@
 //! The pipeline strategy: a `StagedModel`'s stages run at once on micro-batches of each batch,
 //! on a GPipe or 1F1B schedule; each micro-batch's loss is weighted 1/M, so the gradients are
-//! those of the whole batch on one device.
+//! those of the whole batch on one device. The stages run as threads of this process, or one
+//! per process (`Pipeline::across_processes`).
 
 use super::executor::{StepProfile, run_step};
+use super::processes::ProcessStages;
 use super::schedule::{Schedule, ScheduleKind};
 use crate::data::Batch;
-use crate::distributed::Reducer;
+use crate::distributed::{Reducer, all_gather_strings};
 use crate::error::{Error, Result};
 use crate::nn::StagedModel;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
-use crate::train::config::Precision;
+use crate::train::config::{GradientClip, OnNan, Precision, TrainerConfig};
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
-use crate::train::strategy::replica_reports::{device_stats, distinct};
+use crate::train::strategy::data_parallel::any_wishes;
+use crate::train::strategy::replica_reports::{device_stats, distinct, gather_reports};
 use crate::train::strategy::{StepReports, Strategy};
 
 /// The pipeline-parallel strategy (as `torch.distributed.pipelining`): a `StagedModel`'s stages run
@@ -33,6 +36,8 @@ pub struct Pipeline {
     steps_summed: u64,
     /// Each stage's device as events name it (`cpu:0 (stage 1)` where two stages share one).
     stage_names: Vec<String>,
+    /// Where this process is one stage of a pipeline of processes.
+    processes: Option<ProcessStages>,
 }
 
 impl Pipeline {
@@ -48,7 +53,16 @@ impl Pipeline {
             stage_sums: Vec::new(),
             steps_summed: 0,
             stage_names: Vec::new(),
+            processes: None,
         }
+    }
+
+    /// Runs one stage in this process and the others in theirs, one stage per rank of
+    /// `processes` (as `torch.distributed.pipelining`). The model is this stage alone
+    /// (`StagedModel::place_one`); every stage gets the step's loss and evaluates together.
+    pub fn across_processes(mut self, processes: ProcessStages) -> Pipeline {
+        self.processes = Some(processes);
+        self
     }
 
     /// Gives each stage on a CPU device `threads` compute threads of its own, as separate
@@ -79,6 +93,7 @@ impl Pipeline {
         let model = staged(setup)?;
         let (loss, profile) = run_step(
             model,
+            self.processes.as_ref(),
             setup.task.as_ref(),
             schedule,
             &self.pools,
@@ -93,7 +108,11 @@ impl Pipeline {
             sum.waiting += (profile.wall - c.forward - c.backward).max(0.0);
         }
         self.last_profile = Some(profile);
-        Ok(loss)
+        match (&self.processes, loss) {
+            (Some(p), loss) => p.from_last_stage(loss, &model.devices()[0]),
+            (None, Some(loss)) => Ok(loss),
+            (None, None) => Err(Error::invalid("pipeline", "the last stage computed no loss")),
+        }
     }
 
     /// Each stage's compute time in the last step, and the step's wall time.
@@ -129,13 +148,47 @@ fn cpu_pool(threads: usize) -> Result<rayon::ThreadPool> {
         })
 }
 
+/// What a pipeline of processes cannot do yet, refused before the first step rather than
+/// computed on one stage's gradients alone.
+fn check_across_processes(model: &StagedModel, config: &TrainerConfig) -> Result<()> {
+    let refuse = |msg: &str| Err(Error::invalid("pipeline across processes", msg));
+    if model.stages().len() != 1 {
+        return refuse(
+            "each process holds only its own stage: make the model with StagedModel::place_one (this one has several stages)",
+        );
+    }
+    if config.precision == Precision::Mixed16 || config.grad_scaler.is_some() {
+        return refuse(
+            "f16 loss scaling would need every stage to agree on overflow, which is not built yet: use bf16 mixed precision, or run the stages in one process",
+        );
+    }
+    if matches!(config.gradient_clip, Some(GradientClip::Norm(_))) {
+        return refuse(
+            "clipping by the total gradient norm needs every stage's gradients, which is not built yet: clip by value, or run the stages in one process",
+        );
+    }
+    if config.on_nan == OnNan::Skip {
+        return refuse(
+            "skipping a step with a non-finite gradient needs every stage to agree, which is not built yet: use on_nan Stop",
+        );
+    }
+    Ok(())
+}
+
 impl Strategy for Pipeline {
-    fn setup(&mut self, setup: &TrainingSetup, precision: Precision) -> Result<Vec<String>> {
+    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         let model = staged(setup)?;
         for device in model.devices() {
-            step::check_precision(precision, device)?;
+            step::check_precision(config.precision, device)?;
         }
-        let schedule = Schedule::new(self.kind, model.stages().len(), self.micro_batches)?;
+        let stages = match &self.processes {
+            Some(p) => {
+                check_across_processes(model, config)?;
+                p.stages()
+            }
+            None => model.stages().len(),
+        };
+        let schedule = Schedule::new(self.kind, stages, self.micro_batches)?;
         schedule.validate()?;
         self.schedule = Some(schedule);
         self.pools = model
@@ -146,12 +199,19 @@ impl Strategy for Pipeline {
                 _ => Ok(None),
             })
             .collect::<Result<_>>()?;
-        let locations = model.devices().iter().map(|d| d.location().to_string()).collect();
+        let locations = match &self.processes {
+            Some(p) => {
+                let device = &model.devices()[0];
+                all_gather_strings(p.world().as_ref(), device, device.location())?
+            }
+            None => model.devices().iter().map(|d| d.location().to_string()).collect(),
+        };
         self.stage_names = distinct(locations, "stage");
         Ok(self.stage_names.clone())
     }
 
-    /// The input onto the first stage's device, the targets onto the last's.
+    /// The input onto the first stage's device, the targets onto the last's (this process's
+    /// one stage, across processes).
     fn batch_to_device(&self, setup: &TrainingSetup, batch: &Batch) -> Result<Vec<Tensor>> {
         let devices = staged(setup)?.devices();
         let (first, last) = (&devices[0], &devices[devices.len() - 1]);
@@ -177,6 +237,31 @@ impl Strategy for Pipeline {
         Ok(())
     }
 
+    /// Across processes, the batch goes forward stage by stage and the last stage's sums
+    /// reach every stage.
+    fn eval_sums(&self, setup: &TrainingSetup, batch: &[Tensor]) -> Result<(Tensor, Tensor)> {
+        let Some(p) = &self.processes else {
+            return setup.task.eval_sums(setup.model.as_ref(), batch);
+        };
+        let model = staged(setup)?;
+        p.eval_sums(&model.stages()[0], &model.devices()[0], setup.task.as_ref(), batch)
+    }
+
+    fn stops_together(&self) -> bool {
+        self.processes.is_some()
+    }
+
+    fn any_stops(&self, setup: &TrainingSetup, mine: bool) -> Result<bool> {
+        match &self.processes {
+            Some(p) => any_wishes(p.world().as_ref(), &staged(setup)?.devices()[0], mine),
+            None => Ok(mine),
+        }
+    }
+
+    fn rank(&self) -> usize {
+        self.processes.as_ref().map_or(0, ProcessStages::stage)
+    }
+
     /// Each stage's compute and waiting (as a stage's "worker" times, for its device's row),
     /// with the step's data, communication and optimizer times, which the stages share.
     fn step_reports(&mut self, setup: &TrainingSetup, mine: &StepTimes) -> Result<StepReports> {
@@ -192,7 +277,15 @@ impl Strategy for Pipeline {
                     ..*mine
                 }
             })
-            .collect();
+            .collect::<Vec<StepTimes>>();
+        if let Some(p) = &self.processes {
+            // This process's one stage; every stage's comes from its own process.
+            let device = &staged(setup)?.devices()[0];
+            let mine = worker_times.first().copied().unwrap_or(*mine);
+            let all = gather_reports(p.world().as_ref(), device, &mine, &self.stage_names)?;
+            let (worker_times, devices) = all.into_iter().unzip();
+            return Ok(StepReports { worker_times, devices });
+        }
         let devices = staged(setup)?
             .devices()
             .iter()
