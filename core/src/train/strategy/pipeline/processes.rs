@@ -102,7 +102,7 @@ impl ProcessStages {
     pub(super) fn from_last_stage(&self, mine: Option<Tensor>, device: &Device) -> Result<Tensor> {
         let value = match mine {
             // A fresh buffer, whatever view or dtype the value came in.
-            Some(value) => value.to_dtype(DType::F32)?.affine(1.0, 0.0)?.contiguous()?,
+            Some(value) => value.to_dtype(DType::F32)?.affine(1.0, 0.0)?,
             None => Tensor::zeros([], DType::F32, device)?,
         };
         self.world.broadcast(value.buffer(), self.stages - 1)?;
