@@ -271,7 +271,8 @@ fn a_short_run_learns_mnist() {
 
 #[test]
 fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
-    let json = short_run_summary("devices", &["--devices", "cpu:0,cpu:1"]);
+    // The replicas are checked bit for bit along the way: identical CPUs never drift.
+    let json = short_run_summary("devices", &["--devices", "cpu:0,cpu:1", "--check-replicas-every", "10"]);
     assert_eq!(json["device"], "cpu:0,cpu:1", "{json}");
 }
 
@@ -301,7 +302,14 @@ fn a_pipeline_and_replicas_of_it_learn_as_one_device_does() {
     // Two replicas of the two-stage pipeline: each stage's gradients averaged over its pair.
     let hybrid = short_run_summary(
         "hybrid",
-        &["--pipeline-stages", "2", "--devices", "cpu:0,cpu:1,cpu:2,cpu:3"],
+        &[
+            "--pipeline-stages",
+            "2",
+            "--devices",
+            "cpu:0,cpu:1,cpu:2,cpu:3",
+            "--check-replicas-every",
+            "10",
+        ],
     );
     assert_eq!(hybrid["device"], "cpu:0,cpu:1,cpu:2,cpu:3", "{hybrid}");
     let (a, b) = (

@@ -11,6 +11,7 @@ mod consistency;
 mod gather;
 mod reducer;
 pub mod rendezvous;
+mod replica_check;
 mod shares;
 mod sync_batchnorm;
 
@@ -19,6 +20,7 @@ pub use consistency::verify_same_model;
 pub use gather::{all_gather_strings, all_gather_values};
 pub use reducer::{CommTimes, Reducer, ReducerConfig};
 pub use rendezvous::{Rendezvous, RendezvousConfig};
+pub use replica_check::{Drift, OnDrift, ReplicaCheck, check_replicas, find_drift};
 pub use shares::{MIN_GAIN, proportional_shares, rebalanced, step_seconds};
 pub use sync_batchnorm::all_reduce_sum;
 pub(crate) use sync_batchnorm::synced_batch_stats;

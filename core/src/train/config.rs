@@ -130,6 +130,10 @@ pub struct TrainerConfig {
     pub progress: Progress,
     /// What a step with an inf or NaN loss or gradient does (default: stop the run).
     pub on_nan: OnNan,
+    /// Data parallel: compare the replicas' parameters bit for bit every N steps and stop or
+    /// re-broadcast rank 0's where they drifted apart (devices of different vendors round
+    /// differently); `None` (the default) never checks.
+    pub replica_check: Option<crate::distributed::ReplicaCheck>,
 }
 
 impl Default for TrainerConfig {
@@ -147,6 +151,7 @@ impl Default for TrainerConfig {
             grad_scaler: None,
             progress: Progress::Bar,
             on_nan: OnNan::Stop,
+            replica_check: None,
         }
     }
 }
@@ -166,6 +171,9 @@ impl TrainerConfig {
         }
         if self.limit_train_batches == Some(0) {
             return bad("limit_train_batches must be at least 1");
+        }
+        if self.replica_check.is_some_and(|c| c.every_n_steps == 0) {
+            return bad("replica_check.every_n_steps must be at least 1");
         }
         match self.gradient_clip {
             Some(GradientClip::Norm(v) | GradientClip::Value(v)) if !(v > 0.0 && v.is_finite()) => {

@@ -117,6 +117,19 @@ pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &
     Ok(finite)
 }
 
+/// Refuses a replica check where there are no replicas to compare, naming what has them.
+pub fn check_no_replica_check(config: &TrainerConfig, strategy: &str) -> Result<()> {
+    if config.replica_check.is_none() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "replica check",
+        format!(
+            "{strategy} has no replicas to compare: the check (--check-replicas-every) is for data parallel (--devices, a launcher, or replicas of a pipeline)"
+        ),
+    ))
+}
+
 /// An error unless `device` can compute in `precision`'s autocast dtype.
 pub fn check_precision(precision: Precision, device: &Device) -> Result<()> {
     let Some(dtype) = precision.autocast_dtype() else {

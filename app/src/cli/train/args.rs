@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use lockstep_core::distributed::ReducerConfig;
+use lockstep_core::distributed::{OnDrift, ReducerConfig, ReplicaCheck};
 use lockstep_core::train::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -52,6 +52,15 @@ pub enum OnNanArg {
     Stop,
     /// Skip the step and go on.
     Skip,
+}
+
+/// What --on-replica-drift does when replicas' parameters differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnDriftArg {
+    /// End the run with an error naming the parameter and the rank.
+    Stop,
+    /// Warn and give every replica rank 0's parameters.
+    Rebroadcast,
 }
 
 /// What --on-checkpoint-error does when a checkpoint cannot be written.
@@ -304,6 +313,14 @@ pub struct Args {
     /// anyway.
     #[arg(long, value_enum, default_value_t = OnNanArg::Stop)]
     pub on_nan: OnNanArg,
+    /// Data parallel: every N steps, compare the replicas' parameters bit for bit (devices of
+    /// different vendors round differently, so a cpu+wgpu+cuda run can drift apart silently).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub check_replicas_every: Option<u64>,
+    /// What a difference found by --check-replicas-every does: stop the run naming the first
+    /// parameter that differs, or warn and carry on from rank 0's parameters.
+    #[arg(long, value_enum, default_value_t = OnDriftArg::Stop, requires = "check_replicas_every")]
+    pub on_replica_drift: OnDriftArg,
     /// A checkpoint that cannot be written (a full disk, a vanished directory): stop the run
     /// (the previous checkpoint stays whole), or warn and train on.
     #[arg(long, value_enum, default_value_t = OnCheckpointError::Stop)]
@@ -588,6 +605,13 @@ impl Args {
                 OnNanArg::Stop => OnNan::Stop,
                 OnNanArg::Skip => OnNan::Skip,
             },
+            replica_check: self.check_replicas_every.map(|every_n_steps| ReplicaCheck {
+                every_n_steps,
+                on_drift: match self.on_replica_drift {
+                    OnDriftArg::Stop => OnDrift::Stop,
+                    OnDriftArg::Rebroadcast => OnDrift::Rebroadcast,
+                },
+            }),
             ..Default::default()
         }
     }

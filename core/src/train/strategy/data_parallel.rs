@@ -9,8 +9,9 @@ use super::replica_reports::{gather_reports, replica_names};
 use super::{StepReports, Strategy};
 use crate::backend::Communicator;
 use crate::device::Device;
-use crate::distributed::{Balancer, Reducer, WorkDone, all_gather_values};
+use crate::distributed::{Balancer, Reducer, ReplicaCheck, WorkDone, all_gather_values, check_replicas};
 use crate::error::Result;
+use crate::nn::ModuleExt;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
 use crate::train::config::TrainerConfig;
@@ -25,6 +26,8 @@ pub struct DataParallel {
     balancer: Option<Balancer>,
     /// Every replica's device, by rank (set by `setup`).
     replica_names: Vec<String>,
+    /// `TrainerConfig::replica_check` (set by `setup`).
+    replica_check: Option<ReplicaCheck>,
 }
 
 impl DataParallel {
@@ -35,6 +38,7 @@ impl DataParallel {
             reducer,
             balancer: None,
             replica_names: Vec::new(),
+            replica_check: None,
         }
     }
 
@@ -71,6 +75,7 @@ impl Strategy for DataParallel {
     fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         step::check_precision(config.precision, &setup.device)?;
         self.replica_names = replica_names(self.reducer.communicator().as_ref(), &setup.device)?;
+        self.replica_check = config.replica_check;
         Ok(self.replica_names.clone())
     }
 
@@ -100,6 +105,10 @@ impl Strategy for DataParallel {
     }
 
     fn after_optimizer_step(&mut self, setup: &TrainingSetup, state: &TrainerState, times: &StepTimes) -> Result<bool> {
+        if let Some(check) = self.replica_check.filter(|c| c.due(state.global_step)) {
+            let named = setup.model.as_ref().named_parameters();
+            check_replicas(&check, state.global_step, &named, self.reducer.communicator().as_ref())?;
+        }
         let Some(balancer) = &mut self.balancer else {
             return Ok(false);
         };

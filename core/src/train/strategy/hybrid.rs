@@ -7,12 +7,14 @@ use super::data_parallel::{any_wishes, finish_timed};
 use super::pipeline::{Pipeline, staged};
 use super::{StepReports, Strategy};
 use crate::data::Batch;
-use crate::distributed::Reducer;
+use crate::distributed::{Reducer, ReplicaCheck, check_replicas};
 use crate::error::{Error, Result};
+use crate::nn::ModuleExt;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
 use crate::train::config::TrainerConfig;
 use crate::train::events::StepTimes;
+use crate::train::state::TrainerState;
 use crate::train::step::MicroBatch;
 
 /// One replica of a data × pipeline parallel run: a `Pipeline` whose stages each average their
@@ -21,6 +23,8 @@ pub struct Hybrid {
     pipeline: Pipeline,
     /// One per stage, over that stage's parameters and the replicas' devices of that stage.
     reducers: Vec<Reducer>,
+    /// `TrainerConfig::replica_check` (set by `setup`).
+    replica_check: Option<ReplicaCheck>,
 }
 
 impl Hybrid {
@@ -28,7 +32,11 @@ impl Hybrid {
     /// `Reducer::new(&stage.parameters(), comm_of_stage_s, …)`). The training loader gives
     /// this replica its shard of each global batch, as for `DataParallel`.
     pub fn new(pipeline: Pipeline, reducers: Vec<Reducer>) -> Hybrid {
-        Hybrid { pipeline, reducers }
+        Hybrid {
+            pipeline,
+            reducers,
+            replica_check: None,
+        }
     }
 }
 
@@ -37,7 +45,12 @@ impl Strategy for Hybrid {
         self.reducers.first().map_or(0, |r| r.communicator().rank())
     }
     fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
-        let devices = self.pipeline.setup(setup, config)?;
+        // The pipeline has no replicas of its own: the check runs here, over each stage's group.
+        let pipeline_config = TrainerConfig {
+            replica_check: None,
+            ..config.clone()
+        };
+        let devices = self.pipeline.setup(setup, &pipeline_config)?;
         if self.reducers.len() != devices.len() {
             return Err(Error::invalid(
                 "Hybrid",
@@ -48,6 +61,7 @@ impl Strategy for Hybrid {
                 ),
             ));
         }
+        self.replica_check = config.replica_check;
         Ok(devices)
     }
 
@@ -67,6 +81,22 @@ impl Strategy for Hybrid {
     fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
         self.reducers.iter().try_for_each(|r| finish_timed(r, times))?;
         self.pipeline.finish_gradients(times)
+    }
+
+    /// Each stage's copies are compared over that stage's group, stage after stage.
+    fn after_optimizer_step(
+        &mut self,
+        setup: &TrainingSetup,
+        state: &TrainerState,
+        _times: &StepTimes,
+    ) -> Result<bool> {
+        if let Some(check) = self.replica_check.filter(|c| c.due(state.global_step)) {
+            for (stage, reducer) in staged(setup)?.stages().iter().zip(&self.reducers) {
+                let named = stage.named_parameters();
+                check_replicas(&check, state.global_step, &named, reducer.communicator().as_ref())?;
+            }
+        }
+        Ok(false)
     }
 
     fn stops_together(&self) -> bool {

@@ -16,6 +16,7 @@ pub struct SingleDevice;
 impl Strategy for SingleDevice {
     fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         step::check_precision(config.precision, &setup.device)?;
+        step::check_no_replica_check(config, "a run on one device")?;
         Ok(vec![setup.device.location().to_string()])
     }
 

@@ -181,6 +181,7 @@ impl Strategy for Pipeline {
         for device in model.devices() {
             step::check_precision(config.precision, device)?;
         }
+        step::check_no_replica_check(config, "a pipeline without replicas")?;
         let stages = match &self.processes {
             Some(p) => {
                 check_across_processes(model, config)?;
