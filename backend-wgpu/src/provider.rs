@@ -1,5 +1,6 @@
-//! `wgpu:N` devices: every adapter wgpu finds, in a stable order (hardware before software, then
-//! by backend), opened once per process.
+//! `wgpu:N` devices: every adapter wgpu finds, best first (discrete GPUs, then integrated, then
+//! software; for each GPU its native API before GL), opened once per process. One GPU appears
+//! once per API it speaks (Vulkan, DX12, GL): `lockstep devices` names the duplicates.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,19 +21,58 @@ fn adapters() -> &'static Vec<wgpu::Adapter> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all());
         let mut found = pollster::block_on(instance.enumerate_adapters(backends));
+        // Stable: adapters alike in rank keep the order wgpu found them in.
         found.sort_by_key(|a| {
             let info = a.get_info();
-            (is_software(&info), backend_rank(info.backend))
+            adapter_rank(info.device_type, info.backend)
         });
         found
     })
 }
 
-fn backend_rank(b: wgpu::Backend) -> u8 {
-    match b {
-        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
-        _ => 1,
+/// Where an adapter sorts, lowest first: a hybrid laptop's discrete GPU before its integrated
+/// one (so `wgpu:0` and `auto` are the fast one), software last; for one GPU, the API with the
+/// best compute path first (Vulkan, Metal, DX12, then GL).
+fn adapter_rank(kind: wgpu::DeviceType, api: wgpu::Backend) -> (u8, u8) {
+    let kind = match kind {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let api = match api {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal => 0,
+        wgpu::Backend::Dx12 => 1,
+        _ => 2,
+    };
+    (kind, api)
+}
+
+/// The `wgpu:N` that is the same physical GPU as `adapters[index]` through an earlier-listed API,
+/// if any: the same PCI bus where both report one, else the same vendor, device id and type
+/// (ids of 0 say nothing, so those never match), the k-th such GPU of one API pairing with the
+/// k-th of the other (two identical cards stay two).
+fn same_gpu_as(adapters: &[wgpu::AdapterInfo], index: usize) -> Option<usize> {
+    let me = &adapters[index];
+    if !me.device_pci_bus_id.is_empty() {
+        return adapters[..index]
+            .iter()
+            .position(|a| a.backend != me.backend && a.device_pci_bus_id == me.device_pci_bus_id);
     }
+    if me.vendor == 0 && me.device == 0 {
+        return None;
+    }
+    let alike = |a: &wgpu::AdapterInfo| (a.vendor, a.device, a.device_type) == (me.vendor, me.device, me.device_type);
+    let earlier = &adapters[..index];
+    let k = earlier.iter().filter(|a| a.backend == me.backend && alike(a)).count();
+    let other_api = earlier.iter().find(|a| a.backend != me.backend && alike(a))?.backend;
+    earlier
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.backend == other_api && alike(a))
+        .nth(k)
+        .map(|(i, _)| i)
 }
 
 fn is_software(info: &wgpu::AdapterInfo) -> bool {
@@ -162,10 +202,93 @@ impl DeviceProvider for WgpuProvider {
     }
 
     fn list(&self) -> Vec<DeviceInfo> {
+        let infos: Vec<wgpu::AdapterInfo> = adapters().iter().map(wgpu::Adapter::get_info).collect();
         adapters()
             .iter()
             .enumerate()
-            .map(|(i, a)| describe(&format!("wgpu:{i}"), a))
+            .map(|(i, a)| {
+                let mut info = describe(&format!("wgpu:{i}"), a);
+                if let Some(first) = same_gpu_as(&infos, i) {
+                    info.details.insert(0, ("same GPU as".into(), format!("wgpu:{first}")));
+                }
+                info
+            })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgpu::{Backend, DeviceType};
+
+    fn adapter(vendor: u32, device: u32, device_type: DeviceType, backend: Backend) -> wgpu::AdapterInfo {
+        wgpu::AdapterInfo {
+            vendor,
+            device,
+            ..wgpu::AdapterInfo::new(device_type, backend)
+        }
+    }
+
+    #[test]
+    fn a_hybrid_laptops_discrete_gpu_comes_first_and_software_last() {
+        let mut found = [
+            (DeviceType::Cpu, Backend::Vulkan),
+            (DeviceType::IntegratedGpu, Backend::Vulkan),
+            (DeviceType::DiscreteGpu, Backend::Gl),
+            (DeviceType::DiscreteGpu, Backend::Dx12),
+            (DeviceType::DiscreteGpu, Backend::Vulkan),
+        ];
+        found.sort_by_key(|&(kind, api)| adapter_rank(kind, api));
+        assert_eq!(
+            found,
+            [
+                (DeviceType::DiscreteGpu, Backend::Vulkan),
+                (DeviceType::DiscreteGpu, Backend::Dx12),
+                (DeviceType::DiscreteGpu, Backend::Gl),
+                (DeviceType::IntegratedGpu, Backend::Vulkan),
+                (DeviceType::Cpu, Backend::Vulkan),
+            ]
+        );
+    }
+
+    #[test]
+    fn one_gpu_through_several_apis_is_named_as_the_first_listed() {
+        let nvidia = 0x10de;
+        let infos = [
+            adapter(nvidia, 0x2684, DeviceType::DiscreteGpu, Backend::Vulkan),
+            adapter(nvidia, 0x2684, DeviceType::DiscreteGpu, Backend::Dx12),
+            adapter(0x8086, 0xa7a0, DeviceType::IntegratedGpu, Backend::Vulkan),
+            adapter(nvidia, 0x2684, DeviceType::DiscreteGpu, Backend::Gl),
+            adapter(0, 0, DeviceType::Other, Backend::Gl),
+            adapter(0, 0, DeviceType::Other, Backend::Vulkan),
+        ];
+        let same: Vec<Option<usize>> = (0..infos.len()).map(|i| same_gpu_as(&infos, i)).collect();
+        assert_eq!(same, [None, Some(0), None, Some(0), None, None]);
+    }
+
+    #[test]
+    fn two_identical_cards_stay_two_gpus() {
+        let card = |backend| adapter(0x1002, 0x744c, DeviceType::DiscreteGpu, backend);
+        let infos = [
+            card(Backend::Vulkan),
+            card(Backend::Vulkan),
+            card(Backend::Dx12),
+            card(Backend::Dx12),
+        ];
+        let same: Vec<Option<usize>> = (0..infos.len()).map(|i| same_gpu_as(&infos, i)).collect();
+        assert_eq!(same, [None, None, Some(0), Some(1)]);
+        // Where the driver reports PCI buses, they decide.
+        let on_bus = |backend, bus: &str| wgpu::AdapterInfo {
+            device_pci_bus_id: bus.into(),
+            ..card(backend)
+        };
+        let infos = [
+            on_bus(Backend::Vulkan, "0000:41:00.0"),
+            on_bus(Backend::Vulkan, "0000:01:00.0"),
+            on_bus(Backend::Dx12, "0000:01:00.0"),
+        ];
+        let same: Vec<Option<usize>> = (0..infos.len()).map(|i| same_gpu_as(&infos, i)).collect();
+        assert_eq!(same, [None, None, Some(1)]);
     }
 }

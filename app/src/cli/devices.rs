@@ -21,7 +21,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 d.location.clone(),
                 d.name.clone(),
                 d.api.clone(),
-                if d.software { "software" } else { "hardware" }.into(),
+                kind(d),
                 d.total_memory_bytes.map_or_else(|| "unknown".into(), gib),
             ]
         })
@@ -43,6 +43,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 pub fn format_details(details: &[(String, String)]) -> String {
     let width = details.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     details.iter().map(|(k, v)| format!("  {k:<width$}  {v}\n")).collect()
+}
+
+/// Software or hardware, and which device this one repeats through another API (wgpu lists
+/// one GPU once per API it speaks).
+fn kind(d: &lockstep_core::backend::DeviceInfo) -> String {
+    let kind = if d.software { "software" } else { "hardware" };
+    match d.details.iter().find(|(k, _)| k == "same GPU as") {
+        Some((_, first)) => format!("{kind} (same GPU as {first})"),
+        None => kind.into(),
+    }
 }
 
 fn gib(bytes: u64) -> String {
