@@ -1,6 +1,9 @@
 //! Pinned (page-locked) host memory for uploads: the host data is copied into it and the DMA
 //! engine reads it asynchronously, so an upload (the data loader's batches) does not stall the
-//! host on a pageable copy. One buffer, grown on demand, reused once its last copy completed.
+//! host on a pageable copy. A ring of `SLOTS` buffers, each grown on demand and reused once its
+//! last copy completed: the copy is queued on the compute stream behind the work already there,
+//! so with one buffer each upload waited for the previous step's compute (a batch is two
+//! uploads: the labels waited for the images' copy), and the host could not run ahead.
 
 use std::sync::{Arc, Mutex};
 
@@ -10,10 +13,19 @@ use lockstep_core::Result;
 
 use crate::error::driver_error;
 
+/// Uploads that may be in flight before one waits: two batches of two tensors.
+const SLOTS: usize = 4;
+
 pub(crate) struct Staging {
     location: String,
     ctx: Arc<CudaContext>,
-    slot: Mutex<Slot>,
+    ring: Mutex<Ring>,
+}
+
+/// The slots, used in turn: the next is the one whose copy was queued longest ago.
+struct Ring {
+    slots: Vec<Slot>,
+    next: usize,
 }
 
 struct Slot {
@@ -23,7 +35,7 @@ struct Slot {
     in_use_until: Option<CudaEvent>,
 }
 
-// SAFETY: the pinned pointer is only dereferenced under the slot's mutex.
+// SAFETY: the pinned pointer is only dereferenced under the ring's mutex.
 unsafe impl Send for Slot {}
 
 impl Staging {
@@ -31,10 +43,15 @@ impl Staging {
         Staging {
             location,
             ctx,
-            slot: Mutex::new(Slot {
-                ptr: std::ptr::null_mut(),
-                capacity: 0,
-                in_use_until: None,
+            ring: Mutex::new(Ring {
+                slots: (0..SLOTS)
+                    .map(|_| Slot {
+                        ptr: std::ptr::null_mut(),
+                        capacity: 0,
+                        in_use_until: None,
+                    })
+                    .collect(),
+                next: 0,
             }),
         }
     }
@@ -42,7 +59,10 @@ impl Staging {
     /// Queues a copy of `data` to `dst` on `stream` through pinned memory.
     pub(crate) fn upload(&self, data: &[u8], dst: sys::CUdeviceptr, stream: &CudaStream) -> Result<()> {
         let fail = |what: &str, e| driver_error(&self.location, what, e);
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let index = ring.next;
+        ring.next = (index + 1) % SLOTS;
+        let slot = &mut ring.slots[index];
         if let Some(event) = slot.in_use_until.take() {
             event.synchronize().map_err(|e| fail("waiting for an upload", e))?;
         }
@@ -74,14 +94,16 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(event) = slot.in_use_until.take() {
-            let _ = event.synchronize();
-        }
-        if !slot.ptr.is_null() {
-            let _ = self.ctx.bind_to_thread();
-            // SAFETY: allocated by malloc_host, and no copy reads it any more (waited above).
-            let _ = unsafe { result::free_host(slot.ptr as *mut _) };
+        let ring = self.ring.get_mut().unwrap_or_else(|p| p.into_inner());
+        for slot in &mut ring.slots {
+            if let Some(event) = slot.in_use_until.take() {
+                let _ = event.synchronize();
+            }
+            if !slot.ptr.is_null() {
+                let _ = self.ctx.bind_to_thread();
+                // SAFETY: allocated by malloc_host, and no copy reads it any more (waited above).
+                let _ = unsafe { result::free_host(slot.ptr as *mut _) };
+            }
         }
     }
 }

@@ -52,3 +52,25 @@ fn live_tensors_count_as_allocated_and_bf16_takes_two_bytes() {
     drop((t, low));
     assert_eq!(device.backend().memory_stats().allocated_bytes, before);
 }
+
+/// Uploads go through a ring of pinned buffers: more uploads queued behind work than the ring
+/// has slots must each arrive whole (a slot reused before its copy ran would show another's
+/// data), whatever their sizes (a slot grows for a larger upload).
+#[test]
+fn uploads_queued_behind_compute_each_arrive_whole() {
+    let _one_at_a_time = exclusive();
+    let Some(device) = support::cuda_device() else { return };
+    let g = Generator::new(1);
+    let busy = Tensor::rand_normal([1024, 1024], 0.0, 1.0, DType::F32, &g, &device).unwrap();
+    let mut uploads = Vec::new();
+    for i in 0..12usize {
+        // Queue compute first, so each copy waits behind it on the stream.
+        let _ = busy.matmul(&busy).unwrap();
+        let len = 1000 + (i % 3) * 300_000;
+        let values: Vec<f32> = (0..len).map(|j| (i * 7 + j % 13) as f32).collect();
+        uploads.push((Tensor::from_vec(values.clone(), [len], &device).unwrap(), values));
+    }
+    for (i, (tensor, values)) in uploads.iter().enumerate() {
+        assert_eq!(&tensor.to_vec::<f32>().unwrap(), values, "upload {i}");
+    }
+}
