@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
 
 use lockstep_core::backend::WorkCounters;
@@ -18,6 +18,7 @@ use crate::buffer::CudaBuffer;
 use crate::error::driver_error;
 use crate::memory::Memory;
 use crate::staging::Staging;
+use crate::wait;
 
 /// Threads per block of every 1-D kernel (the grid-stride loops cover any size).
 pub(crate) const BLOCK: u32 = 256;
@@ -26,8 +27,9 @@ pub struct Gpu {
     pub(crate) location: String,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) compute: Arc<CudaStream>,
-    /// One stream per NCCL communicator (see nccl.rs), so `synchronize` can wait for them.
-    comm_streams: Mutex<Vec<Weak<CudaStream>>>,
+    /// This device's NCCL communicators (see nccl.rs): `synchronize` waits for their streams,
+    /// and every wait checks their collectives' timeouts.
+    comms: Mutex<Vec<Weak<dyn CollectiveWatch>>>,
     /// `sm_90` for compute capability 9.0.
     pub(crate) arch: String,
     sm_count: u32,
@@ -72,7 +74,7 @@ impl Gpu {
             blas_calls: AtomicU64::new(0),
             memory,
             blas,
-            comm_streams: Mutex::default(),
+            comms: Mutex::default(),
             compute,
             ctx,
         })
@@ -163,32 +165,70 @@ impl Gpu {
     /// A new stream for one communicator's collectives.
     pub(crate) fn new_comm_stream(&self) -> Result<Arc<CudaStream>> {
         self.enter()?;
-        let stream = self
-            .ctx
+        self.ctx
             .new_stream()
-            .map_err(|e| driver_error(&self.location, "stream", e))?;
-        let mut streams = self.comm_streams.lock().unwrap_or_else(|p| p.into_inner());
-        streams.retain(|s| s.strong_count() > 0);
-        streams.push(Arc::downgrade(&stream));
-        Ok(stream)
+            .map_err(|e| driver_error(&self.location, "stream", e))
+    }
+
+    /// Makes `synchronize` wait for `comm`'s stream and every wait check its collectives.
+    pub(crate) fn watch(&self, comm: Weak<dyn CollectiveWatch>) {
+        let mut comms = self.comms.lock().unwrap_or_else(|p| p.into_inner());
+        comms.retain(|c| c.strong_count() > 0);
+        comms.push(comm);
+    }
+
+    fn watched(&self) -> Vec<Arc<dyn CollectiveWatch>> {
+        let comms = self.comms.lock().unwrap_or_else(|p| p.into_inner());
+        comms.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Waits for the work queued on `stream` so far by polling an event, never in
+    /// cuStreamSynchronize: that work may wait for a collective whose peer died, and between
+    /// polls every communicator of this device checks its collectives, so the wait ends in
+    /// their timeout error (naming the ranks) instead of a hang.
+    pub(crate) fn wait_for(&self, stream: &CudaStream, what: &str) -> Result<()> {
+        self.enter()?;
+        if self.watched().is_empty() {
+            // No collective to wait for, so no peer to hang on: the driver's wait is cheapest.
+            return stream.synchronize().map_err(|e| driver_error(&self.location, what, e));
+        }
+        let queued = stream
+            .record_event(None)
+            .map_err(|e| driver_error(&self.location, what, e))?;
+        self.wait_event(&queued, what)
+    }
+
+    /// Waits for `event` as `wait_for` waits for a stream: polling, with the communicators'
+    /// timeouts checked between polls.
+    pub(crate) fn wait_event(&self, event: &CudaEvent, what: &str) -> Result<()> {
+        self.enter()?;
+        let fail = |e| driver_error(&self.location, what, e);
+        let comms = self.watched();
+        if comms.is_empty() {
+            return event.synchronize().map_err(fail);
+        }
+        wait::poll_until(
+            || event.try_is_complete().map_err(fail),
+            || comms.iter().try_for_each(|c| c.check()),
+        )
     }
 
     /// Waits for everything queued on the compute stream and every communicator's stream.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.enter()?;
-        let comm_streams: Vec<Arc<CudaStream>> = self
-            .comm_streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        comm_streams
-            .iter()
-            .try_for_each(|s| s.synchronize())
-            .and_then(|_| self.compute.synchronize())
-            .map_err(|e| driver_error(&self.location, "synchronize", e))
+        for comm in self.watched() {
+            self.wait_for(comm.stream(), "synchronize")?;
+        }
+        self.wait_for(&self.compute, "synchronize")
     }
+}
+
+/// A communicator as the device's waits see it.
+pub(crate) trait CollectiveWatch: Send + Sync {
+    /// The stream its collectives run on.
+    fn stream(&self) -> &CudaStream;
+    /// Errs, aborting the communicator, once a queued collective failed or ran past its
+    /// timeout.
+    fn check(&self) -> Result<()>;
 }
 
 /// Launches `entry` of `kernel` on the compute stream with the given config and arguments

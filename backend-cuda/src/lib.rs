@@ -15,15 +15,18 @@ mod buffer;
 mod contract;
 mod error;
 mod gpu;
+mod in_flight;
 mod memory;
 mod nccl;
 mod nccl_handle;
+mod nccl_init;
 mod nvml;
 mod ops;
 pub mod probe;
 mod provider;
 mod staging;
 mod views;
+mod wait;
 
 pub use backend::CudaBackend;
 pub use blas::{allow_tf32, set_allow_tf32};

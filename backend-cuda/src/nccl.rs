@@ -1,6 +1,6 @@
 //! Collectives on NCCL: all GPUs of one process (one communicator per device from
-//! `ncclCommInitAll`, each driven by its own thread) or one process per GPU (`ncclCommInitRank`
-//! with an id rank 0 created and the launcher handed over).
+//! `ncclCommInitAll`, each driven by its own thread) or one process per GPU
+//! (`ncclCommInitRankConfig` with an id rank 0 created and the launcher handed over).
 //!
 //! A collective runs on its communicator's own stream, after the work already queued on the
 //! compute stream (an event), and marks its buffers pending: the compute stream waits for it
@@ -9,14 +9,18 @@
 //! communicators sharing a stream (the gradients' on the communication thread, SyncBatchNorm's
 //! on the training thread) would be ordered by a thread race that can differ between ranks, a
 //! cyclic wait.
-//! NCCL calls do not fail when a peer dies, they hang: every collective also checks NCCL's
-//! asynchronous error and how long the oldest unfinished one has been running, and past the
-//! timeout (10 minutes by default) aborts the communicator with an error naming the op.
+//! NCCL calls do not fail when a peer dies, they hang: every collective, and every wait of the
+//! device (`Gpu::wait_for`: downloads, `synchronize`), polls NCCL's asynchronous error and how
+//! long the oldest unfinished collective has been running, and past the timeout (10 minutes by
+//! default) aborts the communicator with an error naming the op and the ranks waited for. The
+//! host never blocks where a peer could hold it: joining is non-blocking (nccl_init.rs) and
+//! waits poll events (wait.rs). Two timing events around each collective measure it on the
+//! device (`take_collective_time`): the host only sees it queued.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{result, sys};
 
@@ -25,8 +29,12 @@ use lockstep_core::{DType, Device, Error, Result};
 
 use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::gpu::CollectiveWatch;
+use crate::in_flight::{Completion, InFlight, Stalled};
 use crate::nccl_handle::CommHandle;
+use crate::nccl_init::{self, Unsettled};
 use crate::probe;
+use crate::wait::{self, Deadline};
 
 /// The 128 bytes that let ranks of one job find each other (ncclUniqueId).
 #[derive(Clone, Copy)]
@@ -54,16 +62,41 @@ impl NcclId {
 }
 
 pub struct NcclCommunicator {
+    state: Arc<CommState>,
+    backend: Arc<CudaBackend>,
+}
+
+/// The part of a communicator its device's waits also check (`Gpu::wait_for`).
+struct CommState {
     comm: CommHandle,
     /// This communicator's own stream (see the module's doc).
     stream: Arc<CudaStream>,
     rank: usize,
     world: usize,
-    backend: Arc<CudaBackend>,
-    timeout: Duration,
-    /// Collectives queued and not yet seen complete, oldest first.
-    outstanding: Mutex<VecDeque<(Arc<CudaEvent>, Instant, &'static str)>>,
+    /// Collectives queued and not yet seen complete, oldest first, and the timeout.
+    in_flight: Mutex<InFlight<Timed>>,
 }
+
+/// A collective's events on the communicator's stream: `start` once its inputs are ready (the
+/// compute stream's work before it done), `done` after it; between them it runs, waiting for
+/// its peers included.
+struct Timed {
+    start: CudaEvent,
+    done: Arc<CudaEvent>,
+}
+
+impl Completion for Timed {
+    fn finished(&self) -> std::result::Result<bool, String> {
+        self.done.try_is_complete().map_err(|e| format!("{e:?}"))
+    }
+    fn device_time(&self) -> Duration {
+        let ms = self.start.elapsed_ms(&self.done).unwrap_or(0.0);
+        Duration::try_from_secs_f32(ms / 1000.0).unwrap_or_default()
+    }
+}
+
+/// How long a collective (and joining a communicator) may take before it is aborted.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn require_nccl(rank: usize, op: &'static str) -> Result<()> {
     if probe::nccl_present() {
@@ -114,23 +147,55 @@ impl NcclCommunicator {
             .into_iter()
             .zip(backends)
             .enumerate()
-            .map(|(rank, (comm, backend))| NcclCommunicator::wrap(comm, rank, world, backend))
+            .map(|(rank, (comm, backend))| NcclCommunicator::wrap(comm, rank, world, backend, DEFAULT_TIMEOUT))
             .collect()
     }
 
-    /// Rank `rank` of `world` processes, one GPU each; blocks until every rank has joined.
+    /// Rank `rank` of `world` processes, one GPU each; waits until every rank has joined, for
+    /// at most the default timeout (10 minutes).
     pub fn from_rank(device: &Device, rank: usize, world: usize, id: &NcclId) -> Result<NcclCommunicator> {
-        require_nccl(rank, "init")?;
-        let backend = cuda_backend(device)?;
-        backend.gpu.enter()?;
-        let mut comm = std::ptr::null_mut();
-        // SAFETY: `comm` receives the handle; this thread's current context is the device's.
-        unsafe { result::comm_init_rank(&mut comm, world as i32, id.0, rank as i32) }
-            .map_err(|e| nccl_error("init", rank, "ncclCommInitRank", e))?;
-        NcclCommunicator::wrap(comm, rank, world, backend)
+        NcclCommunicator::from_rank_with_timeout(device, rank, world, id, DEFAULT_TIMEOUT)
     }
 
-    fn wrap(comm: sys::ncclComm_t, rank: usize, world: usize, backend: Arc<CudaBackend>) -> Result<NcclCommunicator> {
+    /// As `from_rank`, with the time the join and each later collective may take: a rank that
+    /// never joins is an error naming the ranks waited for, not a hang.
+    pub fn from_rank_with_timeout(
+        device: &Device,
+        rank: usize,
+        world: usize,
+        id: &NcclId,
+        timeout: Duration,
+    ) -> Result<NcclCommunicator> {
+        require_nccl(rank, "init")?;
+        if rank >= world || i32::try_from(world).is_err() {
+            return Err(Error::invalid(
+                "nccl init",
+                format!("rank {rank} of {world}: a rank is one of 0..world, and world fits NCCL's int"),
+            ));
+        }
+        let backend = cuda_backend(device)?;
+        backend.gpu.enter()?;
+        let comm = nccl_init::init_rank(rank, world, id.0, timeout).map_err(|(why, half_made)| {
+            if let Some(comm) = half_made {
+                // SAFETY: made by the failed init and never handed out; freed once, here.
+                drop(unsafe { result::comm_abort(comm) });
+            }
+            Error::Collective {
+                op: "init",
+                rank,
+                msg: why.describe(),
+            }
+        })?;
+        NcclCommunicator::wrap(comm, rank, world, backend, timeout)
+    }
+
+    fn wrap(
+        comm: sys::ncclComm_t,
+        rank: usize,
+        world: usize,
+        backend: Arc<CudaBackend>,
+        timeout: Duration,
+    ) -> Result<NcclCommunicator> {
         let comm = CommHandle::new(comm);
         let stream = match backend.gpu.new_comm_stream() {
             Ok(stream) => stream,
@@ -140,21 +205,81 @@ impl NcclCommunicator {
                 return Err(e);
             }
         };
-        Ok(NcclCommunicator {
+        let state = Arc::new(CommState {
             comm,
             stream,
             rank,
             world,
-            backend,
-            timeout: Duration::from_secs(600),
-            outstanding: Mutex::default(),
-        })
+            in_flight: Mutex::new(InFlight::new(timeout)),
+        });
+        let watched: Weak<CommState> = Arc::downgrade(&state);
+        backend.gpu.watch(watched);
+        Ok(NcclCommunicator { state, backend })
     }
 
     /// How long a collective may run before the communicator is aborted (default 10 minutes).
-    pub fn with_timeout(mut self, timeout: Duration) -> NcclCommunicator {
-        self.timeout = timeout;
+    pub fn with_timeout(self, timeout: Duration) -> NcclCommunicator {
+        self.state.in_flight().set_timeout(timeout);
         self
+    }
+
+    /// How long this communicator's collectives that finished since the last call ran on the
+    /// device, each from when its inputs were ready until it finished (waiting for its peers
+    /// included): the host sees only their enqueue, which takes about nothing.
+    pub fn take_collective_time(&self) -> Result<Duration> {
+        self.state.check_progress("collective_time")?;
+        Ok(self.state.in_flight().take_device_time())
+    }
+
+    fn buffer<'a>(&self, op: &'static str, b: &'a BufferRef) -> Result<&'a CudaBuffer> {
+        self.backend.operand(op, b, None)
+    }
+
+    /// Runs `call(comm, stream)` on the communication stream after the compute stream's queued
+    /// work, between two timing events, then marks `touched` pending on it.
+    fn enqueue(
+        &self,
+        op: &'static str,
+        touched: &[&CudaBuffer],
+        call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> std::result::Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<()> {
+        let state = &self.state;
+        state.check_progress(op)?;
+        let fail = |what: &str, e: cudarc::driver::DriverError| state.err(op, format!("{what}: {e:?}"));
+        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let queued = self
+            .backend
+            .gpu
+            .compute
+            .record_event(None)
+            .map_err(|e| fail("event", e))?;
+        state.stream.wait(&queued).map_err(|e| fail("stream wait", e))?;
+        let start = state.stream.record_event(timed).map_err(|e| fail("event", e))?;
+        let deadline = Deadline::after(state.in_flight().timeout());
+        let called = state
+            .comm
+            .with(|comm| match call(comm, state.stream.cu_stream() as _) {
+                Ok(result::NcclStatus::Success) => Ok(()),
+                // Non-blocking: NCCL goes on (connecting to the peers, say) and queues the
+                // kernel once done; nothing else may reach the communicator until then.
+                Ok(_) => nccl_init::settle(comm, op, state.rank, state.world, deadline),
+                Err(e) => Err(Unsettled::Failed(op, e.0)),
+            })
+            .map_err(|why| state.aborted(op, &why))?;
+        // This rank skipped a collective the others ran: later ones would not match up.
+        called.map_err(|why| state.fail(op, why.describe()))?;
+        let done = Arc::new(state.stream.record_event(timed).map_err(|e| fail("event", e))?);
+        for b in touched {
+            b.set_pending(done.clone());
+        }
+        state.in_flight().push(Timed { start, done }, op);
+        Ok(())
+    }
+}
+
+impl CommState {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, InFlight<Timed>> {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn err(&self, op: &'static str, msg: impl Into<String>) -> Error {
@@ -165,77 +290,24 @@ impl NcclCommunicator {
         }
     }
 
-    fn buffer<'a>(&self, op: &'static str, b: &'a BufferRef) -> Result<&'a CudaBuffer> {
-        self.backend.operand(op, b, None)
-    }
-
-    /// Runs `call(comm, stream)` on the communication stream after the compute stream's queued
-    /// work, then marks `touched` pending on it.
-    fn enqueue(
-        &self,
-        op: &'static str,
-        touched: &[&CudaBuffer],
-        call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> std::result::Result<result::NcclStatus, result::NcclError>,
-    ) -> Result<()> {
-        self.check_progress(op)?;
-        let gpu = &self.backend.gpu;
-        let fail = |what: &str, e: cudarc::driver::DriverError| self.err(op, format!("{what}: {e:?}"));
-        let queued = gpu.compute.record_event(None).map_err(|e| fail("event", e))?;
-        self.stream.wait(&queued).map_err(|e| fail("stream wait", e))?;
-        self.comm
-            .with(|comm| call(comm, self.stream.cu_stream() as _))
-            .map_err(|why| self.aborted(op, &why))?
-            .map_err(|e| nccl_error(op, self.rank, op, e))?;
-        let done = Arc::new(self.stream.record_event(None).map_err(|e| fail("event", e))?);
-        for b in touched {
-            b.set_pending(done.clone());
-        }
-        self.outstanding
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back((done, Instant::now(), op));
-        Ok(())
-    }
-
-    /// Drops finished collectives; errors (and aborts) on NCCL's asynchronous error or when
-    /// the oldest unfinished one has run past the timeout.
+    /// Errs (and aborts) on NCCL's asynchronous error (a peer failed), a collective that failed
+    /// on the device, or the oldest unfinished one past the timeout; retires finished ones.
     fn check_progress(&self, op: &'static str) -> Result<()> {
-        let mut outstanding = self.outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some((event, _, running)) = outstanding.front() {
-            match event.try_is_complete() {
-                Ok(true) => drop(outstanding.pop_front()),
-                Ok(false) => break,
-                // A kernel fault, not a peer: say so now instead of waiting out the timeout.
-                Err(e) => {
-                    let why = format!("the GPU reported {e:?} while {running} ran (a kernel failed on this device)");
-                    drop(outstanding);
-                    return Err(self.fail(op, why));
-                }
-            }
-        }
-        let mut async_error = sys::ncclResult_t::ncclSuccess;
-        // SAFETY: the handle is live (checked by `with`); NCCL writes one result code.
-        self.comm
-            .with(|comm| unsafe { sys::ncclCommGetAsyncError(comm, &mut async_error) })
+        let async_state = self
+            .comm
+            .with(nccl_init::async_state)
             .map_err(|why| self.aborted(op, &why))?;
-        if async_error != sys::ncclResult_t::ncclSuccess {
-            drop(outstanding);
+        if !matches!(
+            async_state,
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
+        ) {
             return Err(self.fail(
                 op,
-                format!("NCCL reported {async_error:?} (a peer failed or the network dropped)"),
+                format!("NCCL reported {async_state:?} (a peer failed or the network dropped)"),
             ));
         }
-        if let Some((_, since, stuck)) = outstanding.front()
-            && since.elapsed() > self.timeout
-        {
-            let why = format!(
-                "{stuck} did not complete within {:?}: another rank died or stopped calling collectives",
-                self.timeout
-            );
-            drop(outstanding);
-            return Err(self.fail(op, why));
-        }
-        Ok(())
+        let progress = self.in_flight().progress(self.rank, self.world);
+        progress.map_err(|Stalled { op, why }| self.fail(op, why))
     }
 
     /// Aborts the communicator (so pending NCCL kernels return and streams drain) and returns
@@ -257,15 +329,28 @@ impl NcclCommunicator {
         )
     }
 
-    /// Waits, with the timeout, for every queued collective.
+    /// Waits, by polling with the timeout, for every queued collective.
     fn wait_all(&self, op: &'static str) -> Result<()> {
-        loop {
-            self.check_progress(op)?;
-            if self.outstanding.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_micros(200));
+        wait::poll_until(
+            || {
+                self.check_progress(op)?;
+                Ok(self.in_flight().is_empty())
+            },
+            || Ok(()),
+        )
+    }
+}
+
+impl CollectiveWatch for CommState {
+    fn stream(&self) -> &CudaStream {
+        &self.stream
+    }
+    fn check(&self) -> Result<()> {
+        // Nothing queued, so no wait can hang on it (and a dropped one is no error).
+        if self.in_flight().is_empty() {
+            return Ok(());
         }
+        self.check_progress("synchronize")
     }
 }
 
@@ -290,10 +375,14 @@ fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
 
 impl Communicator for NcclCommunicator {
     fn rank(&self) -> usize {
-        self.rank
+        self.state.rank
+    }
+    /// The calls only queue the collectives: their device time is measured by events.
+    fn take_device_time(&self) -> Result<Option<Duration>> {
+        self.take_collective_time().map(Some)
     }
     fn world_size(&self) -> usize {
-        self.world
+        self.state.world
     }
 
     fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()> {
@@ -314,8 +403,11 @@ impl Communicator for NcclCommunicator {
     }
 
     fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
-        if root >= self.world {
-            return Err(self.err("broadcast", format!("root {root} is not a rank of {}", self.world)));
+        if root >= self.state.world {
+            return Err(self.state.err(
+                "broadcast",
+                format!("root {root} is not a rank of {}", self.state.world),
+            ));
         }
         let b = self.buffer("broadcast", buf)?;
         let t = nccl_type(b.dtype());
@@ -336,10 +428,15 @@ impl Communicator for NcclCommunicator {
     fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()> {
         let (i, o) = (self.buffer("all_gather", input)?, self.buffer("all_gather", output)?);
         self.backend.same_dtype("all_gather", i, o)?;
-        if o.len() != i.len() * self.world {
-            return Err(self.err(
+        if o.len() != i.len() * self.state.world {
+            return Err(self.state.err(
                 "all_gather",
-                format!("output holds {} elements, not {} x {}", o.len(), self.world, i.len()),
+                format!(
+                    "output holds {} elements, not {} x {}",
+                    o.len(),
+                    self.state.world,
+                    i.len()
+                ),
             ));
         }
         let t = nccl_type(i.dtype());
@@ -355,10 +452,15 @@ impl Communicator for NcclCommunicator {
             self.buffer("reduce_scatter", output)?,
         );
         self.backend.same_dtype("reduce_scatter", i, o)?;
-        if i.len() != o.len() * self.world {
-            return Err(self.err(
+        if i.len() != o.len() * self.state.world {
+            return Err(self.state.err(
                 "reduce_scatter",
-                format!("input holds {} elements, not {} x {}", i.len(), self.world, o.len()),
+                format!(
+                    "input holds {} elements, not {} x {}",
+                    i.len(),
+                    self.state.world,
+                    o.len()
+                ),
             ));
         }
         let t = nccl_type(i.dtype());
@@ -379,15 +481,19 @@ impl Communicator for NcclCommunicator {
     fn barrier(&self) -> Result<()> {
         let token = lockstep_core::backend::Backend::zeros(self.backend.as_ref(), DType::F32, 1)?;
         self.all_reduce(&token, ReduceOp::Sum)?;
-        self.wait_all("barrier")
+        self.state.wait_all("barrier")
     }
 }
 
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
         let _ = self.backend.gpu.enter();
-        let _ = self.stream.synchronize();
+        // Polled with the timeout (aborting past it), not cuStreamSynchronize: a dead peer's
+        // collective would hold the drop forever.
+        let _ = self.state.wait_all("drop");
         // SAFETY: `abort` hands over the handle only if no failure freed it already.
-        self.comm.abort("dropped", |c| drop(unsafe { result::comm_abort(c) }));
+        self.state
+            .comm
+            .abort("dropped", |c| drop(unsafe { result::comm_abort(c) }));
     }
 }

@@ -56,15 +56,22 @@ impl Staging {
         }
     }
 
-    /// Queues a copy of `data` to `dst` on `stream` through pinned memory.
-    pub(crate) fn upload(&self, data: &[u8], dst: sys::CUdeviceptr, stream: &CudaStream) -> Result<()> {
+    /// Queues a copy of `data` to `dst` on `stream` through pinned memory; a slot still being
+    /// read is waited for with `wait` (the device's wait, which a dead peer cannot hang).
+    pub(crate) fn upload(
+        &self,
+        data: &[u8],
+        dst: sys::CUdeviceptr,
+        stream: &CudaStream,
+        wait: impl Fn(&CudaEvent) -> Result<()>,
+    ) -> Result<()> {
         let fail = |what: &str, e| driver_error(&self.location, what, e);
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let index = ring.next;
         ring.next = (index + 1) % SLOTS;
         let slot = &mut ring.slots[index];
         if let Some(event) = slot.in_use_until.take() {
-            event.synchronize().map_err(|e| fail("waiting for an upload", e))?;
+            wait(&event)?;
         }
         if slot.capacity < data.len() {
             let capacity = data.len().next_power_of_two().max(1 << 20);

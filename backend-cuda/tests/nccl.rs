@@ -1,23 +1,33 @@
 //! NCCL with one rank on cuda:0 (a single GPU cannot hold two ranks of one communicator):
-//! every collective runs and gives the one-rank answer, and the training reducer works on it.
+//! every collective runs and gives the one-rank answer, and the training reducer works on it;
+//! a rank whose peer never joins fails naming it, and collectives are timed on the device.
 
 mod support;
 
+use std::time::{Duration, Instant};
+
 use lockstep_core::backend::{Communicator, ReduceOp};
-use lockstep_core::{DType, HostVec, Layout};
+use lockstep_core::{DType, Device, HostVec, Layout};
 use lockstep_cuda::{NcclCommunicator, NcclId};
 
-#[test]
-fn one_rank_collectives_run_on_nccl() {
-    let Some(device) = support::cuda_device() else { return };
+/// `cuda:0` where NCCL loads too, or None after saying loudly why not
+/// (`LOCKSTEP_EXPECT_NCCL=1` makes a missing NCCL fail).
+fn nccl_device() -> Option<Device> {
+    let device = support::cuda_device()?;
     if !lockstep_cuda::probe::nccl_present() {
         assert!(
             std::env::var("LOCKSTEP_EXPECT_NCCL").as_deref() != Ok("1"),
             "LOCKSTEP_EXPECT_NCCL=1 but NCCL did not load"
         );
         eprintln!("\n*** SKIPPED: NCCL not found (see `lockstep devices`) ***\n");
-        return;
+        return None;
     }
+    Some(device)
+}
+
+#[test]
+fn one_rank_collectives_run_on_nccl() {
+    let Some(device) = nccl_device() else { return };
     let id = NcclId::new().unwrap();
     let id = NcclId::from_bytes(&id.to_bytes()).unwrap();
     let comm = NcclCommunicator::from_rank(&device, 0, 1, &id).unwrap();
@@ -49,12 +59,7 @@ fn one_rank_collectives_run_on_nccl() {
 /// two GPUs (scripts/gpu/verify.sh runs this binary).
 #[test]
 fn two_communicators_on_one_device_run_from_two_threads_at_once() {
-    let Some(device) = support::cuda_device() else { return };
-    if !lockstep_cuda::probe::nccl_present() {
-        assert!(std::env::var("LOCKSTEP_EXPECT_NCCL").as_deref() != Ok("1"));
-        eprintln!("\n*** SKIPPED: NCCL not found ***\n");
-        return;
-    }
+    let Some(device) = nccl_device() else { return };
     let comms: Vec<NcclCommunicator> = (0..2)
         .map(|_| NcclCommunicator::from_rank(&device, 0, 1, &NcclId::new().unwrap()).unwrap())
         .collect();
@@ -73,4 +78,45 @@ fn two_communicators_on_one_device_run_from_two_threads_at_once() {
             });
         }
     });
+}
+
+/// The join is non-blocking and polled against the timeout: rank 0 of 2 whose rank 1 never
+/// comes fails after the timeout, naming rank 1, where ncclCommInitRank waited forever.
+#[test]
+fn a_rank_whose_peer_never_joins_fails_naming_it() {
+    let Some(device) = nccl_device() else { return };
+    let timeout = Duration::from_secs(3);
+    let started = Instant::now();
+    let joined = NcclCommunicator::from_rank_with_timeout(&device, 0, 2, &NcclId::new().unwrap(), timeout);
+    let waited = started.elapsed();
+    let why = joined.err().expect("rank 1 never joined").to_string();
+    assert!(why.contains("timed out after 3s waiting for rank(s) [1]"), "{why}");
+    assert!(waited >= timeout, "gave up after {waited:?}");
+    assert!(waited < timeout * 10, "the timeout did not fire in time: {waited:?}");
+    // The device goes on working after the abandoned join.
+    let comm = NcclCommunicator::from_rank(&device, 0, 1, &NcclId::new().unwrap()).unwrap();
+    comm.barrier().unwrap();
+}
+
+/// Collectives only enqueue, so the host's clock sees about nothing: their time comes from
+/// events around them on the communicator's stream.
+#[test]
+fn collectives_are_timed_on_the_device() {
+    let Some(device) = nccl_device() else { return };
+    let comm = NcclCommunicator::from_rank(&device, 0, 1, &NcclId::new().unwrap()).unwrap();
+    let backend = device.backend();
+    let n = 16 << 20;
+    let input = backend.full(DType::F32, n, 1.0).unwrap();
+    let output = backend.zeros(DType::F32, n).unwrap();
+    for _ in 0..4 {
+        // One rank: a 64 MiB device-to-device copy, tens of microseconds.
+        comm.all_gather(&input, &output).unwrap();
+    }
+    comm.barrier().unwrap();
+    let ran = comm.take_collective_time().unwrap();
+    assert!(ran > Duration::ZERO, "four 64 MiB all-gathers took no device time");
+    assert!(ran < Duration::from_secs(10), "{ran:?}");
+    assert_eq!(comm.take_collective_time().unwrap(), Duration::ZERO, "counted once");
+    let back = backend.to_host(&output, &Layout::contiguous([n])).unwrap().to_f64_vec();
+    assert!(back.iter().all(|&v| v == 1.0));
 }

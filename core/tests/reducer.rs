@@ -5,10 +5,10 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use lockstep_core::backend::Communicator;
+use lockstep_core::backend::{BufferRef, Communicator, ReduceOp};
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::nn::{BatchNorm1d, Linear, Module, ModuleExt, Sequential};
-use lockstep_core::{DType, Device, Generator, Tensor};
+use lockstep_core::{DType, Device, Generator, Result, Tensor};
 
 mod parallel_support;
 use parallel_support::{Intercepted, on_cpu_ranks};
@@ -166,4 +166,51 @@ fn buffers_start_as_rank_zeros_and_stay_equal_to_them() {
     assert!(results[0].0[0].iter().all(|&m| m == 0.0), "{:?}", results[0].0);
     assert_eq!(results[0].1, results[1].1, "buffers broadcast after the step");
     assert_ne!(results[0].1, results[0].0, "the step updated the running statistics");
+}
+
+/// A communicator whose calls only queue their collectives (as NCCL's do) and that reports
+/// their device time: 7 s whenever asked.
+struct DeviceTimed(Arc<dyn Communicator>);
+
+impl Communicator for DeviceTimed {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()> {
+        self.0.all_reduce(buf, op)
+    }
+    fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
+        self.0.broadcast(buf, root)
+    }
+    fn all_gather(&self, input: &BufferRef, output: &BufferRef) -> Result<()> {
+        self.0.all_gather(input, output)
+    }
+    fn reduce_scatter(&self, input: &BufferRef, output: &BufferRef, op: ReduceOp) -> Result<()> {
+        self.0.reduce_scatter(input, output, op)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.0.barrier()
+    }
+    fn take_device_time(&self) -> Result<Option<Duration>> {
+        Ok(Some(Duration::from_secs(7)))
+    }
+}
+
+#[test]
+fn a_communicator_that_times_its_collectives_on_the_device_is_believed() {
+    let results = on_two_ranks(|rank, device, comm| {
+        let p = three_params(&device);
+        let reducer = Reducer::new(&p, Arc::new(DeviceTimed(comm)), ONE_EACH).unwrap();
+        let x = Tensor::full([16], 1.0 + rank as f64, DType::F32, &device).unwrap();
+        forward_backward(&p, &x);
+        reducer.finish().unwrap();
+        reducer.last_comm_times()
+    });
+    for times in results {
+        // The host timed enqueues of microseconds; the device's 7 s is what is reported.
+        assert_eq!(times.all_reduce, 7.0, "{times:?}");
+    }
 }

@@ -105,6 +105,9 @@ step vulkan 30 bash -c 'ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/
 step devices 60 "$bin" devices --details
 step check-cuda 600 "$bin" check --device cuda:0 --failures-only
 step train-mlp 300 "$bin" train --device cuda:0 --model mlp --epochs 1 --data "$data" --headless --summary-out "$out/train-mlp.json"
+# Every CUDA test binary runs; test-nccl-* also checks what only a GPU shows of the collective
+# timeout: a rank whose peer never joins fails after it, naming the peer, and collectives are
+# timed on the device (backend-cuda/tests/nccl.rs).
 if [ -n "$tests" ]; then
     for t in "$tests"/*; do
         [ -x "$t" ] || continue

@@ -18,7 +18,10 @@ impl CudaBackend {
         let out = self.output(data.dtype(), data.len())?;
         let bytes: &[u8] = map_host_vec!(data, v => bytemuck::cast_slice(v.as_slice()));
         if !bytes.is_empty() {
-            self.gpu.staging.upload(bytes, out.ptr, &self.gpu.compute)?;
+            let gpu = &self.gpu;
+            gpu.staging.upload(bytes, out.ptr, &gpu.compute, |event| {
+                gpu.wait_event(event, "waiting for an upload")
+            })?;
         }
         Ok(out)
     }
@@ -37,6 +40,10 @@ impl CudaBackend {
             contiguous = packed;
             (contiguous.ptr, 0)
         };
+        // A copy into pageable memory blocks inside the driver until the stream reaches it, and
+        // the stream may wait for a collective: wait for it by polling first (see `wait_for`).
+        const WHAT: &str = "download (an earlier kernel may have failed)";
+        self.gpu.wait_for(&self.gpu.compute, WHAT)?;
         let mut bytes = vec![0u8; n * dtype.size_in_bytes()];
         if n > 0 {
             let at = ptr + (offset * dtype.size_in_bytes()) as u64;
@@ -45,10 +52,7 @@ impl CudaBackend {
             unsafe { result::memcpy_dtoh_async(&mut bytes[..], at, self.gpu.compute.cu_stream()) }
                 .map_err(|e| driver_error(&self.gpu.location, "download", e))?;
         }
-        self.gpu
-            .compute
-            .synchronize()
-            .map_err(|e| driver_error(&self.gpu.location, "download (an earlier kernel may have failed)", e))?;
+        self.gpu.wait_for(&self.gpu.compute, WHAT)?;
         Ok(host_from_bytes(dtype, &bytes))
     }
 

@@ -48,6 +48,13 @@ pub trait Communicator: Send + Sync {
     fn recv(&self, _buf: &BufferRef, _from: usize) -> Result<()> {
         Err(no_point_to_point("recv", self.rank()))
     }
+    /// How long the collectives that finished since the last call ran on the device, for
+    /// communicators whose calls only queue the work (NCCL), where timing the call on the host
+    /// measures the enqueue alone; `None` (the default) where a call returns when its
+    /// collective is done, so the host's timing is right.
+    fn take_device_time(&self) -> Result<Option<std::time::Duration>> {
+        Ok(None)
+    }
 }
 
 fn no_point_to_point(op: &'static str, rank: usize) -> Error {

@@ -25,6 +25,7 @@ struct Progress {
 }
 
 pub(super) struct CommWorker {
+    comm: Arc<dyn Communicator>,
     queue: Sender<Job>,
     progress: Arc<(Mutex<Progress>, Condvar)>,
     queued: usize,
@@ -42,10 +43,11 @@ impl CommWorker {
         let (queue, jobs) = channel::<Job>();
         let progress = Arc::new((Mutex::new(Progress::default()), Condvar::new()));
         let shared = progress.clone();
+        let worker_comm = comm.clone();
         // Not joined on drop: a thread stuck in a collective with a dead rank must not hold up
         // this replica's exit; dropping the queue ends it once its last job returns.
         std::thread::Builder::new()
-            .name(format!("lockstep-comm-{}", comm.rank()))
+            .name(format!("lockstep-comm-{}", worker_comm.rank()))
             .spawn(move || {
                 for job in jobs {
                     let (lock, wake) = &*shared;
@@ -54,7 +56,7 @@ impl CommWorker {
                     let outcome = if failed {
                         Ok(())
                     } else {
-                        comm.all_reduce(&job.flat, job.op)
+                        worker_comm.all_reduce(&job.flat, job.op)
                     };
                     let mut p = lock.lock().unwrap_or_else(|e| e.into_inner());
                     p.busy += started.elapsed();
@@ -68,6 +70,7 @@ impl CommWorker {
             })
             .map_err(|e| Error::invalid("Reducer", format!("cannot start the communication thread: {e}")))?;
         Ok(CommWorker {
+            comm,
             queue,
             progress,
             queued: 0,
@@ -91,8 +94,14 @@ impl CommWorker {
         while p.completed < self.queued {
             p = wake.wait(p).unwrap_or_else(|e| e.into_inner());
         }
+        let host_busy = std::mem::take(&mut p.busy);
         let drained = Drained {
-            busy: std::mem::take(&mut p.busy),
+            // A communicator that only queues its collectives (NCCL) times them on the device:
+            // those finished by now, so a step's late ones count in the next step's report.
+            busy: match self.comm.take_device_time() {
+                Ok(Some(device)) => device,
+                _ => host_busy,
+            },
             waited: started.elapsed(),
         };
         if let Some(e) = p.error.take() {

@@ -32,8 +32,15 @@ pub fn collectives(args: &Args, world: &WorldEnv, device: &Device) -> anyhow::Re
     rendezvous.barrier("nccl-ids")?;
     drop(rendezvous);
     let join = |id: &NcclId| {
-        let comm = NcclCommunicator::from_rank(device, world.rank, world.world_size, id)?;
-        anyhow::Ok(comm.with_timeout(args.collective_timeout()))
+        // The join itself is bounded too: a rank that never starts is named, not waited for.
+        let timeout = args.collective_timeout();
+        anyhow::Ok(NcclCommunicator::from_rank_with_timeout(
+            device,
+            world.rank,
+            world.world_size,
+            id,
+            timeout,
+        )?)
     };
     let gradients = join(&gradients_id)?;
     let batchnorm = match batchnorm_id {
