@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::time::Instant;
-
 use lockstep_core::{DType, Generator, Pool2dOptions, Tensor};
 
 #[test]
@@ -15,23 +13,8 @@ fn max_pool_backward_costs_a_few_forwards() {
     let x = Tensor::rand_normal([1, 1, 256, 256], 0.0, 1.0, DType::F32, &g, &device)
         .unwrap()
         .requires_grad(true);
-    // Median seconds of `f`, synchronised, after one warm-up (pipelines compile there).
-    let time = |f: &dyn Fn()| {
-        f();
-        device.synchronize().unwrap();
-        let mut runs: Vec<f64> = (0..5)
-            .map(|_| {
-                let start = Instant::now();
-                f();
-                device.synchronize().unwrap();
-                start.elapsed().as_secs_f64()
-            })
-            .collect();
-        runs.sort_by(f64::total_cmp);
-        runs[2]
-    };
-    let forward = time(&|| drop(x.max_pool2d(Pool2dOptions::new(2)).unwrap()));
-    let both = time(&|| {
+    let forward = support::median_seconds(&device, 5, &|| drop(x.max_pool2d(Pool2dOptions::new(2)).unwrap()));
+    let both = support::median_seconds(&device, 5, &|| {
         x.max_pool2d(Pool2dOptions::new(2))
             .unwrap()
             .sum_all()

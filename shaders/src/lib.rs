@@ -54,7 +54,18 @@ pub const SHADERS: &[Shader] = &[
     shader!("bias_act", &["T"], FLOATS, ["bias_act"]),
     shader!("compare", &["T"], &["f32", "f16", "u32"], ["compare", "compare_i64"]),
     shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
-    shader!("reduce", &["T"], FLOATS, ["reduce", "argmax"]),
+    shader!(
+        "reduce",
+        &["T"],
+        FLOATS,
+        [
+            "reduce",
+            "argmax",
+            "reduce_chunks",
+            "combine_chunks",
+            "combine_chunks_argmax"
+        ]
+    ),
     shader!("matmul", &["T"], FLOATS, ["matmul", "matmul_naive"]),
     shader!("softmax", &["T"], FLOATS, ["softmax", "softmax_backward"]),
     shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
@@ -62,7 +73,7 @@ pub const SHADERS: &[Shader] = &[
         "index",
         &["T"],
         &["f32", "f16", "u32"],
-        ["index_select", "gather", "index_add", "scatter_add"]
+        ["index_select", "gather", "add_scanning", "link_sources", "add_linked"]
     ),
     shader!(
         "conv",

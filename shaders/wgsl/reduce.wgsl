@@ -1,14 +1,25 @@
-// reduce: one workgroup per output element; its 256 invocations stride over the reduced elements
-// and combine in workgroup memory (a fixed order, so results are deterministic). Sums accumulate
-// in f32 for every `T`. ArgMax returns the first index of the maximum (u32) over one axis.
-// params: [n_out, kept_rank, n_reduced, reduced_rank, offset,
+// reduce: sum, max, min or argmax (first index of the maximum, u32) over some axes. One workgroup
+// per chunk of an output's reduced elements; its 256 invocations stride over the chunk and combine
+// in workgroup memory in a fixed order, so results are deterministic. One chunk per output writes
+// the output directly (reduce, argmax); with few outputs the host splits each into chunks
+// (reduce_chunks: partials in f32 with their indices) and combine_chunks folds them in order.
+// Sums accumulate in f32 for every `T`. The split depends on the shape only, so every device
+// sums in the same order.
+// params: [n_out, kept_rank, n_reduced, reduced_rank, offset, chunk_len,
 //        kept dims[kept_rank], kept strides[kept_rank], reduced dims[reduced_rank], reduced strides[reduced_rank]]
+// combine_chunks' params: [n_out, chunks]
 
 override KIND: u32 = 0u; // 0 sum, 1 max, 2 min, 3 argmax
+
+const NONE: u32 = 0xffffffffu;
+const SHAPES_AT: u32 = 6u;
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read_write> out: array<T>;
 @group(0) @binding(3) var<storage, read_write> out_index: array<u32>;
+// One partial per (output, chunk), output-major.
+@group(0) @binding(4) var<storage, read_write> chunk_value: array<f32>;
+@group(0) @binding(5) var<storage, read_write> chunk_index: array<u32>;
 
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> partial_index: array<u32, 256>;
@@ -37,42 +48,69 @@ fn better(a: f32, ia: u32, b: f32, ib: u32) -> bool {
     return a > b || (a == b && ia < ib);
 }
 
-// Reduces output element `o` into partial[0] / partial_index[0] (all invocations must call it).
-fn reduce_into_partial(o: u32, lid: u32) {
+// A running reduction: the sum (index NONE), or the best value so far and its index (NONE
+// before the first).
+struct Acc {
+    value: f32,
+    index: u32,
+}
+
+fn empty() -> Acc {
+    return Acc(select(select(-f32_inf(), f32_inf(), KIND == 2u), 0.0, KIND == 0u), NONE);
+}
+
+// `a` with (x, ix) taken in; an extremum skips an empty partial (index NONE).
+fn take(a: Acc, x: f32, ix: u32) -> Acc {
+    if (KIND == 0u) {
+        return Acc(a.value + x, NONE);
+    }
+    if (ix != NONE && (a.index == NONE || better(x, ix, a.value, a.index))) {
+        return Acc(x, ix);
+    }
+    return a;
+}
+
+// Combines every invocation's `a` into partial[0] / partial_index[0] (all invocations must call it).
+fn combine(a: Acc, lid: u32) {
+    partial[lid] = a.value;
+    partial_index[lid] = a.index;
+    workgroupBarrier();
+    for (var width = WG / 2u; width > 0u; width = width / 2u) {
+        if (lid < width) {
+            let c = take(Acc(partial[lid], partial_index[lid]), partial[lid + width], partial_index[lid + width]);
+            partial[lid] = c.value;
+            partial_index[lid] = c.index;
+        }
+        workgroupBarrier();
+    }
+}
+
+fn flat_workgroup(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
+    return wid.x + wid.y * groups.x;
+}
+
+// Chunks per output: params[5] reduced elements each, the last one shorter.
+fn chunks_per_output() -> u32 {
+    return max((params[2] + params[5] - 1u) / params[5], 1u);
+}
+
+// Reduces chunk `w` (of output w / chunks) into partial[0].
+fn reduce_chunk(w: u32, lid: u32) {
     let n_out = params[0];
     let kept_rank = params[1];
     let n_red = params[2];
     let red_rank = params[3];
-    let base = params[4] + sub_offset(min(o, n_out - 1u), kept_rank, 5u);
-    let red_at = 5u + 2u * kept_rank;
-    var acc = select(select(-f32_inf(), f32_inf(), KIND == 2u), 0.0, KIND == 0u);
-    var acc_index = 0xffffffffu;
-    for (var r = lid; r < n_red; r += WG) {
-        let x = f32(src[base + sub_offset(r, red_rank, red_at)]);
-        if (KIND == 0u) {
-            acc += x;
-        } else if (acc_index == 0xffffffffu || better(x, r, acc, acc_index)) {
-            acc = x;
-            acc_index = r;
-        }
+    let chunk_len = params[5];
+    let chunks = chunks_per_output();
+    let base = params[4] + sub_offset(min(w / chunks, n_out - 1u), kept_rank, SHAPES_AT);
+    let red_at = SHAPES_AT + 2u * kept_rank;
+    let start = (w % chunks) * chunk_len;
+    let end = min(start + chunk_len, n_red);
+    var a = empty();
+    for (var r = start + lid; r < end; r += WG) {
+        a = take(a, f32(src[base + sub_offset(r, red_rank, red_at)]), r);
     }
-    partial[lid] = acc;
-    partial_index[lid] = acc_index;
-    workgroupBarrier();
-    for (var width = WG / 2u; width > 0u; width = width / 2u) {
-        if (lid < width) {
-            let other = partial[lid + width];
-            let other_index = partial_index[lid + width];
-            if (KIND == 0u) {
-                partial[lid] += other;
-            } else if (other_index != 0xffffffffu
-                && (partial_index[lid] == 0xffffffffu || better(other, other_index, partial[lid], partial_index[lid]))) {
-                partial[lid] = other;
-                partial_index[lid] = other_index;
-            }
-        }
-        workgroupBarrier();
-    }
+    combine(a, lid);
 }
 
 @compute @workgroup_size(256)
@@ -81,8 +119,8 @@ fn reduce(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let o = wid.x + wid.y * groups.x;
-    reduce_into_partial(o, lid);
+    let o = flat_workgroup(wid, groups);
+    reduce_chunk(o, lid);
     if (lid == 0u && o < params[0]) {
         out[o] = T(partial[0]);
     }
@@ -94,8 +132,60 @@ fn argmax(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let o = wid.x + wid.y * groups.x;
-    reduce_into_partial(o, lid);
+    let o = flat_workgroup(wid, groups);
+    reduce_chunk(o, lid);
+    if (lid == 0u && o < params[0]) {
+        out_index[o] = partial_index[0];
+    }
+}
+
+// Pass 1 of a split reduction: one workgroup per (output, chunk).
+@compute @workgroup_size(256)
+fn reduce_chunks(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let w = flat_workgroup(wid, groups);
+    reduce_chunk(w, lid);
+    if (lid == 0u && w < params[0] * chunks_per_output()) {
+        chunk_value[w] = partial[0];
+        chunk_index[w] = partial_index[0];
+    }
+}
+
+// Pass 2: output `o`'s chunks folded in order into partial[0].
+fn combine_chunks_of(o: u32, lid: u32) {
+    let chunks = params[1];
+    let at = min(o, params[0] - 1u) * chunks;
+    var a = empty();
+    for (var c = lid; c < chunks; c += WG) {
+        a = take(a, chunk_value[at + c], chunk_index[at + c]);
+    }
+    combine(a, lid);
+}
+
+@compute @workgroup_size(256)
+fn combine_chunks(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let o = flat_workgroup(wid, groups);
+    combine_chunks_of(o, lid);
+    if (lid == 0u && o < params[0]) {
+        out[o] = T(partial[0]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn combine_chunks_argmax(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let o = flat_workgroup(wid, groups);
+    combine_chunks_of(o, lid);
     if (lid == 0u && o < params[0]) {
         out_index[o] = partial_index[0];
     }

@@ -1,5 +1,8 @@
 //! index_select, gather, index_add and scatter_add (index.cu) over contiguous [outer, dim, inner].
+//! The adds sum each destination's sources in source order, scanning them all where they are
+//! few, else walking per-id lists built first.
 
+use lockstep_core::backend::gpu_plan::linking_pays;
 use lockstep_core::backend::{BackendBuffer, BufferRef};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
@@ -72,19 +75,33 @@ impl CudaBackend {
         let src_len = outer * src_dim * inner;
         let s = self.operand(op, src, Some(&Layout::contiguous([src_len])))?;
         let suffix = float_suffix(op, self.same_dtype(op, d, s)?)?;
-        let i = self.ids(op, ids, if per_element { src_len } else { src_dim })?;
+        let positions = if per_element { src_len } else { src_dim };
+        let i = self.ids(op, ids, positions)?;
         let n = outer * dst_dim * inner;
-        if n > 0 {
-            let (n32, src_dim32, inner32, dst_dim32) = (
-                to_u32(op, n)?,
-                to_u32(op, src_dim)?,
-                to_u32(op, inner)?,
-                to_u32(op, dst_dim)?,
-            );
-            let per = u32::from(per_element);
+        if n == 0 {
+            return Ok(());
+        }
+        let (n32, src_dim32, inner32, dst_dim32) = (
+            to_u32(op, n)?,
+            to_u32(op, src_dim)?,
+            to_u32(op, inner)?,
+            to_u32(op, dst_dim)?,
+        );
+        let per = u32::from(per_element);
+        if !linking_pays(n, src_dim, positions) {
             launch!(&self.gpu, lockstep_kernels::INDEX, format!("add_at_{suffix}"), self.gpu.grid(n);
                 &d.ptr, &s.ptr, &i.ptr, &n32, &src_dim32, &inner32, &dst_dim32, &per);
+            return Ok(());
         }
+        // Lists of each id's sources: one per destination row, or per element for scatter_add.
+        let first = self.fill(DType::U32, if per_element { n } else { dst_dim }, f64::from(u32::MAX))?;
+        let first = self.operand(op, &first, None)?;
+        let next = self.output(DType::U32, positions)?;
+        let positions32 = to_u32(op, positions)?;
+        launch!(&self.gpu, lockstep_kernels::INDEX, "link_sources", self.gpu.grid(positions);
+            &first.ptr, &next.ptr, &i.ptr, &positions32, &src_dim32, &inner32, &dst_dim32, &per);
+        launch!(&self.gpu, lockstep_kernels::INDEX, format!("add_linked_{suffix}"), self.gpu.grid(n);
+            &d.ptr, &s.ptr, &first.ptr, &next.ptr, &n32, &src_dim32, &inner32, &dst_dim32, &per);
         Ok(())
     }
 }

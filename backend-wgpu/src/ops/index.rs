@@ -1,7 +1,9 @@
 //! index_select, gather, index_add and scatter_add (index.wgsl) over contiguous
-//! [outer, dim, inner] views with u32 indices.
+//! [outer, dim, inner] views with u32 indices. The adds sum each destination's sources in source
+//! order, scanning them all where they are few, else walking per-id lists built first.
 
 use lockstep_core::backend::BufferRef;
+use lockstep_core::backend::gpu_plan::linking_pays;
 use lockstep_core::{DType, Error, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
@@ -116,8 +118,8 @@ impl WgpuBackend {
         Ok(out)
     }
 
-    /// index_add (`per_element_ids` false: one id per source slice) or scatter_add (one id per
-    /// source element), in place on `dst`.
+    /// index_add (entry "index_add": one id per source slice) or scatter_add (one id per source
+    /// element), in place on `dst`.
     #[allow(clippy::too_many_arguments)] // the [outer, dim, inner] geometry of two tensors
     pub(crate) fn add_at(
         &self,
@@ -141,21 +143,73 @@ impl WgpuBackend {
                 rhs: src.dtype(),
             });
         }
-        let needed = if entry == "scatter_add" {
-            outer * src_dim * inner
-        } else {
-            src_dim
+        let per_element = entry == "scatter_add";
+        let positions = if per_element { outer * src_dim * inner } else { src_dim };
+        let ids = self.ids(entry, ids, positions)?;
+        let dst_len = outer * dst_dim * inner;
+        let add = AddAt {
+            op: entry,
+            per_element,
+            ty: self.value_type(entry, src.dtype())?,
+            params: [dst_len, outer, src_dim, inner, dst_dim]
+                .iter()
+                .map(|&v| to_u32(entry, v))
+                .collect::<Result<Vec<_>>>()?,
         };
-        let ids = self.ids(entry, ids, needed)?;
-        self.index_dispatch(Indexing {
-            entry,
-            src,
-            ids,
-            out: dst,
-            outer,
-            src_dim,
-            inner,
-            out_dim: dst_dim,
-        })
+        if linking_pays(dst_len, src_dim, positions) {
+            let heads = if per_element { dst_len } else { dst_dim };
+            self.add_linked(&add, src, ids, dst, positions, heads)
+        } else {
+            self.launch(
+                &add.variant("add_scanning"),
+                &add.params,
+                &[(1, src), (2, ids), (3, dst)],
+                self.grid(entry, dst_len)?,
+            )
+        }
+    }
+
+    /// Threads each id's sources into a list (link_sources), then walks each destination's list
+    /// (add_linked); `heads` lists: one per destination row, or per element for scatter_add.
+    fn add_linked(
+        &self,
+        add: &AddAt,
+        src: &WgpuBuffer,
+        ids: &WgpuBuffer,
+        dst: &WgpuBuffer,
+        positions: usize,
+        heads: usize,
+    ) -> Result<()> {
+        let first = self.fill(DType::U32, heads, f64::from(u32::MAX))?;
+        let first = self.operand(add.op, &first, None)?;
+        let next = self.alloc(DType::U32, positions)?;
+        let mut link_params = add.params.clone();
+        link_params[0] = to_u32(add.op, positions)?;
+        self.launch(
+            &add.variant("link_sources"),
+            &link_params,
+            &[(2, ids), (4, first), (5, &next)],
+            self.grid(add.op, positions)?,
+        )?;
+        self.launch(
+            &add.variant("add_linked"),
+            &add.params,
+            &[(1, src), (3, dst), (4, first), (5, &next)],
+            self.grid(add.op, add.params[0] as usize)?,
+        )
+    }
+}
+
+/// One in-place add's pipeline choice and parameters (index.wgsl's).
+struct AddAt {
+    op: &'static str,
+    per_element: bool,
+    ty: &'static str,
+    params: Vec<u32>,
+}
+
+impl AddAt {
+    fn variant(&self, entry: &'static str) -> Variant {
+        Variant::new("index", entry, &[self.ty]).constant("PER_ELEMENT", f64::from(u8::from(self.per_element)))
     }
 }

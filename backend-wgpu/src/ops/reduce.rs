@@ -1,5 +1,8 @@
-//! reduce (reduce.wgsl): sum, max, min and argmax over any set of axes of a strided tensor.
+//! reduce (reduce.wgsl): sum, max, min and argmax over any set of axes of a strided tensor. A
+//! workgroup per output, or, when the outputs are too few to fill a GPU, per chunk of an output's
+//! reduced elements, combined in order by a second pass.
 
+use lockstep_core::backend::gpu_plan::chunk_len;
 use lockstep_core::backend::{BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
@@ -34,24 +37,49 @@ impl WgpuBackend {
             .map(|(_, &d)| d)
             .product();
         let n_red: usize = axes.iter().map(|&a| layout.dims()[a]).product();
+        let chunk_len = chunk_len(n_out, n_red);
         let mut params = vec![
             to_u32(op, n_out)?,
             kept.0.len() as u32,
             to_u32(op, n_red)?,
             reduced.0.len() as u32,
             to_u32(op, layout.offset)?,
+            to_u32(op, chunk_len)?,
         ];
         params.extend(kept.0.iter().chain(&kept.1).chain(&reduced.0).chain(&reduced.1));
-        let (entry, out_dtype, binding) = match kind {
-            ReduceKind::ArgMax => ("argmax", DType::U32, 3),
-            _ => ("reduce", src.dtype(), 2),
-        };
+        let argmax = kind == ReduceKind::ArgMax;
+        let (out_dtype, binding) = if argmax { (DType::U32, 3) } else { (src.dtype(), 2) };
         let kind_index = ReduceKind::ALL.iter().position(|k| *k == kind).expect("in ALL") as f64;
+        let variant = |entry| Variant::new("reduce", entry, &[t]).constant("KIND", kind_index);
         let out = self.alloc(out_dtype, n_out)?;
+        let chunks = n_red.div_ceil(chunk_len);
+        if chunks <= 1 {
+            let entry = if argmax { "argmax" } else { "reduce" };
+            self.launch(
+                &variant(entry),
+                &params,
+                &[(1, src), (binding, &out)],
+                self.groups(op, n_out)?,
+            )?;
+            return Ok(out);
+        }
+        let partials = n_out * chunks;
+        let (value, index) = (self.alloc(DType::F32, partials)?, self.alloc(DType::U32, partials)?);
         self.launch(
-            &Variant::new("reduce", entry, &[t]).constant("KIND", kind_index),
+            &variant("reduce_chunks"),
             &params,
-            &[(1, src), (binding, &out)],
+            &[(1, src), (4, &value), (5, &index)],
+            self.groups(op, partials)?,
+        )?;
+        let entry = if argmax {
+            "combine_chunks_argmax"
+        } else {
+            "combine_chunks"
+        };
+        self.launch(
+            &variant(entry),
+            &[to_u32(op, n_out)?, to_u32(op, chunks)?],
+            &[(4, &value), (5, &index), (binding, &out)],
             self.groups(op, n_out)?,
         )?;
         Ok(out)

@@ -32,3 +32,21 @@ pub fn private_wgpu_device(limits: wgpu::Limits) -> Option<(Device, Arc<WgpuBack
     let backend = lockstep_wgpu::open_with_limits(0, limits).expect("the first adapter opens with these limits");
     Some((Device::from_backend(backend.clone()), backend))
 }
+
+/// Median seconds of `runs` calls of `f` on `device`, each waited for, after one warm-up call
+/// (pipelines compile there): what the cost-bound tests compare.
+#[allow(dead_code, reason = "not every test file times work")]
+pub fn median_seconds(device: &Device, runs: usize, f: &dyn Fn()) -> f64 {
+    f();
+    device.synchronize().unwrap();
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            f();
+            device.synchronize().unwrap();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
+}

@@ -8,6 +8,7 @@
 
 mod communicator;
 pub mod cpu;
+pub mod gpu_plan;
 mod ops;
 
 use std::any::Any;

@@ -1,0 +1,54 @@
+//! How the GPU backends (wgpu and CUDA alike) lay out work whose result must not depend on the
+//! device: decided from shapes alone, in one place, so every GPU sums in the same order.
+
+/// Below this many outputs a reduction splits each output's reduced elements into chunks: a
+/// workgroup per output would leave most of a large GPU idle (`sum_all` ran on 1 of 132 SMs).
+const FEW_OUTPUTS: usize = 1024;
+/// Reduced elements a chunk holds at least (16 per invocation), so splitting pays for its second pass.
+const MIN_CHUNK: usize = 4096;
+
+/// Reduced elements per workgroup: all of them, or a chunk such that the outputs' chunks number
+/// about `FEW_OUTPUTS` in all. From the shape alone, so every device sums in the same order.
+pub fn chunk_len(n_out: usize, n_red: usize) -> usize {
+    let chunks = (FEW_OUTPUTS / n_out.max(1)).min(n_red / MIN_CHUNK);
+    if chunks < 2 {
+        return n_red.max(1);
+    }
+    n_red.div_ceil(chunks)
+}
+
+/// Whether linking sources into per-id lists costs fewer loop iterations than scanning every
+/// source for each of `dst_len` destination elements: each of `positions` sources searches forward
+/// for the next with its id (at worst to the end of its column: src_dim / 2 on average), then
+/// each destination walks its list. Scanning wins where sources are few (a cross-entropy's
+/// gather backward: one per row), linking where the destination is wide (an embedding's backward).
+pub fn linking_pays(dst_len: usize, src_dim: usize, positions: usize) -> bool {
+    let scanning = dst_len.saturating_mul(src_dim);
+    let linking = positions.saturating_mul(src_dim) / 2 + 2 * dst_len;
+    linking < scanning
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_few_long_outputs_split_and_no_chunk_is_empty() {
+        assert_eq!(chunk_len(1, 0), 1);
+        assert_eq!(chunk_len(1, 8191), 8191);
+        assert_eq!(chunk_len(2048, 1 << 24), 1 << 24);
+        assert_eq!(chunk_len(1, 1 << 24), 1 << 14);
+        for (n_out, n_red) in [(1, 3 << 20), (3, 1_000_001), (100, 65_536), (1, 8192)] {
+            let len = chunk_len(n_out, n_red);
+            let chunks = n_red.div_ceil(len);
+            assert!(
+                chunks >= 2 && n_out * chunks <= 1024,
+                "{n_out} x {n_red}: {chunks} chunks"
+            );
+            assert!(
+                (chunks - 1) * len < n_red && len >= 4096,
+                "{n_out} x {n_red}: chunks of {len}"
+            );
+        }
+    }
+}
