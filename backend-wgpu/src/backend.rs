@@ -75,8 +75,13 @@ impl WgpuBackend {
         self.gpu.check()?;
         let bytes = ((len * dtype.size_in_bytes()) as u64).next_multiple_of(4);
         let reclaim = || {
-            self.batch().flush(&self.gpu);
-            self.gpu.wait()
+            let mut batch = self.batch();
+            // Cached bind groups still hold the buffers the pool has just dropped.
+            batch.forget_bind_groups();
+            batch.flush(&self.gpu);
+            self.gpu.wait()?;
+            batch.all_done();
+            Ok(())
         };
         let (raw, last_batch) = self.pool.take(&self.gpu, bytes, reclaim)?;
         Ok(Arc::new(WgpuBuffer::new(
@@ -101,7 +106,8 @@ impl WgpuBackend {
             .dispatch(&self.gpu, &self.recorded, &pipeline, params, buffers, groups)
     }
 
-    /// Bind groups created since the device opened (one per dispatch while none are reused).
+    /// Bind groups created since the device opened (a dispatch reuses a cached one where it binds
+    /// the same buffers to a pipeline of the same layout as an earlier one).
     /// wgpu-only: `WorkCounters` has no field for them.
     pub fn bind_groups_created(&self) -> u64 {
         self.recorded.bind_groups.load(Ordering::Relaxed)
@@ -214,6 +220,7 @@ impl WgpuBackend {
         let mut batch = self.batch();
         let submitted = batch.flush_for_sync(&self.gpu);
         self.gpu.wait()?;
+        batch.all_done();
         if submitted && let Some(ns) = batch.read_busy_ns(&self.gpu) {
             self.meter.add_busy_ns(ns);
         }

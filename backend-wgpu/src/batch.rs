@@ -1,22 +1,33 @@
 //! Recording many dispatches per submission: wgpu's per-submit cost is large, so commands
-//! accumulate in one encoder (in one open compute pass where possible) and go to the GPU only
-//! when a result is read back, the parameter arena fills up, or an upload must be ordered after
-//! recorded work.
+//! accumulate in one encoder (in one open compute pass where possible) and go to the GPU when a
+//! result is read back, the parameter arena fills up, an upload must be ordered after recorded
+//! work, or `SUBMIT_EVERY` commands are recorded (so the GPU starts while the CPU records on).
+//! At most `IN_FLIGHT` submissions run ahead of the CPU (`in_flight`).
 //!
 //! Each dispatch's parameters are appended to a host-side arena that is written to one device
-//! buffer just before the submit, so a dispatch costs no buffer of its own.
+//! buffer just before the submit and bound at a dynamic offset, so a dispatch costs no buffer of
+//! its own, and its bind group is reused from step to step (`bind_groups`).
 
-use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lockstep_core::Result;
 
+use crate::bind_groups::BindGroups;
+use crate::bind_layout::PARAMS_WINDOW;
 use crate::buffer::WgpuBuffer;
 use crate::gpu::Gpu;
+use crate::in_flight::InFlight;
 use crate::meter::Timer;
+use crate::pipelines::Pipeline;
 
 /// Parameter bytes per submission (a dispatch uses 256 at most with alignment).
 const ARENA_BYTES: u64 = 1 << 20;
+
+/// Commands per submission at most: a few training steps of a small model.
+const SUBMIT_EVERY: usize = 128;
+
+/// Submissions the GPU may still be working on while the CPU records more.
+const IN_FLIGHT: usize = 3;
 
 /// Work recorded since the device opened, for benchmarks that report it per training step.
 /// Atomics, so reading them takes no batch lock.
@@ -36,6 +47,8 @@ pub struct Batch {
     align_words: usize,
     commands: usize,
     timer: Option<Timer>,
+    bind_groups: BindGroups,
+    in_flight: InFlight<wgpu::SubmissionIndex>,
 }
 
 impl Batch {
@@ -55,6 +68,8 @@ impl Batch {
             align_words: (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(1),
             commands: 0,
             timer: Timer::new(gpu),
+            bind_groups: BindGroups::default(),
+            in_flight: InFlight::new(IN_FLIGHT),
         }
     }
 
@@ -78,12 +93,13 @@ impl Batch {
     }
 
     /// Records one dispatch of `pipeline` with `params` at binding 0 and `buffers` at their
-    /// bindings, counting it and its bind group in `recorded` (an empty grid records neither).
+    /// bindings, counting it and any bind group it had to create in `recorded` (an empty grid
+    /// records neither).
     pub fn dispatch(
         &mut self,
         gpu: &Gpu,
         recorded: &Recorded,
-        pipeline: &wgpu::ComputePipeline,
+        pipeline: &Pipeline,
         params: &[u32],
         buffers: &[(u32, &WgpuBuffer)],
         groups: [u32; 3],
@@ -91,31 +107,30 @@ impl Batch {
         if groups.contains(&0) {
             return Ok(());
         }
+        if (params.len() * 4) as u64 > PARAMS_WINDOW {
+            return Err(gpu.error(format!(
+                "a dispatch of {} has {} parameter words, more than the {} its binding holds",
+                pipeline.label,
+                params.len(),
+                PARAMS_WINDOW / 4
+            )));
+        }
+        if self.commands >= SUBMIT_EVERY {
+            self.submit(gpu, false)?;
+        }
         let mut offset = self.params.len().next_multiple_of(self.align_words);
-        if ((offset + params.len()) * 4) as u64 > ARENA_BYTES {
-            self.flush(gpu);
+        if (offset * 4) as u64 + PARAMS_WINDOW > ARENA_BYTES {
+            self.submit(gpu, false)?;
             offset = 0;
         }
         self.params.resize(offset, 0);
         self.params.extend_from_slice(params);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.arena,
-                offset: (offset * 4) as u64,
-                size: NonZeroU64::new((params.len().max(1) * 4) as u64),
-            }),
-        }];
-        entries.extend(buffers.iter().map(|(binding, b)| wgpu::BindGroupEntry {
-            binding: *binding,
-            resource: b.raw().as_entire_binding(),
-        }));
-        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        recorded.bind_groups.fetch_add(1, Ordering::Relaxed);
+        let (bind_group, created) =
+            self.bind_groups
+                .get(&gpu.device, &pipeline.bind_group_layout, &self.arena, buffers);
+        if created {
+            recorded.bind_groups.fetch_add(1, Ordering::Relaxed);
+        }
         if self.pass.is_none() {
             let pass = self
                 .encoder(gpu)
@@ -124,8 +139,9 @@ impl Batch {
             self.pass = Some(pass);
         }
         let pass = self.pass.as_mut().expect("opened above");
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_pipeline(&pipeline.compute);
+        // The offset is below ARENA_BYTES (1 MiB), so it fits in u32.
+        pass.set_bind_group(0, &bind_group, &[(offset * 4) as u32]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         recorded.dispatches.fetch_add(1, Ordering::Relaxed);
         for (_, b) in buffers {
@@ -147,12 +163,13 @@ impl Batch {
         b.last_batch.store(self.id, Ordering::Relaxed);
     }
 
-    /// Submits everything recorded so far.
+    /// Submits everything recorded so far. A wait for the GPU that this needs (back-pressure)
+    /// fails only when the device is lost, which `Gpu` keeps and the next call's check returns.
     pub fn flush(&mut self, gpu: &Gpu) {
         if self.commands == 0 {
             return;
         }
-        self.submit(gpu, false);
+        let _ = self.submit(gpu, false);
     }
 
     /// Submits everything recorded so far with the busy timer's results, and returns the GPU
@@ -160,9 +177,19 @@ impl Batch {
     pub fn flush_for_sync(&mut self, gpu: &Gpu) -> bool {
         let timed = self.timer.as_ref().is_some_and(|t| t.has_work()) || self.commands > 0;
         if timed {
-            self.submit(gpu, true);
+            let _ = self.submit(gpu, true);
         }
         timed
+    }
+
+    /// Every submission has completed (the caller waited for all work).
+    pub fn all_done(&mut self) {
+        self.in_flight.all_done();
+    }
+
+    /// Forgets every cached bind group, so that buffers the pool dropped are freed.
+    pub fn forget_bind_groups(&mut self) {
+        self.bind_groups.clear();
     }
 
     /// The busy time recorded up to the last `flush_for_sync`, once its work has completed.
@@ -170,7 +197,8 @@ impl Batch {
         self.timer.as_mut()?.read(gpu)
     }
 
-    fn submit(&mut self, gpu: &Gpu, resolve_timer: bool) {
+    /// Submits the recorded commands, then waits for the oldest submissions beyond `IN_FLIGHT`.
+    fn submit(&mut self, gpu: &Gpu, resolve_timer: bool) -> Result<()> {
         self.pass = None;
         let mut encoder = match self.encoder.take() {
             Some(e) => e,
@@ -185,9 +213,13 @@ impl Batch {
         // write_buffer lands before this submission's commands and after every earlier one.
         gpu.queue
             .write_buffer(&self.arena, 0, bytemuck::cast_slice(&self.params));
-        gpu.queue.submit([encoder.finish()]);
+        let submission = gpu.queue.submit([encoder.finish()]);
         self.params.clear();
         self.commands = 0;
         self.id += 1;
+        for oldest in self.in_flight.submitted(submission) {
+            gpu.wait_for(oldest)?;
+        }
+        Ok(())
     }
 }

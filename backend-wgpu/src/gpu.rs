@@ -110,6 +110,16 @@ impl Gpu {
 
     /// Waits for all submitted work.
     pub fn wait(&self) -> Result<()> {
+        self.wait_until(None)
+    }
+
+    /// Waits for `submission` and the work submitted before it (back-pressure: see `InFlight`).
+    pub fn wait_for(&self, submission: wgpu::SubmissionIndex) -> Result<()> {
+        self.wait_until(Some(submission))
+    }
+
+    /// Waits for `submission`, or for all submitted work.
+    fn wait_until(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<()> {
         // Polling a lost device fails its fence wait, which wgpu 30 turns into a panic.
         self.check()?;
         // A loss the device has not reported yet still panics inside wgpu; that panic unwinds
@@ -118,7 +128,10 @@ impl Gpu {
             if self.faults.reset() {
                 panic!("Error in Device::poll: Parent device is lost (an injected driver reset)");
             }
-            self.device.poll(wgpu::PollType::wait_indefinitely())
+            self.device.poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
         }));
         match polled {
             Ok(Ok(_)) => {}

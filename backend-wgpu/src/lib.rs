@@ -11,11 +11,14 @@
 
 mod backend;
 mod batch;
+mod bind_groups;
+mod bind_layout;
 mod buffer;
 mod contract;
 mod fault;
 mod gpu;
 mod headless;
+mod in_flight;
 mod meter;
 mod ops;
 mod pipelines;

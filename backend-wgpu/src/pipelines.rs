@@ -2,12 +2,16 @@
 //! to its aliases, and its pipeline constants (the op of a unary, the kind of a reduction).
 //! Only what compiled is cached: a failure (a validation error, a driver's compiler refusing the
 //! translated shader, out of memory) is returned, and the next request tries again.
+//!
+//! Pipelines get explicit layouts (see `bind_layout`), one per distinct set of bindings, so
+//! pipelines that bind alike share a bind group layout and with it their cached bind groups.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lockstep_core::Result;
 
+use crate::bind_layout::{self, StorageBindings};
 use crate::gpu::Gpu;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -37,14 +41,37 @@ impl Variant {
 /// A shader with its aliases bound: one compiled module.
 type ModuleKey = (&'static str, Vec<&'static str>);
 
+/// A compiled module and the WGSL it came from (read again for each entry point's bindings).
+struct Module {
+    compiled: wgpu::ShaderModule,
+    source: String,
+}
+
+/// The layouts of pipelines that bind the same buffers the same way.
+#[derive(Clone)]
+struct Layouts {
+    bind_group: wgpu::BindGroupLayout,
+    pipeline: wgpu::PipelineLayout,
+}
+
+/// A compute pipeline and the layout its bind groups are made for.
+#[derive(Debug)]
+pub struct Pipeline {
+    /// shader/entry, for error messages.
+    pub label: String,
+    pub compute: wgpu::ComputePipeline,
+    pub bind_group_layout: wgpu::BindGroupLayout,
+}
+
 #[derive(Default)]
 pub struct Pipelines {
-    cache: Mutex<HashMap<Variant, Arc<wgpu::ComputePipeline>>>,
-    modules: Mutex<HashMap<ModuleKey, Arc<wgpu::ShaderModule>>>,
+    cache: Mutex<HashMap<Variant, Arc<Pipeline>>>,
+    modules: Mutex<HashMap<ModuleKey, Arc<Module>>>,
+    layouts: Mutex<HashMap<StorageBindings, Layouts>>,
 }
 
 impl Pipelines {
-    pub fn get(&self, gpu: &Gpu, variant: &Variant) -> Result<Arc<wgpu::ComputePipeline>> {
+    pub fn get(&self, gpu: &Gpu, variant: &Variant) -> Result<Arc<Pipeline>> {
         if let Some(p) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(variant) {
             return Ok(p.clone());
         }
@@ -54,11 +81,14 @@ impl Pipelines {
             "building the {}/{} pipeline for {:?} on this driver",
             variant.shader, variant.entry, variant.types
         );
+        let bindings = bind_layout::storage_bindings(&module.source, variant.entry)
+            .map_err(|e| gpu.error(format!("{what}: {e}")))?;
+        let layouts = self.layouts(gpu, &what, bindings)?;
         let pipeline = gpu.scoped(&what, || {
             gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(variant.entry),
-                layout: None,
-                module: &module,
+                layout: Some(&layouts.pipeline),
+                module: &module.compiled,
                 entry_point: Some(variant.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
@@ -68,7 +98,11 @@ impl Pipelines {
                 cache: None,
             })
         })?;
-        let pipeline = Arc::new(pipeline);
+        let pipeline = Arc::new(Pipeline {
+            label: format!("{}/{}", variant.shader, variant.entry),
+            compute: pipeline,
+            bind_group_layout: layouts.bind_group,
+        });
         self.cache
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -76,7 +110,31 @@ impl Pipelines {
         Ok(pipeline)
     }
 
-    fn module(&self, gpu: &Gpu, variant: &Variant) -> Result<Arc<wgpu::ShaderModule>> {
+    /// The layouts for pipelines with `bindings`, made on first use.
+    fn layouts(&self, gpu: &Gpu, what: &str, bindings: StorageBindings) -> Result<Layouts> {
+        if let Some(l) = self.layouts.lock().unwrap_or_else(|p| p.into_inner()).get(&bindings) {
+            return Ok(l.clone());
+        }
+        let layouts = gpu.scoped(what, || {
+            let bind_group = gpu.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &bind_layout::layout_entries(&bindings),
+            });
+            let pipeline = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&bind_group)],
+                immediate_size: 0,
+            });
+            Layouts { bind_group, pipeline }
+        })?;
+        self.layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(bindings, layouts.clone());
+        Ok(layouts)
+    }
+
+    fn module(&self, gpu: &Gpu, variant: &Variant) -> Result<Arc<Module>> {
         let key = (variant.shader, variant.types.clone());
         if let Some(m) = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(m.clone());
@@ -85,13 +143,13 @@ impl Pipelines {
             .ok_or_else(|| gpu.error(format!("no shader named {}", variant.shader)))?;
         let source = lockstep_shaders::compose(shader, &variant.types);
         let what = format!("compiling {}.wgsl for {:?}", variant.shader, variant.types);
-        let module = gpu.scoped(&what, || {
+        let compiled = gpu.scoped(&what, || {
             gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(variant.shader),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
             })
         })?;
-        let module = Arc::new(module);
+        let module = Arc::new(Module { compiled, source });
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -3,7 +3,7 @@
 //! Reuse is safe without waiting: wgpu orders every later use of a buffer after the submitted
 //! work that used it before.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use lockstep_core::{Error, Result};
@@ -18,12 +18,30 @@ pub const STORAGE_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 #[derive(Default)]
 struct State {
-    /// Free buffers by size, each with the last batch that used it (an upload into a recycled
-    /// buffer must still be ordered after that batch).
-    free: HashMap<u64, Vec<(wgpu::Buffer, u64)>>,
+    /// Free buffers by size and creation number, each with the last batch that used it (an
+    /// upload into a recycled buffer must still be ordered after that batch). `take` picks the
+    /// oldest: which buffers are free then decides which one a request gets, not the order they
+    /// were freed in, so each training step gets the same buffers as the last and its dispatches
+    /// find their bind groups cached.
+    free: HashMap<u64, BTreeMap<u64, (wgpu::Buffer, u64)>>,
+    /// The creation number of every buffer the pool made and still holds or lent.
+    numbers: HashMap<wgpu::Buffer, u64>,
+    created: u64,
     allocated: u64,
     reserved: u64,
     peak: u64,
+}
+
+impl State {
+    /// The creation number of `buffer`, given on first sight.
+    fn number(&mut self, buffer: &wgpu::Buffer) -> u64 {
+        if let Some(&n) = self.numbers.get(buffer) {
+            return n;
+        }
+        self.created += 1;
+        self.numbers.insert(buffer.clone(), self.created);
+        self.created
+    }
 }
 
 #[derive(Default)]
@@ -87,7 +105,12 @@ impl Pool {
                 gpu.info.name
             ))
         })?;
-        let reused = self.state().free.get_mut(&size).and_then(Vec::pop);
+        let reused = self
+            .state()
+            .free
+            .get_mut(&size)
+            .and_then(BTreeMap::pop_first)
+            .map(|(_, free)| free);
         let (buffer, last_batch) = match reused {
             Some(b) => b,
             None => (self.create_or_reclaim(gpu, size, reclaim)?, 0),
@@ -130,7 +153,9 @@ impl Pool {
         });
         match created {
             (buffer, None) => {
-                self.state().reserved += size;
+                let mut s = self.state();
+                s.reserved += size;
+                s.number(&buffer);
                 Created::Buffer(buffer)
             }
             (_, Some(e @ wgpu::Error::OutOfMemory { .. })) => Created::OutOfMemory(gpu.error(format!(
@@ -145,15 +170,20 @@ impl Pool {
         let size = buffer.size();
         let mut s = self.state();
         s.allocated -= size;
-        s.free.entry(size).or_default().push((buffer, last_batch));
+        let number = s.number(&buffer);
+        s.free.entry(size).or_default().insert(number, (buffer, last_batch));
     }
 
     /// Drops every cached buffer (wgpu frees their memory once their work is done and the device
     /// was polled).
     pub fn trim(&self) {
         let mut s = self.state();
-        let freed: u64 = s.free.values().flatten().map(|(b, _)| b.size()).sum();
-        s.free.clear();
+        let free = std::mem::take(&mut s.free);
+        let mut freed = 0;
+        for (buffer, _) in free.into_values().flat_map(BTreeMap::into_values) {
+            freed += buffer.size();
+            s.numbers.remove(&buffer);
+        }
         s.reserved -= freed;
     }
 
