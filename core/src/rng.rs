@@ -157,9 +157,10 @@ mod tests {
     fn lanes_give_the_scalar_words_of_consecutive_counters_across_a_32_bit_carry() {
         let first = u32::MAX as u64 - 5;
         let lanes = philox4x32_lanes::<16>(0x1234_5678_9abc_def0, first);
+        let lane = |l: usize| -> [u32; 4] { std::array::from_fn(|w| lanes[w][l]) };
         for l in 0..16 {
             let scalar = philox4x32(0x1234_5678_9abc_def0, first + l as u64);
-            assert_eq!(std::array::from_fn(|w| lanes[w][l]), scalar, "lane {l}");
+            assert_eq!(lane(l), scalar, "lane {l}");
         }
     }
 

@@ -227,7 +227,7 @@ pub fn token_bins(dir: &Path, block: usize, vocab_size: usize) -> Result<(TokenW
 /// `what` in errors), as [`token_bins`] reads them: little-endian u16 ids, each below
 /// `vocab_size`.
 pub fn token_windows(bytes: &[u8], what: &str, block: usize, vocab_size: usize) -> Result<TokenWindows> {
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(Error::data(
             what,
             format!(

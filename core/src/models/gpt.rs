@@ -78,7 +78,7 @@ impl GptConfig {
 
     fn check(&self) -> Result<()> {
         let sizes = [self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd];
-        if sizes.contains(&0) || self.n_embd % self.n_head != 0 {
+        if sizes.contains(&0) || !self.n_embd.is_multiple_of(self.n_head) {
             return Err(Error::invalid(
                 "gpt",
                 format!("sizes must be at least 1 and n_embd a multiple of n_head, got {self:?}"),

@@ -37,7 +37,7 @@ impl CausalSelfAttention {
         generator: &Generator,
         dropout_stream: &Arc<Generator>,
     ) -> Result<CausalSelfAttention> {
-        if n_head == 0 || n_embd % n_head != 0 {
+        if n_head == 0 || !n_embd.is_multiple_of(n_head) {
             return Err(Error::invalid(
                 "CausalSelfAttention",
                 format!("the width {n_embd} must split into {n_head} equal heads"),

@@ -96,6 +96,32 @@ impl GradScaler {
     }
 }
 
+/// Whether every gradient of `params` is finite. Counts the elements that are inf or NaN (by
+/// their bits: `x * 0` would do it too, but a fast-math GPU compiler may fold that to 0): one
+/// count per gradient, one sum of counts, one read-back.
+pub fn grads_finite(params: &[Tensor]) -> Result<bool> {
+    let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
+    Ok(non_finite_elements(&grads)? == 0)
+}
+
+/// How many elements of `tensors` are inf or NaN, read back once.
+pub fn non_finite_elements(tensors: &[Tensor]) -> Result<u64> {
+    no_grad(|| {
+        let mut poison: Option<Tensor> = None;
+        for t in tensors {
+            let part = t.unary(UnaryOp::NonFinite)?.sum_all()?.to_dtype(crate::DType::F32)?;
+            poison = Some(match poison {
+                None => part,
+                Some(sum) => sum.add(&part.to_device(sum.device())?)?,
+            });
+        }
+        Ok(match poison {
+            None => 0,
+            Some(t) => t.item()? as u64,
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,30 +168,4 @@ mod tests {
         assert!(GradScaler::new(1.0, 1.0, 0.5, 1).is_err());
         assert!(GradScaler::new(1.0, 2.0, 1.5, 1).is_err());
     }
-}
-
-/// Whether every gradient of `params` is finite. Counts the elements that are inf or NaN (by
-/// their bits: `x * 0` would do it too, but a fast-math GPU compiler may fold that to 0): one
-/// count per gradient, one sum of counts, one read-back.
-pub fn grads_finite(params: &[Tensor]) -> Result<bool> {
-    let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
-    Ok(non_finite_elements(&grads)? == 0)
-}
-
-/// How many elements of `tensors` are inf or NaN, read back once.
-pub fn non_finite_elements(tensors: &[Tensor]) -> Result<u64> {
-    no_grad(|| {
-        let mut poison: Option<Tensor> = None;
-        for t in tensors {
-            let part = t.unary(UnaryOp::NonFinite)?.sum_all()?.to_dtype(crate::DType::F32)?;
-            poison = Some(match poison {
-                None => part,
-                Some(sum) => sum.add(&part.to_device(sum.device())?)?,
-            });
-        }
-        Ok(match poison {
-            None => 0,
-            Some(t) => t.item()? as u64,
-        })
-    })
 }

@@ -61,7 +61,7 @@ impl Tensor {
     /// pass each.
     fn normalize_rows(&self, features: usize, eps: f64) -> Result<Tensor> {
         let x = self.contiguous()?;
-        let rows = if features == 0 { 0 } else { x.elem_count() / features };
+        let rows = x.elem_count().checked_div(features).unwrap_or(0);
         let buffer = x.backend().layer_norm_last(x.buffer(), rows, features, eps)?;
         let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
         let input = x.detach();

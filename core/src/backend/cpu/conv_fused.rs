@@ -87,6 +87,8 @@ pub fn forward<T: GemmElement + CpuFloat>(pool: &Pool, x: &[T], weight: &[T], g:
     let dst = Columns(out.as_mut_ptr());
     let per_range = images_per_range(g.n);
     (0..g.n.div_ceil(per_range)).into_par_iter().for_each(|r| {
+        // The whole `Columns` (Send), not its raw pointer field (which is not).
+        #[allow(clippy::redundant_locals)]
         let dst = dst;
         let mut cols = pool.take::<T>(taps * pixels);
         for i in r * per_range..((r + 1) * per_range).min(g.n) {

@@ -99,7 +99,7 @@ impl ProcessStages {
     }
 
     /// What the last stage computed (`mine` there, a scalar), on every stage, as f32 on `device`.
-    pub(super) fn from_last_stage(&self, mine: Option<Tensor>, device: &Device) -> Result<Tensor> {
+    pub(super) fn shared_from_last_stage(&self, mine: Option<Tensor>, device: &Device) -> Result<Tensor> {
         let value = match mine {
             // A fresh buffer, whatever view or dtype the value came in.
             Some(value) => value.to_dtype(DType::F32)?.affine(1.0, 0.0)?,
@@ -138,8 +138,8 @@ impl ProcessStages {
         };
         let (loss, correct) = sums.unzip();
         Ok((
-            self.from_last_stage(loss, device)?,
-            self.from_last_stage(correct, device)?,
+            self.shared_from_last_stage(loss, device)?,
+            self.shared_from_last_stage(correct, device)?,
         ))
     }
 

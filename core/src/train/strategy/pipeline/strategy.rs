@@ -109,7 +109,7 @@ impl Pipeline {
         }
         self.last_profile = Some(profile);
         match (&self.processes, loss) {
-            (Some(p), loss) => p.from_last_stage(loss, &model.devices()[0]),
+            (Some(p), loss) => p.shared_from_last_stage(loss, &model.devices()[0]),
             (None, Some(loss)) => Ok(loss),
             (None, None) => Err(Error::invalid("pipeline", "the last stage computed no loss")),
         }
