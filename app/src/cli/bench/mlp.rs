@@ -182,9 +182,10 @@ mod tests {
         assert!(dispatches > 10.0, "{dispatches} dispatches per step");
         // Steady steps all record the same work; a fraction means one-off work was counted.
         assert_eq!(dispatches.fract(), 0.0, "{dispatches} dispatches per step");
+        // Steady steps bind the same pooled buffers: their bind groups come from the cache.
         assert!(
-            groups > 0.0 && groups <= dispatches,
-            "{groups} bind groups, {dispatches} dispatches"
+            groups <= 2.0,
+            "{groups} new bind groups for {dispatches} dispatches per step"
         );
         assert_eq!(r.library_calls_per_step, None, "wgpu calls no vendor library");
     }
