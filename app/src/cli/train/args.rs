@@ -318,8 +318,9 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub check_replicas_every: Option<u64>,
     /// What a difference found by --check-replicas-every does: stop the run naming the first
-    /// parameter that differs, or warn and carry on from rank 0's parameters.
-    #[arg(long, value_enum, default_value_t = OnDriftArg::Stop, requires = "check_replicas_every")]
+    /// parameter that differs, or warn and carry on from rank 0's parameters (without
+    /// --check-replicas-every nothing is compared).
+    #[arg(long, value_enum, default_value_t = OnDriftArg::Stop)]
     pub on_replica_drift: OnDriftArg,
     /// A checkpoint that cannot be written (a full disk, a vanished directory): stop the run
     /// (the previous checkpoint stays whole), or warn and train on.
