@@ -221,8 +221,27 @@ pub fn select<T: Element>(
             return out;
         }
     }
-    for (o, ((c, x), y)) in lc.offsets().zip(lt.offsets()).zip(lf.offsets()).enumerate() {
-        out[o] = if cond[c] != 0 { t[x] } else { f[y] };
-    }
+    select_runs(&mut out, cond, t, f, &coalesce(&[lc, lt, lf]));
     out
+}
+
+/// `select` over views (a causal mask broadcast over batch and heads): row by row, each row a
+/// run of one stride per operand, rows in parallel when there are many elements.
+fn select_runs<T: Element>(out: &mut [T], cond: &[u32], t: &[T], f: &[T], merged: &[Layout]) {
+    let (rc, rt, rf) = (runs(&merged[0]), runs(&merged[1]), runs(&merged[2]));
+    let len = rc.len.max(1);
+    let (sc, st, sf) = (rc.stride, rt.stride, rf.stride);
+    let row = move |(o, ((&c0, &t0), &f0)): (&mut [T], ((&usize, &usize), &usize))| {
+        for (j, o) in o.iter_mut().enumerate() {
+            let (x, y) = (t[t0 + j * st], f[f0 + j * sf]);
+            *o = if cond[c0 + j * sc] != 0 { x } else { y };
+        }
+    };
+    let starts = rc.starts.iter().zip(&rt.starts).zip(&rf.starts);
+    if out.len() >= PAR_THRESHOLD {
+        let starts: Vec<_> = starts.collect();
+        out.par_chunks_mut(len).zip(starts).for_each(row);
+    } else {
+        out.chunks_mut(len).zip(starts).for_each(row);
+    }
 }
