@@ -22,6 +22,12 @@ impl Backend for CudaBackend {
     fn synchronize(&self) -> Result<()> {
         self.gpu.synchronize()
     }
+    /// Frees wait for queued work in stream order, so everything queued must finish first.
+    fn empty_cache(&self) -> Result<()> {
+        self.gpu.synchronize()?;
+        self.gpu.memory.release_cached();
+        Ok(())
+    }
 
     fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef> {
         self.fill(dtype, len, 0.0)

@@ -162,6 +162,16 @@ impl Memory {
         }
     }
 
+    /// Hands the pool's unused memory back to the driver (`cuMemPoolTrimTo(pool, 0)`); the
+    /// caller has waited for the queued work. Nothing to do without a pool.
+    pub(crate) fn release_cached(&self) {
+        if let Some(pool) = self.pool {
+            // SAFETY: `pool` is the device's default pool, valid while its context lives (as
+            // long as `self`); trimming keeps every allocation still in use.
+            let _ = unsafe { result::mem_pool::trim_to(pool, 0) };
+        }
+    }
+
     /// What the pool holds from the driver (in use or cached for reuse); None without a pool.
     pub(crate) fn reserved(&self) -> Option<u64> {
         let pool = self.pool?;

@@ -74,3 +74,23 @@ fn uploads_queued_behind_compute_each_arrive_whole() {
         assert_eq!(&tensor.to_vec::<f32>().unwrap(), values, "upload {i}");
     }
 }
+
+#[test]
+fn empty_cache_hands_back_what_the_pool_keeps_and_leaves_live_tensors() {
+    let _one_at_a_time = exclusive();
+    let Some(device) = support::cuda_device() else { return };
+    let g = Generator::new(3);
+    let live = Tensor::rand_normal([256, 256], 0.0, 1.0, DType::F32, &g, &device).unwrap();
+    drop(live.matmul(&live).unwrap().relu().unwrap());
+    device.synchronize().unwrap();
+    let before = device.backend().memory_stats();
+    device.empty_cache().unwrap();
+    let after = device.backend().memory_stats();
+    assert!(after.reserved_bytes <= before.reserved_bytes, "{before:?} -> {after:?}");
+    assert_eq!(after.allocated_bytes, before.allocated_bytes);
+    assert_eq!(
+        live.to_vec::<f32>().unwrap().len(),
+        256 * 256,
+        "the live tensor still reads"
+    );
+}

@@ -70,20 +70,28 @@ impl WgpuBackend {
         self.batch.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Makes the memory of buffers the pool dropped free: cached bind groups still hold them,
+    /// and wgpu frees a buffer once the work using it has completed and the device was polled.
+    fn reclaim(&self) -> Result<()> {
+        let mut batch = self.batch();
+        batch.forget_bind_groups();
+        batch.flush(&self.gpu);
+        self.gpu.wait()?;
+        batch.all_done();
+        Ok(())
+    }
+
+    /// Every cached buffer back to the driver (`Backend::empty_cache`).
+    pub(crate) fn release_cached(&self) -> Result<()> {
+        self.pool.trim();
+        self.reclaim()
+    }
+
     /// An uninitialised device buffer for `len` elements of `dtype`.
     pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<Arc<WgpuBuffer>> {
         self.gpu.check()?;
         let bytes = ((len * dtype.size_in_bytes()) as u64).next_multiple_of(4);
-        let reclaim = || {
-            let mut batch = self.batch();
-            // Cached bind groups still hold the buffers the pool has just dropped.
-            batch.forget_bind_groups();
-            batch.flush(&self.gpu);
-            self.gpu.wait()?;
-            batch.all_done();
-            Ok(())
-        };
-        let (raw, last_batch) = self.pool.take(&self.gpu, bytes, reclaim)?;
+        let (raw, last_batch) = self.pool.take(&self.gpu, bytes, || self.reclaim())?;
         Ok(Arc::new(WgpuBuffer::new(
             raw,
             last_batch,

@@ -19,6 +19,9 @@ impl Backend for WgpuBackend {
     fn work_counters(&self) -> WorkCounters {
         self.recorded_work()
     }
+    fn empty_cache(&self) -> Result<()> {
+        self.release_cached()
+    }
     fn synchronize(&self) -> Result<()> {
         self.finish()
     }

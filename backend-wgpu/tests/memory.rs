@@ -87,3 +87,24 @@ fn utilization_is_measured_where_the_adapter_has_timestamps() {
         assert_eq!(busy, None, "without timestamps the fraction is unknown, not made up");
     }
 }
+
+#[test]
+fn empty_cache_hands_back_what_the_pool_keeps_and_leaves_live_tensors() {
+    let _one_at_a_time = exclusive();
+    let Some(device) = support::wgpu_device() else { return };
+    let g = Generator::new(3);
+    let live = Tensor::rand_normal([64, 64], 0.0, 1.0, DType::F32, &g, &device).unwrap();
+    drop(live.matmul(&live).unwrap().relu().unwrap());
+    device.synchronize().unwrap();
+    let before = device.backend().memory_stats();
+    assert!(before.reserved_bytes > before.allocated_bytes, "{before:?}");
+    device.empty_cache().unwrap();
+    let after = device.backend().memory_stats();
+    assert_eq!(after.reserved_bytes, after.allocated_bytes, "{after:?}");
+    assert_eq!(after.allocated_bytes, before.allocated_bytes);
+    assert_eq!(
+        live.to_vec::<f32>().unwrap().len(),
+        64 * 64,
+        "the live tensor still reads"
+    );
+}

@@ -94,6 +94,12 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         self.backend.synchronize()
     }
+
+    /// Hands the memory this device keeps for reuse back to the system, as
+    /// `torch.cuda.empty_cache()`: after one workload, before another of other shapes.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.backend.empty_cache()
+    }
 }
 
 impl PartialEq for Device {

@@ -96,6 +96,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
     /// Waits for every queued operation on this device.
     fn synchronize(&self) -> Result<()>;
+    /// Hands the memory kept for reuse back to the system (`torch.cuda.empty_cache`): for when
+    /// a process moves on to other shapes (another model or precision), whose buffers the kept
+    /// ones would not serve. Live tensors are untouched.
+    fn empty_cache(&self) -> Result<()> {
+        Ok(())
+    }
 
     // --- buffers -------------------------------------------------------------------------------
     /// A new buffer of `len` zeros of `dtype`.

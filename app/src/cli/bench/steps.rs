@@ -67,6 +67,9 @@ pub fn measure(
                 device.synchronize()?;
                 Ok(())
             })?;
+            // The next precision's buffers have other dtypes: the kept ones would only add to
+            // its peak (PyTorch's CPU allocator keeps nothing).
+            device.empty_cache()?;
             Ok(StepResult {
                 precision: name.clone(),
                 batch: steps.batch,

@@ -207,6 +207,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn empty_cache(&self) -> Result<()> {
+        self.pool.clear();
+        Ok(())
+    }
+
     fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef> {
         self.full(dtype, len, 0.0)
     }

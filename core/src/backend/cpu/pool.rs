@@ -67,6 +67,14 @@ impl Pool {
         }
     }
 
+    /// Drops every kept buffer.
+    pub fn clear(&self) {
+        if let Ok(mut free) = self.free.lock() {
+            free.clear();
+            self.cached_bytes.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub fn note_alloc(&self, bytes: u64) {
         let now = self.allocated_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak_bytes.fetch_max(now, Ordering::Relaxed);
