@@ -14,7 +14,7 @@ use crate::backend::Conv2dGeometry;
 
 /// A pointer the image tasks share, each writing only its own columns of the output.
 #[derive(Clone, Copy)]
-struct Columns<T>(*mut T);
+pub(super) struct Columns<T>(pub(super) *mut T);
 // SAFETY: the tasks that receive it write disjoint elements (image i's columns i·p..(i+1)·p of
 // every row), and the buffer outlives them (the parallel loop ends before it is returned).
 unsafe impl<T: Send> Send for Columns<T> {}
@@ -65,12 +65,20 @@ unsafe fn product<T: GemmElement>(
 }
 
 /// Images per task: one contiguous range per thread, so each allocates its scratch once.
-fn images_per_range(n: usize) -> usize {
+pub(super) fn images_per_range(n: usize) -> usize {
     n.div_ceil(rayon::current_num_threads()).max(1)
 }
 
+/// The batch's `n` images as one contiguous range per thread, in parallel.
+pub(super) fn image_ranges(n: usize) -> impl ParallelIterator<Item = std::ops::Range<usize>> {
+    let per_range = images_per_range(n);
+    (0..n.div_ceil(per_range))
+        .into_par_iter()
+        .map(move |r| r * per_range..((r + 1) * per_range).min(n))
+}
+
 /// The geometry of one image of `g`'s batch.
-fn one_image(g: &Conv2dGeometry) -> Conv2dGeometry {
+pub(super) fn one_image(g: &Conv2dGeometry) -> Conv2dGeometry {
     Conv2dGeometry { n: 1, ..*g }
 }
 
@@ -85,13 +93,12 @@ pub fn forward<T: GemmElement + CpuFloat>(pool: &Pool, x: &[T], weight: &[T], g:
     }
     let image = one_image(g);
     let dst = Columns(out.as_mut_ptr());
-    let per_range = images_per_range(g.n);
-    (0..g.n.div_ceil(per_range)).into_par_iter().for_each(|r| {
+    image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
         let mut cols = pool.take::<T>(taps * pixels);
-        for i in r * per_range..((r + 1) * per_range).min(g.n) {
+        for i in images {
             im2col_image(&x[i * g.c * g.h * g.w..(i + 1) * g.c * g.h * g.w], &mut cols, &image);
             // SAFETY: `out` is o x width; image i's block starts at column i·pixels and spans
             // `pixels` columns of every row (row stride `width`), written by this task alone.
@@ -190,21 +197,31 @@ pub fn backward<T: GemmElement + CpuFloat>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// The fused product against im2col and a plain triple loop, for strides, padding, dilation
-    /// and a batch that does not divide among the threads.
-    #[test]
-    fn the_fused_product_and_its_gradients_match_the_composed_ones() {
-        let pool = Pool::default();
+    /// A convolution's inputs and its results by plain loops in f64, for the fused paths to
+    /// match: strides, padding, dilation, an odd tap count (27) and a batch that does not divide
+    /// among the threads. The values are multiples of 1/8 in [-1, 1], exact in bf16 too.
+    pub struct Reference {
+        pub g: Conv2dGeometry,
+        pub o: usize,
+        pub x: Vec<f64>,
+        pub w: Vec<f64>,
+        pub grad: Vec<f64>,
+        pub forward: Vec<f64>,
+        pub grad_x: Vec<f64>,
+        pub grad_w: Vec<f64>,
+    }
+
+    pub fn reference(pool: &Pool) -> Reference {
         let g = Conv2dGeometry {
             n: 5,
             c: 3,
             h: 7,
             w: 6,
             kh: 3,
-            kw: 2,
+            kw: 3,
             stride: [2, 1],
             padding: [1, 1],
             dilation: [1, 2],
@@ -215,21 +232,36 @@ mod tests {
         let x: Vec<f64> = (0..g.n * g.c * g.h * g.w).map(|i| value(i, 1)).collect();
         let w: Vec<f64> = (0..o * taps).map(|i| value(i, 2)).collect();
         let grad: Vec<f64> = (0..o * width).map(|i| value(i, 3)).collect();
-        let cols = super::super::conv::im2col(&pool, &x, &g);
+        let cols = super::super::conv::im2col(pool, &x, &g);
         let matmul = |a: &dyn Fn(usize, usize) -> f64, b: &dyn Fn(usize, usize) -> f64, m, k, n| {
             (0..m * n)
                 .map(|e| (0..k).map(|t| a(e / n, t) * b(t, e % n)).sum::<f64>())
                 .collect::<Vec<f64>>()
         };
-        let expected = matmul(&|r, t| w[r * taps + t], &|t, p| cols[t * width + p], o, taps, width);
-        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9) && a.len() == b.len();
-        assert!(close(&forward(&pool, &x, &w, &g, o), &expected));
-
-        let (grad_x, grad_w) = backward(&pool, &x, &w, &grad, &g, o);
-        let expected_w = matmul(&|r, p| grad[r * width + p], &|p, t| cols[t * width + p], o, width, taps);
-        assert!(close(&grad_w, &expected_w));
+        let forward = matmul(&|r, t| w[r * taps + t], &|t, p| cols[t * width + p], o, taps, width);
+        let grad_w = matmul(&|r, p| grad[r * width + p], &|p, t| cols[t * width + p], o, width, taps);
         let grad_cols = matmul(&|t, r| w[r * taps + t], &|r, p| grad[r * width + p], taps, o, width);
-        let expected_x = super::super::conv::col2im(&pool, &grad_cols, &g);
-        assert!(close(&grad_x, &expected_x));
+        let grad_x = super::super::conv::col2im(pool, &grad_cols, &g);
+        Reference {
+            g,
+            o,
+            x,
+            w,
+            grad,
+            forward,
+            grad_x,
+            grad_w,
+        }
+    }
+
+    #[test]
+    fn the_fused_product_and_its_gradients_match_plain_loops() {
+        let pool = Pool::default();
+        let r = reference(&pool);
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9) && a.len() == b.len();
+        assert!(close(&forward(&pool, &r.x, &r.w, &r.g, r.o), &r.forward));
+        let (grad_x, grad_w) = backward(&pool, &r.x, &r.w, &r.grad, &r.g, r.o);
+        assert!(close(&grad_w, &r.grad_w));
+        assert!(close(&grad_x, &r.grad_x));
     }
 }

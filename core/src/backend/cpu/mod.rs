@@ -6,6 +6,8 @@ mod bias;
 mod busy;
 mod conv;
 mod conv_fused;
+#[cfg(target_arch = "x86_64")]
+mod conv_fused_bf16;
 mod dropout;
 mod elementwise;
 pub mod float;
@@ -678,7 +680,11 @@ impl Backend for CpuBackend {
                 (HostVec::F64(x), HostVec::F64(w)) => {
                     Some(HostVec::F64(conv_fused::forward(&self.pool, x, w, geom, out_channels)))
                 }
-                // Low precision keeps the composed path and its bf16 products.
+                #[cfg(target_arch = "x86_64")]
+                (HostVec::BF16(x), HostVec::BF16(w)) if conv_fused_bf16::pays(geom) => Some(HostVec::BF16(
+                    conv_fused_bf16::forward(&self.pool, x, w, geom, out_channels),
+                )),
+                // f16, and bf16 where the fused path does not pay, keep the composed path.
                 _ => None,
             })
         };
@@ -719,6 +725,11 @@ impl Backend for CpuBackend {
                 (HostVec::F64(x), HostVec::F64(w), HostVec::F64(g)) => {
                     let (gx, gw) = conv_fused::backward(&self.pool, x, w, g, geom, out_channels);
                     Some((HostVec::F64(gx), HostVec::F64(gw)))
+                }
+                #[cfg(target_arch = "x86_64")]
+                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) if conv_fused_bf16::pays(geom) => {
+                    let (gx, gw) = conv_fused_bf16::backward(&self.pool, x, w, g, geom, out_channels);
+                    Some((HostVec::BF16(gx), HostVec::BF16(gw)))
                 }
                 _ => None,
             })

@@ -17,12 +17,12 @@ use crate::shape::Layout;
 
 /// One operand seen as `rows x k`: element (r, i) at `offset + r * row_stride + i * k_stride`.
 #[derive(Clone, Copy)]
-struct Side<'a> {
-    data: &'a [bf16],
-    offset: usize,
-    rows: usize,
-    row_stride: usize,
-    k_stride: usize,
+pub struct Side<'a> {
+    pub data: &'a [bf16],
+    pub offset: usize,
+    pub rows: usize,
+    pub row_stride: usize,
+    pub k_stride: usize,
 }
 
 impl Side<'_> {
@@ -137,11 +137,20 @@ fn join(even: bf16, odd: bf16) -> u32 {
     u32::from(even.to_bits()) | u32::from(odd.to_bits()) << 16
 }
 
+/// Where a product's rows go, `row_stride` elements apart: rounded once to bf16, or kept in f32
+/// (written, or added to what is there: a sum over several products rounds once at its end).
+#[derive(Clone, Copy)]
+pub enum Dst {
+    Bf16(*mut bf16),
+    F32(*mut f32),
+    F32Add(*mut f32),
+}
+
 /// The output of one batch item, shared by the threads that write its disjoint tiles.
 #[derive(Clone, Copy)]
 struct Output {
-    ptr: *mut bf16,
-    n: usize,
+    dst: Dst,
+    row_stride: usize,
     /// Whether the vector side is the left operand, so tiles land transposed.
     transposed: bool,
 }
@@ -157,12 +166,38 @@ impl Output {
                 for (c, &x) in row.iter().enumerate().take(vcols) {
                     // SAFETY: v0 + c < m and s0 + r < n (the caller clips srows and vcols), and
                     // tiles cover disjoint (s, v) ranges, so no two threads write one element.
-                    unsafe { *self.ptr.add((v0 + c) * self.n + s0 + r) = bf16::from_f32(x) };
+                    unsafe { self.put((v0 + c) * self.row_stride + s0 + r, x) };
                 }
-            } else {
-                // SAFETY: as above; this row segment is vcols elements inside row s0 + r.
-                let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add((s0 + r) * self.n + v0), vcols) };
-                dst.convert_from_f32_slice(&row[..vcols]);
+                continue;
+            }
+            let at = (s0 + r) * self.row_stride + v0;
+            // SAFETY: as above; this row segment is vcols elements inside row s0 + r.
+            unsafe {
+                match self.dst {
+                    Dst::Bf16(ptr) => {
+                        std::slice::from_raw_parts_mut(ptr.add(at), vcols).convert_from_f32_slice(&row[..vcols])
+                    }
+                    Dst::F32(ptr) => std::slice::from_raw_parts_mut(ptr.add(at), vcols).copy_from_slice(&row[..vcols]),
+                    Dst::F32Add(ptr) => std::slice::from_raw_parts_mut(ptr.add(at), vcols)
+                        .iter_mut()
+                        .zip(&row[..vcols])
+                        .for_each(|(o, x)| *o += x),
+                }
+            }
+        }
+    }
+
+    /// Stores `x` at element `at` of the destination.
+    ///
+    /// # Safety
+    /// `at` is within the destination, and no other thread touches that element meanwhile.
+    unsafe fn put(&self, at: usize, x: f32) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            match self.dst {
+                Dst::Bf16(ptr) => *ptr.add(at) = bf16::from_f32(x),
+                Dst::F32(ptr) => *ptr.add(at) = x,
+                Dst::F32Add(ptr) => *ptr.add(at) += x,
             }
         }
     }
@@ -187,7 +222,9 @@ pub fn matmul(pool: &Pool, out: &mut [bf16], lhs: &[bf16], ll: &Layout, rhs: &[b
             k_stride: rs[1],
         };
         let dst = &mut out[b * d.m * d.n..(b + 1) * d.m * d.n];
-        product(pool, dst, left, right, d.k);
+        // SAFETY: the caller checked `available()`; `dst` holds m x n elements, rows n apart,
+        // borrowed mutably here.
+        unsafe { product(pool, Dst::Bf16(dst.as_mut_ptr()), d.n, left, right, d.k) };
     }
 }
 
@@ -201,14 +238,20 @@ fn packing_cost(vector: Side, broadcast: Side, k: usize) -> usize {
         }
 }
 
-fn product(pool: &Pool, dst: &mut [bf16], left: Side, right: Side, k: usize) {
+/// `dst = left @ rightᵀ` seen as `left.rows x right.rows` over `k` (each side's rows run along
+/// k), rows of `dst` `row_stride` elements apart.
+///
+/// # Safety
+/// The CPU runs the kernel (`bf16_kernel::available()`); `k > 0`; `dst` holds `left.rows` rows
+/// of `right.rows` elements at that stride, not touched by anything else meanwhile.
+pub unsafe fn product(pool: &Pool, dst: Dst, row_stride: usize, left: Side, right: Side, k: usize) {
     let transposed = packing_cost(left, right, k) < packing_cost(right, left, k);
     let (vector, broadcast) = if transposed { (left, right) } else { (right, left) };
     let panels = pack_panels(pool, vector, k);
     let rows = Rows::new(pool, broadcast, k);
     let out = Output {
-        ptr: dst.as_mut_ptr(),
-        n: right.rows,
+        dst,
+        row_stride,
         transposed,
     };
     let pairs = k.div_ceil(2);

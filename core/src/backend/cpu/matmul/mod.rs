@@ -4,9 +4,9 @@
 //! slower, 54k -> 29k samples/s: `gemm` packs it well enough.)
 
 #[cfg(target_arch = "x86_64")]
-mod bf16;
+pub(super) mod bf16;
 #[cfg(target_arch = "x86_64")]
-mod bf16_kernel;
+pub(super) mod bf16_kernel;
 
 use std::ops::Range;
 
