@@ -6,6 +6,7 @@
 
 use super::all_gather_values;
 use crate::backend::Communicator;
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -61,12 +62,14 @@ impl Drift {
 /// A 64-bit FNV-1a over a parameter's values (widened to f64, which is exact for every float
 /// dtype), as two u32 words for the gather.
 fn fingerprint(p: &Tensor) -> Result<[u32; 2]> {
-    let hash = p.to_host()?.to_f64_vec().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+    let mix = |h: u64, x: f64| {
         x.to_bits()
             .to_le_bytes()
             .iter()
             .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
-    });
+    };
+    let host = p.to_host()?;
+    let hash = crate::map_host_vec!(&host, v => v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| mix(h, x.to_f64())));
     Ok([hash as u32, (hash >> 32) as u32])
 }
 

@@ -77,6 +77,24 @@ pub(super) fn image_ranges(n: usize) -> impl ParallelIterator<Item = std::ops::R
         .map(move |r| r * per_range..((r + 1) * per_range).min(n))
 }
 
+/// The backward passes' split: `grad_x` (`n` images of `plane` elements) cut into one
+/// contiguous range of images per thread, `range(first_image, its_grad_x)` filling its part and
+/// returning its partial weight gradient; the partials in range order, so summing them in order
+/// does not depend on scheduling.
+pub(super) fn per_image_range<T: Send, P: Send>(
+    grad_x: &mut [T],
+    n: usize,
+    plane: usize,
+    range: impl Fn(usize, &mut [T]) -> P + Sync,
+) -> Vec<P> {
+    let per_range = images_per_range(n);
+    grad_x
+        .par_chunks_mut(per_range * plane)
+        .enumerate()
+        .map(|(r, grad_x_range)| range(r * per_range, grad_x_range))
+        .collect()
+}
+
 /// The geometry of one image of `g`'s batch.
 pub(super) fn one_image(g: &Conv2dGeometry) -> Conv2dGeometry {
     Conv2dGeometry { n: 1, ..*g }
@@ -143,52 +161,47 @@ pub fn backward<T: GemmElement + CpuFloat>(
         return (grad_x, grad_w);
     }
     let image = one_image(g);
-    let per_range = images_per_range(g.n);
-    let partials: Vec<Vec<T>> = grad_x
-        .par_chunks_mut(per_range * plane)
-        .enumerate()
-        .map(|(r, grad_x_range)| {
-            // Written whole by the range's first image (no accumulation), then summed into.
-            let mut partial = pool.take::<T>(o * taps);
-            let (mut cols, mut grad_cols) = (pool.take::<T>(taps * pixels), pool.take::<T>(taps * pixels));
-            for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
-                let i = r * per_range + j;
-                im2col_image(&x[i * plane..(i + 1) * plane], &mut cols, &image);
-                let grad_image = grad[i * pixels..].as_ptr();
-                // SAFETY: `grad` is o x width, image i's block at column i·pixels with row stride
-                // `width`; `cols` and `grad_cols` are taps x pixels, `partial` o x taps and
-                // `weight` o x taps, all contiguous and owned or borrowed by this task alone.
-                unsafe {
-                    // partial += grad_i @ cols_iᵀ: cols read as pixels x taps.
-                    product(
-                        (o, taps, pixels),
-                        partial.as_mut_ptr(),
-                        (taps, 1),
-                        grad_image,
-                        (width, 1),
-                        cols.as_ptr(),
-                        (1, pixels),
-                        j > 0,
-                    );
-                    // grad_cols = weightᵀ @ grad_i: weight read as taps x o.
-                    product(
-                        (taps, pixels, o),
-                        grad_cols.as_mut_ptr(),
-                        (pixels, 1),
-                        weight.as_ptr(),
-                        (1, taps),
-                        grad_image,
-                        (width, 1),
-                        false,
-                    );
-                }
-                col2im_image(&grad_cols, grad_x_image, &image);
+    let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
+        // Written whole by the range's first image (no accumulation), then summed into.
+        let mut partial = pool.take::<T>(o * taps);
+        let (mut cols, mut grad_cols) = (pool.take::<T>(taps * pixels), pool.take::<T>(taps * pixels));
+        for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
+            let i = first + j;
+            im2col_image(&x[i * plane..(i + 1) * plane], &mut cols, &image);
+            let grad_image = grad[i * pixels..].as_ptr();
+            // SAFETY: `grad` is o x width, image i's block at column i·pixels with row stride
+            // `width`; `cols` and `grad_cols` are taps x pixels, `partial` o x taps and
+            // `weight` o x taps, all contiguous and owned or borrowed by this task alone.
+            unsafe {
+                // partial += grad_i @ cols_iᵀ: cols read as pixels x taps.
+                product(
+                    (o, taps, pixels),
+                    partial.as_mut_ptr(),
+                    (taps, 1),
+                    grad_image,
+                    (width, 1),
+                    cols.as_ptr(),
+                    (1, pixels),
+                    j > 0,
+                );
+                // grad_cols = weightᵀ @ grad_i: weight read as taps x o.
+                product(
+                    (taps, pixels, o),
+                    grad_cols.as_mut_ptr(),
+                    (pixels, 1),
+                    weight.as_ptr(),
+                    (1, taps),
+                    grad_image,
+                    (width, 1),
+                    false,
+                );
             }
-            pool.recycle(T::into_host(cols));
-            pool.recycle(T::into_host(grad_cols));
-            partial
-        })
-        .collect();
+            col2im_image(&grad_cols, grad_x_image, &image);
+        }
+        pool.recycle(T::into_host(cols));
+        pool.recycle(T::into_host(grad_cols));
+        partial
+    });
     for partial in partials {
         grad_w.iter_mut().zip(&partial).for_each(|(w, &p)| *w = *w + p);
         pool.recycle(T::into_host(partial));

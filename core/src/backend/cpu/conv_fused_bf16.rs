@@ -9,7 +9,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::conv::{col2im_image, im2col_image};
-use super::conv_fused::{Columns, image_ranges, images_per_range, one_image};
+use super::conv_fused::{Columns, image_ranges, one_image, per_image_range};
 use super::matmul::bf16::{Dst, Side, product};
 use super::matmul::bf16_kernel;
 use super::pool::Pool;
@@ -123,77 +123,72 @@ pub fn backward(
         return (grad_x, grad_w);
     }
     let image = one_image(g);
-    let per_range = images_per_range(g.n);
-    let partials: Vec<Vec<f32>> = grad_x
-        .par_chunks_mut(per_range * plane)
-        .enumerate()
-        .map(|(r, grad_x_range)| {
-            let mut partial = pool.take::<f32>(o * taps);
-            partial.fill(0.0);
-            let mut scratch = Scratch::take(pool, plane, taps * pixels);
-            let mut grad_cols = pool.take::<f32>(taps * pixels);
-            for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
-                let i = r * per_range + j;
-                scratch.unfold(&x[i * plane..(i + 1) * plane], &image);
-                // grad_i: o rows of `pixels` along k, at column i·pixels of `grad`.
-                let grad_rows = Side {
-                    data: grad,
-                    offset: i * pixels,
-                    rows: o,
-                    row_stride: width,
-                    k_stride: 1,
-                };
-                let cols_by_tap = Side {
-                    data: &scratch.cols,
-                    offset: 0,
-                    rows: taps,
-                    row_stride: pixels,
-                    k_stride: 1,
-                };
-                let weight_by_tap = Side {
-                    data: weight,
-                    offset: 0,
-                    rows: taps,
-                    row_stride: 1,
-                    k_stride: taps,
-                };
-                let grad_by_pixel = Side {
-                    data: grad,
-                    offset: i * pixels,
-                    rows: pixels,
-                    row_stride: 1,
-                    k_stride: width,
-                };
-                // SAFETY: `available()` holds and pixels, o > 0; `partial` (o x taps) and
-                // `grad_cols` (taps x pixels) are this task's own, contiguous.
-                unsafe {
-                    // partial += grad_i @ cols_iᵀ
-                    product(
-                        pool,
-                        Dst::F32Add(partial.as_mut_ptr()),
-                        taps,
-                        grad_rows,
-                        cols_by_tap,
-                        pixels,
-                    );
-                    // grad_cols = weightᵀ @ grad_i
-                    product(
-                        pool,
-                        Dst::F32(grad_cols.as_mut_ptr()),
-                        pixels,
-                        weight_by_tap,
-                        grad_by_pixel,
-                        o,
-                    );
-                }
-                col2im_image(&grad_cols, &mut scratch.image, &image);
-                grad_x_image.convert_from_f32_slice(&scratch.image);
+    let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
+        let mut partial = pool.take::<f32>(o * taps);
+        partial.fill(0.0);
+        let mut scratch = Scratch::take(pool, plane, taps * pixels);
+        let mut grad_cols = pool.take::<f32>(taps * pixels);
+        for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
+            let i = first + j;
+            scratch.unfold(&x[i * plane..(i + 1) * plane], &image);
+            // grad_i: o rows of `pixels` along k, at column i·pixels of `grad`.
+            let grad_rows = Side {
+                data: grad,
+                offset: i * pixels,
+                rows: o,
+                row_stride: width,
+                k_stride: 1,
+            };
+            let cols_by_tap = Side {
+                data: &scratch.cols,
+                offset: 0,
+                rows: taps,
+                row_stride: pixels,
+                k_stride: 1,
+            };
+            let weight_by_tap = Side {
+                data: weight,
+                offset: 0,
+                rows: taps,
+                row_stride: 1,
+                k_stride: taps,
+            };
+            let grad_by_pixel = Side {
+                data: grad,
+                offset: i * pixels,
+                rows: pixels,
+                row_stride: 1,
+                k_stride: width,
+            };
+            // SAFETY: `available()` holds and pixels, o > 0; `partial` (o x taps) and
+            // `grad_cols` (taps x pixels) are this task's own, contiguous.
+            unsafe {
+                // partial += grad_i @ cols_iᵀ
+                product(
+                    pool,
+                    Dst::F32Add(partial.as_mut_ptr()),
+                    taps,
+                    grad_rows,
+                    cols_by_tap,
+                    pixels,
+                );
+                // grad_cols = weightᵀ @ grad_i
+                product(
+                    pool,
+                    Dst::F32(grad_cols.as_mut_ptr()),
+                    pixels,
+                    weight_by_tap,
+                    grad_by_pixel,
+                    o,
+                );
             }
-            scratch.recycle(pool);
-            pool.recycle(HostVec::F32(grad_cols));
-            partial
-        })
-        .collect();
+            col2im_image(&grad_cols, &mut scratch.image, &image);
+            grad_x_image.convert_from_f32_slice(&scratch.image);
+        }
+        scratch.recycle(pool);
+        pool.recycle(HostVec::F32(grad_cols));
+        partial
+    });
     let mut sum = pool.take::<f32>(o * taps);
     sum.fill(0.0);
     for partial in partials {

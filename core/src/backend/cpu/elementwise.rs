@@ -237,11 +237,11 @@ fn select_runs<T: Element>(out: &mut [T], cond: &[u32], t: &[T], f: &[T], merged
             *o = if cond[c0 + j * sc] != 0 { x } else { y };
         }
     };
-    let starts = rc.starts.iter().zip(&rt.starts).zip(&rf.starts);
     if out.len() >= PAR_THRESHOLD {
-        let starts: Vec<_> = starts.collect();
+        let starts = rc.starts.par_iter().zip(&rt.starts).zip(&rf.starts);
         out.par_chunks_mut(len).zip(starts).for_each(row);
     } else {
+        let starts = rc.starts.iter().zip(&rt.starts).zip(&rf.starts);
         out.chunks_mut(len).zip(starts).for_each(row);
     }
 }
