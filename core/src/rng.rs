@@ -54,6 +54,41 @@ pub fn philox4x32_lanes<const N: usize>(key: u64, first: u64) -> [[u32; N]; 4] {
     [c0, c1, c2, c3]
 }
 
+/// Philox blocks `stream_words` computes together, in SIMD lanes.
+const STREAM_LANES: usize = 16;
+
+/// Words of the uniform stream for elements `first .. first + out.len()` (element `e` is word
+/// `e % 4` of block `counter + e / 4`), computed 16 blocks at a time in SIMD lanes. Kernels that
+/// draw only part of a tensor's stream (dropout on the positions a causal query sees) start
+/// anywhere in it.
+pub fn stream_words(seed: u64, counter: u64, first: usize, out: &mut [u32]) {
+    let end = first + out.len();
+    let mut block = first / 4;
+    while block * 4 < end {
+        let words = philox4x32_lanes::<STREAM_LANES>(seed, counter.wrapping_add(block as u64));
+        let base = block * 4;
+        if base >= first && base + 4 * STREAM_LANES <= end {
+            // A whole group: a fixed-size transpose the compiler unrolls.
+            let group = &mut out[base - first..base - first + 4 * STREAM_LANES];
+            for (l, quad) in group.chunks_exact_mut(4).enumerate() {
+                quad.iter_mut().zip(&words).for_each(|(o, w)| *o = w[l]);
+            }
+        } else {
+            for e in base.max(first)..(base + 4 * STREAM_LANES).min(end) {
+                let k = e - base;
+                out[e - first] = words[k % 4][k / 4];
+            }
+        }
+        block += STREAM_LANES;
+    }
+}
+
+/// Dropout's test `unit_float(word) as f32 >= p as f32` in integers: kept when `word >> 8` is
+/// at least this. Exact, since both sides are scaled by 2^24 (`unit_float` has 24 bits).
+pub fn keep_threshold(p: f64) -> u32 {
+    ((p as f32) as f64 * 16_777_216.0).ceil() as u32
+}
+
 /// A 32-bit word to a float in [0, 1) with 24 random bits (exact in f32).
 pub fn unit_float(word: u32) -> f64 {
     (word >> 8) as f64 * (1.0 / 16_777_216.0)
@@ -151,6 +186,35 @@ mod tests {
     fn philox_matches_the_published_known_answer() {
         // Random123's kat_vectors: philox4x32_10 with counter = key = 0.
         assert_eq!(philox4x32(0, 0), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+    }
+
+    #[test]
+    fn stream_words_from_any_start_are_the_uniform_streams_words() {
+        let (seed, counter) = (11, u32::MAX as u64 - 9);
+        for (first, len) in [(0, 70), (3, 1), (5, 130), (66, 64), (255, 257)] {
+            let mut out = vec![0; len];
+            stream_words(seed, counter, first, &mut out);
+            for (k, &w) in out.iter().enumerate() {
+                let e = first + k;
+                assert_eq!(w, philox4x32(seed, counter + (e / 4) as u64)[e % 4], "element {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_integer_keep_test_is_the_float_one() {
+        for p in [0.1, 0.2, 0.25, 0.3, 0.5, 1.0 / 3.0, 0.9, 1e-7] {
+            let threshold = keep_threshold(p);
+            // Words on both sides of the threshold, and a spread of others.
+            let near = [threshold.saturating_sub(1), threshold, threshold + 1].map(|v| v << 8);
+            for word in near
+                .into_iter()
+                .chain((0..4096u32).map(|i| i.wrapping_mul(0x9E37_79B9)))
+            {
+                let by_float = unit_float(word) as f32 >= p as f32;
+                assert_eq!(word >> 8 >= threshold, by_float, "p {p}, word {word:#x}");
+            }
+        }
     }
 
     #[test]

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use ops::{
-    AdamStep, BiasGeometry, BinaryOp, CmpOp, Conv2dGeometry, Distribution, MatmulDims, Pool2dGeometry, ReduceKind,
-    SgdStep, UnaryOp, split_axes,
+    AdamStep, BiasGeometry, BinaryOp, CausalSoftmax, CmpOp, Conv2dGeometry, Distribution, DropoutDraw, MatmulDims,
+    Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -202,6 +202,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The gradient of `softmax_last` from its output `out` and the output gradient `grad`, one
     /// pass per row: `dx = out * (grad - sum(grad * out))`.
     fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef>;
+    /// Attention's weights in one pass per row of scores: `dropout(softmax(scores * scale, the
+    /// keys after each query's position at -inf))`, the softmax as `softmax_last` computes it (in
+    /// f32 for 16-bit scores) and the dropout as `dropout` draws it, returned in the scores'
+    /// dtype. `None` where the backend has no such kernel for the dtype: the caller then composes
+    /// it from those ops.
+    fn causal_softmax(&self, _scores: &BufferRef, _spec: &CausalSoftmax) -> Option<Result<BufferRef>> {
+        None
+    }
+    /// The gradient of `causal_softmax` with respect to its scores, from them and the output
+    /// gradient `grad` (the weights computed again, the mask drawn again); `None` as for
+    /// `causal_softmax`, which a backend implements together with this.
+    fn causal_softmax_backward(
+        &self,
+        _grad: &BufferRef,
+        _scores: &BufferRef,
+        _spec: &CausalSoftmax,
+    ) -> Option<Result<BufferRef>> {
+        None
+    }
     /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +
     /// eps)` with the biased variance, statistics accumulated in f32 or wider.
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef>;

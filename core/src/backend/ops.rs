@@ -239,6 +239,33 @@ pub enum Distribution {
     },
 }
 
+/// Attention's weights from its raw scores, for `Backend::causal_softmax`: `rows` rows of `t`
+/// scores, row `r` holding the query at position `r % t`, which sees the keys `0 ..= r % t`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CausalSoftmax {
+    /// Every query of every sequence (`batch · heads · t`).
+    pub rows: usize,
+    /// Tokens per sequence: the length of a row.
+    pub t: usize,
+    /// Multiplies every score before the softmax (`1 / sqrt(head_dim)`).
+    pub scale: f64,
+    /// Dropout on the weights, drawn as `Backend::dropout` draws it over the whole `[rows, t]`
+    /// tensor: probability `p` in (0, 1), the stream's seed and first counter.
+    pub dropout: Option<DropoutDraw>,
+}
+
+/// One dropout's draw from the counter stream: element `i` is kept when `uniform_at(seed,
+/// counter, i) >= p`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutDraw {
+    /// The probability of dropping an element.
+    pub p: f64,
+    /// The stream's key.
+    pub seed: u64,
+    /// The stream's first counter for this draw (it takes `len.div_ceil(4)` of them).
+    pub counter: u64,
+}
+
 /// A contiguous `[outer, channels, inner]` view for `Backend::bias_act`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BiasGeometry {

@@ -4,6 +4,7 @@
 
 use super::Tensor;
 use crate::autograd::no_grad;
+use crate::backend::{CausalSoftmax, DropoutDraw};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -43,14 +44,74 @@ impl Tensor {
                 "expects query, key and value of one shape [batch…, t, head_dim]",
             ));
         }
-        let (t, d) = (q.dims()[rank - 2], q.dims()[rank - 1]);
-        let scores = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (d as f64).sqrt())?;
-        let scores = scores.masked_fill(&causal_mask(t, q.device())?, f64::NEG_INFINITY)?;
-        let mut weights = scores.softmax(-1)?;
-        if let Some((p, generator)) = dropout {
-            weights = weights.dropout(p, true, generator)?;
+        let d = q.dims()[rank - 1];
+        let scores = q.matmul(&k.transpose(-2, -1)?)?;
+        scores.causal_softmax(1.0 / (d as f64).sqrt(), dropout)?.matmul(v)
+    }
+
+    /// Attention's weights from `[batch…, t, t]` scores: `dropout(softmax(self * scale))` over
+    /// the last axis with each query's future keys masked. One pass each way where the backend
+    /// fuses it (`Backend::causal_softmax`), else composed from the scale, a masked fill, the
+    /// softmax and dropout, drawing the same stream; in f32 both give the same bits. Fused, the
+    /// weights stay in the scores' dtype (as PyTorch's attention under autocast) and the
+    /// backward pass keeps the scores instead of the weights.
+    pub fn causal_softmax(&self, scale: f64, dropout: Option<(f64, &Generator)>) -> Result<Tensor> {
+        let rank = self.rank();
+        let t = self.dims().last().copied().unwrap_or(0);
+        if rank < 2 || self.dims()[rank - 2] != t {
+            return Err(Error::invalid(
+                "causal_softmax",
+                format!("expects square [batch…, t, t] scores, got shape {}", self.shape()),
+            ));
         }
-        weights.matmul(v)
+        self.float_only("causal_softmax")?;
+        if dropout.is_some_and(|(p, _)| p >= 1.0) {
+            return self.causal_softmax_composed(scale, dropout);
+        }
+        // Drawn here, so both paths take the same part of the stream.
+        let draw = dropout.filter(|(p, _)| *p > 0.0).map(|(p, g)| DropoutDraw {
+            p,
+            seed: g.seed(),
+            counter: g.advance(self.elem_count()),
+        });
+        let x = self.contiguous()?;
+        let spec = CausalSoftmax {
+            rows: x.elem_count().checked_div(t).unwrap_or(0),
+            t,
+            scale,
+            dropout: draw,
+        };
+        if let Some(weights) = x.backend().causal_softmax(x.buffer(), &spec) {
+            let out = Tensor::from_buffer(weights?, x.shape().clone(), x.device());
+            let scores = x.detach();
+            return Ok(out.track("causal_softmax", &[&x], move |g| {
+                let g = g.to_dtype(scores.dtype())?.contiguous()?;
+                let dx = scores
+                    .backend()
+                    .causal_softmax_backward(g.buffer(), scores.buffer(), &spec)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "causal_softmax",
+                            "the backend fused the forward pass but has no backward pass for it",
+                        )
+                    })??;
+                Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
+            }));
+        }
+        let stream = draw.map(|d| (d.p, Generator::from_state(d.seed, d.counter)));
+        self.causal_softmax_composed(scale, stream.as_ref().map(|(p, g)| (*p, g)))
+    }
+
+    /// `causal_softmax` from the scale, a masked fill, the softmax and dropout.
+    fn causal_softmax_composed(&self, scale: f64, dropout: Option<(f64, &Generator)>) -> Result<Tensor> {
+        let t = self.dims()[self.rank() - 1];
+        let scores = self.mul_scalar(scale)?;
+        let scores = scores.masked_fill(&causal_mask(t, self.device())?, f64::NEG_INFINITY)?;
+        let weights = scores.softmax(-1)?;
+        match dropout {
+            Some((p, generator)) => weights.dropout(p, true, generator),
+            None => Ok(weights),
+        }
     }
 }
 

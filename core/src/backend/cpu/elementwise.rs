@@ -14,10 +14,7 @@ pub const PAR_THRESHOLD: usize = 1 << 17;
 
 /// Applies a unary op, choosing the op once so each op's loop is compiled on its own.
 pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
-    let half = T::of(0.5);
     let one = T::one();
-    let inv_sqrt2 = T::of(std::f64::consts::FRAC_1_SQRT_2);
-    let inv_sqrt_2pi = T::of(0.398_942_280_401_432_7);
     match op {
         UnaryOp::Neg => map(pool, src, layout, |x: T| -x),
         UnaryOp::Abs => map(pool, src, layout, |x: T| x.abs()),
@@ -28,10 +25,8 @@ pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) 
         UnaryOp::Tanh => map(pool, src, layout, |x: T| x.tanh()),
         UnaryOp::Sigmoid => map(pool, src, layout, |x: T| one / (one + (-x).exp())),
         UnaryOp::Relu => map(pool, src, layout, |x: T| max_nan(x, T::zero())),
-        UnaryOp::Gelu => map(pool, src, layout, |x: T| x * half * (one + (x * inv_sqrt2).erf())),
-        UnaryOp::GeluGrad => map(pool, src, layout, |x: T| {
-            half * (one + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (-half * x * x).exp()
-        }),
+        UnaryOp::Gelu => map(pool, src, layout, |x: T| x.gelu()),
+        UnaryOp::GeluGrad => map(pool, src, layout, |x: T| x.gelu_grad()),
         UnaryOp::Powf(e) => {
             let e = T::of(e);
             map(pool, src, layout, |x: T| x.powf(e))

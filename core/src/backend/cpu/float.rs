@@ -13,6 +13,16 @@ use crate::dtype::{Element, HostVec};
 pub trait CpuFloat: Float + Element + Send + Sync + std::iter::Sum {
     /// The error function, from `libm` (GELU needs it; `num_traits::Float` lacks it).
     fn erf(self) -> Self;
+    /// `x * Φ(x)` (PyTorch's exact GELU).
+    fn gelu(self) -> Self {
+        self * Self::of(0.5) * (Self::one() + (self * Self::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
+    }
+    /// The derivative of `gelu`, `Φ(x) + x * φ(x)`.
+    fn gelu_grad(self) -> Self {
+        let half = Self::of(0.5);
+        half * (Self::one() + (self * Self::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
+            + self * Self::of(0.398_942_280_401_432_7) * (-half * self * self).exp()
+    }
     /// An f64 constant (a step size, an epsilon) in this type, rounded to nearest.
     fn of(x: f64) -> Self {
         <Self as Element>::from_f64(x)
@@ -23,10 +33,59 @@ impl CpuFloat for f32 {
     fn erf(self) -> Self {
         libm::erff(self)
     }
+    // Branch-free, so the loops vectorize (see `fast_math`).
+    #[inline]
+    fn gelu(self) -> Self {
+        super::fast_math::gelu(self)
+    }
+    #[inline]
+    fn gelu_grad(self) -> Self {
+        super::fast_math::gelu_grad(self)
+    }
 }
 impl CpuFloat for f64 {
     fn erf(self) -> Self {
         libm::erf(self)
+    }
+}
+
+/// The floats kept in memory as themselves and computed in f32 (f32, and f16/bf16 widened
+/// exactly): kernels that widen as they read and round as they write, instead of going through
+/// whole f32 copies.
+pub trait ViaF32: Element + Copy + Send + Sync {
+    /// Widened, exactly.
+    fn to_f32(self) -> f32;
+    /// Rounded to nearest.
+    fn from_f32(v: f32) -> Self;
+}
+
+impl ViaF32 for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+// On the bits and without branches, so loops over bf16 vectorize (`half`'s scalar conversion
+// branches per element); the same values as `half`, NaN a quiet NaN of the same sign.
+impl ViaF32 for bf16 {
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    fn from_f32(v: f32) -> Self {
+        let x = v.to_bits();
+        let nearest_even = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+        let quiet_nan = (x >> 16) | 0x40;
+        bf16::from_bits(if v.is_nan() { quiet_nan } else { nearest_even } as u16)
+    }
+}
+impl ViaF32 for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
     }
 }
 
@@ -135,4 +194,36 @@ macro_rules! float_binary_dispatch {
             (a, _) => return Err($crate::error::Error::dtype($op, a.dtype())),
         }
     }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_free_bf16_rounding_is_halfs() {
+        let specials = [
+            0u32,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F7F_FFFF,
+            0x3F80_8000,
+            0x3F81_8000,
+        ];
+        let spread = (0..1u64 << 22).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32);
+        for bits in specials.into_iter().chain(spread) {
+            let v = f32::from_bits(bits);
+            let (ours, theirs) = (<bf16 as ViaF32>::from_f32(v), bf16::from_f32(v));
+            if v.is_nan() {
+                assert!(
+                    ours.is_nan() && ours.is_sign_negative() == v.is_sign_negative(),
+                    "{bits:#x}"
+                );
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{bits:#x}");
+            }
+            assert_eq!(<bf16 as ViaF32>::to_f32(ours).to_bits(), ours.to_f32().to_bits());
+        }
+    }
 }

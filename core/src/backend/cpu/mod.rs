@@ -4,12 +4,14 @@
 
 mod bias;
 mod busy;
+mod causal_softmax;
 mod conv;
 mod conv_fused;
 #[cfg(target_arch = "x86_64")]
 mod conv_fused_bf16;
 mod dropout;
 mod elementwise;
+mod fast_math;
 pub mod float;
 mod index;
 mod layer_norm;
@@ -24,10 +26,11 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rayon::prelude::*;
 
+use self::float::ViaF32;
 use self::pool::Pool;
 use super::{
-    AdamStep, Backend, BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo,
-    Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    AdamStep, Backend, BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
+    DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -495,9 +498,61 @@ impl Backend for CpuBackend {
     fn dropout(&self, src: &BufferRef, len: usize, p: f64, seed: u64, counter: u64) -> Result<BufferRef> {
         let data = cpu("dropout", src)?.read();
         check_len("dropout", &data, len)?;
-        Ok(self.wrap(float_unary_dispatch!(&self.pool, "dropout", &*data, |v| {
-            dropout::dropout(&self.pool, &v[..len], p, seed, counter)
-        })))
+        let pool = &self.pool;
+        let keep = 1.0 / (1.0 - p);
+        // 16-bit floats scaled in f32 and rounded once, as the f32 kernel then a cast would.
+        fn via_f32<T: ViaF32>(pool: &Pool, v: &[T], p: f64, seed: u64, counter: u64, keep: f32) -> Vec<T> {
+            dropout::dropout(pool, v, p, seed, counter, |x, kept| {
+                T::from_f32(x.to_f32() * if kept { keep } else { 0.0 })
+            })
+        }
+        Ok(self.wrap(match &*data {
+            HostVec::F64(v) => HostVec::F64(dropout::dropout(pool, v, p, seed, counter, |x, kept| {
+                x * if kept { keep } else { 0.0 }
+            })),
+            HostVec::F32(v) => HostVec::F32(via_f32(pool, v, p, seed, counter, keep as f32)),
+            HostVec::BF16(v) => HostVec::BF16(via_f32(pool, v, p, seed, counter, keep as f32)),
+            HostVec::F16(v) => HostVec::F16(via_f32(pool, v, p, seed, counter, keep as f32)),
+            other => return Err(Error::dtype("dropout", other.dtype())),
+        }))
+    }
+
+    fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {
+        let checked = || {
+            let x = cpu("causal_softmax", scores)?.read();
+            check_len("causal_softmax", &x, spec.rows * spec.t)?;
+            let pool = &self.pool;
+            Ok(match &*x {
+                HostVec::F32(x) => Some(HostVec::F32(causal_softmax::forward(pool, x, spec))),
+                HostVec::BF16(x) => Some(HostVec::BF16(causal_softmax::forward(pool, x, spec))),
+                HostVec::F16(x) => Some(HostVec::F16(causal_softmax::forward(pool, x, spec))),
+                // f64 (the conformance reference) keeps the composed ops.
+                _ => None,
+            })
+        };
+        checked().map(|out| out.map(|out| self.wrap(out))).transpose()
+    }
+
+    fn causal_softmax_backward(
+        &self,
+        grad: &BufferRef,
+        scores: &BufferRef,
+        spec: &CausalSoftmax,
+    ) -> Option<Result<BufferRef>> {
+        const OP: &str = "causal_softmax_backward";
+        let checked = || {
+            let (g, x) = (cpu(OP, grad)?.read(), cpu(OP, scores)?.read());
+            check_len(OP, &g, spec.rows * spec.t)?;
+            check_len(OP, &x, spec.rows * spec.t)?;
+            let pool = &self.pool;
+            Ok(match (&*g, &*x) {
+                (HostVec::F32(g), HostVec::F32(x)) => Some(HostVec::F32(causal_softmax::backward(pool, g, x, spec))),
+                (HostVec::BF16(g), HostVec::BF16(x)) => Some(HostVec::BF16(causal_softmax::backward(pool, g, x, spec))),
+                (HostVec::F16(g), HostVec::F16(x)) => Some(HostVec::F16(causal_softmax::backward(pool, g, x, spec))),
+                _ => None,
+            })
+        };
+        checked().map(|out| out.map(|out| self.wrap(out))).transpose()
     }
 
     fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {

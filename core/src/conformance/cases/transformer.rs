@@ -22,8 +22,9 @@ fn layer_norm(x: &HostTensor, w: &HostTensor, b: &HostTensor, eps: f64) -> HostT
         .zip(b, |a, b| a + b)
 }
 
-/// softmax(q·kᵀ/sqrt(d) with the future masked)·v, for `[batch, heads, t, d]` inputs.
-fn causal_attention(q: &HostTensor, k: &HostTensor, v: &HostTensor) -> HostTensor {
+/// softmax(q·kᵀ/sqrt(d) with the future masked)·v, for `[batch, heads, t, d]` inputs; with
+/// `dropout` (p, seed), each weight kept as `Backend::dropout` keeps it, from counter 0.
+fn causal_attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, dropout: Option<(f64, u64)>) -> HostTensor {
     let r = q.dims.len();
     let d = q.dims[r - 1] as f64;
     let mut perm: Vec<usize> = (0..r).collect();
@@ -37,7 +38,15 @@ fn causal_attention(q: &HostTensor, k: &HostTensor, v: &HostTensor) -> HostTenso
             scores.at(idx) / d.sqrt()
         }
     });
-    host::matmul(&host::softmax(&masked, r - 1, false), v)
+    let mut weights = host::softmax(&masked, r - 1, false);
+    if let Some((p, seed)) = dropout {
+        let kept = |i: usize| crate::rng::uniform_at(seed, 0, i) as f32 >= p as f32;
+        let values = weights.values.iter().enumerate();
+        weights.values = values
+            .map(|(i, &w)| if kept(i) { w / (1.0 - p) } else { 0.0 })
+            .collect();
+    }
+    host::matmul(&weights, v)
 }
 
 pub fn cases() -> Vec<Case> {
@@ -94,18 +103,32 @@ pub fn cases() -> Vec<Case> {
         .input(Input::mask("mask", [4, 5]))
         .oracle(|x| vec![x[0].zip(&x[1].broadcast_to(&x[0].dims), |a, m| if m != 0.0 { -3.5 } else { a })]),
     );
-    for (label, dims) in [("2x2x5x4", [2, 2, 5, 4]), ("one_token", [1, 3, 1, 8])] {
+    // Fused where the backend has `causal_softmax` for the dtype, else composed from the rest.
+    let ops = &[
+        "softmax_last",
+        "matmul",
+        "compare:gt",
+        "where_cond",
+        "dropout",
+        "causal_softmax",
+        "causal_softmax_backward",
+    ];
+    for (label, dims, dropout) in [
+        ("2x2x5x4", [2, 2, 5, 4], None),
+        ("one_token", [1, 3, 1, 8], None),
+        ("dropout_2x3x9x4", [2, 3, 9, 4], Some((0.3, 5))),
+    ] {
         cases.push(
-            Case::new(
-                format!("softmax_last/causal_attention_{label}"),
-                &["softmax_last", "matmul", "compare:gt", "where_cond"],
-                |_, x| Ok(vec![x[0].causal_attention(&x[1], &x[2], None)?]),
-            )
+            Case::new(format!("softmax_last/causal_attention_{label}"), ops, move |_, x| {
+                let stream = dropout.map(|(p, seed)| (p, crate::rng::Generator::new(seed)));
+                let dropout = stream.as_ref().map(|(p, g)| (*p, g));
+                Ok(vec![x[0].causal_attention(&x[1], &x[2], dropout)?])
+            })
             .input(Input::float("q", dims, u()))
             .input(Input::float("k", dims, u()))
             .input(Input::float("v", dims, u()))
             .tol_scale(2.0)
-            .oracle(|x| vec![causal_attention(&x[0], &x[1], &x[2])]),
+            .oracle(move |x| vec![causal_attention(&x[0], &x[1], &x[2], dropout)]),
         );
     }
     cases

@@ -1,0 +1,174 @@
+//! Attention's weights from its raw scores in one pass per row, and their gradient in one more:
+//! `dropout(softmax(scores * scale, the future masked))`. Composed, the scale, the masked fill,
+//! the softmax, the dropout and the casts between them are five or more passes each way over a
+//! `[batch·heads, t, t]` tensor; here a row is read once, computed in f32 in cache, and written
+//! once, and dropout's stream is drawn only for the keys the query sees (half of them).
+//!
+//! In f32 every value is bit for bit what the composed ops give (the same sums in the same
+//! order), so the fused and composed paths train identically.
+
+use rayon::prelude::*;
+
+use super::elementwise::max_nan;
+use super::float::ViaF32;
+use super::pool::Pool;
+use crate::backend::CausalSoftmax;
+use crate::rng::{keep_threshold, stream_words};
+
+/// Elements per parallel task (whole rows).
+const TASK: usize = 1 << 15;
+
+/// `dropout(softmax(scores * scale))` with the keys after each query masked, in `T`.
+pub fn forward<T: ViaF32>(pool: &Pool, scores: &[T], spec: &CausalSoftmax) -> Vec<T> {
+    let mut out = pool.take::<T>(scores.len());
+    for_rows(&mut out, &[scores], spec, |rows, o, [x], scratch| {
+        let (y, words) = scratch;
+        let seen = rows.seen;
+        if !softmax_row(x, rows.scale, seen, y) {
+            o.iter_mut().for_each(|o| *o = T::from_f32(f32::NAN));
+            return;
+        }
+        let (o_seen, o_future) = o.split_at_mut(seen);
+        match rows.draw(words, seen) {
+            Some((words, threshold, keep)) => {
+                for ((o, &y), &w) in o_seen.iter_mut().zip(y.iter()).zip(words.iter()) {
+                    *o = T::from_f32(y * if w >> 8 >= threshold { keep } else { 0.0 });
+                }
+            }
+            None => o_seen.iter_mut().zip(y.iter()).for_each(|(o, &y)| *o = T::from_f32(y)),
+        }
+        o_future.iter_mut().for_each(|o| *o = T::from_f32(0.0));
+    });
+    out
+}
+
+/// The gradient with respect to the scores for the output gradient `grad`: the weights `y`
+/// computed again, `dy` the gradient through the dropout, `scale * y * (dy - sum(y * dy))` on
+/// the keys seen (the sum in f64, as `softmax_last_backward` takes it) and 0 on the rest.
+pub fn backward<T: ViaF32>(pool: &Pool, grad: &[T], scores: &[T], spec: &CausalSoftmax) -> Vec<T> {
+    let mut out = pool.take::<T>(scores.len());
+    for_rows(&mut out, &[grad, scores], spec, |rows, o, [g, x], scratch| {
+        let (y, words) = scratch;
+        let seen = rows.seen;
+        let (o_seen, o_future) = o.split_at_mut(seen);
+        o_future.iter_mut().for_each(|o| *o = T::from_f32(0.0));
+        if !softmax_row(x, rows.scale, seen, y) {
+            o_seen.iter_mut().for_each(|o| *o = T::from_f32(f32::NAN));
+            return;
+        }
+        // dy overwrites the words' slot as f32 bits: one scratch row less.
+        let dy = match rows.draw(words, seen) {
+            Some((words, threshold, keep)) => {
+                for (w, &g) in words.iter_mut().zip(g.iter()) {
+                    let kept = *w >> 8 >= threshold;
+                    *w = (g.to_f32() * if kept { keep } else { 0.0 }).to_bits();
+                }
+                &words[..seen]
+            }
+            None => {
+                let words = &mut words[..seen];
+                words
+                    .iter_mut()
+                    .zip(g.iter())
+                    .for_each(|(w, &g)| *w = g.to_f32().to_bits());
+                words
+            }
+        };
+        let dot: f64 = dy
+            .iter()
+            .zip(y.iter())
+            .map(|(&d, &y)| f32::from_bits(d) as f64 * y as f64)
+            .sum();
+        let dot = dot as f32;
+        for ((o, &d), &y) in o_seen.iter_mut().zip(dy).zip(y.iter()) {
+            // `+ 0.0` as the composed scale (an affine map) adds it: -0 becomes +0.
+            *o = T::from_f32(y * (f32::from_bits(d) - dot) * rows.scale + 0.0);
+        }
+    });
+    out
+}
+
+/// What a row's kernel needs besides its data.
+struct Row {
+    /// The keys this row's query sees: `0 .. seen`.
+    seen: usize,
+    /// The flat index of the row's first element, where its part of dropout's stream starts.
+    first: usize,
+    scale: f32,
+    dropout: Option<(u64, u64, u32, f32)>,
+}
+
+impl Row {
+    /// The words of dropout's stream for the row's first `seen` elements in `words`, with the
+    /// keep threshold and the kept elements' factor; `None` without dropout.
+    fn draw<'w>(&self, words: &'w mut [u32], seen: usize) -> Option<(&'w mut [u32], u32, f32)> {
+        let (seed, counter, threshold, keep) = self.dropout?;
+        let words = &mut words[..seen];
+        stream_words(seed, counter, self.first, words);
+        Some((words, threshold, keep))
+    }
+}
+
+/// Runs `row` on every row of `out` and the same rows of `inputs`, in parallel tasks of whole
+/// rows, each task with its own f32 and u32 scratch rows.
+fn for_rows<T: ViaF32, const N: usize>(
+    out: &mut [T],
+    inputs: &[&[T]; N],
+    spec: &CausalSoftmax,
+    row: impl Fn(&Row, &mut [T], [&[T]; N], (&mut [f32], &mut [u32])) + Sync,
+) {
+    let t = spec.t;
+    if t == 0 {
+        return;
+    }
+    let rows_per_task = (TASK / t).max(1);
+    let dropout = spec
+        .dropout
+        .map(|d| (d.seed, d.counter, keep_threshold(d.p), (1.0 / (1.0 - d.p)) as f32));
+    out.par_chunks_mut(rows_per_task * t).enumerate().for_each(|(task, o)| {
+        let (mut y, mut words) = (vec![0f32; t], vec![0u32; t]);
+        let first_row = task * rows_per_task;
+        for (r, o) in o.chunks_mut(t).enumerate() {
+            let index = first_row + r;
+            let at = index * t;
+            let ctx = Row {
+                seen: index % t + 1,
+                first: at,
+                scale: spec.scale as f32,
+                dropout,
+            };
+            let data = inputs.map(|x| &x[at..at + t]);
+            row(&ctx, o, data, (&mut y, &mut words));
+        }
+    });
+}
+
+/// The softmax of `x[..seen] * scale` into `y[..seen]`, as `softmax_last` computes a row whose
+/// masked entries are -inf (which add nothing to its maximum or sum); false when the row's
+/// maximum is not finite (a NaN or +inf seen), whose weights are all NaN.
+fn softmax_row<T: ViaF32>(x: &[T], scale: f32, seen: usize, y: &mut [f32]) -> bool {
+    let y = &mut y[..seen];
+    for (y, &x) in y.iter_mut().zip(x) {
+        // `+ 0.0` as the composed scale (an affine map) adds it.
+        *y = x.to_f32() * scale + 0.0;
+    }
+    // In independent lanes, so it vectorizes: a NaN anywhere still wins, and otherwise the
+    // maximum is the maximum in any order.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = y.chunks_exact(16);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        lanes.iter_mut().zip(chunk).for_each(|(m, &v)| *m = max_nan(v, *m));
+    }
+    let max = rest.iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &v| max_nan(v, m));
+    if !max.is_finite() {
+        return false;
+    }
+    let mut sum = 0.0f32;
+    for y in y.iter_mut() {
+        *y = (*y - max).exp();
+        sum += *y;
+    }
+    y.iter_mut().for_each(|y| *y /= sum);
+    true
+}
