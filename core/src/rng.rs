@@ -30,6 +30,7 @@ pub fn philox4x32(key: u64, counter: u64) -> [u32; 4] {
 /// `philox4x32` for the `N` consecutive counters from `first`, as four words of `N` lanes
 /// (`out[w][l]` is word `w` of counter `first + l`): the same arithmetic laid out so the compiler
 /// runs the lanes in SIMD registers, several times faster than `N` scalar calls.
+#[inline(always)]
 pub fn philox4x32_lanes<const N: usize>(key: u64, first: u64) -> [[u32; N]; 4] {
     let (mut k0, mut k1) = (key as u32, (key >> 32) as u32);
     let counters: [u64; N] = std::array::from_fn(|l| first.wrapping_add(l as u64));
@@ -61,6 +62,7 @@ const STREAM_LANES: usize = 16;
 /// `e % 4` of block `counter + e / 4`), computed 16 blocks at a time in SIMD lanes. Kernels that
 /// draw only part of a tensor's stream (dropout on the positions a causal query sees) start
 /// anywhere in it.
+#[inline(always)]
 pub fn stream_words(seed: u64, counter: u64, first: usize, out: &mut [u32]) {
     let end = first + out.len();
     let mut block = first / 4;

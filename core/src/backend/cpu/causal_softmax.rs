@@ -10,8 +10,10 @@
 use rayon::prelude::*;
 
 use super::elementwise::max_nan;
+use super::fast_math::exp_nonpositive;
 use super::float::ViaF32;
 use super::pool::Pool;
+use super::simd::{Kernel, wide};
 use crate::backend::CausalSoftmax;
 use crate::rng::{keep_threshold, stream_words};
 
@@ -21,24 +23,7 @@ const TASK: usize = 1 << 15;
 /// `dropout(softmax(scores * scale))` with the keys after each query masked, in `T`.
 pub fn forward<T: ViaF32>(pool: &Pool, scores: &[T], spec: &CausalSoftmax) -> Vec<T> {
     let mut out = pool.take::<T>(scores.len());
-    for_rows(&mut out, &[scores], spec, |rows, o, [x], scratch| {
-        let (y, words) = scratch;
-        let seen = rows.seen;
-        if !softmax_row(x, rows.scale, seen, y) {
-            o.iter_mut().for_each(|o| *o = T::from_f32(f32::NAN));
-            return;
-        }
-        let (o_seen, o_future) = o.split_at_mut(seen);
-        match rows.draw(words, seen) {
-            Some((words, threshold, keep)) => {
-                for ((o, &y), &w) in o_seen.iter_mut().zip(y.iter()).zip(words.iter()) {
-                    *o = T::from_f32(y * if w >> 8 >= threshold { keep } else { 0.0 });
-                }
-            }
-            None => o_seen.iter_mut().zip(y.iter()).for_each(|(o, &y)| *o = T::from_f32(y)),
-        }
-        o_future.iter_mut().for_each(|o| *o = T::from_f32(0.0));
-    });
+    for_rows::<T, 1, Forward>(&mut out, &[scores], spec);
     out
 }
 
@@ -47,45 +32,102 @@ pub fn forward<T: ViaF32>(pool: &Pool, scores: &[T], spec: &CausalSoftmax) -> Ve
 /// the keys seen (the sum in f64, as `softmax_last_backward` takes it) and 0 on the rest.
 pub fn backward<T: ViaF32>(pool: &Pool, grad: &[T], scores: &[T], spec: &CausalSoftmax) -> Vec<T> {
     let mut out = pool.take::<T>(scores.len());
-    for_rows(&mut out, &[grad, scores], spec, |rows, o, [g, x], scratch| {
-        let (y, words) = scratch;
-        let seen = rows.seen;
-        let (o_seen, o_future) = o.split_at_mut(seen);
-        o_future.iter_mut().for_each(|o| *o = T::from_f32(0.0));
-        if !softmax_row(x, rows.scale, seen, y) {
-            o_seen.iter_mut().for_each(|o| *o = T::from_f32(f32::NAN));
-            return;
-        }
-        // dy overwrites the words' slot as f32 bits: one scratch row less.
-        let dy = match rows.draw(words, seen) {
-            Some((words, threshold, keep)) => {
-                for (w, &g) in words.iter_mut().zip(g.iter()) {
-                    let kept = *w >> 8 >= threshold;
-                    *w = (g.to_f32() * if kept { keep } else { 0.0 }).to_bits();
-                }
-                &words[..seen]
-            }
-            None => {
-                let words = &mut words[..seen];
-                words
-                    .iter_mut()
-                    .zip(g.iter())
-                    .for_each(|(w, &g)| *w = g.to_f32().to_bits());
-                words
-            }
-        };
-        let dot: f64 = dy
-            .iter()
-            .zip(y.iter())
-            .map(|(&d, &y)| f32::from_bits(d) as f64 * y as f64)
-            .sum();
-        let dot = dot as f32;
-        for ((o, &d), &y) in o_seen.iter_mut().zip(dy).zip(y.iter()) {
-            // `+ 0.0` as the composed scale (an affine map) adds it: -0 becomes +0.
-            *o = T::from_f32(y * (f32::from_bits(d) - dot) * rows.scale + 0.0);
-        }
-    });
+    for_rows::<T, 2, Backward>(&mut out, &[grad, scores], spec);
     out
+}
+
+/// A row kernel over `N` inputs, a trait (not a closure) so its always-inlined `row` is
+/// compiled into `simd::wide`'s vector copy.
+trait RowKernel<T, const N: usize> {
+    fn row(rows: &Row, o: &mut [T], inputs: [&[T]; N], scratch: (&mut [f32], &mut [u32]));
+}
+
+struct Forward;
+impl<T: ViaF32> RowKernel<T, 1> for Forward {
+    #[inline(always)]
+    fn row(rows: &Row, o: &mut [T], inputs: [&[T]; 1], scratch: (&mut [f32], &mut [u32])) {
+        forward_row(rows, o, inputs, scratch)
+    }
+}
+
+struct Backward;
+impl<T: ViaF32> RowKernel<T, 2> for Backward {
+    #[inline(always)]
+    fn row(rows: &Row, o: &mut [T], inputs: [&[T]; 2], scratch: (&mut [f32], &mut [u32])) {
+        backward_row(rows, o, inputs, scratch)
+    }
+}
+
+/// One row of `forward`; always inlined, so it is compiled into `simd::wide`'s vector copy.
+#[inline(always)]
+fn forward_row<T: ViaF32>(rows: &Row, o: &mut [T], [x]: [&[T]; 1], scratch: (&mut [f32], &mut [u32])) {
+    let (y, words) = scratch;
+    let seen = rows.seen;
+    if !softmax_row(x, rows.scale, seen, y) {
+        for o in o.iter_mut() {
+            *o = T::from_f32(f32::NAN);
+        }
+        return;
+    }
+    let (o_seen, o_future) = o.split_at_mut(seen);
+    match rows.draw(words, seen) {
+        Some((words, threshold, keep)) => {
+            for ((o, &y), &w) in o_seen.iter_mut().zip(y.iter()).zip(words.iter()) {
+                *o = T::from_f32(y * if w >> 8 >= threshold { keep } else { 0.0 });
+            }
+        }
+        None => {
+            for (o, &y) in o_seen.iter_mut().zip(y.iter()) {
+                *o = T::from_f32(y);
+            }
+        }
+    }
+    for o in o_future.iter_mut() {
+        *o = T::from_f32(0.0);
+    }
+}
+
+/// One row of `backward`, inlined as `forward_row` is.
+#[inline(always)]
+fn backward_row<T: ViaF32>(rows: &Row, o: &mut [T], [g, x]: [&[T]; 2], scratch: (&mut [f32], &mut [u32])) {
+    let (y, words) = scratch;
+    let seen = rows.seen;
+    let (o_seen, o_future) = o.split_at_mut(seen);
+    for o in o_future.iter_mut() {
+        *o = T::from_f32(0.0);
+    }
+    if !softmax_row(x, rows.scale, seen, y) {
+        for o in o_seen.iter_mut() {
+            *o = T::from_f32(f32::NAN);
+        }
+        return;
+    }
+    // dy overwrites the words' slot as f32 bits: one scratch row less.
+    let dy = match rows.draw(words, seen) {
+        Some((words, threshold, keep)) => {
+            for (w, &g) in words.iter_mut().zip(g.iter()) {
+                let kept = *w >> 8 >= threshold;
+                *w = (g.to_f32() * if kept { keep } else { 0.0 }).to_bits();
+            }
+            &words[..seen]
+        }
+        None => {
+            let words = &mut words[..seen];
+            for (w, &g) in words.iter_mut().zip(g.iter()) {
+                *w = g.to_f32().to_bits();
+            }
+            words
+        }
+    };
+    let mut dot = 0.0f64;
+    for (&d, &y) in dy.iter().zip(y.iter()) {
+        dot += f32::from_bits(d) as f64 * y as f64;
+    }
+    let dot = dot as f32;
+    for ((o, &d), &y) in o_seen.iter_mut().zip(dy).zip(y.iter()) {
+        // `+ 0.0` as the composed scale (an affine map) adds it: -0 becomes +0.
+        *o = T::from_f32(y * (f32::from_bits(d) - dot) * rows.scale + 0.0);
+    }
 }
 
 /// What a row's kernel needs besides its data.
@@ -101,6 +143,7 @@ struct Row {
 impl Row {
     /// The words of dropout's stream for the row's first `seen` elements in `words`, with the
     /// keep threshold and the kept elements' factor; `None` without dropout.
+    #[inline(always)]
     fn draw<'w>(&self, words: &'w mut [u32], seen: usize) -> Option<(&'w mut [u32], u32, f32)> {
         let (seed, counter, threshold, keep) = self.dropout?;
         let words = &mut words[..seen];
@@ -109,14 +152,9 @@ impl Row {
     }
 }
 
-/// Runs `row` on every row of `out` and the same rows of `inputs`, in parallel tasks of whole
+/// Runs the row kernel `K` on every row of `out` and the same rows of `inputs`, in parallel tasks of whole
 /// rows, each task with its own f32 and u32 scratch rows.
-fn for_rows<T: ViaF32, const N: usize>(
-    out: &mut [T],
-    inputs: &[&[T]; N],
-    spec: &CausalSoftmax,
-    row: impl Fn(&Row, &mut [T], [&[T]; N], (&mut [f32], &mut [u32])) + Sync,
-) {
+fn for_rows<T: ViaF32, const N: usize, K: RowKernel<T, N>>(out: &mut [T], inputs: &[&[T]; N], spec: &CausalSoftmax) {
     let t = spec.t;
     if t == 0 {
         return;
@@ -128,24 +166,57 @@ fn for_rows<T: ViaF32, const N: usize>(
     out.par_chunks_mut(rows_per_task * t).enumerate().for_each(|(task, o)| {
         let (mut y, mut words) = (vec![0f32; t], vec![0u32; t]);
         let first_row = task * rows_per_task;
-        for (r, o) in o.chunks_mut(t).enumerate() {
-            let index = first_row + r;
+        let (scale, scratch) = (spec.scale as f32, (&mut y[..], &mut words[..]));
+        wide(RowsOfTask {
+            o,
+            inputs,
+            t,
+            first_row,
+            scale,
+            dropout,
+            scratch,
+            row: std::marker::PhantomData::<K>,
+        });
+    });
+}
+
+/// The rows of one task, from row `first_row`, each through `row` (an always-inlined row
+/// kernel); run by `simd::wide`.
+struct RowsOfTask<'a, T, const N: usize, K> {
+    o: &'a mut [T],
+    inputs: &'a [&'a [T]; N],
+    t: usize,
+    first_row: usize,
+    scale: f32,
+    dropout: Option<(u64, u64, u32, f32)>,
+    scratch: (&'a mut [f32], &'a mut [u32]),
+    row: std::marker::PhantomData<K>,
+}
+
+impl<T: ViaF32, const N: usize, K: RowKernel<T, N>> Kernel for RowsOfTask<'_, T, N, K> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let (t, (y, words)) = (self.t, self.scratch);
+        for (r, o) in self.o.chunks_mut(t).enumerate() {
+            let index = self.first_row + r;
             let at = index * t;
             let ctx = Row {
                 seen: index % t + 1,
                 first: at,
-                scale: spec.scale as f32,
-                dropout,
+                scale: self.scale,
+                dropout: self.dropout,
             };
-            let data = inputs.map(|x| &x[at..at + t]);
-            row(&ctx, o, data, (&mut y, &mut words));
+            let data = self.inputs.map(|x| &x[at..at + t]);
+            K::row(&ctx, o, data, (&mut *y, &mut *words));
         }
-    });
+    }
 }
 
 /// The softmax of `x[..seen] * scale` into `y[..seen]`, as `softmax_last` computes a row whose
 /// masked entries are -inf (which add nothing to its maximum or sum); false when the row's
 /// maximum is not finite (a NaN or +inf seen), whose weights are all NaN.
+#[inline(always)]
 fn softmax_row<T: ViaF32>(x: &[T], scale: f32, seen: usize, y: &mut [f32]) -> bool {
     let y = &mut y[..seen];
     for (y, &x) in y.iter_mut().zip(x) {
@@ -158,17 +229,24 @@ fn softmax_row<T: ViaF32>(x: &[T], scale: f32, seen: usize, y: &mut [f32]) -> bo
     let chunks = y.chunks_exact(16);
     let rest = chunks.remainder();
     for chunk in chunks {
-        lanes.iter_mut().zip(chunk).for_each(|(m, &v)| *m = max_nan(v, *m));
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = max_nan(v, *m);
+        }
     }
     let max = rest.iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &v| max_nan(v, m));
     if !max.is_finite() {
         return false;
     }
-    let mut sum = 0.0f32;
+    // The exponentials first, in a loop that vectorizes, then their sum in order.
     for y in y.iter_mut() {
-        *y = (*y - max).exp();
-        sum += *y;
+        *y = exp_nonpositive(*y - max);
     }
-    y.iter_mut().for_each(|y| *y /= sum);
+    let mut sum = 0.0f32;
+    for &y in y.iter() {
+        sum += y;
+    }
+    for y in y.iter_mut() {
+        *y /= sum;
+    }
     true
 }

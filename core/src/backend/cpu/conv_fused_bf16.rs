@@ -5,11 +5,11 @@
 //! large product does); the input gradient's columns fold back in f32 and round once.
 
 use half::bf16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::conv::{col2im_image, im2col_image};
 use super::conv_fused::{Columns, image_ranges, one_image, per_image_range};
+use super::float::{bf16_from_f32_slice, bf16_to_f32_slice};
 use super::matmul::bf16::{Dst, Side, product};
 use super::matmul::bf16_kernel;
 use super::pool::Pool;
@@ -48,9 +48,9 @@ impl Scratch {
 
     /// Unfolds `x` (one image) into `self.cols` (taps x pixels, bf16).
     fn unfold(&mut self, x: &[bf16], image: &Conv2dGeometry) {
-        x.convert_to_f32_slice(&mut self.image);
+        bf16_to_f32_slice(&mut self.image, x);
         im2col_image(&self.image, &mut self.cols32, image);
-        self.cols.convert_from_f32_slice(&self.cols32);
+        bf16_from_f32_slice(&mut self.cols, &self.cols32);
     }
 
     fn recycle(self, pool: &Pool) {
@@ -183,7 +183,7 @@ pub fn backward(
                 );
             }
             col2im_image(&grad_cols, &mut scratch.image, &image);
-            grad_x_image.convert_from_f32_slice(&scratch.image);
+            bf16_from_f32_slice(grad_x_image, &scratch.image);
         }
         scratch.recycle(pool);
         pool.recycle(HostVec::F32(grad_cols));
@@ -195,7 +195,7 @@ pub fn backward(
         sum.iter_mut().zip(&partial).for_each(|(s, p)| *s += p);
         pool.recycle(HostVec::F32(partial));
     }
-    grad_w.convert_from_f32_slice(&sum);
+    bf16_from_f32_slice(&mut grad_w, &sum);
     pool.recycle(HostVec::F32(sum));
     (grad_x, grad_w)
 }

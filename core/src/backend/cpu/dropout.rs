@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use super::pool::Pool;
+use super::simd::{Kernel, wide};
 use crate::dtype::Element;
 use crate::rng::{keep_threshold, stream_words};
 
@@ -30,10 +31,22 @@ pub fn dropout<T: Element + Copy + Send + Sync>(
         .for_each(|(c, (o, x))| {
             let mut words = [0u32; CHUNK];
             let words = &mut words[..x.len()];
-            stream_words(seed, counter, c * CHUNK, words);
-            for ((o, &x), &w) in o.iter_mut().zip(x).zip(words.iter()) {
-                *o = apply(x, w >> 8 >= threshold);
-            }
+            wide(Chunk(o, x, words, (seed, counter, c * CHUNK), threshold, &apply));
         });
     out
+}
+
+/// One chunk: its words of the stream (from element `first` of (seed, counter)), then
+/// `apply(x, kept)`; run by `simd::wide`.
+struct Chunk<'a, T, F>(&'a mut [T], &'a [T], &'a mut [u32], (u64, u64, usize), u32, &'a F);
+impl<T: Copy, F: Fn(T, bool) -> T> Kernel for Chunk<'_, T, F> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Chunk(o, x, words, (seed, counter, first), threshold, apply) = self;
+        stream_words(seed, counter, first, words);
+        for ((o, &x), &w) in o.iter_mut().zip(x).zip(words.iter()) {
+            *o = apply(x, w >> 8 >= threshold);
+        }
+    }
 }

@@ -4,6 +4,7 @@ use rayon::prelude::*;
 
 use super::float::CpuFloat;
 use super::pool::Pool;
+use super::simd::{Kernel, wide};
 use super::strided::{coalesce, runs};
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::Element;
@@ -99,9 +100,9 @@ pub fn map<T: Element, U: Element>(
         if n >= PAR_THRESHOLD {
             out.par_chunks_mut(4096)
                 .zip(src.par_chunks(4096))
-                .for_each(move |(o, s)| o.iter_mut().zip(s).for_each(|(o, &s)| *o = f(s)));
+                .for_each(move |(o, s)| wide(MapSlices(o, s, f)));
         } else {
-            out.iter_mut().zip(src).for_each(|(o, &s)| *o = f(s));
+            wide(MapSlices(&mut out[..], src, f));
         }
         return out;
     }
@@ -115,9 +116,32 @@ pub fn map<T: Element, U: Element>(
     out
 }
 
+/// `o[i] = f(s[i])`, run by `simd::wide`.
+struct MapSlices<'a, T, U, F>(&'a mut [U], &'a [T], F);
+impl<T: Copy, U, F: Fn(T) -> U> Kernel for MapSlices<'_, T, U, F> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let MapSlices(o, s, f) = self;
+        for (o, &s) in o.iter_mut().zip(s) {
+            *o = f(s);
+        }
+    }
+}
+
+/// `zip_slices`, run by `simd::wide`.
+struct ZipSlices<'a, T, U, F>(&'a mut [U], &'a [T], &'a [T], F);
+impl<T: Copy, U, F: Fn(T, T) -> U> Kernel for ZipSlices<'_, T, U, F> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        zip_slices((self.0, self.1, self.2, self.3))
+    }
+}
+
 /// `o[i] = f(a[i], b[i])` over equal-length slices, indexed so it vectorises.
 #[inline(always)]
-fn zip_slices<T: Copy, U>(o: &mut [U], a: &[T], b: &[T], f: impl Fn(T, T) -> U) {
+fn zip_slices<T: Copy, U>((o, a, b, f): (&mut [U], &[T], &[T], impl Fn(T, T) -> U)) {
     let n = o.len();
     let (a, b) = (&a[..n], &b[..n]);
     for i in 0..n {
@@ -141,9 +165,9 @@ pub fn zip<T: Element, U: Element>(
         if n >= PAR_THRESHOLD {
             out.par_chunks_mut(4096)
                 .zip(a.par_chunks(4096).zip(b.par_chunks(4096)))
-                .for_each(move |(o, (a, b))| zip_slices(o, a, b, f));
+                .for_each(move |(o, (a, b))| wide(ZipSlices(o, a, b, f)));
         } else {
-            zip_slices(&mut out, a, b, f);
+            wide(ZipSlices(&mut out[..], a, b, f));
         }
         return out;
     }
@@ -152,7 +176,7 @@ pub fn zip<T: Element, U: Element>(
     let len = ra.len.max(1);
     let (stride_a, stride_b) = (ra.stride, rb.stride);
     let row = move |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| match (stride_a, stride_b) {
-        (1, 1) => zip_slices(o, &a[sa..sa + len], &b[sb..sb + len], f),
+        (1, 1) => zip_slices((o, &a[sa..sa + len], &b[sb..sb + len], f)),
         (1, 0) => {
             let (x, y) = (&a[sa..sa + len], b[sb]);
             for j in 0..len {

@@ -1,4 +1,5 @@
-//! GELU and its gradient in f32 without calls or branches, so their loops vectorize: `libm`'s
+//! GELU, its gradient and the softmax's exponential in f32 without calls or branches, so their
+//! loops vectorize: `libm`'s
 //! `erff` and `expf` are scalar calls, and GELU over a transformer's MLP activations (four times
 //! its width per token, each way) was a tenth of a training step. `1 + erf` comes from erfc's
 //! Chebyshev fit (relative error 1.2e-7, so the negative tail keeps its digits where `1 + erff`
@@ -11,8 +12,8 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 
 /// `e^x` for `x <= 0` (GELU's Gaussian factors); 0 below -87, where it would be subnormal.
 /// NaN stays NaN.
-#[inline]
-fn exp_nonpositive(x: f32) -> f32 {
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
     let underflows = x < -87.0;
     // Selects, not `max`, which would turn a NaN into the bound.
     let x = if underflows { -87.0 } else { x };
@@ -35,7 +36,7 @@ fn exp_nonpositive(x: f32) -> f32 {
 /// `1 + erf(u)` to a few roundings relative to itself, also where it is tiny (GELU's negative
 /// tail, where `1 + erf` cancels): erfc of `|u|` by the Chebyshev fit of Numerical Recipes'
 /// `erfcc` (relative error below 1.2e-7).
-#[inline]
+#[inline(always)]
 fn one_plus_erf(u: f32) -> f32 {
     let z = u.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
@@ -51,13 +52,13 @@ fn one_plus_erf(u: f32) -> f32 {
 }
 
 /// `x * Φ(x)` with `Φ` the standard normal's distribution function (PyTorch's exact GELU).
-#[inline]
+#[inline(always)]
 pub fn gelu(x: f32) -> f32 {
     x * 0.5 * one_plus_erf(x * std::f32::consts::FRAC_1_SQRT_2)
 }
 
 /// The derivative of `gelu`: `Φ(x) + x * φ(x)`.
-#[inline]
+#[inline(always)]
 pub fn gelu_grad(x: f32) -> f32 {
     const INV_SQRT_2PI: f32 = 0.398_942_3;
     0.5 * one_plus_erf(x * std::f32::consts::FRAC_1_SQRT_2) + x * INV_SQRT_2PI * exp_nonpositive(-0.5 * x * x)

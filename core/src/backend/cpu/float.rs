@@ -7,12 +7,17 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 use super::pool::Pool;
+use super::simd::{Kernel, wide};
 use crate::dtype::{Element, HostVec};
 
 /// The float types the CPU kernels are written for (f32 and f64; f16/bf16 run through f32).
 pub trait CpuFloat: Float + Element + Send + Sync + std::iter::Sum {
     /// The error function, from `libm` (GELU needs it; `num_traits::Float` lacks it).
     fn erf(self) -> Self;
+    /// `e^x` for `x <= 0` (a softmax's shifted logits).
+    fn exp_nonpositive(self) -> Self {
+        self.exp()
+    }
     /// `x * Φ(x)` (PyTorch's exact GELU).
     fn gelu(self) -> Self {
         self * Self::of(0.5) * (Self::one() + (self * Self::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
@@ -34,11 +39,15 @@ impl CpuFloat for f32 {
         libm::erff(self)
     }
     // Branch-free, so the loops vectorize (see `fast_math`).
-    #[inline]
+    #[inline(always)]
+    fn exp_nonpositive(self) -> Self {
+        super::fast_math::exp_nonpositive(self)
+    }
+    #[inline(always)]
     fn gelu(self) -> Self {
         super::fast_math::gelu(self)
     }
-    #[inline]
+    #[inline(always)]
     fn gelu_grad(self) -> Self {
         super::fast_math::gelu_grad(self)
     }
@@ -107,9 +116,33 @@ fn convert<S: Sync, D: Send>(src: &[S], mut out: Vec<D>, convert: impl Fn(&[S], 
 pub fn widen_f16(pool: &Pool, v: &[f16]) -> Vec<f32> {
     convert(v, pool.take(v.len()), |i, o| i.convert_to_f32_slice(o))
 }
+/// `src` widened into `dst` (exact), by `ViaF32`'s bit operations, which vectorize: `half`
+/// converts bf16 slices one element at a time.
+#[inline(always)]
+pub fn bf16_to_f32_slice(dst: &mut [f32], src: &[bf16]) {
+    for (o, &x) in dst.iter_mut().zip(src) {
+        *o = ViaF32::to_f32(x);
+    }
+}
+/// `src` rounded to nearest into `dst`, vectorized as `bf16_to_f32_slice`.
+#[inline(always)]
+pub fn bf16_from_f32_slice(dst: &mut [bf16], src: &[f32]) {
+    for (o, &x) in dst.iter_mut().zip(src) {
+        *o = <bf16 as ViaF32>::from_f32(x);
+    }
+}
+
 /// bf16 values widened to f32 (exact), in a vector from `pool`.
 pub fn widen_bf16(pool: &Pool, v: &[bf16]) -> Vec<f32> {
-    convert(v, pool.take(v.len()), |i, o| i.convert_to_f32_slice(o))
+    struct Chunk<'a>(&'a mut [f32], &'a [bf16]);
+    impl Kernel for Chunk<'_> {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            bf16_to_f32_slice(self.0, self.1)
+        }
+    }
+    convert(v, pool.take(v.len()), |i, o| wide(Chunk(o, i)))
 }
 /// f32 values rounded to nearest f16, in a vector from `pool`.
 pub fn narrow_f16(pool: &Pool, v: &[f32]) -> Vec<f16> {
@@ -117,7 +150,15 @@ pub fn narrow_f16(pool: &Pool, v: &[f32]) -> Vec<f16> {
 }
 /// f32 values rounded to nearest bf16, in a vector from `pool`.
 pub fn narrow_bf16(pool: &Pool, v: &[f32]) -> Vec<bf16> {
-    convert(v, pool.take(v.len()), |i, o| o.convert_from_f32_slice(i))
+    struct Chunk<'a>(&'a mut [bf16], &'a [f32]);
+    impl Kernel for Chunk<'_> {
+        type Out = ();
+        #[inline(always)]
+        fn run(self) {
+            bf16_from_f32_slice(self.0, self.1)
+        }
+    }
+    convert(v, pool.take(v.len()), |i, o| wide(Chunk(o, i)))
 }
 
 /// Runs an f32 kernel on 16-bit data: widens `inputs`, runs `body`, rounds its result once, and

@@ -19,6 +19,7 @@ mod matmul;
 mod optim;
 mod pool;
 mod reduce;
+mod simd;
 mod softmax;
 mod strided;
 

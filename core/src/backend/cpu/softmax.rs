@@ -20,12 +20,16 @@ fn rowwise<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize, log: bool) -> Vec<T
             o.iter_mut().for_each(|o| *o = T::nan());
             return;
         }
-        let sum: T = x.iter().map(|&v| (v - shift).exp()).sum();
+        // The exponentials first, in a loop that vectorizes, then their sum in order.
+        o.iter_mut()
+            .zip(x)
+            .for_each(|(o, &v)| *o = (v - shift).exp_nonpositive());
+        let sum: T = o.iter().copied().sum();
         if log {
             let lse = shift + sum.ln();
             o.iter_mut().zip(x).for_each(|(o, &v)| *o = v - lse);
         } else {
-            o.iter_mut().zip(x).for_each(|(o, &v)| *o = (v - shift).exp() / sum);
+            o.iter_mut().for_each(|o| *o = *o / sum);
         }
     };
     if src.len() >= super::elementwise::PAR_THRESHOLD {

@@ -6,9 +6,9 @@
 //! forward pass the weight is read in place and only the activations are packed.
 
 use half::bf16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::super::float::bf16_from_f32_slice;
 use super::super::pool::Pool;
 use super::bf16_kernel::{MR, NR, tile};
 use crate::backend::MatmulDims;
@@ -67,10 +67,27 @@ impl Rows {
         } else {
             let pairs = k.div_ceil(2);
             let mut packed = pool.take::<u32>(side.rows * pairs);
-            packed
-                .par_chunks_mut(pairs)
-                .enumerate()
-                .for_each(|(r, row)| row.iter_mut().enumerate().for_each(|(p, w)| *w = side.pair(r, p, k)));
+            if side.row_stride == 1 {
+                // The rows are contiguous and k is strided (a transposed operand): a block of
+                // rows at a time, so each k-pair reads two short runs instead of every row
+                // striding through k on its own (a cache miss per element).
+                const BLOCK: usize = 16;
+                packed.par_chunks_mut(pairs * BLOCK).enumerate().for_each(|(b, block)| {
+                    let (first, n) = (side.offset + b * BLOCK, block.len() / pairs);
+                    for p in 0..pairs {
+                        let even = &side.data[first + 2 * p * side.k_stride..][..n];
+                        let odd = (2 * p + 1 < k).then(|| &side.data[first + (2 * p + 1) * side.k_stride..][..n]);
+                        for (c, &e) in even.iter().enumerate() {
+                            block[c * pairs + p] = join(e, odd.map_or(bf16::ZERO, |o| o[c]));
+                        }
+                    }
+                });
+            } else {
+                packed
+                    .par_chunks_mut(pairs)
+                    .enumerate()
+                    .for_each(|(r, row)| row.iter_mut().enumerate().for_each(|(p, w)| *w = side.pair(r, p, k)));
+            }
             Rows {
                 base: packed.as_ptr(),
                 stride_bf16: 2 * pairs,
@@ -175,7 +192,7 @@ impl Output {
             unsafe {
                 match self.dst {
                     Dst::Bf16(ptr) => {
-                        std::slice::from_raw_parts_mut(ptr.add(at), vcols).convert_from_f32_slice(&row[..vcols])
+                        bf16_from_f32_slice(std::slice::from_raw_parts_mut(ptr.add(at), vcols), &row[..vcols])
                     }
                     Dst::F32(ptr) => std::slice::from_raw_parts_mut(ptr.add(at), vcols).copy_from_slice(&row[..vcols]),
                     Dst::F32Add(ptr) => std::slice::from_raw_parts_mut(ptr.add(at), vcols)
