@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use super::super::float::bf16_from_f32_slice;
 use super::super::pool::Pool;
+use super::super::simd::{Kernel, wide};
 use super::bf16_kernel::{MR, NR, tile};
 use crate::backend::MatmulDims;
 use crate::dtype::HostVec;
@@ -73,14 +74,8 @@ impl Rows {
                 // striding through k on its own (a cache miss per element).
                 const BLOCK: usize = 16;
                 packed.par_chunks_mut(pairs * BLOCK).enumerate().for_each(|(b, block)| {
-                    let (first, n) = (side.offset + b * BLOCK, block.len() / pairs);
-                    for p in 0..pairs {
-                        let even = &side.data[first + 2 * p * side.k_stride..][..n];
-                        let odd = (2 * p + 1 < k).then(|| &side.data[first + (2 * p + 1) * side.k_stride..][..n]);
-                        for (c, &e) in even.iter().enumerate() {
-                            block[c * pairs + p] = join(e, odd.map_or(bf16::ZERO, |o| o[c]));
-                        }
-                    }
+                    let first = side.offset + b * BLOCK;
+                    wide(TransposedPairs { block, side, first, k })
                 });
             } else {
                 packed
@@ -105,6 +100,46 @@ impl Rows {
             // SAFETY: row < rows, so the row's start lies within the operand.
             unsafe { self.base.cast::<bf16>().add(row * self.stride_bf16).cast() }
         })
+    }
+}
+
+/// Rows of pairs for a block of at most 16 consecutive rows of an operand whose rows are
+/// contiguous and whose k is strided: for each k-pair, two runs of the block's length are
+/// joined into one word per row. Run by `simd::wide`, so the joins are done in vectors.
+struct TransposedPairs<'a> {
+    /// The block's rows of pairs, `pairs` words each.
+    block: &'a mut [u32],
+    side: Side<'a>,
+    /// The block's first element of k-index 0.
+    first: usize,
+    k: usize,
+}
+
+impl Kernel for TransposedPairs<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let TransposedPairs { block, side, first, k } = self;
+        let pairs = k.div_ceil(2);
+        let n = block.len() / pairs;
+        let run = |i: usize| &side.data[first + i * side.k_stride..][..n];
+        let mut words = [0u32; 16];
+        let words = &mut words[..n];
+        for p in 0..pairs {
+            let even = run(2 * p);
+            if 2 * p + 1 < k {
+                for ((w, &e), &o) in words.iter_mut().zip(even).zip(run(2 * p + 1)) {
+                    *w = join(e, o);
+                }
+            } else {
+                for (w, &e) in words.iter_mut().zip(even) {
+                    *w = join(e, bf16::ZERO);
+                }
+            }
+            for (c, &w) in words.iter().enumerate() {
+                block[c * pairs + p] = w;
+            }
+        }
     }
 }
 
@@ -150,6 +185,7 @@ fn pack_panels(pool: &Pool, side: Side, k: usize) -> Vec<u32> {
 }
 
 /// Two bf16 in one word, the even k in the lower half.
+#[inline(always)]
 fn join(even: bf16, odd: bf16) -> u32 {
     u32::from(even.to_bits()) | u32::from(odd.to_bits()) << 16
 }
