@@ -1,8 +1,8 @@
 //! `impl Backend for CudaBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
-    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry, DeviceInfo,
+    Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -108,6 +108,17 @@ impl Backend for CudaBackend {
     }
     fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
         self.softmax_backward_rows(grad, out, rows, cols)
+    }
+    fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {
+        Some(self.causal_softmax_rows(scores, None, spec))
+    }
+    fn causal_softmax_backward(
+        &self,
+        grad: &BufferRef,
+        scores: &BufferRef,
+        spec: &CausalSoftmax,
+    ) -> Option<Result<BufferRef>> {
+        Some(self.causal_softmax_rows(scores, Some(grad), spec))
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.layer_norm_rows(src, None, rows, cols, eps)

@@ -1,8 +1,8 @@
 //! `impl Backend for WgpuBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CmpOp, Conv2dGeometry, DeviceInfo, Distribution, MatmulDims,
-    MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry, DeviceInfo,
+    Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -117,6 +117,23 @@ impl Backend for WgpuBackend {
         self.in_f32("softmax_backward", [grad, out], |[grad, out]| {
             self.softmax_backward_rows(grad, out, rows, cols)
         })
+    }
+    fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {
+        Some(self.in_f32("causal_softmax", [scores], |[scores]| {
+            self.causal_softmax_rows(scores, None, spec)
+        }))
+    }
+    fn causal_softmax_backward(
+        &self,
+        grad: &BufferRef,
+        scores: &BufferRef,
+        spec: &CausalSoftmax,
+    ) -> Option<Result<BufferRef>> {
+        Some(
+            self.in_f32("causal_softmax_backward", [grad, scores], |[grad, scores]| {
+                self.causal_softmax_rows(scores, Some(grad), spec)
+            }),
+        )
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.in_f32("layer_norm", [src], |[src]| {

@@ -1,12 +1,12 @@
 //! A small GPT on wgpu gives the CPU's logits, loss and every gradient: embeddings, LayerNorm,
-//! causal attention (masked fill, softmax and its fused backward) and the tied head, end to
-//! end on the adapter (lavapipe in CI).
+//! causal attention (its weights one fused dispatch each way) and the tied head, end to end on
+//! the adapter (lavapipe in CI).
 
 mod support;
 
 use lockstep_core::models::{GptConfig, gpt};
 use lockstep_core::nn::ModuleExt;
-use lockstep_core::{Device, Generator, Tensor};
+use lockstep_core::{DType, Device, Generator, Tensor};
 
 /// Logits, loss and every parameter's gradient of a 1-layer GPT on fixed tokens on `device`.
 fn run(device: &Device) -> Vec<Vec<f32>> {
@@ -46,4 +46,53 @@ fn a_gpt_on_wgpu_follows_the_cpu() {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "tensor {i}: wgpu {x}, cpu {y}");
         }
     }
+}
+
+/// Attention's weights with dropout and their gradient on `device`, as f32.
+fn attention_weights(device: &Device) -> (Vec<f32>, Vec<f32>) {
+    let generator = Generator::new(3);
+    let host = Tensor::rand_normal([2, 3, 19, 19], 0.0, 2.0, DType::F32, &generator, &Device::cpu()).unwrap();
+    let scores = host.to_device(device).unwrap().requires_grad(true);
+    let weights = scores.causal_softmax(0.25, Some((0.3, &Generator::new(8)))).unwrap();
+    let upstream = Tensor::rand_normal([2, 3, 19, 19], 0.0, 1.0, DType::F32, &generator, &Device::cpu()).unwrap();
+    let upstream = upstream.to_device(device).unwrap();
+    weights.mul(&upstream).unwrap().sum_all().unwrap().backward().unwrap();
+    (weights.to_vec().unwrap(), scores.grad().unwrap().to_vec().unwrap())
+}
+
+#[test]
+fn attention_weights_are_one_dispatch_each_way_and_the_cpus_values() {
+    let Some((device, _backend)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let scores = Tensor::from_vec(vec![0.5f32; 2 * 8 * 8], [2, 8, 8], &device).unwrap();
+    let dispatched = || {
+        device
+            .backend()
+            .work_counters()
+            .kernels
+            .expect("wgpu counts dispatches")
+    };
+    let before = dispatched();
+    scores.causal_softmax(0.125, Some((0.2, &Generator::new(1)))).unwrap();
+    assert_eq!(
+        dispatched() - before,
+        1,
+        "scale, mask, softmax and dropout in one dispatch"
+    );
+
+    let (gpu, cpu) = (attention_weights(&device), attention_weights(&Device::cpu()));
+    for (what, ours, theirs) in [("weights", &gpu.0, &cpu.0), ("gradient", &gpu.1, &cpu.1)] {
+        let worst = ours
+            .iter()
+            .zip(theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{what}: wgpu differs from the CPU by {worst}");
+    }
+    let dropped = gpu.0.iter().filter(|&&w| w == 0.0).count();
+    assert!(
+        dropped > 6 * 19 * 18 / 2,
+        "the future is masked and dropout drops more ({dropped} zeros)"
+    );
 }

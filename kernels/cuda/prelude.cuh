@@ -136,3 +136,24 @@ __device__ __forceinline__ float combine(float* scratch, u32 lane, u32 group, fl
     __syncthreads();
     return result;
 }
+
+// Philox4x32-10, the counter-based generator of core/src/rng.rs: rand.cu's draws and dropout,
+// and the fused attention weights' dropout.
+__device__ __forceinline__ void philox(u64 key, u64 counter, u32 out[4]) {
+    u32 k0 = (u32)key, k1 = (u32)(key >> 32);
+    u32 c0 = (u32)counter, c1 = (u32)(counter >> 32), c2 = 0, c3 = 0;
+    for (int round = 0; round < 10; ++round) {
+        u64 p0 = (u64)0xD2511F53u * c0;
+        u64 p1 = (u64)0xCD9E8D57u * c2;
+        u32 n0 = (u32)(p1 >> 32) ^ c1 ^ k0;
+        u32 n1 = (u32)p1;
+        u32 n2 = (u32)(p0 >> 32) ^ c3 ^ k1;
+        u32 n3 = (u32)p0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+__device__ __forceinline__ double unit_float(u32 word) { return (double)(word >> 8) * (1.0 / 16777216.0); }

@@ -54,6 +54,9 @@ fn every_entry_point_the_backend_launches_is_defined() {
         (REDUCE, "reduce_f16"),
         (OPTIM, "adam_step_f32"),
         (INDEX, "add_at_bf16"),
+        (SOFTMAX, "causal_softmax_bf16"),
+        (SOFTMAX, "causal_softmax_backward_f16"),
+        (RAND, "dropout_f32"),
     ] {
         let cubin = compile(kernel.name, &kernel.program(), "sm_90").unwrap();
         let found = cubin

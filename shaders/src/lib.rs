@@ -67,7 +67,17 @@ pub const SHADERS: &[Shader] = &[
         ]
     ),
     shader!("matmul", &["T"], FLOATS, ["matmul", "matmul_naive"]),
-    shader!("softmax", &["T"], FLOATS, ["softmax", "softmax_backward"]),
+    shader!(
+        "softmax",
+        &["T"],
+        FLOATS,
+        [
+            "softmax",
+            "softmax_backward",
+            "causal_softmax",
+            "causal_softmax_backward"
+        ]
+    ),
     shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
     shader!(
         "index",

@@ -9,39 +9,9 @@
 @group(0) @binding(1) var<storage, read_write> out: array<T>;
 @group(0) @binding(2) var<storage, read> src: array<T>;
 
-// The 64-bit product of two u32 as (low, high): WGSL has no 64-bit integers.
-fn mul_wide(a: u32, b: u32) -> vec2<u32> {
-    let ll = (a & 0xffffu) * (b & 0xffffu);
-    let lh = (a & 0xffffu) * (b >> 16u);
-    let hl = (a >> 16u) * (b & 0xffffu);
-    let hh = (a >> 16u) * (b >> 16u);
-    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
-    return vec2<u32>((mid << 16u) | (ll & 0xffffu), hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u));
-}
-
-fn philox(key_in: vec2<u32>, counter: vec2<u32>) -> vec4<u32> {
-    var k = key_in;
-    var c = vec4<u32>(counter.x, counter.y, 0u, 0u);
-    for (var round = 0u; round < 10u; round++) {
-        let p0 = mul_wide(0xD2511F53u, c.x);
-        let p1 = mul_wide(0xCD9E8D57u, c.z);
-        c = vec4<u32>(p1.y ^ c.y ^ k.x, p1.x, p0.y ^ c.w ^ k.y, p0.x);
-        k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
-    }
-    return c;
-}
-
-fn unit_float(word: u32) -> f32 {
-    return f32(word >> 8u) * (1.0 / 16777216.0);
-}
-
-// The four words of element i's block: block counter + i / 4 under key seed (64-bit sums
-// carried by hand).
+// The four words of element i's block under the seed and counter of params[1..5].
 fn block_words(i: u32) -> vec4<u32> {
-    let block = i / 4u;
-    let low = params[3] + block;
-    let carry = select(0u, 1u, low < block);
-    return philox(vec2<u32>(params[1], params[2]), vec2<u32>(low, params[4] + carry));
+    return stream_block(1u, i);
 }
 
 @compute @workgroup_size(256)

@@ -2,6 +2,10 @@
 // per row, the row's maximum and sum of exponentials combined in workgroup memory; and the
 // softmax's gradient from its output (src) and the output gradient. f32 math.
 // params: [rows, cols]
+// causal_softmax (attention's weights): dropout(softmax(src * scale)) over rows of t scores, row
+// r seeing keys 0 ..= r % t, the rest 0; its backward from the scores (src) and the output
+// gradient, the weights computed again and the mask drawn again.
+// params: [rows, t, scale, dropout (0 or 1), seed_lo, seed_hi, counter_lo, counter_hi, p, keep]
 
 override LOG: bool = false;
 
@@ -81,5 +85,96 @@ fn softmax_backward(
     }
     for (var c = lid; c < cols; c += WG) {
         out[base + c] = T(f32(src[base + c]) * (f32(grad[base + c]) - dot));
+    }
+}
+
+// What dropout leaves of flat element e: `keep` where the stream's uniform is at least p, else 0;
+// 1 without dropout.
+fn causal_dropout(e: u32) -> f32 {
+    if (params[3] == 0u) {
+        return 1.0;
+    }
+    let kept = unit_float(stream_block(4u, e)[e % 4u]) >= param_f32(8u);
+    return select(0.0, param_f32(9u), kept);
+}
+
+// A workgroup's row: its index (past the last row for spare groups), the first element of the
+// row it reads, the keys it sees, and the row's maximum (x) and sum of exponentials (y) over
+// them, of the scaled scores.
+struct CausalRow {
+    row: u32,
+    base: u32,
+    seen: u32,
+    stats: vec2<f32>,
+}
+
+fn causal_row(lid: u32, wid: vec3<u32>, groups: vec3<u32>) -> CausalRow {
+    let row = wid.x + wid.y * groups.x;
+    let r = min(row, params[0] - 1u);
+    let base = r * params[1];
+    let seen = r % params[1] + 1u;
+    let scale = param_f32(2u);
+    var local_max = -f32_inf();
+    for (var c = lid; c < seen; c += WG) {
+        local_max = max_nan(local_max, f32(src[base + c]) * scale);
+    }
+    let row_max = combine(lid, local_max, true);
+    var local_sum = 0.0;
+    for (var c = lid; c < seen; c += WG) {
+        local_sum += exp(f32(src[base + c]) * scale - row_max);
+    }
+    return CausalRow(row, base, seen, vec2<f32>(row_max, combine(lid, local_sum, false)));
+}
+
+// The softmax weight of element c of the row, before dropout.
+fn causal_weight(at: CausalRow, c: u32) -> f32 {
+    return exp(f32(src[at.base + c]) * param_f32(2u) - at.stats.x) / at.stats.y;
+}
+
+@compute @workgroup_size(256)
+fn causal_softmax(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let at = causal_row(lid, wid, groups);
+    if (at.row >= params[0]) {
+        return;
+    }
+    // A row whose maximum is not finite is NaN throughout, as softmax_last makes it.
+    let poisoned = !is_finite(at.stats.x);
+    for (var c = lid; c < params[1]; c += WG) {
+        var w = 0.0;
+        if (c < at.seen) {
+            w = causal_weight(at, c) * causal_dropout(at.base + c);
+        }
+        out[at.base + c] = T(select(w, f32_nan(), poisoned));
+    }
+}
+
+// scale * y * (dy - sum(y * dy)) on the keys seen, 0 on the rest; dy = grad through dropout.
+@compute @workgroup_size(256)
+fn causal_softmax_backward(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let at = causal_row(lid, wid, groups);
+    var local_dot = 0.0;
+    for (var c = lid; c < at.seen; c += WG) {
+        local_dot += causal_weight(at, c) * f32(grad[at.base + c]) * causal_dropout(at.base + c);
+    }
+    let dot = combine(lid, local_dot, false);
+    if (at.row >= params[0]) {
+        return;
+    }
+    let poisoned = !is_finite(at.stats.x);
+    for (var c = lid; c < params[1]; c += WG) {
+        var d = 0.0;
+        if (c < at.seen) {
+            let dy = f32(grad[at.base + c]) * causal_dropout(at.base + c);
+            d = select(causal_weight(at, c) * (dy - dot) * param_f32(2u), f32_nan(), poisoned);
+        }
+        out[at.base + c] = T(d);
     }
 }

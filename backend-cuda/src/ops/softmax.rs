@@ -1,8 +1,8 @@
 //! softmax_last, log_softmax_last and the softmax's gradient (softmax.cu) over the last axis of
-//! a contiguous [rows, cols].
+//! a contiguous [rows, cols], and attention's fused weights (`causal_softmax`) with theirs.
 
 use lockstep_core::Result;
-use lockstep_core::backend::{BackendBuffer, BufferRef};
+use lockstep_core::backend::{BackendBuffer, BufferRef, CausalSoftmax};
 use lockstep_core::shape::Layout;
 
 use super::reduce::group_for;
@@ -52,5 +52,37 @@ impl CudaBackend {
         launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("softmax_backward_{suffix}"), cfg;
             &dx.ptr, &g.ptr, &y.ptr, &rows32, &cols32, &group);
         Ok(dx)
+    }
+
+    /// `Backend::causal_softmax` (no `grad`) or its backward pass (`grad` given) over the
+    /// contiguous `[rows, t]` scores.
+    pub(crate) fn causal_softmax_rows(
+        &self,
+        scores: &BufferRef,
+        grad: Option<&BufferRef>,
+        spec: &CausalSoftmax,
+    ) -> Result<BufferRef> {
+        let op = CausalSoftmax::name(grad.is_some());
+        let layout = Layout::contiguous([spec.rows, spec.t]);
+        let x = self.operand(op, scores, Some(&layout))?;
+        let g = grad.map(|g| self.operand(op, g, Some(&layout))).transpose()?;
+        let suffix = float_suffix(op, x.dtype())?;
+        let out = self.output(x.dtype(), spec.rows * spec.t)?;
+        if spec.rows * spec.t == 0 {
+            return Ok(out);
+        }
+        // Every element's flat index must fit the kernel's u32 arithmetic.
+        to_u32(op, spec.rows * spec.t)?;
+        let group = group_for(spec.t);
+        let cfg = self.gpu.blocks(spec.rows.div_ceil((BLOCK / group) as usize))?;
+        let (rows, t, scale) = (to_u32(op, spec.rows)?, to_u32(op, spec.t)?, spec.scale as f32);
+        let (dropout, seed, counter, p, keep) = spec.kernel_dropout();
+        match g {
+            None => launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("causal_softmax_{suffix}"), cfg;
+                &out.ptr, &x.ptr, &rows, &t, &scale, &dropout, &seed, &counter, &p, &keep, &group),
+            Some(g) => launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("causal_softmax_backward_{suffix}"), cfg;
+                &out.ptr, &g.ptr, &x.ptr, &rows, &t, &scale, &dropout, &seed, &counter, &p, &keep, &group),
+        }
+        Ok(out)
     }
 }

@@ -1,6 +1,7 @@
-//! softmax_last, log_softmax_last and the softmax's gradient (softmax.wgsl).
+//! softmax_last, log_softmax_last and the softmax's gradient, and attention's fused weights
+//! (`causal_softmax`) with theirs (softmax.wgsl).
 
-use lockstep_core::backend::BufferRef;
+use lockstep_core::backend::{BufferRef, CausalSoftmax};
 use lockstep_core::shape::Layout;
 use lockstep_core::{Error, Result};
 
@@ -57,5 +58,48 @@ impl WgpuBackend {
             self.groups(OP, rows)?,
         )?;
         Ok(dx)
+    }
+
+    /// `Backend::causal_softmax` (no `grad`) or its backward pass (`grad` given), one workgroup
+    /// per row of the contiguous `[rows, t]` scores.
+    pub(crate) fn causal_softmax_rows(
+        &self,
+        scores: &BufferRef,
+        grad: Option<&BufferRef>,
+        spec: &CausalSoftmax,
+    ) -> Result<BufferRef> {
+        let op = CausalSoftmax::name(grad.is_some());
+        let layout = Layout::contiguous([spec.rows, spec.t]);
+        let x = self.operand(op, scores, Some(&layout))?;
+        let g = grad.map(|g| self.operand(op, g, Some(&layout))).transpose()?;
+        let t = self.float_type(op, x.dtype())?;
+        let out = self.alloc(x.dtype(), spec.rows * spec.t)?;
+        if spec.rows * spec.t == 0 {
+            return Ok(out);
+        }
+        let (dropout, seed, counter, p, keep) = spec.kernel_dropout();
+        let params = [
+            to_u32(op, spec.rows)?,
+            to_u32(op, spec.t)?,
+            (spec.scale as f32).to_bits(),
+            dropout,
+            seed as u32,
+            (seed >> 32) as u32,
+            counter as u32,
+            (counter >> 32) as u32,
+            p.to_bits(),
+            keep.to_bits(),
+        ];
+        // Every element's flat index must fit the shader's u32 arithmetic.
+        to_u32(op, spec.rows * spec.t)?;
+        let mut bindings = vec![(1, x), (2, &out)];
+        bindings.extend(g.map(|g| (3, g)));
+        self.launch(
+            &Variant::new("softmax", op, &[t]),
+            &params,
+            &bindings,
+            self.groups(op, spec.rows)?,
+        )?;
+        Ok(out)
     }
 }

@@ -254,6 +254,26 @@ pub struct CausalSoftmax {
     pub dropout: Option<DropoutDraw>,
 }
 
+impl CausalSoftmax {
+    /// The op's name, for errors and kernel entry points.
+    pub fn name(backward: bool) -> &'static str {
+        if backward {
+            "causal_softmax_backward"
+        } else {
+            "causal_softmax"
+        }
+    }
+
+    /// Dropout as the GPU kernels take it: (1 if on, seed, counter, p, the kept elements'
+    /// factor `1 / (1 - p)`); off: zeros and a factor of 1.
+    pub fn kernel_dropout(&self) -> (u32, u64, u64, f32, f32) {
+        match self.dropout {
+            Some(d) => (1, d.seed, d.counter, d.p as f32, (1.0 / (1.0 - d.p)) as f32),
+            None => (0, 0, 0, 0.0, 1.0),
+        }
+    }
+}
+
 /// One dropout's draw from the counter stream: element `i` is kept when `uniform_at(seed,
 /// counter, i) >= p`.
 #[derive(Clone, Copy, Debug, PartialEq)]
