@@ -264,8 +264,8 @@ impl CausalSoftmax {
         }
     }
 
-    /// Dropout as the GPU kernels take it: (1 if on, seed, counter, p, the kept elements'
-    /// factor `1 / (1 - p)`); off: zeros and a factor of 1.
+    /// Dropout as the kernels take it (the CPU's and the GPUs'): (1 if on, seed, counter, p,
+    /// the kept elements' factor `1 / (1 - p)`); off: zeros and a factor of 1.
     pub fn kernel_dropout(&self) -> (u32, u64, u64, f32, f32) {
         match self.dropout {
             Some(d) => (1, d.seed, d.counter, d.p as f32, (1.0 / (1.0 - d.p)) as f32),

@@ -36,97 +36,87 @@ pub fn backward<T: ViaF32>(pool: &Pool, grad: &[T], scores: &[T], spec: &CausalS
     out
 }
 
-/// A row kernel over `N` inputs, a trait (not a closure) so its always-inlined `row` is
-/// compiled into `simd::wide`'s vector copy.
+/// A row kernel over `N` inputs (`Forward`, `Backward`): a trait, not a closure, so its
+/// always-inlined `row` is compiled into `simd::wide`'s vector copy.
 trait RowKernel<T, const N: usize> {
     fn row(rows: &Row, o: &mut [T], inputs: [&[T]; N], scratch: (&mut [f32], &mut [u32]));
 }
 
+/// One row of `forward`.
 struct Forward;
 impl<T: ViaF32> RowKernel<T, 1> for Forward {
     #[inline(always)]
-    fn row(rows: &Row, o: &mut [T], inputs: [&[T]; 1], scratch: (&mut [f32], &mut [u32])) {
-        forward_row(rows, o, inputs, scratch)
+    fn row(rows: &Row, o: &mut [T], [x]: [&[T]; 1], scratch: (&mut [f32], &mut [u32])) {
+        let (y, words) = scratch;
+        let seen = rows.seen;
+        if !softmax_row(x, rows.scale, seen, y) {
+            for o in o.iter_mut() {
+                *o = T::from_f32(f32::NAN);
+            }
+            return;
+        }
+        let (o_seen, o_future) = o.split_at_mut(seen);
+        match rows.draw(words) {
+            Some((words, threshold, keep)) => {
+                for ((o, &y), &w) in o_seen.iter_mut().zip(y.iter()).zip(words.iter()) {
+                    *o = T::from_f32(y * if w >> 8 >= threshold { keep } else { 0.0 });
+                }
+            }
+            None => {
+                for (o, &y) in o_seen.iter_mut().zip(y.iter()) {
+                    *o = T::from_f32(y);
+                }
+            }
+        }
+        for o in o_future.iter_mut() {
+            *o = T::from_f32(0.0);
+        }
     }
 }
 
+/// One row of `backward`.
 struct Backward;
 impl<T: ViaF32> RowKernel<T, 2> for Backward {
     #[inline(always)]
-    fn row(rows: &Row, o: &mut [T], inputs: [&[T]; 2], scratch: (&mut [f32], &mut [u32])) {
-        backward_row(rows, o, inputs, scratch)
-    }
-}
-
-/// One row of `forward`; always inlined, so it is compiled into `simd::wide`'s vector copy.
-#[inline(always)]
-fn forward_row<T: ViaF32>(rows: &Row, o: &mut [T], [x]: [&[T]; 1], scratch: (&mut [f32], &mut [u32])) {
-    let (y, words) = scratch;
-    let seen = rows.seen;
-    if !softmax_row(x, rows.scale, seen, y) {
-        for o in o.iter_mut() {
-            *o = T::from_f32(f32::NAN);
+    fn row(rows: &Row, o: &mut [T], [g, x]: [&[T]; 2], scratch: (&mut [f32], &mut [u32])) {
+        let (y, words) = scratch;
+        let seen = rows.seen;
+        let (o_seen, o_future) = o.split_at_mut(seen);
+        for o in o_future.iter_mut() {
+            *o = T::from_f32(0.0);
         }
-        return;
-    }
-    let (o_seen, o_future) = o.split_at_mut(seen);
-    match rows.draw(words, seen) {
-        Some((words, threshold, keep)) => {
-            for ((o, &y), &w) in o_seen.iter_mut().zip(y.iter()).zip(words.iter()) {
-                *o = T::from_f32(y * if w >> 8 >= threshold { keep } else { 0.0 });
+        if !softmax_row(x, rows.scale, seen, y) {
+            for o in o_seen.iter_mut() {
+                *o = T::from_f32(f32::NAN);
             }
+            return;
         }
-        None => {
-            for (o, &y) in o_seen.iter_mut().zip(y.iter()) {
-                *o = T::from_f32(y);
+        // dy overwrites the words' slot as f32 bits: one scratch row less.
+        let dy = match rows.draw(words) {
+            Some((words, threshold, keep)) => {
+                for (w, &g) in words.iter_mut().zip(g.iter()) {
+                    let kept = *w >> 8 >= threshold;
+                    *w = (g.to_f32() * if kept { keep } else { 0.0 }).to_bits();
+                }
+                &words[..seen]
             }
-        }
-    }
-    for o in o_future.iter_mut() {
-        *o = T::from_f32(0.0);
-    }
-}
-
-/// One row of `backward`, inlined as `forward_row` is.
-#[inline(always)]
-fn backward_row<T: ViaF32>(rows: &Row, o: &mut [T], [g, x]: [&[T]; 2], scratch: (&mut [f32], &mut [u32])) {
-    let (y, words) = scratch;
-    let seen = rows.seen;
-    let (o_seen, o_future) = o.split_at_mut(seen);
-    for o in o_future.iter_mut() {
-        *o = T::from_f32(0.0);
-    }
-    if !softmax_row(x, rows.scale, seen, y) {
-        for o in o_seen.iter_mut() {
-            *o = T::from_f32(f32::NAN);
-        }
-        return;
-    }
-    // dy overwrites the words' slot as f32 bits: one scratch row less.
-    let dy = match rows.draw(words, seen) {
-        Some((words, threshold, keep)) => {
-            for (w, &g) in words.iter_mut().zip(g.iter()) {
-                let kept = *w >> 8 >= threshold;
-                *w = (g.to_f32() * if kept { keep } else { 0.0 }).to_bits();
+            None => {
+                let words = &mut words[..seen];
+                for (w, &g) in words.iter_mut().zip(g.iter()) {
+                    *w = g.to_f32().to_bits();
+                }
+                words
             }
-            &words[..seen]
+        };
+        let mut dot = 0.0f64;
+        for (&d, &y) in dy.iter().zip(y.iter()) {
+            dot += f32::from_bits(d) as f64 * y as f64;
         }
-        None => {
-            let words = &mut words[..seen];
-            for (w, &g) in words.iter_mut().zip(g.iter()) {
-                *w = g.to_f32().to_bits();
-            }
-            words
+        let dot = dot as f32;
+        for ((o, &d), &y) in o_seen.iter_mut().zip(dy).zip(y.iter()) {
+            // `+ 0.0` as the composed scale (an affine map) adds it: -0 becomes +0.
+            *o = T::from_f32(y * (f32::from_bits(d) - dot) * rows.scale + 0.0);
         }
-    };
-    let mut dot = 0.0f64;
-    for (&d, &y) in dy.iter().zip(y.iter()) {
-        dot += f32::from_bits(d) as f64 * y as f64;
-    }
-    let dot = dot as f32;
-    for ((o, &d), &y) in o_seen.iter_mut().zip(dy).zip(y.iter()) {
-        // `+ 0.0` as the composed scale (an affine map) adds it: -0 becomes +0.
-        *o = T::from_f32(y * (f32::from_bits(d) - dot) * rows.scale + 0.0);
     }
 }
 
@@ -137,18 +127,28 @@ struct Row {
     /// The flat index of the row's first element, where its part of dropout's stream starts.
     first: usize,
     scale: f32,
-    dropout: Option<(u64, u64, u32, f32)>,
+    mask: Option<Mask>,
+}
+
+/// Dropout's draw as the rows use it: the stream, the integer keep threshold, the kept
+/// elements' factor.
+#[derive(Clone, Copy)]
+struct Mask {
+    seed: u64,
+    counter: u64,
+    threshold: u32,
+    keep: f32,
 }
 
 impl Row {
-    /// The words of dropout's stream for the row's first `seen` elements in `words`, with the
-    /// keep threshold and the kept elements' factor; `None` without dropout.
+    /// The words of dropout's stream for the keys the row sees, in `words`, with the keep
+    /// threshold and the kept elements' factor; `None` without dropout.
     #[inline(always)]
-    fn draw<'w>(&self, words: &'w mut [u32], seen: usize) -> Option<(&'w mut [u32], u32, f32)> {
-        let (seed, counter, threshold, keep) = self.dropout?;
-        let words = &mut words[..seen];
-        stream_words(seed, counter, self.first, words);
-        Some((words, threshold, keep))
+    fn draw<'w>(&self, words: &'w mut [u32]) -> Option<(&'w mut [u32], u32, f32)> {
+        let mask = self.mask?;
+        let words = &mut words[..self.seen];
+        stream_words(mask.seed, mask.counter, self.first, words);
+        Some((words, mask.threshold, mask.keep))
     }
 }
 
@@ -160,9 +160,13 @@ fn for_rows<T: ViaF32, const N: usize, K: RowKernel<T, N>>(out: &mut [T], inputs
         return;
     }
     let rows_per_task = (TASK / t).max(1);
-    let dropout = spec
-        .dropout
-        .map(|d| (d.seed, d.counter, keep_threshold(d.p), (1.0 / (1.0 - d.p)) as f32));
+    let (on, seed, counter, p, keep) = spec.kernel_dropout();
+    let mask = (on == 1).then(|| Mask {
+        seed,
+        counter,
+        threshold: keep_threshold(p as f64),
+        keep,
+    });
     out.par_chunks_mut(rows_per_task * t).enumerate().for_each(|(task, o)| {
         let (mut y, mut words) = (vec![0f32; t], vec![0u32; t]);
         let first_row = task * rows_per_task;
@@ -173,7 +177,7 @@ fn for_rows<T: ViaF32, const N: usize, K: RowKernel<T, N>>(out: &mut [T], inputs
             t,
             first_row,
             scale,
-            dropout,
+            mask,
             scratch,
             row: std::marker::PhantomData::<K>,
         });
@@ -188,7 +192,7 @@ struct RowsOfTask<'a, T, const N: usize, K> {
     t: usize,
     first_row: usize,
     scale: f32,
-    dropout: Option<(u64, u64, u32, f32)>,
+    mask: Option<Mask>,
     scratch: (&'a mut [f32], &'a mut [u32]),
     row: std::marker::PhantomData<K>,
 }
@@ -205,7 +209,7 @@ impl<T: ViaF32, const N: usize, K: RowKernel<T, N>> Kernel for RowsOfTask<'_, T,
                 seen: index % t + 1,
                 first: at,
                 scale: self.scale,
-                dropout: self.dropout,
+                mask: self.mask,
             };
             let data = self.inputs.map(|x| &x[at..at + t]);
             K::row(&ctx, o, data, (&mut *y, &mut *words));
