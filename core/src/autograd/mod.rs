@@ -15,6 +15,10 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+mod pending;
+use pending::Pending;
+pub(crate) use pending::Window;
+
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
 }
@@ -75,6 +79,9 @@ pub(crate) enum Edge {
 pub struct Node {
     id: u64,
     name: &'static str,
+    /// Set for a narrow view: where it sits in its input, so the walk can hand the view's
+    /// gradient to the input as a piece instead of running the padding closure.
+    window: Option<Window>,
     state: Mutex<Option<NodeState>>,
 }
 
@@ -86,10 +93,11 @@ struct NodeState {
 static NEXT_NODE: AtomicU64 = AtomicU64::new(0);
 
 impl Node {
-    pub(crate) fn new(name: &'static str, edges: Vec<Edge>, backward: BackwardFn) -> Arc<Node> {
+    pub(crate) fn new(name: &'static str, edges: Vec<Edge>, window: Option<Window>, backward: BackwardFn) -> Arc<Node> {
         Arc::new(Node {
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
             name,
+            window,
             state: Mutex::new(Some(NodeState { edges, backward })),
         })
     }
@@ -167,10 +175,10 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
             *pending.entry(leaf.id()).or_default() += 1;
         }
     }
-    let mut grads: HashMap<u64, Tensor> = HashMap::new();
-    grads.insert(root.id, seed);
+    let mut grads: HashMap<u64, Pending> = HashMap::new();
+    grads.insert(root.id, Pending::Whole(seed));
     for node in order {
-        let Some(grad) = grads.remove(&node.id) else {
+        let Some(arrived) = grads.remove(&node.id) else {
             // No gradient reached this node: its leaves expect nothing more from it.
             for leaf in node.leaf_edges() {
                 count_down(&mut pending, &leaf)?;
@@ -183,6 +191,15 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                 node.name
             ))
         })?;
+        if let (Some(window), [Edge::Node(input)]) = (&node.window, state.edges.as_slice()) {
+            let delivered = match grads.remove(&input.id) {
+                Some(prev) => prev.add_piece(window, arrived.into_tensor()?)?,
+                None => Pending::piece(window, arrived.into_tensor()?),
+            };
+            grads.insert(input.id, delivered);
+            continue;
+        }
+        let grad = arrived.into_tensor()?;
         let input_grads = (state.backward)(&grad)?;
         drop(grad);
         if input_grads.len() != state.edges.len() {
@@ -195,14 +212,13 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
         }
         for (edge, g) in state.edges.into_iter().zip(input_grads) {
             match (edge, g) {
-                (Edge::Node(n), Some(g)) => match grads.remove(&n.id) {
-                    Some(prev) => {
-                        grads.insert(n.id, prev.add(&g)?);
-                    }
-                    None => {
-                        grads.insert(n.id, g);
-                    }
-                },
+                (Edge::Node(n), Some(g)) => {
+                    let delivered = match grads.remove(&n.id) {
+                        Some(prev) => prev.add_whole(g)?,
+                        None => Pending::Whole(g),
+                    };
+                    grads.insert(n.id, delivered);
+                }
                 (Edge::Leaf(leaf), g) => {
                     if let Some(g) = &g {
                         leaf.accumulate_grad(g)?;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) use nn_ops::{BatchStats, BatchStatsFn, local_batch_stats};
 pub use nn_ops::{Conv2dOptions, Pool2dOptions};
 
-use crate::autograd::{self, BackwardFn, Edge, Node};
+use crate::autograd::{self, BackwardFn, Edge, Node, Window};
 use crate::backend::{Backend, BufferRef, Distribution};
 use crate::device::Device;
 use crate::dtype::{DType, Element, HostVec};
@@ -472,6 +472,28 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
+        self.track_node(name, inputs, None, backward)
+    }
+
+    /// As `track`, for a narrow view of `input` at `window`: the backward walk may join the
+    /// gradients of views that tile an axis instead of running `backward` (which pads).
+    pub(crate) fn track_window(
+        self,
+        name: &'static str,
+        input: &Tensor,
+        window: Window,
+        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
+        self.track_node(name, &[input], Some(window), backward)
+    }
+
+    fn track_node(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        window: Option<Window>,
+        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
         if !autograd::is_grad_enabled() || !inputs.iter().any(|t| t.0.requires_grad) {
             return self;
         }
@@ -483,7 +505,7 @@ impl Tensor {
                 (None, false) => Edge::None,
             })
             .collect();
-        let node = Node::new(name, edges, Box::new(backward) as BackwardFn);
+        let node = Node::new(name, edges, window, Box::new(backward) as BackwardFn);
         let inner = Arc::try_unwrap(self.0).unwrap_or_else(|shared| Inner {
             id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
             buffer: shared.buffer.clone(),

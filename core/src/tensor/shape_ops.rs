@@ -2,6 +2,7 @@
 //! concat, index_select and gather (copies), each with its backward rule.
 
 use super::Tensor;
+use crate::autograd::Window;
 use crate::backend::CmpOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -169,14 +170,19 @@ impl Tensor {
         dims[a] = len;
         layout.shape = Shape::new(dims);
         let out = self.view(layout);
+        let window = Window {
+            shape: self.shape().clone(),
+            axis: a,
+            start,
+        };
         let original = self.shape().clone();
-        Ok(out.track("narrow", &[self], move |g| {
+        Ok(out.track_window("narrow", self, window, move |g| {
             Ok(vec![Some(g.pad_into(&original, a, start)?)])
         }))
     }
 
     /// A zero tensor of `shape` with self written at `start` along `axis` (narrow's adjoint).
-    fn pad_into(&self, shape: &Shape, axis: usize, start: usize) -> Result<Tensor> {
+    pub(crate) fn pad_into(&self, shape: &Shape, axis: usize, start: usize) -> Result<Tensor> {
         let out = Tensor::zeros(shape.clone(), self.dtype(), self.device())?;
         let mut window = out.layout().clone();
         window.offset += start * window.strides[axis];

@@ -21,7 +21,7 @@ pub fn dropout<T: Element + Copy + Send + Sync>(
     p: f64,
     seed: u64,
     counter: u64,
-    apply: impl Fn(T, bool) -> T + Sync,
+    apply: impl Fn(T, bool) -> T + Sync + Copy,
 ) -> Vec<T> {
     let threshold = keep_threshold(p);
     let mut out = pool.take::<T>(src.len());
@@ -31,22 +31,26 @@ pub fn dropout<T: Element + Copy + Send + Sync>(
         .for_each(|(c, (o, x))| {
             let mut words = [0u32; CHUNK];
             let words = &mut words[..x.len()];
-            wide(Chunk(o, x, words, (seed, counter, c * CHUNK), threshold, &apply));
+            wide(Chunk(o, x, words, (seed, counter, c * CHUNK), threshold, apply));
         });
     out
 }
 
 /// One chunk: its words of the stream (from element `first` of (seed, counter)), then
 /// `apply(x, kept)`; run by `simd::wide`.
-struct Chunk<'a, T, F>(&'a mut [T], &'a [T], &'a mut [u32], (u64, u64, usize), u32, &'a F);
+// `apply` by value: its captures are then locals, where through a reference they were loaded
+// again for every element (they might have aliased the output), which kept the loop scalar.
+struct Chunk<'a, T, F>(&'a mut [T], &'a [T], &'a mut [u32], (u64, u64, usize), u32, F);
 impl<T: Copy, F: Fn(T, bool) -> T> Kernel for Chunk<'_, T, F> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
         let Chunk(o, x, words, (seed, counter, first), threshold, apply) = self;
         stream_words(seed, counter, first, words);
-        for ((o, &x), &w) in o.iter_mut().zip(x).zip(words.iter()) {
-            *o = apply(x, w >> 8 >= threshold);
+        let n = o.len();
+        let (x, words) = (&x[..n], &words[..n]);
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = apply(x[i], words[i] >> 8 >= threshold);
         }
     }
 }

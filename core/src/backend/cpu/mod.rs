@@ -503,12 +503,12 @@ impl Backend for CpuBackend {
         let keep = 1.0 / (1.0 - p);
         // 16-bit floats scaled in f32 and rounded once, as the f32 kernel then a cast would.
         fn via_f32<T: ViaF32>(pool: &Pool, v: &[T], p: f64, seed: u64, counter: u64, keep: f32) -> Vec<T> {
-            dropout::dropout(pool, v, p, seed, counter, |x, kept| {
+            dropout::dropout(pool, v, p, seed, counter, move |x, kept| {
                 T::from_f32(x.to_f32() * if kept { keep } else { 0.0 })
             })
         }
         Ok(self.wrap(match &*data {
-            HostVec::F64(v) => HostVec::F64(dropout::dropout(pool, v, p, seed, counter, |x, kept| {
+            HostVec::F64(v) => HostVec::F64(dropout::dropout(pool, v, p, seed, counter, move |x, kept| {
                 x * if kept { keep } else { 0.0 }
             })),
             HostVec::F32(v) => HostVec::F32(via_f32(pool, v, p, seed, counter, keep as f32)),
