@@ -5,6 +5,7 @@ use rayon::prelude::*;
 use super::float::CpuFloat;
 use super::pool::Pool;
 use super::simd::{Kernel, wide};
+use super::stored::{Stored, stored2};
 use super::strided::{coalesce, runs};
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::Element;
@@ -13,39 +14,62 @@ use crate::shape::Layout;
 /// Below this many elements, splitting work across threads costs more than it saves.
 pub const PAR_THRESHOLD: usize = 1 << 17;
 
-/// Applies a unary op, choosing the op once so each op's loop is compiled on its own.
-pub fn unary<T: CpuFloat>(pool: &Pool, src: &[T], layout: &Layout, op: UnaryOp) -> Vec<T> {
+/// A computation over a unary op's function, which `with_unary` picks once per call, so each
+/// op's loop is compiled on its own (the op is not matched per element).
+pub trait WithUnary<T> {
+    type Out;
+    fn apply<F: Fn(T) -> T + Send + Sync + Copy>(self, f: F) -> Self::Out;
+}
+
+/// Runs `task` with the function of `op` in `T`: every unary op's definition on the CPU.
+pub fn with_unary<T: CpuFloat, W: WithUnary<T>>(op: UnaryOp, task: W) -> W::Out {
     let one = T::one();
     match op {
-        UnaryOp::Neg => map(pool, src, layout, |x: T| -x),
-        UnaryOp::Abs => map(pool, src, layout, |x: T| x.abs()),
-        UnaryOp::Exp => map(pool, src, layout, |x: T| x.exp()),
-        UnaryOp::Log => map(pool, src, layout, |x: T| x.ln()),
-        UnaryOp::Sqrt => map(pool, src, layout, |x: T| x.sqrt()),
-        UnaryOp::Recip => map(pool, src, layout, |x: T| x.recip()),
-        UnaryOp::Tanh => map(pool, src, layout, |x: T| x.tanh()),
-        UnaryOp::Sigmoid => map(pool, src, layout, |x: T| one / (one + (-x).exp())),
-        UnaryOp::Relu => map(pool, src, layout, |x: T| max_nan(x, T::zero())),
-        UnaryOp::Gelu => map(pool, src, layout, |x: T| x.gelu()),
-        UnaryOp::GeluGrad => map(pool, src, layout, |x: T| x.gelu_grad()),
+        UnaryOp::Neg => task.apply(|x: T| -x),
+        UnaryOp::Abs => task.apply(|x: T| x.abs()),
+        UnaryOp::Exp => task.apply(|x: T| x.exp()),
+        UnaryOp::Log => task.apply(|x: T| x.ln()),
+        UnaryOp::Sqrt => task.apply(|x: T| x.sqrt()),
+        UnaryOp::Recip => task.apply(|x: T| x.recip()),
+        UnaryOp::Tanh => task.apply(|x: T| x.tanh()),
+        UnaryOp::Sigmoid => task.apply(move |x: T| one / (one + (-x).exp())),
+        UnaryOp::Relu => task.apply(|x: T| max_nan(x, T::zero())),
+        UnaryOp::Gelu => task.apply(|x: T| x.gelu()),
+        UnaryOp::GeluGrad => task.apply(|x: T| x.gelu_grad()),
         UnaryOp::Powf(e) => {
             let e = T::of(e);
-            map(pool, src, layout, |x: T| x.powf(e))
+            task.apply(move |x: T| x.powf(e))
         }
         UnaryOp::Affine { mul, add } => {
             let (m, a) = (T::of(mul), T::of(add));
-            map(pool, src, layout, |x: T| x * m + a)
+            task.apply(move |x: T| x * m + a)
         }
         UnaryOp::ClampMin(m) => {
             let m = T::of(m);
-            map(pool, src, layout, |x: T| max_nan(x, m))
+            task.apply(move |x: T| max_nan(x, m))
         }
         UnaryOp::ClampMax(m) => {
             let m = T::of(m);
-            map(pool, src, layout, |x: T| min_nan(x, m))
+            task.apply(move |x: T| min_nan(x, m))
         }
-        UnaryOp::NonFinite => map(pool, src, layout, |x: T| if x.is_finite() { T::zero() } else { one }),
+        UnaryOp::NonFinite => task.apply(move |x: T| if x.is_finite() { T::zero() } else { one }),
     }
+}
+
+/// Applies a unary op to elements stored as `S`, computing in `T`.
+pub fn unary<S: Stored<T>, T: CpuFloat>(pool: &Pool, src: &[S], layout: &Layout, op: UnaryOp) -> Vec<S> {
+    struct Map<'a, S> {
+        pool: &'a Pool,
+        src: &'a [S],
+        layout: &'a Layout,
+    }
+    impl<S: Stored<T>, T: CpuFloat> WithUnary<T> for Map<'_, S> {
+        type Out = Vec<S>;
+        fn apply<F: Fn(T) -> T + Send + Sync + Copy>(self, f: F) -> Vec<S> {
+            map(self.pool, self.src, self.layout, move |x: S| S::store(f(x.load())))
+        }
+    }
+    with_unary(op, Map { pool, src, layout })
 }
 
 /// The larger of `a` and `b`, NaN if either is (PyTorch's maximum, relu and clamp; Rust's
@@ -59,16 +83,24 @@ fn min_nan<T: CpuFloat>(a: T, b: T) -> T {
     if a.is_nan() || a < b { a } else { b }
 }
 
-/// Applies a binary op to operands broadcast to one shape (one compiled loop per op).
-pub fn binary<T: CpuFloat>(pool: &Pool, a: &[T], la: &Layout, b: &[T], lb: &Layout, op: BinaryOp) -> Vec<T> {
+/// Applies a binary op to operands stored as `S` and broadcast to one shape, computing in `T`
+/// (one compiled loop per op).
+pub fn binary<S: Stored<T>, T: CpuFloat>(
+    pool: &Pool,
+    a: &[S],
+    la: &Layout,
+    b: &[S],
+    lb: &Layout,
+    op: BinaryOp,
+) -> Vec<S> {
     match op {
-        BinaryOp::Add => zip(pool, a, la, b, lb, |x: T, y: T| x + y),
-        BinaryOp::Sub => zip(pool, a, la, b, lb, |x: T, y: T| x - y),
-        BinaryOp::Mul => zip(pool, a, la, b, lb, |x: T, y: T| x * y),
-        BinaryOp::Div => zip(pool, a, la, b, lb, |x: T, y: T| x / y),
-        BinaryOp::Pow => zip(pool, a, la, b, lb, |x: T, y: T| x.powf(y)),
-        BinaryOp::Maximum => zip(pool, a, la, b, lb, max_nan),
-        BinaryOp::Minimum => zip(pool, a, la, b, lb, min_nan),
+        BinaryOp::Add => zip(pool, a, la, b, lb, stored2(|x: T, y: T| x + y)),
+        BinaryOp::Sub => zip(pool, a, la, b, lb, stored2(|x: T, y: T| x - y)),
+        BinaryOp::Mul => zip(pool, a, la, b, lb, stored2(|x: T, y: T| x * y)),
+        BinaryOp::Div => zip(pool, a, la, b, lb, stored2(|x: T, y: T| x / y)),
+        BinaryOp::Pow => zip(pool, a, la, b, lb, stored2(|x: T, y: T| x.powf(y))),
+        BinaryOp::Maximum => zip(pool, a, la, b, lb, stored2(max_nan::<T>)),
+        BinaryOp::Minimum => zip(pool, a, la, b, lb, stored2(min_nan::<T>)),
     }
 }
 

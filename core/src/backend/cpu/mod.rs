@@ -21,6 +21,7 @@ mod pool;
 mod reduce;
 mod simd;
 mod softmax;
+mod stored;
 mod strided;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -36,7 +37,7 @@ use super::{
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
 use crate::shape::Layout;
-use crate::{float_binary_dispatch, float_unary_dispatch, map_host_vec};
+use crate::{float_binary_dispatch, float_unary_dispatch, map_host_vec, stored_binary_dispatch, stored_unary_dispatch};
 
 /// A host allocation owned by one CPU device. The lock makes the in-place operations
 /// (optimizer steps, copies into slices) safe against concurrent readers.
@@ -333,9 +334,7 @@ impl Backend for CpuBackend {
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         check_extent(op.name(), src, layout)?;
         let data = cpu(op.name(), src)?.read();
-        let out = float_unary_dispatch!(&self.pool, op.name(), &*data, |v| elementwise::unary(
-            &self.pool, v, layout, op
-        ));
+        let out = stored_unary_dispatch!(op.name(), &*data, |v| elementwise::unary(&self.pool, v, layout, op));
         Ok(self.wrap(out))
     }
 
@@ -359,7 +358,7 @@ impl Backend for CpuBackend {
             ));
         }
         let (x, b) = (cpu(op, src)?.read(), cpu(op, bias)?.read());
-        let out = float_binary_dispatch!(&self.pool, op, &*x, &*b, |x, b| bias::bias_act(
+        let out = stored_binary_dispatch!(op, &*x, &*b, |x, b| bias::bias_act(
             &self.pool,
             &x[..outer * channels * inner],
             b,
@@ -381,7 +380,7 @@ impl Backend for CpuBackend {
         check_extent(op.name(), lhs, lhs_layout)?;
         check_extent(op.name(), rhs, rhs_layout)?;
         let (a, b) = (cpu(op.name(), lhs)?.read(), cpu(op.name(), rhs)?.read());
-        let out = float_binary_dispatch!(&self.pool, op.name(), &*a, &*b, |x, y| elementwise::binary(
+        let out = stored_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::binary(
             &self.pool, x, lhs_layout, y, rhs_layout, op
         ));
         Ok(self.wrap(out))
@@ -442,9 +441,7 @@ impl Backend for CpuBackend {
             };
             return Ok(self.wrap(HostVec::U32(out)));
         }
-        let out = float_unary_dispatch!(&self.pool, op.name(), &*data, |v| reduce::reduce(
-            &self.pool, op, v, layout, axes
-        ));
+        let out = stored_unary_dispatch!(op.name(), &*data, |v| reduce::reduce(&self.pool, op, v, layout, axes));
         Ok(self.wrap(out))
     }
 

@@ -2,7 +2,10 @@
 
 use rayon::prelude::*;
 
+use super::float::CpuFloat;
 use super::pool::Pool;
+use super::simd::{Kernel, wide};
+use super::stored::Stored;
 use crate::backend::ReduceKind;
 use crate::dtype::Element;
 use crate::shape::{Layout, Shape};
@@ -24,33 +27,37 @@ fn split(layout: &Layout, axes: &[usize]) -> (Layout, Layout) {
 /// channel of a batch-norm's statistics loses about 1e-5 relative, which PyTorch's cascaded f32
 /// sums do not, and a ResNet's training magnifies that difference step by step. Max and min are
 /// exact in `T`. The kind is matched once, so each reduction's loops are compiled on their own.
-pub fn reduce<T: Element + num_traits::Float>(
+/// Elements are stored as `S` and compared or summed as `T` (bf16 read directly, its sums
+/// rounded to f32 and then to bf16, as an f32 reduction followed by a cast).
+pub fn reduce<S: Stored<T>, T: CpuFloat>(
     pool: &Pool,
     kind: ReduceKind,
-    src: &[T],
+    src: &[S],
     layout: &Layout,
     axes: &[usize],
-) -> Vec<T> {
+) -> Vec<S> {
     match kind {
         ReduceKind::Sum => {
-            let wide = |x: T| x.to_f64();
+            let wide = |x: S| x.load().to_f64();
             let sums = reduce_with(src, layout, axes, 0.0, |a: f64, x| a + wide(x));
-            let mut out = pool.take::<T>(sums.len());
+            let mut out = pool.take::<S>(sums.len());
             out.iter_mut()
                 .zip(sums)
-                .for_each(|(o, s)| *o = T::from(s).unwrap_or(T::nan()));
+                .for_each(|(o, s)| *o = S::store(T::from(s).unwrap_or(T::nan())));
             out
         }
         // NaN wins, as in PyTorch.
-        ReduceKind::Max => into_pool(
+        ReduceKind::Max => stored(
             pool,
-            reduce_with(src, layout, axes, T::neg_infinity(), |a, x| {
+            reduce_with(src, layout, axes, T::neg_infinity(), |a: T, x: S| {
+                let x = x.load();
                 if x > a || x.is_nan() { x } else { a }
             }),
         ),
-        ReduceKind::Min => into_pool(
+        ReduceKind::Min => stored(
             pool,
-            reduce_with(src, layout, axes, T::infinity(), |a, x| {
+            reduce_with(src, layout, axes, T::infinity(), |a: T, x: S| {
+                let x = x.load();
                 if x < a || x.is_nan() { x } else { a }
             }),
         ),
@@ -58,10 +65,12 @@ pub fn reduce<T: Element + num_traits::Float>(
     }
 }
 
-/// `values` in a buffer of the pool.
-fn into_pool<T: Element>(pool: &Pool, values: Vec<T>) -> Vec<T> {
-    let mut out = pool.take::<T>(values.len());
-    out.copy_from_slice(&values);
+/// `values` stored as `S` in a buffer of the pool.
+fn stored<S: Stored<T>, T>(pool: &Pool, values: Vec<T>) -> Vec<S> {
+    let mut out = pool.take::<S>(values.len());
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = S::store(v);
+    }
     out
 }
 
@@ -71,7 +80,7 @@ fn reduce_with<T: Element, A: Copy + Send + Sync>(
     layout: &Layout,
     axes: &[usize],
     init: A,
-    combine: impl Fn(A, T) -> A + Sync,
+    combine: impl Fn(A, T) -> A + Send + Sync + Copy,
 ) -> Vec<A> {
     let (kept, reduced) = split(layout, axes);
     let n_out = kept.elem_count();
@@ -102,12 +111,21 @@ fn reduce_with<T: Element, A: Copy + Send + Sync>(
                 .zip(src.par_chunks(inner))
                 .for_each(|(o, row)| *o = fold_row(*o, row));
         } else if inner == 1 {
-            // Leading-axis reductions (bias gradients): whole rows combine elementwise.
-            for slab in src.chunks(mid_slab) {
-                let (o, slab) = (&mut out[..n_out], &slab[..n_out]);
-                for m in 0..n_out {
-                    o[m] = combine(o[m], slab[m]);
-                }
+            // Leading-axis reductions (bias gradients): whole rows combine elementwise. Threads
+            // take ranges of columns, each column still folded in row order.
+            let columns = |(c, o): (usize, &mut [A])| {
+                wide(Columns {
+                    out: o,
+                    src,
+                    first: c * COLUMNS,
+                    row_len: n_out,
+                    combine,
+                })
+            };
+            if src.len() >= super::elementwise::PAR_THRESHOLD {
+                out.par_chunks_mut(COLUMNS).enumerate().for_each(columns);
+            } else {
+                out.chunks_mut(COLUMNS).enumerate().for_each(columns);
             }
         } else {
             for slab in src.chunks(mid_slab) {
@@ -126,6 +144,39 @@ fn reduce_with<T: Element, A: Copy + Send + Sync>(
         *o = inner.offsets().fold(init, |a, i| combine(a, src[i]));
     }
     out
+}
+
+/// Columns per task of a leading-axis reduction: a few cache lines of every row.
+const COLUMNS: usize = 256;
+
+/// Columns `first..first + out.len()` of `src`'s rows of `row_len`, folded into `out` row by
+/// row; run by `simd::wide`. `combine` by value, so what it captures stays in registers.
+struct Columns<'a, T, A, F> {
+    out: &'a mut [A],
+    src: &'a [T],
+    first: usize,
+    row_len: usize,
+    combine: F,
+}
+
+impl<T: Copy, A: Copy, F: Fn(A, T) -> A> Kernel for Columns<'_, T, A, F> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Columns {
+            out,
+            src,
+            first,
+            row_len,
+            combine,
+        } = self;
+        for row in src.chunks_exact(row_len) {
+            let row = &row[first..first + out.len()];
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o = combine(*o, x);
+            }
+        }
+    }
 }
 
 /// Index of the first maximum along one axis (NaN counts as the maximum, as in PyTorch).

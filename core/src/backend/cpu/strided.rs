@@ -2,6 +2,9 @@
 //! outer dimensions are enumerated once per run, and adjacent dimensions that are laid out
 //! back-to-back in every operand are merged first, so most views cost one tight loop.
 
+use rayon::prelude::*;
+
+use super::elementwise::PAR_THRESHOLD;
 use crate::shape::{Layout, Shape};
 
 /// Merges adjacent dimensions that are contiguous with respect to each other in all `layouts`
@@ -75,14 +78,14 @@ pub fn runs(layout: &Layout) -> Runs {
 }
 
 /// Copies the elements of `layout` from `src` into `out` in row-major order.
-pub fn gather<T: Copy>(src: &[T], layout: &Layout, out: &mut [T]) {
+pub fn gather<T: Copy + Send + Sync>(src: &[T], layout: &Layout, out: &mut [T]) {
     if let Some(range) = layout.contiguous_range() {
         out.copy_from_slice(&src[range]);
         return;
     }
     let l = &coalesce(&[layout])[0];
     let r = runs(l);
-    for (row, &start) in out.chunks_mut(r.len.max(1)).zip(&r.starts) {
+    let copy_run = |(row, &start): (&mut [T], &usize)| {
         if r.stride == 1 {
             row.copy_from_slice(&src[start..start + r.len]);
         } else {
@@ -90,6 +93,12 @@ pub fn gather<T: Copy>(src: &[T], layout: &Layout, out: &mut [T]) {
                 *o = src[start + j * r.stride];
             }
         }
+    };
+    // Large copies (a transposed activation made contiguous) are split by runs across threads.
+    if out.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(r.len.max(1)).zip(&r.starts).for_each(copy_run);
+    } else {
+        out.chunks_mut(r.len.max(1)).zip(&r.starts).for_each(copy_run);
     }
 }
 
