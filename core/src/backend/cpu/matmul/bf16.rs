@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use super::super::float::bf16_from_f32_slice;
 use super::super::pool::Pool;
 use super::super::simd::{Kernel, wide};
-use super::bf16_kernel::{MR, NR, tile};
+use super::bf16_kernel::{Interleaved, MR, NR, RowPointers, Strip, tile};
 use crate::backend::MatmulDims;
 use crate::dtype::HostVec;
 use crate::shape::Layout;
@@ -43,112 +43,160 @@ impl Side<'_> {
     }
 }
 
-/// Where the broadcast side's rows of pairs live: in the tensor, or in a packed copy.
-struct Rows {
-    base: *const u32,
-    /// Distance between rows, in u32 pairs when packed, in bf16 elements when in place.
-    stride_bf16: usize,
-    rows: usize,
-    packed: Vec<u32>,
+/// Where the broadcast side's rows of pairs live: in the tensor, or packed strip by strip.
+enum Rows {
+    /// Row `r` at `base + r * stride_bf16` bf16 elements, its pairs contiguous.
+    InPlace {
+        base: *const u32,
+        stride_bf16: usize,
+        rows: usize,
+    },
+    /// Strip `s`'s `MR` rows interleaved pair by pair, `pairs * MR` words per strip.
+    Strips { packed: Vec<u32>, pairs: usize },
 }
 // SAFETY: `base` points into memory that is only read, and which outlives the `Rows` (the
-// operand borrowed for the product, or `packed` itself).
+// operand borrowed for the product).
 unsafe impl Sync for Rows {}
 
 impl Rows {
     fn new(pool: &Pool, side: Side, k: usize) -> Self {
         if side.pairs_in_place(k) {
-            Rows {
+            return Rows::InPlace {
                 // SAFETY: offset lies within data (the caller validated the layout).
                 base: unsafe { side.data.as_ptr().add(side.offset) }.cast(),
                 stride_bf16: side.row_stride,
                 rows: side.rows,
-                packed: Vec::new(),
+            };
+        }
+        let pairs = k.div_ceil(2);
+        let mut packed = pool.take::<u32>(side.rows.div_ceil(MR) * pairs * MR);
+        packed
+            .par_chunks_mut(pairs * MR * STRIPS_PER_PACK)
+            .enumerate()
+            .for_each(|(b, strips)| {
+                let first_row = b * MR * STRIPS_PER_PACK;
+                wide(PackStrips {
+                    strips,
+                    side,
+                    first_row,
+                    k,
+                })
+            });
+        Rows::Strips { packed, pairs }
+    }
+
+    /// Runs every tile of `items` (see `Tiles`) with this side's strips.
+    fn run(&self, tiles: &Tiles) {
+        match self {
+            &Rows::InPlace {
+                base,
+                stride_bf16,
+                rows,
+            } => {
+                // As an address, which threads may share (`Rows` is Sync, a raw pointer is not).
+                let base = base as usize;
+                tiles.run(move |s| {
+                    RowPointers(std::array::from_fn(|r| {
+                        let row = (s * MR + r).min(rows - 1);
+                        // SAFETY: row < rows, so the row's start lies within the operand.
+                        unsafe { (base as *const bf16).add(row * stride_bf16).cast() }
+                    }))
+                })
             }
-        } else {
-            let pairs = k.div_ceil(2);
-            let mut packed = pool.take::<u32>(side.rows * pairs);
-            if side.row_stride == 1 {
-                // The rows are contiguous and k is strided (a transposed operand): a block of
-                // rows at a time, so each k-pair reads two short runs instead of every row
-                // striding through k on its own (a cache miss per element).
-                const BLOCK: usize = 16;
-                packed.par_chunks_mut(pairs * BLOCK).enumerate().for_each(|(b, block)| {
-                    let first = side.offset + b * BLOCK;
-                    wide(TransposedPairs { block, side, first, k })
-                });
-            } else {
-                packed
-                    .par_chunks_mut(pairs)
-                    .enumerate()
-                    .for_each(|(r, row)| row.iter_mut().enumerate().for_each(|(p, w)| *w = side.pair(r, p, k)));
-            }
-            Rows {
-                base: packed.as_ptr(),
-                stride_bf16: 2 * pairs,
-                rows: side.rows,
-                packed,
+            Rows::Strips { packed, pairs } => {
+                // SAFETY: strip s < strips starts within `packed`, which holds whole strips.
+                tiles.run(|s| Interleaved(unsafe { packed.as_ptr().add(s * pairs * MR) }))
             }
         }
     }
-
-    /// Pointers to the `MR` rows of strip `s`; rows past the end repeat the last (their results
-    /// are discarded).
-    fn strip(&self, s: usize) -> [*const u32; MR] {
-        std::array::from_fn(|r| {
-            let row = (s * MR + r).min(self.rows - 1);
-            // SAFETY: row < rows, so the row's start lies within the operand.
-            unsafe { self.base.cast::<bf16>().add(row * self.stride_bf16).cast() }
-        })
-    }
 }
 
-/// Rows of pairs for a block of at most 16 consecutive rows of an operand whose rows are
-/// contiguous and whose k is strided: for each k-pair, two runs of the block's length are
-/// joined into one word per row. Run by `simd::wide`, so the joins are done in vectors.
-struct TransposedPairs<'a> {
-    /// The block's rows of pairs, `pairs` words each.
-    block: &'a mut [u32],
+/// Strips packed together: 48 rows, three vectors of bf16 read from each k row at a time.
+const STRIPS_PER_PACK: usize = 4;
+
+/// Up to `STRIPS_PER_PACK` consecutive strips of the broadcast side packed:
+/// `strip[p * MR + r] = pair(row r of the strip, p)`, rows past the end zero. Run by
+/// `simd::wide`. Where the rows are contiguous (k strided: a transposed operand, or activations
+/// as the k side of a weight gradient), each k-pair reads two runs of all the strips' rows and
+/// writes `MR` words into each strip.
+struct PackStrips<'a> {
+    strips: &'a mut [u32],
     side: Side<'a>,
-    /// The block's first element of k-index 0.
-    first: usize,
+    first_row: usize,
     k: usize,
 }
 
-impl Kernel for TransposedPairs<'_> {
+impl Kernel for PackStrips<'_> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
-        let TransposedPairs { block, side, first, k } = self;
+        let PackStrips {
+            strips,
+            side,
+            first_row,
+            k,
+        } = self;
         let pairs = k.div_ceil(2);
-        let n = block.len() / pairs;
-        let run = |i: usize| &side.data[first + i * side.k_stride..][..n];
-        let mut words = [0u32; 16];
-        let words = &mut words[..n];
-        for p in 0..pairs {
-            let even = run(2 * p);
-            if 2 * p + 1 < k {
-                for ((w, &e), &o) in words.iter_mut().zip(even).zip(run(2 * p + 1)) {
-                    *w = join(e, o);
-                }
-            } else {
-                for (w, &e) in words.iter_mut().zip(even) {
-                    *w = join(e, bf16::ZERO);
+        let n = (side.rows - first_row).min(MR * STRIPS_PER_PACK);
+        if side.row_stride != 1 {
+            for (s, strip) in strips.chunks_exact_mut(pairs * MR).enumerate() {
+                for (p, words) in strip.chunks_exact_mut(MR).enumerate() {
+                    for (r, w) in words.iter_mut().enumerate() {
+                        let row = s * MR + r;
+                        *w = if row < n { side.pair(first_row + row, p, k) } else { 0 };
+                    }
                 }
             }
-            for (c, &w) in words.iter().enumerate() {
-                block[c * pairs + p] = w;
+            return;
+        }
+        let first = side.offset + first_row;
+        let mut joined = [0u32; MR * STRIPS_PER_PACK];
+        for p in 0..pairs {
+            let even = &side.data[first + 2 * p * side.k_stride..][..n];
+            if 2 * p + 1 < k {
+                let odd = &side.data[first + (2 * p + 1) * side.k_stride..][..n];
+                for (r, w) in joined[..n].iter_mut().enumerate() {
+                    *w = join(even[r], odd[r]);
+                }
+            } else {
+                for (r, w) in joined[..n].iter_mut().enumerate() {
+                    *w = join(even[r], bf16::ZERO);
+                }
+            }
+            // Rows past `n` stay zero in `joined`.
+            for (strip, rows) in strips.chunks_exact_mut(pairs * MR).zip(joined.chunks_exact(MR)) {
+                strip[p * MR..][..MR].copy_from_slice(rows);
             }
         }
     }
 }
 
 /// Packs the vector side into panels of `NR` rows: `panels[q][p][c] = pair(q * NR + c, p)`,
-/// rows past the end zero. The two common layouts get loops the compiler vectorises.
+/// rows past the end zero.
 fn pack_panels(pool: &Pool, side: Side, k: usize) -> Vec<u32> {
     let pairs = k.div_ceil(2);
     let mut packed = pool.take::<u32>(side.rows.div_ceil(NR) * pairs * NR);
-    packed.par_chunks_mut(pairs * NR).enumerate().for_each(|(q, panel)| {
+    packed
+        .par_chunks_mut(pairs * NR)
+        .enumerate()
+        .for_each(|(q, panel)| wide(PackPanel { panel, side, q, k }));
+    packed
+}
+
+/// Panel `q` of `pack_panels`, run by `simd::wide`; the two common layouts get loops the
+/// compiler vectorises.
+struct PackPanel<'a> {
+    panel: &'a mut [u32],
+    side: Side<'a>,
+    q: usize,
+    k: usize,
+}
+
+impl Kernel for PackPanel<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let PackPanel { panel, side, q, k } = self;
         let rows = (side.rows - q * NR).min(NR);
         if rows < NR {
             panel.fill(0);
@@ -157,14 +205,17 @@ fn pack_panels(pool: &Pool, side: Side, k: usize) -> Vec<u32> {
         if side.row_stride == 1 {
             // k rows of the operand are contiguous: interleave two of them per k-pair.
             for (p, out) in panel.chunks_exact_mut(NR).enumerate() {
+                let out = &mut out[..rows];
                 let even = &side.data[first + 2 * p * side.k_stride..][..rows];
                 if 2 * p + 1 < k {
                     let odd = &side.data[first + (2 * p + 1) * side.k_stride..][..rows];
-                    out.iter_mut()
-                        .zip(even.iter().zip(odd))
-                        .for_each(|(w, (e, o))| *w = join(*e, *o));
+                    for (c, w) in out.iter_mut().enumerate() {
+                        *w = join(even[c], odd[c]);
+                    }
                 } else {
-                    out.iter_mut().zip(even).for_each(|(w, e)| *w = join(*e, bf16::ZERO));
+                    for (c, w) in out.iter_mut().enumerate() {
+                        *w = join(even[c], bf16::ZERO);
+                    }
                 }
             }
         } else if side.k_stride == 1 {
@@ -176,12 +227,13 @@ fn pack_panels(pool: &Pool, side: Side, k: usize) -> Vec<u32> {
                 }
             }
         } else {
-            for p in 0..pairs {
-                (0..rows).for_each(|c| panel[p * NR + c] = side.pair(q * NR + c, p, k));
+            for p in 0..k.div_ceil(2) {
+                for c in 0..rows {
+                    panel[p * NR + c] = side.pair(q * NR + c, p, k);
+                }
             }
         }
-    });
-    packed
+    }
 }
 
 /// Two bf16 in one word, the even k in the lower half.
@@ -309,27 +361,64 @@ pub unsafe fn product(pool: &Pool, dst: Dst, row_stride: usize, left: Side, righ
     };
     let pairs = k.div_ceil(2);
     let (strips, panel_count) = (broadcast.rows.div_ceil(MR), vector.rows.div_ceil(NR));
-    // Threads split the strips when there are enough of them, otherwise the panels.
-    let by_strip = strips >= 2 * rayon::current_num_threads();
-    let items = if by_strip { strips } else { panel_count };
-    (0..items).into_par_iter().for_each(|item| {
-        let (strip_range, panel_range) = if by_strip {
-            (item..item + 1, 0..panel_count)
-        } else {
-            (0..strips, item..item + 1)
-        };
-        let mut acc = [[0f32; NR]; MR];
-        for s in strip_range {
-            let strip = rows.strip(s);
-            for q in panel_range.clone() {
-                // SAFETY: `matmul` is only called when `available()` holds; each strip pointer
-                // reads `pairs` u32 within its row and the panel holds `pairs * NR` u32.
-                unsafe { tile(&strip, panels.as_ptr().add(q * pairs * NR), pairs, &mut acc) };
-                let (s0, v0) = (s * MR, q * NR);
-                out.write(&acc, s0, (broadcast.rows - s0).min(MR), v0, (vector.rows - v0).min(NR));
-            }
-        }
+    rows.run(&Tiles {
+        panels: &panels,
+        pairs,
+        strips,
+        panel_count,
+        broadcast_rows: broadcast.rows,
+        vector_rows: vector.rows,
+        out,
     });
     pool.recycle(HostVec::U32(panels));
-    pool.recycle(HostVec::U32(rows.packed));
+    if let Rows::Strips { packed, .. } = rows {
+        pool.recycle(HostVec::U32(packed));
+    }
+}
+
+/// Every tile of one product: strips of the broadcast side by panels of the vector side.
+struct Tiles<'a> {
+    panels: &'a [u32],
+    pairs: usize,
+    strips: usize,
+    panel_count: usize,
+    broadcast_rows: usize,
+    vector_rows: usize,
+    out: Output,
+}
+
+impl Tiles<'_> {
+    /// Computes and writes every tile, strip `s` read through `strip(s)`. Threads split the
+    /// strips when there are enough of them, otherwise the panels.
+    fn run<S: Strip>(&self, strip: impl Fn(usize) -> S + Sync) {
+        let Tiles {
+            panels,
+            pairs,
+            strips,
+            panel_count,
+            broadcast_rows,
+            vector_rows,
+            out,
+        } = *self;
+        let by_strip = strips >= 2 * rayon::current_num_threads();
+        let items = if by_strip { strips } else { panel_count };
+        (0..items).into_par_iter().for_each(|item| {
+            let (strip_range, panel_range) = if by_strip {
+                (item..item + 1, 0..panel_count)
+            } else {
+                (0..strips, item..item + 1)
+            };
+            let mut acc = [[0f32; NR]; MR];
+            for s in strip_range {
+                let rows = strip(s);
+                for q in panel_range.clone() {
+                    // SAFETY: `product` runs only where `available()` holds; the strip holds
+                    // `pairs` pairs per row and the panel `pairs * NR` u32.
+                    unsafe { tile(&rows, panels.as_ptr().add(q * pairs * NR), pairs, &mut acc) };
+                    let (s0, v0) = (s * MR, q * NR);
+                    out.write(&acc, s0, (broadcast_rows - s0).min(MR), v0, (vector_rows - v0).min(NR));
+                }
+            }
+        });
+    }
 }

@@ -4,7 +4,7 @@
 //! A tile is `MR` broadcast rows by `NR` vector columns, all `MR * NR / 16` accumulators in
 //! registers for the whole sum. Operands arrive as bf16 pairs along k packed in a `u32` (the
 //! lower half is the even k): the vector side as panels of `NR` pairs per k-pair, the
-//! broadcast side as rows of pairs.
+//! broadcast side as rows of pairs read in place or as packed strips (`Strip`).
 
 use std::arch::x86_64::*;
 
@@ -18,13 +18,43 @@ pub fn available() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `out[r][c] = sum_p pair(rows[r], p) . panel[p][c]` over `pairs` k-pairs.
+/// Where a tile's `MR` broadcast rows of k-pairs are read from.
+pub trait Strip {
+    /// Pair `p` of row `r` (`r < MR`), as the kernel broadcasts it.
+    ///
+    /// # Safety
+    /// `p` is below the pair count the strip was made for.
+    unsafe fn pair(&self, r: usize, p: usize) -> i32;
+}
+
+/// Rows read in place: row `r`'s pairs run from its own pointer.
+pub struct RowPointers(pub [*const u32; MR]);
+impl Strip for RowPointers {
+    #[inline(always)]
+    unsafe fn pair(&self, r: usize, p: usize) -> i32 {
+        // SAFETY: the caller's promise; each row holds its pairs (unaligned reads).
+        unsafe { self.0[r].add(p).read_unaligned() as i32 }
+    }
+}
+
+/// A packed strip: the `MR` rows' pairs for one k-pair side by side, `strip[p * MR + r]`, so
+/// the kernel reads one stream.
+pub struct Interleaved(pub *const u32);
+impl Strip for Interleaved {
+    #[inline(always)]
+    unsafe fn pair(&self, r: usize, p: usize) -> i32 {
+        // SAFETY: the caller's promise; the packed strip holds `pairs * MR` words.
+        unsafe { self.0.add(p * MR + r).read() as i32 }
+    }
+}
+
+/// `out[r][c] = sum_p pair(r, p) . panel[p][c]` over `pairs` k-pairs.
 ///
 /// # Safety
-/// The CPU must have AVX512F and AVX512-BF16 (`available()`); each `rows[r]` must be readable
-/// for `pairs` u32 (unaligned is fine) and `panel` for `pairs * NR` u32.
+/// The CPU must have AVX512F and AVX512-BF16 (`available()`); `strip` must hold `pairs` pairs
+/// for each of its rows and `panel` be readable for `pairs * NR` u32.
 #[target_feature(enable = "avx512f,avx512bf16")]
-pub unsafe fn tile(rows: &[*const u32; MR], panel: *const u32, pairs: usize, out: &mut [[f32; NR]; MR]) {
+pub unsafe fn tile<S: Strip>(strip: &S, panel: *const u32, pairs: usize, out: &mut [[f32; NR]; MR]) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for p in 0..pairs {
         // SAFETY: p < pairs, so the panel's two registers for pair p and each row's pair p are
@@ -33,11 +63,10 @@ pub unsafe fn tile(rows: &[*const u32; MR], panel: *const u32, pairs: usize, out
             let lo = _mm512_loadu_si512(panel.add(p * NR).cast());
             let hi = _mm512_loadu_si512(panel.add(p * NR + 16).cast());
             let (lo, hi) = (as_pairs(lo), as_pairs(hi));
-            for r in 0..MR {
-                let pair = rows[r].add(p).read_unaligned() as i32;
-                let a = as_pairs(_mm512_set1_epi32(pair));
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, lo);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, hi);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = as_pairs(_mm512_set1_epi32(strip.pair(r, p)));
+                acc[0] = _mm512_dpbf16_ps(acc[0], a, lo);
+                acc[1] = _mm512_dpbf16_ps(acc[1], a, hi);
             }
         }
     }
