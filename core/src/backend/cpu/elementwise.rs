@@ -171,6 +171,45 @@ impl<T: Copy, U, F: Fn(T, T) -> U> Kernel for ZipSlices<'_, T, U, F> {
     }
 }
 
+/// One run of `zip` over views: `o[j] = f(a[j * sa], b[j * sb])`, with the strides of
+/// broadcasting (a per-channel operand against an activation) given loops that vectorise. Run
+/// by `simd::wide`.
+struct ZipRun<'a, T, U, F> {
+    o: &'a mut [U],
+    a: &'a [T],
+    b: &'a [T],
+    strides: (usize, usize),
+    f: F,
+}
+impl<T: Copy, U, F: Fn(T, T) -> U> Kernel for ZipRun<'_, T, U, F> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let ZipRun { o, a, b, strides, f } = self;
+        let len = o.len();
+        match strides {
+            (1, 1) => zip_slices((o, &a[..len], &b[..len], f)),
+            (1, 0) => {
+                let (x, y) = (&a[..len], b[0]);
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(x[j], y);
+                }
+            }
+            (0, 1) => {
+                let (x, y) = (a[0], &b[..len]);
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(x, y[j]);
+                }
+            }
+            (s, t) => {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(a[j * s], b[j * t]);
+                }
+            }
+        }
+    }
+}
+
 /// `o[i] = f(a[i], b[i])` over equal-length slices, indexed so it vectorises.
 #[inline(always)]
 fn zip_slices<T: Copy, U>((o, a, b, f): (&mut [U], &[T], &[T], impl Fn(T, T) -> U)) {
@@ -206,25 +245,15 @@ pub fn zip<T: Element, U: Element>(
     let merged = coalesce(&[la, lb]);
     let (ra, rb) = (runs(&merged[0]), runs(&merged[1]));
     let len = ra.len.max(1);
-    let (stride_a, stride_b) = (ra.stride, rb.stride);
-    let row = move |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| match (stride_a, stride_b) {
-        (1, 1) => zip_slices((o, &a[sa..sa + len], &b[sb..sb + len], f)),
-        (1, 0) => {
-            let (x, y) = (&a[sa..sa + len], b[sb]);
-            for j in 0..len {
-                o[j] = f(x[j], y);
-            }
-        }
-        (0, 1) => {
-            let (x, y) = (a[sa], &b[sb..sb + len]);
-            for j in 0..len {
-                o[j] = f(x, y[j]);
-            }
-        }
-        (s, t) => o
-            .iter_mut()
-            .enumerate()
-            .for_each(|(j, o)| *o = f(a[sa + j * s], b[sb + j * t])),
+    let strides = (ra.stride, rb.stride);
+    let row = move |(o, (&sa, &sb)): (&mut [U], (&usize, &usize))| {
+        wide(ZipRun {
+            o,
+            a: &a[sa..],
+            b: &b[sb..],
+            strides,
+            f,
+        })
     };
     if n >= PAR_THRESHOLD {
         out.par_chunks_mut(len)

@@ -39,7 +39,14 @@ pub fn reduce<S: Stored<T>, T: CpuFloat>(
     match kind {
         ReduceKind::Sum => {
             let wide = |x: S| x.load().to_f64();
-            let sums = reduce_with(src, layout, axes, 0.0, |a: f64, x| a + wide(x));
+            let sums = reduce_with(
+                src,
+                layout,
+                axes,
+                0.0,
+                |a: f64, x| a + wide(x),
+                |a, run| a + sum_f64(run),
+            );
             let mut out = pool.take::<S>(sums.len());
             out.iter_mut()
                 .zip(sums)
@@ -49,14 +56,14 @@ pub fn reduce<S: Stored<T>, T: CpuFloat>(
         // NaN wins, as in PyTorch.
         ReduceKind::Max => stored(
             pool,
-            reduce_with(src, layout, axes, T::neg_infinity(), |a: T, x: S| {
+            reduce_with_folds(src, layout, axes, T::neg_infinity(), |a: T, x: S| {
                 let x = x.load();
                 if x > a || x.is_nan() { x } else { a }
             }),
         ),
         ReduceKind::Min => stored(
             pool,
-            reduce_with(src, layout, axes, T::infinity(), |a: T, x: S| {
+            reduce_with_folds(src, layout, axes, T::infinity(), |a: T, x: S| {
                 let x = x.load();
                 if x < a || x.is_nan() { x } else { a }
             }),
@@ -74,13 +81,53 @@ fn stored<S: Stored<T>, T>(pool: &Pool, values: Vec<T>) -> Vec<S> {
     out
 }
 
-/// Folds the reduced axes of `src` into accumulators of type `A`, one per kept element.
+/// The sum of `run` in f64, in eight interleaved partial sums (so it vectorises, where one
+/// running sum waits on each addition) combined pairwise, then the tail.
+#[inline(always)]
+fn sum_f64<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = run.chunks_exact(8);
+    let tail = chunks.remainder();
+    for eight in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(eight) {
+            *lane += x.load().to_f64();
+        }
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    let mut sum = ((a + b) + (c + d)) + ((e + f) + (g + h));
+    for &x in tail {
+        sum += x.load().to_f64();
+    }
+    sum
+}
+
+/// `reduce_with` folding each contiguous run element by element with `combine`.
+fn reduce_with_folds<T: Element, A: Copy + Send + Sync>(
+    src: &[T],
+    layout: &Layout,
+    axes: &[usize],
+    init: A,
+    combine: impl Fn(A, T) -> A + Send + Sync + Copy,
+) -> Vec<A> {
+    let fold_run = move |acc: A, run: &[T]| {
+        let mut acc = acc;
+        for &x in run {
+            acc = combine(acc, x);
+        }
+        acc
+    };
+    reduce_with(src, layout, axes, init, combine, fold_run)
+}
+
+/// Folds the reduced axes of `src` into accumulators of type `A`, one per kept element:
+/// `combine` adds one element, `fold_run` a contiguous run of them.
 fn reduce_with<T: Element, A: Copy + Send + Sync>(
     src: &[T],
     layout: &Layout,
     axes: &[usize],
     init: A,
     combine: impl Fn(A, T) -> A + Send + Sync + Copy,
+    fold_run: impl Fn(A, &[T]) -> A + Send + Sync + Copy,
 ) -> Vec<A> {
     let (kept, reduced) = split(layout, axes);
     let n_out = kept.elem_count();
@@ -104,13 +151,7 @@ fn reduce_with<T: Element, A: Copy + Send + Sync>(
         if inner == 0 || outer == 0 || n_out == 0 {
             return out;
         }
-        let fold_row = |acc: A, row: &[T]| row.iter().fold(acc, |a, &x| combine(a, x));
-        let mid_slab = n_out * inner;
-        if outer == 1 && src.len() >= super::elementwise::PAR_THRESHOLD {
-            out.par_iter_mut()
-                .zip(src.par_chunks(inner))
-                .for_each(|(o, row)| *o = fold_row(*o, row));
-        } else if inner == 1 {
+        if inner == 1 && outer > 1 {
             // Leading-axis reductions (bias gradients): whole rows combine elementwise. Threads
             // take ranges of columns, each column still folded in row order.
             let columns = |(c, o): (usize, &mut [A])| {
@@ -128,10 +169,23 @@ fn reduce_with<T: Element, A: Copy + Send + Sync>(
                 out.chunks_mut(COLUMNS).enumerate().for_each(columns);
             }
         } else {
-            for slab in src.chunks(mid_slab) {
-                for (o, row) in out.iter_mut().zip(slab.chunks(inner)) {
-                    *o = fold_row(*o, row);
-                }
+            // Trailing and middle-axis reductions (batch-norm statistics over N, H and W):
+            // threads take ranges of the kept elements, each folding its runs slab by slab.
+            let per_task = (n_out / (4 * rayon::current_num_threads())).max(1);
+            let runs = |(c, o): (usize, &mut [A])| {
+                wide(Runs {
+                    out: o,
+                    src,
+                    first: c * per_task,
+                    n_out,
+                    inner,
+                    fold_run,
+                })
+            };
+            if src.len() >= super::elementwise::PAR_THRESHOLD {
+                out.par_chunks_mut(per_task).enumerate().for_each(runs);
+            } else {
+                out.chunks_mut(n_out).enumerate().for_each(runs);
             }
         }
         return out;
@@ -144,6 +198,38 @@ fn reduce_with<T: Element, A: Copy + Send + Sync>(
         *o = inner.offsets().fold(init, |a, i| combine(a, src[i]));
     }
     out
+}
+
+/// Kept elements `first..first + out.len()` of `src` seen as `[outer, n_out, inner]`, each
+/// folding its `inner` run of every slab in turn; run by `simd::wide`.
+struct Runs<'a, T, A, F> {
+    out: &'a mut [A],
+    src: &'a [T],
+    first: usize,
+    n_out: usize,
+    inner: usize,
+    fold_run: F,
+}
+
+impl<T, A: Copy, F: Fn(A, &[T]) -> A> Kernel for Runs<'_, T, A, F> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Runs {
+            out,
+            src,
+            first,
+            n_out,
+            inner,
+            fold_run,
+        } = self;
+        for slab in src.chunks_exact(n_out * inner) {
+            let runs = slab[first * inner..].chunks_exact(inner);
+            for (o, run) in out.iter_mut().zip(runs) {
+                *o = fold_run(*o, run);
+            }
+        }
+    }
 }
 
 /// Columns per task of a leading-axis reduction: a few cache lines of every row.
