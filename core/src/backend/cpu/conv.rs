@@ -5,6 +5,7 @@ use rayon::prelude::*;
 use super::float::CpuFloat;
 use super::pool::Pool;
 use crate::backend::{Conv2dGeometry, Pool2dGeometry};
+use crate::dtype::Element;
 
 /// Input row/column read by output position `o` and kernel tap `k`, or None where it is padding.
 #[inline]
@@ -28,7 +29,8 @@ pub fn im2col<T: CpuFloat>(pool: &Pool, src: &[T], g: &Conv2dGeometry) -> Vec<T>
 
 /// `im2col` of one image (`g.n == 1`) into `out`, on this thread: the fused convolution's
 /// per-image columns.
-pub fn im2col_image<T: CpuFloat>(src: &[T], out: &mut [T], g: &Conv2dGeometry) {
+/// Only copies, so any element type (bf16 unfolds as itself, with no widening).
+pub fn im2col_image<T: Element>(src: &[T], out: &mut [T], g: &Conv2dGeometry) {
     let cols = g.out_h() * g.out_w();
     if cols == 0 {
         return;
@@ -39,7 +41,8 @@ pub fn im2col_image<T: CpuFloat>(src: &[T], out: &mut [T], g: &Conv2dGeometry) {
 }
 
 /// Fills row `r` = (channel, ki, kj) of the columns for every image.
-fn im2col_row<T: CpuFloat>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometry) {
+fn im2col_row<T: Element>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometry) {
+    let zero = T::from_f64(0.0);
     let (oh, ow) = (g.out_h(), g.out_w());
     let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
     let (x_lo, x_hi) = valid_range(ow, kj, g.stride[1], g.dilation[1], g.padding[1], g.w);
@@ -48,11 +51,11 @@ fn im2col_row<T: CpuFloat>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometr
         for y in 0..oh {
             let dst = &mut block[y * ow..(y + 1) * ow];
             let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else {
-                dst.fill(T::zero());
+                dst.fill(zero);
                 continue;
             };
-            dst[..x_lo].fill(T::zero());
-            dst[x_hi..].fill(T::zero());
+            dst[..x_lo].fill(zero);
+            dst[x_hi..].fill(zero);
             if x_lo == x_hi {
                 continue;
             }

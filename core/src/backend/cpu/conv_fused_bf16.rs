@@ -1,6 +1,6 @@
 //! The fused convolution (`conv_fused.rs`) for bf16 under autocast, on the bf16 dot-product
 //! kernel, instead of the composed path's batch-wide bf16 columns and one large product. Each
-//! image's columns are unfolded in f32 and rounded to bf16 while in cache; products accumulate
+//! image's columns are unfolded as bf16 (a copy) while in cache; products accumulate
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one
 //! large product does); the input gradient's columns fold back in f32 and round once.
 
@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::conv::{col2im_image, im2col_image};
 use super::conv_fused::{Columns, image_ranges, one_image, per_image_range};
-use super::float::{bf16_from_f32_slice, bf16_to_f32_slice};
+use super::float::bf16_from_f32_slice;
 use super::matmul::bf16::{Dst, Side, product};
 use super::matmul::bf16_kernel;
 use super::pool::Pool;
@@ -30,10 +30,9 @@ pub fn pays(g: &Conv2dGeometry) -> bool {
     available() && g.out_h() * g.out_w() >= MIN_PIXELS
 }
 
-/// One task's scratch: an image widened to f32, its columns in f32 and in bf16.
+/// One task's scratch: an image's input gradient in f32, an image's columns in bf16.
 struct Scratch {
     image: Vec<f32>,
-    cols32: Vec<f32>,
     cols: Vec<bf16>,
 }
 
@@ -41,21 +40,17 @@ impl Scratch {
     fn take(pool: &Pool, plane: usize, cols: usize) -> Scratch {
         Scratch {
             image: pool.take(plane),
-            cols32: pool.take(cols),
             cols: pool.take(cols),
         }
     }
 
     /// Unfolds `x` (one image) into `self.cols` (taps x pixels, bf16).
     fn unfold(&mut self, x: &[bf16], image: &Conv2dGeometry) {
-        bf16_to_f32_slice(&mut self.image, x);
-        im2col_image(&self.image, &mut self.cols32, image);
-        bf16_from_f32_slice(&mut self.cols, &self.cols32);
+        im2col_image(x, &mut self.cols, image);
     }
 
     fn recycle(self, pool: &Pool) {
         pool.recycle(HostVec::F32(self.image));
-        pool.recycle(HostVec::F32(self.cols32));
         pool.recycle(HostVec::BF16(self.cols));
     }
 }
