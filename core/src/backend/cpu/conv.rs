@@ -4,6 +4,7 @@ use rayon::prelude::*;
 
 use super::float::CpuFloat;
 use super::pool::Pool;
+use super::simd::{Kernel, wide};
 use crate::backend::{Conv2dGeometry, Pool2dGeometry};
 use crate::dtype::Element;
 
@@ -95,7 +96,7 @@ pub fn col2im<T: CpuFloat>(pool: &Pool, cols: &[T], g: &Conv2dGeometry) -> Vec<T
     // Image planes are disjoint, so each (n, c) plane gathers its own taps in parallel.
     out.par_chunks_mut(g.h * g.w)
         .enumerate()
-        .for_each(|(nc, img)| col2im_plane(cols, img, nc / g.c, nc % g.c, g));
+        .for_each(|(nc, img)| wide(Col2imPlane(cols, img, (nc / g.c, nc % g.c), g)));
     out
 }
 
@@ -107,10 +108,22 @@ pub fn col2im_image<T: CpuFloat>(cols: &[T], img: &mut [T], g: &Conv2dGeometry) 
     }
     img.chunks_mut(g.h * g.w)
         .enumerate()
-        .for_each(|(c, plane)| col2im_plane(cols, plane, 0, c, g));
+        .for_each(|(c, plane)| wide(Col2imPlane(cols, plane, (0, c), g)));
+}
+
+/// `col2im_plane` of (image, channel), run by `simd::wide`.
+struct Col2imPlane<'a, T>(&'a [T], &'a mut [T], (usize, usize), &'a Conv2dGeometry);
+impl<T: CpuFloat> Kernel for Col2imPlane<'_, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Col2imPlane(cols, plane, (n, c), g) = self;
+        col2im_plane(cols, plane, n, c, g)
+    }
 }
 
 /// Sums the taps of channel `c` of image `n` back into its `h x w` plane.
+#[inline(always)]
 fn col2im_plane<T: CpuFloat>(cols: &[T], img: &mut [T], n: usize, c: usize, g: &Conv2dGeometry) {
     let (oh, ow) = (g.out_h(), g.out_w());
     let width = g.n * oh * ow;
@@ -129,10 +142,10 @@ fn col2im_plane<T: CpuFloat>(cols: &[T], img: &mut [T], n: usize, c: usize, g: &
                 let start = iy * g.w + x_lo * g.stride[1] + kj * g.dilation[1] - g.padding[1];
                 let src = &block[y * ow + x_lo..y * ow + x_hi];
                 if g.stride[1] == 1 {
-                    img[start..start + src.len()]
-                        .iter_mut()
-                        .zip(src)
-                        .for_each(|(d, &s)| *d = *d + s);
+                    let dst = &mut img[start..start + src.len()];
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = *d + src[j];
+                    }
                 } else {
                     for (j, &s) in src.iter().enumerate() {
                         img[start + j * g.stride[1]] = img[start + j * g.stride[1]] + s;
