@@ -269,3 +269,44 @@ fn default_initialisation_is_uniform_within_one_over_sqrt_fan_in() {
     check("Conv2d weight", &conv.weight, 150);
     check("Conv2d bias", conv.bias.as_ref().unwrap(), 150);
 }
+
+#[test]
+fn batchnorm_training_in_f32_is_one_fused_op_each_way_agreeing_with_the_composed_ops() {
+    use lockstep_core::DType;
+    let dev = Device::cpu();
+    // f32 takes the CPU's fused op; f64 (which it does not fuse) the composed reductions and
+    // element ops. Same values, so the two must agree to f32 precision, forward and backward.
+    let run = |dtype: DType| {
+        let mut bn = BatchNorm2d::new(3, &dev).unwrap();
+        let gamma = Tensor::from_slice(&[0.5f32, -1.5, 2.0], [3], &dev).unwrap();
+        bn.weight = Some(gamma.to_dtype(dtype).unwrap().requires_grad(true));
+        bn.bias = Some(bn.bias.as_ref().unwrap().to_dtype(dtype).unwrap().requires_grad(true));
+        bn.running_mean = bn.running_mean.to_dtype(dtype).unwrap();
+        bn.running_var = bn.running_var.to_dtype(dtype).unwrap();
+        let x = pat(&[4, 3, 5, 7], 3).to_dtype(dtype).unwrap().requires_grad(true);
+        let y = bn.forward(&x).unwrap();
+        let fused = format!("{y:?}").contains("grad_fn=batch_norm");
+        // A loss whose gradient differs per element.
+        let weights = pat(&[4, 3, 5, 7], 9).to_dtype(dtype).unwrap();
+        y.mul(&weights).unwrap().sum_all().unwrap().backward().unwrap();
+        let as_f64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let grads = [&x, bn.weight.as_ref().unwrap(), bn.bias.as_ref().unwrap()].map(|t| as_f64(&t.grad().unwrap()));
+        (fused, as_f64(&y), grads, as_f64(&bn.running_var))
+    };
+    let (fused, y, grads, running_var) = run(DType::F32);
+    let (composed, y64, grads64, running_var64) = run(DType::F64);
+    assert!(fused && !composed, "f32 fused: {fused}, f64 fused: {composed}");
+    let close = |what: &str, a: &[f64], b: &[f64]| {
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0.0, f64::max);
+        assert!(worst < 2e-5, "{what}: worst difference {worst:e}");
+    };
+    close("output", &y, &y64);
+    close("running_var", &running_var, &running_var64);
+    for (name, (g, g64)) in ["x", "weight", "bias"].iter().zip(grads.iter().zip(&grads64)) {
+        close(name, g, g64);
+    }
+}

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use ops::{
-    AdamStep, BiasGeometry, BinaryOp, CausalSoftmax, CmpOp, Conv2dGeometry, Distribution, DropoutDraw, MatmulDims,
-    Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
+    AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalSoftmax, CmpOp, Conv2dGeometry, Distribution, DropoutDraw,
+    MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -219,6 +219,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _scores: &BufferRef,
         _spec: &CausalSoftmax,
     ) -> Option<Result<BufferRef>> {
+        None
+    }
+    /// Batch normalisation in training with the batch's own statistics: returns `y = (x - mean)
+    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32), and the
+    /// per-channel `mean` and biased `var`, each `[channels]`. `None` where the backend has no
+    /// such kernel for the dtype: the caller then composes it from reductions and element ops.
+    fn batch_norm(
+        &self,
+        _x: &BufferRef,
+        _weight: &BufferRef,
+        _bias: &BufferRef,
+        _spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        None
+    }
+    /// The gradients of `batch_norm` for output gradient `grad`, from its input, weight and the
+    /// `mean` and `var` it returned: `[dx, dweight, dbias]`. `None` as for `batch_norm`, which a
+    /// backend implements together with this.
+    fn batch_norm_backward(
+        &self,
+        _grad: &BufferRef,
+        _x: &BufferRef,
+        _weight: &BufferRef,
+        _stats: [&BufferRef; 2],
+        _spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
         None
     }
     /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +

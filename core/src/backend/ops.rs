@@ -469,3 +469,17 @@ pub struct AdamStep {
     /// This update's number, from 1, for the bias corrections `1 - beta^step`.
     pub step: u64,
 }
+
+/// Batch normalisation in training of `[outer, channels, inner]` f32 data with its own batch
+/// statistics, for `Backend::batch_norm`: per channel, over `outer · inner` values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchNormSpec {
+    /// The batch size.
+    pub outer: usize,
+    /// Normalised separately; axis 1 of the input.
+    pub channels: usize,
+    /// Values per channel in one batch item (the pixels of an image).
+    pub inner: usize,
+    /// Added to the variance before its square root.
+    pub eps: f64,
+}

@@ -13,7 +13,7 @@ use crate::distributed::synced_batch_stats;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
-use crate::tensor::{BatchStatsFn, Tensor, local_batch_stats};
+use crate::tensor::{BatchStatsFn, Tensor};
 
 /// Which PyTorch class a `BatchNorm` stands for: it fixes the accepted input ranks and the name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,7 +194,12 @@ impl Module for BatchNorm {
                 synced = |x: &Tensor, axes: &[isize]| synced_batch_stats(x, axes, comm);
                 Some(&synced)
             }
-            _ => Some(&local_batch_stats),
+            _ => {
+                let (w, b) = (self.weight.as_ref(), self.bias.as_ref());
+                let y = x.batch_norm_local(&self.running_mean, &self.running_var, w, b, self.momentum, self.eps)?;
+                self.count_batch()?;
+                return Ok(y);
+            }
         };
         let y = x.batch_norm_with(
             &self.running_mean,

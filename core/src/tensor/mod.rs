@@ -3,6 +3,7 @@
 
 mod adaptive_pool;
 mod attention;
+mod batch_norm;
 mod bias_act;
 mod conv_product;
 mod elementwise;

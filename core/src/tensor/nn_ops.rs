@@ -304,9 +304,10 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
-        let stats: &BatchStatsFn<'_> = &local_batch_stats;
-        let stats = training.then_some(stats);
-        self.batch_norm_with(running_mean, running_var, weight, bias, stats, momentum, eps)
+        if training {
+            return self.batch_norm_local(running_mean, running_var, weight, bias, momentum, eps);
+        }
+        self.batch_norm_with(running_mean, running_var, weight, bias, None, momentum, eps)
     }
 
     /// `batch_norm` whose training statistics come from `stats` (None: evaluation, which uses the
@@ -462,7 +463,7 @@ pub(crate) fn local_batch_stats(x: &Tensor, axes: &[isize]) -> Result<BatchStats
 
 /// `running = (1 - momentum) * running + momentum * batch`, in place and outside the graph, with
 /// the unbiased variance (`count / (count - 1)`) as PyTorch keeps it.
-fn update_running_stats(
+pub(super) fn update_running_stats(
     running_mean: &Tensor,
     running_var: &Tensor,
     mean: &Tensor,

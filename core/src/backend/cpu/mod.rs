@@ -2,6 +2,7 @@
 //! cores, the `gemm` crate for matrix products, a caching buffer pool). Several independent
 //! instances (`cpu:0`, `cpu:1`, …) let multi-device code run and be tested without a GPU.
 
+mod batch_norm;
 mod bias;
 mod busy;
 mod causal_softmax;
@@ -31,8 +32,8 @@ use rayon::prelude::*;
 use self::float::ViaF32;
 use self::pool::Pool;
 use super::{
-    AdamStep, Backend, BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
-    DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    AdamStep, Backend, BackendBuffer, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp,
+    Conv2dGeometry, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -513,6 +514,57 @@ impl Backend for CpuBackend {
             HostVec::F16(v) => HostVec::F16(via_f32(pool, v, p, seed, counter, keep as f32)),
             other => return Err(Error::dtype("dropout", other.dtype())),
         }))
+    }
+
+    fn batch_norm(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        bias: &BufferRef,
+        spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        const OP: &str = "batch_norm";
+        let checked = || {
+            let (x, w, b) = (cpu(OP, x)?.read(), cpu(OP, weight)?.read(), cpu(OP, bias)?.read());
+            check_len(OP, &x, spec.outer * spec.channels * spec.inner)?;
+            check_len(OP, &w, spec.channels)?;
+            check_len(OP, &b, spec.channels)?;
+            Ok(match (&*x, &*w, &*b) {
+                (HostVec::F32(x), HostVec::F32(w), HostVec::F32(b)) => {
+                    Some(batch_norm::forward(&self.pool, x, w, b, spec).map(|v| self.wrap(HostVec::F32(v))))
+                }
+                // f64 (the conformance reference) keeps the composed ops.
+                _ => None,
+            })
+        };
+        checked().transpose()
+    }
+
+    fn batch_norm_backward(
+        &self,
+        grad: &BufferRef,
+        x: &BufferRef,
+        weight: &BufferRef,
+        [mean, var]: [&BufferRef; 2],
+        spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        const OP: &str = "batch_norm_backward";
+        let checked = || {
+            let (g, x, w) = (cpu(OP, grad)?.read(), cpu(OP, x)?.read(), cpu(OP, weight)?.read());
+            let (m, v) = (cpu(OP, mean)?.read(), cpu(OP, var)?.read());
+            check_len(OP, &g, spec.outer * spec.channels * spec.inner)?;
+            check_len(OP, &x, spec.outer * spec.channels * spec.inner)?;
+            for per_channel in [&w, &m, &v] {
+                check_len(OP, per_channel, spec.channels)?;
+            }
+            Ok(match (&*g, &*x, &*w, &*m, &*v) {
+                (HostVec::F32(g), HostVec::F32(x), HostVec::F32(w), HostVec::F32(m), HostVec::F32(v)) => {
+                    Some(batch_norm::backward(&self.pool, g, x, w, [m, v], spec).map(|v| self.wrap(HostVec::F32(v))))
+                }
+                _ => None,
+            })
+        };
+        checked().transpose()
     }
 
     fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {

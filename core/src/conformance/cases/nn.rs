@@ -336,10 +336,18 @@ fn loss_cases() -> Vec<Case> {
             vec![HostTensor::new([], vec![d.values.iter().sum::<f64>() / d.len() as f64])]
         }),
         // Training mode: batch statistics (biased variance); the running statistics are updated
-        // in place and compared as forward-only outputs in a separate case below.
+        // in place and compared as forward-only outputs in a separate case below. One fused op
+        // each way where the backend has it (the CPU in f32), else the composed ops.
         Case::new(
-            "binary:div/batch_norm",
-            &["binary:div", "reduce:sum", "binary:sub", "unary:sqrt"],
+            "batch_norm/training_affine",
+            &[
+                "batch_norm",
+                "batch_norm_backward",
+                "binary:div",
+                "reduce:sum",
+                "binary:sub",
+                "unary:sqrt",
+            ],
             |ctx, x| {
                 let c = x[0].dims()[1];
                 let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;

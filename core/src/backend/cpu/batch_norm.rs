@@ -1,0 +1,222 @@
+//! Batch normalisation in training, f32, in two passes each way: per-channel statistics (threads
+//! take channels), then one element pass over rows (threads take rows). Sums accumulate in f64
+//! as `reduce` does; the element ops are the composed path's, in its order.
+
+use rayon::prelude::*;
+
+use super::elementwise::PAR_THRESHOLD;
+use super::pool::Pool;
+use super::simd::{Kernel, wide};
+use crate::backend::BatchNormSpec;
+
+/// `(y, mean, var)`: `y = (x - mean) / sqrt(var + eps) * weight + bias` with the biased variance.
+pub fn forward(pool: &Pool, x: &[f32], weight: &[f32], bias: &[f32], spec: &BatchNormSpec) -> [Vec<f32>; 3] {
+    let count = (spec.outer * spec.inner) as f64;
+    let mean = per_channel(spec, |c| sum_runs(x, spec, c, |v| v as f64) / count);
+    let mean: Vec<f32> = mean.iter().map(|&m| m as f32).collect();
+    let var = per_channel(spec, |c| {
+        let m = mean[c];
+        sum_runs(x, spec, c, |v| {
+            let d = v - m;
+            (d * d) as f64
+        }) / count
+    });
+    let var: Vec<f32> = var.iter().map(|&v| v as f32).collect();
+    let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
+    let mut y = pool.take::<f32>(x.len());
+    by_rows(spec, &mut y, x, None, |c, o, x, _| {
+        wide(Normalize {
+            o,
+            x,
+            mean: mean[c],
+            denom: denom[c],
+            weight: weight[c],
+            bias: bias[c],
+        })
+    });
+    [y, into_pool(pool, mean), into_pool(pool, var)]
+}
+
+/// `[dx, dweight, dbias]` for output gradient `g`, with `x̂ = (x - mean) / sqrt(var + eps)`:
+/// `dbias = Σ g`, `dweight = Σ g·x̂`, `dx = weight / sqrt(var + eps) · (g - (dbias + x̂·dweight) / n)`
+/// over the `n` values of each channel.
+pub fn backward(
+    pool: &Pool,
+    g: &[f32],
+    x: &[f32],
+    weight: &[f32],
+    [mean, var]: [&[f32]; 2],
+    spec: &BatchNormSpec,
+) -> [Vec<f32>; 3] {
+    let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
+    let dbias = per_channel(spec, |c| sum_runs(g, spec, c, |v| v as f64));
+    let dweight = per_channel(spec, |c| {
+        let (m, d) = (mean[c], denom[c]);
+        sum_pairs(g, x, spec, c, |g, x| (g * ((x - m) / d)) as f64)
+    });
+    let count = (spec.outer * spec.inner) as f64;
+    let mut dx = pool.take::<f32>(x.len());
+    by_rows(spec, &mut dx, g, Some(x), |c, o, g, x| {
+        wide(InputGradient {
+            o,
+            g,
+            x: x.unwrap_or_default(),
+            mean: mean[c],
+            denom: denom[c],
+            scale: weight[c] / denom[c],
+            mean_g: (dbias[c] / count) as f32,
+            mean_gx: (dweight[c] / count) as f32,
+        })
+    });
+    let dweight: Vec<f32> = dweight.iter().map(|&v| v as f32).collect();
+    let dbias: Vec<f32> = dbias.iter().map(|&v| v as f32).collect();
+    [dx, into_pool(pool, dweight), into_pool(pool, dbias)]
+}
+
+fn into_pool(pool: &Pool, values: Vec<f32>) -> Vec<f32> {
+    let mut out = pool.take::<f32>(values.len());
+    out.copy_from_slice(&values);
+    out
+}
+
+/// `f(channel)` for every channel, channels split across threads for large inputs.
+fn per_channel(spec: &BatchNormSpec, f: impl Fn(usize) -> f64 + Sync + Send) -> Vec<f64> {
+    if spec.outer * spec.channels * spec.inner >= PAR_THRESHOLD {
+        (0..spec.channels).into_par_iter().map(f).collect()
+    } else {
+        (0..spec.channels).map(f).collect()
+    }
+}
+
+/// Σ `term(v)` over channel `c`'s values, run by run, in eight interleaved f64 partial sums.
+fn sum_runs(x: &[f32], spec: &BatchNormSpec, c: usize, term: impl Fn(f32) -> f64 + Copy) -> f64 {
+    sum_pairs(x, x, spec, c, move |v, _| term(v))
+}
+
+/// Σ `term(a, b)` over channel `c`'s values of two tensors of one shape.
+fn sum_pairs(a: &[f32], b: &[f32], spec: &BatchNormSpec, c: usize, term: impl Fn(f32, f32) -> f64 + Copy) -> f64 {
+    let (row, inner) = (spec.channels * spec.inner, spec.inner);
+    (0..spec.outer)
+        .map(|n| {
+            let at = n * row + c * inner;
+            wide(PairSum {
+                a: &a[at..at + inner],
+                b: &b[at..at + inner],
+                term,
+            })
+        })
+        .sum()
+}
+
+/// Σ `term(a[i], b[i])` in eight interleaved partial sums combined pairwise, then the tail; run
+/// by `simd::wide`.
+struct PairSum<'a, F> {
+    a: &'a [f32],
+    b: &'a [f32],
+    term: F,
+}
+impl<F: Fn(f32, f32) -> f64> Kernel for PairSum<'_, F> {
+    type Out = f64;
+    #[inline(always)]
+    fn run(self) -> f64 {
+        let PairSum { a, b, term } = self;
+        let b = &b[..a.len()];
+        let mut lanes = [0f64; 8];
+        let whole = a.len() / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                *lane += term(a[i + l], b[i + l]);
+            }
+        }
+        let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
+        let mut sum = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
+        for i in whole..a.len() {
+            sum += term(a[i], b[i]);
+        }
+        sum
+    }
+}
+
+/// `f(channel, out_row, a_row, b_row)` over the `[channels, inner]`-sized rows' `inner` runs,
+/// rows split across threads for large inputs.
+fn by_rows<'a>(
+    spec: &BatchNormSpec,
+    out: &mut [f32],
+    a: &'a [f32],
+    b: Option<&'a [f32]>,
+    f: impl Fn(usize, &mut [f32], &'a [f32], Option<&'a [f32]>) + Sync + Send,
+) {
+    let inner = spec.inner.max(1);
+    let channels = spec.channels;
+    let run = |(i, o): (usize, &mut [f32])| {
+        let at = i * inner;
+        f(i % channels, o, &a[at..at + inner], b.map(|b| &b[at..at + inner]))
+    };
+    if out.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(inner).enumerate().for_each(run);
+    } else {
+        out.chunks_mut(inner).enumerate().for_each(run);
+    }
+}
+
+/// One run of `y = (x - mean) / denom * weight + bias`; run by `simd::wide`.
+struct Normalize<'a> {
+    o: &'a mut [f32],
+    x: &'a [f32],
+    mean: f32,
+    denom: f32,
+    weight: f32,
+    bias: f32,
+}
+impl Kernel for Normalize<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Normalize {
+            o,
+            x,
+            mean,
+            denom,
+            weight,
+            bias,
+        } = self;
+        let x = &x[..o.len()];
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = (x[i] - mean) / denom * weight + bias;
+        }
+    }
+}
+
+/// One run of `dx = scale · (g - mean_g - x̂ · mean_gx)`; run by `simd::wide`.
+struct InputGradient<'a> {
+    o: &'a mut [f32],
+    g: &'a [f32],
+    x: &'a [f32],
+    mean: f32,
+    denom: f32,
+    scale: f32,
+    mean_g: f32,
+    mean_gx: f32,
+}
+impl Kernel for InputGradient<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let InputGradient {
+            o,
+            g,
+            x,
+            mean,
+            denom,
+            scale,
+            mean_g,
+            mean_gx,
+        } = self;
+        let n = o.len();
+        let (g, x) = (&g[..n], &x[..n]);
+        for (i, o) in o.iter_mut().enumerate() {
+            let x_hat = (x[i] - mean) / denom;
+            *o = scale * (g[i] - mean_g - x_hat * mean_gx);
+        }
+    }
+}
