@@ -28,11 +28,11 @@ impl Tensor {
         }
         let channels = self.dims().get(1).copied().unwrap_or(0);
         let count = self.elem_count() / channels.max(1);
-        if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1) {
-            if let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps)? {
-                update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
-                return Ok(y);
-            }
+        if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1)
+            && let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps)?
+        {
+            update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
+            return Ok(y);
         }
         // Also where the composed path has the clear error for a bad input.
         let stats: &BatchStatsFn<'_> = &local_batch_stats;
