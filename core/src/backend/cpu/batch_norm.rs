@@ -6,6 +6,7 @@ use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
 use super::pool::Pool;
+use super::reduce::lane_sum;
 use super::simd::{Kernel, wide};
 use crate::backend::BatchNormSpec;
 
@@ -108,8 +109,7 @@ fn sum_pairs(a: &[f32], b: &[f32], spec: &BatchNormSpec, c: usize, term: impl Fn
         .sum()
 }
 
-/// Σ `term(a[i], b[i])` in eight interleaved partial sums combined pairwise, then the tail; run
-/// by `simd::wide`.
+/// Σ `term(a[i], b[i])` by `reduce::lane_sum`; run by `simd::wide`.
 struct PairSum<'a, F> {
     a: &'a [f32],
     b: &'a [f32],
@@ -121,19 +121,7 @@ impl<F: Fn(f32, f32) -> f64> Kernel for PairSum<'_, F> {
     fn run(self) -> f64 {
         let PairSum { a, b, term } = self;
         let b = &b[..a.len()];
-        let mut lanes = [0f64; 8];
-        let whole = a.len() / 8 * 8;
-        for i in (0..whole).step_by(8) {
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                *lane += term(a[i + l], b[i + l]);
-            }
-        }
-        let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
-        let mut sum = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7));
-        for i in whole..a.len() {
-            sum += term(a[i], b[i]);
-        }
-        sum
+        lane_sum(a.len(), |i| term(a[i], b[i]))
     }
 }
 

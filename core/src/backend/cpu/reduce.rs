@@ -81,22 +81,27 @@ fn stored<S: Stored<T>, T>(pool: &Pool, values: Vec<T>) -> Vec<S> {
     out
 }
 
-/// The sum of `run` in f64, in eight interleaved partial sums (so it vectorises, where one
-/// running sum waits on each addition) combined pairwise, then the tail.
+/// The sum of `run` in f64 (see `lane_sum`).
 #[inline(always)]
 fn sum_f64<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64 {
+    lane_sum(run.len(), |i| run[i].load().to_f64())
+}
+
+/// `Σ term(i)` over `0..len` in eight interleaved f64 partial sums (so it vectorises, where one
+/// running sum waits on each addition) combined pairwise, then the tail.
+#[inline(always)]
+pub(super) fn lane_sum(len: usize, term: impl Fn(usize) -> f64) -> f64 {
     let mut lanes = [0f64; 8];
-    let chunks = run.chunks_exact(8);
-    let tail = chunks.remainder();
-    for eight in chunks {
-        for (lane, &x) in lanes.iter_mut().zip(eight) {
-            *lane += x.load().to_f64();
+    let whole = len / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            *lane += term(i + l);
         }
     }
     let [a, b, c, d, e, f, g, h] = lanes;
     let mut sum = ((a + b) + (c + d)) + ((e + f) + (g + h));
-    for &x in tail {
-        sum += x.load().to_f64();
+    for i in whole..len {
+        sum += term(i);
     }
     sum
 }

@@ -152,17 +152,7 @@ impl Kernel for PackStrips<'_> {
         let first = side.offset + first_row;
         let mut joined = [0u32; MR * STRIPS_PER_PACK];
         for p in 0..pairs {
-            let even = &side.data[first + 2 * p * side.k_stride..][..n];
-            if 2 * p + 1 < k {
-                let odd = &side.data[first + (2 * p + 1) * side.k_stride..][..n];
-                for (r, w) in joined[..n].iter_mut().enumerate() {
-                    *w = join(even[r], odd[r]);
-                }
-            } else {
-                for (r, w) in joined[..n].iter_mut().enumerate() {
-                    *w = join(even[r], bf16::ZERO);
-                }
-            }
+            join_k_pair(&mut joined[..n], side, first, p, k);
             // Rows past `n` stay zero in `joined`.
             for (strip, rows) in strips.chunks_exact_mut(pairs * MR).zip(joined.chunks_exact(MR)) {
                 strip[p * MR..][..MR].copy_from_slice(rows);
@@ -205,18 +195,7 @@ impl Kernel for PackPanel<'_> {
         if side.row_stride == 1 {
             // k rows of the operand are contiguous: interleave two of them per k-pair.
             for (p, out) in panel.chunks_exact_mut(NR).enumerate() {
-                let out = &mut out[..rows];
-                let even = &side.data[first + 2 * p * side.k_stride..][..rows];
-                if 2 * p + 1 < k {
-                    let odd = &side.data[first + (2 * p + 1) * side.k_stride..][..rows];
-                    for (c, w) in out.iter_mut().enumerate() {
-                        *w = join(even[c], odd[c]);
-                    }
-                } else {
-                    for (c, w) in out.iter_mut().enumerate() {
-                        *w = join(even[c], bf16::ZERO);
-                    }
-                }
+                join_k_pair(&mut out[..rows], side, first, p, k);
             }
         } else if side.k_stride == 1 {
             // Each row is contiguous along k: read it as pairs.
@@ -232,6 +211,25 @@ impl Kernel for PackPanel<'_> {
                     panel[p * NR + c] = side.pair(q * NR + c, p, k);
                 }
             }
+        }
+    }
+}
+
+/// `words[r] = pair(row r, p)` for consecutive rows from element `first` of a side whose rows
+/// are contiguous (k strided): two runs of k rows `2p` and `2p + 1` joined, the odd one zero
+/// past the end of an odd k.
+#[inline(always)]
+fn join_k_pair(words: &mut [u32], side: Side, first: usize, p: usize, k: usize) {
+    let n = words.len();
+    let even = &side.data[first + 2 * p * side.k_stride..][..n];
+    if 2 * p + 1 < k {
+        let odd = &side.data[first + (2 * p + 1) * side.k_stride..][..n];
+        for (r, w) in words.iter_mut().enumerate() {
+            *w = join(even[r], odd[r]);
+        }
+    } else {
+        for (r, w) in words.iter_mut().enumerate() {
+            *w = join(even[r], bf16::ZERO);
         }
     }
 }
