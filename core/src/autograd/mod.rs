@@ -192,10 +192,7 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
             ))
         })?;
         if let (Some(window), [Edge::Node(input)]) = (&node.window, state.edges.as_slice()) {
-            let delivered = match grads.remove(&input.id) {
-                Some(prev) => prev.add_piece(window, arrived.into_tensor()?)?,
-                None => Pending::piece(window, arrived.into_tensor()?),
-            };
+            let delivered = Pending::add_piece(grads.remove(&input.id), window, arrived.into_tensor()?)?;
             grads.insert(input.id, delivered);
             continue;
         }
@@ -213,10 +210,7 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
         for (edge, g) in state.edges.into_iter().zip(input_grads) {
             match (edge, g) {
                 (Edge::Node(n), Some(g)) => {
-                    let delivered = match grads.remove(&n.id) {
-                        Some(prev) => prev.add_whole(g)?,
-                        None => Pending::Whole(g),
-                    };
+                    let delivered = Pending::add_whole(grads.remove(&n.id), g)?;
                     grads.insert(n.id, delivered);
                 }
                 (Edge::Leaf(leaf), g) => {

@@ -29,33 +29,32 @@ pub(super) enum Pending {
 }
 
 impl Pending {
-    /// The window's gradient as the first delivery.
-    pub(super) fn piece(window: &Window, grad: Tensor) -> Pending {
-        Pending::Pieces {
-            shape: window.shape.clone(),
-            axis: window.axis,
-            pieces: vec![(window.start, grad)],
-        }
+    /// `prev` (what had arrived, if anything) plus a whole gradient.
+    pub(super) fn add_whole(prev: Option<Pending>, grad: Tensor) -> Result<Pending> {
+        Ok(Pending::Whole(match prev {
+            Some(prev) => prev.into_tensor()?.add(&grad)?,
+            None => grad,
+        }))
     }
 
-    /// Adds a whole gradient.
-    pub(super) fn add_whole(self, grad: Tensor) -> Result<Pending> {
-        Ok(Pending::Whole(self.into_tensor()?.add(&grad)?))
-    }
-
-    /// Adds a view's gradient: kept as a piece when it is along the same axis of the same source
-    /// shape as the pieces already here.
-    pub(super) fn add_piece(self, window: &Window, grad: Tensor) -> Result<Pending> {
-        match self {
-            Pending::Pieces {
+    /// `prev` plus a view's gradient: kept as a piece when nothing had arrived, or pieces along
+    /// the same axis of the same source shape.
+    pub(super) fn add_piece(prev: Option<Pending>, window: &Window, grad: Tensor) -> Result<Pending> {
+        match prev {
+            None => Ok(Pending::Pieces {
+                shape: window.shape.clone(),
+                axis: window.axis,
+                pieces: vec![(window.start, grad)],
+            }),
+            Some(Pending::Pieces {
                 shape,
                 axis,
                 mut pieces,
-            } if shape == window.shape && axis == window.axis => {
+            }) if shape == window.shape && axis == window.axis => {
                 pieces.push((window.start, grad));
                 Ok(Pending::Pieces { shape, axis, pieces })
             }
-            other => other.add_whole(grad.pad_into(&window.shape, window.axis, window.start)?),
+            other => Pending::add_whole(other, grad.pad_into(&window.shape, window.axis, window.start)?),
         }
     }
 

@@ -175,9 +175,9 @@ impl Tensor {
             axis: a,
             start,
         };
-        let original = self.shape().clone();
+        let pad = window.clone();
         Ok(out.track_window("narrow", self, window, move |g| {
-            Ok(vec![Some(g.pad_into(&original, a, start)?)])
+            Ok(vec![Some(g.pad_into(&pad.shape, pad.axis, pad.start)?)])
         }))
     }
 

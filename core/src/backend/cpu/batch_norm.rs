@@ -35,7 +35,7 @@ pub fn forward(pool: &Pool, x: &[f32], weight: &[f32], bias: &[f32], spec: &Batc
             bias: bias[c],
         })
     });
-    [y, into_pool(pool, mean), into_pool(pool, var)]
+    [y, mean, var]
 }
 
 /// `[dx, dweight, dbias]` for output gradient `g`, with `x̂ = (x - mean) / sqrt(var + eps)`:
@@ -71,13 +71,7 @@ pub fn backward(
     });
     let dweight: Vec<f32> = dweight.iter().map(|&v| v as f32).collect();
     let dbias: Vec<f32> = dbias.iter().map(|&v| v as f32).collect();
-    [dx, into_pool(pool, dweight), into_pool(pool, dbias)]
-}
-
-fn into_pool(pool: &Pool, values: Vec<f32>) -> Vec<f32> {
-    let mut out = pool.take::<f32>(values.len());
-    out.copy_from_slice(&values);
-    out
+    [dx, dweight, dbias]
 }
 
 /// `f(channel)` for every channel, channels split across threads for large inputs.

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use super::pool::Pool;
 use super::simd::{Kernel, wide};
 use crate::dtype::{Element, HostVec};
+use crate::error::Error;
 
 /// The float types the CPU kernels are written for (f32 and f64; f16/bf16 run through f32).
 pub trait CpuFloat: Float + Element + Send + Sync + std::iter::Sum {
@@ -179,6 +180,20 @@ pub fn through_f32<H: Copy, const N: usize>(
     rounded
 }
 
+/// The error for a binary op's operands that no float arm of a dispatch macro took: dtypes
+/// that differ, or a dtype that is not a float.
+pub fn binary_dtype_error(op: &'static str, a: &HostVec, b: &HostVec) -> Error {
+    if a.dtype() != b.dtype() {
+        Error::DTypeMismatch {
+            op,
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        }
+    } else {
+        Error::dtype(op, a.dtype())
+    }
+}
+
 /// Runs `$body` with `$v` bound to the float data of `$src` as a slice of f32 or f64 (16-bit
 /// floats through f32 temporaries from `$pool`), and wraps
 /// the `Vec` it returns back into a `HostVec` of the source dtype. Non-float dtypes are an error
@@ -225,14 +240,7 @@ macro_rules! float_binary_dispatch {
             (HostVec::BF16(a), HostVec::BF16(b)) => {
                 HostVec::BF16(through_f32($pool, [a, b], widen_bf16, narrow_bf16, |[$x, $y]| $body))
             }
-            (a, b) if a.dtype() != b.dtype() => {
-                return Err($crate::error::Error::DTypeMismatch {
-                    op: $op,
-                    lhs: a.dtype(),
-                    rhs: b.dtype(),
-                });
-            }
-            (a, _) => return Err($crate::error::Error::dtype($op, a.dtype())),
+            (a, b) => return Err($crate::backend::cpu::float::binary_dtype_error($op, a, b)),
         }
     }};
 }

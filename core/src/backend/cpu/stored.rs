@@ -83,14 +83,7 @@ macro_rules! stored_binary_dispatch {
             (HostVec::F64($x), HostVec::F64($y)) => HostVec::F64($body),
             (HostVec::BF16($x), HostVec::BF16($y)) => HostVec::BF16($body),
             (HostVec::F16($x), HostVec::F16($y)) => HostVec::F16($body),
-            (a, b) if a.dtype() != b.dtype() => {
-                return Err($crate::error::Error::DTypeMismatch {
-                    op: $op,
-                    lhs: a.dtype(),
-                    rhs: b.dtype(),
-                });
-            }
-            (a, _) => return Err($crate::error::Error::dtype($op, a.dtype())),
+            (a, b) => return Err($crate::backend::cpu::float::binary_dtype_error($op, a, b)),
         }
     }};
 }
