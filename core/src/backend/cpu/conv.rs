@@ -24,31 +24,61 @@ pub fn im2col<T: CpuFloat>(pool: &Pool, src: &[T], g: &Conv2dGeometry) -> Vec<T>
     }
     out.par_chunks_mut(cols)
         .enumerate()
-        .for_each(|(r, row)| im2col_row(src, row, r, g));
+        .for_each(|(r, row)| im2col_row(src, Planes::nchw(g), row, r, g));
     out
 }
 
-/// `im2col` of one image (`g.n == 1`) into `out`, on this thread: the fused convolution's
-/// per-image columns.
+/// Where a source's plane (image n, channel c) starts: `n * image + c * channel` elements in.
+#[derive(Clone, Copy)]
+pub struct Planes {
+    pub image: usize,
+    pub channel: usize,
+}
+
+impl Planes {
+    /// A contiguous `[n, c, h, w]` tensor's planes.
+    pub fn nchw(g: &Conv2dGeometry) -> Planes {
+        Planes {
+            image: g.c * g.h * g.w,
+            channel: g.h * g.w,
+        }
+    }
+}
+
+/// `im2col` of `g.n` images into the start of `out`, on this thread: the fused convolution's
+/// columns for the images one product covers.
 /// Only copies, so any element type (bf16 unfolds as itself, with no widening).
-pub fn im2col_image<T: Element>(src: &[T], out: &mut [T], g: &Conv2dGeometry) {
-    let cols = g.out_h() * g.out_w();
+pub fn im2col_images<T: Element>(src: &[T], out: &mut [T], g: &Conv2dGeometry) {
+    im2col_planes(src, Planes::nchw(g), out, g)
+}
+
+/// `im2col_images` of a source whose planes lie at `planes` (a `[c, n, h, w]` output gradient
+/// unfolds in place).
+pub fn im2col_planes<T: Element>(src: &[T], planes: Planes, out: &mut [T], g: &Conv2dGeometry) {
+    let cols = g.n * g.out_h() * g.out_w();
     if cols == 0 {
         return;
     }
-    out.chunks_mut(cols)
+    out[..g.c * g.kh * g.kw * cols]
+        .chunks_mut(cols)
         .enumerate()
-        .for_each(|(r, row)| im2col_row(src, row, r, g));
+        .for_each(|(r, row)| im2col_row(src, planes, row, r, g));
 }
 
 /// Fills row `r` = (channel, ki, kj) of the columns for every image.
-fn im2col_row<T: Element>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometry) {
+fn im2col_row<T: Element>(src: &[T], planes: Planes, row: &mut [T], r: usize, g: &Conv2dGeometry) {
     let zero = T::from_f64(0.0);
     let (oh, ow) = (g.out_h(), g.out_w());
     let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
     let (x_lo, x_hi) = valid_range(ow, kj, g.stride[1], g.dilation[1], g.padding[1], g.w);
+    let shifted = g.stride == [1, 1] && ow == g.w;
     for (n, block) in row.chunks_mut(oh * ow).enumerate() {
-        let img = &src[(n * g.c + c) * g.h * g.w..(n * g.c + c + 1) * g.h * g.w];
+        let start = n * planes.image + c * planes.channel;
+        let img = &src[start..start + g.h * g.w];
+        if shifted {
+            unfold_shifted(img, block, (ki, kj), (x_lo, x_hi), g);
+            continue;
+        }
         for y in 0..oh {
             let dst = &mut block[y * ow..(y + 1) * ow];
             let Some(iy) = source(y, ki, g.stride[0], g.dilation[0], g.padding[0], g.h) else {
@@ -70,6 +100,42 @@ fn im2col_row<T: Element>(src: &[T], row: &mut [T], r: usize, g: &Conv2dGeometry
                 }
             }
         }
+    }
+}
+
+/// One tap's row of one image where the unfolding keeps the width (stride 1, `out_w == w`):
+/// output pixel j reads input pixel j + shift for one shift, so the valid rows copy as one run
+/// and only the columns that wrapped into a neighbouring row are zeroed. (Row by row, a 4x4
+/// image's taps were copied 4 elements at a time.)
+fn unfold_shifted<T: Element>(
+    img: &[T],
+    block: &mut [T],
+    (ki, kj): (usize, usize),
+    (x_lo, x_hi): (usize, usize),
+    g: &Conv2dGeometry,
+) {
+    let zero = T::from_f64(0.0);
+    let w = g.w;
+    let (y_lo, y_hi) = valid_range(g.out_h(), ki, 1, g.dilation[0], g.padding[0], g.h);
+    if x_lo >= x_hi || y_lo >= y_hi {
+        block.fill(zero);
+        return;
+    }
+    let shift = (ki * g.dilation[0]) as isize - g.padding[0] as isize;
+    let shift = shift * w as isize + (kj * g.dilation[1]) as isize - g.padding[1] as isize;
+    // Within the valid rows, clipped to the input plane; what the clipping leaves out lies in
+    // columns that wrapped, zeroed below.
+    let first = ((y_lo * w) as isize).max(-shift) as usize;
+    let end = ((y_hi * w) as isize)
+        .min(img.len() as isize - shift)
+        .max(first as isize) as usize;
+    block[..first].fill(zero);
+    block[end..].fill(zero);
+    let from = (first as isize + shift) as usize;
+    block[first..end].copy_from_slice(&img[from..from + (end - first)]);
+    for row in block[y_lo * w..y_hi * w].chunks_exact_mut(w) {
+        row[..x_lo].fill(zero);
+        row[x_hi..].fill(zero);
     }
 }
 
@@ -100,15 +166,16 @@ pub fn col2im<T: CpuFloat>(pool: &Pool, cols: &[T], g: &Conv2dGeometry) -> Vec<T
     out
 }
 
-/// `col2im` of one image (`g.n == 1`) into `img` `[c, h, w]`, on this thread.
-pub fn col2im_image<T: CpuFloat>(cols: &[T], img: &mut [T], g: &Conv2dGeometry) {
-    img.fill(T::zero());
+/// `col2im` of `g.n` images into `images` `[n, c, h, w]`, on this thread.
+pub fn col2im_images<T: CpuFloat>(cols: &[T], images: &mut [T], g: &Conv2dGeometry) {
+    images.fill(T::zero());
     if g.h * g.w == 0 {
         return;
     }
-    img.chunks_mut(g.h * g.w)
+    images
+        .chunks_mut(g.h * g.w)
         .enumerate()
-        .for_each(|(c, plane)| wide(Col2imPlane(cols, plane, (0, c), g)));
+        .for_each(|(nc, plane)| wide(Col2imPlane(cols, plane, (nc / g.c, nc % g.c), g)));
 }
 
 /// `col2im_plane` of (image, channel), run by `simd::wide`.

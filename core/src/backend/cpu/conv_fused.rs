@@ -1,12 +1,15 @@
-//! A convolution's product one image at a time. Unfolding the whole batch first (`im2col`)
+//! A convolution's product a few images at a time. Unfolding the whole batch first (`im2col`)
 //! makes a ResNet layer's columns 150 MB at batch 64, written once and read back by one large
-//! GEMM; here each thread unfolds one image into columns that stay in its cache (2.3 MB for
-//! 64 channels of 32x32) and multiplies them at once, single-threaded, while the other threads
-//! do other images. The results are laid out as the composed path's: `[o, n·oh·ow]`.
+//! GEMM; here each thread unfolds one image (or, for small images, a few: see
+//! `images_per_product`) into columns that stay in its cache (2.3 MB for 64 channels of 32x32)
+//! and multiplies them at once, single-threaded, while the other threads do other images. The
+//! results are laid out as the composed path's: `[o, n·oh·ow]`. The input gradient of a
+//! stride-1 convolution is a transposed convolution (`conv_data_grad`).
 
 use rayon::prelude::*;
 
-use super::conv::{col2im_image, im2col_image};
+use super::conv::{col2im_images, im2col_images};
+use super::conv_data_grad::{DataScratch, Transposed};
 use super::float::CpuFloat;
 use super::matmul::GemmElement;
 use super::pool::Pool;
@@ -77,6 +80,40 @@ pub(super) fn image_ranges(n: usize) -> impl ParallelIterator<Item = std::ops::R
         .map(move |r| r * per_range..((r + 1) * per_range).min(n))
 }
 
+/// Weights above this many elements (4 MiB in f32, beyond a core's L2 cache) are read by
+/// products of at least `WIDE_COLUMNS` columns; smaller ones by one product per image.
+const LARGE_WEIGHT: usize = 1 << 20;
+const WIDE_COLUMNS: usize = 1024;
+
+/// The images one f32 product covers. Each product reads the weight (and, backward, reads and
+/// writes the weight gradient's partial sum): per image, a 4x4 layer's 512x4608 weight (9 MB)
+/// was streamed 64 times a batch, and its backward pass ran at 113 GFLOP/s; 32 images a product
+/// ran it at 310. For smaller weights one image a product keeps its columns in the L2 cache
+/// (an 8x8 layer's backward: 28 ms against 33-41 ms with 4-16 images).
+fn images_per_product(g: &Conv2dGeometry, o: usize) -> usize {
+    let large = o * g.c * g.kh * g.kw > LARGE_WEIGHT;
+    images_for_columns(g, if large { WIDE_COLUMNS } else { 1 })
+}
+
+/// The fewest images whose output pixels reach `columns`, within a thread's range.
+pub(super) fn images_for_columns(g: &Conv2dGeometry, columns: usize) -> usize {
+    columns
+        .div_ceil((g.out_h() * g.out_w()).max(1))
+        .clamp(1, images_per_range(g.n))
+}
+
+/// `range` cut into runs of at most `per` images, each with its geometry.
+pub(super) fn products(
+    range: std::ops::Range<usize>,
+    per: usize,
+    g: &Conv2dGeometry,
+) -> impl Iterator<Item = (usize, Conv2dGeometry)> + '_ {
+    range.clone().step_by(per).map(move |first| {
+        let n = per.min(range.end - first);
+        (first, Conv2dGeometry { n, ..*g })
+    })
+}
+
 /// The backward passes' split: `grad_x` (`n` images of `plane` elements) cut into one
 /// contiguous range of images per thread, `range(first_image, its_grad_x)` filling its part and
 /// returning its partial weight gradient; the partials in range order, so summing them in order
@@ -95,41 +132,48 @@ pub(super) fn per_image_range<T: Send, P: Send>(
         .collect()
 }
 
-/// The geometry of one image of `g`'s batch.
-pub(super) fn one_image(g: &Conv2dGeometry) -> Conv2dGeometry {
-    Conv2dGeometry { n: 1, ..*g }
-}
-
 /// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` (one group).
 pub fn forward<T: GemmElement + CpuFloat>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize) -> Vec<T> {
-    let (taps, pixels) = (g.c * g.kh * g.kw, g.out_h() * g.out_w());
+    forward_in_runs(pool, x, weight, g, o, images_per_product(g, o))
+}
+
+/// `forward` with products of `per` images.
+fn forward_in_runs<T: GemmElement + CpuFloat>(
+    pool: &Pool,
+    x: &[T],
+    weight: &[T],
+    g: &Conv2dGeometry,
+    o: usize,
+    per: usize,
+) -> Vec<T> {
+    let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
     let mut out = pool.take::<T>(o * width);
     if taps == 0 {
         out.fill(T::zero());
         return out;
     }
-    let image = one_image(g);
     let dst = Columns(out.as_mut_ptr());
     image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
-        let mut cols = pool.take::<T>(taps * pixels);
-        for i in images {
-            im2col_image(&x[i * g.c * g.h * g.w..(i + 1) * g.c * g.h * g.w], &mut cols, &image);
-            // SAFETY: `out` is o x width; image i's block starts at column i·pixels and spans
-            // `pixels` columns of every row (row stride `width`), written by this task alone.
-            // `weight` is o x taps and `cols` taps x pixels, both contiguous.
+        let mut cols = pool.take::<T>(taps * pixels * per);
+        for (first, run) in products(images, per, g) {
+            let columns = run.n * pixels;
+            im2col_images(&x[first * plane..(first + run.n) * plane], &mut cols, &run);
+            // SAFETY: `out` is o x width; the run's block starts at column first·pixels and
+            // spans `columns` columns of every row (row stride `width`), written by this task
+            // alone. `weight` is o x taps and `cols` taps x columns, both contiguous.
             unsafe {
                 product(
-                    (o, pixels, taps),
-                    dst.0.add(i * pixels),
+                    (o, columns, taps),
+                    dst.0.add(first * pixels),
                     (width, 1),
                     weight.as_ptr(),
                     (taps, 1),
                     cols.as_ptr(),
-                    (pixels, 1),
+                    (columns, 1),
                     false,
                 );
             }
@@ -151,6 +195,19 @@ pub fn backward<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
 ) -> (Vec<T>, Vec<T>) {
+    backward_in_runs(pool, x, weight, grad, g, o, images_per_product(g, o))
+}
+
+/// `backward` with products of `per` images.
+fn backward_in_runs<T: GemmElement + CpuFloat>(
+    pool: &Pool,
+    x: &[T],
+    weight: &[T],
+    grad: &[T],
+    g: &Conv2dGeometry,
+    o: usize,
+    per: usize,
+) -> (Vec<T>, Vec<T>) {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
     let mut grad_x = pool.take::<T>(g.n * plane);
@@ -160,53 +217,153 @@ pub fn backward<T: GemmElement + CpuFloat>(
         grad_x.fill(T::zero());
         return (grad_x, grad_w);
     }
-    let image = one_image(g);
+    let partial_layout = PartialLayout::for_product(o, taps, pixels);
+    let transposed = Transposed::plan(pool, g, o, weight);
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
-        // Written whole by the range's first image (no accumulation), then summed into.
+        // Written whole by the range's first product (no accumulation), then summed into.
         let mut partial = pool.take::<T>(o * taps);
-        let (mut cols, mut grad_cols) = (pool.take::<T>(taps * pixels), pool.take::<T>(taps * pixels));
-        for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
-            let i = first + j;
-            im2col_image(&x[i * plane..(i + 1) * plane], &mut cols, &image);
-            let grad_image = grad[i * pixels..].as_ptr();
-            // SAFETY: `grad` is o x width, image i's block at column i·pixels with row stride
-            // `width`; `cols` and `grad_cols` are taps x pixels, `partial` o x taps and
-            // `weight` o x taps, all contiguous and owned or borrowed by this task alone.
+        let mut cols = pool.take::<T>(taps * pixels * per);
+        let mut data = DataScratch::take(pool, transposed.as_ref(), taps * pixels * per, per, plane);
+        let range = first..first + grad_x_range.len() / plane;
+        for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
+            let columns = run.n * pixels;
+            im2col_images(&x[start * plane..(start + run.n) * plane], &mut cols, &run);
+            let grad_run = grad[start * pixels..].as_ptr();
+            // SAFETY: `grad` is o x width, the run's block at column start·pixels with row
+            // stride `width`; `cols` holds taps x columns and `partial` o x taps, `weight` is
+            // o x taps, all contiguous and owned or borrowed by this task alone.
             unsafe {
-                // partial += grad_i @ cols_iᵀ: cols read as pixels x taps.
+                // partial += grad_run @ cols_runᵀ: cols read as columns x taps.
                 product(
-                    (o, taps, pixels),
+                    (o, taps, columns),
                     partial.as_mut_ptr(),
-                    (taps, 1),
-                    grad_image,
+                    partial_layout.strides(o, taps),
+                    grad_run,
                     (width, 1),
                     cols.as_ptr(),
-                    (1, pixels),
-                    j > 0,
-                );
-                // grad_cols = weightᵀ @ grad_i: weight read as taps x o.
-                product(
-                    (taps, pixels, o),
-                    grad_cols.as_mut_ptr(),
-                    (pixels, 1),
-                    weight.as_ptr(),
-                    (1, taps),
-                    grad_image,
-                    (width, 1),
-                    false,
+                    (1, columns),
+                    start > first,
                 );
             }
-            col2im_image(&grad_cols, grad_x_image, &image);
+            match &transposed {
+                Some(t) => t.input_gradient(
+                    &mut data,
+                    (grad, width),
+                    start,
+                    &run,
+                    grad_x_run,
+                    |cols, by_channel, inputs| turned_product(t, cols, by_channel, inputs),
+                ),
+                None => folded_input_gradient(weight, o, grad, width, start, &mut data, &run, grad_x_run),
+            }
         }
         pool.recycle(T::into_host(cols));
-        pool.recycle(T::into_host(grad_cols));
+        data.recycle(pool);
         partial
     });
+    if let Some(t) = transposed {
+        t.recycle(pool);
+    }
     for partial in partials {
-        grad_w.iter_mut().zip(&partial).for_each(|(w, &p)| *w = *w + p);
+        partial_layout.add_into(&mut grad_w, &partial, o, taps);
         pool.recycle(T::into_host(partial));
     }
     (grad_x, grad_w)
+}
+
+/// `by_channel = t.weight @ cols` (`c x inputs`): the transposed convolution's product.
+fn turned_product<T: GemmElement + CpuFloat>(t: &Transposed<T>, cols: &[T], by_channel: &mut [T], inputs: usize) {
+    // SAFETY: `t.weight` is c x t.taps, `cols` t.taps x inputs and `by_channel` holds
+    // c x inputs, all contiguous and this task's own.
+    unsafe {
+        product(
+            (t.channels(), inputs, t.taps),
+            by_channel.as_mut_ptr(),
+            (inputs, 1),
+            t.weight.as_ptr(),
+            (t.taps, 1),
+            cols.as_ptr(),
+            (inputs, 1),
+            false,
+        );
+    }
+}
+
+/// The input gradient of a run of images (`run.n` from `start`) into `grad_x_run`:
+/// `weightᵀ @ grad_run` into columns, folded back (`col2im`).
+#[allow(clippy::too_many_arguments)]
+fn folded_input_gradient<T: GemmElement + CpuFloat>(
+    weight: &[T],
+    o: usize,
+    grad: &[T],
+    width: usize,
+    start: usize,
+    data: &mut DataScratch<T>,
+    run: &Conv2dGeometry,
+    grad_x_run: &mut [T],
+) {
+    let (taps, pixels) = (run.c * run.kh * run.kw, run.out_h() * run.out_w());
+    let columns = run.n * pixels;
+    // SAFETY: `grad` is o x width, the run's block at column start·pixels with row stride
+    // `width`; `weight` is o x taps, read as taps x o; `data.cols` holds taps x columns, this
+    // task's own, contiguous.
+    unsafe {
+        product(
+            (taps, columns, o),
+            data.cols.as_mut_ptr(),
+            (columns, 1),
+            weight.as_ptr(),
+            (1, taps),
+            grad[start * pixels..].as_ptr(),
+            (width, 1),
+            false,
+        );
+    }
+    col2im_images(&data.cols, grad_x_run, run);
+}
+
+/// How a range's partial weight gradient (`o x taps`) is stored. `gemm` makes its destination
+/// column-major and packs the left operand when its rows are not contiguous: with a row-major
+/// partial that operand is the columns (`taps x pixels`), with a column-major one the output
+/// gradient (`o x pixels`). For large images with more taps than channels out, packing the
+/// smaller one halved the backward pass (a 64-channel 32x32 layer: 66 -> 36 ms at batch 64);
+/// for small ones the columns fit the cache and row-major was faster (8x8: 28 against 35 ms).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PartialLayout {
+    RowMajor,
+    ColumnMajor,
+}
+
+impl PartialLayout {
+    fn for_product(o: usize, taps: usize, pixels: usize) -> PartialLayout {
+        if taps > o && pixels >= 256 {
+            PartialLayout::ColumnMajor
+        } else {
+            PartialLayout::RowMajor
+        }
+    }
+
+    /// (row, column) strides of an `o x taps` partial.
+    fn strides(self, o: usize, taps: usize) -> (usize, usize) {
+        match self {
+            PartialLayout::RowMajor => (taps, 1),
+            PartialLayout::ColumnMajor => (1, o),
+        }
+    }
+
+    /// `grad_w += partial`, `grad_w` row-major.
+    fn add_into<T: CpuFloat>(self, grad_w: &mut [T], partial: &[T], o: usize, taps: usize) {
+        match self {
+            PartialLayout::RowMajor => grad_w.iter_mut().zip(partial).for_each(|(w, &p)| *w = *w + p),
+            PartialLayout::ColumnMajor => {
+                for (r, row) in grad_w.chunks_mut(taps).enumerate() {
+                    row.iter_mut()
+                        .enumerate()
+                        .for_each(|(t, w)| *w = *w + partial[t * o + r]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -214,7 +371,7 @@ pub(super) mod tests {
     use super::*;
 
     /// A convolution's inputs and its results by plain loops in f64, for the fused paths to
-    /// match: strides, padding, dilation, an odd tap count (27) and a batch that does not divide
+    /// match: strides, padding, dilation, an odd tap count (81) and a batch that does not divide
     /// among the threads. The values are multiples of 1/8 in [-1, 1], exact in bf16 too.
     pub struct Reference {
         pub g: Conv2dGeometry,
@@ -227,19 +384,30 @@ pub(super) mod tests {
         pub grad_w: Vec<f64>,
     }
 
-    pub fn reference(pool: &Pool) -> Reference {
-        let g = Conv2dGeometry {
-            n: 5,
-            c: 3,
-            h: 7,
-            w: 6,
-            kh: 3,
-            kw: 3,
-            stride: [2, 1],
-            padding: [1, 1],
-            dilation: [1, 2],
-        };
-        let o = 4;
+    /// Strides 2 x 1: the input gradient folds columns back (`col2im`).
+    pub const STRIDED: Conv2dGeometry = Conv2dGeometry {
+        n: 5,
+        c: 9,
+        h: 7,
+        w: 6,
+        kh: 3,
+        kw: 3,
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 2],
+    };
+
+    /// Stride 1, padding below and at `dilation·(k-1)`: the input gradient is the transposed
+    /// convolution (`conv_data_grad`), its sum odd too (5·3·3).
+    pub const UNSTRIDED: Conv2dGeometry = Conv2dGeometry {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [2, 1],
+        ..STRIDED
+    };
+
+    pub fn reference(pool: &Pool, g: Conv2dGeometry) -> Reference {
+        let o = 5;
         let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
         let value = |i: usize, salt: usize| ((i * 7 + salt * 13) % 17) as f64 / 8.0 - 1.0;
         let x: Vec<f64> = (0..g.n * g.c * g.h * g.w).map(|i| value(i, 1)).collect();
@@ -267,14 +435,46 @@ pub(super) mod tests {
         }
     }
 
+    /// Output images of 16x16, for the column-major weight gradient (`PartialLayout`).
+    pub const WIDE: Conv2dGeometry = Conv2dGeometry {
+        n: 2,
+        h: 16,
+        w: 16,
+        padding: [2, 1],
+        ..UNSTRIDED
+    };
+
     #[test]
     fn the_fused_product_and_its_gradients_match_plain_loops() {
         let pool = Pool::default();
-        let r = reference(&pool);
         let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9) && a.len() == b.len();
-        assert!(close(&forward(&pool, &r.x, &r.w, &r.g, r.o), &r.forward));
-        let (grad_x, grad_w) = backward(&pool, &r.x, &r.w, &r.grad, &r.g, r.o);
-        assert!(close(&grad_w, &r.grad_w));
-        assert!(close(&grad_x, &r.grad_x));
+        for g in [STRIDED, UNSTRIDED, WIDE] {
+            let r = reference(&pool, g);
+            // One image a product, and runs of 2 and 3 (a weight too large for one image).
+            for per in [1, 2, 3] {
+                let forward = forward_in_runs(&pool, &r.x, &r.w, &r.g, r.o, per);
+                assert!(close(&forward, &r.forward), "{g:?}, {per} a product");
+                let (grad_x, grad_w) = backward_in_runs(&pool, &r.x, &r.w, &r.grad, &r.g, r.o, per);
+                assert!(close(&grad_w, &r.grad_w), "{g:?}, {per} a product");
+                assert!(close(&grad_x, &r.grad_x), "{g:?}, {per} a product");
+            }
+        }
+        assert_eq!(
+            PartialLayout::for_product(5, 81, 256) as u8,
+            PartialLayout::ColumnMajor as u8
+        );
+    }
+
+    #[test]
+    fn only_unstrided_convolutions_take_the_transposed_input_gradient() {
+        let pool = Pool::default();
+        let plan = |g: &Conv2dGeometry| Transposed::plan(&pool, g, 5, &vec![0f32; 5 * g.c * g.kh * g.kw]).is_some();
+        assert!(plan(&UNSTRIDED));
+        assert!(!plan(&STRIDED));
+        // Padding past dilation·(k-1) would need a negative padding.
+        assert!(!plan(&Conv2dGeometry {
+            padding: [5, 1],
+            ..UNSTRIDED
+        }));
     }
 }

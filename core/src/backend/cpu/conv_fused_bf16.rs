@@ -1,14 +1,16 @@
 //! The fused convolution (`conv_fused.rs`) for bf16 under autocast, on the bf16 dot-product
 //! kernel, instead of the composed path's batch-wide bf16 columns and one large product. Each
-//! image's columns are unfolded as bf16 (a copy) while in cache; products accumulate
+//! product's images are unfolded as bf16 (a copy) while in cache; products accumulate
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one
-//! large product does); the input gradient's columns fold back in f32 and round once.
+//! large product does); the input gradient is rounded once from f32, out of the transposed
+//! convolution's accumulators or out of columns folded back in f32.
 
 use half::bf16;
 use rayon::prelude::*;
 
-use super::conv::{col2im_image, im2col_image};
-use super::conv_fused::{Columns, image_ranges, one_image, per_image_range};
+use super::conv::{col2im_images, im2col_images};
+use super::conv_data_grad::{DataScratch, Transposed};
+use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products};
 use super::float::bf16_from_f32_slice;
 use super::matmul::bf16::{Dst, Side, product};
 use super::matmul::bf16_kernel;
@@ -16,43 +18,133 @@ use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// Whether this CPU has the kernel; the composed path runs where it has not.
+/// Whether this CPU has the kernel; the composed path runs where it has not. Where it has, the
+/// fused path runs for every geometry: products of several small images fill its tiles.
 pub fn available() -> bool {
     bf16_kernel::available()
 }
 
-/// Output pixels per image below which one batch-wide product beats per-image ones.
-const MIN_PIXELS: usize = 256;
+/// Columns (images x output pixels) each product covers at least: an 8x8 layer's backward pass
+/// took 34 ms an image at a time, 22-24 ms with 4-8 images a product (batch 64, 256 channels).
+const MIN_COLUMNS: usize = 512;
 
-/// Whether the fused path runs for `g`: on the kernel, for images of many output pixels (where
-/// the batch-wide columns are largest; small images' products are too small to fill the tiles).
-pub fn pays(g: &Conv2dGeometry) -> bool {
-    available() && g.out_h() * g.out_w() >= MIN_PIXELS
-}
-
-/// One task's scratch: an image's input gradient in f32, an image's columns in bf16.
+/// One task's scratch: a product's images' columns in bf16.
 struct Scratch {
-    image: Vec<f32>,
     cols: Vec<bf16>,
 }
 
 impl Scratch {
-    fn take(pool: &Pool, plane: usize, cols: usize) -> Scratch {
-        Scratch {
-            image: pool.take(plane),
-            cols: pool.take(cols),
-        }
+    fn take(pool: &Pool, cols: usize) -> Scratch {
+        Scratch { cols: pool.take(cols) }
     }
 
-    /// Unfolds `x` (one image) into `self.cols` (taps x pixels, bf16).
-    fn unfold(&mut self, x: &[bf16], image: &Conv2dGeometry) {
-        im2col_image(x, &mut self.cols, image);
+    /// Unfolds `x` (`run.n` images) into `self.cols` (taps x columns, bf16).
+    fn unfold(&mut self, x: &[bf16], run: &Conv2dGeometry) {
+        im2col_images(x, &mut self.cols, run);
     }
 
     fn recycle(self, pool: &Pool) {
-        pool.recycle(HostVec::F32(self.image));
         pool.recycle(HostVec::BF16(self.cols));
     }
+}
+
+/// Where the input gradient is not a transposed convolution: its columns and images in f32,
+/// summed there and rounded once.
+struct Fold {
+    grad_cols: Vec<f32>,
+    images: Vec<f32>,
+}
+
+impl Fold {
+    fn take(pool: &Pool, cols: usize, images: usize) -> Fold {
+        Fold {
+            grad_cols: pool.take(cols),
+            images: pool.take(images),
+        }
+    }
+
+    /// The input gradient of a run of images (`run.n` from `start`) into `grad_x_run`:
+    /// `weightᵀ @ grad_run` into f32 columns, folded back and rounded once.
+    #[allow(clippy::too_many_arguments)]
+    fn input_gradient(
+        &mut self,
+        pool: &Pool,
+        weight: &[bf16],
+        o: usize,
+        grad: &[bf16],
+        width: usize,
+        start: usize,
+        run: &Conv2dGeometry,
+        grad_x_run: &mut [bf16],
+    ) {
+        let (taps, pixels) = (run.c * run.kh * run.kw, run.out_h() * run.out_w());
+        let columns = run.n * pixels;
+        let weight_by_tap = Side {
+            data: weight,
+            offset: 0,
+            rows: taps,
+            row_stride: 1,
+            k_stride: taps,
+        };
+        let grad_by_pixel = Side {
+            data: grad,
+            offset: start * pixels,
+            rows: columns,
+            row_stride: 1,
+            k_stride: width,
+        };
+        // SAFETY: `available()` holds (the fused path's promise) and o > 0; `grad_cols`
+        // (taps x columns) is this task's own, contiguous.
+        unsafe {
+            product(
+                pool,
+                Dst::F32(self.grad_cols.as_mut_ptr()),
+                columns,
+                weight_by_tap,
+                grad_by_pixel,
+                o,
+            )
+        };
+        let images = &mut self.images[..grad_x_run.len()];
+        col2im_images(&self.grad_cols, images, run);
+        bf16_from_f32_slice(grad_x_run, images);
+    }
+
+    fn recycle(self, pool: &Pool) {
+        pool.recycle(HostVec::F32(self.grad_cols));
+        pool.recycle(HostVec::F32(self.images));
+    }
+}
+
+/// `by_channel = t.weight @ cols` (`c x inputs`), rounded once from the kernel's f32 sums:
+/// the transposed convolution's product.
+fn turned_product(pool: &Pool, t: &Transposed<bf16>, cols: &[bf16], by_channel: &mut [bf16], inputs: usize) {
+    let turned = Side {
+        data: &t.weight,
+        offset: 0,
+        rows: t.channels(),
+        row_stride: t.taps,
+        k_stride: 1,
+    };
+    let unfolded = Side {
+        data: cols,
+        offset: 0,
+        rows: inputs,
+        row_stride: 1,
+        k_stride: inputs,
+    };
+    // SAFETY: `available()` holds (the fused path's promise) and t.taps > 0; `by_channel`
+    // holds c x inputs, this task's own, contiguous.
+    unsafe {
+        product(
+            pool,
+            Dst::Bf16(by_channel.as_mut_ptr()),
+            inputs,
+            turned,
+            unfolded,
+            t.taps,
+        )
+    };
 }
 
 /// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]`; call only where `available()`.
@@ -64,15 +156,16 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
-    let image = one_image(g);
+    let per = images_for_columns(g, MIN_COLUMNS);
     let dst = Columns(out.as_mut_ptr());
     image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
-        let mut scratch = Scratch::take(pool, plane, taps * pixels);
-        for i in images {
-            scratch.unfold(&x[i * plane..(i + 1) * plane], &image);
+        let mut scratch = Scratch::take(pool, taps * pixels * per);
+        for (first, run) in products(images, per, g) {
+            let columns = run.n * pixels;
+            scratch.unfold(&x[first * plane..(first + run.n) * plane], &run);
             let w = Side {
                 data: weight,
                 offset: 0,
@@ -83,14 +176,14 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
             let cols = Side {
                 data: &scratch.cols,
                 offset: 0,
-                rows: pixels,
+                rows: columns,
                 row_stride: 1,
-                k_stride: pixels,
+                k_stride: columns,
             };
-            // SAFETY: `available()` holds (the caller's promise) and taps > 0; image i's block
-            // of `out` (o x width) is o rows of `pixels` at column i·pixels, written by this
-            // task alone.
-            unsafe { product(pool, Dst::Bf16(dst.0.add(i * pixels)), width, w, cols, taps) };
+            // SAFETY: `available()` holds (the caller's promise) and taps > 0; the run's block
+            // of `out` (o x width) is o rows of `columns` at column first·pixels, written by
+            // this task alone.
+            unsafe { product(pool, Dst::Bf16(dst.0.add(first * pixels)), width, w, cols, taps) };
         }
         scratch.recycle(pool);
     });
@@ -117,19 +210,25 @@ pub fn backward(
         grad_w.fill(bf16::ZERO);
         return (grad_x, grad_w);
     }
-    let image = one_image(g);
+    let per = images_for_columns(g, MIN_COLUMNS);
+    let transposed = Transposed::plan(pool, g, o, weight);
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
         let mut partial = pool.take::<f32>(o * taps);
         partial.fill(0.0);
-        let mut scratch = Scratch::take(pool, plane, taps * pixels);
-        let mut grad_cols = pool.take::<f32>(taps * pixels);
-        for (j, grad_x_image) in grad_x_range.chunks_mut(plane).enumerate() {
-            let i = first + j;
-            scratch.unfold(&x[i * plane..(i + 1) * plane], &image);
-            // grad_i: o rows of `pixels` along k, at column i·pixels of `grad`.
+        let mut scratch = Scratch::take(pool, taps * pixels * per);
+        let mut data = DataScratch::take(pool, transposed.as_ref(), 0, per, plane);
+        let mut fold = match transposed {
+            Some(_) => Fold::take(pool, 0, 0),
+            None => Fold::take(pool, taps * pixels * per, plane * per),
+        };
+        let range = first..first + grad_x_range.len() / plane;
+        for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
+            let columns = run.n * pixels;
+            scratch.unfold(&x[start * plane..(start + run.n) * plane], &run);
+            // grad_run: o rows of `columns` along k, at column start·pixels of `grad`.
             let grad_rows = Side {
                 data: grad,
-                offset: i * pixels,
+                offset: start * pixels,
                 rows: o,
                 row_stride: width,
                 k_stride: 1,
@@ -138,52 +237,42 @@ pub fn backward(
                 data: &scratch.cols,
                 offset: 0,
                 rows: taps,
-                row_stride: pixels,
+                row_stride: columns,
                 k_stride: 1,
             };
-            let weight_by_tap = Side {
-                data: weight,
-                offset: 0,
-                rows: taps,
-                row_stride: 1,
-                k_stride: taps,
-            };
-            let grad_by_pixel = Side {
-                data: grad,
-                offset: i * pixels,
-                rows: pixels,
-                row_stride: 1,
-                k_stride: width,
-            };
-            // SAFETY: `available()` holds and pixels, o > 0; `partial` (o x taps) and
-            // `grad_cols` (taps x pixels) are this task's own, contiguous.
+            // SAFETY: `available()` holds and columns > 0; `partial` (o x taps) is this task's
+            // own, contiguous.
             unsafe {
-                // partial += grad_i @ cols_iᵀ
+                // partial += grad_run @ cols_runᵀ
                 product(
                     pool,
                     Dst::F32Add(partial.as_mut_ptr()),
                     taps,
                     grad_rows,
                     cols_by_tap,
-                    pixels,
-                );
-                // grad_cols = weightᵀ @ grad_i
-                product(
-                    pool,
-                    Dst::F32(grad_cols.as_mut_ptr()),
-                    pixels,
-                    weight_by_tap,
-                    grad_by_pixel,
-                    o,
+                    columns,
                 );
             }
-            col2im_image(&grad_cols, &mut scratch.image, &image);
-            bf16_from_f32_slice(grad_x_image, &scratch.image);
+            match &transposed {
+                Some(t) => t.input_gradient(
+                    &mut data,
+                    (grad, width),
+                    start,
+                    &run,
+                    grad_x_run,
+                    |cols, by_channel, inputs| turned_product(pool, t, cols, by_channel, inputs),
+                ),
+                None => fold.input_gradient(pool, weight, o, grad, width, start, &run, grad_x_run),
+            }
         }
         scratch.recycle(pool);
-        pool.recycle(HostVec::F32(grad_cols));
+        data.recycle(pool);
+        fold.recycle(pool);
         partial
     });
+    if let Some(t) = transposed {
+        t.recycle(pool);
+    }
     let mut sum = pool.take::<f32>(o * taps);
     sum.fill(0.0);
     for partial in partials {
@@ -198,7 +287,7 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::reference;
+    use crate::backend::cpu::conv_fused::tests::{STRIDED, UNSTRIDED, reference};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
@@ -209,20 +298,22 @@ mod tests {
             return;
         }
         let pool = Pool::default();
-        let r = reference(&pool);
-        let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
-        let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
-        // Each result is rounded to bf16 once: within half a bf16 ulp of the exact value.
-        let close = |got: &[bf16], want: &[f64]| {
-            got.len() == want.len()
-                && got
-                    .iter()
-                    .zip(want)
-                    .all(|(g, w)| (g.to_f64() - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-6)
-        };
-        assert!(close(&forward(&pool, &x, &w, &r.g, r.o), &r.forward));
-        let (grad_x, grad_w) = backward(&pool, &x, &w, &grad, &r.g, r.o);
-        assert!(close(&grad_w, &r.grad_w));
-        assert!(close(&grad_x, &r.grad_x));
+        for g in [STRIDED, UNSTRIDED] {
+            let r = reference(&pool, g);
+            let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
+            let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
+            // Each result is rounded to bf16 once: within half a bf16 ulp of the exact value.
+            let close = |got: &[bf16], want: &[f64]| {
+                got.len() == want.len()
+                    && got
+                        .iter()
+                        .zip(want)
+                        .all(|(g, w)| (g.to_f64() - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-6)
+            };
+            assert!(close(&forward(&pool, &x, &w, &r.g, r.o), &r.forward));
+            let (grad_x, grad_w) = backward(&pool, &x, &w, &grad, &r.g, r.o);
+            assert!(close(&grad_w, &r.grad_w), "{g:?}");
+            assert!(close(&grad_x, &r.grad_x), "{g:?}");
+        }
     }
 }

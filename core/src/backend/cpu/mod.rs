@@ -7,6 +7,7 @@ mod bias;
 mod busy;
 mod causal_softmax;
 mod conv;
+mod conv_data_grad;
 mod conv_fused;
 #[cfg(target_arch = "x86_64")]
 mod conv_fused_bf16;
@@ -786,7 +787,7 @@ impl Backend for CpuBackend {
                     Some(HostVec::F64(conv_fused::forward(&self.pool, x, w, geom, out_channels)))
                 }
                 #[cfg(target_arch = "x86_64")]
-                (HostVec::BF16(x), HostVec::BF16(w)) if conv_fused_bf16::pays(geom) => Some(HostVec::BF16(
+                (HostVec::BF16(x), HostVec::BF16(w)) if conv_fused_bf16::available() => Some(HostVec::BF16(
                     conv_fused_bf16::forward(&self.pool, x, w, geom, out_channels),
                 )),
                 // f16, and bf16 where the fused path does not pay, keep the composed path.
@@ -832,7 +833,7 @@ impl Backend for CpuBackend {
                     Some((HostVec::F64(gx), HostVec::F64(gw)))
                 }
                 #[cfg(target_arch = "x86_64")]
-                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) if conv_fused_bf16::pays(geom) => {
+                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) if conv_fused_bf16::available() => {
                     let (gx, gw) = conv_fused_bf16::backward(&self.pool, x, w, g, geom, out_channels);
                     Some((HostVec::BF16(gx), HostVec::BF16(gw)))
                 }

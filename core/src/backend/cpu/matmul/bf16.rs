@@ -264,15 +264,20 @@ unsafe impl Sync for Output {}
 impl Output {
     /// Rounds a finished tile into the output: rows `s0..`, columns `v0..`, within bounds.
     fn write(&self, tile: &[[f32; NR]; MR], s0: usize, srows: usize, v0: usize, vcols: usize) {
-        for (r, row) in tile.iter().enumerate().take(srows) {
-            if self.transposed {
-                for (c, &x) in row.iter().enumerate().take(vcols) {
+        if self.transposed {
+            // Column c of the tile is a run of `srows` contiguous output elements: one cache
+            // line or two each, where writing row by row touched a line per element.
+            for c in 0..vcols {
+                let at = (v0 + c) * self.row_stride + s0;
+                for (r, row) in tile.iter().enumerate().take(srows) {
                     // SAFETY: v0 + c < m and s0 + r < n (the caller clips srows and vcols), and
                     // tiles cover disjoint (s, v) ranges, so no two threads write one element.
-                    unsafe { self.put((v0 + c) * self.row_stride + s0 + r, x) };
+                    unsafe { self.put(at + r, row[c]) };
                 }
-                continue;
             }
+            return;
+        }
+        for (r, row) in tile.iter().enumerate().take(srows) {
             let at = (s0 + r) * self.row_stride + v0;
             // SAFETY: as above; this row segment is vcols elements inside row s0 + r.
             unsafe {
