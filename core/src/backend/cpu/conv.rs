@@ -24,7 +24,7 @@ pub fn im2col<T: CpuFloat>(pool: &Pool, src: &[T], g: &Conv2dGeometry) -> Vec<T>
     }
     out.par_chunks_mut(cols)
         .enumerate()
-        .for_each(|(r, row)| im2col_row(src, Planes::nchw(g), row, r, g));
+        .for_each(|(r, row)| im2col_tap(src, Planes::nchw(g), row, r, g));
     out
 }
 
@@ -62,11 +62,11 @@ pub fn im2col_planes<T: Element>(src: &[T], planes: Planes, out: &mut [T], g: &C
     out[..g.c * g.kh * g.kw * cols]
         .chunks_mut(cols)
         .enumerate()
-        .for_each(|(r, row)| im2col_row(src, planes, row, r, g));
+        .for_each(|(r, row)| im2col_tap(src, planes, row, r, g));
 }
 
 /// Fills row `r` = (channel, ki, kj) of the columns for every image.
-fn im2col_row<T: Element>(src: &[T], planes: Planes, row: &mut [T], r: usize, g: &Conv2dGeometry) {
+pub(super) fn im2col_tap<T: Element>(src: &[T], planes: Planes, row: &mut [T], r: usize, g: &Conv2dGeometry) {
     let zero = T::from_f64(0.0);
     let (oh, ow) = (g.out_h(), g.out_w());
     let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);

@@ -63,22 +63,25 @@ impl<T: Element> Transposed<T> {
         })
     }
 
-    /// Unfolds the output gradient (`[o, width]`, image i's pixels at column i·pixels) of the
-    /// `n` images from `first` into `cols` (`taps x n·h·w`).
-    fn unfold(&self, grad: &[T], width: usize, first: usize, n: usize, cols: &mut [T]) {
+    /// What unfolds into the columns of the `n` images from `first`: their output gradient
+    /// (`[o, width]`, image i's pixels at column i·pixels) under the transposed geometry.
+    pub fn unfolding<'a>(&self, grad: &'a [T], width: usize, first: usize, n: usize) -> Unfolding<'a, T> {
         let pixels = self.image.h * self.image.w;
-        let planes = Planes {
-            image: pixels,
-            channel: width,
-        };
-        let run = Conv2dGeometry { n, ..self.image };
-        im2col_planes(&grad[first * pixels..], planes, cols, &run);
+        Unfolding {
+            src: &grad[first * pixels..],
+            planes: Planes {
+                image: pixels,
+                channel: width,
+            },
+            geometry: Conv2dGeometry { n, ..self.image },
+        }
     }
 
-    /// The input gradient of the `run.n` images from `start` into `grad_x_run`: unfolds their
-    /// output gradient (`[o, width]`), has `multiply(cols, by_channel, inputs)` write
-    /// `weight @ cols` (`c x inputs`) into `by_channel`, and lays that out image by image
-    /// (for one image, `by_channel` is `grad_x_run` itself).
+    /// The input gradient of the `run.n` images from `start` into `grad_x_run`: has
+    /// `multiply(unfolding, cols, by_channel, inputs)` unfold their output gradient
+    /// (`[o, width]`) into `cols` as it needs and write `weight @ columns` (`c x inputs`)
+    /// into `by_channel`, then lays that out image by image (for one image, `by_channel` is
+    /// `grad_x_run` itself).
     pub fn input_gradient(
         &self,
         data: &mut DataScratch<T>,
@@ -86,14 +89,14 @@ impl<T: Element> Transposed<T> {
         start: usize,
         run: &Conv2dGeometry,
         grad_x_run: &mut [T],
-        multiply: impl FnOnce(&[T], &mut [T], usize),
+        multiply: impl FnOnce(Unfolding<'_, T>, &mut [T], &mut [T], usize),
     ) {
         let inputs = run.n * run.h * run.w;
-        self.unfold(grad, width, start, run.n, &mut data.cols);
+        let unfolding = self.unfolding(grad, width, start, run.n);
         if run.n == 1 {
-            multiply(&data.cols, grad_x_run, inputs);
+            multiply(unfolding, &mut data.cols, grad_x_run, inputs);
         } else {
-            multiply(&data.cols, &mut data.by_channel, inputs);
+            multiply(unfolding, &mut data.cols, &mut data.by_channel, inputs);
             to_images(&data.by_channel, grad_x_run, run.c, run.h * run.w);
         }
     }
@@ -103,9 +106,9 @@ impl<T: Element> Transposed<T> {
         self.weight.len() / self.taps.max(1)
     }
 
-    /// Scratch elements for the columns of `images` images.
-    pub fn cols_len(&self, images: usize) -> usize {
-        self.taps * images * self.image.out_h() * self.image.out_w()
+    /// Output elements (input pixels) of `images` images.
+    pub fn inputs(&self, images: usize) -> usize {
+        images * self.image.out_h() * self.image.out_w()
     }
 
     pub fn recycle(self, pool: &Pool) {
@@ -113,8 +116,8 @@ impl<T: Element> Transposed<T> {
     }
 }
 
-/// A task's scratch for the input gradient: the unfolded output gradient (transposed) or the
-/// columns to fold back; and, for products of several images, their gradient channel by
+/// A task's scratch for the input gradient: columns (the unfolded output gradient, or the
+/// columns to fold back) and, for products of several images, their gradient channel by
 /// channel before it is laid out image by image.
 pub struct DataScratch<T: Element> {
     pub cols: Vec<T>,
@@ -122,13 +125,7 @@ pub struct DataScratch<T: Element> {
 }
 
 impl<T: Element> DataScratch<T> {
-    /// For a range whose products cover up to `per` images of `plane` input elements, through
-    /// `transposed`, or else folding back `fold_cols` elements of columns.
-    pub fn take(pool: &Pool, transposed: Option<&Transposed<T>>, fold_cols: usize, per: usize, plane: usize) -> Self {
-        let (cols, by_channel) = match transposed {
-            Some(t) => (t.cols_len(per), if per > 1 { per * plane } else { 0 }),
-            None => (fold_cols, 0),
-        };
+    pub fn take(pool: &Pool, cols: usize, by_channel: usize) -> Self {
         DataScratch {
             cols: pool.take(cols),
             by_channel: pool.take(by_channel),
@@ -138,6 +135,20 @@ impl<T: Element> DataScratch<T> {
     pub fn recycle(self, pool: &Pool) {
         pool.recycle(T::into_host(self.cols));
         pool.recycle(T::into_host(self.by_channel));
+    }
+}
+
+/// An output gradient to unfold: its planes under the transposed geometry.
+pub struct Unfolding<'a, T> {
+    pub src: &'a [T],
+    pub planes: Planes,
+    pub geometry: Conv2dGeometry,
+}
+
+impl<T: Element> Unfolding<'_, T> {
+    /// Its columns (`o·kh·kw x n·h·w`) into the start of `cols`.
+    pub fn unfold_into(&self, cols: &mut [T]) {
+        im2col_planes(self.src, self.planes, cols, &self.geometry);
     }
 }
 

@@ -223,7 +223,10 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         // Written whole by the range's first product (no accumulation), then summed into.
         let mut partial = pool.take::<T>(o * taps);
         let mut cols = pool.take::<T>(taps * pixels * per);
-        let mut data = DataScratch::take(pool, transposed.as_ref(), taps * pixels * per, per, plane);
+        let mut data = match &transposed {
+            Some(t) => DataScratch::take(pool, t.taps * t.inputs(per), if per > 1 { per * plane } else { 0 }),
+            None => DataScratch::take(pool, taps * pixels * per, 0),
+        };
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
             let columns = run.n * pixels;
@@ -252,7 +255,10 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
                     start,
                     &run,
                     grad_x_run,
-                    |cols, by_channel, inputs| turned_product(t, cols, by_channel, inputs),
+                    |unfolding, cols, by_channel, inputs| {
+                        unfolding.unfold_into(cols);
+                        turned_product(t, cols, by_channel, inputs)
+                    },
                 ),
                 None => folded_input_gradient(weight, o, grad, width, start, &mut data, &run, grad_x_run),
             }

@@ -8,11 +8,12 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::conv::{col2im_images, im2col_images};
+use super::conv::{Planes, col2im_images, im2col_images};
 use super::conv_data_grad::{DataScratch, Transposed};
 use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products};
+use super::conv_panels::PanelScratch;
 use super::float::bf16_from_f32_slice;
-use super::matmul::bf16::{Dst, Side, product};
+use super::matmul::bf16::{Dst, Side, product, product_with_panels};
 use super::matmul::bf16_kernel;
 use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
@@ -116,9 +117,9 @@ impl Fold {
     }
 }
 
-/// `by_channel = t.weight @ cols` (`c x inputs`), rounded once from the kernel's f32 sums:
-/// the transposed convolution's product.
-fn turned_product(pool: &Pool, t: &Transposed<bf16>, cols: &[bf16], by_channel: &mut [bf16], inputs: usize) {
+/// `by_channel = t.weight @ columns` (`c x inputs`), the columns as the kernel's panels,
+/// rounded once from its f32 sums: the transposed convolution's product.
+fn turned_product(pool: &Pool, t: &Transposed<bf16>, panels: &[u32], by_channel: &mut [bf16], inputs: usize) {
     let turned = Side {
         data: &t.weight,
         offset: 0,
@@ -126,22 +127,16 @@ fn turned_product(pool: &Pool, t: &Transposed<bf16>, cols: &[bf16], by_channel: 
         row_stride: t.taps,
         k_stride: 1,
     };
-    let unfolded = Side {
-        data: cols,
-        offset: 0,
-        rows: inputs,
-        row_stride: 1,
-        k_stride: inputs,
-    };
     // SAFETY: `available()` holds (the fused path's promise) and t.taps > 0; `by_channel`
-    // holds c x inputs, this task's own, contiguous.
+    // holds c x inputs, this task's own, contiguous; `panels` hold `inputs` columns of t.taps.
     unsafe {
-        product(
+        product_with_panels(
             pool,
             Dst::Bf16(by_channel.as_mut_ptr()),
             inputs,
             turned,
-            unfolded,
+            panels,
+            inputs,
             t.taps,
         )
     };
@@ -162,10 +157,10 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
-        let mut scratch = Scratch::take(pool, taps * pixels * per);
+        let mut scratch = PanelScratch::take(pool, taps, pixels * per);
         for (first, run) in products(images, per, g) {
             let columns = run.n * pixels;
-            scratch.unfold(&x[first * plane..(first + run.n) * plane], &run);
+            let panels = scratch.unfold(&x[first * plane..(first + run.n) * plane], Planes::nchw(&run), &run);
             let w = Side {
                 data: weight,
                 offset: 0,
@@ -173,17 +168,13 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
                 row_stride: taps,
                 k_stride: 1,
             };
-            let cols = Side {
-                data: &scratch.cols,
-                offset: 0,
-                rows: columns,
-                row_stride: 1,
-                k_stride: columns,
-            };
             // SAFETY: `available()` holds (the caller's promise) and taps > 0; the run's block
             // of `out` (o x width) is o rows of `columns` at column first·pixels, written by
-            // this task alone.
-            unsafe { product(pool, Dst::Bf16(dst.0.add(first * pixels)), width, w, cols, taps) };
+            // this task alone; `panels` hold `columns` columns of `taps`.
+            unsafe {
+                let dst = Dst::Bf16(dst.0.add(first * pixels));
+                product_with_panels(pool, dst, width, w, panels, columns, taps)
+            };
         }
         scratch.recycle(pool);
     });
@@ -216,7 +207,11 @@ pub fn backward(
         let mut partial = pool.take::<f32>(o * taps);
         partial.fill(0.0);
         let mut scratch = Scratch::take(pool, taps * pixels * per);
-        let mut data = DataScratch::take(pool, transposed.as_ref(), 0, per, plane);
+        let mut data = DataScratch::take(pool, 0, if per > 1 { per * plane } else { 0 });
+        let mut panels = match &transposed {
+            Some(t) => PanelScratch::take(pool, t.taps, t.inputs(per)),
+            None => PanelScratch::take(pool, 0, 0),
+        };
         let mut fold = match transposed {
             Some(_) => Fold::take(pool, 0, 0),
             None => Fold::take(pool, taps * pixels * per, plane * per),
@@ -260,13 +255,17 @@ pub fn backward(
                     start,
                     &run,
                     grad_x_run,
-                    |cols, by_channel, inputs| turned_product(pool, t, cols, by_channel, inputs),
+                    |unfolding, _, by_channel, inputs| {
+                        let unfolded = panels.unfold(unfolding.src, unfolding.planes, &unfolding.geometry);
+                        turned_product(pool, t, unfolded, by_channel, inputs)
+                    },
                 ),
                 None => fold.input_gradient(pool, weight, o, grad, width, start, &run, grad_x_run),
             }
         }
         scratch.recycle(pool);
         data.recycle(pool);
+        panels.recycle(pool);
         fold.recycle(pool);
         partial
     });

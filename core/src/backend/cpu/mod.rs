@@ -11,6 +11,8 @@ mod conv_data_grad;
 mod conv_fused;
 #[cfg(target_arch = "x86_64")]
 mod conv_fused_bf16;
+#[cfg(target_arch = "x86_64")]
+mod conv_panels;
 mod dropout;
 mod elementwise;
 mod fast_math;

@@ -236,7 +236,7 @@ fn join_k_pair(words: &mut [u32], side: Side, first: usize, p: usize, k: usize) 
 
 /// Two bf16 in one word, the even k in the lower half.
 #[inline(always)]
-fn join(even: bf16, odd: bf16) -> u32 {
+pub(in super::super) fn join(even: bf16, odd: bf16) -> u32 {
     u32::from(even.to_bits()) | u32::from(odd.to_bits()) << 16
 }
 
@@ -356,24 +356,58 @@ pub unsafe fn product(pool: &Pool, dst: Dst, row_stride: usize, left: Side, righ
     let transposed = packing_cost(left, right, k) < packing_cost(right, left, k);
     let (vector, broadcast) = if transposed { (left, right) } else { (right, left) };
     let panels = pack_panels(pool, vector, k);
-    let rows = Rows::new(pool, broadcast, k);
     let out = Output {
         dst,
         row_stride,
         transposed,
     };
+    // SAFETY: the caller's promises; `panels` holds `vector`'s rows packed over k.
+    unsafe { multiply(pool, out, broadcast, &panels, vector.rows, k) };
+    pool.recycle(HostVec::U32(panels));
+}
+
+/// `dst = left @ vectorᵀ` (`left.rows x vector_rows` over `k`) where the vector side arrives
+/// already in panels, laid out as `pack_panels` lays them (`panels[q][p][c]`, rows past the
+/// end zero): a convolution unfolds its input straight into them.
+///
+/// # Safety
+/// As for `product`; `panels` holds `vector_rows.div_ceil(NR)` panels of `k.div_ceil(2)` pairs.
+pub unsafe fn product_with_panels(
+    pool: &Pool,
+    dst: Dst,
+    row_stride: usize,
+    left: Side,
+    panels: &[u32],
+    vector_rows: usize,
+    k: usize,
+) {
+    assert!(panels.len() >= vector_rows.div_ceil(NR) * k.div_ceil(2) * NR);
+    let out = Output {
+        dst,
+        row_stride,
+        transposed: false,
+    };
+    // SAFETY: the caller's promises.
+    unsafe { multiply(pool, out, left, panels, vector_rows, k) };
+}
+
+/// Every tile of `broadcast`'s rows by the vector side's panels into `out`.
+///
+/// # Safety
+/// As for `product`, with `panels` holding the vector side's `vector_rows` rows.
+unsafe fn multiply(pool: &Pool, out: Output, broadcast: Side, panels: &[u32], vector_rows: usize, k: usize) {
+    let rows = Rows::new(pool, broadcast, k);
     let pairs = k.div_ceil(2);
-    let (strips, panel_count) = (broadcast.rows.div_ceil(MR), vector.rows.div_ceil(NR));
+    let (strips, panel_count) = (broadcast.rows.div_ceil(MR), vector_rows.div_ceil(NR));
     rows.run(&Tiles {
-        panels: &panels,
+        panels,
         pairs,
         strips,
         panel_count,
         broadcast_rows: broadcast.rows,
-        vector_rows: vector.rows,
+        vector_rows,
         out,
     });
-    pool.recycle(HostVec::U32(panels));
     if let Rows::Strips { packed, .. } = rows {
         pool.recycle(HostVec::U32(packed));
     }
