@@ -111,9 +111,10 @@ pub struct Args {
     /// blocks; both MNIST only), resnet18, resnet34, resnet50 (torchvision's; the CIFAR stem for
     /// images up to 64 pixels), or seq2seq (a GRU encoder and decoder) on generated digit
     /// reversal (5-20 digits; its accuracy is exact sequences). The ResNets' default recipe is
-    /// SGD lr 0.1, momentum 0.9, weight decay 5e-4 on weights only, cosine schedule. Language
-    /// models on --dataset text: gpt-tiny (2 layers, 2 heads, 128 wide, context 64), gpt-char
-    /// (nanoGPT's shakespeare-char: 6/6/384, context 256, dropout 0.2), gpt2 (124M); their
+    /// SGD lr 0.1, momentum 0.9, weight decay 5e-4 on weights only, a linear warm-up over a
+    /// fifth of the run (at most 200 steps), then cosine. Language models on --dataset text:
+    /// gpt-tiny (2 layers, 2 heads, 128 wide, context 64), gpt-char (nanoGPT's
+    /// shakespeare-char: 6/6/384, context 256, dropout 0.2), gpt2 (124M); their
     /// recipe is AdamW lr 1e-3, betas 0.9/0.95, weight decay 0.1 on weights only, warm-up then
     /// cosine to lr/10, gradients clipped at 1.0.
     #[arg(long, default_value = "mlp")]
@@ -155,8 +156,8 @@ pub struct Args {
     /// GPT: dropout on embeddings, attention weights and residual branches (default: the preset's).
     #[arg(long)]
     pub dropout: Option<f64>,
-    /// Optimizer steps of linear learning-rate warm-up before --lr-schedule (default: 0, for
-    /// the GPTs a tenth of the run up to 100).
+    /// Optimizer steps of linear learning-rate warm-up before --lr-schedule (default: 0; for
+    /// the GPTs a tenth of the run up to 100, for the ResNets a fifth up to 200).
     #[arg(long, value_name = "STEPS")]
     pub warmup_steps: Option<u64>,
     /// Hidden layer widths of the mlp, comma separated (default 512,512); for seq2seq, its
@@ -398,10 +399,16 @@ impl Args {
             OptimizerKind::Sgd
         })
     }
-    /// Warm-up steps for a run of `steps` optimizer steps.
+    /// Warm-up steps for a run of `steps` optimizer steps. A ResNet's SGD at lr 0.1 from the
+    /// first step left `resnet18` at 98.8% on MNIST after 2 epochs; 200 steps of warm-up, 99.5%.
     pub fn warmup_steps(&self, steps: u64) -> u64 {
-        self.warmup_steps
-            .unwrap_or(if self.gpt_recipe() { (steps / 10).min(100) } else { 0 })
+        self.warmup_steps.unwrap_or(if self.gpt_recipe() {
+            (steps / 10).min(100)
+        } else if self.resnet_recipe() {
+            (steps / 5).min(200)
+        } else {
+            0
+        })
     }
     pub fn lr_schedule(&self) -> LrSchedule {
         self.lr_schedule
