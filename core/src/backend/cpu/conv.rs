@@ -92,12 +92,36 @@ pub(super) fn im2col_tap<T: Element>(src: &[T], planes: Planes, row: &mut [T], r
             }
             // Input column of output column x is x*stride + start.
             let start = iy * g.w + x_lo * g.stride[1] + kj * g.dilation[1] - g.padding[1];
+            let len = x_hi - x_lo;
             if g.stride[1] == 1 {
-                dst[x_lo..x_hi].copy_from_slice(&img[start..start + (x_hi - x_lo)]);
+                dst[x_lo..x_hi].copy_from_slice(&img[start..start + len]);
             } else {
-                for (j, d) in dst[x_lo..x_hi].iter_mut().enumerate() {
-                    *d = img[start + j * g.stride[1]];
-                }
+                let src = &img[start..start + (len - 1) * g.stride[1] + 1];
+                wide(Strided(&mut dst[x_lo..x_hi], src, g.stride[1]));
+            }
+        }
+    }
+}
+
+/// `dst[j] = src[j * stride]`, run by `simd::wide`; stride 2 (a downsampling convolution's) as
+/// a loop of its own, which the compiler vectorises (it stayed a scalar gather).
+struct Strided<'a, T>(&'a mut [T], &'a [T], usize);
+impl<T: Element> Kernel for Strided<'_, T> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Strided(dst, src, stride) = self;
+        let Some((last, head)) = dst.split_last_mut() else {
+            return;
+        };
+        *last = src[head.len() * stride];
+        if stride == 2 {
+            for (d, pair) in head.iter_mut().zip(src.chunks_exact(2)) {
+                *d = pair[0];
+            }
+        } else {
+            for (j, d) in head.iter_mut().enumerate() {
+                *d = src[j * stride];
             }
         }
     }
