@@ -78,26 +78,27 @@ impl<T: Element> Transposed<T> {
     }
 
     /// The input gradient of the `run.n` images from `start` into `grad_x_run`: has
-    /// `multiply(unfolding, cols, by_channel, inputs)` unfold their output gradient
-    /// (`[o, width]`) into `cols` as it needs and write `weight @ columns` (`c x inputs`)
-    /// into `by_channel`, then lays that out image by image (for one image, `by_channel` is
-    /// `grad_x_run` itself).
+    /// `multiply(unfolding, by_channel, inputs)` unfold their output gradient (`[o, width]`)
+    /// as it needs and write `weight @ columns` (`c x inputs`) into `by_channel`, then lays
+    /// that out image by image. For one image `by_channel` is `grad_x_run` itself; for more,
+    /// the scratch `staging` (at least `c x inputs`).
+    #[allow(clippy::too_many_arguments)]
     pub fn input_gradient(
         &self,
-        data: &mut DataScratch<T>,
+        staging: &mut [T],
         (grad, width): (&[T], usize),
         start: usize,
         run: &Conv2dGeometry,
         grad_x_run: &mut [T],
-        multiply: impl FnOnce(Unfolding<'_, T>, &mut [T], &mut [T], usize),
+        multiply: impl FnOnce(Unfolding<'_, T>, &mut [T], usize),
     ) {
-        let inputs = run.n * run.h * run.w;
+        let inputs = self.inputs(run.n);
         let unfolding = self.unfolding(grad, width, start, run.n);
         if run.n == 1 {
-            multiply(unfolding, &mut data.cols, grad_x_run, inputs);
+            multiply(unfolding, grad_x_run, inputs);
         } else {
-            multiply(unfolding, &mut data.cols, &mut data.by_channel, inputs);
-            to_images(&data.by_channel, grad_x_run, run.c, run.h * run.w);
+            multiply(unfolding, staging, inputs);
+            to_images(&staging[..run.c * inputs], grad_x_run, run.c, run.h * run.w);
         }
     }
 
@@ -113,28 +114,6 @@ impl<T: Element> Transposed<T> {
 
     pub fn recycle(self, pool: &Pool) {
         pool.recycle(T::into_host(self.weight));
-    }
-}
-
-/// A task's scratch for the input gradient: columns (the unfolded output gradient, or the
-/// columns to fold back) and, for products of several images, their gradient channel by
-/// channel before it is laid out image by image.
-pub struct DataScratch<T: Element> {
-    pub cols: Vec<T>,
-    pub by_channel: Vec<T>,
-}
-
-impl<T: Element> DataScratch<T> {
-    pub fn take(pool: &Pool, cols: usize, by_channel: usize) -> Self {
-        DataScratch {
-            cols: pool.take(cols),
-            by_channel: pool.take(by_channel),
-        }
-    }
-
-    pub fn recycle(self, pool: &Pool) {
-        pool.recycle(T::into_host(self.cols));
-        pool.recycle(T::into_host(self.by_channel));
     }
 }
 

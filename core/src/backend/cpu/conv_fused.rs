@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::conv::{col2im_images, im2col_images};
-use super::conv_data_grad::{DataScratch, Transposed};
+use super::conv_data_grad::Transposed;
 use super::float::CpuFloat;
 use super::matmul::GemmElement;
 use super::pool::Pool;
@@ -112,6 +112,12 @@ pub(super) fn products(
         let n = per.min(range.end - first);
         (first, Conv2dGeometry { n, ..*g })
     })
+}
+
+/// Scratch for the transposed input gradient's rows of a run of `per` images of `plane`
+/// elements, laid out image by image afterwards; none where runs are single images.
+pub(super) fn staging_len(per: usize, plane: usize) -> usize {
+    if per > 1 { per * plane } else { 0 }
 }
 
 /// The backward passes' split: `grad_x` (`n` images of `plane` elements) cut into one
@@ -223,9 +229,14 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         // Written whole by the range's first product (no accumulation), then summed into.
         let mut partial = pool.take::<T>(o * taps);
         let mut cols = pool.take::<T>(taps * pixels * per);
-        let mut data = match &transposed {
-            Some(t) => DataScratch::take(pool, t.taps * t.inputs(per), if per > 1 { per * plane } else { 0 }),
-            None => DataScratch::take(pool, taps * pixels * per, 0),
+        // The unfolded output gradient (transposed) or the columns to fold back; and, for runs
+        // of several images, their transposed product's rows before they become images.
+        let (mut data_cols, mut staging) = match &transposed {
+            Some(t) => (
+                pool.take::<T>(t.taps * t.inputs(per)),
+                pool.take::<T>(staging_len(per, plane)),
+            ),
+            None => (pool.take::<T>(taps * pixels * per), Vec::new()),
         };
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
@@ -250,21 +261,22 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
             }
             match &transposed {
                 Some(t) => t.input_gradient(
-                    &mut data,
+                    &mut staging,
                     (grad, width),
                     start,
                     &run,
                     grad_x_run,
-                    |unfolding, cols, by_channel, inputs| {
-                        unfolding.unfold_into(cols);
-                        turned_product(t, cols, by_channel, inputs)
+                    |unfolding, by_channel, inputs| {
+                        unfolding.unfold_into(&mut data_cols);
+                        turned_product(t, &data_cols, by_channel, inputs)
                     },
                 ),
-                None => folded_input_gradient(weight, o, grad, width, start, &mut data, &run, grad_x_run),
+                None => folded_input_gradient(weight, o, grad, width, start, &mut data_cols, &run, grad_x_run),
             }
         }
-        pool.recycle(T::into_host(cols));
-        data.recycle(pool);
+        for scratch in [cols, data_cols, staging] {
+            pool.recycle(T::into_host(scratch));
+        }
         partial
     });
     if let Some(t) = transposed {
@@ -304,19 +316,19 @@ fn folded_input_gradient<T: GemmElement + CpuFloat>(
     grad: &[T],
     width: usize,
     start: usize,
-    data: &mut DataScratch<T>,
+    grad_cols: &mut [T],
     run: &Conv2dGeometry,
     grad_x_run: &mut [T],
 ) {
     let (taps, pixels) = (run.c * run.kh * run.kw, run.out_h() * run.out_w());
     let columns = run.n * pixels;
     // SAFETY: `grad` is o x width, the run's block at column start·pixels with row stride
-    // `width`; `weight` is o x taps, read as taps x o; `data.cols` holds taps x columns, this
+    // `width`; `weight` is o x taps, read as taps x o; `grad_cols` holds taps x columns, this
     // task's own, contiguous.
     unsafe {
         product(
             (taps, columns, o),
-            data.cols.as_mut_ptr(),
+            grad_cols.as_mut_ptr(),
             (columns, 1),
             weight.as_ptr(),
             (1, taps),
@@ -325,7 +337,7 @@ fn folded_input_gradient<T: GemmElement + CpuFloat>(
             false,
         );
     }
-    col2im_images(&data.cols, grad_x_run, run);
+    col2im_images(grad_cols, grad_x_run, run);
 }
 
 /// How a range's partial weight gradient (`o x taps`) is stored. `gemm` makes its destination
@@ -465,10 +477,7 @@ pub(super) mod tests {
                 assert!(close(&grad_x, &r.grad_x), "{g:?}, {per} a product");
             }
         }
-        assert_eq!(
-            PartialLayout::for_product(5, 81, 256) as u8,
-            PartialLayout::ColumnMajor as u8
-        );
+        assert_eq!(PartialLayout::for_product(5, 81, 256), PartialLayout::ColumnMajor);
     }
 
     #[test]

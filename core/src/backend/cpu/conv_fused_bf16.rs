@@ -9,8 +9,8 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::conv::{Planes, col2im_images, im2col_images};
-use super::conv_data_grad::{DataScratch, Transposed};
-use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products};
+use super::conv_data_grad::Transposed;
+use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
 use super::conv_panels::PanelScratch;
 use super::float::bf16_from_f32_slice;
 use super::matmul::bf16::{Dst, Side, product, product_with_panels};
@@ -28,26 +28,6 @@ pub fn available() -> bool {
 /// Columns (images x output pixels) each product covers at least: an 8x8 layer's backward pass
 /// took 34 ms an image at a time, 22-24 ms with 4-8 images a product (batch 64, 256 channels).
 const MIN_COLUMNS: usize = 512;
-
-/// One task's scratch: a product's images' columns in bf16.
-struct Scratch {
-    cols: Vec<bf16>,
-}
-
-impl Scratch {
-    fn take(pool: &Pool, cols: usize) -> Scratch {
-        Scratch { cols: pool.take(cols) }
-    }
-
-    /// Unfolds `x` (`run.n` images) into `self.cols` (taps x columns, bf16).
-    fn unfold(&mut self, x: &[bf16], run: &Conv2dGeometry) {
-        im2col_images(x, &mut self.cols, run);
-    }
-
-    fn recycle(self, pool: &Pool) {
-        pool.recycle(HostVec::BF16(self.cols));
-    }
-}
 
 /// Where the input gradient is not a transposed convolution: its columns and images in f32,
 /// summed there and rounded once.
@@ -206,8 +186,12 @@ pub fn backward(
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
         let mut partial = pool.take::<f32>(o * taps);
         partial.fill(0.0);
-        let mut scratch = Scratch::take(pool, taps * pixels * per);
-        let mut data = DataScratch::take(pool, 0, if per > 1 { per * plane } else { 0 });
+        let mut cols = pool.take::<bf16>(taps * pixels * per);
+        let mut staging = pool.take::<bf16>(if transposed.is_some() {
+            staging_len(per, plane)
+        } else {
+            0
+        });
         let mut panels = match &transposed {
             Some(t) => PanelScratch::take(pool, t.taps, t.inputs(per)),
             None => PanelScratch::take(pool, 0, 0),
@@ -219,7 +203,7 @@ pub fn backward(
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
             let columns = run.n * pixels;
-            scratch.unfold(&x[start * plane..(start + run.n) * plane], &run);
+            im2col_images(&x[start * plane..(start + run.n) * plane], &mut cols, &run);
             // grad_run: o rows of `columns` along k, at column start·pixels of `grad`.
             let grad_rows = Side {
                 data: grad,
@@ -229,7 +213,7 @@ pub fn backward(
                 k_stride: 1,
             };
             let cols_by_tap = Side {
-                data: &scratch.cols,
+                data: &cols,
                 offset: 0,
                 rows: taps,
                 row_stride: columns,
@@ -250,12 +234,12 @@ pub fn backward(
             }
             match &transposed {
                 Some(t) => t.input_gradient(
-                    &mut data,
+                    &mut staging,
                     (grad, width),
                     start,
                     &run,
                     grad_x_run,
-                    |unfolding, _, by_channel, inputs| {
+                    |unfolding, by_channel, inputs| {
                         let unfolded = panels.unfold(unfolding.src, unfolding.planes, &unfolding.geometry);
                         turned_product(pool, t, unfolded, by_channel, inputs)
                     },
@@ -263,8 +247,8 @@ pub fn backward(
                 None => fold.input_gradient(pool, weight, o, grad, width, start, &run, grad_x_run),
             }
         }
-        scratch.recycle(pool);
-        data.recycle(pool);
+        pool.recycle(HostVec::BF16(cols));
+        pool.recycle(HostVec::BF16(staging));
         panels.recycle(pool);
         fold.recycle(pool);
         partial
