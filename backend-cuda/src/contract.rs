@@ -1,8 +1,8 @@
 //! `impl Backend for CudaBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry, DeviceInfo,
-    Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
+    DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -119,6 +119,26 @@ impl Backend for CudaBackend {
         spec: &CausalSoftmax,
     ) -> Option<Result<BufferRef>> {
         Some(self.causal_softmax_rows(scores, Some(grad), spec))
+    }
+    fn batch_norm(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        bias: &BufferRef,
+        spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        self.batch_norm_f32(x, [weight, bias], spec).transpose()
+    }
+    fn batch_norm_backward(
+        &self,
+        grad: &BufferRef,
+        x: &BufferRef,
+        weight: &BufferRef,
+        [mean, var]: [&BufferRef; 2],
+        spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        self.batch_norm_backward_f32([grad, x], [weight, mean, var], spec)
+            .transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.layer_norm_rows(src, None, rows, cols, eps)

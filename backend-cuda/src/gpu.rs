@@ -142,6 +142,19 @@ impl Gpu {
         }
     }
 
+    /// A grid for `rows` rows of `cols` elements (grid y walks the rows, x the columns), about as
+    /// many blocks in all as `grid`.
+    pub(crate) fn rows_grid(&self, rows: usize, cols: usize) -> LaunchConfig {
+        let cap = (self.sm_count as usize) * 32;
+        let y = rows.clamp(1, u16::MAX as usize);
+        let x = (cap / y).clamp(1, cols.div_ceil(BLOCK as usize).max(1));
+        LaunchConfig {
+            grid_dim: (x as u32, y as u32, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
     /// Exactly `blocks` blocks of `BLOCK` threads (kernels that map blocks to outputs).
     pub(crate) fn blocks(&self, blocks: usize) -> Result<LaunchConfig> {
         Ok(LaunchConfig {

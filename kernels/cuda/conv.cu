@@ -13,17 +13,22 @@ struct Geometry {
     u32 oh, ow;
 };
 
+// A column row (one channel and tap) per grid row, its columns across the grid's x: the tap's
+// offsets are worked out once per row, leaving three divisions per element. `total` is
+// rows * cols.
 #define IM2COL(T, suffix)                                                                         \
     extern "C" __global__ void im2col_##suffix(T* out, const T* src, u32 total, Geometry g) {     \
-        u32 cols = g.n * g.oh * g.ow;                                                             \
-        FOR_EACH(e, total) {                                                                      \
-            u32 row = e / cols, col = e % cols;                                                   \
+        u32 cols = g.n * g.oh * g.ow, plane = g.oh * g.ow, rows = total / max(cols, 1u);          \
+        for (u32 row = blockIdx.y; row < rows; row += gridDim.y) {                                \
             u32 ch = row / (g.kh * g.kw), ki = (row / g.kw) % g.kh, kj = row % g.kw;              \
-            u32 img = col / (g.oh * g.ow), oy = (col / g.ow) % g.oh, ox = col % g.ow;             \
-            int iy = (int)(oy * g.stride_h + ki * g.dil_h) - (int)g.pad_h;                        \
-            int ix = (int)(ox * g.stride_w + kj * g.dil_w) - (int)g.pad_w;                        \
-            bool inside = iy >= 0 && iy < (int)g.h && ix >= 0 && ix < (int)g.w;                   \
-            out[e] = inside ? src[((img * g.c + ch) * g.h + iy) * g.w + ix] : from_f32<T>(0.0f);  \
+            int dy = (int)(ki * g.dil_h) - (int)g.pad_h, dx = (int)(kj * g.dil_w) - (int)g.pad_w; \
+            T* dst = out + row * cols;                                                            \
+            FOR_EACH(col, cols) {                                                                 \
+                u32 img = col / plane, at = col % plane, oy = at / g.ow, ox = at % g.ow;          \
+                int iy = (int)(oy * g.stride_h) + dy, ix = (int)(ox * g.stride_w) + dx;           \
+                bool inside = iy >= 0 && iy < (int)g.h && ix >= 0 && ix < (int)g.w;               \
+                dst[col] = inside ? src[((img * g.c + ch) * g.h + iy) * g.w + ix] : from_f32<T>(0.0f); \
+            }                                                                                     \
         }                                                                                         \
     }
 FOR_FLOATS(IM2COL)

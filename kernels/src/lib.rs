@@ -38,12 +38,13 @@ pub const ELEMENTWISE: KernelSource = kernel!("elementwise");
 pub const REDUCE: KernelSource = kernel!("reduce");
 pub const SOFTMAX: KernelSource = kernel!("softmax");
 pub const LAYER_NORM: KernelSource = kernel!("layer_norm");
+pub const BATCH_NORM: KernelSource = kernel!("batch_norm");
 pub const INDEX: KernelSource = kernel!("index");
 pub const CONV: KernelSource = kernel!("conv");
 pub const OPTIM: KernelSource = kernel!("optim");
 
 /// Every kernel file; the compile test builds each for sm_80 and sm_90.
-pub const ALL: [KernelSource; 10] = [
+pub const ALL: [KernelSource; 11] = [
     FILL,
     RAND,
     LAYOUT,
@@ -51,6 +52,7 @@ pub const ALL: [KernelSource; 10] = [
     REDUCE,
     SOFTMAX,
     LAYER_NORM,
+    BATCH_NORM,
     INDEX,
     CONV,
     OPTIM,

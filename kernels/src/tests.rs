@@ -57,6 +57,8 @@ fn every_entry_point_the_backend_launches_is_defined() {
         (SOFTMAX, "causal_softmax_bf16"),
         (SOFTMAX, "causal_softmax_backward_f16"),
         (RAND, "dropout_f32"),
+        (BATCH_NORM, "batch_norm_moments_f32"),
+        (BATCH_NORM, "batch_norm_input_grad_f32"),
     ] {
         let cubin = compile(kernel.name, &kernel.program(), "sm_90").unwrap();
         let found = cubin

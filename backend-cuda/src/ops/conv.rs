@@ -60,7 +60,12 @@ impl CudaBackend {
         let out = self.output(s.dtype(), out_len)?;
         if out_len > 0 {
             let (total, geom) = (to_u32(op, out_len)?, geometry(op, g)?);
-            launch!(&self.gpu, lockstep_kernels::CONV, format!("{op}_{suffix}"), self.gpu.grid(out_len);
+            let cfg = if to_columns {
+                self.gpu.rows_grid(g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w())
+            } else {
+                self.gpu.grid(out_len)
+            };
+            launch!(&self.gpu, lockstep_kernels::CONV, format!("{op}_{suffix}"), cfg;
                 &out.ptr, &s.ptr, &total, &geom);
         }
         Ok(out)

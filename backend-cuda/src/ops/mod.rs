@@ -1,6 +1,7 @@
 //! The Backend operations, one file per kernel file of lockstep-kernels (`transfer.rs` drives
 //! fill.cu and rand.cu and the copies to and from the host; `matmul.rs` calls cuBLAS).
 
+mod batch_norm;
 mod conv;
 mod elementwise;
 mod index;

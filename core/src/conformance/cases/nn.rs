@@ -338,45 +338,9 @@ fn loss_cases() -> Vec<Case> {
         // Training mode: batch statistics (biased variance); the running statistics are updated
         // in place and compared as forward-only outputs in a separate case below. One fused op
         // each way where the backend has it (the CPU in f32), else the composed ops.
-        Case::new(
-            "batch_norm/training_affine",
-            &[
-                "batch_norm",
-                "batch_norm_backward",
-                "binary:div",
-                "reduce:sum",
-                "binary:sub",
-                "unary:sqrt",
-            ],
-            |ctx, x| {
-                let c = x[0].dims()[1];
-                let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
-                let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
-                Ok(vec![x[0].batch_norm(
-                    &rm,
-                    &rv,
-                    Some(&x[1]),
-                    Some(&x[2]),
-                    true,
-                    0.1,
-                    1e-5,
-                )?])
-            },
-        )
-        .input(Input::float("x", [4, 3, 5], u()))
-        .input(Input::float("weight", [3], u()))
-        .input(Input::float("bias", [3], u()))
-        .tol_scale(2.0)
-        .oracle(|x| {
-            let mean = x[0].sum(&[0, 2], true).map(|v| v / 20.0);
-            let centered = x[0].zip(&mean, |a, m| a - m);
-            let var = centered.map(|d| d * d).sum(&[0, 2], true).map(|v| v / 20.0);
-            let y = centered.zip(&var, |d, v| d / (v + 1e-5).sqrt());
-            vec![
-                y.zip(&x[1].reshape([3, 1]), |a, w| a * w)
-                    .zip(&x[2].reshape([3, 1]), |a, b| a + b),
-            ]
-        }),
+        training_batch_norm("batch_norm/training_affine", [4, 3, 5]),
+        // Over a thousand values a channel: the CUDA kernels reduce a channel in several chunks.
+        training_batch_norm("batch_norm/training_chunked", [6, 2, 20, 20]).no_gradcheck(),
         Case::new(
             "binary:add/batch_norm_running_stats",
             &["binary:add", "reduce:sum", "unary:affine", "copy_strided"],
@@ -492,4 +456,59 @@ pub fn cases() -> Vec<Case> {
     all.extend(pool_cases());
     all.extend(loss_cases());
     all
+}
+
+/// Training-mode batch norm with the batch's statistics (biased variance), weight and bias, on an
+/// input of shape `dims` (`[N, C, …]`); the running statistics are updated in place and compared
+/// in their own case. One fused op each way where the backend has it (the CPU and CUDA in f32),
+/// else the composed ops.
+fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case {
+    let dims: Vec<usize> = dims.into();
+    let c = dims[1];
+    let count = dims.iter().product::<usize>() as f64 / c as f64;
+    let reduced: Vec<usize> = (0..dims.len()).filter(|&a| a != 1).collect();
+    let per_channel: Vec<usize> = dims
+        .iter()
+        .enumerate()
+        .map(|(a, &d)| if a == 1 { d } else { 1 })
+        .collect();
+    Case::new(
+        name,
+        &[
+            "batch_norm",
+            "batch_norm_backward",
+            "binary:div",
+            "reduce:sum",
+            "binary:sub",
+            "unary:sqrt",
+        ],
+        |ctx, x| {
+            let c = x[0].dims()[1];
+            let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
+            let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
+            Ok(vec![x[0].batch_norm(
+                &rm,
+                &rv,
+                Some(&x[1]),
+                Some(&x[2]),
+                true,
+                0.1,
+                1e-5,
+            )?])
+        },
+    )
+    .input(Input::float("x", dims, u()))
+    .input(Input::float("weight", [c], u()))
+    .input(Input::float("bias", [c], u()))
+    .tol_scale(2.0)
+    .oracle(move |x| {
+        let mean = x[0].sum(&reduced, true).map(|v| v / count);
+        let centered = x[0].zip(&mean, |a, m| a - m);
+        let var = centered.map(|d| d * d).sum(&reduced, true).map(|v| v / count);
+        let y = centered.zip(&var, |d, v| d / (v + 1e-5).sqrt());
+        vec![
+            y.zip(&x[1].reshape(per_channel.clone()), |a, w| a * w)
+                .zip(&x[2].reshape(per_channel.clone()), |a, b| a + b),
+        ]
+    })
 }

@@ -1,0 +1,172 @@
+//! Training-mode batch normalisation and its gradient (batch_norm.cu) over a contiguous f32
+//! `[outer, channels, inner]`: three launches each way, where the composed ops take about twenty
+//! and read the input as many times.
+
+use cudarc::driver::LaunchConfig;
+
+use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
+
+use crate::backend::CudaBackend;
+use crate::buffer::CudaBuffer;
+use crate::gpu::{BLOCK, launch};
+use crate::views::to_u32;
+
+/// About this many blocks reduce a whole input, whatever its channel count.
+const REDUCING_BLOCKS: usize = 1024;
+/// Fewer values than this per block are not worth a block of their own.
+const MIN_CHUNK: usize = 1024;
+
+/// How each channel's `count` values are cut into `chunks` runs of `len` (the last shorter), one
+/// block each. It depends on the shape alone, so every GPU sums in the same order.
+struct Chunking {
+    count: u32,
+    len: u32,
+    chunks: u32,
+    channels: u32,
+    inner: u32,
+    elements: u32,
+}
+
+impl Chunking {
+    fn new(op: &'static str, spec: &BatchNormSpec) -> Result<Chunking> {
+        let count = spec.outer * spec.inner;
+        let wanted = REDUCING_BLOCKS
+            .div_ceil(spec.channels.max(1))
+            .min(count.div_ceil(MIN_CHUNK))
+            .max(1);
+        let len = count.div_ceil(wanted).max(1);
+        if spec.channels > u16::MAX as usize {
+            return Err(Error::invalid(
+                op,
+                format!("{} channels: the CUDA kernel takes at most {}", spec.channels, u16::MAX),
+            ));
+        }
+        Ok(Chunking {
+            count: to_u32(op, count)?,
+            len: to_u32(op, len)?,
+            chunks: to_u32(op, count.div_ceil(len).max(1))?,
+            channels: to_u32(op, spec.channels)?,
+            inner: to_u32(op, spec.inner)?,
+            elements: to_u32(op, spec.outer * spec.channels * spec.inner)?,
+        })
+    }
+
+    /// One block per (chunk, channel).
+    fn per_chunk(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.chunks, self.channels, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// One thread per channel.
+    fn per_channel(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.channels.div_ceil(BLOCK), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn parts(&self) -> usize {
+        self.chunks as usize * self.channels as usize
+    }
+}
+
+impl CudaBackend {
+    /// `[y, mean, var]`, or `None` for a dtype other than f32 (the caller composes those).
+    pub(crate) fn batch_norm_f32(
+        &self,
+        x: &BufferRef,
+        [weight, bias]: [&BufferRef; 2],
+        spec: &BatchNormSpec,
+    ) -> Result<Option<[BufferRef; 3]>> {
+        const OP: &str = "batch_norm";
+        let Some([x, weight, bias]) = self.f32_operands(OP, spec, [x], [weight, bias])? else {
+            return Ok(None);
+        };
+        let at = Chunking::new(OP, spec)?;
+        let (part_mean, part_m2) = (
+            self.output(DType::F32, at.parts())?,
+            self.output(DType::F32, at.parts())?,
+        );
+        let channels = spec.channels;
+        let (mean, var) = (self.output(DType::F32, channels)?, self.output(DType::F32, channels)?);
+        let y = self.output(DType::F32, at.elements as usize)?;
+        if at.elements > 0 {
+            let eps = spec.eps as f32;
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_moments_f32", at.per_chunk();
+                &part_mean.ptr, &part_m2.ptr, &x.ptr, &at.channels, &at.inner, &at.count, &at.len);
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_statistics_f32", at.per_channel();
+                &mean.ptr, &var.ptr, &part_mean.ptr, &part_m2.ptr, &at.channels, &at.count, &at.len, &at.chunks);
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_normalize_f32",
+                self.gpu.grid(at.elements as usize);
+                &y.ptr, &x.ptr, &mean.ptr, &var.ptr, &weight.ptr, &bias.ptr, &at.elements, &at.channels,
+                &at.inner, &eps);
+        }
+        Ok(Some([y, mean, var].map(|b| b as BufferRef)))
+    }
+
+    /// `[dx, dweight, dbias]`, or `None` for a dtype other than f32.
+    pub(crate) fn batch_norm_backward_f32(
+        &self,
+        [grad, x]: [&BufferRef; 2],
+        [weight, mean, var]: [&BufferRef; 3],
+        spec: &BatchNormSpec,
+    ) -> Result<Option<[BufferRef; 3]>> {
+        const OP: &str = "batch_norm_backward";
+        let Some([g, x, weight, mean, var]) = self.f32_operands(OP, spec, [grad, x], [weight, mean, var])? else {
+            return Ok(None);
+        };
+        let at = Chunking::new(OP, spec)?;
+        let (part_g, part_gx) = (
+            self.output(DType::F32, at.parts())?,
+            self.output(DType::F32, at.parts())?,
+        );
+        let channels = spec.channels;
+        let (dweight, dbias) = (self.output(DType::F32, channels)?, self.output(DType::F32, channels)?);
+        let dx = self.output(DType::F32, at.elements as usize)?;
+        if at.elements > 0 {
+            let (eps, count) = (spec.eps as f32, at.count as f32);
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_grad_sums_f32", at.per_chunk();
+                &part_g.ptr, &part_gx.ptr, &g.ptr, &x.ptr, &mean.ptr, &var.ptr, &at.channels, &at.inner,
+                &at.count, &at.len, &eps);
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_grad_totals_f32", at.per_channel();
+                &dweight.ptr, &dbias.ptr, &part_g.ptr, &part_gx.ptr, &at.channels, &at.chunks);
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_input_grad_f32",
+                self.gpu.grid(at.elements as usize);
+                &dx.ptr, &g.ptr, &x.ptr, &mean.ptr, &var.ptr, &weight.ptr, &dweight.ptr, &dbias.ptr,
+                &at.elements, &at.channels, &at.inner, &count, &eps);
+        }
+        Ok(Some([dx, dweight, dbias].map(|b| b as BufferRef)))
+    }
+
+    /// The whole-input operands, then the per-channel ones, each checked for its extent; `None`
+    /// unless all are f32.
+    fn f32_operands<'a, const E: usize, const C: usize, const N: usize>(
+        &self,
+        op: &'static str,
+        spec: &BatchNormSpec,
+        whole: [&'a BufferRef; E],
+        per_channel: [&'a BufferRef; C],
+    ) -> Result<Option<[&'a CudaBuffer; N]>> {
+        let elements = Layout::contiguous([spec.outer * spec.channels * spec.inner]);
+        let channels = Layout::contiguous([spec.channels]);
+        let mut operands = Vec::with_capacity(N);
+        for (b, layout) in whole
+            .iter()
+            .map(|b| (b, &elements))
+            .chain(per_channel.iter().map(|b| (b, &channels)))
+        {
+            let operand = self.operand(op, b, Some(layout))?;
+            if operand.dtype() != DType::F32 {
+                return Ok(None);
+            }
+            operands.push(operand);
+        }
+        Ok(operands.try_into().ok())
+    }
+}

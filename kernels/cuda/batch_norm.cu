@@ -1,0 +1,145 @@
+// batch_norm: training-mode batch normalisation of a contiguous f32 [outer, channels, inner] with
+// the batch's own statistics, and its gradient, in three kernels each way. A channel's
+// `outer * inner` values are cut into chunks whose length the host picks from the shape alone;
+// one block reduces one (chunk, channel) in a fixed order, then one thread per channel folds its
+// chunks in order, so every run gives the same bits. Statistics are Welford's per thread and
+// Chan's rule to merge (no cancellation from sums of squares); the element ops are the CPU's, in
+// its order.
+
+// Where value r (of outer * inner) of channel c sits.
+__device__ __forceinline__ u32 channel_offset(u32 r, u32 c, u32 channels, u32 inner) {
+    return (r / inner) * channels * inner + c * inner + r % inner;
+}
+
+// The count, mean and sum of squared deviations of some values.
+struct Moments {
+    float n, mean, m2;
+};
+
+__device__ __forceinline__ Moments merge(Moments a, Moments b) {
+    float n = a.n + b.n;
+    if (b.n == 0.0f) return a;
+    float d = b.mean - a.mean, share = b.n / n;
+    Moments r;
+    r.n = n;
+    r.mean = a.mean + d * share;
+    r.m2 = a.m2 + b.m2 + d * d * a.n * share;
+    return r;
+}
+
+// The values of chunk `blockIdx.x` of channel `blockIdx.y`.
+__device__ __forceinline__ u32 chunk_start(u32 chunk_len) { return blockIdx.x * chunk_len; }
+__device__ __forceinline__ u32 chunk_end(u32 chunk_len, u32 count) { return min((blockIdx.x + 1) * chunk_len, count); }
+
+// Pass 1 forward: the mean and m2 of each (chunk, channel), at part[channel * chunks + chunk].
+extern "C" __global__ void batch_norm_moments_f32(float* part_mean, float* part_m2, const float* x, u32 channels,
+                                                  u32 inner, u32 count, u32 chunk_len) {
+    __shared__ float n[256], mean[256], m2[256];
+    u32 c = blockIdx.y, t = threadIdx.x;
+    Moments a = {0.0f, 0.0f, 0.0f};
+    for (u32 r = chunk_start(chunk_len) + t; r < chunk_end(chunk_len, count); r += blockDim.x) {
+        float v = x[channel_offset(r, c, channels, inner)];
+        a.n += 1.0f;
+        float d = v - a.mean;
+        a.mean += d / a.n;
+        a.m2 += d * (v - a.mean);
+    }
+    n[t] = a.n;
+    mean[t] = a.mean;
+    m2[t] = a.m2;
+    __syncthreads();
+    for (u32 width = blockDim.x / 2; width > 0; width /= 2) {
+        if (t < width) {
+            Moments l = {n[t], mean[t], m2[t]}, r = {n[t + width], mean[t + width], m2[t + width]};
+            Moments m = merge(l, r);
+            n[t] = m.n;
+            mean[t] = m.mean;
+            m2[t] = m.m2;
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        part_mean[c * gridDim.x + blockIdx.x] = mean[0];
+        part_m2[c * gridDim.x + blockIdx.x] = m2[0];
+    }
+}
+
+// Pass 2 forward: each channel's mean and biased variance from its chunks, in chunk order.
+extern "C" __global__ void batch_norm_statistics_f32(float* mean, float* var, const float* part_mean,
+                                                     const float* part_m2, u32 channels, u32 count,
+                                                     u32 chunk_len, u32 chunks) {
+    u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    Moments a = {0.0f, 0.0f, 0.0f};
+    for (u32 k = 0; k < chunks; ++k) {
+        Moments b = {(float)min(chunk_len, count - k * chunk_len), part_mean[c * chunks + k], part_m2[c * chunks + k]};
+        a = merge(a, b);
+    }
+    mean[c] = a.mean;
+    var[c] = a.m2 / (float)count;
+}
+
+// Pass 3 forward: y = (x - mean) / sqrt(var + eps) * weight + bias.
+extern "C" __global__ void batch_norm_normalize_f32(float* y, const float* x, const float* mean, const float* var,
+                                                   const float* weight, const float* bias, u32 len, u32 channels,
+                                                   u32 inner, float eps) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
+        u32 c = (i / inner) % channels;
+        y[i] = (x[i] - mean[c]) / sqrtf(var[c] + eps) * weight[c] + bias[c];
+    }
+}
+
+// Pass 1 backward: Σ g and Σ g·x̂ of each (chunk, channel), x̂ = (x - mean) / sqrt(var + eps).
+extern "C" __global__ void batch_norm_grad_sums_f32(float* part_g, float* part_gx, const float* g, const float* x,
+                                                    const float* mean, const float* var, u32 channels, u32 inner,
+                                                    u32 count, u32 chunk_len, float eps) {
+    __shared__ float sg[256], sgx[256];
+    u32 c = blockIdx.y, t = threadIdx.x;
+    float m = mean[c], denom = sqrtf(var[c] + eps), a = 0.0f, b = 0.0f;
+    for (u32 r = chunk_start(chunk_len) + t; r < chunk_end(chunk_len, count); r += blockDim.x) {
+        u32 o = channel_offset(r, c, channels, inner);
+        a += g[o];
+        b += g[o] * ((x[o] - m) / denom);
+    }
+    sg[t] = a;
+    sgx[t] = b;
+    __syncthreads();
+    for (u32 width = blockDim.x / 2; width > 0; width /= 2) {
+        if (t < width) {
+            sg[t] += sg[t + width];
+            sgx[t] += sgx[t + width];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        part_g[c * gridDim.x + blockIdx.x] = sg[0];
+        part_gx[c * gridDim.x + blockIdx.x] = sgx[0];
+    }
+}
+
+// Pass 2 backward: dbias = Σ g and dweight = Σ g·x̂ per channel, in chunk order.
+extern "C" __global__ void batch_norm_grad_totals_f32(float* dweight, float* dbias, const float* part_g,
+                                                      const float* part_gx, u32 channels, u32 chunks) {
+    u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float a = 0.0f, b = 0.0f;
+    for (u32 k = 0; k < chunks; ++k) {
+        a += part_g[c * chunks + k];
+        b += part_gx[c * chunks + k];
+    }
+    dbias[c] = a;
+    dweight[c] = b;
+}
+
+// Pass 3 backward: dx = weight / denom · (g - dbias / n - x̂ · dweight / n).
+extern "C" __global__ void batch_norm_input_grad_f32(float* dx, const float* g, const float* x, const float* mean,
+                                                    const float* var, const float* weight, const float* dweight,
+                                                    const float* dbias, u32 len, u32 channels, u32 inner,
+                                                    float count, float eps) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
+        u32 c = (i / inner) % channels;
+        float denom = sqrtf(var[c] + eps);
+        float x_hat = (x[i] - mean[c]) / denom;
+        dx[i] = weight[c] / denom * (g[i] - dbias[c] / count - x_hat * (dweight[c] / count));
+    }
+}
