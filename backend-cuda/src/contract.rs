@@ -127,7 +127,7 @@ impl Backend for CudaBackend {
         bias: &BufferRef,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        self.batch_norm_f32(x, [weight, bias], spec).transpose()
+        self.batch_norm_fused(x, [weight, bias], spec).transpose()
     }
     fn batch_norm_backward(
         &self,
@@ -137,7 +137,7 @@ impl Backend for CudaBackend {
         [mean, var]: [&BufferRef; 2],
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        self.batch_norm_backward_f32([grad, x], [weight, mean, var], spec)
+        self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
             .transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
@@ -205,6 +205,26 @@ impl Backend for CudaBackend {
     }
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
         self.unfold_or_fold(cols, geom, false)
+    }
+    fn conv2d_nchw(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        geom: &Conv2dGeometry,
+        out_channels: usize,
+    ) -> Option<Result<BufferRef>> {
+        self.conv2d_dnn(x, weight, geom, out_channels).transpose()
+    }
+    fn conv2d_nchw_backward(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        grad: &BufferRef,
+        geom: &Conv2dGeometry,
+        out_channels: usize,
+    ) -> Option<Result<(BufferRef, BufferRef)>> {
+        self.conv2d_dnn_backward([x, weight, grad], geom, out_channels)
+            .transpose()
     }
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
         self.pool_max(src, geom)

@@ -1,10 +1,10 @@
 //! One opened CUDA device: its context, a compute stream and its communicators' streams, the
-//! kernels compiled for its architecture (each file loaded once, on first use), cuBLAS, pinned
+//! kernels compiled for its architecture (each file loaded once, on first use), cuBLAS, cuDNN, pinned
 //! staging memory for uploads, and device memory.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig, sys};
 use cudarc::nvrtc::Ptx;
@@ -15,6 +15,7 @@ use lockstep_kernels::KernelSource;
 
 use crate::blas::Blas;
 use crate::buffer::CudaBuffer;
+use crate::dnn::Dnn;
 use crate::error::driver_error;
 use crate::memory::Memory;
 use crate::staging::Staging;
@@ -39,6 +40,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     pub(crate) memory: Arc<Memory>,
     pub(crate) blas: Blas,
+    /// cuDNN, opened at the first convolution; `None` inside where it is absent or turned off.
+    dnn: OnceLock<Option<Dnn>>,
     pub(crate) staging: Staging,
     /// Kernels launched and cuBLAS products queued, for `lockstep bench`'s launches per step.
     pub(crate) kernels_launched: AtomicU64,
@@ -74,10 +77,28 @@ impl Gpu {
             blas_calls: AtomicU64::new(0),
             memory,
             blas,
+            dnn: OnceLock::new(),
             comms: Mutex::default(),
             compute,
             ctx,
         })
+    }
+
+    /// cuDNN on the compute stream, opened on first use; `None` without it (a failure to open
+    /// it is reported once, and convolutions unfold instead).
+    pub(crate) fn dnn(&self) -> Option<&Dnn> {
+        self.dnn
+            .get_or_init(|| match Dnn::open(&self.location, &self.compute) {
+                Ok(dnn) => dnn,
+                Err(e) => {
+                    eprintln!(
+                        "warning: {e}; convolutions on {} unfold instead (im2col and cuBLAS)",
+                        self.location
+                    );
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// Makes this device's context current on the calling thread (raw driver calls need it).

@@ -13,6 +13,7 @@ mod backend;
 mod blas;
 mod buffer;
 mod contract;
+mod dnn;
 mod error;
 mod gpu;
 mod in_flight;

@@ -13,7 +13,7 @@ pub struct Library {
     pub remedy: &'static str,
 }
 
-/// The driver, NVRTC, cuBLAS, cuBLASLt and NCCL, each probed (a few ms in all).
+/// The driver, NVRTC, cuBLAS, cuBLASLt, NCCL and cuDNN, each probed (a few ms in all).
 pub fn libraries() -> Vec<Library> {
     // SAFETY (each call): `is_culib_present` only tries to dlopen the candidate library names.
     vec![
@@ -48,6 +48,13 @@ pub fn libraries() -> Vec<Library> {
             remedy: "`pip install nvidia-nccl-cu13`, then make a directory with a symlink libnccl.so -> \
                      .../nvidia/nccl/lib/libnccl.so.2 and put it on LD_LIBRARY_PATH (the wheel ships only libnccl.so.2)",
         },
+        Library {
+            name: "cuDNN",
+            file: "libcudnn.so.9",
+            present: crate::dnn::present(),
+            remedy: "`pip install nvidia-cudnn-cu13` and put nvidia/cudnn/lib on LD_LIBRARY_PATH (optional: without \
+                     it convolutions unfold through im2col and cuBLAS, slower)",
+        },
     ]
 }
 
@@ -61,12 +68,16 @@ pub fn nccl_present() -> bool {
     unsafe { cudarc::nccl::sys::is_culib_present() }
 }
 
-/// Ok when every library a device needs for tensor work loads (NCCL is only needed by
-/// collectives and checked there); else an error naming each missing one and its remedy.
+/// Libraries a device works without: NCCL is only needed by collectives (and checked there),
+/// cuDNN only speeds convolutions up.
+const OPTIONAL: [&str; 2] = ["NCCL", "cuDNN"];
+
+/// Ok when every library a device needs for tensor work loads (all but the `OPTIONAL` ones);
+/// else an error naming each missing one and its remedy.
 pub fn require_compute_libraries(device: &str) -> Result<()> {
     let missing: Vec<String> = libraries()
         .into_iter()
-        .filter(|l| !l.present && l.name != "NCCL")
+        .filter(|l| !l.present && !OPTIONAL.contains(&l.name))
         .map(|l| format!("{} library not found ({}): {}", l.name, l.file, l.remedy))
         .collect();
     if missing.is_empty() {

@@ -7,7 +7,7 @@ use lockstep_core::Device;
 fn opening_cuda_without_a_driver_says_what_is_missing() {
     lockstep_cuda::register();
     let libraries = lockstep_cuda::probe::libraries();
-    assert_eq!(libraries.len(), 5, "driver, NVRTC, cuBLAS, cuBLASLt, NCCL");
+    assert_eq!(libraries.len(), 6, "driver, NVRTC, cuBLAS, cuBLASLt, NCCL, cuDNN");
     let driver = libraries.iter().find(|l| l.name == "CUDA driver").unwrap();
     let opened = std::panic::catch_unwind(|| Device::parse("cuda:0"));
     let opened = opened.expect("opening cuda:0 must not panic");

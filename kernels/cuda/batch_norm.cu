@@ -1,5 +1,7 @@
-// batch_norm: training-mode batch normalisation of a contiguous f32 [outer, channels, inner] with
-// the batch's own statistics, and its gradient, in three kernels each way. A channel's
+// batch_norm: training-mode batch normalisation of a contiguous [outer, channels, inner] with
+// the batch's own statistics, and its gradient, in three kernels each way. The input, output and
+// their gradients are f32, f16 or bf16 (autocast's batch norm keeps its input's dtype, as
+// PyTorch's does); weight, bias, statistics and every sum are f32. A channel's
 // `outer * inner` values are cut into chunks whose length the host picks from the shape alone;
 // one block reduces one (chunk, channel) in a fixed order, then one thread per channel folds its
 // chunks in order, so every run gives the same bits. Statistics are Welford's per thread and
@@ -32,13 +34,14 @@ __device__ __forceinline__ u32 chunk_start(u32 chunk_len) { return blockIdx.x * 
 __device__ __forceinline__ u32 chunk_end(u32 chunk_len, u32 count) { return min((blockIdx.x + 1) * chunk_len, count); }
 
 // Pass 1 forward: the mean and m2 of each (chunk, channel), at part[channel * chunks + chunk].
-extern "C" __global__ void batch_norm_moments_f32(float* part_mean, float* part_m2, const float* x, u32 channels,
-                                                  u32 inner, u32 count, u32 chunk_len) {
+template <typename T>
+__device__ void moments(float* part_mean, float* part_m2, const T* x, u32 channels, u32 inner, u32 count,
+                        u32 chunk_len) {
     __shared__ float n[256], mean[256], m2[256];
     u32 c = blockIdx.y, t = threadIdx.x;
     Moments a = {0.0f, 0.0f, 0.0f};
     for (u32 r = chunk_start(chunk_len) + t; r < chunk_end(chunk_len, count); r += blockDim.x) {
-        float v = x[channel_offset(r, c, channels, inner)];
+        float v = to_f32(x[channel_offset(r, c, channels, inner)]);
         a.n += 1.0f;
         float d = v - a.mean;
         a.mean += d / a.n;
@@ -63,6 +66,13 @@ extern "C" __global__ void batch_norm_moments_f32(float* part_mean, float* part_
         part_m2[c * gridDim.x + blockIdx.x] = m2[0];
     }
 }
+#define MOMENTS(T, suffix)                                                                        \
+    extern "C" __global__ void batch_norm_moments_##suffix(float* part_mean, float* part_m2, const T* x, \
+                                                           u32 channels, u32 inner, u32 count,           \
+                                                           u32 chunk_len) {                              \
+        moments(part_mean, part_m2, x, channels, inner, count, chunk_len);                             \
+    }
+FOR_FLOATS(MOMENTS)
 
 // Pass 2 forward: each channel's mean and biased variance from its chunks, in chunk order.
 extern "C" __global__ void batch_norm_statistics_f32(float* mean, float* var, const float* part_mean,
@@ -80,26 +90,30 @@ extern "C" __global__ void batch_norm_statistics_f32(float* mean, float* var, co
 }
 
 // Pass 3 forward: y = (x - mean) / sqrt(var + eps) * weight + bias.
-extern "C" __global__ void batch_norm_normalize_f32(float* y, const float* x, const float* mean, const float* var,
-                                                   const float* weight, const float* bias, u32 len, u32 channels,
-                                                   u32 inner, float eps) {
-    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
-        u32 c = (i / inner) % channels;
-        y[i] = (x[i] - mean[c]) / sqrtf(var[c] + eps) * weight[c] + bias[c];
+#define NORMALIZE(T, suffix)                                                                      \
+    extern "C" __global__ void batch_norm_normalize_##suffix(T* y, const T* x, const float* mean,        \
+                                                             const float* var, const float* weight,      \
+                                                             const float* bias, u32 len, u32 channels,   \
+                                                             u32 inner, float eps) {                     \
+        FOR_EACH(i, len) {                                                                              \
+            u32 c = (i / inner) % channels;                                                             \
+            y[i] = from_f32<T>((to_f32(x[i]) - mean[c]) / sqrtf(var[c] + eps) * weight[c] + bias[c]);   \
+        }                                                                                               \
     }
-}
+FOR_FLOATS(NORMALIZE)
 
 // Pass 1 backward: Σ g and Σ g·x̂ of each (chunk, channel), x̂ = (x - mean) / sqrt(var + eps).
-extern "C" __global__ void batch_norm_grad_sums_f32(float* part_g, float* part_gx, const float* g, const float* x,
-                                                    const float* mean, const float* var, u32 channels, u32 inner,
-                                                    u32 count, u32 chunk_len, float eps) {
+template <typename T>
+__device__ void grad_sums(float* part_g, float* part_gx, const T* g, const T* x, const float* mean,
+                          const float* var, u32 channels, u32 inner, u32 count, u32 chunk_len, float eps) {
     __shared__ float sg[256], sgx[256];
     u32 c = blockIdx.y, t = threadIdx.x;
     float m = mean[c], denom = sqrtf(var[c] + eps), a = 0.0f, b = 0.0f;
     for (u32 r = chunk_start(chunk_len) + t; r < chunk_end(chunk_len, count); r += blockDim.x) {
         u32 o = channel_offset(r, c, channels, inner);
-        a += g[o];
-        b += g[o] * ((x[o] - m) / denom);
+        float gv = to_f32(g[o]);
+        a += gv;
+        b += gv * ((to_f32(x[o]) - m) / denom);
     }
     sg[t] = a;
     sgx[t] = b;
@@ -116,6 +130,14 @@ extern "C" __global__ void batch_norm_grad_sums_f32(float* part_g, float* part_g
         part_gx[c * gridDim.x + blockIdx.x] = sgx[0];
     }
 }
+#define GRAD_SUMS(T, suffix)                                                                      \
+    extern "C" __global__ void batch_norm_grad_sums_##suffix(float* part_g, float* part_gx, const T* g,  \
+                                                             const T* x, const float* mean,              \
+                                                             const float* var, u32 channels, u32 inner,  \
+                                                             u32 count, u32 chunk_len, float eps) {      \
+        grad_sums(part_g, part_gx, g, x, mean, var, channels, inner, count, chunk_len, eps);           \
+    }
+FOR_FLOATS(GRAD_SUMS)
 
 // Pass 2 backward: dbias = Σ g and dweight = Σ g·x̂ per channel, in chunk order.
 extern "C" __global__ void batch_norm_grad_totals_f32(float* dweight, float* dbias, const float* part_g,
@@ -132,14 +154,17 @@ extern "C" __global__ void batch_norm_grad_totals_f32(float* dweight, float* dbi
 }
 
 // Pass 3 backward: dx = weight / denom · (g - dbias / n - x̂ · dweight / n).
-extern "C" __global__ void batch_norm_input_grad_f32(float* dx, const float* g, const float* x, const float* mean,
-                                                    const float* var, const float* weight, const float* dweight,
-                                                    const float* dbias, u32 len, u32 channels, u32 inner,
-                                                    float count, float eps) {
-    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += gridDim.x * blockDim.x) {
-        u32 c = (i / inner) % channels;
-        float denom = sqrtf(var[c] + eps);
-        float x_hat = (x[i] - mean[c]) / denom;
-        dx[i] = weight[c] / denom * (g[i] - dbias[c] / count - x_hat * (dweight[c] / count));
+#define INPUT_GRAD(T, suffix)                                                                     \
+    extern "C" __global__ void batch_norm_input_grad_##suffix(                                         \
+        T* dx, const T* g, const T* x, const float* mean, const float* var, const float* weight,        \
+        const float* dweight, const float* dbias, u32 len, u32 channels, u32 inner, float count,       \
+        float eps) {                                                                                    \
+        FOR_EACH(i, len) {                                                                              \
+            u32 c = (i / inner) % channels;                                                             \
+            float denom = sqrtf(var[c] + eps);                                                          \
+            float x_hat = (to_f32(x[i]) - mean[c]) / denom;                                             \
+            dx[i] = from_f32<T>(weight[c] / denom *                                                     \
+                                (to_f32(g[i]) - dbias[c] / count - x_hat * (dweight[c] / count)));      \
+        }                                                                                               \
     }
-}
+FOR_FLOATS(INPUT_GRAD)

@@ -62,7 +62,7 @@ shim="$out/lib"
 mkdir -p "$shim"
 lib_path=""
 {
-    for lib in libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    for lib in libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
         if path=$(find_lib "$lib"); then
             echo "$lib: $path"
             case ":$lib_path:" in *":$(dirname "$path"):"*) ;; *) lib_path="$lib_path:$(dirname "$path")" ;; esac
@@ -129,6 +129,10 @@ if [ "$quick" = 0 ]; then
         step "bench-mlp4096-$precision" 300 "$bin" bench mlp --device cuda:0 --hidden 4096,4096,4096,4096 --batch 1024 --precision "$precision" --peer pytorch --json "$out/bench-mlp4096-$precision.json"
     done
     step bench-mlp-mnist 300 "$bin" bench mlp --device cuda:0 --peer pytorch --json "$out/bench-mlp-mnist.json"
+    # ResNet-18 (CIFAR stem) bf16-mixed at batch 512: steps, and a CIFAR-10 epoch (synthetic
+    # files in the real format) with loader workers, each beside PyTorch eager.
+    step bench-resnet 300 "$bin" bench resnet --device cuda:0 --batch 512 --precision bf16-mixed --peer pytorch --json "$out/bench-resnet.json"
+    step bench-epoch-resnet18 600 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 2 --json "$out/bench-epoch-resnet18.json"
     for model in mlp lenet5; do
         step "bench-epoch-$model" 600 "$python" "$root/scripts/mnist_epoch_bench.py" --bin "$bin" --device cuda:0 --model "$model" --rounds 2 --data "$data" --json "$out/bench-epoch-$model.json"
     done

@@ -1,6 +1,6 @@
-//! Training-mode batch normalisation and its gradient (batch_norm.cu) over a contiguous f32
-//! `[outer, channels, inner]`: three launches each way, where the composed ops take about twenty
-//! and read the input as many times.
+//! Training-mode batch normalisation and its gradient (batch_norm.cu) over a contiguous
+//! `[outer, channels, inner]` of f32, f16 or bf16 with f32 weight, bias and statistics: three
+//! launches each way, where the composed ops take about twenty and read the input as many times.
 
 use cudarc::driver::LaunchConfig;
 
@@ -8,7 +8,7 @@ use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
-use crate::backend::CudaBackend;
+use crate::backend::{CudaBackend, float_suffix};
 use crate::buffer::CudaBuffer;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
@@ -77,15 +77,16 @@ impl Chunking {
 }
 
 impl CudaBackend {
-    /// `[y, mean, var]`, or `None` for a dtype other than f32 (the caller composes those).
-    pub(crate) fn batch_norm_f32(
+    /// `[y, mean, var]` (`y` in the input's dtype), or `None` for dtypes the kernels do not take
+    /// (the caller composes those).
+    pub(crate) fn batch_norm_fused(
         &self,
         x: &BufferRef,
         [weight, bias]: [&BufferRef; 2],
         spec: &BatchNormSpec,
     ) -> Result<Option<[BufferRef; 3]>> {
         const OP: &str = "batch_norm";
-        let Some([x, weight, bias]) = self.f32_operands(OP, spec, [x], [weight, bias])? else {
+        let Some(([x, weight, bias], dtype)) = self.norm_operands(OP, spec, [x], [weight, bias])? else {
             return Ok(None);
         };
         let at = Chunking::new(OP, spec)?;
@@ -95,14 +96,15 @@ impl CudaBackend {
         );
         let channels = spec.channels;
         let (mean, var) = (self.output(DType::F32, channels)?, self.output(DType::F32, channels)?);
-        let y = self.output(DType::F32, at.elements as usize)?;
+        let y = self.output(dtype, at.elements as usize)?;
         if at.elements > 0 {
             let eps = spec.eps as f32;
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_moments_f32", at.per_chunk();
+            let suffix = float_suffix(OP, dtype)?;
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_moments_{suffix}"), at.per_chunk();
                 &part_mean.ptr, &part_m2.ptr, &x.ptr, &at.channels, &at.inner, &at.count, &at.len);
             launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_statistics_f32", at.per_channel();
                 &mean.ptr, &var.ptr, &part_mean.ptr, &part_m2.ptr, &at.channels, &at.count, &at.len, &at.chunks);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_normalize_f32",
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_normalize_{suffix}"),
                 self.gpu.grid(at.elements as usize);
                 &y.ptr, &x.ptr, &mean.ptr, &var.ptr, &weight.ptr, &bias.ptr, &at.elements, &at.channels,
                 &at.inner, &eps);
@@ -110,15 +112,16 @@ impl CudaBackend {
         Ok(Some([y, mean, var].map(|b| b as BufferRef)))
     }
 
-    /// `[dx, dweight, dbias]`, or `None` for a dtype other than f32.
-    pub(crate) fn batch_norm_backward_f32(
+    /// `[dx, dweight, dbias]` (`dx` in the input's dtype), or `None` as for `batch_norm_fused`.
+    pub(crate) fn batch_norm_backward_fused(
         &self,
         [grad, x]: [&BufferRef; 2],
         [weight, mean, var]: [&BufferRef; 3],
         spec: &BatchNormSpec,
     ) -> Result<Option<[BufferRef; 3]>> {
         const OP: &str = "batch_norm_backward";
-        let Some([g, x, weight, mean, var]) = self.f32_operands(OP, spec, [grad, x], [weight, mean, var])? else {
+        let Some(([g, x, weight, mean, var], dtype)) = self.norm_operands(OP, spec, [grad, x], [weight, mean, var])?
+        else {
             return Ok(None);
         };
         let at = Chunking::new(OP, spec)?;
@@ -128,15 +131,16 @@ impl CudaBackend {
         );
         let channels = spec.channels;
         let (dweight, dbias) = (self.output(DType::F32, channels)?, self.output(DType::F32, channels)?);
-        let dx = self.output(DType::F32, at.elements as usize)?;
+        let dx = self.output(dtype, at.elements as usize)?;
         if at.elements > 0 {
             let (eps, count) = (spec.eps as f32, at.count as f32);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_grad_sums_f32", at.per_chunk();
+            let suffix = float_suffix(OP, dtype)?;
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_grad_sums_{suffix}"), at.per_chunk();
                 &part_g.ptr, &part_gx.ptr, &g.ptr, &x.ptr, &mean.ptr, &var.ptr, &at.channels, &at.inner,
                 &at.count, &at.len, &eps);
             launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_grad_totals_f32", at.per_channel();
                 &dweight.ptr, &dbias.ptr, &part_g.ptr, &part_gx.ptr, &at.channels, &at.chunks);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_input_grad_f32",
+            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_input_grad_{suffix}"),
                 self.gpu.grid(at.elements as usize);
                 &dx.ptr, &g.ptr, &x.ptr, &mean.ptr, &var.ptr, &weight.ptr, &dweight.ptr, &dbias.ptr,
                 &at.elements, &at.channels, &at.inner, &count, &eps);
@@ -144,29 +148,37 @@ impl CudaBackend {
         Ok(Some([dx, dweight, dbias].map(|b| b as BufferRef)))
     }
 
-    /// The whole-input operands, then the per-channel ones, each checked for its extent; `None`
-    /// unless all are f32.
-    fn f32_operands<'a, const E: usize, const C: usize, const N: usize>(
+    /// The whole-input operands, then the per-channel ones, each checked for its extent, and the
+    /// whole-input dtype; `None` unless that is f32, f16 or bf16 for all of them and the
+    /// per-channel ones are f32.
+    fn norm_operands<'a, const E: usize, const C: usize, const N: usize>(
         &self,
         op: &'static str,
         spec: &BatchNormSpec,
         whole: [&'a BufferRef; E],
         per_channel: [&'a BufferRef; C],
-    ) -> Result<Option<[&'a CudaBuffer; N]>> {
+    ) -> Result<Option<([&'a CudaBuffer; N], DType)>> {
         let elements = Layout::contiguous([spec.outer * spec.channels * spec.inner]);
         let channels = Layout::contiguous([spec.channels]);
         let mut operands = Vec::with_capacity(N);
-        for (b, layout) in whole
-            .iter()
-            .map(|b| (b, &elements))
-            .chain(per_channel.iter().map(|b| (b, &channels)))
-        {
-            let operand = self.operand(op, b, Some(layout))?;
+        let mut dtype = DType::F32;
+        for (i, b) in whole.iter().enumerate() {
+            let operand = self.operand(op, b, Some(&elements))?;
+            if i == 0 {
+                dtype = operand.dtype();
+            }
+            if operand.dtype() != dtype || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+                return Ok(None);
+            }
+            operands.push(operand);
+        }
+        for b in per_channel {
+            let operand = self.operand(op, b, Some(&channels))?;
             if operand.dtype() != DType::F32 {
                 return Ok(None);
             }
             operands.push(operand);
         }
-        Ok(operands.try_into().ok())
+        Ok(operands.try_into().ok().map(|operands| (operands, dtype)))
     }
 }

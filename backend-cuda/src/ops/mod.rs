@@ -1,8 +1,10 @@
 //! The Backend operations, one file per kernel file of lockstep-kernels (`transfer.rs` drives
-//! fill.cu and rand.cu and the copies to and from the host; `matmul.rs` calls cuBLAS).
+//! fill.cu and rand.cu and the copies to and from the host; `matmul.rs` calls cuBLAS,
+//! `conv_dnn.rs` cuDNN).
 
 mod batch_norm;
 mod conv;
+mod conv_dnn;
 mod elementwise;
 mod index;
 mod layer_norm;

@@ -54,3 +54,45 @@ fn mixed_operands_promote_only_under_autocast() {
 fn only_half_types_are_autocast_targets() {
     assert!(AutocastGuard::new(DType::F32).is_err());
 }
+
+#[test]
+fn batch_norm_keeps_its_input_dtype_and_computes_in_f32() {
+    // As PyTorch's autocast: batch norm is on neither list, so a bf16 activation stays bf16.
+    let device = Device::cpu();
+    let x = Tensor::rand_normal([4, 3, 5, 5], 0.5, 2.0, DType::F32, &Generator::new(2), &device).unwrap();
+    let weight = Tensor::rand_normal([3], 1.0, 0.1, DType::F32, &Generator::new(3), &device)
+        .unwrap()
+        .requires_grad(true);
+    let bias = Tensor::zeros([3], DType::F32, &device).unwrap();
+    let stats = || {
+        (
+            Tensor::zeros([3], DType::F32, &device).unwrap(),
+            Tensor::ones([3], DType::F32, &device).unwrap(),
+        )
+    };
+    let low = x.to_dtype(DType::BF16).unwrap();
+    for training in [true, false] {
+        let (mean, var) = stats();
+        let y = autocast(DType::BF16, || {
+            low.batch_norm(&mean, &var, Some(&weight), Some(&bias), training, 0.1, 1e-5)
+        })
+        .unwrap();
+        assert_eq!(y.dtype(), DType::BF16, "training={training}");
+        assert_eq!(mean.dtype(), DType::F32, "the running statistics stay f32");
+        // The f32 computation on the same (bf16-rounded) input, rounded once at the end.
+        let (mean, var) = stats();
+        let full = low
+            .to_dtype(DType::F32)
+            .unwrap()
+            .batch_norm(&mean, &var, Some(&weight), Some(&bias), training, 0.1, 1e-5)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let values = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(values(&y), values(&full), "training={training}");
+        if training {
+            y.to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap();
+            assert_eq!(weight.grad().unwrap().dtype(), DType::F32);
+        }
+    }
+}

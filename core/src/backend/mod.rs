@@ -223,8 +223,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
     /// Batch normalisation in training with the batch's own statistics: returns `y = (x - mean)
     /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32), and the
-    /// per-channel `mean` and biased `var`, each `[channels]`. `None` where the backend has no
-    /// such kernel for the dtype: the caller then composes it from reductions and element ops.
+    /// per-channel `mean` and biased `var`, each `[channels]`. `x` and `y` share a dtype; weight,
+    /// bias and the statistics are f32, also for an f16/bf16 `x` (autocast's mix). `None` where
+    /// the backend has no such kernel for the dtypes: the caller then composes it from
+    /// reductions and element ops.
     fn batch_norm(
         &self,
         _x: &BufferRef,
@@ -329,6 +331,31 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The gradients of `conv2d_product` from `grad` `[o, n*oh*ow]` (contiguous): the input's
     /// `[n, c, h, w]` and the weight's `[o, c*kh*kw]`; `None` as for `conv2d_product`.
     fn conv2d_product_backward(
+        &self,
+        _x: &BufferRef,
+        _weight: &BufferRef,
+        _grad: &BufferRef,
+        _geom: &Conv2dGeometry,
+        _out_channels: usize,
+    ) -> Option<Result<(BufferRef, BufferRef)>> {
+        None
+    }
+    /// A whole convolution of one group without bias, NCHW in and out: `x` `[n, c, h, w]` and
+    /// `weight` `[o, c, kh, kw]` (both contiguous) to `[n, o, oh, ow]`, where the backend has a
+    /// library for it (cuDNN); `None` where it has not or declines the geometry, and the caller
+    /// takes `conv2d_product`.
+    fn conv2d_nchw(
+        &self,
+        _x: &BufferRef,
+        _weight: &BufferRef,
+        _geom: &Conv2dGeometry,
+        _out_channels: usize,
+    ) -> Option<Result<BufferRef>> {
+        None
+    }
+    /// The gradients of `conv2d_nchw` from `grad` `[n, o, oh, ow]` (contiguous): the input's
+    /// `[n, c, h, w]` and the weight's `[o, c, kh, kw]`; `None` as for `conv2d_nchw`.
+    fn conv2d_nchw_backward(
         &self,
         _x: &BufferRef,
         _weight: &BufferRef,

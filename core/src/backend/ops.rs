@@ -311,7 +311,7 @@ pub struct MatmulDims {
 }
 
 /// Geometry of a 2-D convolution's unfolding: input `[n, c, h, w]`, kernel `kh x kw`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Conv2dGeometry {
     /// Batch size.
     pub n: usize,

@@ -21,11 +21,7 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
-        if crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
-            // A normalisation: f32 under autocast (its statistics and parameters are f32).
-            let x = crate::autocast::full(self)?;
-            return x.batch_norm_local(running_mean, running_var, weight, bias, momentum, eps);
-        }
+        let low = crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16);
         let channels = self.dims().get(1).copied().unwrap_or(0);
         let count = self.elem_count() / channels.max(1);
         if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1)
@@ -34,18 +30,33 @@ impl Tensor {
             update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
             return Ok(y);
         }
+        if low {
+            // Not on autocast's f32 list (PyTorch's neither): the result keeps the input's dtype,
+            // the statistics and arithmetic in f32 (parameters and statistics are f32).
+            let y = crate::autocast::full(self)?.batch_norm_local(
+                running_mean,
+                running_var,
+                weight,
+                bias,
+                momentum,
+                eps,
+            )?;
+            return y.to_dtype(self.dtype());
+        }
         // Also where the composed path has the clear error for a bad input.
         let stats: &BatchStatsFn<'_> = &local_batch_stats;
         self.batch_norm_with(running_mean, running_var, weight, bias, Some(stats), momentum, eps)
     }
 
-    /// `(y, mean, var)` of training-mode batch norm over axis 1 of this f32 `[N, C, …]` tensor
-    /// (biased variance, each statistic `[C]`), by the backend's fused op; `None` where the
-    /// backend has none for this input (the caller composes it).
+    /// `(y, mean, var)` of training-mode batch norm over axis 1 of this `[N, C, …]` tensor (biased
+    /// variance, each statistic `[C]`, f32) by the backend's fused op, `y` in this tensor's dtype:
+    /// f32, or f16/bf16 with f32 parameters (autocast's mix); `None` where the backend has no
+    /// kernel for this input (the caller composes it).
     fn batch_norm_fused(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         let c = self.dims()[1];
         let per_channel = |t: &Tensor| t.dtype() == DType::F32 && t.dims() == [c] && t.device() == self.device();
-        if self.dtype() != DType::F32 || !per_channel(weight) || !per_channel(bias) {
+        if !matches!(self.dtype(), DType::F32 | DType::F16 | DType::BF16) || !per_channel(weight) || !per_channel(bias)
+        {
             return Ok(None);
         }
         let x = self.contiguous()?;
@@ -72,7 +83,8 @@ impl Tensor {
         let saved = (x.detach(), weight.detach(), mean.clone(), var.clone());
         let y = y.track("batch_norm", &[&x, &weight, &bias], move |g| {
             let (x, weight, mean, var) = &saved;
-            let g = g.contiguous()?;
+            // The output's gradient in the output's (the input's) dtype.
+            let g = g.to_dtype(x.dtype())?.contiguous()?;
             let grads = x
                 .backend()
                 .batch_norm_backward(

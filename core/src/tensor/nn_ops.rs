@@ -215,25 +215,32 @@ impl Tensor {
             dilation: opts.dilation,
         };
         geom.validate("conv2d")?;
-        let (oh, ow) = (geom.out_h(), geom.out_w());
-        // One GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow].
-        // Bias and activation on the GEMM's [o, n*oh*ow] output, before the batch moves first.
-        let flat = super::conv_product::conv_product(self, weight, geom, g)?;
-        let flat = match (bias, act) {
-            (Some(b), _) => {
-                if b.dims() != [o] {
-                    return Err(Error::shape(
-                        "conv2d",
-                        b.shape(),
-                        weight.shape(),
-                        format!("bias must have shape [{o}]"),
-                    ));
-                }
-                flat.bias_act(b, 0, act)?
-            }
-            (None, Some(op)) => flat.unary(op)?,
-            (None, None) => flat,
+        if let Some(b) = bias
+            && b.dims() != [o]
+        {
+            return Err(Error::shape(
+                "conv2d",
+                b.shape(),
+                weight.shape(),
+                format!("bias must have shape [{o}]"),
+            ));
+        }
+        // Bias and activation along the channel axis of whichever layout the product has.
+        let finish = |out: Tensor, channel_axis: usize| match (bias, act) {
+            (Some(b), _) => out.bias_act(b, channel_axis, act),
+            (None, Some(op)) => out.unary(op),
+            (None, None) => Ok(out),
         };
+        // A backend's convolution library (cuDNN) takes NCHW straight to NCHW.
+        if g == 1
+            && let Some(out) = super::conv_product::conv_nchw(self, weight, geom)?
+        {
+            return finish(out, 1);
+        }
+        // Else one GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow],
+        // bias and activation on its [o, n*oh*ow] output before the batch moves first.
+        let (oh, ow) = (geom.out_h(), geom.out_w());
+        let flat = finish(super::conv_product::conv_product(self, weight, geom, g)?, 0)?;
         flat.reshape([o, n, oh * ow])?
             .permute(&[1, 0, 2])?
             .reshape([n, o, oh, ow])
@@ -325,9 +332,18 @@ impl Tensor {
         eps: f64,
     ) -> Result<Tensor> {
         if crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
-            // A normalisation: f32 under autocast (its statistics and parameters are f32).
-            let x = crate::autocast::full(self)?;
-            return x.batch_norm_with(running_mean, running_var, weight, bias, stats, momentum, eps);
+            // Computed in f32 (its statistics and parameters are f32); the result keeps the
+            // input's dtype, as PyTorch's autocast (batch norm is not on its f32 list).
+            let y = crate::autocast::full(self)?.batch_norm_with(
+                running_mean,
+                running_var,
+                weight,
+                bias,
+                stats,
+                momentum,
+                eps,
+            )?;
+            return y.to_dtype(self.dtype());
         }
         self.float_only("batch_norm")?;
         if self.rank() < 2 {

@@ -122,6 +122,8 @@ fn conv_cases() -> Vec<Case> {
                     "matmul",
                     "conv2d_product",
                     "conv2d_product_backward",
+                    "conv2d_nchw",
+                    "conv2d_nchw_backward",
                 ],
                 move |_, x| Ok(vec![x[0].conv2d(&x[1], if bias { Some(&x[2]) } else { None }, opts)?]),
             )
