@@ -202,7 +202,7 @@ fn an_empty_shard_contributes_nothing() {
 }
 
 #[test]
-fn under_autocast_half_precision_input_is_synchronised_in_f32() {
+fn under_autocast_half_precision_input_is_synchronised_in_f32_and_stays_half() {
     let outputs = on_two_replicas(|rank, dev, comm| {
         let mut bn = layer(BatchNorm2d::new, 3, &dev);
         bn.convert_sync_batchnorm(&comm);
@@ -210,11 +210,14 @@ fn under_autocast_half_precision_input_is_synchronised_in_f32() {
             .to_dtype(DType::BF16)
             .unwrap();
         let y = autocast(DType::BF16, || bn.forward(&x)).unwrap();
+        // The f32 computation, rounded once: autocast's batch norm keeps its input's dtype, as
+        // PyTorch's does, and computes (and synchronises) in f32.
         let widened = bn.forward(&x.to_dtype(DType::F32).unwrap()).unwrap();
-        (y.dtype(), values(&y), values(&widened))
+        let in_f32 = |t: &Tensor| values(&t.to_dtype(DType::F32).unwrap());
+        (y.dtype(), in_f32(&y), in_f32(&widened.to_dtype(DType::BF16).unwrap()))
     });
     for (dtype, y, widened) in outputs {
-        assert_eq!(dtype, DType::F32);
+        assert_eq!(dtype, DType::BF16);
         assert_close("y", &y, &widened, TOL);
     }
 }
