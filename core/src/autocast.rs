@@ -3,9 +3,10 @@
 //! Inside an `AutocastGuard` region on this thread, matrix products (matmul, linear, the GEMM of
 //! a convolution, and a layer's fused bias + activation) take f16/bf16 inputs: f32 operands are
 //! cast down, and the casts of parameters (leaves that require grad) are cached so each weight
-//! is cast once per region. Softmax, log-softmax, losses, sums, normalisation and exp/log/pow/
-//! reciprocal run in f32: low-precision operands are cast up. Binary ops on mixed float dtypes
-//! promote to the wider one. Everything else follows its inputs. Casts are differentiable, so
+//! is cast once per region. Softmax, log-softmax, losses, sums, layer norm and exp/log/pow/
+//! reciprocal run in f32: low-precision operands are cast up. Batch norm computes in f32 but
+//! keeps its input's dtype (it is on neither of PyTorch's lists). Binary ops on mixed float
+//! dtypes promote to the wider one. Everything else follows its inputs. Casts are differentiable, so
 //! f32 parameters receive f32 gradients (master weights stay f32), and backward, run outside the
 //! region, uses each op's forward dtype.
 

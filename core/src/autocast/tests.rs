@@ -70,7 +70,26 @@ fn batch_norm_keeps_its_input_dtype_and_computes_in_f32() {
             Tensor::ones([3], DType::F32, &device).unwrap(),
         )
     };
-    let low = x.to_dtype(DType::BF16).unwrap();
+    let low = x.to_dtype(DType::BF16).unwrap().requires_grad(true);
+    // A weighted sum: a plain sum of a batch norm's output has a zero input gradient.
+    let r = Tensor::rand_normal([4, 3, 5, 5], 0.0, 1.0, DType::F32, &Generator::new(4), &device).unwrap();
+    let input_grad = |y: &Tensor| {
+        low.zero_grad();
+        y.to_dtype(DType::F32)
+            .unwrap()
+            .mul(&r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        low.grad()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    };
     for training in [true, false] {
         let (mean, var) = stats();
         let y = autocast(DType::BF16, || {
@@ -91,7 +110,8 @@ fn batch_norm_keeps_its_input_dtype_and_computes_in_f32() {
         let values = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
         assert_eq!(values(&y), values(&full), "training={training}");
         if training {
-            y.to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap();
+            // The input's gradient, likewise the f32 computation's rounded once.
+            assert_eq!(input_grad(&y), input_grad(&full));
             assert_eq!(weight.grad().unwrap().dtype(), DType::F32);
         }
     }

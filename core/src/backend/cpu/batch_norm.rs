@@ -1,17 +1,26 @@
-//! Batch normalisation in training, f32, in two passes each way: per-channel statistics (threads
+//! Batch normalisation in training, in two passes each way: per-channel statistics (threads
 //! take channels), then one element pass over rows (threads take rows). Sums accumulate in f64
-//! as `reduce` does; the element ops are the composed path's, in its order.
+//! as `reduce` does; the element ops are the composed path's, in its order, in f32. The input,
+//! output and their gradients are f32, or bf16/f16 read and written directly (autocast's batch
+//! norm: f32 weight, bias and statistics, the result rounded once).
 
 use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
+use super::float::ViaF32;
 use super::pool::Pool;
 use super::reduce::lane_sum;
 use super::simd::{Kernel, wide};
 use crate::backend::BatchNormSpec;
 
-/// `(y, mean, var)`: `y = (x - mean) / sqrt(var + eps) * weight + bias` with the biased variance.
-pub fn forward(pool: &Pool, x: &[f32], weight: &[f32], bias: &[f32], spec: &BatchNormSpec) -> [Vec<f32>; 3] {
+/// `(y, [mean, var])`: `y = (x - mean) / sqrt(var + eps) * weight + bias` with the biased variance.
+pub fn forward<E: ViaF32>(
+    pool: &Pool,
+    x: &[E],
+    weight: &[f32],
+    bias: &[f32],
+    spec: &BatchNormSpec,
+) -> (Vec<E>, [Vec<f32>; 2]) {
     let count = (spec.outer * spec.inner) as f64;
     let mean = per_channel(spec, |c| sum_runs(x, spec, c, |v| v as f64) / count);
     let mean: Vec<f32> = mean.iter().map(|&m| m as f32).collect();
@@ -24,7 +33,7 @@ pub fn forward(pool: &Pool, x: &[f32], weight: &[f32], bias: &[f32], spec: &Batc
     });
     let var: Vec<f32> = var.iter().map(|&v| v as f32).collect();
     let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
-    let mut y = pool.take::<f32>(x.len());
+    let mut y = pool.take::<E>(x.len());
     by_rows(spec, &mut y, x, None, |c, o, x, _| {
         wide(Normalize {
             o,
@@ -35,20 +44,20 @@ pub fn forward(pool: &Pool, x: &[f32], weight: &[f32], bias: &[f32], spec: &Batc
             bias: bias[c],
         })
     });
-    [y, mean, var]
+    (y, [mean, var])
 }
 
-/// `[dx, dweight, dbias]` for output gradient `g`, with `x̂ = (x - mean) / sqrt(var + eps)`:
+/// `(dx, [dweight, dbias])` for output gradient `g`, with `x̂ = (x - mean) / sqrt(var + eps)`:
 /// `dbias = Σ g`, `dweight = Σ g·x̂`, `dx = weight / sqrt(var + eps) · (g - (dbias + x̂·dweight) / n)`
 /// over the `n` values of each channel.
-pub fn backward(
+pub fn backward<E: ViaF32>(
     pool: &Pool,
-    g: &[f32],
-    x: &[f32],
+    g: &[E],
+    x: &[E],
     weight: &[f32],
     [mean, var]: [&[f32]; 2],
     spec: &BatchNormSpec,
-) -> [Vec<f32>; 3] {
+) -> (Vec<E>, [Vec<f32>; 2]) {
     let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
     let dbias = per_channel(spec, |c| sum_runs(g, spec, c, |v| v as f64));
     let dweight = per_channel(spec, |c| {
@@ -56,7 +65,7 @@ pub fn backward(
         sum_pairs(g, x, spec, c, |g, x| (g * ((x - m) / d)) as f64)
     });
     let count = (spec.outer * spec.inner) as f64;
-    let mut dx = pool.take::<f32>(x.len());
+    let mut dx = pool.take::<E>(x.len());
     by_rows(spec, &mut dx, g, Some(x), |c, o, g, x| {
         wide(InputGradient {
             o,
@@ -71,7 +80,7 @@ pub fn backward(
     });
     let dweight: Vec<f32> = dweight.iter().map(|&v| v as f32).collect();
     let dbias: Vec<f32> = dbias.iter().map(|&v| v as f32).collect();
-    [dx, dweight, dbias]
+    (dx, [dweight, dbias])
 }
 
 /// `f(channel)` for every channel, channels split across threads for large inputs.
@@ -84,12 +93,18 @@ fn per_channel(spec: &BatchNormSpec, f: impl Fn(usize) -> f64 + Sync + Send) -> 
 }
 
 /// Σ `term(v)` over channel `c`'s values, run by run, in eight interleaved f64 partial sums.
-fn sum_runs(x: &[f32], spec: &BatchNormSpec, c: usize, term: impl Fn(f32) -> f64 + Copy) -> f64 {
+fn sum_runs<E: ViaF32>(x: &[E], spec: &BatchNormSpec, c: usize, term: impl Fn(f32) -> f64 + Copy) -> f64 {
     sum_pairs(x, x, spec, c, move |v, _| term(v))
 }
 
 /// Σ `term(a, b)` over channel `c`'s values of two tensors of one shape.
-fn sum_pairs(a: &[f32], b: &[f32], spec: &BatchNormSpec, c: usize, term: impl Fn(f32, f32) -> f64 + Copy) -> f64 {
+fn sum_pairs<E: ViaF32>(
+    a: &[E],
+    b: &[E],
+    spec: &BatchNormSpec,
+    c: usize,
+    term: impl Fn(f32, f32) -> f64 + Copy,
+) -> f64 {
     let (row, inner) = (spec.channels * spec.inner, spec.inner);
     (0..spec.outer)
         .map(|n| {
@@ -104,33 +119,33 @@ fn sum_pairs(a: &[f32], b: &[f32], spec: &BatchNormSpec, c: usize, term: impl Fn
 }
 
 /// Σ `term(a[i], b[i])` by `reduce::lane_sum`; run by `simd::wide`.
-struct PairSum<'a, F> {
-    a: &'a [f32],
-    b: &'a [f32],
+struct PairSum<'a, E, F> {
+    a: &'a [E],
+    b: &'a [E],
     term: F,
 }
-impl<F: Fn(f32, f32) -> f64> Kernel for PairSum<'_, F> {
+impl<E: ViaF32, F: Fn(f32, f32) -> f64> Kernel for PairSum<'_, E, F> {
     type Out = f64;
     #[inline(always)]
     fn run(self) -> f64 {
         let PairSum { a, b, term } = self;
         let b = &b[..a.len()];
-        lane_sum(a.len(), |i| term(a[i], b[i]))
+        lane_sum(a.len(), |i| term(a[i].to_f32(), b[i].to_f32()))
     }
 }
 
 /// `f(channel, out_row, a_row, b_row)` over the `[channels, inner]`-sized rows' `inner` runs,
 /// rows split across threads for large inputs.
-fn by_rows<'a>(
+fn by_rows<'a, E: ViaF32>(
     spec: &BatchNormSpec,
-    out: &mut [f32],
-    a: &'a [f32],
-    b: Option<&'a [f32]>,
-    f: impl Fn(usize, &mut [f32], &'a [f32], Option<&'a [f32]>) + Sync + Send,
+    out: &mut [E],
+    a: &'a [E],
+    b: Option<&'a [E]>,
+    f: impl Fn(usize, &mut [E], &'a [E], Option<&'a [E]>) + Sync + Send,
 ) {
     let inner = spec.inner.max(1);
     let channels = spec.channels;
-    let run = |(i, o): (usize, &mut [f32])| {
+    let run = |(i, o): (usize, &mut [E])| {
         let at = i * inner;
         f(i % channels, o, &a[at..at + inner], b.map(|b| &b[at..at + inner]))
     };
@@ -142,15 +157,15 @@ fn by_rows<'a>(
 }
 
 /// One run of `y = (x - mean) / denom * weight + bias`; run by `simd::wide`.
-struct Normalize<'a> {
-    o: &'a mut [f32],
-    x: &'a [f32],
+struct Normalize<'a, E> {
+    o: &'a mut [E],
+    x: &'a [E],
     mean: f32,
     denom: f32,
     weight: f32,
     bias: f32,
 }
-impl Kernel for Normalize<'_> {
+impl<E: ViaF32> Kernel for Normalize<'_, E> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
@@ -164,23 +179,23 @@ impl Kernel for Normalize<'_> {
         } = self;
         let x = &x[..o.len()];
         for (i, o) in o.iter_mut().enumerate() {
-            *o = (x[i] - mean) / denom * weight + bias;
+            *o = E::from_f32((x[i].to_f32() - mean) / denom * weight + bias);
         }
     }
 }
 
 /// One run of `dx = scale · (g - mean_g - x̂ · mean_gx)`; run by `simd::wide`.
-struct InputGradient<'a> {
-    o: &'a mut [f32],
-    g: &'a [f32],
-    x: &'a [f32],
+struct InputGradient<'a, E> {
+    o: &'a mut [E],
+    g: &'a [E],
+    x: &'a [E],
     mean: f32,
     denom: f32,
     scale: f32,
     mean_g: f32,
     mean_gx: f32,
 }
-impl Kernel for InputGradient<'_> {
+impl<E: ViaF32> Kernel for InputGradient<'_, E> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
@@ -197,8 +212,8 @@ impl Kernel for InputGradient<'_> {
         let n = o.len();
         let (g, x) = (&g[..n], &x[..n]);
         for (i, o) in o.iter_mut().enumerate() {
-            let x_hat = (x[i] - mean) / denom;
-            *o = scale * (g[i] - mean_g - x_hat * mean_gx);
+            let x_hat = (x[i].to_f32() - mean) / denom;
+            *o = E::from_f32(scale * (g[i].to_f32() - mean_g - x_hat * mean_gx));
         }
     }
 }

@@ -191,6 +191,11 @@ fn total_memory_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// A batch norm's element-wise result as a `HostVec`, beside its per-channel f32 vectors.
+fn in_host_vec<E: Element>((values, per_channel): (Vec<E>, [Vec<f32>; 2])) -> (HostVec, [Vec<f32>; 2]) {
+    (E::into_host(values), per_channel)
+}
+
 impl Backend for CpuBackend {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
@@ -532,13 +537,18 @@ impl Backend for CpuBackend {
             check_len(OP, &x, spec.outer * spec.channels * spec.inner)?;
             check_len(OP, &w, spec.channels)?;
             check_len(OP, &b, spec.channels)?;
-            Ok(match (&*x, &*w, &*b) {
-                (HostVec::F32(x), HostVec::F32(w), HostVec::F32(b)) => {
-                    Some(batch_norm::forward(&self.pool, x, w, b, spec).map(|v| self.wrap(HostVec::F32(v))))
-                }
+            let (HostVec::F32(w), HostVec::F32(b)) = (&*w, &*b) else {
+                return Ok(None);
+            };
+            let (y, stats) = match &*x {
+                HostVec::F32(x) => in_host_vec(batch_norm::forward(&self.pool, x, w, b, spec)),
+                HostVec::BF16(x) => in_host_vec(batch_norm::forward(&self.pool, x, w, b, spec)),
+                HostVec::F16(x) => in_host_vec(batch_norm::forward(&self.pool, x, w, b, spec)),
                 // f64 (the conformance reference) keeps the composed ops.
-                _ => None,
-            })
+                _ => return Ok(None),
+            };
+            let [mean, var] = stats.map(|v| self.wrap(HostVec::F32(v)));
+            Ok(Some([self.wrap(y), mean, var]))
         };
         checked().transpose()
     }
@@ -560,12 +570,23 @@ impl Backend for CpuBackend {
             for per_channel in [&w, &m, &v] {
                 check_len(OP, per_channel, spec.channels)?;
             }
-            Ok(match (&*g, &*x, &*w, &*m, &*v) {
-                (HostVec::F32(g), HostVec::F32(x), HostVec::F32(w), HostVec::F32(m), HostVec::F32(v)) => {
-                    Some(batch_norm::backward(&self.pool, g, x, w, [m, v], spec).map(|v| self.wrap(HostVec::F32(v))))
+            let (HostVec::F32(w), HostVec::F32(m), HostVec::F32(v)) = (&*w, &*m, &*v) else {
+                return Ok(None);
+            };
+            let (dx, grads) = match (&*g, &*x) {
+                (HostVec::F32(g), HostVec::F32(x)) => {
+                    in_host_vec(batch_norm::backward(&self.pool, g, x, w, [m, v], spec))
                 }
-                _ => None,
-            })
+                (HostVec::BF16(g), HostVec::BF16(x)) => {
+                    in_host_vec(batch_norm::backward(&self.pool, g, x, w, [m, v], spec))
+                }
+                (HostVec::F16(g), HostVec::F16(x)) => {
+                    in_host_vec(batch_norm::backward(&self.pool, g, x, w, [m, v], spec))
+                }
+                _ => return Ok(None),
+            };
+            let [dweight, dbias] = grads.map(|v| self.wrap(HostVec::F32(v)));
+            Ok(Some([self.wrap(dx), dweight, dbias]))
         };
         checked().transpose()
     }
