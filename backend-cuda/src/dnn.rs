@@ -409,3 +409,86 @@ impl Drop for ConvDesc {
         let _ = unsafe { result::destroy_convolution_descriptor(self.0) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::cudnnConvolutionFwdAlgo_t::{
+        CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+    };
+    use sys::cudnnDeterminism_t::{CUDNN_DETERMINISTIC, CUDNN_NON_DETERMINISTIC};
+    use sys::cudnnMathType_t::{CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH};
+    use sys::cudnnStatus_t::{CUDNN_STATUS_NOT_SUPPORTED, CUDNN_STATUS_SUCCESS};
+
+    fn algo(c: &Option<Choice>) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+        c.map(|c| match c.algo {
+            Algo::Forward(a) => a,
+            _ => panic!("a forward query chose another direction's algorithm"),
+        })
+    }
+
+    #[test]
+    fn the_first_working_deterministic_candidate_within_the_workspace_limit_wins() {
+        let any = |_| true;
+        let candidates = [
+            (
+                Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_FFT),
+                CUDNN_STATUS_NOT_SUPPORTED,
+                CUDNN_DETERMINISTIC,
+                0,
+                CUDNN_TENSOR_OP_MATH,
+            ),
+            (
+                Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
+                CUDNN_STATUS_SUCCESS,
+                CUDNN_NON_DETERMINISTIC,
+                0,
+                CUDNN_TENSOR_OP_MATH,
+            ),
+            (
+                Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD),
+                CUDNN_STATUS_SUCCESS,
+                CUDNN_DETERMINISTIC,
+                MAX_WORKSPACE + 1,
+                CUDNN_TENSOR_OP_MATH,
+            ),
+            (
+                Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM),
+                CUDNN_STATUS_SUCCESS,
+                CUDNN_DETERMINISTIC,
+                4096,
+                CUDNN_TENSOR_OP_MATH,
+            ),
+        ];
+        let chosen = first(candidates.into_iter(), &any);
+        assert_eq!(algo(&chosen), Some(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM));
+        assert_eq!(chosen.unwrap().workspace, 4096);
+        // None fits: the caller unfolds instead.
+        assert!(first(candidates[..3].iter().copied(), &any).is_none());
+    }
+
+    #[test]
+    fn f32_without_tf32_takes_fma_algorithms_only() {
+        let fma_only = |m| m == CUDNN_FMA_MATH;
+        let candidates = [
+            (
+                Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM),
+                CUDNN_STATUS_SUCCESS,
+                CUDNN_DETERMINISTIC,
+                0,
+                CUDNN_TENSOR_OP_MATH,
+            ),
+            (
+                Algo::Forward(CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
+                CUDNN_STATUS_SUCCESS,
+                CUDNN_DETERMINISTIC,
+                0,
+                CUDNN_FMA_MATH,
+            ),
+        ];
+        let chosen = first(candidates.into_iter(), &fma_only);
+        assert_eq!(algo(&chosen), Some(CUDNN_CONVOLUTION_FWD_ALGO_GEMM));
+        assert_eq!(chosen.unwrap().math, CUDNN_FMA_MATH);
+    }
+}

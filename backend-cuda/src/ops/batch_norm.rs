@@ -182,3 +182,53 @@ impl CudaBackend {
         Ok(operands.try_into().ok().map(|operands| (operands, dtype)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunking(outer: usize, channels: usize, inner: usize) -> Chunking {
+        let spec = BatchNormSpec {
+            outer,
+            channels,
+            inner,
+            eps: 1e-5,
+        };
+        Chunking::new("batch_norm", &spec).unwrap()
+    }
+
+    #[test]
+    fn chunks_cover_each_channel_and_fill_about_a_thousand_blocks() {
+        for (outer, channels, inner) in [(512, 64, 1024), (512, 512, 16), (4, 3, 5), (6, 2, 400), (1, 1, 1)] {
+            let at = chunking(outer, channels, inner);
+            let count = (outer * inner) as u32;
+            assert_eq!(at.count, count);
+            // The chunks cover the channel's values, the last one not empty.
+            assert!(
+                at.chunks * at.len >= count && (at.chunks - 1) * at.len < count,
+                "{outer}x{channels}x{inner}"
+            );
+            assert!(
+                at.parts() <= REDUCING_BLOCKS.max(channels),
+                "{outer}x{channels}x{inner}"
+            );
+        }
+        // ResNet-18's first layer at batch 512: 16 chunks of 32768 values a channel.
+        let at = chunking(512, 64, 1024);
+        assert_eq!((at.chunks, at.len), (16, 32768));
+        // Small channels stay one block each.
+        assert_eq!(chunking(4, 3, 5).chunks, 1);
+    }
+
+    #[test]
+    fn more_channels_than_a_grid_row_holds_is_an_error_not_a_bad_launch() {
+        let spec = BatchNormSpec {
+            outer: 1,
+            channels: 70_000,
+            inner: 1,
+            eps: 1e-5,
+        };
+        let err = Chunking::new("batch_norm", &spec).err().expect("too many channels");
+        assert!(err.to_string().contains("70000 channels"), "{err}");
+    }
+}
