@@ -93,13 +93,14 @@ impl Dnn {
 
     /// Queues one product of the convolution `geom` with `o` output channels; `Ok(false)` when
     /// cuDNN has no deterministic algorithm for it (nothing queued). `workspace` allocates the
-    /// bytes asked for, freed in stream order after the call.
+    /// bytes asked for (its pointer, and what keeps it alive until the call is queued; the free
+    /// is stream-ordered after it).
     pub(crate) fn run<W>(
         &self,
         direction: Direction,
         (geom, o, dtype): (&Conv2dGeometry, usize, DType),
         p: Pointers,
-        workspace: impl FnOnce(usize) -> Result<Option<(u64, W)>>,
+        workspace: impl FnOnce(usize) -> Result<(u64, W)>,
     ) -> Result<bool> {
         let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
         let plan = self.plan(handle.0, geom, o, dtype)?;
@@ -108,10 +109,10 @@ impl Dnn {
         };
         let (work, _keep) = match choice.workspace {
             0 => (0, None),
-            bytes => match workspace(bytes)? {
-                Some((ptr, keep)) => (ptr, Some(keep)),
-                None => return Ok(false),
-            },
+            bytes => {
+                let (ptr, keep) = workspace(bytes)?;
+                (ptr, Some(keep))
+            }
         };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (alpha, beta) = (
@@ -124,8 +125,8 @@ impl Dnn {
         // the workspace (`_keep`); alpha and beta are f32, the scaling type of f32, f16 and
         // bf16 data; the handle is locked for the whole call.
         let status = unsafe {
-            result::set_convolution_math_type(plan.conv.0, choice.math).and_then(|()| match (direction, choice.algo) {
-                (Direction::Forward, Algo::Forward(algo)) => result::convolution_forward(
+            result::set_convolution_math_type(plan.conv.0, choice.math).and_then(|()| match choice.algo {
+                Algo::Forward(algo) => result::convolution_forward(
                     handle.0,
                     alpha,
                     plan.x.0,
@@ -140,7 +141,7 @@ impl Dnn {
                     plan.y.0,
                     ptr(p.y),
                 ),
-                (Direction::InputGradient, Algo::Data(algo)) => result::convolution_backward_data(
+                Algo::Data(algo) => result::convolution_backward_data(
                     handle.0,
                     alpha,
                     plan.w.0,
@@ -155,7 +156,7 @@ impl Dnn {
                     plan.x.0,
                     ptr(p.x),
                 ),
-                (Direction::WeightGradient, Algo::Filter(algo)) => result::convolution_backward_filter(
+                Algo::Filter(algo) => result::convolution_backward_filter(
                     handle.0,
                     alpha,
                     plan.x.0,
@@ -170,7 +171,6 @@ impl Dnn {
                     plan.w.0,
                     ptr(p.w),
                 ),
-                _ => unreachable!("a plan's choice for a direction holds that direction's algorithm"),
             })
         };
         status.map_err(|e| dnn_error(&self.location, &format!("convolution ({direction:?})"), e))?;
@@ -225,62 +225,61 @@ impl Plan {
     ) -> std::result::Result<Plan, result::CudnnError> {
         use sys::cudnnDataType_t::{CUDNN_DATA_BFLOAT16, CUDNN_DATA_FLOAT, CUDNN_DATA_HALF};
         use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH, CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH};
-        let (data, math) = match dtype {
+        let (stored, math) = match dtype {
             DType::F32 if crate::blas::allow_tf32() => (CUDNN_DATA_FLOAT, CUDNN_DEFAULT_MATH),
             DType::F32 => (CUDNN_DATA_FLOAT, CUDNN_FMA_MATH),
             DType::F16 => (CUDNN_DATA_HALF, CUDNN_TENSOR_OP_MATH),
             _ => (CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_OP_MATH),
         };
         let int = |v: usize| v as std::ffi::c_int;
-        let x = TensorDesc::new(data, [g.n, g.c, g.h, g.w].map(int))?;
-        let y = TensorDesc::new(data, [g.n, o, g.out_h(), g.out_w()].map(int))?;
-        let w = FilterDesc::new(data, [o, g.c, g.kh, g.kw].map(int))?;
+        let x = TensorDesc::new(stored, [g.n, g.c, g.h, g.w].map(int))?;
+        let y = TensorDesc::new(stored, [g.n, o, g.out_h(), g.out_w()].map(int))?;
+        let w = FilterDesc::new(stored, [o, g.c, g.kh, g.kw].map(int))?;
         let conv = ConvDesc::new(g, math)?;
         // f32 without TF32 takes FMA algorithms only; the half types take any.
         let allowed = |m: sys::cudnnMathType_t| dtype != DType::F32 || m == math || math == CUDNN_DEFAULT_MATH;
-        let mut plan = Plan {
-            forward: None,
-            data: None,
-            filter: None,
-            x,
-            w,
-            conv,
-            y,
-        };
-        let (x, w, conv, y) = (plan.x.0, plan.w.0, plan.conv.0, plan.y.0);
+        let (xd, wd, cd, yd) = (x.0, w.0, conv.0, y.0);
         // SAFETY (each query): cuDNN fills at most `n` perf structs at `perf` and reads the live
         // descriptors above.
-        plan.forward = best(
+        let forward = best(
             FWD,
             |n, returned, perf| unsafe {
-                result::get_convolution_forward_algorithm(handle, x, w, conv, y, n, returned, perf)
+                result::get_convolution_forward_algorithm(handle, xd, wd, cd, yd, n, returned, perf)
             },
             |p: &sys::cudnnConvolutionFwdAlgoPerf_t| {
                 (Algo::Forward(p.algo), p.status, p.determinism, p.memory, p.mathType)
             },
             &allowed,
         )?;
-        plan.data = best(
+        let data = best(
             DATA,
             |n, returned, perf| unsafe {
-                result::get_convolution_backward_data_algorithm(handle, w, y, conv, x, n, returned, perf)
+                result::get_convolution_backward_data_algorithm(handle, wd, yd, cd, xd, n, returned, perf)
             },
             |p: &sys::cudnnConvolutionBwdDataAlgoPerf_t| {
                 (Algo::Data(p.algo), p.status, p.determinism, p.memory, p.mathType)
             },
             &allowed,
         )?;
-        plan.filter = best(
+        let filter = best(
             FILTER,
             |n, returned, perf| unsafe {
-                result::get_convolution_backward_filter_algorithm(handle, x, y, conv, w, n, returned, perf)
+                result::get_convolution_backward_filter_algorithm(handle, xd, yd, cd, wd, n, returned, perf)
             },
             |p: &sys::cudnnConvolutionBwdFilterAlgoPerf_t| {
                 (Algo::Filter(p.algo), p.status, p.determinism, p.memory, p.mathType)
             },
             &allowed,
         )?;
-        Ok(plan)
+        Ok(Plan {
+            x,
+            w,
+            conv,
+            y,
+            forward,
+            data,
+            filter,
+        })
     }
 
     fn choice(&self, direction: Direction) -> Option<Choice> {

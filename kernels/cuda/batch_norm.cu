@@ -106,7 +106,7 @@ FOR_FLOATS(NORMALIZE)
 template <typename T>
 __device__ void grad_sums(float* part_g, float* part_gx, const T* g, const T* x, const float* mean,
                           const float* var, u32 channels, u32 inner, u32 count, u32 chunk_len, float eps) {
-    __shared__ float sg[256], sgx[256];
+    __shared__ float scratch[256];
     u32 c = blockIdx.y, t = threadIdx.x;
     float m = mean[c], denom = sqrtf(var[c] + eps), a = 0.0f, b = 0.0f;
     for (u32 r = chunk_start(chunk_len) + t; r < chunk_end(chunk_len, count); r += blockDim.x) {
@@ -115,19 +115,12 @@ __device__ void grad_sums(float* part_g, float* part_gx, const T* g, const T* x,
         a += gv;
         b += gv * ((to_f32(x[o]) - m) / denom);
     }
-    sg[t] = a;
-    sgx[t] = b;
-    __syncthreads();
-    for (u32 width = blockDim.x / 2; width > 0; width /= 2) {
-        if (t < width) {
-            sg[t] += sg[t + width];
-            sgx[t] += sgx[t + width];
-        }
-        __syncthreads();
-    }
+    // The whole block is one group (the prelude's combine; a fixed order of additions).
+    float sum_g = combine(scratch, t, blockDim.x, a, false);
+    float sum_gx = combine(scratch, t, blockDim.x, b, false);
     if (t == 0) {
-        part_g[c * gridDim.x + blockIdx.x] = sg[0];
-        part_gx[c * gridDim.x + blockIdx.x] = sgx[0];
+        part_g[c * gridDim.x + blockIdx.x] = sum_g;
+        part_gx[c * gridDim.x + blockIdx.x] = sum_gx;
     }
 }
 #define GRAD_SUMS(T, suffix)                                                                      \

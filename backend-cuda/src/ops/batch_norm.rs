@@ -160,25 +160,22 @@ impl CudaBackend {
     ) -> Result<Option<([&'a CudaBuffer; N], DType)>> {
         let elements = Layout::contiguous([spec.outer * spec.channels * spec.inner]);
         let channels = Layout::contiguous([spec.channels]);
-        let mut operands = Vec::with_capacity(N);
-        let mut dtype = DType::F32;
-        for (i, b) in whole.iter().enumerate() {
-            let operand = self.operand(op, b, Some(&elements))?;
-            if i == 0 {
-                dtype = operand.dtype();
-            }
-            if operand.dtype() != dtype || !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-                return Ok(None);
-            }
-            operands.push(operand);
+        let whole = whole
+            .iter()
+            .map(|b| self.operand(op, b, Some(&elements)))
+            .collect::<Result<Vec<_>>>()?;
+        let per_channel = per_channel
+            .iter()
+            .map(|b| self.operand(op, b, Some(&channels)))
+            .collect::<Result<Vec<_>>>()?;
+        let dtype = whole[0].dtype();
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+            || whole.iter().any(|b| b.dtype() != dtype)
+            || per_channel.iter().any(|b| b.dtype() != DType::F32)
+        {
+            return Ok(None);
         }
-        for b in per_channel {
-            let operand = self.operand(op, b, Some(&channels))?;
-            if operand.dtype() != DType::F32 {
-                return Ok(None);
-            }
-            operands.push(operand);
-        }
+        let operands: Vec<_> = whole.into_iter().chain(per_channel).collect();
         Ok(operands.try_into().ok().map(|operands| (operands, dtype)))
     }
 }

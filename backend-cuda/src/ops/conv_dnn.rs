@@ -129,8 +129,8 @@ impl CudaBackend {
     }
 
     /// A workspace of `bytes` for a cuDNN call, freed in stream order once the call has run.
-    fn workspace(&self, bytes: usize) -> Result<Option<(u64, Arc<CudaBuffer>)>> {
+    fn workspace(&self, bytes: usize) -> Result<(u64, Arc<CudaBuffer>)> {
         let buffer = self.output(DType::F32, bytes.div_ceil(4))?;
-        Ok(Some((buffer.ptr, buffer)))
+        Ok((buffer.ptr, buffer))
     }
 }

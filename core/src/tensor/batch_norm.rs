@@ -21,7 +21,6 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
-        let low = crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16);
         let channels = self.dims().get(1).copied().unwrap_or(0);
         let count = self.elem_count() / channels.max(1);
         if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1)
@@ -30,20 +29,8 @@ impl Tensor {
             update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
             return Ok(y);
         }
-        if low {
-            // Not on autocast's f32 list (PyTorch's neither): the result keeps the input's dtype,
-            // the statistics and arithmetic in f32 (parameters and statistics are f32).
-            let y = crate::autocast::full(self)?.batch_norm_local(
-                running_mean,
-                running_var,
-                weight,
-                bias,
-                momentum,
-                eps,
-            )?;
-            return y.to_dtype(self.dtype());
-        }
-        // Also where the composed path has the clear error for a bad input.
+        // Also where the composed path has the clear error for a bad input, and where autocast's
+        // half-precision input is normalised in f32 and returned in its own dtype.
         let stats: &BatchStatsFn<'_> = &local_batch_stats;
         self.batch_norm_with(running_mean, running_var, weight, bias, Some(stats), momentum, eps)
     }
