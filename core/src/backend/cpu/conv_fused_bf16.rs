@@ -11,9 +11,9 @@ use rayon::prelude::*;
 use super::conv::{Planes, col2im_images, im2col_images};
 use super::conv_data_grad::Transposed;
 use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
-use super::conv_panels::PanelScratch;
+use super::conv_panels::{PanelScratch, Unfolded};
 use super::float::bf16_from_f32_slice;
-use super::matmul::bf16::{Dst, Side, product, product_with_panels};
+use super::matmul::bf16::{Dst, Side, product};
 use super::matmul::bf16_kernel;
 use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
@@ -97,9 +97,9 @@ impl Fold {
     }
 }
 
-/// `by_channel = t.weight @ columns` (`c x inputs`), the columns as the kernel's panels,
-/// rounded once from its f32 sums: the transposed convolution's product.
-fn turned_product(pool: &Pool, t: &Transposed<bf16>, panels: &[u32], by_channel: &mut [bf16], inputs: usize) {
+/// `by_channel = t.weight @ columns` (`c x inputs`), rounded once from its f32 sums: the
+/// transposed convolution's product.
+fn turned_product(pool: &Pool, t: &Transposed<bf16>, columns: &Unfolded, by_channel: &mut [bf16], inputs: usize) {
     let turned = Side {
         data: &t.weight,
         offset: 0,
@@ -108,18 +108,8 @@ fn turned_product(pool: &Pool, t: &Transposed<bf16>, panels: &[u32], by_channel:
         k_stride: 1,
     };
     // SAFETY: `available()` holds (the fused path's promise) and t.taps > 0; `by_channel`
-    // holds c x inputs, this task's own, contiguous; `panels` hold `inputs` columns of t.taps.
-    unsafe {
-        product_with_panels(
-            pool,
-            Dst::Bf16(by_channel.as_mut_ptr()),
-            inputs,
-            turned,
-            panels,
-            inputs,
-            t.taps,
-        )
-    };
+    // holds c x inputs, this task's own, contiguous; `columns` hold `inputs` columns of t.taps.
+    unsafe { columns.product(pool, Dst::Bf16(by_channel.as_mut_ptr()), inputs, turned, inputs, t.taps) };
 }
 
 /// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]`; call only where `available()`.
@@ -140,7 +130,7 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         let mut scratch = PanelScratch::take(pool, taps, pixels * per);
         for (first, run) in products(images, per, g) {
             let columns = run.n * pixels;
-            let panels = scratch.unfold(&x[first * plane..(first + run.n) * plane], Planes::nchw(&run), &run);
+            let unfolded = scratch.unfold(&x[first * plane..(first + run.n) * plane], Planes::nchw(&run), &run);
             let w = Side {
                 data: weight,
                 offset: 0,
@@ -150,10 +140,10 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
             };
             // SAFETY: `available()` holds (the caller's promise) and taps > 0; the run's block
             // of `out` (o x width) is o rows of `columns` at column first·pixels, written by
-            // this task alone; `panels` hold `columns` columns of `taps`.
+            // this task alone; `unfolded` holds `columns` columns of `taps`.
             unsafe {
                 let dst = Dst::Bf16(dst.0.add(first * pixels));
-                product_with_panels(pool, dst, width, w, panels, columns, taps)
+                unfolded.product(pool, dst, width, w, columns, taps)
             };
         }
         scratch.recycle(pool);
@@ -241,7 +231,7 @@ pub fn backward(
                     grad_x_run,
                     |unfolding, by_channel, inputs| {
                         let unfolded = panels.unfold(unfolding.src, unfolding.planes, &unfolding.geometry);
-                        turned_product(pool, t, unfolded, by_channel, inputs)
+                        turned_product(pool, t, &unfolded, by_channel, inputs)
                     },
                 ),
                 None => fold.input_gradient(pool, weight, o, grad, width, start, &run, grad_x_run),
@@ -272,6 +262,18 @@ mod tests {
     use super::*;
     use crate::backend::cpu::conv_fused::tests::{STRIDED, UNSTRIDED, reference};
 
+    /// Stride 1, padding 1, 8x8 images: the forward product and the transposed input gradient
+    /// read their vector side from the images (`conv_direct`).
+    const SAME_SIZE: Conv2dGeometry = Conv2dGeometry {
+        n: 3,
+        h: 8,
+        w: 8,
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        ..STRIDED
+    };
+
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
     #[test]
@@ -281,7 +283,8 @@ mod tests {
             return;
         }
         let pool = Pool::default();
-        for g in [STRIDED, UNSTRIDED] {
+        assert!(super::super::conv_direct::Direct::applies(&SAME_SIZE));
+        for g in [STRIDED, UNSTRIDED, SAME_SIZE] {
             let r = reference(&pool, g);
             let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));

@@ -2,22 +2,47 @@
 //! side, `panels[q][p][c]`: output pixel `q·NR + c`, taps `2p` and `2p + 1` in one word).
 //! Unfolding into plain columns first and packing those wrote and read every column twice more:
 //! the two took a quarter of a bf16 ResNet-18 step. Here two taps at a time unfold into rows
-//! that stay in the L1 cache, and their pairs go straight into the panels.
+//! that stay in the L1 cache, and their pairs go straight into the panels. Where the kernel can
+//! read the images themselves (`conv_direct`), nothing is unfolded.
 
 use half::bf16;
 
 use super::conv::{Planes, im2col_tap};
-use super::matmul::bf16::join;
+use super::conv_direct::{Direct, Taps};
+use super::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
 use super::matmul::bf16_kernel::NR;
 use super::pool::Pool;
 use super::simd::{Kernel, wide};
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// A task's panels and the two tap rows it unfolds through.
+/// A task's panels and the two tap rows it unfolds through, or the taps it reads the images by.
 pub struct PanelScratch {
     panels: Vec<u32>,
     taps: Vec<bf16>,
+    table: Taps,
+}
+
+/// A convolution's vector side, ready for the product.
+pub enum Unfolded<'a> {
+    Panels(PackedPanels<'a>),
+    Direct(Direct<'a>),
+}
+
+impl Unfolded<'_> {
+    /// `dst = left @ columns`, the columns being these `columns` rows over `taps`.
+    ///
+    /// # Safety
+    /// As for `matmul::bf16::product_with`.
+    pub unsafe fn product(&self, pool: &Pool, dst: Dst, row_stride: usize, left: Side, columns: usize, taps: usize) {
+        // SAFETY: the caller's promises; either side holds `columns` rows over `taps`.
+        unsafe {
+            match self {
+                Unfolded::Panels(panels) => product_with(pool, dst, row_stride, left, panels, columns, taps),
+                Unfolded::Direct(direct) => product_with(pool, dst, row_stride, left, direct, columns, taps),
+            }
+        }
+    }
 }
 
 impl PanelScratch {
@@ -26,12 +51,27 @@ impl PanelScratch {
         PanelScratch {
             panels: pool.take(columns.div_ceil(NR) * taps.div_ceil(2) * NR),
             taps: pool.take(2 * columns),
+            table: Taps::default(),
         }
     }
 
-    /// The columns of `g.n` images of `src` (planes at `planes`) as the kernel's panels: the
-    /// vector side of `product_with_panels` with `g.n·oh·ow` rows over `c·kh·kw`.
-    pub fn unfold(&mut self, src: &[bf16], planes: Planes, g: &Conv2dGeometry) -> &[u32] {
+    /// The columns of `g.n` images of `src` (planes at `planes`) as the vector side of a
+    /// product with `g.n·oh·ow` rows over `c·kh·kw`: read from the images where the kernel can,
+    /// otherwise unfolded into panels.
+    pub fn unfold<'a>(&'a mut self, src: &'a [bf16], planes: Planes, g: &Conv2dGeometry) -> Unfolded<'a> {
+        if Direct::applies(g) {
+            return Unfolded::Direct(Direct::plan(&mut self.table, src, planes, g));
+        }
+        let taps = g.c * g.kh * g.kw;
+        Unfolded::Panels(PackedPanels::new(
+            self.unfold_packed(src, planes, g),
+            g.n * g.out_h() * g.out_w(),
+            taps,
+        ))
+    }
+
+    /// The columns unfolded into the kernel's panels.
+    pub fn unfold_packed(&mut self, src: &[bf16], planes: Planes, g: &Conv2dGeometry) -> &[u32] {
         let columns = g.n * g.out_h() * g.out_w();
         let taps = g.c * g.kh * g.kw;
         let pairs = taps.div_ceil(2);

@@ -8,6 +8,8 @@ mod busy;
 mod causal_softmax;
 mod conv;
 mod conv_data_grad;
+#[cfg(target_arch = "x86_64")]
+mod conv_direct;
 mod conv_fused;
 #[cfg(target_arch = "x86_64")]
 mod conv_fused_bf16;

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use super::super::float::bf16_from_f32_slice;
 use super::super::pool::Pool;
 use super::super::simd::{Kernel, wide};
-use super::bf16_kernel::{Interleaved, MR, NR, RowPointers, Strip, tile};
+use super::bf16_kernel::{Interleaved, MR, NR, Packed, Panel, RowPointers, Strip, tile};
 use crate::backend::MatmulDims;
 use crate::dtype::HostVec;
 use crate::shape::Layout;
@@ -86,7 +86,7 @@ impl Rows {
     }
 
     /// Runs every tile of `items` (see `Tiles`) with this side's strips.
-    fn run(&self, tiles: &Tiles) {
+    fn run<V: VectorSide>(&self, tiles: &Tiles<V>) {
         match self {
             &Rows::InPlace {
                 base,
@@ -158,6 +158,41 @@ impl Kernel for PackStrips<'_> {
                 strip[p * MR..][..MR].copy_from_slice(rows);
             }
         }
+    }
+}
+
+/// The vector side of a product, panel by panel: packed (`PackedPanels`), or read from the
+/// images of a convolution as the kernel goes (`conv_direct`).
+pub trait VectorSide: Sync {
+    type Panel<'a>: Panel
+    where
+        Self: 'a;
+    /// Panel `q`: the side's rows `q·NR..` over the whole sum, rows past the end zero.
+    fn panel(&self, q: usize) -> Self::Panel<'_>;
+}
+
+/// Panels laid out as `pack_panels` lays them out (`panels[q][p][c]`).
+pub struct PackedPanels<'a> {
+    words: &'a [u32],
+    pairs: usize,
+}
+
+impl<'a> PackedPanels<'a> {
+    /// The panels of `rows` rows over `k` in `words`.
+    pub fn new(words: &'a [u32], rows: usize, k: usize) -> Self {
+        let pairs = k.div_ceil(2);
+        assert!(words.len() >= rows.div_ceil(NR) * pairs * NR);
+        PackedPanels { words, pairs }
+    }
+}
+
+impl VectorSide for PackedPanels<'_> {
+    type Panel<'b>
+        = Packed
+    where
+        Self: 'b;
+    fn panel(&self, q: usize) -> Packed {
+        Packed(self.words[q * self.pairs * NR..][..self.pairs * NR].as_ptr())
     }
 }
 
@@ -362,45 +397,61 @@ pub unsafe fn product(pool: &Pool, dst: Dst, row_stride: usize, left: Side, righ
         transposed,
     };
     // SAFETY: the caller's promises; `panels` holds `vector`'s rows packed over k.
-    unsafe { multiply(pool, out, broadcast, &panels, vector.rows, k) };
+    unsafe {
+        multiply(
+            pool,
+            out,
+            broadcast,
+            &PackedPanels::new(&panels, vector.rows, k),
+            vector.rows,
+            k,
+        )
+    };
     pool.recycle(HostVec::U32(panels));
 }
 
 /// `dst = left @ vectorᵀ` (`left.rows x vector_rows` over `k`) where the vector side arrives
-/// already in panels, laid out as `pack_panels` lays them (`panels[q][p][c]`, rows past the
-/// end zero): a convolution unfolds its input straight into them.
+/// ready (`vectors`): a convolution's input unfolded straight into panels, or read from its
+/// images as the kernel goes.
 ///
 /// # Safety
-/// As for `product`; `panels` holds `vector_rows.div_ceil(NR)` panels of `k.div_ceil(2)` pairs.
-pub unsafe fn product_with_panels(
+/// As for `product`; each of `vectors`' `vector_rows.div_ceil(NR)` panels holds `k.div_ceil(2)`
+/// pairs.
+pub unsafe fn product_with<V: VectorSide>(
     pool: &Pool,
     dst: Dst,
     row_stride: usize,
     left: Side,
-    panels: &[u32],
+    vectors: &V,
     vector_rows: usize,
     k: usize,
 ) {
-    assert!(panels.len() >= vector_rows.div_ceil(NR) * k.div_ceil(2) * NR);
     let out = Output {
         dst,
         row_stride,
         transposed: false,
     };
     // SAFETY: the caller's promises.
-    unsafe { multiply(pool, out, left, panels, vector_rows, k) };
+    unsafe { multiply(pool, out, left, vectors, vector_rows, k) };
 }
 
 /// Every tile of `broadcast`'s rows by the vector side's panels into `out`.
 ///
 /// # Safety
-/// As for `product`, with `panels` holding the vector side's `vector_rows` rows.
-unsafe fn multiply(pool: &Pool, out: Output, broadcast: Side, panels: &[u32], vector_rows: usize, k: usize) {
+/// As for `product`, with `vectors` holding the vector side's `vector_rows` rows.
+unsafe fn multiply<V: VectorSide>(
+    pool: &Pool,
+    out: Output,
+    broadcast: Side,
+    vectors: &V,
+    vector_rows: usize,
+    k: usize,
+) {
     let rows = Rows::new(pool, broadcast, k);
     let pairs = k.div_ceil(2);
     let (strips, panel_count) = (broadcast.rows.div_ceil(MR), vector_rows.div_ceil(NR));
     rows.run(&Tiles {
-        panels,
+        vectors,
         pairs,
         strips,
         panel_count,
@@ -414,8 +465,8 @@ unsafe fn multiply(pool: &Pool, out: Output, broadcast: Side, panels: &[u32], ve
 }
 
 /// Every tile of one product: strips of the broadcast side by panels of the vector side.
-struct Tiles<'a> {
-    panels: &'a [u32],
+struct Tiles<'a, V> {
+    vectors: &'a V,
     pairs: usize,
     strips: usize,
     panel_count: usize,
@@ -424,12 +475,12 @@ struct Tiles<'a> {
     out: Output,
 }
 
-impl Tiles<'_> {
+impl<V: VectorSide> Tiles<'_, V> {
     /// Computes and writes every tile, strip `s` read through `strip(s)`. Threads split the
     /// strips when there are enough of them, otherwise the panels.
     fn run<S: Strip>(&self, strip: impl Fn(usize) -> S + Sync) {
         let Tiles {
-            panels,
+            vectors,
             pairs,
             strips,
             panel_count,
@@ -450,8 +501,9 @@ impl Tiles<'_> {
                 let rows = strip(s);
                 for q in panel_range.clone() {
                     // SAFETY: `product` runs only where `available()` holds; the strip holds
-                    // `pairs` pairs per row and the panel `pairs * NR` u32.
-                    unsafe { tile(&rows, panels.as_ptr().add(q * pairs * NR), pairs, &mut acc) };
+                    // `pairs` pairs per row and each panel `pairs` per column (the callers'
+                    // promise).
+                    unsafe { tile(&rows, &vectors.panel(q), pairs, &mut acc) };
                     let (s0, v0) = (s * MR, q * NR);
                     out.write(&acc, s0, (broadcast_rows - s0).min(MR), v0, (vector_rows - v0).min(NR));
                 }

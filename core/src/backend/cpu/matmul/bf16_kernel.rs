@@ -3,8 +3,9 @@
 //!
 //! A tile is `MR` broadcast rows by `NR` vector columns, all `MR * NR / 16` accumulators in
 //! registers for the whole sum. Operands arrive as bf16 pairs along k packed in a `u32` (the
-//! lower half is the even k): the vector side as panels of `NR` pairs per k-pair, the
-//! broadcast side as rows of pairs read in place or as packed strips (`Strip`).
+//! lower half is the even k): the vector side as panels of `NR` pairs per k-pair (`Panel`:
+//! packed, or loaded from an image as the sum goes), the broadcast side as rows of pairs read in
+//! place or as packed strips (`Strip`).
 
 use std::arch::x86_64::*;
 
@@ -15,7 +16,9 @@ pub const MR: usize = 12;
 
 /// Whether this CPU runs the kernel (checked once per product; the check is cached by std).
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512bf16")
 }
 
 /// Where a tile's `MR` broadcast rows of k-pairs are read from.
@@ -48,20 +51,44 @@ impl Strip for Interleaved {
     }
 }
 
+/// Where a tile's `NR` vector columns of k-pairs are read from.
+pub trait Panel {
+    /// Pair `p` of columns `0..16` and `16..32`, as the kernel multiplies them.
+    ///
+    /// # Safety
+    /// The CPU has what `available()` checks; `p` is below the pair count the panel was made for.
+    unsafe fn pairs(&self, p: usize) -> (__m512i, __m512i);
+}
+
+/// A packed panel: `panel[p * NR + c]`, pair `p` of column `c`.
+pub struct Packed(pub *const u32);
+impl Panel for Packed {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pairs(&self, p: usize) -> (__m512i, __m512i) {
+        // SAFETY: the caller's promise; the panel holds `pairs * NR` words.
+        unsafe {
+            (
+                _mm512_loadu_si512(self.0.add(p * NR).cast()),
+                _mm512_loadu_si512(self.0.add(p * NR + 16).cast()),
+            )
+        }
+    }
+}
+
 /// `out[r][c] = sum_p pair(r, p) . panel[p][c]` over `pairs` k-pairs.
 ///
 /// # Safety
-/// The CPU must have AVX512F and AVX512-BF16 (`available()`); `strip` must hold `pairs` pairs
-/// for each of its rows and `panel` be readable for `pairs * NR` u32.
-#[target_feature(enable = "avx512f,avx512bf16")]
-pub unsafe fn tile<S: Strip>(strip: &S, panel: *const u32, pairs: usize, out: &mut [[f32; NR]; MR]) {
+/// The CPU must have what `available()` checks; `strip` and `panel` must each hold `pairs`
+/// pairs for each of their rows and columns.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn tile<S: Strip, P: Panel>(strip: &S, panel: &P, pairs: usize, out: &mut [[f32; NR]; MR]) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for p in 0..pairs {
         // SAFETY: p < pairs, so the panel's two registers for pair p and each row's pair p are
         // within the extents the caller guarantees.
         unsafe {
-            let lo = _mm512_loadu_si512(panel.add(p * NR).cast());
-            let hi = _mm512_loadu_si512(panel.add(p * NR + 16).cast());
+            let (lo, hi) = panel.pairs(p);
             let (lo, hi) = (as_pairs(lo), as_pairs(hi));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let a = as_pairs(_mm512_set1_epi32(strip.pair(r, p)));
