@@ -27,6 +27,58 @@ pub struct Taps {
     /// inside the image (worked out here once: in the kernel's loop that arithmetic made the
     /// product slower than unfolding).
     masks: Vec<u32>,
+    /// The geometry (its image count aside) and channel stride these were worked out for:
+    /// every run of a convolution has the same.
+    built_for: Option<(Conv2dGeometry, usize)>,
+}
+
+impl Taps {
+    /// The terms of `g` (channels `channel` elements apart).
+    fn build(&mut self, g: &Conv2dGeometry, channel: usize) {
+        let plane = g.h * g.w;
+        let reach = |k: usize, axis: usize| (k * g.dilation[axis]) as isize - g.padding[axis] as isize;
+        let (w, count) = (g.w as isize, (g.c * g.kh * g.kw).next_multiple_of(2));
+        self.offsets.clear();
+        self.masks.clear();
+        self.masks.resize(plane / NR * count, 0);
+        // Lane l's column (l % w) shifted by kj stays in the row.
+        let columns: Vec<u32> = (0..g.kw)
+            .map(|kj| {
+                (0..NR)
+                    .filter(|&lane| (0..w).contains(&((lane % g.w) as isize + reach(kj, 1))))
+                    .fold(0, |mask, lane| mask | 1 << lane)
+            })
+            .collect();
+        for c in 0..g.c {
+            for ki in 0..g.kh {
+                for (kj, &columns) in columns.iter().enumerate() {
+                    let (t, shift) = (self.offsets.len(), reach(ki, 0) * w + reach(kj, 1));
+                    self.offsets.push((c * channel) as isize + shift);
+                    for (j, masks) in self.masks.chunks_exact_mut(count).enumerate() {
+                        // Lane l reads plane element j·NR + shift + l: lanes lo..hi lie in the
+                        // plane (the rows above and below are padding).
+                        let start = (j * NR) as isize + shift;
+                        let lo = (-start).clamp(0, NR as isize);
+                        let hi = (plane as isize - start).clamp(lo, NR as isize);
+                        masks[t] = ((1u64 << hi) - (1u64 << lo)) as u32 & columns;
+                    }
+                }
+            }
+        }
+        // The padding term of an odd count keeps mask 0: it loads nothing.
+        self.offsets.resize(count, 0);
+    }
+}
+
+/// Whether a convolution of geometry `g` can have its panels read from its images.
+pub fn applies(g: &Conv2dGeometry) -> bool {
+    let plane = g.h * g.w;
+    g.stride == [1, 1]
+        && (g.out_h(), g.out_w()) == (g.h, g.w)
+        && g.w > 0
+        && NR.is_multiple_of(g.w)
+        && plane.is_multiple_of(NR)
+        && g.c > 0
 }
 
 /// A convolution's vector side over `src`, panel `q` being output pixels `q·NR..` of the
@@ -40,55 +92,19 @@ pub struct Direct<'a> {
 }
 
 impl<'a> Direct<'a> {
-    /// Whether `g`'s panels can be read from its images.
-    pub fn applies(g: &Conv2dGeometry) -> bool {
-        let plane = g.h * g.w;
-        g.stride == [1, 1]
-            && (g.out_h(), g.out_w()) == (g.h, g.w)
-            && g.w > 0
-            && NR.is_multiple_of(g.w)
-            && plane.is_multiple_of(NR)
-            && g.c > 0
-    }
-
     /// The vector side of `g`'s product over `src` (planes at `planes`), its terms laid out in
-    /// `taps`. Call only where `applies(g)`.
+    /// `taps` (kept from the last call where it had the same geometry). Call only where
+    /// `applies(g)`.
     pub fn plan(taps: &'a mut Taps, src: &'a [bf16], planes: Planes, g: &Conv2dGeometry) -> Direct<'a> {
-        assert!(Self::applies(g));
+        assert!(applies(g));
         let plane = g.h * g.w;
         // The last element any unmasked lane reads.
         assert!(src.len() >= (g.n.max(1) - 1) * planes.image + (g.c - 1) * planes.channel + plane);
-        let reach = |k: usize, axis: usize| (k * g.dilation[axis]) as isize - g.padding[axis] as isize;
-        let (w, count) = (g.w as isize, (g.c * g.kh * g.kw).next_multiple_of(2));
-        taps.offsets.clear();
-        taps.masks.clear();
-        taps.masks.resize(plane / NR * count, 0);
-        // Lane l's column (l % w) shifted by kj stays in the row.
-        let columns: Vec<u32> = (0..g.kw)
-            .map(|kj| {
-                (0..NR)
-                    .filter(|&lane| (0..w).contains(&((lane % g.w) as isize + reach(kj, 1))))
-                    .fold(0, |mask, lane| mask | 1 << lane)
-            })
-            .collect();
-        for c in 0..g.c {
-            for ki in 0..g.kh {
-                for (kj, &columns) in columns.iter().enumerate() {
-                    let (t, shift) = (taps.offsets.len(), reach(ki, 0) * w + reach(kj, 1));
-                    taps.offsets.push((c * planes.channel) as isize + shift);
-                    for (j, masks) in taps.masks.chunks_exact_mut(count).enumerate() {
-                        // Lane l reads plane element j·NR + shift + l: lanes lo..hi lie in the
-                        // plane (the rows above and below are padding).
-                        let start = (j * NR) as isize + shift;
-                        let lo = (-start).clamp(0, NR as isize);
-                        let hi = (plane as isize - start).clamp(lo, NR as isize);
-                        masks[t] = ((1u64 << hi) - (1u64 << lo)) as u32 & columns;
-                    }
-                }
-            }
+        let key = (Conv2dGeometry { n: 0, ..*g }, planes.channel);
+        if taps.built_for != Some(key) {
+            taps.build(g, planes.channel);
+            taps.built_for = Some(key);
         }
-        // The padding term of an odd count keeps mask 0: it loads nothing.
-        taps.offsets.resize(count, 0);
         Direct {
             src,
             image: planes.image,
@@ -126,6 +142,23 @@ pub struct ImagePanel<'a> {
 }
 
 impl ImagePanel<'_> {
+    /// Where term `t` reads and which of its lanes it loads.
+    ///
+    /// # Safety
+    /// `t` is below the (even) term count.
+    #[inline(always)]
+    unsafe fn term(&self, t: usize) -> (*const bf16, u32) {
+        // SAFETY: t is in range (the caller's promise). The address may lie outside the
+        // source where the masked lanes start or end there; unmasked lanes lie in the image's
+        // plane of the term's channel, inside the source (`Direct::plan` checked its length).
+        unsafe {
+            (
+                self.base.wrapping_offset(*self.offsets.get_unchecked(t)),
+                *self.masks.get_unchecked(t),
+            )
+        }
+    }
+
     /// The `NR` source values of term `t`, zero where they lie in the padding.
     ///
     /// # Safety
@@ -133,12 +166,11 @@ impl ImagePanel<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn load(&self, t: usize) -> __m512i {
-        // SAFETY: t is in range (the caller's promise); an unmasked lane's element lies in this
-        // image's plane of the term's channel, inside `src` (`Direct::plan` checked its
-        // length); masked lanes are not read.
+        // SAFETY: t is in range (the caller's promise); `term` gives an address whose unmasked
+        // lanes lie inside the source; masked lanes are not read.
         unsafe {
-            let at = self.base.wrapping_offset(*self.offsets.get_unchecked(t));
-            _mm512_maskz_loadu_epi16(*self.masks.get_unchecked(t), at.cast())
+            let (at, mask) = self.term(t);
+            _mm512_maskz_loadu_epi16(mask, at.cast())
         }
     }
 }
@@ -223,9 +255,12 @@ mod tests {
             (geometry(3, 5, (4, 16), 3, 1, 1), true),
             (geometry(2, 3, (8, 4), 1, 0, 1), false),
             (geometry(2, 2, (16, 16), 3, 2, 2), true),
+            (geometry(1, 2, (16, 16), 3, 2, 2), true),
         ];
+        // One table for every case, as a task keeps it: each geometry must rebuild it.
+        let mut table = Taps::default();
         for (g, channels_apart) in cases {
-            assert!(Direct::applies(&g), "{g:?}");
+            assert!(applies(&g), "{g:?}");
             let plane = g.h * g.w;
             let planes = if channels_apart {
                 Planes {
@@ -241,7 +276,6 @@ mod tests {
             let mut scratch = PanelScratch::take(&pool, taps, columns);
             let want = scratch.unfold_packed(&src, planes, &g).to_vec();
             let pairs = taps.div_ceil(2);
-            let mut table = Taps::default();
             let direct = Direct::plan(&mut table, &src, planes, &g);
             for q in 0..columns / NR {
                 let panel = direct.panel(q);
@@ -262,21 +296,21 @@ mod tests {
 
     #[test]
     fn only_stride_one_same_size_convolutions_whose_rows_tile_a_panel_apply() {
-        assert!(Direct::applies(&geometry(64, 64, (32, 32), 3, 1, 1)));
+        assert!(applies(&geometry(64, 64, (32, 32), 3, 1, 1)));
         assert!(
-            !Direct::applies(&geometry(64, 512, (4, 4), 3, 1, 1)),
+            !applies(&geometry(64, 512, (4, 4), 3, 1, 1)),
             "16 pixels: a panel spans two images"
         );
         assert!(
-            !Direct::applies(&geometry(1, 8, (28, 28), 3, 1, 1)),
+            !applies(&geometry(1, 8, (28, 28), 3, 1, 1)),
             "rows of 28 do not tile 32 lanes"
         );
         assert!(
-            !Direct::applies(&geometry(1, 8, (32, 32), 3, 0, 1)),
+            !applies(&geometry(1, 8, (32, 32), 3, 0, 1)),
             "no padding: the image shrinks"
         );
         let mut strided = geometry(1, 8, (32, 32), 3, 1, 1);
         strided.stride = [2, 2];
-        assert!(!Direct::applies(&strided));
+        assert!(!applies(&strided));
     }
 }

@@ -424,6 +424,18 @@ pub(super) mod tests {
         ..STRIDED
     };
 
+    /// Stride 1, padding 1, 8x8 images: the forward product and the transposed input gradient
+    /// read their vector side from the images in bf16 (`conv_direct`).
+    pub const SAME_SIZE: Conv2dGeometry = Conv2dGeometry {
+        n: 3,
+        h: 8,
+        w: 8,
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        ..STRIDED
+    };
+
     pub fn reference(pool: &Pool, g: Conv2dGeometry) -> Reference {
         let o = 5;
         let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
@@ -466,7 +478,7 @@ pub(super) mod tests {
     fn the_fused_product_and_its_gradients_match_plain_loops() {
         let pool = Pool::default();
         let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9) && a.len() == b.len();
-        for g in [STRIDED, UNSTRIDED, WIDE] {
+        for g in [STRIDED, UNSTRIDED, WIDE, SAME_SIZE] {
             let r = reference(&pool, g);
             // One image a product, and runs of 2 and 3 (a weight too large for one image).
             for per in [1, 2, 3] {

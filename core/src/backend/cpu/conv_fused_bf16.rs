@@ -260,19 +260,7 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{STRIDED, UNSTRIDED, reference};
-
-    /// Stride 1, padding 1, 8x8 images: the forward product and the transposed input gradient
-    /// read their vector side from the images (`conv_direct`).
-    const SAME_SIZE: Conv2dGeometry = Conv2dGeometry {
-        n: 3,
-        h: 8,
-        w: 8,
-        stride: [1, 1],
-        padding: [1, 1],
-        dilation: [1, 1],
-        ..STRIDED
-    };
+    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, STRIDED, UNSTRIDED, reference};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
@@ -283,7 +271,7 @@ mod tests {
             return;
         }
         let pool = Pool::default();
-        assert!(super::super::conv_direct::Direct::applies(&SAME_SIZE));
+        assert!(super::super::conv_direct::applies(&SAME_SIZE));
         for g in [STRIDED, UNSTRIDED, SAME_SIZE] {
             let r = reference(&pool, g);
             let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();

@@ -8,7 +8,7 @@
 use half::bf16;
 
 use super::conv::{Planes, im2col_tap};
-use super::conv_direct::{Direct, Taps};
+use super::conv_direct::{Direct, Taps, applies};
 use super::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
 use super::matmul::bf16_kernel::NR;
 use super::pool::Pool;
@@ -59,7 +59,7 @@ impl PanelScratch {
     /// product with `g.n·oh·ow` rows over `c·kh·kw`: read from the images where the kernel can,
     /// otherwise unfolded into panels.
     pub fn unfold<'a>(&'a mut self, src: &'a [bf16], planes: Planes, g: &Conv2dGeometry) -> Unfolded<'a> {
-        if Direct::applies(g) {
+        if applies(g) {
             return Unfolded::Direct(Direct::plan(&mut self.table, src, planes, g));
         }
         let taps = g.c * g.kh * g.kw;
