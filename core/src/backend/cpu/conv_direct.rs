@@ -142,23 +142,6 @@ pub struct ImagePanel<'a> {
 }
 
 impl ImagePanel<'_> {
-    /// Where term `t` reads and which of its lanes it loads.
-    ///
-    /// # Safety
-    /// `t` is below the (even) term count.
-    #[inline(always)]
-    unsafe fn term(&self, t: usize) -> (*const bf16, u32) {
-        // SAFETY: t is in range (the caller's promise). The address may lie outside the
-        // source where the masked lanes start or end there; unmasked lanes lie in the image's
-        // plane of the term's channel, inside the source (`Direct::plan` checked its length).
-        unsafe {
-            (
-                self.base.wrapping_offset(*self.offsets.get_unchecked(t)),
-                *self.masks.get_unchecked(t),
-            )
-        }
-    }
-
     /// The `NR` source values of term `t`, zero where they lie in the padding.
     ///
     /// # Safety
@@ -166,11 +149,13 @@ impl ImagePanel<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn load(&self, t: usize) -> __m512i {
-        // SAFETY: t is in range (the caller's promise); `term` gives an address whose unmasked
-        // lanes lie inside the source; masked lanes are not read.
+        // SAFETY: t is in range (the caller's promise). The address may lie outside `src` where
+        // masked lanes start or end there; masked lanes are not read, and unmasked ones lie in
+        // the image's plane of the term's channel, inside `src` (`Direct::plan` checked its
+        // length).
         unsafe {
-            let (at, mask) = self.term(t);
-            _mm512_maskz_loadu_epi16(mask, at.cast())
+            let at = self.base.wrapping_offset(*self.offsets.get_unchecked(t));
+            _mm512_maskz_loadu_epi16(*self.masks.get_unchecked(t), at.cast())
         }
     }
 }
