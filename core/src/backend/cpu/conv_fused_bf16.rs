@@ -19,7 +19,7 @@ use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// Whether this CPU has the kernel; the composed path runs where it has not. Where it has, the
+/// Whether this CPU has the kernel; the f32 fused path on widened copies runs where it has not. Where it has, the
 /// fused path runs for every geometry: products of several small images fill its tiles.
 pub fn available() -> bool {
     bf16_kernel::available()

@@ -171,10 +171,22 @@ pub fn through_f32<H: Copy, const N: usize>(
     narrow: fn(&Pool, &[f32]) -> Vec<H>,
     body: impl FnOnce([&[f32]; N]) -> Vec<f32>,
 ) -> Vec<H> {
+    let [out] = through_f32_outputs(pool, inputs, widen, narrow, |wide| [body(wide)]);
+    out
+}
+
+/// As `through_f32`, for a kernel with several results, each rounded once.
+pub fn through_f32_outputs<H: Copy, const N: usize, const M: usize>(
+    pool: &Pool,
+    inputs: [&[H]; N],
+    widen: fn(&Pool, &[H]) -> Vec<f32>,
+    narrow: fn(&Pool, &[f32]) -> Vec<H>,
+    body: impl FnOnce([&[f32]; N]) -> [Vec<f32>; M],
+) -> [Vec<H>; M] {
     let wide: [Vec<f32>; N] = inputs.map(|x| widen(pool, x));
-    let out = body(std::array::from_fn(|i| wide[i].as_slice()));
-    let rounded = narrow(pool, &out);
-    for w in wide.into_iter().chain([out]) {
+    let outs = body(std::array::from_fn(|i| wide[i].as_slice()));
+    let rounded = outs.each_ref().map(|out| narrow(pool, out));
+    for w in wide.into_iter().chain(outs) {
         pool.recycle(HostVec::F32(w));
     }
     rounded
