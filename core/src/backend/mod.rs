@@ -128,6 +128,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// the same shape, e.g. a slice of a larger buffer). The only in-place write besides the
     /// optimizer steps below.
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()>;
+    /// A new buffer holding the elements of `layout` in `src`, row-major. By default a zeroed
+    /// buffer written by `copy_strided`; a backend that can leave it unfilled saves that pass.
+    fn contiguous(&self, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
+        let out = self.zeros(src.dtype(), layout.elem_count())?;
+        self.copy_strided(src, layout, &out, &Layout::contiguous(layout.shape.clone()))?;
+        Ok(out)
+    }
     /// A contiguous copy of `src` converted to `dtype`.
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef>;
 

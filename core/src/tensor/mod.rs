@@ -299,26 +299,13 @@ impl Tensor {
         if self.is_contiguous() && self.0.layout.offset == 0 && self.0.buffer.len() == self.elem_count() {
             return Ok(self.clone());
         }
-        let buffer = self.backend().zeros(self.dtype(), self.elem_count())?;
-        self.backend().copy_strided(
-            &self.0.buffer,
-            &self.0.layout,
-            &buffer,
-            &Layout::contiguous(self.shape().clone()),
-        )?;
-        let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
+        let out = self.deep_copy()?;
         Ok(out.track("contiguous", &[self], |g| Ok(vec![Some(g.clone())])))
     }
 
     /// A contiguous copy with its own buffer, cut from the graph.
     pub fn deep_copy(&self) -> Result<Tensor> {
-        let buffer = self.backend().zeros(self.dtype(), self.elem_count())?;
-        self.backend().copy_strided(
-            &self.0.buffer,
-            &self.0.layout,
-            &buffer,
-            &Layout::contiguous(self.shape().clone()),
-        )?;
+        let buffer = self.backend().contiguous(&self.0.buffer, &self.0.layout)?;
         Ok(Tensor::from_buffer(buffer, self.shape().clone(), self.device()))
     }
 

@@ -299,13 +299,34 @@ impl Backend for CpuBackend {
                 "source and destination views differ",
             ));
         }
-        // Read first into a temporary: source and destination may be the same buffer.
-        let values = self.to_host(src, src_layout)?;
-        let mut out = cpu("copy_strided", dst)?.write();
-        same_dtype!("copy_strided", &values, &mut *out, |v, d| strided::scatter(
-            v, dst_layout, d
+        let (from, to) = (cpu("copy_strided", src)?, cpu("copy_strided", dst)?);
+        if std::ptr::eq(from, to) {
+            // Read first into a temporary: source and destination are the same buffer.
+            let values = self.to_host(src, src_layout)?;
+            let mut out = to.write();
+            same_dtype!("copy_strided", &values, &mut *out, |v, d| strided::scatter(
+                v, dst_layout, d
+            ));
+            return Ok(());
+        }
+        // Straight from one buffer to the other: a temporary as large as the tensor, allocated
+        // afresh for every copy, had the allocator fault its pages in again each step.
+        let (values, mut out) = (from.read(), to.write());
+        same_dtype!("copy_strided", &*values, &mut *out, |v, d| strided::copy(
+            v, src_layout, d, dst_layout
         ));
         Ok(())
+    }
+
+    fn contiguous(&self, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
+        check_extent("contiguous", src, layout)?;
+        let data = cpu("contiguous", src)?.read();
+        // From the pool and gathered into: no zeroing pass over a buffer about to be overwritten.
+        Ok(self.wrap(map_host_vec!(&*data, v => {
+            let mut out = self.pool.take(layout.elem_count());
+            strided::gather(v, layout, &mut out);
+            Element::into_host(out)
+        })))
     }
 
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {

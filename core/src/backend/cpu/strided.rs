@@ -102,6 +102,21 @@ pub fn gather<T: Copy + Send + Sync>(src: &[T], layout: &Layout, out: &mut [T]) 
     }
 }
 
+/// Copies the elements of `src_layout` in `src` to the positions of `dst_layout` in `dst`
+/// (same shape, different buffers), in row-major order; through a temporary only where neither
+/// side is contiguous.
+pub fn copy<T: Copy + Send + Sync>(src: &[T], src_layout: &Layout, dst: &mut [T], dst_layout: &Layout) {
+    if let Some(range) = dst_layout.contiguous_range() {
+        gather(src, src_layout, &mut dst[range]);
+    } else if let Some(range) = src_layout.contiguous_range() {
+        scatter(&src[range], dst_layout, dst);
+    } else if let Some(&first) = src.first() {
+        let mut values = vec![first; src_layout.elem_count()];
+        gather(src, src_layout, &mut values);
+        scatter(&values, dst_layout, dst);
+    }
+}
+
 /// Writes `values` (row-major) into `dst` at the positions of `layout`.
 pub fn scatter<T: Copy>(values: &[T], layout: &Layout, dst: &mut [T]) {
     if let Some(range) = layout.contiguous_range() {
@@ -113,6 +128,27 @@ pub fn scatter<T: Copy>(values: &[T], layout: &Layout, dst: &mut [T]) {
     for (row, &start) in values.chunks(r.len.max(1)).zip(&r.starts) {
         for (j, &v) in row.iter().enumerate() {
             dst[start + j * r.stride] = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every pairing of contiguous and transposed sides moves element (i, j) of the source's
+    /// view to element (i, j) of the destination's.
+    #[test]
+    fn copy_matches_element_by_element() {
+        let src: Vec<u32> = (0..12).collect();
+        let plain = Layout::contiguous([3, 4]);
+        let turned = Layout::contiguous([4, 3]).permute(&[1, 0]);
+        for (from, to) in [(&plain, &turned), (&turned, &plain), (&turned, &turned)] {
+            let mut dst = vec![99; 12];
+            copy(&src, from, &mut dst, to);
+            for (a, b) in from.offsets().zip(to.offsets()) {
+                assert_eq!(dst[b], src[a], "{from:?} -> {to:?}");
+            }
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Cases for layout and indexing: `copy_strided` (contiguous copies, writes into slices,
+//! Cases for layout and indexing: `contiguous` copies, `copy_strided` (writes into slices,
 //! concat), `index_select`/`index_add` and `gather`/`scatter_add` (their backward passes).
 
 use crate::conformance::case::{Case, Input, Values, View};
@@ -15,17 +15,15 @@ const OVERLAP_SHIFT: usize = 3;
 
 fn copy_cases() -> Vec<Case> {
     vec![
-        Case::new("copy_strided/permute3", &["copy_strided"], |_, x| {
+        Case::new("contiguous/permute3", &["contiguous"], |_, x| {
             Ok(vec![x[0].contiguous()?])
         })
         .input(Input::float("x", [2, 3, 4], u()).view(View::Permute(vec![2, 0, 1])))
         .oracle(|x| vec![x[0].clone()]),
-        Case::new("copy_strided/bcast", &["copy_strided"], |_, x| {
-            Ok(vec![x[0].contiguous()?])
-        })
-        .input(Input::float("x", [3, 1], u()).broadcast([2, 3, 5]))
-        .oracle(|x| vec![x[0].clone()]),
-        Case::new("copy_strided/reshape_T", &["copy_strided"], |_, x| {
+        Case::new("contiguous/bcast", &["contiguous"], |_, x| Ok(vec![x[0].contiguous()?]))
+            .input(Input::float("x", [3, 1], u()).broadcast([2, 3, 5]))
+            .oracle(|x| vec![x[0].clone()]),
+        Case::new("contiguous/reshape_T", &["contiguous"], |_, x| {
             Ok(vec![x[0].reshape([91])?])
         })
         .input(Input::float("x", [7, 13], u()).transposed())
