@@ -103,17 +103,16 @@ pub fn gather<T: Copy + Send + Sync>(src: &[T], layout: &Layout, out: &mut [T]) 
 }
 
 /// Copies the elements of `src_layout` in `src` to the positions of `dst_layout` in `dst`
-/// (same shape, different buffers), in row-major order; through a temporary only where neither
-/// side is contiguous.
+/// (same shape, different buffers), in row-major order, without a temporary.
 pub fn copy<T: Copy + Send + Sync>(src: &[T], src_layout: &Layout, dst: &mut [T], dst_layout: &Layout) {
     if let Some(range) = dst_layout.contiguous_range() {
         gather(src, src_layout, &mut dst[range]);
     } else if let Some(range) = src_layout.contiguous_range() {
         scatter(&src[range], dst_layout, dst);
-    } else if let Some(&first) = src.first() {
-        let mut values = vec![first; src_layout.elem_count()];
-        gather(src, src_layout, &mut values);
-        scatter(&values, dst_layout, dst);
+    } else {
+        for (from, to) in src_layout.offsets().zip(dst_layout.offsets()) {
+            dst[to] = src[from];
+        }
     }
 }
 
