@@ -102,6 +102,11 @@ impl<T: Element> Transposed<T> {
         }
     }
 
+    /// One image of the transposed convolution.
+    pub fn geometry(&self) -> &Conv2dGeometry {
+        &self.image
+    }
+
     /// The input channels: the rows of the transposed convolution's product.
     pub fn channels(&self) -> usize {
         self.weight.len() / self.taps.max(1)

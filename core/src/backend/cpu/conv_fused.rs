@@ -8,8 +8,9 @@
 
 use rayon::prelude::*;
 
-use super::conv::{col2im_images, im2col_images};
+use super::conv::{Planes, col2im_images, im2col_images};
 use super::conv_data_grad::Transposed;
+use super::conv_shifted::ShiftedConv;
 use super::float::CpuFloat;
 use super::matmul::GemmElement;
 use super::pool::Pool;
@@ -159,6 +160,11 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         out.fill(T::zero());
         return out;
     }
+    if let (Some(x), Some(weight), Some(out32)) = (T::as_f32(x), T::as_f32(weight), T::as_f32_mut(&mut out))
+        && super::conv_shifted::forward(pool, x, weight, g, o, per, out32)
+    {
+        return out;
+    }
     let dst = Columns(out.as_mut_ptr());
     image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
@@ -225,18 +231,23 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     }
     let partial_layout = PartialLayout::for_product(o, taps, pixels);
     let transposed = Transposed::plan(pool, g, o, weight);
+    // The transposed convolution summed from shifted copies of the gradient (f32, AVX2).
+    let shifted = transposed.as_ref().and_then(|t| {
+        T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels()))
+    });
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
         // Written whole by the range's first product (no accumulation), then summed into.
         let mut partial = pool.take::<T>(o * taps);
         let mut cols = pool.take::<T>(taps * pixels * per);
         // The unfolded output gradient (transposed) or the columns to fold back; and, for runs
         // of several images, their transposed product's rows before they become images.
-        let (mut data_cols, mut staging) = match &transposed {
-            Some(t) => (
+        let (mut data_cols, mut staging) = match (&shifted, &transposed) {
+            (Some(s), _) => (pool.take::<T>(s.scratch_len(per)), Vec::new()),
+            (None, Some(t)) => (
                 pool.take::<T>(t.taps * t.inputs(per)),
                 pool.take::<T>(staging_len(per, plane)),
             ),
-            None => (pool.take::<T>(taps * pixels * per), Vec::new()),
+            (None, None) => (pool.take::<T>(taps * pixels * per), Vec::new()),
         };
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
@@ -258,6 +269,19 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
                     (1, columns),
                     start > first,
                 );
+            }
+            if let (Some(s), Some(copies), Some(grad), Some(grad_x_run)) = (
+                &shifted,
+                T::as_f32_mut(&mut data_cols),
+                T::as_f32(grad),
+                T::as_f32_mut(grad_x_run),
+            ) {
+                let planes = Planes {
+                    image: pixels,
+                    channel: width,
+                };
+                s.images_into(copies, &grad[start * pixels..], planes, run.n, grad_x_run);
+                continue;
             }
             match &transposed {
                 Some(t) => t.input_gradient(
@@ -281,6 +305,9 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     });
     if let Some(t) = transposed {
         t.recycle(pool);
+    }
+    if let Some(s) = shifted {
+        s.recycle(pool);
     }
     for partial in partials {
         partial_layout.add_into(&mut grad_w, &partial, o, taps);
@@ -490,6 +517,25 @@ pub(super) mod tests {
             }
         }
         assert_eq!(PartialLayout::for_product(5, 81, 256), PartialLayout::ColumnMajor);
+    }
+
+    /// In f32 a same-size stride-1 convolution's forward product and transposed input gradient
+    /// sum shifted copies of their images on AVX2 (`conv_shifted`); the values are exact in f32.
+    #[test]
+    fn f32_products_match_plain_loops() {
+        let pool = Pool::default();
+        let narrow = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let exact = |a: &[f32], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| f64::from(x) == y);
+        for g in [SAME_SIZE, WIDE, STRIDED] {
+            let r = reference(&pool, g);
+            let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
+            for per in [1, 2] {
+                assert!(exact(&forward_in_runs(&pool, &x, &w, &g, r.o, per), &r.forward), "{g:?}, {per} a product");
+                let (grad_x, grad_w) = backward_in_runs(&pool, &x, &w, &grad, &g, r.o, per);
+                assert!(exact(&grad_w, &r.grad_w), "{g:?}, {per} a product");
+                assert!(exact(&grad_x, &r.grad_x), "{g:?}, {per} a product");
+            }
+        }
     }
 
     #[test]

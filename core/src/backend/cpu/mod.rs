@@ -15,6 +15,7 @@ mod conv_fused;
 mod conv_fused_bf16;
 #[cfg(target_arch = "x86_64")]
 mod conv_panels;
+mod conv_shifted;
 mod dropout;
 mod elementwise;
 mod fast_math;

@@ -24,8 +24,24 @@ const SPLIT_K_MIN_K: usize = 4096;
 /// Below this many multiply-adds a single thread wins.
 const PARALLEL_FLOPS: usize = 1 << 18;
 
-pub trait GemmElement: crate::dtype::Element + num_traits::Zero + num_traits::One {}
-impl GemmElement for f32 {}
+pub trait GemmElement: crate::dtype::Element + num_traits::Zero + num_traits::One {
+    /// The values as f32 where they are: for kernels written for f32 alone.
+    fn as_f32(_values: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// `as_f32`, writable.
+    fn as_f32_mut(_values: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
+}
+impl GemmElement for f32 {
+    fn as_f32(values: &[f32]) -> Option<&[f32]> {
+        Some(values)
+    }
+    fn as_f32_mut(values: &mut [f32]) -> Option<&mut [f32]> {
+        Some(values)
+    }
+}
 impl GemmElement for f64 {}
 
 /// bf16 products on the CPU's bf16 dot-product instructions, f32 accumulation; `None` where the
