@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::conv::{Planes, col2im_images, im2col_images};
 use super::conv_data_grad::Transposed;
-use super::conv_shifted::{Scratch, ShiftedConv, WeightGradient};
+use super::conv_shifted::{self, Scratch, ShiftedConv, WeightGradient};
 use super::float::CpuFloat;
 use super::matmul::GemmElement;
 use super::pool::Pool;
@@ -168,8 +168,12 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         out.fill(T::zero());
         return out;
     }
-    if let (Some(x), Some(weight), Some(out32)) = (T::as_f32(x), T::as_f32(weight), T::as_f32_mut(&mut out))
-        && super::conv_shifted::forward(pool, x, weight, g, o, per, out32)
+    if let (true, Some(x), Some(weight), Some(out32)) = (
+        conv_shifted::preferred(),
+        T::as_f32(x),
+        T::as_f32(weight),
+        T::as_f32_mut(&mut out),
+    ) && conv_shifted::forward(pool, x, weight, g, o, per, out32)
     {
         return out;
     }
@@ -215,7 +219,7 @@ pub fn backward<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
 ) -> (Vec<T>, Vec<T>) {
-    let per = match T::as_f32(x).is_some() && WeightGradient::applies(g) {
+    let per = match T::as_f32(x).is_some() && conv_shifted::preferred() && WeightGradient::applies(g) {
         true => images_for_columns(g, SHIFTED_COLUMNS),
         false => images_per_product(g, o),
     };
@@ -242,14 +246,16 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         return (grad_x, grad_w);
     }
     // The weight gradient summed from shifted copies of the images (f32, AVX2).
-    let by_shifts = T::as_f32(x).and_then(|_| WeightGradient::plan(g, o, per));
+    let by_shifts = T::as_f32(x)
+        .filter(|_| conv_shifted::preferred())
+        .and_then(|_| WeightGradient::plan(g, o, per));
     let partial_layout = match by_shifts {
         Some(_) => PartialLayout::ColumnMajor,
         None => PartialLayout::for_product(o, taps, pixels),
     };
     let transposed = Transposed::plan(pool, g, o, weight);
     // The transposed convolution summed from shifted copies of the gradient (f32, AVX2).
-    let shifted = transposed.as_ref().and_then(|t| {
+    let shifted = transposed.as_ref().filter(|_| conv_shifted::preferred()).and_then(|t| {
         T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
     });
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
@@ -592,8 +598,8 @@ pub(super) mod tests {
         assert_eq!(PartialLayout::for_product(5, 81, 256), PartialLayout::ColumnMajor);
     }
 
-    /// In f32 a same-size stride-1 convolution's forward product and transposed input gradient
-    /// sum shifted copies of their images on AVX2 (`conv_shifted`); the values are exact in f32.
+    /// In f32 a same-size stride-1 convolution's products sum shifted copies of their images on
+    /// AVX2 without AVX-512 (`conv_shifted`), else unfold; the values are exact in f32 either way.
     #[test]
     fn f32_products_match_plain_loops() {
         let pool = Pool::default();

@@ -40,6 +40,17 @@ pub fn available() -> bool {
     *AVAILABLE.get_or_init(detect)
 }
 
+/// Whether convolutions should take these kernels: where the CPU has AVX2 but not AVX-512.
+/// With AVX-512, `gemm`'s 16-lane kernels (and the bf16 kernel) stay: these 8-lane ones were
+/// measured only beside `gemm`'s AVX2 kernels (Zen 3).
+pub fn preferred() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let wide = is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    available() && !wide
+}
+
 /// Whether `g` is a convolution these kernels sum: stride 1 and an output the size of its input.
 pub fn applies(g: &Conv2dGeometry) -> bool {
     g.stride == [1, 1] && (g.out_h(), g.out_w()) == (g.h, g.w) && g.h * g.w > 0 && g.c > 0 && available()

@@ -218,3 +218,54 @@ unsafe fn tile(
         store_lanes(acc, &mut dst[j * column..][..lanes], accumulate);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::available;
+    use super::*;
+    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, reference};
+    use crate::backend::cpu::pool::Pool;
+
+    #[test]
+    fn the_weight_gradient_of_shifted_copies_is_what_unfolding_gives() {
+        assert!(available(), "this test needs a CPU with AVX2 and FMA");
+        let pool = Pool::default();
+        // 17x17 planes: more pixels than a pass, and rows (5) short of a tile's 16.
+        let g = Conv2dGeometry {
+            n: 3,
+            h: 17,
+            w: 17,
+            ..SAME_SIZE
+        };
+        let r = reference(&pool, g);
+        let narrow = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (x, grad) = (narrow(&r.x), narrow(&r.grad));
+        let (terms, plane) = (g.c * g.kh * g.kw, g.h * g.w);
+        // Runs of two images (the last one short), summed into one column-major partial.
+        let plan = WeightGradient::plan(&g, r.o, 2).expect("a same-size stride-1 convolution");
+        let (copies, packed) = plan.scratch_lens();
+        let mut scratch = Scratch {
+            copies: vec![f32::NAN; copies],
+            packed: vec![f32::NAN; packed],
+        };
+        let mut partial = vec![f32::NAN; terms * r.o];
+        for first in (0..g.n).step_by(2) {
+            let n = 2.min(g.n - first);
+            let images = &x[first * g.c * plane..(first + n) * g.c * plane];
+            let width = g.n * plane;
+            plan.sum_into(
+                &mut scratch,
+                images,
+                n,
+                &grad[first * plane..],
+                width,
+                &mut partial,
+                first > 0,
+            );
+        }
+        for (e, &want) in r.grad_w.iter().enumerate() {
+            let (row, term) = (e / terms, e % terms);
+            assert_eq!(f64::from(partial[term * r.o + row]), want, "row {row}, term {term}");
+        }
+    }
+}
