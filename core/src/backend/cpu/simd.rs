@@ -40,6 +40,17 @@ fn level() -> Level {
     })
 }
 
+/// Whether the CPU has AVX2 and FMA (with or without AVX-512): for kernels written with their
+/// intrinsics.
+pub fn has_avx2_fma() -> bool {
+    level() != Level::Baseline
+}
+
+/// Whether AVX2 and FMA are the widest vectors the CPU has (no AVX-512).
+pub fn widest_is_avx2() -> bool {
+    level() == Level::Avx2
+}
+
 /// A kernel's inner loop over one chunk, its inputs held in the implementing struct. `run` must
 /// be `#[inline(always)]`: it is then inlined into [`wide`]'s copies compiled with wider vector
 /// features. (A closure or a function passed by value is called through a shim the compiler

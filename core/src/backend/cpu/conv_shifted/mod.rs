@@ -15,12 +15,11 @@
 mod product;
 mod weight_grad;
 
-use std::sync::OnceLock;
-
 pub use product::{ShiftedConv, forward};
 pub use weight_grad::{Scratch, WeightGradient};
 
 use super::conv::Planes;
+use super::simd;
 use crate::backend::Conv2dGeometry;
 
 /// Floats in a cache line, and the alignment of planes and copies.
@@ -32,23 +31,14 @@ const OVERRUN: usize = LANES;
 
 /// Whether this CPU has AVX2 and FMA.
 pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    #[cfg(target_arch = "x86_64")]
-    let detect = || is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-    #[cfg(not(target_arch = "x86_64"))]
-    let detect = || false;
-    *AVAILABLE.get_or_init(detect)
+    simd::has_avx2_fma()
 }
 
 /// Whether convolutions should take these kernels: where the CPU has AVX2 but not AVX-512.
 /// With AVX-512, `gemm`'s 16-lane kernels (and the bf16 kernel) stay: these 8-lane ones were
 /// measured only beside `gemm`'s AVX2 kernels (Zen 3).
 pub fn preferred() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    let wide = is_x86_feature_detected!("avx512f");
-    #[cfg(not(target_arch = "x86_64"))]
-    let wide = false;
-    available() && !wide
+    simd::widest_is_avx2()
 }
 
 /// Whether `g` is a convolution these kernels sum: stride 1 and an output the size of its input.

@@ -46,13 +46,8 @@ impl WeightGradient {
 
     /// `None` where `g` is not one that `applies`.
     pub fn plan(g: &Conv2dGeometry, rows: usize, per: usize) -> Option<WeightGradient> {
-        if !Self::applies(g) {
-            return None;
-        }
-        Some(WeightGradient {
-            shifts: Shifts::plan(g, per)?,
-            rows,
-        })
+        let shifts = Shifts::plan(g, per).filter(|_| g.h * g.w >= MIN_PIXELS)?;
+        Some(WeightGradient { shifts, rows })
     }
 
     /// Scratch lengths for runs of `n` images: (copies, packed rows).
