@@ -18,6 +18,7 @@ __device__ __forceinline__ float apply_binary(u32 op, float x, float y) {
     case 4: return pow_real(x, y);
     case 5: return max_nan(x, y);
     case 6: return min_nan(x, y);
+    case 7: return y > 0.0f ? x : 0.0f; /* relu_grad: the gradient x where the input y > 0 */
     default: return x;
     }
 }

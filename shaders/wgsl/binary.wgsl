@@ -18,6 +18,8 @@ fn apply(x: f32, y: f32) -> f32 {
         case 4u: { return pow_real(x, y); }
         case 5u: { return max_nan(x, y); }
         case 6u: { return min_nan(x, y); }
+        // relu_grad: the gradient x where the input y > 0.
+        case 7u: { return select(0.0, x, y > 0.0); }
         default: { return x; }
     }
 }

@@ -105,11 +105,15 @@ pub enum BinaryOp {
     Maximum,
     /// The smaller operand, NaN if either is (as `torch.minimum`).
     Minimum,
+    /// `lhs` where `rhs > 0`, else 0: ReLU's backward pass, the gradient `lhs` masked by the
+    /// input `rhs` (as PyTorch's `threshold_backward` at 0), in one pass instead of a comparison
+    /// writing a mask and a select reading it.
+    ReluGrad,
 }
 
 impl BinaryOp {
     /// One of each variant, for conformance sweeps.
-    pub const ALL: [BinaryOp; 7] = [
+    pub const ALL: [BinaryOp; 8] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -117,6 +121,7 @@ impl BinaryOp {
         BinaryOp::Pow,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
+        BinaryOp::ReluGrad,
     ];
     /// The op's lowercase name (`add`, `maximum`, …), as kernels and error messages call it.
     pub fn name(&self) -> &'static str {
@@ -128,6 +133,7 @@ impl BinaryOp {
             BinaryOp::Pow => "pow",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
+            BinaryOp::ReluGrad => "relu_grad",
         }
     }
 }

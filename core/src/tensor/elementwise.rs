@@ -47,6 +47,8 @@ impl Tensor {
                         .add(&a.cmp(CmpOp::Eq, &b)?.to_dtype(g.dtype())?.affine(0.5, 0.0)?)?;
                     (g.mul(&share)?, g.mul(&share.affine(-1.0, 1.0)?)?)
                 }
+                // Linear in the gradient, flat in the input (PyTorch's threshold_backward rule).
+                BinaryOp::ReluGrad => (g.relu_grad(&b)?, g.zeros_like()?),
             };
             Ok(vec![Some(ga.sum_to_shape(&sa)?), Some(gb.sum_to_shape(&sb)?)])
         }))
@@ -79,6 +81,12 @@ impl Tensor {
     /// The elementwise smaller of `self` and `rhs` with broadcasting, as `torch.minimum` (ties split the gradient).
     pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Minimum, rhs)
+    }
+
+    /// `self` (a gradient) where `input > 0`, else 0, with broadcasting: ReLU's backward pass
+    /// in one op, as PyTorch's `threshold_backward(self, input, 0)`.
+    pub fn relu_grad(&self, input: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::ReluGrad, input)
     }
 
     /// Sums a broadcast gradient back down to `shape`.
@@ -271,11 +279,8 @@ pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Res
         UnaryOp::Recip => y.mul(y)?.neg()?,
         UnaryOp::Tanh => y.mul(y)?.affine(-1.0, 1.0)?,
         UnaryOp::Sigmoid => y.mul(&y.affine(-1.0, 1.0)?)?,
-        UnaryOp::Relu => {
-            // g where x > 0, else 0: one comparison and one select, no float mask.
-            let zero = Tensor::full(Shape::scalar(), 0.0, g.dtype(), g.device())?;
-            return x.cmp_scalar(CmpOp::Gt, 0.0)?.where_cond(g, &zero);
-        }
+        // g where x > 0, else 0, in one pass (no mask written and read back).
+        UnaryOp::Relu => return g.relu_grad(x),
         UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
         UnaryOp::GeluGrad => {
             // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)

@@ -83,6 +83,11 @@ fn min_nan<T: CpuFloat>(a: T, b: T) -> T {
     if a.is_nan() || a < b { a } else { b }
 }
 
+/// `g` where `x > 0`, else 0 (NaN in `x` passes nothing, as the comparison fails).
+fn relu_grad<T: CpuFloat>(g: T, x: T) -> T {
+    if x > T::zero() { g } else { T::zero() }
+}
+
 /// Applies a binary op to operands stored as `S` and broadcast to one shape, computing in `T`
 /// (one compiled loop per op).
 pub fn binary<S: Stored<T>, T: CpuFloat>(
@@ -101,6 +106,7 @@ pub fn binary<S: Stored<T>, T: CpuFloat>(
         BinaryOp::Pow => zip(pool, a, la, b, lb, stored2(|x: T, y: T| x.powf(y))),
         BinaryOp::Maximum => zip(pool, a, la, b, lb, stored2(max_nan::<T>)),
         BinaryOp::Minimum => zip(pool, a, la, b, lb, stored2(min_nan::<T>)),
+        BinaryOp::ReluGrad => zip(pool, a, la, b, lb, stored2(relu_grad::<T>)),
     }
 }
 

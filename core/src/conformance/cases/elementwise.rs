@@ -112,6 +112,15 @@ fn binary_values(op: BinaryOp) -> (Values, Values) {
             Values::Uniform { low: 0.5, high: 2.0 },
             Values::Uniform { low: -1.5, high: 1.5 },
         ),
+        // The mask's input stays away from its kink, so finite differences see its flat gradient.
+        BinaryOp::ReluGrad => (
+            Values::Uniform { low: -2.0, high: 2.0 },
+            Values::AwayFrom {
+                center: 0.0,
+                lo: 0.25,
+                hi: 2.0,
+            },
+        ),
         // Two lattices a quarter step apart never tie, so the gradient is well defined.
         BinaryOp::Maximum | BinaryOp::Minimum => (
             Values::Lattice {
@@ -141,6 +150,13 @@ pub fn binary_ref(op: BinaryOp) -> impl Fn(f64, f64) -> f64 + Send + Sync + Copy
         BinaryOp::Pow => a.powf(b),
         BinaryOp::Maximum => host::max_nan(a, b),
         BinaryOp::Minimum => host::min_nan(a, b),
+        BinaryOp::ReluGrad => {
+            if b > 0.0 {
+                a
+            } else {
+                0.0
+            }
+        }
     }
 }
 
@@ -222,6 +238,7 @@ pub fn apply_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         BinaryOp::Pow => a.pow(b),
         BinaryOp::Maximum => a.maximum(b),
         BinaryOp::Minimum => a.minimum(b),
+        BinaryOp::ReluGrad => a.relu_grad(b),
     }
 }
 
