@@ -1,8 +1,8 @@
 //! `impl Backend for WgpuBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry, DeviceInfo,
-    Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
+    DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -134,6 +134,26 @@ impl Backend for WgpuBackend {
                 self.causal_softmax_rows(scores, Some(grad), spec)
             }),
         )
+    }
+    fn batch_norm(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        bias: &BufferRef,
+        spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        self.batch_norm_fused(x, [weight, bias], spec).transpose()
+    }
+    fn batch_norm_backward(
+        &self,
+        grad: &BufferRef,
+        x: &BufferRef,
+        weight: &BufferRef,
+        [mean, var]: [&BufferRef; 2],
+        spec: &BatchNormSpec,
+    ) -> Option<Result<[BufferRef; 3]>> {
+        self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
+            .transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.in_f32("layer_norm", [src], |[src]| {

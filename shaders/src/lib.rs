@@ -80,6 +80,19 @@ pub const SHADERS: &[Shader] = &[
     ),
     shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
     shader!(
+        "batch_norm",
+        &["T"],
+        FLOATS,
+        [
+            "moments",
+            "statistics",
+            "normalize",
+            "grad_sums",
+            "grad_totals",
+            "input_grad"
+        ]
+    ),
+    shader!(
         "index",
         &["T"],
         &["f32", "f16", "u32"],

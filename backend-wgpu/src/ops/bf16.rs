@@ -83,7 +83,11 @@ impl WgpuBackend {
     }
 
     /// f32 copies of the bf16 buffers among `buffers`, the others as they are.
-    fn widen_each<const N: usize>(&self, name: &'static str, buffers: [&BufferRef; N]) -> Result<[BufferRef; N]> {
+    pub(crate) fn widen_each<const N: usize>(
+        &self,
+        name: &'static str,
+        buffers: [&BufferRef; N],
+    ) -> Result<[BufferRef; N]> {
         let mut failed = None;
         let wide = buffers.map(|b| match b.dtype() {
             DType::BF16 => match wgpu_buffer(name, b).and_then(|w| self.widen_bf16(w)) {

@@ -2,6 +2,7 @@
 //! copy_strided.wgsl, cast.wgsl and rand.wgsl; the others share their shader's name; `bf16.rs`
 //! runs any of them on bf16 tensors).
 
+mod batch_norm;
 mod bf16;
 mod bias_act;
 mod conv;

@@ -1,0 +1,174 @@
+//! Training-mode batch normalisation and its gradient (batch_norm.wgsl) over a contiguous
+//! `[outer, channels, inner]` with f32 weight, bias and statistics: three dispatches each way,
+//! where the composed ops take about twenty and read the input as many times. A bf16 input runs
+//! on an f32 copy, its result rounded back.
+
+use std::sync::Arc;
+
+use lockstep_core::backend::gpu_plan::chunk_len;
+use lockstep_core::backend::{BatchNormSpec, BufferRef};
+use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Result};
+
+use crate::backend::{WgpuBackend, to_u32};
+use crate::buffer::WgpuBuffer;
+use crate::pipelines::Variant;
+
+/// How the dispatches see a batch norm: the shape, each channel's values cut into chunks (from
+/// the shape alone, so every device sums in the same order), and eps.
+struct Plan {
+    params: [u32; 7],
+    elements: usize,
+    channels: usize,
+    chunks: usize,
+}
+
+impl Plan {
+    /// One workgroup per (channel, chunk).
+    fn per_chunk(&self, backend: &WgpuBackend, op: &'static str) -> Result<[u32; 3]> {
+        backend.groups(op, self.channels * self.chunks)
+    }
+
+    fn new(op: &'static str, spec: &BatchNormSpec) -> Result<Plan> {
+        let count = spec.outer * spec.inner;
+        let len = chunk_len(spec.channels, count);
+        let chunks = count.div_ceil(len).max(1);
+        let elements = count * spec.channels;
+        let params = [
+            to_u32(op, elements)?,
+            to_u32(op, spec.channels)?,
+            to_u32(op, spec.inner)?,
+            to_u32(op, count)?,
+            to_u32(op, len)?,
+            to_u32(op, chunks)?,
+            (spec.eps as f32).to_bits(),
+        ];
+        Ok(Plan {
+            params,
+            elements,
+            channels: spec.channels,
+            chunks,
+        })
+    }
+}
+
+impl WgpuBackend {
+    /// `[y, mean, var]` (`y` in the input's dtype), or `None` where the kernels do not apply (an
+    /// empty input, a per-channel operand that is not f32): the caller composes those.
+    pub(crate) fn batch_norm_fused(
+        &self,
+        x: &BufferRef,
+        [weight, bias]: [&BufferRef; 2],
+        spec: &BatchNormSpec,
+    ) -> Result<Option<[BufferRef; 3]>> {
+        const OP: &str = "batch_norm";
+        let Some((dtype, t)) = self.norm_types(OP, spec, [x], [weight, bias])? else {
+            return Ok(None);
+        };
+        let plan = Plan::new(OP, spec)?;
+        let [x] = self.widen_each(OP, [x])?;
+        let (x, weight, bias) = (
+            self.operand(OP, &x, None)?,
+            self.operand(OP, weight, None)?,
+            self.operand(OP, bias, None)?,
+        );
+        let parts = self.alloc(DType::F32, 2 * plan.channels * plan.chunks)?;
+        let (mean, var) = (
+            self.alloc(DType::F32, plan.channels)?,
+            self.alloc(DType::F32, plan.channels)?,
+        );
+        let y = self.alloc(x.dtype(), plan.elements)?;
+        let entry = |name| Variant::new("batch_norm", name, &[t]);
+        let p = &plan.params;
+        self.launch(&entry("moments"), p, &[(1, x), (2, &parts)], plan.per_chunk(self, OP)?)?;
+        let stats = [(2, &*parts), (3, &mean), (4, &var)];
+        self.launch(&entry("statistics"), p, &stats, self.grid(OP, plan.channels)?)?;
+        let bindings = [(1, x), (3, &mean), (4, &var), (5, weight), (6, bias), (7, &y)];
+        self.launch(&entry("normalize"), p, &bindings, self.grid(OP, plan.elements)?)?;
+        Ok(Some([self.back_to(dtype, y)?, mean, var]))
+    }
+
+    /// `[dx, dweight, dbias]` (`dx` in the input's dtype), or `None` as for `batch_norm_fused`.
+    pub(crate) fn batch_norm_backward_fused(
+        &self,
+        [grad, x]: [&BufferRef; 2],
+        [weight, mean, var]: [&BufferRef; 3],
+        spec: &BatchNormSpec,
+    ) -> Result<Option<[BufferRef; 3]>> {
+        const OP: &str = "batch_norm_backward";
+        let Some((dtype, t)) = self.norm_types(OP, spec, [grad, x], [weight, mean, var])? else {
+            return Ok(None);
+        };
+        let plan = Plan::new(OP, spec)?;
+        let [grad, x] = self.widen_each(OP, [grad, x])?;
+        let (grad, x, weight, mean, var) = (
+            self.operand(OP, &grad, None)?,
+            self.operand(OP, &x, None)?,
+            self.operand(OP, weight, None)?,
+            self.operand(OP, mean, None)?,
+            self.operand(OP, var, None)?,
+        );
+        let parts = self.alloc(DType::F32, 2 * plan.channels * plan.chunks)?;
+        let (dweight, dbias, coef) = (
+            self.alloc(DType::F32, plan.channels)?,
+            self.alloc(DType::F32, plan.channels)?,
+            self.alloc(DType::F32, 5 * plan.channels)?,
+        );
+        let dx = self.alloc(x.dtype(), plan.elements)?;
+        let entry = |name| Variant::new("batch_norm", name, &[t]);
+        let p = &plan.params;
+        let sums = [(1, x), (8, grad), (3, mean), (4, var), (2, &parts)];
+        self.launch(&entry("grad_sums"), p, &sums, plan.per_chunk(self, OP)?)?;
+        let totals = [
+            (2, &*parts),
+            (3, mean),
+            (4, var),
+            (5, weight),
+            (9, &dweight),
+            (10, &dbias),
+            (11, &coef),
+        ];
+        self.launch(&entry("grad_totals"), p, &totals, self.grid(OP, plan.channels)?)?;
+        let input = [(1, x), (8, grad), (11, &coef), (7, &dx)];
+        self.launch(&entry("input_grad"), p, &input, self.grid(OP, plan.elements)?)?;
+        Ok(Some([self.back_to(dtype, dx)?, dweight, dbias]))
+    }
+
+    /// The whole-input operands' dtype (f32, f16 or bf16, one for all) and the shaders' element
+    /// type for it (bf16 runs on f32 copies), after checking every operand's extent and that the
+    /// per-channel ones are f32; `None` where the kernels do not apply.
+    fn norm_types<const E: usize, const C: usize>(
+        &self,
+        op: &'static str,
+        spec: &BatchNormSpec,
+        whole: [&BufferRef; E],
+        per_channel: [&BufferRef; C],
+    ) -> Result<Option<(DType, &'static str)>> {
+        let elements = spec.outer * spec.channels * spec.inner;
+        let (all, channels) = (Layout::contiguous([elements]), Layout::contiguous([spec.channels]));
+        for b in whole {
+            self.operand(op, b, Some(&all))?;
+        }
+        for b in per_channel {
+            self.operand(op, b, Some(&channels))?;
+        }
+        let dtype = whole[0].dtype();
+        let t = match dtype {
+            DType::F32 | DType::BF16 => "f32",
+            DType::F16 if self.gpu.has_f16() => "f16",
+            _ => return Ok(None),
+        };
+        let applies = elements > 0
+            && whole.iter().all(|b| b.dtype() == dtype)
+            && per_channel.iter().all(|b| b.dtype() == DType::F32);
+        Ok(applies.then_some((dtype, t)))
+    }
+
+    /// A result computed in f32 for an input of `dtype`: rounded back where that was bf16.
+    fn back_to(&self, dtype: DType, out: Arc<WgpuBuffer>) -> Result<BufferRef> {
+        match dtype {
+            DType::BF16 => Ok(self.narrow_bf16(&out)?),
+            _ => Ok(out),
+        }
+    }
+}
