@@ -185,6 +185,33 @@ fn an_unknown_device_is_named() {
     assert_fails_with(&out, &["unknown device `tpu:0`", "cpu", "lockstep devices"]);
 }
 
+/// The CPU's details say which kernels its numbers come from; `LOCKSTEP_CPU_CONV` picks the
+/// convolution path, and a value it does not know is said to be ignored.
+#[test]
+fn cpu_details_name_the_kernels_and_the_environment_picks_the_convolutions() {
+    let details = |conv: Option<&str>| {
+        let mut cmd = lockstep(&["devices", "--details"]);
+        if let Some(conv) = conv {
+            cmd.env("LOCKSTEP_CPU_CONV", conv);
+        }
+        let out = run(&mut cmd);
+        assert_succeeds(&out);
+        (String::from_utf8_lossy(&out.stdout).into_owned(), support::stderr(&out))
+    };
+    let (text, _) = details(None);
+    for needle in ["vector code", "bf16 products", "f32 stride-1 convolutions"] {
+        assert!(text.contains(needle), "`devices --details` lacks `{needle}`:\n{text}");
+    }
+    let (text, _) = details(Some("unfold"));
+    assert!(text.contains("unfolded (im2col + GEMM)"), "{text}");
+    let (text, warning) = details(Some("sideways"));
+    assert!(
+        warning.contains("LOCKSTEP_CPU_CONV=\"sideways\"") && warning.contains("ignored"),
+        "{warning}"
+    );
+    assert!(text.contains("f32 stride-1 convolutions"), "{text}");
+}
+
 #[test]
 fn an_unknown_model_is_named() {
     let out = train(&mnist_dir(), &["--max-steps", "1", "--model", "resnet51"]);

@@ -179,7 +179,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ..MlpPlan::default()
         }),
     };
-    println!("device: {}, {}", device.location(), device.info().name);
+    let info = device.info();
+    println!("device: {}, {}", device.location(), info.name);
+    // Which kernels and libraries ran (a CPU's vector code, cuDNN, TF32): numbers depend on them.
+    for (label, value) in &info.details {
+        println!("  {label}: {value}");
+    }
     let load_before = machine::load_average();
     let start = machine::sample();
     let ours = measure(&device, &plan)?;

@@ -199,6 +199,26 @@ fn in_host_vec<E: Element>((values, per_channel): (Vec<E>, [Vec<f32>; 2])) -> (H
     (E::into_host(values), per_channel)
 }
 
+/// Which kernels this CPU's products and convolutions take, for bug reports and benchmark
+/// records (`lockstep devices --details`, `lockstep bench`): numbers differ by these.
+fn kernel_details() -> Vec<(String, String)> {
+    let bf16 = match matmul::bf16_dot_products() {
+        true => "AVX512-BF16 dot products",
+        false => "widened to f32",
+    };
+    let convolutions = match conv_shifted::preferred() {
+        true => "summed from shifted copies (AVX2 + FMA)",
+        false => "unfolded (im2col + GEMM)",
+    };
+    [
+        ("vector code", simd::level_name()),
+        ("bf16 products", bf16),
+        ("f32 stride-1 convolutions", convolutions),
+    ]
+    .map(|(label, value)| (label.to_string(), value.to_string()))
+    .into()
+}
+
 impl Backend for CpuBackend {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
@@ -207,7 +227,7 @@ impl Backend for CpuBackend {
             api: "cpu".into(),
             total_memory_bytes: total_memory_bytes(),
             software: false,
-            details: vec![],
+            details: kernel_details(),
         }
     }
 

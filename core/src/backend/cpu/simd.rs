@@ -40,6 +40,15 @@ fn level() -> Level {
     })
 }
 
+/// The vector instructions the inner loops run on, as `lockstep devices --details` says it.
+pub fn level_name() -> &'static str {
+    match level() {
+        Level::Avx512 => "AVX-512",
+        Level::Avx2 => "AVX2 + FMA",
+        Level::Baseline => "SSE2 (no AVX2 found)",
+    }
+}
+
 /// Whether the CPU has AVX2 and FMA (with or without AVX-512): for kernels written with their
 /// intrinsics.
 pub fn has_avx2_fma() -> bool {

@@ -44,6 +44,14 @@ impl GemmElement for f32 {
 }
 impl GemmElement for f64 {}
 
+/// Whether this CPU multiplies bf16 on its dot-product instructions (AVX512-BF16).
+pub fn bf16_dot_products() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return bf16_kernel::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// bf16 products on the CPU's bf16 dot-product instructions, f32 accumulation; `None` where the
 /// CPU has none (the caller then widens to f32).
 pub fn matmul_bf16(
@@ -55,7 +63,7 @@ pub fn matmul_bf16(
     d: MatmulDims,
 ) -> Option<Vec<half::bf16>> {
     #[cfg(target_arch = "x86_64")]
-    if bf16_kernel::available() {
+    if bf16_dot_products() {
         let mut out = pool.take(d.batch * d.m * d.n);
         if d.k == 0 {
             out.fill(half::bf16::ZERO);
