@@ -146,6 +146,13 @@ fn resumed_run_equals_uninterrupted(label: &str, data: Arc<dyn Dataset>, feature
         .unwrap();
     // 10 batches per epoch, accumulate 2: 5 steps per epoch.
     assert_eq!((report.epochs, report.steps), (3, 15));
+    assert_eq!(report.epoch_seconds.len(), 3, "one time for each epoch");
+    assert!(
+        report
+            .epoch_seconds
+            .iter()
+            .all(|&s| s > 0.0 && s <= report.train_seconds)
+    );
 
     // Stop at step 7 (mid-epoch 1); the checkpoint callback saves where it stopped.
     let mut first = setup_for(features);
@@ -153,6 +160,7 @@ fn resumed_run_equals_uninterrupted(label: &str, data: Arc<dyn Dataset>, feature
     trainer.add_callback(ModelCheckpoint::new(&dir));
     let partial = trainer.fit(&mut first, &loader_of(data.clone()), None).unwrap();
     assert_eq!((partial.steps, partial.stop_reason.as_str()), (7, "max_steps"));
+    assert_eq!(partial.epoch_seconds.len(), 1, "epoch 1 did not end");
     assert_ne!(weights(&first), weights(&straight));
 
     // A fresh process would rebuild everything from scratch, then resume.
@@ -169,6 +177,7 @@ fn resumed_run_equals_uninterrupted(label: &str, data: Arc<dyn Dataset>, feature
     );
     let rest = trainer.fit(&mut resumed, &loader_of(data), None).unwrap();
     assert_eq!(rest.steps, 15);
+    assert_eq!(rest.epoch_seconds.len(), 2, "the resumed epoch 1, then epoch 2");
     assert_eq!(weights(&resumed), weights(&straight));
     assert_eq!(
         rest.last_train_loss.map(f64::to_bits),

@@ -132,7 +132,13 @@ if [ "$quick" = 0 ]; then
     # ResNet-18 (CIFAR stem) bf16-mixed at batch 512: steps, and a CIFAR-10 epoch (synthetic
     # files in the real format) with loader workers, each beside PyTorch eager.
     step bench-resnet 300 "$bin" bench resnet --device cuda:0 --batch 512 --precision bf16-mixed --peer pytorch --json "$out/bench-resnet.json"
-    step bench-epoch-resnet18 600 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 2 --json "$out/bench-epoch-resnet18.json"
+    # Where a step's GPU time goes, kernel by kernel (about one step's launches, after warm-up).
+    if command -v ncu >/dev/null; then
+        step profile-resnet 300 ncu --metrics gpu__time_duration.sum --launch-skip 1200 --launch-count 1100 --csv --log-file "$out/profile-resnet.csv" "$bin" bench resnet --device cuda:0 --batch 512 --precision bf16-mixed
+    fi
+    step bench-epoch-resnet18 600 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 3 --epochs 3 --json "$out/bench-epoch-resnet18.json"
+    # The same epoch with cuDNN's non-deterministic algorithms admitted (PyTorch's default).
+    step bench-epoch-resnet18-any-cudnn 600 env LOCKSTEP_CUDNN_DETERMINISTIC=0 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 2 --epochs 3 --side lockstep --json "$out/bench-epoch-resnet18-any-cudnn.json"
     for model in mlp lenet5; do
         step "bench-epoch-$model" 600 "$python" "$root/scripts/mnist_epoch_bench.py" --bin "$bin" --device cuda:0 --model "$model" --rounds 2 --data "$data" --json "$out/bench-epoch-$model.json"
     done
@@ -142,7 +148,10 @@ fi
 wgpu=$("$bin" devices 2>/dev/null | grep -E 'NVIDIA|H100|H200' | grep -o 'wgpu:[0-9]\+' | head -n 1)
 if [ -n "$wgpu" ]; then
     step check-wgpu 600 "$bin" check --device "$wgpu" --failures-only
-    [ "$quick" = 0 ] && step bench-wgpu 600 "$bin" bench gpu --device "$wgpu"
+    if [ "$quick" = 0 ]; then
+        step bench-wgpu 600 "$bin" bench gpu --device "$wgpu"
+        step bench-resnet-wgpu 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu.json"
+    fi
 else
     echo "no wgpu adapter on an NVIDIA GPU: $("$bin" devices 2>&1 | tr '\n' ' ')" >"$out/logs/wgpu-absent.log"
 fi

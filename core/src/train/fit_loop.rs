@@ -294,14 +294,16 @@ impl Trainer {
             metrics.insert("val_loss".into(), m.loss);
             metrics.insert("val_acc".into(), m.accuracy);
         }
+        let seconds = epoch_started.elapsed().as_secs_f64();
         self.emit(Event::Epoch {
             epoch: self.state.epoch,
             train_loss,
             val_loss: val_metrics.as_ref().map(|m| m.loss),
             val_accuracy: val_metrics.as_ref().map(|m| m.accuracy),
             lr: setup.optimizer.lr(),
-            seconds: epoch_started.elapsed().as_secs_f64(),
+            seconds,
         })?;
+        progress.report.epoch_seconds.push(seconds);
         progress.report.last_val = val_metrics;
         // The next epoch starts fresh; callbacks then save a checkpoint that resumes there.
         self.state.epoch += 1;

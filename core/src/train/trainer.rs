@@ -31,6 +31,9 @@ pub struct FitReport {
     pub steps: u64,
     /// Wall-clock seconds of this `fit` call.
     pub train_seconds: f64,
+    /// Wall-clock seconds of each epoch this call completed, validation included (the first also
+    /// holds the warm-up: kernels loaded, algorithms chosen, memory pools grown).
+    pub epoch_seconds: Vec<f64>,
     /// Training samples per second over this `fit` call (summed over the replicas by
     /// `DataParallel::on_threads`).
     pub samples_per_sec: f64,
