@@ -4,7 +4,8 @@
 //! algorithm for, the backend answers `None` and the caller unfolds (im2col + cuBLAS).
 //!
 //! Only deterministic algorithms are taken (PyTorch's `cudnn.deterministic`): the same inputs
-//! give the same bits on every run, which exact resume relies on. f32 convolutions use FMA math
+//! give the same bits on every run, which exact resume relies on (`LOCKSTEP_CUDNN_DETERMINISTIC=0`
+//! trades that for cuDNN's full choice). f32 convolutions use FMA math
 //! (no TF32) unless TF32 is allowed, as for cuBLAS.
 
 use std::collections::HashMap;
@@ -30,6 +31,14 @@ pub fn present() -> bool {
 fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("LOCKSTEP_CUDNN").as_deref() != Ok("0") && present())
+}
+
+/// `LOCKSTEP_CUDNN_DETERMINISTIC=0` also admits cuDNN's non-deterministic algorithms (PyTorch's
+/// default, `cudnn.deterministic = False`): maybe faster, but a run is no longer bit-exact, so an
+/// exact resume can diverge from the uninterrupted run. Read once, at the first plan.
+pub fn deterministic_only() -> bool {
+    static DETERMINISTIC: OnceLock<bool> = OnceLock::new();
+    *DETERMINISTIC.get_or_init(|| std::env::var("LOCKSTEP_CUDNN_DETERMINISTIC").as_deref() != Ok("0"))
 }
 
 fn dnn_error(device: &str, what: &str, e: result::CudnnError) -> Error {
@@ -320,8 +329,8 @@ fn best<P: Copy>(
     Ok(first(perf[..returned].iter().map(candidate), allowed))
 }
 
-/// The heuristics' best (they come best first) working, deterministic candidate of an allowed
-/// math type and a workspace within `MAX_WORKSPACE`.
+/// The heuristics' best (they come best first) working candidate of an allowed math type and a
+/// workspace within `MAX_WORKSPACE`, deterministic unless `deterministic_only` says otherwise.
 fn first(
     candidates: impl Iterator<Item = Candidate>,
     allowed: &impl Fn(sys::cudnnMathType_t) -> bool,
@@ -329,7 +338,7 @@ fn first(
     candidates
         .filter(|&(_, status, determinism, memory, math)| {
             status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
-                && determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC
+                && (determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC || !deterministic_only())
                 && memory <= MAX_WORKSPACE
                 && allowed(math)
         })

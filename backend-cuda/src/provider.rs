@@ -53,6 +53,15 @@ fn describe(ordinal: usize) -> Option<DeviceInfo> {
             }
             .into(),
         ),
+        (
+            "cudnn algorithms".into(),
+            if crate::dnn::deterministic_only() {
+                "deterministic (LOCKSTEP_CUDNN_DETERMINISTIC=0 admits the others)"
+            } else {
+                "any, not bit-exact (LOCKSTEP_CUDNN_DETERMINISTIC=0)"
+            }
+            .into(),
+        ),
     ];
     if let Some(v) = crate::nvml::driver_version() {
         details.push(("driver".into(), v));
