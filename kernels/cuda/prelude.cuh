@@ -62,13 +62,21 @@ struct View {
     u32 strides[MAX_RANK];
 };
 
-// Where element `i` (row-major over `shape`) lives in an operand viewed through `v`.
+// Where element `i` (row-major over `shape`) lives in an operand viewed through `v`. A
+// contiguous operand reaches here as rank 1 (the host merges dimensions) and costs no division.
+// The loop is unrolled over MAX_RANK so the parameter arrays are indexed by constants: indexed by
+// `rank`, they were copied to a stack frame in every thread (112 bytes for a binary op) and read
+// back from local memory for each element.
 __device__ __forceinline__ u32 strided_index(u32 i, const Shape& shape, const View& v) {
+    if (shape.rank <= 1) return v.offset + i * v.strides[0];
     u32 index = v.offset;
-    for (int d = (int)shape.rank - 1; d >= 0; --d) {
-        u32 size = shape.dims[d];
-        index += (i % size) * v.strides[d];
-        i /= size;
+#pragma unroll
+    for (int d = MAX_RANK - 1; d >= 0; --d) {
+        if (d < (int)shape.rank) {
+            u32 size = shape.dims[d];
+            index += (i % size) * v.strides[d];
+            i /= size;
+        }
     }
     return index;
 }

@@ -12,11 +12,16 @@ struct SubShape {
     u32 strides[MAX_RANK];
 };
 
+// Unrolled over MAX_RANK for constant indices, as strided_index (prelude.cuh) is.
 __device__ __forceinline__ u32 sub_offset(u32 i, const SubShape& s) {
+    if (s.rank <= 1) return i * s.strides[0];
     u32 index = 0;
-    for (int d = (int)s.rank - 1; d >= 0; --d) {
-        index += (i % s.dims[d]) * s.strides[d];
-        i /= s.dims[d];
+#pragma unroll
+    for (int d = MAX_RANK - 1; d >= 0; --d) {
+        if (d < (int)s.rank) {
+            index += (i % s.dims[d]) * s.strides[d];
+            i /= s.dims[d];
+        }
     }
     return index;
 }

@@ -63,6 +63,17 @@ pub fn nvrtc_version() -> Result<(i32, i32), CompileError> {
 
 /// Compiles `source` (named `kernel` in messages) into a CUBIN for `arch` (`sm_80`, `sm_90`).
 pub fn compile(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, CompileError> {
+    compile_logged(kernel, source, arch, &[]).map(|(cubin, _)| cubin)
+}
+
+/// `compile` with `extra` NVRTC options, returning the compiler's log beside the CUBIN (with
+/// `--ptxas-options=-v`, each entry point's registers and stack frame).
+pub(crate) fn compile_logged(
+    kernel: &str,
+    source: &str,
+    arch: &str,
+    extra: &[&str],
+) -> Result<(Vec<u8>, String), CompileError> {
     if !nvrtc_present() {
         return Err(CompileError::NoNvrtc);
     }
@@ -80,11 +91,14 @@ pub fn compile(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, Compil
     })?;
     let name = CString::new(format!("{kernel}.cu")).unwrap_or_default();
     let program = result::create_program(&src, Some(&name)).map_err(failed("nvrtcCreateProgram"))?;
-    let options = compile_options(arch);
+    let mut options = compile_options(arch);
+    options.extend(extra.iter().map(|o| o.to_string()));
     // SAFETY: `program` was just created and is destroyed below, once, on every path.
     let compiled = unsafe { result::compile_program(program, &options) };
     let outcome = match compiled {
-        Ok(()) => cubin(program).map_err(failed("nvrtcGetCUBIN")),
+        Ok(()) => cubin(program)
+            .map(|c| (c, log(program)))
+            .map_err(failed("nvrtcGetCUBIN")),
         Err(_) => Err(CompileError::Refused {
             kernel: kernel.into(),
             arch: arch.into(),

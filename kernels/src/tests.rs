@@ -68,6 +68,45 @@ fn every_entry_point_the_backend_launches_is_defined() {
     }
 }
 
+/// (entry point, bytes of stack frame) from ptxas's `-v` report, where a line "Function
+/// properties for NAME" comes before one holding "N bytes stack frame".
+fn stack_frames(log: &str) -> Vec<(String, usize)> {
+    let mut frames = Vec::new();
+    let mut entry = None;
+    for line in log.lines() {
+        if let Some(name) = line.split("Function properties for ").nth(1) {
+            entry = Some(name.trim().to_string());
+        } else if let Some((before, _)) = line.split_once(" bytes stack frame")
+            && let (Some(name), Some(Ok(bytes))) = (entry.take(), before.split_whitespace().last().map(str::parse))
+        {
+            frames.push((name, bytes));
+        }
+    }
+    frames
+}
+
+#[test]
+fn strided_kernels_index_their_parameters_without_a_stack_frame() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    // Indexing a kernel's Shape/View/SubShape parameters by a runtime rank made every thread copy
+    // them to a stack frame in local memory and read them back for each element (on an H200 those
+    // kernels moved 0.5-1.4 TB/s of its 4.8).
+    let mut framed = Vec::new();
+    let mut seen = 0;
+    for kernel in [ELEMENTWISE, LAYOUT, REDUCE] {
+        let (_, log) = compile::compile_logged(kernel.name, &kernel.program(), "sm_90", &["--ptxas-options=-v"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let frames = stack_frames(&log);
+        assert!(!frames.is_empty(), "no ptxas report for {}.cu:\n{log}", kernel.name);
+        seen += frames.len();
+        framed.extend(frames.into_iter().filter(|(_, bytes)| *bytes > 0));
+    }
+    assert!(seen >= 40, "only {seen} entry points reported");
+    assert!(framed.is_empty(), "entry points with a stack frame: {framed:?}");
+}
+
 #[test]
 fn a_broken_kernel_reports_the_compiler_log() {
     if !nvrtc_or_skip() {
