@@ -4,7 +4,7 @@
 
 use cudarc::driver::DeviceRepr;
 
-use lockstep_core::shape::Layout;
+use lockstep_core::shape::{Layout, MergedDims};
 use lockstep_core::{Error, Result};
 
 pub(crate) const MAX_RANK: usize = 8;
@@ -72,25 +72,8 @@ fn too_large(op: &'static str, x: usize) -> Error {
 
 /// One shape and a view per operand, all layouts of the same shape, dimensions merged.
 pub(crate) fn strided(op: &'static str, layouts: &[&Layout]) -> Result<(Shape, Vec<View>)> {
-    let dims = layouts[0].dims();
-    // Drop size-1 dimensions, then merge neighbours d, d+1 when stride[d] = stride[d+1] * dim[d+1]
-    // holds in every operand.
-    let mut merged: Vec<(usize, Vec<usize>)> = Vec::new();
-    for (d, &size) in dims.iter().enumerate() {
-        if size == 1 {
-            continue;
-        }
-        let strides: Vec<usize> = layouts.iter().map(|l| l.strides[d]).collect();
-        if let Some((last_size, last_strides)) = merged.last_mut()
-            && last_strides.iter().zip(&strides).all(|(&a, &b)| a == b * size)
-        {
-            *last_size *= size;
-            *last_strides = strides;
-            continue;
-        }
-        merged.push((size, strides));
-    }
-    if merged.len() > MAX_RANK {
+    let merged = MergedDims::new(layouts);
+    if merged.dims.len() > MAX_RANK {
         return Err(Error::invalid(
             op,
             format!("the CUDA backend handles views of up to {MAX_RANK} non-contiguous dimensions"),
@@ -98,18 +81,20 @@ pub(crate) fn strided(op: &'static str, layouts: &[&Layout]) -> Result<(Shape, V
     }
     let mut shape = Shape {
         n: to_u32(op, layouts[0].elem_count())?,
-        rank: merged.len() as u32,
+        rank: merged.dims.len() as u32,
         ..Default::default()
     };
+    for (d, &size) in merged.dims.iter().enumerate() {
+        shape.dims[d] = to_u32(op, size)?;
+    }
     let mut views = Vec::with_capacity(layouts.len());
-    for (i, layout) in layouts.iter().enumerate() {
+    for (layout, strides) in layouts.iter().zip(&merged.strides) {
         let mut view = View {
             offset: to_u32(op, layout.offset)?,
             ..Default::default()
         };
-        for (d, (size, strides)) in merged.iter().enumerate() {
-            shape.dims[d] = to_u32(op, *size)?;
-            view.strides[d] = to_u32(op, strides[i])?;
+        for (d, &stride) in strides.iter().enumerate() {
+            view.strides[d] = to_u32(op, stride)?;
         }
         views.push(view);
     }

@@ -244,16 +244,6 @@ fn fold_groups(count: usize, max: u32) -> Option<[u32; 3]> {
     Some([u32::try_from(x).ok()?, u32::try_from(y).ok().filter(|&y| y <= max)?, 1])
 }
 
-/// Parameters of a strided operand: [offset, strides...], as `strided_index` reads them.
-pub(crate) fn view_params(op: &'static str, layout: &Layout) -> Result<Vec<u32>> {
-    let mut v = Vec::with_capacity(layout.strides.len() + 1);
-    v.push(to_u32(op, layout.offset)?);
-    for &s in &layout.strides {
-        v.push(to_u32(op, s)?);
-    }
-    Ok(v)
-}
-
 pub(crate) fn to_u32(op: &'static str, x: usize) -> Result<u32> {
     u32::try_from(x).map_err(|_| Error::invalid(op, format!("{x} exceeds the 32-bit indexing of WGSL shaders")))
 }

@@ -223,6 +223,51 @@ impl Layout {
     }
 }
 
+/// Layouts of one shape seen through as few dimensions as give the same offsets: size-1
+/// dimensions dropped, and neighbours `d, d + 1` merged where every operand steps across them as
+/// one (`stride[d] == stride[d + 1] * dim[d + 1]`). A contiguous operand's view becomes one
+/// dimension. For GPU kernels, which find a strided operand's element by dividing its flat index
+/// by each dimension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergedDims {
+    /// The merged dimension sizes (none for a single element).
+    pub dims: Vec<usize>,
+    /// Each operand's strides over `dims`, in the order the layouts were given.
+    pub strides: Vec<Vec<usize>>,
+}
+
+impl MergedDims {
+    /// `layouts` must share one shape (broadcast them first).
+    pub fn new(layouts: &[&Layout]) -> MergedDims {
+        let dims_in = layouts.first().map_or(&[][..], |l| l.dims());
+        debug_assert!(layouts.iter().all(|l| l.dims() == dims_in), "layouts of one shape");
+        let mut dims: Vec<usize> = Vec::new();
+        let mut strides: Vec<Vec<usize>> = vec![Vec::new(); layouts.len()];
+        for (d, &size) in dims_in.iter().enumerate() {
+            if size == 1 {
+                continue;
+            }
+            let mergeable = !dims.is_empty()
+                && layouts
+                    .iter()
+                    .zip(&strides)
+                    .all(|(l, s)| s.last() == Some(&(l.strides[d] * size)));
+            if mergeable {
+                *dims.last_mut().expect("not empty") *= size;
+                for (l, s) in layouts.iter().zip(&mut strides) {
+                    *s.last_mut().expect("one stride per dimension") = l.strides[d];
+                }
+            } else {
+                dims.push(size);
+                for (l, s) in layouts.iter().zip(&mut strides) {
+                    s.push(l.strides[d]);
+                }
+            }
+        }
+        MergedDims { dims, strides }
+    }
+}
+
 /// Iterator over the buffer offsets of a strided layout, in row-major element order.
 pub struct StridedOffsets<'a> {
     layout: &'a Layout,
@@ -280,6 +325,51 @@ mod tests {
             err.to_string().contains("[3, 2]") && err.to_string().contains("[4, 2]"),
             "{err}"
         );
+    }
+
+    /// Operand `k`'s offset of flat element `i` through merged dimensions, as a kernel finds it.
+    fn merged_offset(m: &MergedDims, layout: &Layout, k: usize, mut i: usize) -> usize {
+        let mut at = layout.offset;
+        for (&size, &stride) in m.dims.iter().zip(&m.strides[k]).rev() {
+            at += (i % size) * stride;
+            i /= size;
+        }
+        at
+    }
+
+    #[test]
+    fn merged_dimensions_give_every_operand_the_same_offsets() {
+        let nchw = Layout::contiguous([4, 3, 5, 6]);
+        let bias = Layout::contiguous([1, 3, 1, 1])
+            .broadcast_to("t", &Shape::new([4, 3, 5, 6]))
+            .unwrap();
+        let mut sliced = Layout::contiguous([4, 3, 5, 8]);
+        sliced.shape = Shape::new([4, 3, 5, 6]);
+        sliced.offset = 2;
+        let nhwc = Layout::contiguous([4, 5, 6, 3]).permute(&[0, 3, 1, 2]);
+        let cases: Vec<(Vec<&Layout>, Vec<usize>)> = vec![
+            (vec![&nchw], vec![360]),
+            (vec![&nchw, &nchw], vec![360]),
+            (vec![&nchw, &bias], vec![4, 3, 30]),
+            (vec![&sliced], vec![60, 6]),
+            (vec![&nchw, &nhwc], vec![4, 3, 30]),
+        ];
+        for (layouts, expected) in cases {
+            let m = MergedDims::new(&layouts);
+            assert_eq!(m.dims, expected, "{layouts:?}");
+            assert_eq!(m.dims.iter().product::<usize>(), layouts[0].elem_count());
+            for (k, layout) in layouts.iter().enumerate() {
+                let through_merged: Vec<usize> = (0..layout.elem_count())
+                    .map(|i| merged_offset(&m, layout, k, i))
+                    .collect();
+                assert_eq!(through_merged, layout.offsets().collect::<Vec<_>>(), "{layout:?}");
+            }
+        }
+        // Size-1 dimensions vanish; one element has none left, an empty tensor keeps its 0.
+        let one = Layout::contiguous([1, 1]);
+        assert_eq!(MergedDims::new(&[&one]).dims, Vec::<usize>::new());
+        let empty = Layout::contiguous([2, 0, 3]);
+        assert_eq!(MergedDims::new(&[&empty]).dims.iter().product::<usize>(), 0);
     }
 
     #[test]

@@ -20,6 +20,10 @@ fn param_f32(at: u32) -> f32 {
 // Where element `i` (row-major over the `rank` sizes at params[dims_at..]) lives in an operand
 // whose view is stored at params[view_at..] as [offset, stride_0, .., stride_{rank-1}].
 fn strided_index(i: u32, rank: u32, dims_at: u32, view_at: u32) -> u32 {
+    // A contiguous operand (the host merges its dimensions into one) needs no division.
+    if (rank == 1u) {
+        return params[view_at] + i * params[view_at + 1u];
+    }
     var rest = i;
     var index = params[view_at];
     for (var d = i32(rank) - 1; d >= 0; d--) {
