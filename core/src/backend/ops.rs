@@ -1,6 +1,7 @@
 //! The operation vocabularies shared by every backend.
 
 use crate::error::{Error, Result};
+use crate::shape::{Layout, MergedDims, Shape};
 
 /// Elementwise functions of one tensor. Parameters ride in the variant.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -215,15 +216,25 @@ impl ReduceKind {
 }
 
 /// A layout split for a reduction: the (sizes, strides) of the kept axes and of the reduced
-/// ones, each in axis order.
-pub fn split_axes(layout: &crate::shape::Layout, axes: &[usize]) -> [(Vec<usize>, Vec<usize>); 2] {
+/// ones, each in axis order and merged as `MergedDims` merges (the same offsets in the same
+/// order through fewer axes, which a GPU kernel divides by for every element).
+pub fn split_axes(layout: &Layout, axes: &[usize]) -> [(Vec<usize>, Vec<usize>); 2] {
     let (mut kept, mut reduced) = ((vec![], vec![]), (vec![], vec![]));
     for (axis, (&d, &s)) in layout.dims().iter().zip(&layout.strides).enumerate() {
         let part = if axes.contains(&axis) { &mut reduced } else { &mut kept };
         part.0.push(d);
         part.1.push(s);
     }
-    [kept, reduced]
+    [kept, reduced].map(|(dims, strides)| {
+        let part = Layout {
+            shape: Shape::new(dims),
+            strides,
+            offset: 0,
+        };
+        let merged = MergedDims::new(&[&part]);
+        let strides = merged.strides.into_iter().next().unwrap_or_default();
+        (merged.dims, strides)
+    })
 }
 
 /// The distribution `Backend::rand` draws from.
@@ -488,4 +499,27 @@ pub struct BatchNormSpec {
     pub inner: usize,
     /// Added to the variance before its square root.
     pub eps: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reduction_sees_merged_kept_and_reduced_axes() {
+        let nchw = Layout::contiguous([4, 3, 5, 6]);
+        // Batch norm's per-channel sums: keep C, reduce N and the merged H·W.
+        assert_eq!(
+            split_axes(&nchw, &[0, 2, 3]),
+            [(vec![3], vec![30]), (vec![4, 30], vec![90, 1])]
+        );
+        // A last-axis softmax-style reduction: everything before it is one kept axis.
+        assert_eq!(split_axes(&nchw, &[3]), [(vec![60], vec![6]), (vec![6], vec![1])]);
+        // Size-1 axes vanish; a permuted layout keeps the axes it cannot merge.
+        let permuted = Layout::contiguous([2, 1, 3, 4]).permute(&[3, 1, 2, 0]);
+        assert_eq!(
+            split_axes(&permuted, &[0]),
+            [(vec![3, 2], vec![4, 12]), (vec![4], vec![1])]
+        );
+    }
 }
