@@ -241,29 +241,29 @@ impl MergedDims {
     pub fn new(layouts: &[&Layout]) -> MergedDims {
         let dims_in = layouts.first().map_or(&[][..], |l| l.dims());
         debug_assert!(layouts.iter().all(|l| l.dims() == dims_in), "layouts of one shape");
-        let mut dims: Vec<usize> = Vec::new();
-        let mut strides: Vec<Vec<usize>> = vec![Vec::new(); layouts.len()];
+        // (size, each operand's stride) of every merged dimension.
+        let mut merged: Vec<(usize, Vec<usize>)> = Vec::new();
         for (d, &size) in dims_in.iter().enumerate() {
             if size == 1 {
                 continue;
             }
-            let mergeable = !dims.is_empty()
-                && layouts
+            let strides: Vec<usize> = layouts.iter().map(|l| l.strides[d]).collect();
+            if let Some((last_size, last_strides)) = merged.last_mut()
+                && last_strides
                     .iter()
                     .zip(&strides)
-                    .all(|(l, s)| s.last() == Some(&(l.strides[d] * size)));
-            if mergeable {
-                *dims.last_mut().expect("not empty") *= size;
-                for (l, s) in layouts.iter().zip(&mut strides) {
-                    *s.last_mut().expect("one stride per dimension") = l.strides[d];
-                }
+                    .all(|(&outer, &inner)| outer == inner * size)
+            {
+                *last_size *= size;
+                *last_strides = strides;
             } else {
-                dims.push(size);
-                for (l, s) in layouts.iter().zip(&mut strides) {
-                    s.push(l.strides[d]);
-                }
+                merged.push((size, strides));
             }
         }
+        let dims = merged.iter().map(|(size, _)| *size).collect();
+        let strides = (0..layouts.len())
+            .map(|k| merged.iter().map(|(_, strides)| strides[k]).collect())
+            .collect();
         MergedDims { dims, strides }
     }
 }
