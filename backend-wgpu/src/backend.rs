@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use lockstep_core::backend::gpu_plan::group_len;
 use lockstep_core::backend::{BufferRef, DeviceInfo, MemoryStats, WorkCounters};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
@@ -141,6 +142,16 @@ impl WgpuBackend {
         let max = self.gpu.limits.max_compute_workgroups_per_dimension;
         fold_groups(count, max)
             .ok_or_else(|| Error::invalid(op, format!("{count} workgroups exceed a dispatch's {max}x{max}")))
+    }
+
+    /// Invocations per row for rows of `len` elements (`gpu_plan::group_len`), and the workgroups
+    /// that give each of `rows` rows a group of them (the shaders' `Slot`).
+    pub(crate) fn row_groups(&self, op: &'static str, rows: usize, len: usize) -> Result<(u32, [u32; 3])> {
+        let group = group_len(len, WORKGROUP as usize);
+        Ok((
+            group as u32,
+            self.groups(op, rows.div_ceil(WORKGROUP as usize / group))?,
+        ))
     }
 
     /// Makes `fault` happen, so tests reach the code that handles it (see `Fault`).

@@ -1,7 +1,7 @@
 //! index_add / scatter_add walk each destination's own sources instead of scanning every source
 //! for every destination element (about 3e11 loop iterations for a GPT-2 embedding's backward,
-//! which looked hung), and reductions with few outputs split each output over many workgroups.
-//! Both keep their results: the adds sum in source order (bit for bit the CPU's in f32), the
+//! which looked hung), reductions with few outputs split each output over many workgroups, and
+//! short reductions share a workgroup between outputs. All keep their results: the adds sum in source order (bit for bit the CPU's in f32), the
 //! extrema keep the first index and the NaN rules.
 
 mod support;
@@ -257,4 +257,73 @@ fn few_output_reductions_match_the_cpu() {
     }
     let argmax = |t: &Tensor| t.argmax(1, false).unwrap().to_vec::<u32>().unwrap();
     assert_eq!(argmax(&c), argmax(&c_cpu));
+}
+
+#[test]
+fn short_reductions_share_a_workgroup_and_match_the_cpu() {
+    let Some(device) = support::wgpu_device() else { return };
+    let cpu = Device::cpu();
+    // Row lengths for groups of 1, 2, 16, 32 and 256 invocations, over row counts that leave the
+    // last workgroup partly empty.
+    for (rows, len) in [(37, 1), (37, 10), (300, 33), (45, 300), (19, 1000), (5, 9000)] {
+        let mut data = values(20 + len as u64, rows * len);
+        for r in 0..rows {
+            let row = &mut data[r * len..(r + 1) * len];
+            // A tie for the maximum (the first must win) and, in every third row, a NaN after it.
+            row[len / 3] = 5.0;
+            row[len - 1] = 5.0;
+            if r % 3 == 0 {
+                row[(len / 2).max(len / 3)] = f32::NAN;
+            }
+        }
+        // Sums of the same rows without their NaNs.
+        let finite: Vec<f32> = data.iter().map(|&v| if v.is_nan() { 0.0 } else { v }).collect();
+        let on = |values: &[f32], d: &Device| Tensor::from_slice(values, [rows, len], d).unwrap();
+        let (x, x_cpu) = (on(&data, &device), on(&data, &cpu));
+        let (f, f_cpu) = (on(&finite, &device), on(&finite, &cpu));
+        // Along the rows, and down the columns of the transposed view (a strided reduced axis).
+        let t = |x: &Tensor| x.t().unwrap();
+        for (axis, t, t_cpu, f, f_cpu) in [
+            (1, x.clone(), x_cpu.clone(), f.clone(), f_cpu.clone()),
+            (0, t(&x), t(&x_cpu), t(&f), t(&f_cpu)),
+        ] {
+            let label = format!("[{rows}, {len}] reduced along its rows, view axis {axis}");
+            // Each row's (max, min) bits and argmax.
+            let extrema = |t: &Tensor| {
+                let values = |v: Tensor| v.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits);
+                let max = values(t.max(axis as isize, false).unwrap());
+                let min = values(t.min(axis as isize, false).unwrap());
+                let argmax = t.argmax(axis as isize, false).unwrap().to_vec::<u32>().unwrap();
+                max.zip(min)
+                    .zip(argmax)
+                    .map(|((a, b), c)| (a, b, c))
+                    .collect::<Vec<_>>()
+            };
+            let (got, expected) = (extrema(&t), extrema(&t_cpu));
+            assert_eq!(got.len(), rows, "{label}");
+            if let Some(r) = (0..rows).find(|&r| got[r] != expected[r]) {
+                panic!(
+                    "{label}: row {r}: (max, min, argmax) {:?} against {:?}",
+                    got[r], expected[r]
+                );
+            }
+            let got = f.sum(&[axis as isize], false).unwrap().to_vec::<f32>().unwrap();
+            let expected = f_cpu.sum(&[axis as isize], false).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(got.len(), rows, "{label}");
+            for (r, (g, e)) in got.iter().zip(&expected).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-6 * (len as f32 + 10.0),
+                    "{label}: row {r}: {g} against {e}"
+                );
+            }
+        }
+    }
+    // A global average pool's mean over H and W (16 elements an output, two merged axes).
+    let pooled = values(30, 6 * 70 * 16);
+    let on = |d: &Device| Tensor::from_slice(&pooled, [6, 70, 4, 4], d).unwrap();
+    let got = on(&device).mean(&[2, 3], false).unwrap().to_vec::<f32>().unwrap();
+    let expected = on(&cpu).mean(&[2, 3], false).unwrap().to_vec::<f32>().unwrap();
+    for (g, e) in got.iter().zip(&expected) {
+        assert!((g - e).abs() <= 1e-6, "{g} against {e}");
+    }
 }

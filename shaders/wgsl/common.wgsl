@@ -185,3 +185,35 @@ fn stream_block(at: u32, i: u32) -> vec4<u32> {
     let carry = select(0u, 1u, low < block);
     return philox(vec2<u32>(params[at], params[at + 1u]), vec2<u32>(low, params[at + 3u] + carry));
 }
+
+// Rows (or chunks) taken by groups of `group` invocations, a power of two the host picks from a
+// row's length (`gpu_plan::group_len`): WG / group groups a workgroup, so short rows share one
+// instead of leaving most of it idle. A group's index across the dispatch, and an invocation's
+// lane in its group.
+struct Slot {
+    index: u32,
+    lane: u32,
+}
+
+fn slot(wid: vec3<u32>, groups: vec3<u32>, lid: u32, group: u32) -> Slot {
+    return Slot((wid.x + wid.y * groups.x) * (WG / group) + lid / group, lid % group);
+}
+
+var<workgroup> group_scratch: array<f32, 256>;
+
+// The sum of the values of the invocations in lid's group (or with take_max their maximum, NaN
+// first), in a fixed order, returned to each of them. Every invocation of the workgroup calls it.
+fn group_combine(lid: u32, lane: u32, group: u32, value: f32, take_max: bool) -> f32 {
+    group_scratch[lid] = value;
+    workgroupBarrier();
+    for (var width = group / 2u; width > 0u; width = width / 2u) {
+        if (lane < width) {
+            let other = group_scratch[lid + width];
+            group_scratch[lid] = select(group_scratch[lid] + other, max_nan(group_scratch[lid], other), take_max);
+        }
+        workgroupBarrier();
+    }
+    let result = group_scratch[lid - lane];
+    workgroupBarrier();
+    return result;
+}

@@ -1,18 +1,20 @@
-// reduce: sum, max, min or argmax (first index of the maximum, u32) over some axes. One workgroup
-// per chunk of an output's reduced elements; its 256 invocations stride over the chunk and combine
-// in workgroup memory in a fixed order, so results are deterministic. One chunk per output writes
+// reduce: sum, max, min or argmax (first index of the maximum, u32) over some axes. A group of G
+// invocations (a power of two the host picks from the chunk's length: 256 for long chunks, fewer
+// for short ones, 256 / G groups a workgroup) per chunk of an output's reduced elements; the
+// group strides over the chunk and combines in workgroup memory in a fixed order, so results are
+// deterministic. One chunk per output writes
 // the output directly (reduce, argmax); with few outputs the host splits each into chunks
 // (reduce_chunks: partials in f32 with their indices) and combine_chunks folds them in order.
 // Sums accumulate in f32 for every `T`. The split depends on the shape only, so every device
 // sums in the same order.
-// params: [n_out, kept_rank, n_reduced, reduced_rank, offset, chunk_len,
+// params: [n_out, kept_rank, n_reduced, reduced_rank, offset, chunk_len, G,
 //        kept dims[kept_rank], kept strides[kept_rank], reduced dims[reduced_rank], reduced strides[reduced_rank]]
-// combine_chunks' params: [n_out, chunks]
+// combine_chunks' params: [n_out, chunks, G]
 
 override KIND: u32 = 0u; // 0 sum, 1 max, 2 min, 3 argmax
 
 const NONE: u32 = 0xffffffffu;
-const SHAPES_AT: u32 = 6u;
+const SHAPES_AT: u32 = 7u;
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read_write> out: array<T>;
@@ -70,13 +72,14 @@ fn take(a: Acc, x: f32, ix: u32) -> Acc {
     return a;
 }
 
-// Combines every invocation's `a` into partial[0] / partial_index[0] (all invocations must call it).
-fn combine(a: Acc, lid: u32) {
+// Combines the `a` of each group of `group` invocations into the group's first slot of
+// partial / partial_index (all invocations must call it).
+fn combine(a: Acc, lid: u32, lane: u32, group: u32) {
     partial[lid] = a.value;
     partial_index[lid] = a.index;
     workgroupBarrier();
-    for (var width = WG / 2u; width > 0u; width = width / 2u) {
-        if (lid < width) {
+    for (var width = group / 2u; width > 0u; width = width / 2u) {
+        if (lane < width) {
             let c = take(Acc(partial[lid], partial_index[lid]), partial[lid + width], partial_index[lid + width]);
             partial[lid] = c.value;
             partial_index[lid] = c.index;
@@ -85,32 +88,30 @@ fn combine(a: Acc, lid: u32) {
     }
 }
 
-fn flat_workgroup(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
-    return wid.x + wid.y * groups.x;
-}
-
 // Chunks per output: params[5] reduced elements each, the last one shorter.
 fn chunks_per_output() -> u32 {
     return max((params[2] + params[5] - 1u) / params[5], 1u);
 }
 
-// Reduces chunk `w` (of output w / chunks) into partial[0].
-fn reduce_chunk(w: u32, lid: u32) {
+// Reduces chunk `s.index` (of output s.index / chunks) into the group's first slot of `partial`.
+fn reduce_chunk(s: Slot, lid: u32) {
     let n_out = params[0];
     let kept_rank = params[1];
     let n_red = params[2];
     let red_rank = params[3];
     let chunk_len = params[5];
+    let group = params[6];
     let chunks = chunks_per_output();
+    let w = s.index;
     let base = params[4] + sub_offset(min(w / chunks, n_out - 1u), kept_rank, SHAPES_AT);
     let red_at = SHAPES_AT + 2u * kept_rank;
     let start = (w % chunks) * chunk_len;
     let end = min(start + chunk_len, n_red);
     var a = empty();
-    for (var r = start + lid; r < end; r += WG) {
+    for (var r = start + s.lane; r < end; r += group) {
         a = take(a, f32(src[base + sub_offset(r, red_rank, red_at)]), r);
     }
-    combine(a, lid);
+    combine(a, lid, s.lane, group);
 }
 
 @compute @workgroup_size(256)
@@ -119,10 +120,10 @@ fn reduce(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let o = flat_workgroup(wid, groups);
-    reduce_chunk(o, lid);
-    if (lid == 0u && o < params[0]) {
-        out[o] = T(partial[0]);
+    let s = slot(wid, groups, lid, params[6]);
+    reduce_chunk(s, lid);
+    if (s.lane == 0u && s.index < params[0]) {
+        out[s.index] = T(partial[lid]);
     }
 }
 
@@ -132,37 +133,38 @@ fn argmax(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let o = flat_workgroup(wid, groups);
-    reduce_chunk(o, lid);
-    if (lid == 0u && o < params[0]) {
-        out_index[o] = partial_index[0];
+    let s = slot(wid, groups, lid, params[6]);
+    reduce_chunk(s, lid);
+    if (s.lane == 0u && s.index < params[0]) {
+        out_index[s.index] = partial_index[lid];
     }
 }
 
-// Pass 1 of a split reduction: one workgroup per (output, chunk).
+// Pass 1 of a split reduction: one group per (output, chunk).
 @compute @workgroup_size(256)
 fn reduce_chunks(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let w = flat_workgroup(wid, groups);
-    reduce_chunk(w, lid);
-    if (lid == 0u && w < params[0] * chunks_per_output()) {
-        chunk_value[w] = partial[0];
-        chunk_index[w] = partial_index[0];
+    let s = slot(wid, groups, lid, params[6]);
+    reduce_chunk(s, lid);
+    if (s.lane == 0u && s.index < params[0] * chunks_per_output()) {
+        chunk_value[s.index] = partial[lid];
+        chunk_index[s.index] = partial_index[lid];
     }
 }
 
-// Pass 2: output `o`'s chunks folded in order into partial[0].
-fn combine_chunks_of(o: u32, lid: u32) {
+// Pass 2: a group folds output `s.index`'s chunks in order into its first slot of `partial`.
+fn combine_chunks_of(s: Slot, lid: u32) {
     let chunks = params[1];
-    let at = min(o, params[0] - 1u) * chunks;
+    let group = params[2];
+    let at = min(s.index, params[0] - 1u) * chunks;
     var a = empty();
-    for (var c = lid; c < chunks; c += WG) {
+    for (var c = s.lane; c < chunks; c += group) {
         a = take(a, chunk_value[at + c], chunk_index[at + c]);
     }
-    combine(a, lid);
+    combine(a, lid, s.lane, group);
 }
 
 @compute @workgroup_size(256)
@@ -171,10 +173,10 @@ fn combine_chunks(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let o = flat_workgroup(wid, groups);
-    combine_chunks_of(o, lid);
-    if (lid == 0u && o < params[0]) {
-        out[o] = T(partial[0]);
+    let s = slot(wid, groups, lid, params[2]);
+    combine_chunks_of(s, lid);
+    if (s.lane == 0u && s.index < params[0]) {
+        out[s.index] = T(partial[lid]);
     }
 }
 
@@ -184,9 +186,9 @@ fn combine_chunks_argmax(
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let o = flat_workgroup(wid, groups);
-    combine_chunks_of(o, lid);
-    if (lid == 0u && o < params[0]) {
-        out_index[o] = partial_index[0];
+    let s = slot(wid, groups, lid, params[2]);
+    combine_chunks_of(s, lid);
+    if (s.lane == 0u && s.index < params[0]) {
+        out_index[s.index] = partial_index[lid];
     }
 }

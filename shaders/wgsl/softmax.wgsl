@@ -1,35 +1,18 @@
-// softmax_last / log_softmax_last over the last axis of a contiguous [rows, cols]: one workgroup
-// per row, the row's maximum and sum of exponentials combined in workgroup memory; and the
-// softmax's gradient from its output (src) and the output gradient. f32 math.
-// params: [rows, cols]
+// softmax_last / log_softmax_last over the last axis of a contiguous [rows, cols]: a group of
+// invocations per row (see `Slot`), the row's maximum and sum of exponentials combined in
+// workgroup memory; and the softmax's gradient from its output (src) and the output gradient.
+// f32 math.
+// params: [rows, cols, group]
 // causal_softmax (attention's weights): dropout(softmax(src * scale)) over rows of t scores, row
 // r seeing keys 0 ..= r % t, the rest 0; its backward from the scores (src) and the output
 // gradient, the weights computed again and the mask drawn again.
-// params: [rows, t, scale, dropout (0 or 1), seed_lo, seed_hi, counter_lo, counter_hi, p, keep]
+// params: [rows, t, scale, dropout (0 or 1), seed_lo, seed_hi, counter_lo, counter_hi, p, keep, group]
 
 override LOG: bool = false;
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read_write> out: array<T>;
 @group(0) @binding(3) var<storage, read> grad: array<T>;
-
-var<workgroup> scratch: array<f32, 256>;
-
-// Combines every invocation's value into scratch[0]: the maximum, or the sum.
-fn combine(lid: u32, value: f32, take_max: bool) -> f32 {
-    scratch[lid] = value;
-    workgroupBarrier();
-    for (var width = WG / 2u; width > 0u; width = width / 2u) {
-        if (lid < width) {
-            let other = scratch[lid + width];
-            scratch[lid] = select(scratch[lid] + other, max_nan(scratch[lid], other), take_max);
-        }
-        workgroupBarrier();
-    }
-    let result = scratch[0];
-    workgroupBarrier();
-    return result;
-}
 
 @compute @workgroup_size(256)
 fn softmax(
@@ -39,18 +22,20 @@ fn softmax(
 ) {
     let rows = params[0];
     let cols = params[1];
-    let row = wid.x + wid.y * groups.x;
+    let group = params[2];
+    let s = slot(wid, groups, lid, group);
+    let row = s.index;
     let base = min(row, rows - 1u) * cols;
     var local_max = -f32_inf();
-    for (var c = lid; c < cols; c += WG) {
+    for (var c = s.lane; c < cols; c += group) {
         local_max = max_nan(local_max, f32(src[base + c]));
     }
-    let row_max = combine(lid, local_max, true);
+    let row_max = group_combine(lid, s.lane, group, local_max, true);
     var local_sum = 0.0;
-    for (var c = lid; c < cols; c += WG) {
+    for (var c = s.lane; c < cols; c += group) {
         local_sum += exp(f32(src[base + c]) - row_max);
     }
-    let sum = combine(lid, local_sum, false);
+    let sum = group_combine(lid, s.lane, group, local_sum, false);
     if (row >= rows) {
         return;
     }
@@ -58,7 +43,7 @@ fn softmax(
     // A row whose maximum is not finite is NaN throughout, as on the CPU (said explicitly: with
     // finite math assumed, exp(inf - inf) need not be NaN).
     let poisoned = !is_finite(row_max);
-    for (var c = lid; c < cols; c += WG) {
+    for (var c = s.lane; c < cols; c += group) {
         let shifted = f32(src[base + c]) - row_max;
         out[base + c] = T(select(select(exp(shifted) / sum, shifted - log_sum, LOG), f32_nan(), poisoned));
     }
@@ -73,17 +58,19 @@ fn softmax_backward(
 ) {
     let rows = params[0];
     let cols = params[1];
-    let row = wid.x + wid.y * groups.x;
+    let group = params[2];
+    let s = slot(wid, groups, lid, group);
+    let row = s.index;
     let base = min(row, rows - 1u) * cols;
     var local_dot = 0.0;
-    for (var c = lid; c < cols; c += WG) {
+    for (var c = s.lane; c < cols; c += group) {
         local_dot += f32(grad[base + c]) * f32(src[base + c]);
     }
-    let dot = combine(lid, local_dot, false);
+    let dot = group_combine(lid, s.lane, group, local_dot, false);
     if (row >= rows) {
         return;
     }
-    for (var c = lid; c < cols; c += WG) {
+    for (var c = s.lane; c < cols; c += group) {
         out[base + c] = T(f32(src[base + c]) * (f32(grad[base + c]) - dot));
     }
 }
@@ -98,32 +85,40 @@ fn causal_dropout(e: u32) -> f32 {
     return select(0.0, param_f32(9u), kept);
 }
 
-// A workgroup's row: its index (past the last row for spare groups), the first element of the
-// row it reads, the keys it sees, and the row's maximum (x) and sum of exponentials (y) over
-// them, of the scaled scores.
+// A group's row: its index (past the last row for spare groups), the invocation's lane, the first
+// element of the row it reads, the keys it sees, and the row's maximum (x) and sum of
+// exponentials (y) over them, of the scaled scores.
 struct CausalRow {
     row: u32,
+    lane: u32,
     base: u32,
     seen: u32,
     stats: vec2<f32>,
 }
 
+fn causal_group() -> u32 {
+    return params[10];
+}
+
 fn causal_row(lid: u32, wid: vec3<u32>, groups: vec3<u32>) -> CausalRow {
-    let row = wid.x + wid.y * groups.x;
+    let group = causal_group();
+    let s = slot(wid, groups, lid, group);
+    let row = s.index;
     let r = min(row, params[0] - 1u);
     let base = r * params[1];
     let seen = r % params[1] + 1u;
     let scale = param_f32(2u);
     var local_max = -f32_inf();
-    for (var c = lid; c < seen; c += WG) {
+    for (var c = s.lane; c < seen; c += group) {
         local_max = max_nan(local_max, f32(src[base + c]) * scale);
     }
-    let row_max = combine(lid, local_max, true);
+    let row_max = group_combine(lid, s.lane, group, local_max, true);
     var local_sum = 0.0;
-    for (var c = lid; c < seen; c += WG) {
+    for (var c = s.lane; c < seen; c += group) {
         local_sum += exp(f32(src[base + c]) * scale - row_max);
     }
-    return CausalRow(row, base, seen, vec2<f32>(row_max, combine(lid, local_sum, false)));
+    let sum = group_combine(lid, s.lane, group, local_sum, false);
+    return CausalRow(row, s.lane, base, seen, vec2<f32>(row_max, sum));
 }
 
 // The softmax weight of element c of the row, before dropout.
@@ -143,7 +138,7 @@ fn causal_softmax(
     }
     // A row whose maximum is not finite is NaN throughout, as softmax_last makes it.
     let poisoned = !is_finite(at.stats.x);
-    for (var c = lid; c < params[1]; c += WG) {
+    for (var c = at.lane; c < params[1]; c += causal_group()) {
         var w = 0.0;
         if (c < at.seen) {
             w = causal_weight(at, c) * causal_dropout(at.base + c);
@@ -161,15 +156,15 @@ fn causal_softmax_backward(
 ) {
     let at = causal_row(lid, wid, groups);
     var local_dot = 0.0;
-    for (var c = lid; c < at.seen; c += WG) {
+    for (var c = at.lane; c < at.seen; c += causal_group()) {
         local_dot += causal_weight(at, c) * f32(grad[at.base + c]) * causal_dropout(at.base + c);
     }
-    let dot = combine(lid, local_dot, false);
+    let dot = group_combine(lid, at.lane, causal_group(), local_dot, false);
     if (at.row >= params[0]) {
         return;
     }
     let poisoned = !is_finite(at.stats.x);
-    for (var c = lid; c < params[1]; c += WG) {
+    for (var c = at.lane; c < params[1]; c += causal_group()) {
         var d = 0.0;
         if (c < at.seen) {
             let dy = f32(grad[at.base + c]) * causal_dropout(at.base + c);

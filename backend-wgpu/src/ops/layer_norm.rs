@@ -1,4 +1,4 @@
-//! layer_norm_last and its gradient (layer_norm.wgsl): one workgroup per row.
+//! layer_norm_last and its gradient (layer_norm.wgsl): a group of invocations per row.
 
 use lockstep_core::Result;
 use lockstep_core::backend::BufferRef;
@@ -28,14 +28,15 @@ impl WgpuBackend {
         if rows * cols == 0 {
             return Ok(out);
         }
-        let params = [to_u32(op, rows)?, to_u32(op, cols)?, (eps as f32).to_bits()];
+        let (group, workgroups) = self.row_groups(op, rows, cols)?;
+        let params = [to_u32(op, rows)?, to_u32(op, cols)?, (eps as f32).to_bits(), group];
         let variant = Variant::new("layer_norm", entry, &[t]);
         match grad {
-            None => self.launch(&variant, &params, &[(1, src), (3, &out)], self.groups(op, rows)?)?,
+            None => self.launch(&variant, &params, &[(1, src), (3, &out)], workgroups)?,
             Some(grad) => {
                 let grad = self.operand(op, grad, Some(&layout))?;
                 let bindings = [(1, src), (2, grad), (3, &out)];
-                self.launch(&variant, &params, &bindings, self.groups(op, rows)?)?
+                self.launch(&variant, &params, &bindings, workgroups)?
             }
         }
         Ok(out as BufferRef)

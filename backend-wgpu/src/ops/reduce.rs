@@ -1,6 +1,7 @@
 //! reduce (reduce.wgsl): sum, max, min and argmax over any set of axes of a strided tensor. A
-//! workgroup per output, or, when the outputs are too few to fill a GPU, per chunk of an output's
-//! reduced elements, combined in order by a second pass.
+//! group of invocations (a workgroup, or a fraction of one for short reductions) per output, or,
+//! when the outputs are too few to fill a GPU, per chunk of an output's reduced elements, combined
+//! in order by a second pass.
 
 use lockstep_core::backend::gpu_plan::chunk_len;
 use lockstep_core::backend::{BufferRef, ReduceKind, split_axes};
@@ -38,6 +39,8 @@ impl WgpuBackend {
             .product();
         let n_red: usize = axes.iter().map(|&a| layout.dims()[a]).product();
         let chunk_len = chunk_len(n_out, n_red);
+        let chunks = n_red.div_ceil(chunk_len);
+        let (group, workgroups) = self.row_groups(op, n_out * chunks.max(1), chunk_len)?;
         let mut params = vec![
             to_u32(op, n_out)?,
             kept.0.len() as u32,
@@ -45,6 +48,7 @@ impl WgpuBackend {
             reduced.0.len() as u32,
             to_u32(op, layout.offset)?,
             to_u32(op, chunk_len)?,
+            group,
         ];
         params.extend(kept.0.iter().chain(&kept.1).chain(&reduced.0).chain(&reduced.1));
         let argmax = kind == ReduceKind::ArgMax;
@@ -52,15 +56,9 @@ impl WgpuBackend {
         let kind_index = ReduceKind::ALL.iter().position(|k| *k == kind).expect("in ALL") as f64;
         let variant = |entry| Variant::new("reduce", entry, &[t]).constant("KIND", kind_index);
         let out = self.alloc(out_dtype, n_out)?;
-        let chunks = n_red.div_ceil(chunk_len);
         if chunks <= 1 {
             let entry = if argmax { "argmax" } else { "reduce" };
-            self.launch(
-                &variant(entry),
-                &params,
-                &[(1, src), (binding, &out)],
-                self.groups(op, n_out)?,
-            )?;
+            self.launch(&variant(entry), &params, &[(1, src), (binding, &out)], workgroups)?;
             return Ok(out);
         }
         let partials = n_out * chunks;
@@ -69,18 +67,19 @@ impl WgpuBackend {
             &variant("reduce_chunks"),
             &params,
             &[(1, src), (4, &value), (5, &index)],
-            self.groups(op, partials)?,
+            workgroups,
         )?;
         let entry = if argmax {
             "combine_chunks_argmax"
         } else {
             "combine_chunks"
         };
+        let (group, workgroups) = self.row_groups(op, n_out, chunks)?;
         self.launch(
             &variant(entry),
-            &[to_u32(op, n_out)?, to_u32(op, chunks)?],
+            &[to_u32(op, n_out)?, to_u32(op, chunks)?, group],
             &[(4, &value), (5, &index), (binding, &out)],
-            self.groups(op, n_out)?,
+            workgroups,
         )?;
         Ok(out)
     }

@@ -23,11 +23,12 @@ impl WgpuBackend {
         if cols == 0 {
             return Ok(out);
         }
+        let (group, workgroups) = self.row_groups(op, rows, cols)?;
         self.launch(
             &Variant::new("softmax", "softmax", &[t]).constant("LOG", f64::from(u8::from(log))),
-            &[to_u32(op, rows)?, to_u32(op, cols)?],
+            &[to_u32(op, rows)?, to_u32(op, cols)?, group],
             &[(1, src), (2, &out)],
-            self.groups(op, rows)?,
+            workgroups,
         )?;
         Ok(out)
     }
@@ -51,17 +52,18 @@ impl WgpuBackend {
         if rows * cols == 0 {
             return Ok(dx);
         }
+        let (group, workgroups) = self.row_groups(OP, rows, cols)?;
         self.launch(
             &Variant::new("softmax", "softmax_backward", &[t]),
-            &[to_u32(OP, rows)?, to_u32(OP, cols)?],
+            &[to_u32(OP, rows)?, to_u32(OP, cols)?, group],
             &[(1, y), (2, &dx), (3, g)],
-            self.groups(OP, rows)?,
+            workgroups,
         )?;
         Ok(dx)
     }
 
-    /// `Backend::causal_softmax` (no `grad`) or its backward pass (`grad` given), one workgroup
-    /// per row of the contiguous `[rows, t]` scores.
+    /// `Backend::causal_softmax` (no `grad`) or its backward pass (`grad` given), a group of
+    /// invocations per row of the contiguous `[rows, t]` scores.
     pub(crate) fn causal_softmax_rows(
         &self,
         scores: &BufferRef,
@@ -78,6 +80,7 @@ impl WgpuBackend {
             return Ok(out);
         }
         let (dropout, seed, counter, p, keep) = spec.kernel_dropout();
+        let (group, workgroups) = self.row_groups(op, spec.rows, spec.t)?;
         let params = [
             to_u32(op, spec.rows)?,
             to_u32(op, spec.t)?,
@@ -89,17 +92,13 @@ impl WgpuBackend {
             (counter >> 32) as u32,
             p.to_bits(),
             keep.to_bits(),
+            group,
         ];
         // Every element's flat index must fit the shader's u32 arithmetic.
         to_u32(op, spec.rows * spec.t)?;
         let mut bindings = vec![(1, x), (2, &out)];
         bindings.extend(g.map(|g| (3, g)));
-        self.launch(
-            &Variant::new("softmax", op, &[t]),
-            &params,
-            &bindings,
-            self.groups(op, spec.rows)?,
-        )?;
+        self.launch(&Variant::new("softmax", op, &[t]), &params, &bindings, workgroups)?;
         Ok(out)
     }
 }

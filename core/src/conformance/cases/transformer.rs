@@ -55,6 +55,8 @@ pub fn cases() -> Vec<Case> {
         ("3d", Input::float("x", [2, 3, 8], u())),
         ("T", Input::float("x", [5, 6], u()).transposed()),
         ("one_feature", Input::float("x", [4, 1], u())),
+        // Rows long enough that a GPU combines each over several invocations.
+        ("wide", Input::float("x", [6, 300], u())),
     ] {
         let features = *input.logical_shape().last().unwrap();
         cases.push(
@@ -116,6 +118,8 @@ pub fn cases() -> Vec<Case> {
     for (label, dims, dropout) in [
         ("2x2x5x4", [2, 2, 5, 4], None),
         ("one_token", [1, 3, 1, 8], None),
+        // Rows long enough that a GPU combines each over several invocations.
+        ("long_1x2x70x4", [1, 2, 70, 4], None),
         ("dropout_2x3x9x4", [2, 3, 9, 4], Some((0.3, 5))),
     ] {
         cases.push(
