@@ -11,12 +11,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lockstep_core::Result;
+use lockstep_core::backend::KernelTime;
 
 use crate::bind_groups::BindGroups;
 use crate::bind_layout::PARAMS_WINDOW;
 use crate::buffer::WgpuBuffer;
 use crate::gpu::Gpu;
 use crate::in_flight::InFlight;
+use crate::kernel_timer::KernelTimer;
 use crate::meter::Timer;
 use crate::pipelines::Pipeline;
 
@@ -47,6 +49,9 @@ pub struct Batch {
     align_words: usize,
     commands: usize,
     timer: Option<Timer>,
+    /// Since `Backend::profile_kernels` was first started; while it is on, each dispatch gets a
+    /// timed pass.
+    kernel_timer: Option<KernelTimer>,
     bind_groups: BindGroups,
     in_flight: InFlight<wgpu::SubmissionIndex>,
 }
@@ -68,6 +73,7 @@ impl Batch {
             align_words: (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(1),
             commands: 0,
             timer: Timer::new(gpu),
+            kernel_timer: None,
             bind_groups: BindGroups::default(),
             in_flight: InFlight::new(IN_FLIGHT),
         }
@@ -115,7 +121,8 @@ impl Batch {
                 PARAMS_WINDOW / 4
             )));
         }
-        if self.commands >= SUBMIT_EVERY {
+        let timed = self.kernel_timer.as_ref().is_some_and(|t| t.on);
+        if self.commands >= SUBMIT_EVERY || (timed && self.kernel_timer.as_ref().is_some_and(KernelTimer::full)) {
             self.submit(gpu, false)?;
         }
         let mut offset = self.params.len().next_multiple_of(self.align_words);
@@ -131,7 +138,19 @@ impl Batch {
         if created {
             recorded.bind_groups.fetch_add(1, Ordering::Relaxed);
         }
-        if self.pass.is_none() {
+        if timed {
+            // A pass of its own, its beginning and end timed.
+            self.pass = None;
+            self.encoder(gpu);
+            let (Some(encoder), Some(timer)) = (self.encoder.as_mut(), self.kernel_timer.as_mut()) else {
+                unreachable!("the encoder was made above and the timer checked")
+            };
+            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: Some(timer.writes(&pipeline.label)),
+            });
+            self.pass = Some(pass.forget_lifetime());
+        } else if self.pass.is_none() {
             let pass = self
                 .encoder(gpu)
                 .begin_compute_pass(&Default::default())
@@ -182,6 +201,27 @@ impl Batch {
         timed
     }
 
+    /// Starts timing each dispatch on its own (a fresh tally), or stops; false where the adapter
+    /// has no timestamp queries.
+    pub fn profile_kernels(&mut self, gpu: &Gpu, on: bool) -> Result<bool> {
+        self.submit(gpu, false)?;
+        if on {
+            self.kernel_timer = KernelTimer::new(gpu);
+            return Ok(self.kernel_timer.is_some());
+        }
+        if let Some(timer) = self.kernel_timer.as_mut() {
+            timer.on = false;
+        }
+        Ok(true)
+    }
+
+    /// The kernel times since `profile_kernels` last started, after submitting and timing what
+    /// is recorded (empty if it never started).
+    pub fn kernel_times(&mut self, gpu: &Gpu) -> Result<Vec<KernelTime>> {
+        self.submit(gpu, false)?;
+        Ok(self.kernel_timer.as_ref().map(KernelTimer::times).unwrap_or_default())
+    }
+
     /// Every submission has completed (the caller waited for all work).
     pub fn all_done(&mut self) {
         self.in_flight.all_done();
@@ -210,6 +250,7 @@ impl Batch {
                 timer.resolve(&mut encoder);
             }
         }
+        let kernels_timed = self.kernel_timer.as_ref().is_some_and(|t| t.resolve(&mut encoder));
         // write_buffer lands before this submission's commands and after every earlier one.
         gpu.queue
             .write_buffer(&self.arena, 0, bytemuck::cast_slice(&self.params));
@@ -217,6 +258,10 @@ impl Batch {
         self.params.clear();
         self.commands = 0;
         self.id += 1;
+        if kernels_timed && let Some(timer) = self.kernel_timer.as_mut() {
+            // Waits for this submission: profiling runs one submission at a time.
+            timer.read(gpu)?;
+        }
         for oldest in self.in_flight.submitted(submission) {
             gpu.wait_for(oldest)?;
         }

@@ -2,7 +2,8 @@
 
 use lockstep_core::backend::{
     AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
-    DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -24,6 +25,17 @@ impl Backend for WgpuBackend {
     }
     fn synchronize(&self) -> Result<()> {
         self.finish()
+    }
+    fn profile_kernels(&self, on: bool) -> Result<()> {
+        if self.batch().profile_kernels(&self.gpu, on)? {
+            return Ok(());
+        }
+        Err(self
+            .gpu
+            .error("this adapter has no timestamp queries, so its kernels cannot be timed one by one"))
+    }
+    fn kernel_times(&self) -> Result<Vec<KernelTime>> {
+        self.batch().kernel_times(&self.gpu)
     }
 
     fn zeros(&self, dtype: DType, len: usize) -> Result<BufferRef> {

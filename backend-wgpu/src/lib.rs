@@ -19,6 +19,7 @@ mod fault;
 mod gpu;
 mod headless;
 mod in_flight;
+mod kernel_timer;
 mod meter;
 mod ops;
 mod pipelines;

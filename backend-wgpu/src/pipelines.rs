@@ -36,6 +36,17 @@ impl Variant {
         self.constants.push((name, value.to_bits()));
         self
     }
+    /// `shader/entry` with its element types and constants: `reduce/reduce f32 KIND=1`.
+    pub fn name(&self) -> String {
+        let mut name = format!("{}/{}", self.shader, self.entry);
+        for t in &self.types {
+            name += &format!(" {t}");
+        }
+        for &(constant, bits) in &self.constants {
+            name += &format!(" {constant}={}", f64::from_bits(bits));
+        }
+        name
+    }
 }
 
 /// A shader with its aliases bound: one compiled module.
@@ -57,7 +68,7 @@ struct Layouts {
 /// A compute pipeline and the layout its bind groups are made for.
 #[derive(Debug)]
 pub struct Pipeline {
-    /// shader/entry, for error messages.
+    /// The variant's name, for error messages and kernel profiles.
     pub label: String,
     pub compute: wgpu::ComputePipeline,
     pub bind_group_layout: wgpu::BindGroupLayout,
@@ -99,7 +110,7 @@ impl Pipelines {
             })
         })?;
         let pipeline = Arc::new(Pipeline {
-            label: format!("{}/{}", variant.shader, variant.entry),
+            label: variant.name(),
             compute: pipeline,
             bind_group_layout: layouts.bind_group,
         });

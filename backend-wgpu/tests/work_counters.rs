@@ -87,3 +87,80 @@ fn a_steady_training_step_creates_almost_no_bind_groups() {
     }
     device.synchronize().unwrap();
 }
+
+/// `profile_kernels`: while on, each dispatch is timed and booked to its pipeline (shader, entry,
+/// element types and constants); off, nothing more is booked; starting again clears the tally.
+#[test]
+fn a_kernel_profile_books_each_dispatch_to_its_kernel() {
+    let Some((device, _)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let backend = device.backend();
+    let timestamps = device
+        .info()
+        .details
+        .iter()
+        .any(|(k, v)| k == "timestamps" && v == "yes");
+    if !timestamps {
+        let refused = backend
+            .profile_kernels(true)
+            .expect_err("no timestamps to time kernels with");
+        assert!(refused.to_string().contains("timestamp"), "{refused}");
+        eprintln!("NOT TESTED: this adapter has no timestamp queries, so kernel profiles are refused");
+        return;
+    }
+    let x = Tensor::from_vec((0..4096).map(|i| i as f32 - 2000.0).collect(), [64, 64], &device).unwrap();
+    backend.profile_kernels(true).unwrap();
+    let dispatched_before = backend.work_counters().kernels.expect("wgpu counts dispatches");
+    let y = x.relu().unwrap(); // one unary dispatch
+    let sums = [y.sum(&[1], false).unwrap(), x.sum(&[1], false).unwrap()]; // two sums
+    let peak = x.max(1, false).unwrap(); // one max
+    let dispatched = backend.work_counters().kernels.unwrap() - dispatched_before;
+    backend.profile_kernels(false).unwrap();
+    drop(x.add(&x).unwrap()); // not timed
+    let times = backend.kernel_times().unwrap();
+
+    let launches = |name: &str| times.iter().find(|k| k.name == name).map(|k| k.launches);
+    assert_eq!(launches("reduce/reduce f32 KIND=0"), Some(2), "{times:?}");
+    assert_eq!(launches("reduce/reduce f32 KIND=1"), Some(1), "{times:?}");
+    assert!(
+        times
+            .iter()
+            .any(|k| k.name.starts_with("unary/unary f32") && k.launches == 1),
+        "{times:?}"
+    );
+    assert!(
+        !times.iter().any(|k| k.name.starts_with("binary/")),
+        "an add after the profile stopped: {times:?}"
+    );
+    assert_eq!(times.iter().map(|k| k.launches).sum::<u64>(), dispatched, "{times:?}");
+    assert!(
+        times.iter().all(|k| k.seconds >= 0.0) && times.iter().any(|k| k.seconds > 0.0),
+        "{times:?}"
+    );
+    assert!(
+        times.windows(2).all(|w| w[0].seconds >= w[1].seconds),
+        "longest first: {times:?}"
+    );
+    // The results are unchanged by the timing.
+    assert_eq!(peak.to_vec::<f32>().unwrap()[0], -1937.0);
+    assert_eq!(
+        sums[0].to_vec::<f32>().unwrap()[63],
+        (4032..4096).map(|i| (i - 2000) as f32).sum::<f32>()
+    );
+
+    backend.profile_kernels(true).unwrap();
+    assert_eq!(
+        backend.kernel_times().unwrap(),
+        vec![],
+        "starting again clears the tally"
+    );
+    backend.profile_kernels(false).unwrap();
+    // The CPU cannot time kernels, and says so.
+    let cpu = lockstep_core::Device::cpu();
+    let refused = cpu
+        .backend()
+        .profile_kernels(true)
+        .expect_err("the CPU has no kernel timer");
+    assert!(refused.to_string().contains("cannot time its kernels"), "{refused}");
+}

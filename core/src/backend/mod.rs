@@ -22,7 +22,7 @@ pub use ops::{
 };
 
 use crate::dtype::{DType, HostVec};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::shape::Layout;
 
 /// A device allocation. Backends downcast it to their own buffer type through `as_any`.
@@ -84,6 +84,18 @@ pub struct WorkCounters {
     pub library_calls: Option<u64>,
 }
 
+/// The device time of one kernel (on wgpu: a shader entry point with its element types and
+/// constants), summed over its launches while `Backend::profile_kernels` was on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// What the backend calls the kernel (`reduce/reduce f32 KIND=0`).
+    pub name: String,
+    /// Times it ran.
+    pub launches: u64,
+    /// Device time over all its launches.
+    pub seconds: f64,
+}
+
 /// Tensor operations on one device. Work may be queued; only `to_host` and `synchronize` wait.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Name, API and properties of the device.
@@ -93,6 +105,24 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Launch counters; the CPU has none to count.
     fn work_counters(&self) -> WorkCounters {
         WorkCounters::default()
+    }
+    /// Starts (`true`) or stops timing each kernel this device runs, one at a time: slower than
+    /// running normally, for finding where a step's time goes rather than measuring the step.
+    /// Starting clears the tally. Backends that cannot time kernels refuse.
+    fn profile_kernels(&self, on: bool) -> Result<()> {
+        let _ = on;
+        Err(Error::invalid(
+            "profile_kernels",
+            format!(
+                "{} ({}) cannot time its kernels; the wgpu backend can on adapters with timestamp queries",
+                self.info().location,
+                self.info().name
+            ),
+        ))
+    }
+    /// The kernels timed since profiling started, longest first (waits for queued work).
+    fn kernel_times(&self) -> Result<Vec<KernelTime>> {
+        Ok(Vec::new())
     }
     /// Waits for every queued operation on this device.
     fn synchronize(&self) -> Result<()>;

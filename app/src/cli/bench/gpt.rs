@@ -27,6 +27,9 @@ pub struct GptPlan {
     pub precisions: Vec<String>,
     /// One repetition is one training step ended by a host sync (reading the loss).
     pub timing: Timing,
+    /// Kernels to list from one more step timed kernel by kernel (`--kernels`; ours alone).
+    #[serde(skip)]
+    pub kernel_profile: usize,
 }
 
 impl GptPlan {
@@ -55,6 +58,7 @@ impl GptPlan {
                 max_reps: 50,
                 min_seconds: 10.0,
             },
+            kernel_profile: 0,
         })
     }
 }
@@ -89,6 +93,7 @@ pub fn run(device: &Device, plan: &GptPlan) -> anyhow::Result<Vec<StepResult>> {
         clip: Some((params, plan.clip)),
         batch: plan.batch,
         items_per_step: flat,
+        kernel_profile: plan.kernel_profile,
     };
     steps::measure(device, &plan.timing, &plan.precisions, steps)
 }

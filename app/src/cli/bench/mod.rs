@@ -118,6 +118,10 @@ pub struct Args {
     /// `bench gpt`: the preset to measure (gpt-tiny, gpt-char, gpt2).
     #[arg(long, default_value = "gpt-char")]
     model: String,
+    /// `bench resnet` and `bench gpt`: after each precision, one more step with every kernel
+    /// timed alone (wgpu devices with timestamp queries), and its N longest kernels listed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    kernels: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -157,6 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "32" => resnet::ResnetPlan::default().precisions,
                 other => vec![other.to_string()],
             },
+            kernel_profile: args.kernels,
             ..resnet::ResnetPlan::default()
         }),
         gpt: (args.which == Which::Gpt)
@@ -165,7 +170,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "32" => vec!["32".to_string(), "bf16-mixed".to_string()],
                     other => vec![other.to_string()],
                 };
-                gpt::GptPlan::new(&args.model, args.batch.unwrap_or(16), precisions)
+                let plan = gpt::GptPlan::new(&args.model, args.batch.unwrap_or(16), precisions)?;
+                anyhow::Ok(gpt::GptPlan {
+                    kernel_profile: args.kernels,
+                    ..plan
+                })
             })
             .transpose()?,
         mlp: matches!(args.which, Which::Mlp | Which::All).then(|| MlpPlan {

@@ -34,6 +34,9 @@ pub struct ResnetPlan {
     pub precisions: Vec<String>,
     /// One repetition is one training step ended by a host sync (reading the loss).
     pub timing: Timing,
+    /// Kernels to list from one more step timed kernel by kernel (`--kernels`; ours alone).
+    #[serde(skip)]
+    pub kernel_profile: usize,
 }
 
 impl Default for ResnetPlan {
@@ -53,6 +56,7 @@ impl Default for ResnetPlan {
                 max_reps: 50,
                 min_seconds: 10.0,
             },
+            kernel_profile: 0,
         }
     }
 }
@@ -87,6 +91,7 @@ pub fn run(device: &Device, plan: &ResnetPlan) -> anyhow::Result<Vec<StepResult>
         clip: None,
         batch: plan.batch,
         items_per_step: plan.batch,
+        kernel_profile: plan.kernel_profile,
     };
     steps::measure(device, &plan.timing, &plan.precisions, steps)
 }

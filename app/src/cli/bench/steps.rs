@@ -3,6 +3,7 @@
 //! precision asked for: what `bench resnet` and `bench gpt` share, and what the peer repeats.
 
 use lockstep_core::autocast::AutocastGuard;
+use lockstep_core::backend::KernelTime;
 use lockstep_core::optim::{Optimizer, clip_grad_norm};
 use lockstep_core::train::Precision;
 use lockstep_core::{Device, Tensor};
@@ -34,6 +35,9 @@ pub struct Steps<'a> {
     pub batch: usize,
     /// Images or tokens in one step's batch.
     pub items_per_step: usize,
+    /// After each precision's timing, one more step with each kernel timed alone, and its
+    /// longest this many kernels printed (0: none).
+    pub kernel_profile: usize,
 }
 
 /// One result per precision (`32` or `bf16-mixed`; 16-mixed would need a loss scaler).
@@ -52,7 +56,7 @@ pub fn measure(
                 "the model benchmarks measure 32 and bf16-mixed (16-mixed needs a loss scaler)"
             );
             let mut final_loss = f64::NAN;
-            let m = timing.measure(|| {
+            let mut step = || -> lockstep_core::Result<()> {
                 steps.optimizer.zero_grad();
                 let loss = {
                     let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
@@ -66,7 +70,16 @@ pub fn measure(
                 final_loss = loss.item()?;
                 device.synchronize()?;
                 Ok(())
-            })?;
+            };
+            let m = timing.measure(|| Ok(step()?))?;
+            if steps.kernel_profile > 0 {
+                device.backend().profile_kernels(true)?;
+                let stepped = step();
+                device.backend().profile_kernels(false)?;
+                stepped?;
+                let times = device.backend().kernel_times()?;
+                print_kernel_profile(name, device, &times, steps.kernel_profile);
+            }
             // The next precision's buffers have other dtypes: the kept ones would only add to
             // its peak (PyTorch's CPU allocator keeps nothing).
             device.empty_cache()?;
@@ -81,4 +94,25 @@ pub fn measure(
             })
         })
         .collect()
+}
+
+/// The `top` longest kernels of one step, with their share of the step's kernel time.
+fn print_kernel_profile(precision: &str, device: &Device, times: &[KernelTime], top: usize) {
+    let total: f64 = times.iter().map(|k| k.seconds).sum();
+    let launches: u64 = times.iter().map(|k| k.launches).sum();
+    println!(
+        "kernel profile, {precision}, one step on {} (each kernel timed alone): {launches} launches, {:.1} ms",
+        device.location(),
+        total * 1e3
+    );
+    println!("  {:>6}  {:>9}  {:>8}  kernel", "share", "ms", "launches");
+    for k in times.iter().take(top) {
+        let share = if total > 0.0 { 100.0 * k.seconds / total } else { 0.0 };
+        println!(
+            "  {share:>5.1}%  {:>9.2}  {:>8}  {}",
+            k.seconds * 1e3,
+            k.launches,
+            k.name
+        );
+    }
 }
