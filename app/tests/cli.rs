@@ -212,6 +212,18 @@ fn cpu_details_name_the_kernels_and_the_environment_picks_the_convolutions() {
     assert!(text.contains("f32 stride-1 convolutions"), "{text}");
 }
 
+/// `bench --kernels` is refused up front, before any measuring, where it cannot work.
+#[test]
+fn a_kernel_profile_the_device_cannot_take_is_refused_before_measuring() {
+    let out = run(&mut lockstep(&["bench", "resnet", "--kernels", "10"]));
+    assert_fails_with(&out, &["cpu:0", "cannot time its kernels", "wgpu"]);
+    let out = run(&mut lockstep(&["bench", "mlp", "--kernels", "10"]));
+    assert_fails_with(
+        &out,
+        &["--kernels profiles the steps of `bench resnet` and `bench gpt`"],
+    );
+}
+
 #[test]
 fn an_unknown_model_is_named() {
     let out = train(&mnist_dir(), &["--max-steps", "1", "--model", "resnet51"]);

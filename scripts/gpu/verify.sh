@@ -150,7 +150,7 @@ if [ -n "$wgpu" ]; then
     step check-wgpu 600 "$bin" check --device "$wgpu" --failures-only
     if [ "$quick" = 0 ]; then
         step bench-wgpu 600 "$bin" bench gpu --device "$wgpu"
-        step bench-resnet-wgpu 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu.json"
+        step bench-resnet-wgpu 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu.json" --kernels 25
     fi
 else
     echo "no wgpu adapter on an NVIDIA GPU: $("$bin" devices 2>&1 | tr '\n' ' ')" >"$out/logs/wgpu-absent.log"

@@ -129,6 +129,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Before any tensor exists: the pool can be sized only once.
     threads::init(threads)?;
     let device = Device::parse(&args.device)?;
+    if args.kernels > 0 {
+        anyhow::ensure!(
+            matches!(args.which, Which::Resnet | Which::Gpt),
+            "--kernels profiles the steps of `bench resnet` and `bench gpt`"
+        );
+        // Refused before any measuring where the device cannot time kernels.
+        let backend = device.backend();
+        backend
+            .profile_kernels(true)
+            .and_then(|()| backend.profile_kernels(false))?;
+    }
     if args.which == Which::Loader {
         let data = match &args.data {
             Some(dir) => dir.clone(),
