@@ -2,9 +2,9 @@
 // invocations (a power of two the host picks from the chunk's length: 256 for long chunks, fewer
 // for short ones, 256 / G groups a workgroup) per chunk of an output's reduced elements; the
 // group strides over the chunk and combines in workgroup memory in a fixed order, so results are
-// deterministic. One chunk per output writes
-// the output directly (reduce, argmax); with few outputs the host splits each into chunks
-// (reduce_chunks: partials in f32 with their indices) and combine_chunks folds them in order.
+// deterministic. One chunk per output writes the output directly (reduce, argmax); with few
+// outputs the host splits each into chunks (reduce_chunks: partials in f32 with their indices)
+// and combine_chunks folds them in order.
 // Sums accumulate in f32 for every `T`. The split depends on the shape only, so every device
 // sums in the same order.
 // params: [n_out, kept_rank, n_reduced, reduced_rank, offset, chunk_len, G,
