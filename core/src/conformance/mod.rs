@@ -33,7 +33,15 @@ pub use runner::{
 pub use tolerance::Tolerance;
 
 /// `Backend` methods that are not operations and need no case.
-pub const NON_OP_METHODS: &[&str] = &["info", "memory_stats", "work_counters", "synchronize", "empty_cache"];
+pub const NON_OP_METHODS: &[&str] = &[
+    "info",
+    "memory_stats",
+    "work_counters",
+    "profile_kernels",
+    "kernel_times",
+    "synchronize",
+    "empty_cache",
+];
 
 /// Every case of the suite, in a fixed order.
 pub fn all_cases() -> Vec<Case> {
