@@ -121,8 +121,8 @@ impl Batch {
                 PARAMS_WINDOW / 4
             )));
         }
-        let timed = self.kernel_timer.as_ref().is_some_and(|t| t.on);
-        if self.commands >= SUBMIT_EVERY || (timed && self.kernel_timer.as_ref().is_some_and(KernelTimer::full)) {
+        let timer_full = self.kernel_timer.as_ref().is_some_and(|t| t.on && t.full());
+        if self.commands >= SUBMIT_EVERY || timer_full {
             self.submit(gpu, false)?;
         }
         let mut offset = self.params.len().next_multiple_of(self.align_words);
@@ -138,18 +138,15 @@ impl Batch {
         if created {
             recorded.bind_groups.fetch_add(1, Ordering::Relaxed);
         }
-        if timed {
+        if let Some(mut timer) = self.kernel_timer.take_if(|t| t.on) {
             // A pass of its own, its beginning and end timed.
             self.pass = None;
-            self.encoder(gpu);
-            let (Some(encoder), Some(timer)) = (self.encoder.as_mut(), self.kernel_timer.as_mut()) else {
-                unreachable!("the encoder was made above and the timer checked")
-            };
-            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            let pass = self.encoder(gpu).begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: Some(timer.writes(&pipeline.label)),
             });
             self.pass = Some(pass.forget_lifetime());
+            self.kernel_timer = Some(timer);
         } else if self.pass.is_none() {
             let pass = self
                 .encoder(gpu)

@@ -9,6 +9,7 @@ use lockstep_core::Result;
 use lockstep_core::backend::KernelTime;
 
 use crate::gpu::Gpu;
+use crate::meter::read_ticks;
 
 /// Timed dispatches per submission; the batch submits when they are used up.
 const CAPACITY: u32 = 1024;
@@ -89,23 +90,14 @@ impl KernelTimer {
         if bytes == 0 {
             return Ok(());
         }
-        let slice = self.readback.slice(..bytes);
-        slice.map_async(wgpu::MapMode::Read, |_| {});
-        // Through `Gpu::wait`: a bare poll of a lost device panics.
-        gpu.wait()?;
-        {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| gpu.error(format!("reading the kernel timestamps back: {e}")))?;
-            let ticks: &[u64] = bytemuck::cast_slice(&view);
-            for (pipeline, pair) in self.pending.drain(..).zip(ticks.chunks_exact(2)) {
-                let entry = self.tally.entry(pipeline).or_default();
+        let (pending, tally, period_ns) = (&mut self.pending, &mut self.tally, self.period_ns);
+        read_ticks(gpu, &self.readback, bytes, |ticks| {
+            for (pipeline, pair) in pending.drain(..).zip(ticks.chunks_exact(2)) {
+                let entry = tally.entry(pipeline).or_default();
                 entry.0 += 1;
-                entry.1 += pair[1].saturating_sub(pair[0]) as f64 * self.period_ns;
+                entry.1 += pair[1].saturating_sub(pair[0]) as f64 * period_ns;
             }
-        }
-        self.readback.unmap();
-        Ok(())
+        })
     }
 
     /// The tallies, longest first.

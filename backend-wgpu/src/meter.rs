@@ -6,6 +6,8 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
+use lockstep_core::Result;
+
 use crate::gpu::Gpu;
 
 /// Submissions timed between two sync points (later ones go untimed until the next sync).
@@ -90,21 +92,27 @@ impl Timer {
         if bytes == 0 {
             return None;
         }
-        let slice = self.readback.slice(..bytes);
-        slice.map_async(wgpu::MapMode::Read, |_| {});
-        // Through `Gpu::wait`: a bare poll of a lost device panics.
-        gpu.wait().ok()?;
-        let busy = {
-            let view = slice.get_mapped_range().ok()?;
-            let ticks: &[u64] = bytemuck::cast_slice(&view);
-            ticks
-                .chunks_exact(2)
-                .map(|p| p[1].saturating_sub(p[0]) as f64 * self.period_ns)
-                .sum()
-        };
-        self.readback.unmap();
-        Some(busy)
+        let ticks = read_ticks(gpu, &self.readback, bytes, |ticks| {
+            ticks.chunks_exact(2).map(|p| p[1].saturating_sub(p[0])).sum::<u64>()
+        });
+        Some(ticks.ok()? as f64 * self.period_ns)
     }
+}
+
+/// `f` of the first `bytes` of `readback` as timestamps, once the work writing them completed.
+pub fn read_ticks<R>(gpu: &Gpu, readback: &wgpu::Buffer, bytes: u64, f: impl FnOnce(&[u64]) -> R) -> Result<R> {
+    let slice = readback.slice(..bytes);
+    slice.map_async(wgpu::MapMode::Read, |_| {});
+    // Through `Gpu::wait`: a bare poll of a lost device panics.
+    gpu.wait()?;
+    let result = {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| gpu.error(format!("reading timestamps back: {e}")))?;
+        f(bytemuck::cast_slice(&view))
+    };
+    readback.unmap();
+    Ok(result)
 }
 
 /// Busy time accumulated since the last `utilization` report.
