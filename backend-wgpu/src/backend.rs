@@ -130,6 +130,13 @@ impl WgpuBackend {
         }
     }
 
+    /// The grid of a 1-D shader writing `n` elements of `dtype` a storage word per invocation:
+    /// two elements a word for bf16, else one.
+    pub(crate) fn word_grid(&self, op: &'static str, dtype: DType, n: usize) -> Result<[u32; 3]> {
+        let per_word = if dtype == DType::BF16 { 2 } else { 1 };
+        self.grid(op, n.div_ceil(per_word))
+    }
+
     /// The workgroup grid for `n` invocations of a 1-D shader.
     pub(crate) fn grid(&self, op: &'static str, n: usize) -> Result<[u32; 3]> {
         self.groups(op, n.div_ceil(WORKGROUP as usize))
@@ -175,6 +182,16 @@ impl WgpuBackend {
                 dtype,
                 hint: " by the wgpu backend (WGSL computes in f32 and f16; use f32)",
             }),
+        }
+    }
+
+    /// The element type of shaders that read and write bf16 in its packed words themselves
+    /// (matmul, im2col, col2im, unary, binary and bias_act: `lockstep_shaders::elements`), else
+    /// as `float_type`.
+    pub(crate) fn element_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
+        match dtype {
+            DType::BF16 => Ok("bf16"),
+            d => self.float_type(op, d),
         }
     }
 

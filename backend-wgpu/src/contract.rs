@@ -60,21 +60,31 @@ impl Backend for WgpuBackend {
     }
 
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
+        // bf16 into a contiguous view moves its halves; into a strided one through f32 copies.
+        if src.dtype() == DType::BF16 && dst.dtype() == DType::BF16 && dst_layout.is_contiguous() {
+            let s = self.operand("copy_strided", src, Some(src_layout))?;
+            let d = self.operand("copy_strided", dst, Some(dst_layout))?;
+            return self.copy_between(s, src_layout, d, dst_layout);
+        }
         self.in_f32_mut("copy_strided", [dst], [src], |[dst], [src]| {
             let s = self.operand("copy_strided", src, Some(src_layout))?;
             let d = self.operand("copy_strided", dst, Some(dst_layout))?;
             self.copy_between(s, src_layout, d, dst_layout)
         })
     }
+    fn contiguous(&self, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
+        // No zero fill first: every element is written.
+        Ok(self.gathered(self.operand("contiguous", src, Some(layout))?, layout)?)
+    }
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
         self.cast_any(src, layout, dtype)
     }
 
     fn unary(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
-        self.in_f32(op.name(), [src], |[src]| self.map(op, src, layout))
+        self.map(op, src, layout)
     }
     fn binary(&self, op: BinaryOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
-        self.in_f32(op.name(), [lhs, rhs], |[lhs, rhs]| self.zip(op, lhs, ll, rhs, rl))
+        self.zip(op, lhs, ll, rhs, rl)
     }
     fn bias_act(
         &self,
@@ -83,9 +93,7 @@ impl Backend for WgpuBackend {
         geom: BiasGeometry,
         act: Option<UnaryOp>,
     ) -> Result<BufferRef> {
-        self.in_f32("bias_act", [src, bias], |[src, bias]| {
-            self.add_bias(src, bias, geom, act)
-        })
+        self.add_bias(src, bias, geom, act)
     }
     fn compare(&self, op: CmpOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
         self.in_f32("compare", [lhs, rhs], |[lhs, rhs]| self.cmp(op, lhs, ll, rhs, rl))
@@ -116,7 +124,7 @@ impl Backend for WgpuBackend {
         rl: &Layout,
         dims: MatmulDims,
     ) -> Result<BufferRef> {
-        self.in_f32("matmul", [lhs, rhs], |[lhs, rhs]| self.gemm(lhs, ll, rhs, rl, dims))
+        self.gemm(lhs, ll, rhs, rl, dims)
     }
 
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
@@ -240,10 +248,10 @@ impl Backend for WgpuBackend {
     }
 
     fn im2col(&self, src: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
-        self.in_f32("im2col", [src], |[src]| self.unfold(src, geom))
+        self.unfold(src, geom)
     }
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
-        self.in_f32("col2im", [cols], |[cols]| self.fold(cols, geom))
+        self.fold(cols, geom)
     }
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
         if src.dtype() != DType::BF16 {

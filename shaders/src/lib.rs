@@ -3,9 +3,12 @@
 //!
 //! A shader is not compiled as it stands: the backend prepends the element-type aliases it names
 //! (`alias T = f32;`, with `enable f16;` for half precision), then `common.wgsl` (the parameter
-//! binding and shared helpers), then the file. `compose` does exactly that, and this crate's
+//! binding and shared helpers), then each float alias' element functions (`elements`: how a
+//! shader loads and stores `T` whether it is f32, f16 or bf16 packed in u32 words), then the file. `compose` does exactly that, and this crate's
 //! tests validate every shader in every element type with naga, so a broken shader fails
 //! `cargo test` on a machine with no GPU at all.
+
+pub mod elements;
 
 /// One shader file.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +27,8 @@ pub struct Shader {
 pub const COMMON: &str = include_str!("../wgsl/common.wgsl");
 
 const FLOATS: &[&str] = &["f32", "f16"];
+/// The float types of shaders that also read and write bf16 in its packed words themselves.
+const PACKED_FLOATS: &[&str] = &["f32", "f16", "bf16"];
 
 macro_rules! shader {
     ($name:literal, $aliases:expr, $types:expr, [$($entry:literal),+ $(,)?]) => {
@@ -40,7 +45,7 @@ macro_rules! shader {
 /// Every shader of the backend.
 pub const SHADERS: &[Shader] = &[
     shader!("fill", &[], &[], ["fill"]),
-    shader!("bf16", &[], &[], ["widen", "narrow"]),
+    shader!("bf16", &[], &[], ["widen", "narrow", "copy"]),
     shader!("copy_strided", &["T"], &["u32", "f16", "vec2<u32>"], ["copy_strided"]),
     shader!(
         "cast",
@@ -49,9 +54,9 @@ pub const SHADERS: &[Shader] = &[
         ["cast_strided", "cast_from_i64", "cast_to_i64"]
     ),
     shader!("rand", &["T"], FLOATS, ["dropout", "rand"]),
-    shader!("unary", &["T"], FLOATS, ["unary"]),
-    shader!("binary", &["T"], FLOATS, ["binary"]),
-    shader!("bias_act", &["T"], FLOATS, ["bias_act"]),
+    shader!("unary", &["T"], PACKED_FLOATS, ["unary"]),
+    shader!("binary", &["T"], PACKED_FLOATS, ["binary"]),
+    shader!("bias_act", &["T"], PACKED_FLOATS, ["bias_act"]),
     shader!("compare", &["T"], &["f32", "f16", "u32"], ["compare", "compare_i64"]),
     shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
     shader!(
@@ -66,7 +71,7 @@ pub const SHADERS: &[Shader] = &[
             "combine_chunks_argmax"
         ]
     ),
-    shader!("matmul", &["T"], FLOATS, ["matmul", "matmul_naive"]),
+    shader!("matmul", &["T"], PACKED_FLOATS, ["matmul", "matmul_naive"]),
     shader!(
         "softmax",
         &["T"],
@@ -101,7 +106,7 @@ pub const SHADERS: &[Shader] = &[
     shader!(
         "conv",
         &["T"],
-        FLOATS,
+        PACKED_FLOATS,
         ["im2col", "col2im", "max_pool2d", "max_pool2d_backward"]
     ),
     shader!(
@@ -123,10 +128,12 @@ pub fn compose(shader: &Shader, types: &[&str]) -> String {
     if types.contains(&"f16") {
         header.push_str("enable f16;\n");
     }
+    let mut element_functions = String::new();
     for (alias, ty) in shader.aliases.iter().zip(types) {
-        header.push_str(&format!("alias {alias} = {ty};\n"));
+        header.push_str(&format!("alias {alias} = {};\n", elements::storage(ty)));
+        element_functions.extend(elements::functions(alias, ty));
     }
-    format!("{header}{COMMON}\n{}", shader.source)
+    format!("{header}{COMMON}{element_functions}\n{}", shader.source)
 }
 
 #[cfg(test)]

@@ -1,8 +1,12 @@
 // bf16 at rest, f32 in flight. WGSL has no bf16, so a bf16 tensor is stored as 16-bit halves of
-// u32 words (element 2w in the low half of word w) and every op runs on an f32 copy of it.
+// u32 words (element 2w in the low half of word w). Most ops run on an f32 copy of it; matmul
+// reads and writes the words itself (`bf16` element functions), and copies move the halves.
 // widen:  params [elements]; f32 element i from packed element i (exact).
 // narrow: params [elements, words]; word w from f32 elements 2w and 2w+1, rounded to nearest
 //         even (NaN stays NaN); the high half of an odd tensor's last word is zero.
+// copy:   params [n, rank, dims[rank], src view [offset, strides[rank]], dst offset]; copies the
+//         n elements of a strided bf16 view into n contiguous ones from dst offset on, a word of
+//         the destination per invocation (bits only), keeping the halves outside the copy.
 
 @group(0) @binding(1) var<storage, read> packed: array<u32>;
 @group(0) @binding(2) var<storage, read_write> wide: array<f32>;
@@ -15,16 +19,7 @@ fn widen(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     if (i >= params[0]) {
         return;
     }
-    let word = packed[i >> 1u];
-    wide[i] = bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-}
-
-fn round_to_bf16(x: f32) -> u32 {
-    let bits = bitcast<u32>(x);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return (bits >> 16u) | 0x40u; // a quiet NaN of the same sign
-    }
-    return (bits + 0x7fffu + ((bits >> 16u) & 1u)) >> 16u;
+    wide[i] = bf16_at(packed[i >> 1u], i);
 }
 
 @compute @workgroup_size(256)
@@ -39,4 +34,30 @@ fn narrow(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         hi = round_to_bf16(wide_src[2u * w + 1u]);
     }
     packed_dst[w] = lo | (hi << 16u);
+}
+
+@compute @workgroup_size(256)
+fn copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let n = params[0];
+    let rank = params[1];
+    let view = 2u + rank;
+    let first = params[view + 1u + rank];
+    let word = (first >> 1u) + flat_index(gid, groups);
+    if (n == 0u || word > (first + n - 1u) >> 1u) {
+        return;
+    }
+    // A word the copy fills only in part keeps its other half.
+    var halves = 0u;
+    if (2u * word < first || 2u * word + 1u >= first + n) {
+        halves = packed_dst[word];
+    }
+    for (var h = 0u; h < 2u; h++) {
+        let e = 2u * word + h;
+        if (e >= first && e < first + n) {
+            let s = strided_index(e - first, rank, 2u, view);
+            let bits = (packed[s >> 1u] >> (16u * (s & 1u))) & 0xffffu;
+            halves = (halves & ~(0xffffu << (16u * h))) | (bits << (16u * h));
+        }
+    }
+    packed_dst[word] = halves;
 }

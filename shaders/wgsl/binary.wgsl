@@ -1,5 +1,5 @@
 // binary: out[i] = f(lhs[lhs_view(i)], rhs[rhs_view(i)]) over operands already broadcast to one
-// shape, computed in f32 for every `T`. OP, the op's index in core's BinaryOp::ALL,
+// shape, computed in f32 for every `T` (bf16 two elements a word). OP, the op's index in core's BinaryOp::ALL,
 // is a pipeline constant (one compiled variant per op).
 // params: [n, rank, dims[rank], lhs view [offset, strides[rank]], rhs view [offset, strides[rank]]]
 
@@ -24,16 +24,24 @@ fn apply(x: f32, y: f32) -> f32 {
     }
 }
 
+fn binary_at(i: u32) -> f32 {
+    let rank = params[1];
+    let x = strided_index(i, rank, 2u, 2u + rank);
+    let y = strided_index(i, rank, 2u, 3u + 2u * rank);
+    return apply(T_load(lhs[T_word(x)], x), T_load(rhs[T_word(y)], y));
+}
+
+// A storage word of the output per invocation.
 @compute @workgroup_size(256)
 fn binary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = flat_index(gid, groups);
-    if (i >= params[0]) {
+    let w = flat_index(gid, groups);
+    let first = w * T_PER_WORD;
+    if (first >= params[0]) {
         return;
     }
-    let rank = params[1];
-    let lhs_at = 2u + rank;
-    let rhs_at = lhs_at + 1u + rank;
-    let x = f32(lhs[strided_index(i, rank, 2u, lhs_at)]);
-    let y = f32(rhs[strided_index(i, rank, 2u, rhs_at)]);
-    out[i] = T(apply(x, y));
+    var second = 0.0;
+    if (T_PER_WORD == 2u && first + 1u < params[0]) {
+        second = binary_at(first + 1u);
+    }
+    out[w] = T_pack(binary_at(first), second);
 }

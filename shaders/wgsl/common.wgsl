@@ -217,3 +217,18 @@ fn group_combine(lid: u32, lane: u32, group: u32, value: f32, take_max: bool) ->
     workgroupBarrier();
     return result;
 }
+
+// Element i of a bf16 tensor (exact), from the u32 word holding it: element 2w is the low half of
+// word w.
+fn bf16_at(word: u32, i: u32) -> f32 {
+    return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
+}
+
+// f32 to bf16's bits (the high half of the f32), rounded to nearest even; NaN stays NaN.
+fn round_to_bf16(x: f32) -> u32 {
+    let bits = bitcast<u32>(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (bits >> 16u) | 0x40u; // a quiet NaN of the same sign
+    }
+    return (bits + 0x7fffu + ((bits >> 16u) & 1u)) >> 16u;
+}

@@ -7,6 +7,8 @@
 //   max_pool2d_backward: src holds the gradient [n, c, oh, ow] and out_index the argmax indices;
 //               one invocation per input pixel sums, in window order, the gradients of the
 //               windows covering it whose maximum it was (a gather: no atomics, deterministic).
+// im2col and col2im read and write bf16 in its packed words; max pooling is f32 and f16 only
+// (the host hands it f32 copies of bf16).
 // params: [total, n, c, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, oh, ow]
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
@@ -32,13 +34,8 @@ fn geometry() -> Geometry {
         vec2<u32>(params[9], params[10]), vec2<u32>(params[11], params[12]), params[13], params[14]);
 }
 
-@compute @workgroup_size(256)
-fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let e = flat_index(gid, groups);
-    if (e >= params[0]) {
-        return;
-    }
-    let g = geometry();
+// Column element e; src is the image.
+fn im2col_at(e: u32, g: Geometry) -> f32 {
     let cols = g.n * g.oh * g.ow;
     let row = e / cols;
     let col = e % cols;
@@ -52,18 +49,28 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let iy = i32(oy * g.stride.x + ki * g.dil.x) - i32(g.pad.x);
     let ix = i32(ox * g.stride.y + kj * g.dil.y) - i32(g.pad.y);
     let inside = iy >= 0 && iy < i32(g.h) && ix >= 0 && ix < i32(g.w);
-    let at = ((img * g.c + ch) * g.h + u32(max(iy, 0))) * g.w + u32(max(ix, 0));
-    out[e] = select(T(0), src[min(at, arrayLength(&src) - 1u)], inside);
+    let at = min(((img * g.c + ch) * g.h + u32(max(iy, 0))) * g.w + u32(max(ix, 0)), arrayLength(&src) * T_PER_WORD - 1u);
+    return select(0.0, T_load(src[T_word(at)], at), inside);
 }
 
-// Here src holds the columns and out the image [n, c, h, w].
+// im2col and col2im write a storage word per invocation: one element, or two of bf16.
 @compute @workgroup_size(256)
-fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let e = flat_index(gid, groups);
-    if (e >= params[0]) {
+fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let w = flat_index(gid, groups);
+    let first = w * T_PER_WORD;
+    if (first >= params[0]) {
         return;
     }
     let g = geometry();
+    var second = 0.0;
+    if (T_PER_WORD == 2u && first + 1u < params[0]) {
+        second = im2col_at(first + 1u, g);
+    }
+    out[w] = T_pack(im2col_at(first, g), second);
+}
+
+// Image element e, the sum of the columns that read it; src holds the columns.
+fn col2im_at(e: u32, g: Geometry) -> f32 {
     let cols = g.n * g.oh * g.ow;
     let x = e % g.w;
     let y = (e / g.w) % g.h;
@@ -82,11 +89,26 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
                 continue;
             }
             let ox = u32(tx) / g.stride.y;
-            let row = (ch * g.kh + ki) * g.kw + kj;
-            acc += f32(src[row * cols + (img * g.oh + oy) * g.ow + ox]);
+            let i = ((ch * g.kh + ki) * g.kw + kj) * cols + (img * g.oh + oy) * g.ow + ox;
+            acc += T_load(src[T_word(i)], i);
         }
     }
-    out[e] = T(acc);
+    return acc;
+}
+
+@compute @workgroup_size(256)
+fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let w = flat_index(gid, groups);
+    let first = w * T_PER_WORD;
+    if (first >= params[0]) {
+        return;
+    }
+    let g = geometry();
+    var second = 0.0;
+    if (T_PER_WORD == 2u && first + 1u < params[0]) {
+        second = col2im_at(first + 1u, g);
+    }
+    out[w] = T_pack(col2im_at(first, g), second);
 }
 
 @compute @workgroup_size(256)

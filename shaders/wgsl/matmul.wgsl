@@ -4,7 +4,8 @@
 // `matmul` is tiled: a 16x16 workgroup computes a 64x64 block of the output, each invocation a
 // 4x4 register block, staging 64x16 slices of lhs and 16x64 slices of rhs through workgroup
 // memory so each loaded value is used 64 times; the inner step is two vec4 loads and four vec4
-// FMAs. Accumulates in f32 for every `T`.
+// FMAs. Accumulates in f32 for every `T`; bf16 operands are read from their packed words, and a
+// bf16 product is written two columns to a word.
 // `matmul_naive` (one invocation per output, no reuse) is kept as the benchmark's baseline.
 // Both number their output blocks along n, then m, then the batch, on a grid that spills from x
 // into y past 65535 workgroups (an im2col GEMM's n reaches millions).
@@ -23,11 +24,13 @@ var<workgroup> lhs_tile: array<vec4<f32>, 256>; // [TILE_K][TILE / 4]
 var<workgroup> rhs_tile: array<vec4<f32>, 256>; // [TILE_K][TILE / 4]
 
 fn lhs_at(b: u32, row: u32, col: u32) -> f32 {
-    return f32(lhs[params[3] + b * params[4] + row * params[5] + col * params[6]]);
+    let i = params[3] + b * params[4] + row * params[5] + col * params[6];
+    return T_load(lhs[T_word(i)], i);
 }
 
 fn rhs_at(b: u32, row: u32, col: u32) -> f32 {
-    return f32(rhs[params[7] + b * params[8] + row * params[9] + col * params[10]]);
+    let i = params[7] + b * params[8] + row * params[9] + col * params[10];
+    return T_load(rhs[T_word(i)], i);
 }
 
 // lhs[b, row, col], or 0 outside the m x k matrix.
@@ -97,12 +100,14 @@ fn matmul(
         }
         workgroupBarrier();
     }
+    // A word at a time: for bf16 two neighbouring columns (the host sends bf16 here only for an
+    // even n, so a pair never straddles two rows).
     for (var i = 0u; i < 4u; i++) {
         let row = row0 + lid.y * 4u + i;
-        for (var j = 0u; j < 4u; j++) {
+        for (var j = 0u; j < 4u; j += T_PER_WORD) {
             let col = col0 + lid.x * 4u + j;
             if (row < m && col < n) {
-                out[(b * m + row) * n + col] = T(acc[i][j]);
+                out[T_word((b * m + row) * n + col)] = T_pack(acc[i][j], acc[i][min(j + 1u, 3u)]);
             }
         }
     }
@@ -127,5 +132,5 @@ fn matmul_naive(
     for (var kk = 0u; kk < params[2]; kk++) {
         acc = fma(lhs_at(b, row, kk), rhs_at(b, kk, col), acc);
     }
-    out[(b * m + row) * n + col] = T(acc);
+    out[(b * m + row) * n + col] = T_pack(acc, 0.0);
 }

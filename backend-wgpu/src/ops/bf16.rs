@@ -1,13 +1,16 @@
 //! bf16 without bf16 in WGSL: a bf16 tensor rests in memory as 16-bit halves of u32 words (half
 //! the bytes of f32) and each op runs on f32 copies widened just before it, its f32 result
 //! rounded back to bf16 (nearest even) just after, by bf16.wgsl. The copies are element for
-//! element, so every layout an op is given still applies to them.
+//! element, so every layout an op is given still applies to them. Copies between bf16 views and
+//! matmul skip the f32 copies: they move or read the 16-bit halves themselves.
 
 use std::sync::Arc;
 
 use lockstep_core::backend::BufferRef;
+use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
+use super::strided_params;
 use crate::backend::{WgpuBackend, to_u32};
 use crate::buffer::{WgpuBuffer, wgpu_buffer};
 use crate::pipelines::Variant;
@@ -41,6 +44,34 @@ impl WgpuBackend {
         let out = self.alloc(DType::BF16, src.len())?;
         self.narrow_bf16_into(src, &out)?;
         Ok(out)
+    }
+
+    /// Copies the bf16 view `src_layout` of `src` into `dst`'s view `dst_layout`, which must be
+    /// contiguous (a strided destination goes through f32 copies: `in_f32_mut`).
+    pub(crate) fn copy_bf16(
+        &self,
+        src: &WgpuBuffer,
+        src_layout: &Layout,
+        dst: &WgpuBuffer,
+        dst_layout: &Layout,
+    ) -> Result<()> {
+        const OP: &str = "copy_strided";
+        if !dst_layout.is_contiguous() {
+            return Err(Error::invalid(OP, "a bf16 copy writes a contiguous destination only"));
+        }
+        let n = src_layout.elem_count();
+        let mut params = strided_params(OP, &[src_layout])?;
+        params.push(to_u32(OP, dst_layout.offset)?);
+        let words = match n {
+            0 => return Ok(()),
+            n => (dst_layout.offset + n - 1) / 2 - dst_layout.offset / 2 + 1,
+        };
+        self.launch(
+            &Variant::new("bf16", "copy", &[]),
+            &params,
+            &[(1, src), (4, dst)],
+            self.grid(OP, words)?,
+        )
     }
 
     /// Runs `op` on f32 copies of bf16 operands and rounds its f32 result back to bf16. Operands

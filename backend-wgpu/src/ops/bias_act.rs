@@ -35,7 +35,7 @@ impl WgpuBackend {
                 rhs: b.dtype(),
             });
         }
-        let t = self.float_type(OP, x.dtype())?;
+        let t = self.element_type(OP, x.dtype())?;
         let (code, p0, p1) = match act {
             None => (NO_ACT, 0.0, 0.0),
             Some(op) => {
@@ -55,7 +55,7 @@ impl WgpuBackend {
             &Variant::new(OP, OP, &[t]).constant("ACT", code),
             &params,
             &[(1, x), (2, b), (3, &out)],
-            self.grid(OP, n)?,
+            self.word_grid(OP, x.dtype(), n)?,
         )?;
         Ok(out)
     }

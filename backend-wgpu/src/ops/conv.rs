@@ -1,4 +1,5 @@
-//! im2col, col2im and max_pool2d (conv.wgsl) over contiguous NCHW.
+//! im2col, col2im and max_pool2d (conv.wgsl) over contiguous NCHW; im2col and col2im read and
+//! write bf16 in its packed words.
 
 use lockstep_core::backend::{BufferRef, Conv2dGeometry, Pool2dGeometry};
 use lockstep_core::{DType, Error, Result};
@@ -48,13 +49,13 @@ impl WgpuBackend {
                 format!("{g:?} needs {src_len} elements, the buffer has {}", src.len()),
             ));
         }
-        let t = self.float_type(entry, src.dtype())?;
+        let t = self.element_type(entry, src.dtype())?;
         let out = self.alloc(src.dtype(), out_len)?;
         self.launch(
             &Variant::new("conv", entry, &[t]),
             &geometry_params(entry, out_len, g)?,
             &[(1, src), (2, &out)],
-            self.grid(entry, out_len)?,
+            self.word_grid(entry, src.dtype(), out_len)?,
         )?;
         Ok(out)
     }

@@ -22,7 +22,7 @@ impl WgpuBackend {
     pub(crate) fn map(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         let name = op.name();
         let src = self.operand(name, src, Some(layout))?;
-        let t = self.float_type(name, src.dtype())?;
+        let t = self.element_type(name, src.dtype())?;
         let (p0, p1) = unary_params(op);
         let mut params = strided_params(name, &[layout])?;
         params.extend([(p0 as f32).to_bits(), (p1 as f32).to_bits()]);
@@ -32,7 +32,7 @@ impl WgpuBackend {
             &variant,
             &params,
             &[(1, src), (2, &out)],
-            self.grid(name, layout.elem_count())?,
+            self.word_grid(name, src.dtype(), layout.elem_count())?,
         )?;
         Ok(out)
     }
@@ -78,7 +78,7 @@ impl WgpuBackend {
     ) -> Result<BufferRef> {
         let name = op.name();
         let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
-        let t = self.float_type(name, a.dtype())?;
+        let t = self.element_type(name, a.dtype())?;
         let out = self.alloc(a.dtype(), ll.elem_count())?;
         let variant =
             Variant::new("binary", "binary", &[t]).constant("OP", op_index(&BinaryOp::ALL, BinaryOp::name, name));
@@ -86,7 +86,7 @@ impl WgpuBackend {
             &variant,
             &strided_params(name, &[ll, rl])?,
             &[(1, a), (2, b), (3, &out)],
-            self.grid(name, ll.elem_count())?,
+            self.word_grid(name, a.dtype(), ll.elem_count())?,
         )?;
         Ok(out)
     }

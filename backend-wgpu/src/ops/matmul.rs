@@ -1,9 +1,9 @@
 //! matmul (matmul.wgsl): batched, any strides, tiled through workgroup memory, on a grid of output
-//! blocks that folds into y beyond 65535 workgroups.
+//! blocks that folds into y beyond 65535 workgroups; bf16 read and written in its packed words.
 
 use lockstep_core::backend::{BufferRef, MatmulDims};
 use lockstep_core::shape::Layout;
-use lockstep_core::{Error, Result};
+use lockstep_core::{DType, Error, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
@@ -22,7 +22,14 @@ impl WgpuBackend {
         rl: &Layout,
         dims: MatmulDims,
     ) -> Result<BufferRef> {
-        self.gemm_with("matmul", lhs, ll, rhs, rl, dims)
+        // bf16 operands are read from their packed words, and the product written two columns
+        // a word where no pair straddles two rows (n even); else f32 copies, rounded after.
+        if lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16 && dims.n % 2 == 0 {
+            return self.gemm_with("matmul", lhs, ll, rhs, rl, dims);
+        }
+        self.in_f32("matmul", [lhs, rhs], |[lhs, rhs]| {
+            self.gemm_with("matmul", lhs, ll, rhs, rl, dims)
+        })
     }
 
     /// The same product with the untiled kernel: the baseline the benchmark compares against.
@@ -34,7 +41,9 @@ impl WgpuBackend {
         rl: &Layout,
         dims: MatmulDims,
     ) -> Result<BufferRef> {
-        self.gemm_with("matmul_naive", lhs, ll, rhs, rl, dims)
+        self.in_f32("matmul", [lhs, rhs], |[lhs, rhs]| {
+            self.gemm_with("matmul_naive", lhs, ll, rhs, rl, dims)
+        })
     }
 
     fn gemm_with(
@@ -63,7 +72,7 @@ impl WgpuBackend {
                 rhs: b.dtype(),
             });
         }
-        let t = self.float_type(OP, a.dtype())?;
+        let t = self.element_type(OP, a.dtype())?;
         let out = self.alloc(a.dtype(), batch * m * n)?;
         if batch * m * n == 0 {
             return Ok(out);

@@ -34,6 +34,21 @@ pub fn cases() -> Vec<Case> {
                 len: 3,
             }),
         ),
+        // Views that start mid-word for a 16-bit dtype, with an even n (wgpu packs bf16
+        // products two columns a word).
+        (
+            "narrow_even",
+            a(&[5, 9]).view(View::Narrow {
+                axis: 1,
+                start: 1,
+                len: 7,
+            }),
+            b(&[7, 8]).view(View::Narrow {
+                axis: 1,
+                start: 3,
+                len: 4,
+            }),
+        ),
         (
             "permuted_batch",
             a(&[4, 3, 6]).view(View::Permute(vec![1, 0, 2])),
