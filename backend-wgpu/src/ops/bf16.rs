@@ -1,8 +1,10 @@
 //! bf16 without bf16 in WGSL: a bf16 tensor rests in memory as 16-bit halves of u32 words (half
 //! the bytes of f32) and each op runs on f32 copies widened just before it, its f32 result
 //! rounded back to bf16 (nearest even) just after, by bf16.wgsl. The copies are element for
-//! element, so every layout an op is given still applies to them. Copies between bf16 views and
-//! matmul skip the f32 copies: they move or read the 16-bit halves themselves.
+//! element, so every layout an op is given still applies to them. The ops that dominate a
+//! training step skip the f32 copies: matmul, im2col, col2im, unary, binary and bias_act read
+//! and write the packed words themselves (`element_type`), and copies into contiguous views move
+//! the 16-bit halves (`copy_bf16`).
 
 use std::sync::Arc;
 
