@@ -95,9 +95,9 @@ fn bf16_products_read_and_write_packed_words() {
     }
 }
 
-/// A bf16 convolution with a relu and elementwise ops after it, forward and backward, takes the
-/// dispatches an f32 one does: its unfoldings, products, copies and elementwise ops read and
-/// write the packed words, with no f32 copy around any of them (every product here has an even
+/// A bf16 convolution with batch norm, a relu and elementwise ops after it, forward and backward,
+/// takes the dispatches an f32 one does: its unfoldings, products, copies, normalisation and
+/// elementwise ops read and write the packed words, with no f32 copy around any of them (every product here has an even
 /// n: the weight gradient's is 2 channels x 3 x 3). A bias would add its gradient's sum, a
 /// reduction, which still runs on an f32 copy.
 #[test]
@@ -121,10 +121,27 @@ fn a_bf16_convolution_takes_no_f32_copies() {
             padding: [1, 1],
             ..Conv2dOptions::default()
         };
-        let y = x.conv2d(&w, None, options).unwrap().relu().unwrap();
+        let (running_mean, running_var) = (
+            Tensor::zeros([4], DType::F32, &device).unwrap(),
+            Tensor::ones([4], DType::F32, &device).unwrap(),
+        );
+        let gamma = spread(&[4], 15, &device)
+            .to_dtype(DType::F32)
+            .unwrap()
+            .requires_grad(true);
+        let beta = spread(&[4], 16, &device)
+            .to_dtype(DType::F32)
+            .unwrap()
+            .requires_grad(true);
+        let y = x.conv2d(&w, None, options).unwrap();
+        let y = y
+            .batch_norm(&running_mean, &running_var, Some(&gamma), Some(&beta), true, 0.1, 1e-5)
+            .unwrap()
+            .relu()
+            .unwrap();
         y.add(&y.mul(&y).unwrap()).unwrap().backward_with(seed).unwrap();
         let taken = device.backend().work_counters().kernels.unwrap() - before;
-        assert!(x.grad().is_some() && w.grad().is_some());
+        assert!(x.grad().is_some() && w.grad().is_some() && gamma.grad().is_some());
         taken
     };
     let (f32_dispatches, bf16_dispatches) = (dispatches(DType::F32), dispatches(DType::BF16));

@@ -87,7 +87,7 @@ pub const SHADERS: &[Shader] = &[
     shader!(
         "batch_norm",
         &["T"],
-        FLOATS,
+        PACKED_FLOATS,
         [
             "moments",
             "statistics",

@@ -1,7 +1,7 @@
 // batch_norm: training-mode batch normalisation of a contiguous [outer, channels, inner] with the
 // batch's own statistics, and its gradient, in three dispatches each way (the composed ops take
-// about twenty). `T` is the input's and output's type; weight, bias, statistics and every sum
-// are f32 (bf16 runs on f32 copies). A channel's `count = outer * inner` values are cut into
+// about twenty). `T` is the input's and output's type (bf16 read and written in its packed
+// words); weight, bias, statistics and every sum are f32. A channel's `count = outer * inner` values are cut into
 // chunks whose length the host picks from the shape alone (core's gpu_plan); one workgroup
 // reduces one (channel, chunk) in a fixed order and one invocation per channel folds its chunks
 // in order, so every run gives the same bits. Statistics are Welford's per invocation and Chan's
@@ -72,7 +72,8 @@ fn moments(
     var a = Moments(0.0, 0.0, 0.0);
     if (live) {
         for (var r = at.z + lid; r < at.w; r += WG) {
-            let v = f32(x[channel_offset(r, at.x)]);
+            let o = channel_offset(r, at.x);
+            let v = T_load(x[T_word(o)], o);
             a.n += 1.0;
             let d = v - a.mean;
             a.mean += d / a.n;
@@ -121,15 +122,25 @@ fn statistics(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     var_[c] = a.m2 / f32(count);
 }
 
-// Pass 3 forward: y = (x - mean) / sqrt(var + eps) * weight + bias.
+fn normalized(i: u32) -> f32 {
+    let c = (i / params[2]) % params[1];
+    return (T_load(x[T_word(i)], i) - mean[c]) / sqrt(var_[c] + param_f32(6u)) * weight[c] + bias[c];
+}
+
+// Pass 3 forward: y = (x - mean) / sqrt(var + eps) * weight + bias, a storage word of y per
+// invocation.
 @compute @workgroup_size(256)
 fn normalize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = flat_index(gid, groups);
-    if (i >= params[0]) {
+    let w = flat_index(gid, groups);
+    let first = w * T_PER_WORD;
+    if (first >= params[0]) {
         return;
     }
-    let c = (i / params[2]) % params[1];
-    out[i] = T((f32(x[i]) - mean[c]) / sqrt(var_[c] + param_f32(6u)) * weight[c] + bias[c]);
+    var second = 0.0;
+    if (T_PER_WORD == 2u && first + 1u < params[0]) {
+        second = normalized(first + 1u);
+    }
+    out[w] = T_pack(normalized(first), second);
 }
 
 // Pass 1 backward: Σg and Σg·x̂ of each (channel, chunk), x̂ = (x - mean) / sqrt(var + eps).
@@ -148,9 +159,9 @@ fn grad_sums(
         let denom = sqrt(var_[at.x] + param_f32(6u));
         for (var r = at.z + lid; r < at.w; r += WG) {
             let o = channel_offset(r, at.x);
-            let g = f32(grad[o]);
+            let g = T_load(grad[T_word(o)], o);
             a += g;
-            b += g * ((f32(x[o]) - m) / denom);
+            b += g * ((T_load(x[T_word(o)], o) - m) / denom);
         }
     }
     wg_n[lid] = a;
@@ -197,14 +208,24 @@ fn grad_totals(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     coef[5u * c + 4u] = b / count;
 }
 
-// Pass 3 backward: dx = weight / denom · (g - dbias / count - x̂ · dweight / count).
+fn input_grad_at(i: u32) -> f32 {
+    let k = 5u * ((i / params[2]) % params[1]);
+    let x_hat = (T_load(x[T_word(i)], i) - coef[k]) / coef[k + 1u];
+    return coef[k + 2u] * (T_load(grad[T_word(i)], i) - coef[k + 3u] - x_hat * coef[k + 4u]);
+}
+
+// Pass 3 backward: dx = weight / denom · (g - dbias / count - x̂ · dweight / count), a storage
+// word of dx per invocation.
 @compute @workgroup_size(256)
 fn input_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = flat_index(gid, groups);
-    if (i >= params[0]) {
+    let w = flat_index(gid, groups);
+    let first = w * T_PER_WORD;
+    if (first >= params[0]) {
         return;
     }
-    let k = 5u * ((i / params[2]) % params[1]);
-    let x_hat = (f32(x[i]) - coef[k]) / coef[k + 1u];
-    out[i] = T(coef[k + 2u] * (f32(grad[i]) - coef[k + 3u] - x_hat * coef[k + 4u]));
+    var second = 0.0;
+    if (T_PER_WORD == 2u && first + 1u < params[0]) {
+        second = input_grad_at(first + 1u);
+    }
+    out[w] = T_pack(input_grad_at(first), second);
 }

@@ -1,9 +1,7 @@
 //! Training-mode batch normalisation and its gradient (batch_norm.wgsl) over a contiguous
 //! `[outer, channels, inner]` with f32 weight, bias and statistics: three dispatches each way,
-//! where the composed ops take about twenty and read the input as many times. A bf16 input runs
-//! on an f32 copy, its result rounded back.
-
-use std::sync::Arc;
+//! where the composed ops take about twenty and read the input as many times. A bf16 input and
+//! its result stay in their packed words.
 
 use lockstep_core::backend::gpu_plan::chunk_len;
 use lockstep_core::backend::{BatchNormSpec, BufferRef};
@@ -11,7 +9,6 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
-use crate::buffer::WgpuBuffer;
 use crate::pipelines::Variant;
 
 /// How the dispatches see a batch norm: the shape, each channel's values cut into chunks (from
@@ -66,9 +63,8 @@ impl WgpuBackend {
             return Ok(None);
         };
         let plan = Plan::new(OP, spec)?;
-        let [x] = self.widen_each(OP, [x])?;
         let (x, weight, bias) = (
-            self.operand(OP, &x, None)?,
+            self.operand(OP, x, None)?,
             self.operand(OP, weight, None)?,
             self.operand(OP, bias, None)?,
         );
@@ -84,8 +80,13 @@ impl WgpuBackend {
         let stats = [(2, &*parts), (3, &mean), (4, &var)];
         self.launch(&entry("statistics"), p, &stats, self.grid(OP, plan.channels)?)?;
         let bindings = [(1, x), (3, &mean), (4, &var), (5, weight), (6, bias), (7, &y)];
-        self.launch(&entry("normalize"), p, &bindings, self.grid(OP, plan.elements)?)?;
-        Ok(Some([self.back_to(dtype, y)?, mean, var]))
+        self.launch(
+            &entry("normalize"),
+            p,
+            &bindings,
+            self.word_grid(OP, dtype, plan.elements)?,
+        )?;
+        Ok(Some([y, mean, var]))
     }
 
     /// `[dx, dweight, dbias]` (`dx` in the input's dtype), or `None` as for `batch_norm_fused`.
@@ -100,10 +101,9 @@ impl WgpuBackend {
             return Ok(None);
         };
         let plan = Plan::new(OP, spec)?;
-        let [grad, x] = self.widen_each(OP, [grad, x])?;
         let (grad, x, weight, mean, var) = (
-            self.operand(OP, &grad, None)?,
-            self.operand(OP, &x, None)?,
+            self.operand(OP, grad, None)?,
+            self.operand(OP, x, None)?,
             self.operand(OP, weight, None)?,
             self.operand(OP, mean, None)?,
             self.operand(OP, var, None)?,
@@ -130,12 +130,17 @@ impl WgpuBackend {
         ];
         self.launch(&entry("grad_totals"), p, &totals, self.grid(OP, plan.channels)?)?;
         let input = [(1, x), (8, grad), (11, &coef), (7, &dx)];
-        self.launch(&entry("input_grad"), p, &input, self.grid(OP, plan.elements)?)?;
-        Ok(Some([self.back_to(dtype, dx)?, dweight, dbias]))
+        self.launch(
+            &entry("input_grad"),
+            p,
+            &input,
+            self.word_grid(OP, dtype, plan.elements)?,
+        )?;
+        Ok(Some([dx, dweight, dbias]))
     }
 
     /// The whole-input operands' dtype (f32, f16 or bf16, one for all) and the shaders' element
-    /// type for it (bf16 runs on f32 copies), after checking every operand's extent and that the
+    /// type for it, after checking every operand's extent and that the
     /// per-channel ones are f32; `None` where the kernels do not apply.
     fn norm_types<const E: usize, const C: usize>(
         &self,
@@ -154,7 +159,8 @@ impl WgpuBackend {
         }
         let dtype = whole[0].dtype();
         let t = match dtype {
-            DType::F32 | DType::BF16 => "f32",
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
             DType::F16 if self.gpu.has_f16() => "f16",
             _ => return Ok(None),
         };
@@ -162,13 +168,5 @@ impl WgpuBackend {
             && whole.iter().all(|b| b.dtype() == dtype)
             && per_channel.iter().all(|b| b.dtype() == DType::F32);
         Ok(applies.then_some((dtype, t)))
-    }
-
-    /// A result computed in f32 for an input of `dtype`: rounded back where that was bf16.
-    fn back_to(&self, dtype: DType, out: Arc<WgpuBuffer>) -> Result<BufferRef> {
-        match dtype {
-            DType::BF16 => Ok(self.narrow_bf16(&out)?),
-            _ => Ok(out),
-        }
     }
 }
