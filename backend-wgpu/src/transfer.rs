@@ -58,14 +58,6 @@ impl WgpuBackend {
     pub(crate) fn download(&self, src: &BufferRef, layout: &Layout) -> Result<HostVec> {
         let buffer = self.operand("to_host", src, Some(layout))?;
         let dtype = buffer.dtype();
-        if dtype == DType::BF16 && !(layout.is_contiguous() && layout.offset.is_multiple_of(2)) {
-            // A view that does not start on a word boundary: read it through f32 (exact).
-            let wide = self.widen_bf16(buffer)? as BufferRef;
-            return match self.download(&wide, layout)? {
-                HostVec::F32(v) => Ok(HostVec::BF16(v.into_iter().map(half::bf16::from_f32).collect())),
-                other => Err(Error::dtype("to_host", other.dtype())),
-            };
-        }
         let n = layout.elem_count();
         let size = dtype.size_in_bytes();
         let start = (layout.offset * size) as u64;
@@ -75,6 +67,7 @@ impl WgpuBackend {
         } else if layout.is_contiguous() && start.is_multiple_of(4) {
             self.read_bytes(buffer, start, bytes)?
         } else {
+            // A strided view, or one that starts mid-word: gathered into a buffer of its own.
             let packed = self.gathered(buffer, layout)?;
             self.read_bytes(&packed, 0, bytes)?
         };
