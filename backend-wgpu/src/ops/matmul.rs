@@ -24,7 +24,7 @@ impl WgpuBackend {
     ) -> Result<BufferRef> {
         // bf16 operands are read from their packed words, and the product written two columns
         // a word where no pair straddles two rows (n even); else f32 copies, rounded after.
-        if lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16 && dims.n % 2 == 0 {
+        if lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16 && dims.n.is_multiple_of(2) {
             return self.gemm_with("matmul", lhs, ll, rhs, rl, dims);
         }
         self.in_f32("matmul", [lhs, rhs], |[lhs, rhs]| {
