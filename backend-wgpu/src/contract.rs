@@ -73,8 +73,9 @@ impl Backend for WgpuBackend {
         })
     }
     fn contiguous(&self, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
-        // No zero fill first: every element is written.
-        Ok(self.gathered(self.operand("contiguous", src, Some(layout))?, layout)?)
+        // transfer.rs's inherent `contiguous`: no zero fill first, as every element is written.
+        let buffer = self.operand("contiguous", src, Some(layout))?;
+        Ok(WgpuBackend::contiguous(self, buffer, layout)?)
     }
     fn cast(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
         self.cast_any(src, layout, dtype)

@@ -67,8 +67,8 @@ impl WgpuBackend {
         } else if layout.is_contiguous() && start.is_multiple_of(4) {
             self.read_bytes(buffer, start, bytes)?
         } else {
-            // A strided view, or one that starts mid-word: gathered into a buffer of its own.
-            let packed = self.gathered(buffer, layout)?;
+            // A strided view, or one that starts mid-word: contiguous into a buffer of its own.
+            let packed = self.contiguous(buffer, layout)?;
             self.read_bytes(&packed, 0, bytes)?
         };
         let raw = &raw[..n * size];
@@ -83,7 +83,7 @@ impl WgpuBackend {
     }
 
     /// A contiguous copy of the elements of `layout`.
-    pub(crate) fn gathered(&self, src: &WgpuBuffer, layout: &Layout) -> Result<std::sync::Arc<WgpuBuffer>> {
+    pub(crate) fn contiguous(&self, src: &WgpuBuffer, layout: &Layout) -> Result<std::sync::Arc<WgpuBuffer>> {
         let out = self.alloc(src.dtype(), layout.elem_count())?;
         self.copy_between(src, layout, &out, &Layout::contiguous(layout.shape.clone()))?;
         Ok(out)

@@ -62,7 +62,7 @@ impl WgpuBackend {
         }
         if std::ptr::eq(src, dst) {
             // One binding cannot be read and written in a dispatch: go through a copy.
-            let tmp = self.gathered(src, src_layout)?;
+            let tmp = self.contiguous(src, src_layout)?;
             return self.copy_between(&tmp, &Layout::contiguous(src_layout.shape.clone()), dst, dst_layout);
         }
         if src.dtype() == DType::BF16 {
@@ -86,7 +86,7 @@ impl WgpuBackend {
         match (s.dtype(), dtype) {
             (DType::BF16, DType::F32) if whole => Ok(self.widen_bf16(s)?),
             (DType::F32, DType::BF16) if whole => Ok(self.narrow_bf16(s)?),
-            (DType::BF16, DType::BF16) => Ok(self.gathered(s, layout)?),
+            (DType::BF16, DType::BF16) => Ok(self.contiguous(s, layout)?),
             (DType::BF16, to) => {
                 let wide = self.convert(&*self.widen_bf16(s)?, layout, DType::F32)?;
                 match to {
@@ -102,7 +102,7 @@ impl WgpuBackend {
     pub(crate) fn convert(&self, src: &WgpuBuffer, layout: &Layout, dtype: DType) -> Result<Arc<WgpuBuffer>> {
         const OP: &str = "cast";
         if src.dtype() == dtype {
-            return self.gathered(src, layout);
+            return self.contiguous(src, layout);
         }
         let out = self.alloc(dtype, layout.elem_count())?;
         let mut params = strided_params(OP, &[layout])?;
