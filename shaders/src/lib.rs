@@ -4,9 +4,9 @@
 //! A shader is not compiled as it stands: the backend prepends the element-type aliases it names
 //! (`alias T = f32;`, with `enable f16;` for half precision), then `common.wgsl` (the parameter
 //! binding and shared helpers), then each float alias' element functions (`elements`: how a
-//! shader loads and stores `T` whether it is f32, f16 or bf16 packed in u32 words), then the file. `compose` does exactly that, and this crate's
-//! tests validate every shader in every element type with naga, so a broken shader fails
-//! `cargo test` on a machine with no GPU at all.
+//! shader loads and stores `T` whether it is f32, f16 or bf16 packed in u32 words), then the
+//! file. `compose` does exactly that, and this crate's tests validate every shader in every
+//! element type with naga, so a broken shader fails `cargo test` on a machine with no GPU at all.
 
 pub mod elements;
 

@@ -1,6 +1,7 @@
 // bf16 at rest, f32 in flight. WGSL has no bf16, so a bf16 tensor is stored as 16-bit halves of
-// u32 words (element 2w in the low half of word w). Most ops run on an f32 copy of it; matmul
-// reads and writes the words itself (`bf16` element functions), and copies move the halves.
+// u32 words (element 2w in the low half of word w). The shaders of a training step's main ops
+// (matmul, im2col, col2im, unary, binary, bias_act, batch norm) read and write the words
+// themselves through the `bf16` element functions; the others run on the f32 copies below.
 // widen:  params [elements]; f32 element i from packed element i (exact).
 // narrow: params [elements, words]; word w from f32 elements 2w and 2w+1, rounded to nearest
 //         even (NaN stays NaN); the high half of an odd tensor's last word is zero.

@@ -1,6 +1,6 @@
 // binary: out[i] = f(lhs[lhs_view(i)], rhs[rhs_view(i)]) over operands already broadcast to one
-// shape, computed in f32 for every `T` (bf16 two elements a word). OP, the op's index in core's BinaryOp::ALL,
-// is a pipeline constant (one compiled variant per op).
+// shape, computed in f32 for every `T` (bf16 two elements a word). OP, the op's index in core's
+// BinaryOp::ALL, is a pipeline constant (one compiled variant per op).
 // params: [n, rank, dims[rank], lhs view [offset, strides[rank]], rhs view [offset, strides[rank]]]
 
 override OP: u32 = 0u;
