@@ -60,17 +60,16 @@ impl Backend for WgpuBackend {
     }
 
     fn copy_strided(&self, src: &BufferRef, src_layout: &Layout, dst: &BufferRef, dst_layout: &Layout) -> Result<()> {
-        // bf16 into a contiguous view moves its halves; into a strided one through f32 copies.
-        if src.dtype() == DType::BF16 && dst.dtype() == DType::BF16 && dst_layout.is_contiguous() {
-            let s = self.operand("copy_strided", src, Some(src_layout))?;
-            let d = self.operand("copy_strided", dst, Some(dst_layout))?;
-            return self.copy_between(s, src_layout, d, dst_layout);
-        }
-        self.in_f32_mut("copy_strided", [dst], [src], |[dst], [src]| {
+        let copy = |src: &BufferRef, dst: &BufferRef| {
             let s = self.operand("copy_strided", src, Some(src_layout))?;
             let d = self.operand("copy_strided", dst, Some(dst_layout))?;
             self.copy_between(s, src_layout, d, dst_layout)
-        })
+        };
+        // bf16 into a contiguous view moves its halves; into a strided one through f32 copies.
+        if src.dtype() == DType::BF16 && dst.dtype() == DType::BF16 && dst_layout.is_contiguous() {
+            return copy(src, dst);
+        }
+        self.in_f32_mut("copy_strided", [dst], [src], |[dst], [src]| copy(src, dst))
     }
     fn contiguous(&self, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         // transfer.rs's inherent `contiguous`: no zero fill first, as every element is written.

@@ -61,13 +61,14 @@ impl WgpuBackend {
         if !dst_layout.is_contiguous() {
             return Err(Error::invalid(OP, "a bf16 copy writes a contiguous destination only"));
         }
-        let n = src_layout.elem_count();
+        let (first, n) = (dst_layout.offset, src_layout.elem_count());
+        if n == 0 {
+            return Ok(());
+        }
         let mut params = strided_params(OP, &[src_layout])?;
-        params.push(to_u32(OP, dst_layout.offset)?);
-        let words = match n {
-            0 => return Ok(()),
-            n => (dst_layout.offset + n - 1) / 2 - dst_layout.offset / 2 + 1,
-        };
+        params.push(to_u32(OP, first)?);
+        // The destination words from the one holding element `first` to the one holding the last.
+        let words = (first + n - 1) / 2 - first / 2 + 1;
         self.launch(
             &Variant::new("bf16", "copy", &[]),
             &params,
