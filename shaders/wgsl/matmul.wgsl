@@ -6,14 +6,21 @@
 // memory so each loaded value is used 64 times; the inner step is two vec4 loads and four vec4
 // FMAs. Accumulates in f32 for every `T`; bf16 operands are read from their packed words, and a
 // bf16 product is written two columns to a word.
+// `matmul_split` splits k into chunks of params[12] (split-K): a product with few output blocks
+// and a long k (a convolution's weight gradient: 64 x 576 outputs summed over a batch's pixels,
+// 9 blocks where a GPU runs hundreds) gives each chunk its own workgroups, which write f32 partial
+// products; `matmul_split_sum` adds them up in split order (deterministic) and writes `out`.
 // `matmul_naive` (one invocation per output, no reuse) is kept as the benchmark's baseline.
-// Both number their output blocks along n, then m, then the batch, on a grid that spills from x
-// into y past 65535 workgroups (an im2col GEMM's n reaches millions).
-// params: [m, n, k, lhs offset, lhs batch/m/k strides, rhs offset, rhs batch/k/n strides, batch]
+// All number their output blocks along n, then m, then the batch (then the split), on a grid that
+// spills from x into y past 65535 workgroups (an im2col GEMM's n reaches millions).
+// params: [m, n, k, lhs offset, lhs batch/m/k strides, rhs offset, rhs batch/k/n strides, batch,
+//          k chunk (k or more when unsplit)]
 
 @group(0) @binding(1) var<storage, read> lhs: array<T>;
 @group(0) @binding(2) var<storage, read> rhs: array<T>;
 @group(0) @binding(3) var<storage, read_write> out: array<T>;
+// [split, batch, m, n]: each split's product over its chunk of k.
+@group(0) @binding(4) var<storage, read_write> partials: array<f32>;
 
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;
@@ -33,18 +40,18 @@ fn rhs_at(b: u32, row: u32, col: u32) -> f32 {
     return T_load(rhs[T_word(i)], i);
 }
 
-// lhs[b, row, col], or 0 outside the m x k matrix.
-fn lhs_or_zero(b: u32, row: u32, col: u32) -> f32 {
-    return select(0.0, lhs_at(b, min(row, params[0] - 1u), min(col, params[2] - 1u)), row < params[0] && col < params[2]);
+// lhs[b, row, col], or 0 outside the m x k_end matrix.
+fn lhs_or_zero(b: u32, row: u32, col: u32, k_end: u32) -> f32 {
+    return select(0.0, lhs_at(b, min(row, params[0] - 1u), min(col, k_end - 1u)), row < params[0] && col < k_end);
 }
 
-// rhs[b, row, col], or 0 outside the k x n matrix.
-fn rhs_or_zero(b: u32, row: u32, col: u32) -> f32 {
-    return select(0.0, rhs_at(b, min(row, params[2] - 1u), min(col, params[1] - 1u)), row < params[2] && col < params[1]);
+// rhs[b, row, col], or 0 outside the k_end x n matrix.
+fn rhs_or_zero(b: u32, row: u32, col: u32, k_end: u32) -> f32 {
+    return select(0.0, rhs_at(b, min(row, k_end - 1u), min(col, params[1] - 1u)), row < k_end && col < params[1]);
 }
 
-// The (batch, first row, first column) of the `edge` x `edge` output block of workgroup `wid`;
-// the batch is params[11] or more for the workgroups past the last block.
+// The (split * batch + batch index, first row, first column) of the `edge` x `edge` output block
+// of workgroup `wid`; the first is splits * batch or more for the workgroups past the last block.
 fn block_origin(wid: vec3<u32>, groups: vec3<u32>, edge: u32) -> vec3<u32> {
     let blocks_n = (params[1] + edge - 1u) / edge;
     let blocks_m = (params[0] + edge - 1u) / edge;
@@ -53,41 +60,26 @@ fn block_origin(wid: vec3<u32>, groups: vec3<u32>, edge: u32) -> vec3<u32> {
     return vec3<u32>(block / (blocks_n * blocks_m), in_batch / blocks_n * edge, in_batch % blocks_n * edge);
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_id) lid: vec3<u32>,
-    @builtin(local_invocation_index) flat: u32,
-) {
-    let m = params[0];
-    let n = params[1];
-    let k = params[2];
-    let origin = block_origin(wid, groups, TILE);
-    // Uniform across the workgroup, so no invocation is left waiting at a barrier.
-    if (origin.x >= params[11]) {
-        return;
-    }
-    let b = origin.x;
-    let row0 = origin.y;
-    let col0 = origin.z;
+// Invocation (lid, flat)'s 4x4 share of the TILE x TILE block at (row0, col0) of lhs[b] @ rhs[b],
+// summed over k in [k_begin, k_end). The whole workgroup must call it (it holds barriers).
+fn block_product(b: u32, row0: u32, col0: u32, k_begin: u32, k_end: u32, lid: vec3<u32>, flat: u32) -> array<vec4<f32>, 4> {
     // Staging: invocation `flat` fills one vec4 of each tile (4 rows of lhs, 4 columns of rhs).
     let stage_k = flat / 16u;
     let stage_quad = (flat % 16u) * 4u;
     var acc: array<vec4<f32>, 4>;
-    for (var k0 = 0u; k0 < k; k0 += TILE_K) {
+    for (var k0 = k_begin; k0 < k_end; k0 += TILE_K) {
         let kk = k0 + stage_k;
         lhs_tile[flat] = vec4<f32>(
-            lhs_or_zero(b, row0 + stage_quad, kk),
-            lhs_or_zero(b, row0 + stage_quad + 1u, kk),
-            lhs_or_zero(b, row0 + stage_quad + 2u, kk),
-            lhs_or_zero(b, row0 + stage_quad + 3u, kk),
+            lhs_or_zero(b, row0 + stage_quad, kk, k_end),
+            lhs_or_zero(b, row0 + stage_quad + 1u, kk, k_end),
+            lhs_or_zero(b, row0 + stage_quad + 2u, kk, k_end),
+            lhs_or_zero(b, row0 + stage_quad + 3u, kk, k_end),
         );
         rhs_tile[flat] = vec4<f32>(
-            rhs_or_zero(b, kk, col0 + stage_quad),
-            rhs_or_zero(b, kk, col0 + stage_quad + 1u),
-            rhs_or_zero(b, kk, col0 + stage_quad + 2u),
-            rhs_or_zero(b, kk, col0 + stage_quad + 3u),
+            rhs_or_zero(b, kk, col0 + stage_quad, k_end),
+            rhs_or_zero(b, kk, col0 + stage_quad + 1u, k_end),
+            rhs_or_zero(b, kk, col0 + stage_quad + 2u, k_end),
+            rhs_or_zero(b, kk, col0 + stage_quad + 3u, k_end),
         );
         workgroupBarrier();
         for (var t = 0u; t < TILE_K; t++) {
@@ -100,17 +92,86 @@ fn matmul(
         }
         workgroupBarrier();
     }
+    return acc;
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) flat: u32,
+) {
+    let m = params[0];
+    let n = params[1];
+    let origin = block_origin(wid, groups, TILE);
+    // Uniform across the workgroup, so no invocation is left waiting at a barrier.
+    if (origin.x >= params[11]) {
+        return;
+    }
+    let b = origin.x;
+    let acc = block_product(b, origin.y, origin.z, 0u, params[2], lid, flat);
     // A word at a time: for bf16 two neighbouring columns (the host sends bf16 here only for an
     // even n, so a pair never straddles two rows).
     for (var i = 0u; i < 4u; i++) {
-        let row = row0 + lid.y * 4u + i;
+        let row = origin.y + lid.y * 4u + i;
         for (var j = 0u; j < 4u; j += T_PER_WORD) {
-            let col = col0 + lid.x * 4u + j;
+            let col = origin.z + lid.x * 4u + j;
             if (row < m && col < n) {
                 out[T_word((b * m + row) * n + col)] = T_pack(acc[i][j], acc[i][min(j + 1u, 3u)]);
             }
         }
     }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_split(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(local_invocation_index) flat: u32,
+) {
+    let m = params[0];
+    let n = params[1];
+    let k = params[2];
+    let chunk = params[12];
+    let origin = block_origin(wid, groups, TILE);
+    if (origin.x >= params[11] * ((k + chunk - 1u) / chunk)) {
+        return;
+    }
+    let k_begin = origin.x / params[11] * chunk;
+    let acc = block_product(origin.x % params[11], origin.y, origin.z, k_begin, min(k, k_begin + chunk), lid, flat);
+    for (var i = 0u; i < 4u; i++) {
+        let row = origin.y + lid.y * 4u + i;
+        for (var j = 0u; j < 4u; j++) {
+            let col = origin.z + lid.x * 4u + j;
+            if (row < m && col < n) {
+                partials[(origin.x * m + row) * n + col] = acc[i][j];
+            }
+        }
+    }
+}
+
+// out = the sum over splits of `partials`, a storage word of out per invocation.
+// params: [outputs (batch * m * n), splits]
+@compute @workgroup_size(256)
+fn matmul_split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let total = params[0];
+    let first = flat_index(gid, groups) * T_PER_WORD;
+    if (first >= total) {
+        return;
+    }
+    // The second element of a bf16 word; past the end, the first one again (the host's buffer
+    // rounds up to whole words, and that half is never read).
+    var second = first;
+    if (T_PER_WORD == 2u) {
+        second = min(first + 1u, total - 1u);
+    }
+    var sums = vec2<f32>(0.0);
+    for (var s = 0u; s < params[1]; s++) {
+        sums += vec2<f32>(partials[s * total + first], partials[s * total + second]);
+    }
+    out[T_word(first)] = T_pack(sums.x, sums.y);
 }
 
 @compute @workgroup_size(16, 16)

@@ -65,6 +65,9 @@ pub fn cases() -> Vec<Case> {
         // Small output, long sum: the CPU splits k across threads (a convolution's weight gradient).
         ("large_k", a(&[3, 5000]), b(&[5000, 4])),
         ("large_k_aT", a(&[3, 6000]).transposed(), b(&[6000, 2])),
+        // wgpu splits such a k across workgroups; here with a batch, a short last chunk and an
+        // odd n (bf16 sums written two a word across rows).
+        ("large_k_batched_odd_n", a(&[2, 3, 2100]), b(&[2, 2100, 5]).transposed()),
     ];
     shapes
         .into_iter()
