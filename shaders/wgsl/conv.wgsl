@@ -1,6 +1,8 @@
 // Convolution and pooling over contiguous NCHW.
 //   im2col:     [n, c, h, w] -> columns [c*kh*kw, n*oh*ow] (zeros where padded), so a
-//               convolution is one GEMM.
+//               convolution is one GEMM; an invocation finds its output pixels once and writes
+//               them in each of its channel's kh*kw rows (index arithmetic, not memory, bounded
+//               the kernel that found them afresh for every element).
 //   col2im:     its adjoint; one invocation per input pixel sums the columns that read it (no
 //               atomics, deterministic).
 //   max_pool2d: values [n, c, oh, ow] and u32 argmax indices into each h*w plane (first maximum).
@@ -34,40 +36,49 @@ fn geometry() -> Geometry {
         vec2<u32>(params[9], params[10]), vec2<u32>(params[11], params[12]), params[13], params[14]);
 }
 
-// Column element e; src is the image.
-fn im2col_at(e: u32, g: Geometry) -> f32 {
-    let cols = g.n * g.oh * g.ow;
-    let row = e / cols;
-    let col = e % cols;
-    let ch = row / (g.kh * g.kw);
-    let ki = (row / g.kw) % g.kh;
-    let kj = row % g.kw;
-    let img = col / (g.oh * g.ow);
-    let oy = (col / g.ow) % g.oh;
-    let ox = col % g.ow;
+// Output pixel `col` of the columns as (image, oy, ox).
+fn output_pixel(col: u32, g: Geometry) -> vec3<u32> {
+    return vec3<u32>(col / (g.oh * g.ow), (col / g.ow) % g.oh, col % g.ow);
+}
+
+// The image value that output pixel `p` reads in channel ch at tap (ki, kj); src is the image.
+fn im2col_tap(p: vec3<u32>, ch: u32, ki: u32, kj: u32, g: Geometry) -> f32 {
     // Signed: taps left of or above the image fall in the padding.
-    let iy = i32(oy * g.stride.x + ki * g.dil.x) - i32(g.pad.x);
-    let ix = i32(ox * g.stride.y + kj * g.dil.y) - i32(g.pad.y);
+    let iy = i32(p.y * g.stride.x + ki * g.dil.x) - i32(g.pad.x);
+    let ix = i32(p.z * g.stride.y + kj * g.dil.y) - i32(g.pad.y);
     let inside = iy >= 0 && iy < i32(g.h) && ix >= 0 && ix < i32(g.w);
-    let at = min(((img * g.c + ch) * g.h + u32(max(iy, 0))) * g.w + u32(max(ix, 0)), arrayLength(&src) * T_PER_WORD - 1u);
+    let at = min(((p.x * g.c + ch) * g.h + u32(max(iy, 0))) * g.w + u32(max(ix, 0)), arrayLength(&src) * T_PER_WORD - 1u);
     return select(0.0, T_load(src[T_word(at)], at), inside);
 }
 
-// im2col and col2im write a storage word per invocation: one element, or two of bf16.
+// One invocation per channel and storage word of a column row (one pixel, or two of bf16: the
+// host sends bf16 here only when a row holds whole words, n*oh*ow even).
 @compute @workgroup_size(256)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let g = geometry();
+    let cols = g.n * g.oh * g.ow;
+    let row_words = cols / T_PER_WORD;
     let w = flat_index(gid, groups);
-    let first = w * T_PER_WORD;
-    if (first >= params[0]) {
+    if (w >= g.c * row_words) {
         return;
     }
-    let g = geometry();
-    var second = 0.0;
-    if (T_PER_WORD == 2u && first + 1u < params[0]) {
-        second = im2col_at(first + 1u, g);
+    let ch = w / row_words;
+    let first = w % row_words * T_PER_WORD;
+    let p = output_pixel(first, g);
+    let next = output_pixel(min(first + 1u, cols - 1u), g);
+    for (var ki = 0u; ki < g.kh; ki++) {
+        for (var kj = 0u; kj < g.kw; kj++) {
+            var second = 0.0;
+            if (T_PER_WORD == 2u) {
+                second = im2col_tap(next, ch, ki, kj, g);
+            }
+            let at = ((ch * g.kh + ki) * g.kw + kj) * cols + first;
+            out[T_word(at)] = T_pack(im2col_tap(p, ch, ki, kj, g), second);
+        }
     }
-    out[w] = T_pack(im2col_at(first, g), second);
 }
+
+// col2im writes a storage word per invocation: one element, or two of bf16.
 
 // Image element e, the sum of the columns that read it; src holds the columns.
 fn col2im_at(e: u32, g: Geometry) -> f32 {

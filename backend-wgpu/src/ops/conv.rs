@@ -32,13 +32,15 @@ fn geometry_params(op: &'static str, total: usize, g: &Conv2dGeometry) -> Result
 }
 
 impl WgpuBackend {
-    /// Runs `entry` from `src` (at least `src_len` elements) into a new `out_len` buffer.
+    /// Runs `entry` from `src` (at least `src_len` elements) into a new `out_len` buffer, a
+    /// storage word of `words_of` elements per invocation.
     fn conv_dispatch(
         &self,
         entry: &'static str,
         src: &BufferRef,
         src_len: usize,
         out_len: usize,
+        words_of: usize,
         g: &Conv2dGeometry,
     ) -> Result<BufferRef> {
         g.validate(entry)?;
@@ -55,21 +57,30 @@ impl WgpuBackend {
             &Variant::new("conv", entry, &[t]),
             &geometry_params(entry, out_len, g)?,
             &[(1, src), (2, &out)],
-            self.word_grid(entry, src.dtype(), out_len)?,
+            self.word_grid(entry, src.dtype(), words_of)?,
         )?;
         Ok(out)
     }
 
     pub(crate) fn unfold(&self, src: &BufferRef, g: &Conv2dGeometry) -> Result<BufferRef> {
         g.validate("im2col")?;
-        let cols = g.c * g.kh * g.kw * g.n * g.out_h() * g.out_w();
-        self.conv_dispatch("im2col", src, g.n * g.c * g.h * g.w, cols, g)
+        let pixels = g.n * g.out_h() * g.out_w();
+        let unfold = |src: &BufferRef| {
+            // An invocation per channel and word of a column row, which it writes in each tap's row.
+            self.conv_dispatch("im2col", src, g.n * g.c * g.h * g.w, g.c * g.kh * g.kw * pixels, g.c * pixels, g)
+        };
+        // bf16 rows of an odd length end mid-word: those columns are made in f32.
+        if pixels.is_multiple_of(2) {
+            return unfold(src);
+        }
+        self.in_f32("im2col", [src], |[src]| unfold(src))
     }
 
     pub(crate) fn fold(&self, cols: &BufferRef, g: &Conv2dGeometry) -> Result<BufferRef> {
         g.validate("col2im")?;
         let len = g.c * g.kh * g.kw * g.n * g.out_h() * g.out_w();
-        self.conv_dispatch("col2im", cols, len, g.n * g.c * g.h * g.w, g)
+        let image = g.n * g.c * g.h * g.w;
+        self.conv_dispatch("col2im", cols, len, image, image, g)
     }
 
     pub(crate) fn pool_max(&self, src: &BufferRef, g: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
