@@ -80,6 +80,19 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 
 // col2im writes a storage word per invocation: one element, or two of bf16.
 
+// The output row (or column) whose tap at offset t from its origin reads this pixel: t / stride
+// where the stride divides t, else none (u32 max). Stride 1, the common case, needs no division.
+fn tap_source(t: i32, stride: u32) -> u32 {
+    if (t < 0) {
+        return 0xffffffffu;
+    }
+    if (stride == 1u) {
+        return u32(t);
+    }
+    let q = u32(t) / stride;
+    return select(0xffffffffu, q, q * stride == u32(t));
+}
+
 // Image element e, the sum of the columns that read it; src holds the columns.
 fn col2im_at(e: u32, g: Geometry) -> f32 {
     let cols = g.n * g.oh * g.ow;
@@ -89,18 +102,17 @@ fn col2im_at(e: u32, g: Geometry) -> f32 {
     let img = e / (g.w * g.h * g.c);
     var acc = 0.0;
     for (var ki = 0u; ki < g.kh; ki++) {
-        let ty = i32(y + g.pad.x) - i32(ki * g.dil.x);
-        if (ty < 0 || ty % i32(g.stride.x) != 0 || u32(ty) / g.stride.x >= g.oh) {
+        let oy = tap_source(i32(y + g.pad.x) - i32(ki * g.dil.x), g.stride.x);
+        if (oy >= g.oh) {
             continue;
         }
-        let oy = u32(ty) / g.stride.x;
+        let pixel_row = (img * g.oh + oy) * g.ow;
         for (var kj = 0u; kj < g.kw; kj++) {
-            let tx = i32(x + g.pad.y) - i32(kj * g.dil.y);
-            if (tx < 0 || tx % i32(g.stride.y) != 0 || u32(tx) / g.stride.y >= g.ow) {
+            let ox = tap_source(i32(x + g.pad.y) - i32(kj * g.dil.y), g.stride.y);
+            if (ox >= g.ow) {
                 continue;
             }
-            let ox = u32(tx) / g.stride.y;
-            let i = ((ch * g.kh + ki) * g.kw + kj) * cols + (img * g.oh + oy) * g.ow + ox;
+            let i = ((ch * g.kh + ki) * g.kw + kj) * cols + pixel_row + ox;
             acc += T_load(src[T_word(i)], i);
         }
     }

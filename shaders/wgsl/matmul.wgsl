@@ -30,24 +30,21 @@ const TILE_K: u32 = 16u;
 var<workgroup> lhs_tile: array<vec4<f32>, 256>; // [TILE_K][TILE / 4]
 var<workgroup> rhs_tile: array<vec4<f32>, 256>; // [TILE_K][TILE / 4]
 
-fn lhs_at(b: u32, row: u32, col: u32) -> f32 {
-    let i = params[3] + b * params[4] + row * params[5] + col * params[6];
+// Elements by storage index.
+fn lhs_value(i: u32) -> f32 {
     return T_load(lhs[T_word(i)], i);
 }
 
-fn rhs_at(b: u32, row: u32, col: u32) -> f32 {
-    let i = params[7] + b * params[8] + row * params[9] + col * params[10];
+fn rhs_value(i: u32) -> f32 {
     return T_load(rhs[T_word(i)], i);
 }
 
-// lhs[b, row, col], or 0 outside the m x k_end matrix.
-fn lhs_or_zero(b: u32, row: u32, col: u32, k_end: u32) -> f32 {
-    return select(0.0, lhs_at(b, min(row, params[0] - 1u), min(col, k_end - 1u)), row < params[0] && col < k_end);
+fn lhs_at(b: u32, row: u32, col: u32) -> f32 {
+    return lhs_value(params[3] + b * params[4] + row * params[5] + col * params[6]);
 }
 
-// rhs[b, row, col], or 0 outside the k_end x n matrix.
-fn rhs_or_zero(b: u32, row: u32, col: u32, k_end: u32) -> f32 {
-    return select(0.0, rhs_at(b, min(row, k_end - 1u), min(col, params[1] - 1u)), row < k_end && col < params[1]);
+fn rhs_at(b: u32, row: u32, col: u32) -> f32 {
+    return rhs_value(params[7] + b * params[8] + row * params[9] + col * params[10]);
 }
 
 // The (split * batch + batch index, first row, first column) of the `edge` x `edge` output block
@@ -66,20 +63,36 @@ fn block_product(b: u32, row0: u32, col0: u32, k_begin: u32, k_end: u32, lid: ve
     // Staging: invocation `flat` fills one vec4 of each tile (4 rows of lhs, 4 columns of rhs).
     let stage_k = flat / 16u;
     let stage_quad = (flat % 16u) * 4u;
+    // Where those rows and columns start (clamped into the matrices; what lies outside is masked
+    // to 0), so a k step adds one offset instead of finding each element's index afresh.
+    var lhs_start: vec4<u32>;
+    var rhs_start: vec4<u32>;
+    var lhs_inside: vec4<bool>;
+    var rhs_inside: vec4<bool>;
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + stage_quad + i;
+        let col = col0 + stage_quad + i;
+        lhs_start[i] = params[3] + b * params[4] + min(row, params[0] - 1u) * params[5];
+        rhs_start[i] = params[7] + b * params[8] + min(col, params[1] - 1u) * params[10];
+        lhs_inside[i] = row < params[0];
+        rhs_inside[i] = col < params[1];
+    }
     var acc: array<vec4<f32>, 4>;
     for (var k0 = k_begin; k0 < k_end; k0 += TILE_K) {
         let kk = k0 + stage_k;
-        lhs_tile[flat] = vec4<f32>(
-            lhs_or_zero(b, row0 + stage_quad, kk, k_end),
-            lhs_or_zero(b, row0 + stage_quad + 1u, kk, k_end),
-            lhs_or_zero(b, row0 + stage_quad + 2u, kk, k_end),
-            lhs_or_zero(b, row0 + stage_quad + 3u, kk, k_end),
+        let k_inside = vec4<bool>(kk < k_end);
+        let k_at = min(kk, k_end - 1u);
+        let li = lhs_start + vec4<u32>(k_at * params[6]);
+        let ri = rhs_start + vec4<u32>(k_at * params[9]);
+        lhs_tile[flat] = select(
+            vec4<f32>(0.0),
+            vec4<f32>(lhs_value(li.x), lhs_value(li.y), lhs_value(li.z), lhs_value(li.w)),
+            lhs_inside & k_inside,
         );
-        rhs_tile[flat] = vec4<f32>(
-            rhs_or_zero(b, kk, col0 + stage_quad, k_end),
-            rhs_or_zero(b, kk, col0 + stage_quad + 1u, k_end),
-            rhs_or_zero(b, kk, col0 + stage_quad + 2u, k_end),
-            rhs_or_zero(b, kk, col0 + stage_quad + 3u, k_end),
+        rhs_tile[flat] = select(
+            vec4<f32>(0.0),
+            vec4<f32>(rhs_value(ri.x), rhs_value(ri.y), rhs_value(ri.z), rhs_value(ri.w)),
+            rhs_inside & k_inside,
         );
         workgroupBarrier();
         for (var t = 0u; t < TILE_K; t++) {
