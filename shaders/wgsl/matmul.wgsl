@@ -108,28 +108,31 @@ fn block_product(b: u32, row0: u32, col0: u32, k_begin: u32, k_end: u32, lid: ve
     return acc;
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul(
+// What the tiled entry points know of their invocation.
+struct Invocation {
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) flat: u32,
-) {
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul(at: Invocation) {
     let m = params[0];
     let n = params[1];
-    let origin = block_origin(wid, groups, TILE);
+    let origin = block_origin(at.wid, at.groups, TILE);
     // Uniform across the workgroup, so no invocation is left waiting at a barrier.
     if (origin.x >= params[11]) {
         return;
     }
     let b = origin.x;
-    let acc = block_product(b, origin.y, origin.z, 0u, params[2], lid, flat);
+    let acc = block_product(b, origin.y, origin.z, 0u, params[2], at.lid, at.flat);
     // A word at a time: for bf16 two neighbouring columns (the host sends bf16 here only for an
     // even n, so a pair never straddles two rows).
     for (var i = 0u; i < 4u; i++) {
-        let row = origin.y + lid.y * 4u + i;
+        let row = origin.y + at.lid.y * 4u + i;
         for (var j = 0u; j < 4u; j += T_PER_WORD) {
-            let col = origin.z + lid.x * 4u + j;
+            let col = origin.z + at.lid.x * 4u + j;
             if (row < m && col < n) {
                 out[T_word((b * m + row) * n + col)] = T_pack(acc[i][j], acc[i][min(j + 1u, 3u)]);
             }
@@ -138,26 +141,21 @@ fn matmul(
 }
 
 @compute @workgroup_size(16, 16)
-fn matmul_split(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_id) lid: vec3<u32>,
-    @builtin(local_invocation_index) flat: u32,
-) {
+fn matmul_split(at: Invocation) {
     let m = params[0];
     let n = params[1];
     let k = params[2];
     let chunk = params[12];
-    let origin = block_origin(wid, groups, TILE);
+    let origin = block_origin(at.wid, at.groups, TILE);
     if (origin.x >= params[11] * ((k + chunk - 1u) / chunk)) {
         return;
     }
     let k_begin = origin.x / params[11] * chunk;
-    let acc = block_product(origin.x % params[11], origin.y, origin.z, k_begin, min(k, k_begin + chunk), lid, flat);
+    let acc = block_product(origin.x % params[11], origin.y, origin.z, k_begin, min(k, k_begin + chunk), at.lid, at.flat);
     for (var i = 0u; i < 4u; i++) {
-        let row = origin.y + lid.y * 4u + i;
+        let row = origin.y + at.lid.y * 4u + i;
         for (var j = 0u; j < 4u; j++) {
-            let col = origin.z + lid.x * 4u + j;
+            let col = origin.z + at.lid.x * 4u + j;
             if (row < m && col < n) {
                 partials[(origin.x * m + row) * n + col] = acc[i][j];
             }

@@ -67,7 +67,14 @@ impl WgpuBackend {
         let pixels = g.n * g.out_h() * g.out_w();
         let unfold = |src: &BufferRef| {
             // An invocation per channel and word of a column row, which it writes in each tap's row.
-            self.conv_dispatch("im2col", src, g.n * g.c * g.h * g.w, g.c * g.kh * g.kw * pixels, g.c * pixels, g)
+            self.conv_dispatch(
+                "im2col",
+                src,
+                g.n * g.c * g.h * g.w,
+                g.c * g.kh * g.kw * pixels,
+                g.c * pixels,
+                g,
+            )
         };
         // bf16 rows of an odd length end mid-word: those columns are made in f32.
         if pixels.is_multiple_of(2) {

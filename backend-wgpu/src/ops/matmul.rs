@@ -26,7 +26,9 @@ const MIN_SPLIT_K: usize = 1024;
 /// It depends on the shape alone, so a product sums in the same order on every device.
 fn split_k_chunk(dims: MatmulDims) -> Option<usize> {
     let blocks = dims.batch * dims.m.div_ceil(TILE) * dims.n.div_ceil(TILE);
-    let splits = SPLIT_TARGET_WORKGROUPS.div_ceil(blocks.max(1)).min(dims.k / MIN_SPLIT_K);
+    let splits = SPLIT_TARGET_WORKGROUPS
+        .div_ceil(blocks.max(1))
+        .min(dims.k / MIN_SPLIT_K);
     (splits >= 2).then(|| dims.k.div_ceil(splits).next_multiple_of(TILE_K))
 }
 
