@@ -71,7 +71,12 @@ pub const SHADERS: &[Shader] = &[
             "combine_chunks_argmax"
         ]
     ),
-    shader!("matmul", &["T"], PACKED_FLOATS, ["matmul", "matmul_naive"]),
+    shader!(
+        "matmul",
+        &["T"],
+        PACKED_FLOATS,
+        ["matmul", "matmul_split", "matmul_split_sum", "matmul_naive"]
+    ),
     shader!(
         "softmax",
         &["T"],
