@@ -1,8 +1,8 @@
 // Convolution and pooling over contiguous NCHW.
 //   im2col:     [n, c, h, w] -> columns [c*kh*kw, n*oh*ow] (zeros where padded), so a
-//               convolution is one GEMM; an invocation finds its output pixels once and writes
-//               them in each of its channel's kh*kw rows (index arithmetic, not memory, bounded
-//               the kernel that found them afresh for every element).
+//               convolution is one GEMM. An invocation finds its output pixels once and
+//               writes them into each of its channel's kh*kw rows (finding them for every
+//               element took nine integer divisions an element, which bounded the kernel).
 //   col2im:     its adjoint; one invocation per input pixel sums the columns that read it (no
 //               atomics, deterministic).
 //   max_pool2d: values [n, c, oh, ow] and u32 argmax indices into each h*w plane (first maximum).
@@ -63,7 +63,7 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         return;
     }
     let ch = w / row_words;
-    let first = w % row_words * T_PER_WORD;
+    let first = (w % row_words) * T_PER_WORD;
     let p = output_pixel(first, g);
     let next = output_pixel(min(first + 1u, cols - 1u), g);
     for (var ki = 0u; ki < g.kh; ki++) {
@@ -77,8 +77,6 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         }
     }
 }
-
-// col2im writes a storage word per invocation: one element, or two of bf16.
 
 // The output row (or column) whose tap at offset t from its origin reads this pixel: t / stride
 // where the stride divides t, else none (u32 max). Stride 1, the common case, needs no division.
@@ -119,6 +117,7 @@ fn col2im_at(e: u32, g: Geometry) -> f32 {
     return acc;
 }
 
+// col2im writes a storage word per invocation: one element, or two of bf16.
 @compute @workgroup_size(256)
 fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let w = flat_index(gid, groups);

@@ -150,7 +150,7 @@ fn matmul_split(at: Invocation) {
     if (origin.x >= params[11] * ((k + chunk - 1u) / chunk)) {
         return;
     }
-    let k_begin = origin.x / params[11] * chunk;
+    let k_begin = (origin.x / params[11]) * chunk;
     let acc = block_product(origin.x % params[11], origin.y, origin.z, k_begin, min(k, k_begin + chunk), at.lid, at.flat);
     for (var i = 0u; i < 4u; i++) {
         let row = origin.y + at.lid.y * 4u + i;

@@ -32,15 +32,15 @@ fn geometry_params(op: &'static str, total: usize, g: &Conv2dGeometry) -> Result
 }
 
 impl WgpuBackend {
-    /// Runs `entry` from `src` (at least `src_len` elements) into a new `out_len` buffer, a
-    /// storage word of `words_of` elements per invocation.
+    /// Runs `entry` from `src` (at least `src_len` elements) into a new `out_len` buffer, with
+    /// an invocation per storage word of `grid_len` elements.
     fn conv_dispatch(
         &self,
         entry: &'static str,
         src: &BufferRef,
         src_len: usize,
         out_len: usize,
-        words_of: usize,
+        grid_len: usize,
         g: &Conv2dGeometry,
     ) -> Result<BufferRef> {
         g.validate(entry)?;
@@ -57,7 +57,7 @@ impl WgpuBackend {
             &Variant::new("conv", entry, &[t]),
             &geometry_params(entry, out_len, g)?,
             &[(1, src), (2, &out)],
-            self.word_grid(entry, src.dtype(), words_of)?,
+            self.word_grid(entry, src.dtype(), grid_len)?,
         )?;
         Ok(out)
     }
