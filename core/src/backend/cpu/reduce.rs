@@ -87,19 +87,27 @@ fn sum_f64<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64 {
     lane_sum(run.len(), |i| run[i].load().to_f64())
 }
 
-/// `Σ term(i)` over `0..len` in eight interleaved f64 partial sums (so it vectorises, where one
-/// running sum waits on each addition) combined pairwise, then the tail.
+/// `Σ term(i)` over `0..len` in 32 interleaved f64 partial sums (so it vectorises, and four
+/// vectors of eight add independently, where one waits on each addition: batch norm's sums ran
+/// at the adder's latency) combined pairwise, then the tail.
 #[inline(always)]
 pub(super) fn lane_sum(len: usize, term: impl Fn(usize) -> f64) -> f64 {
-    let mut lanes = [0f64; 8];
-    let whole = len / 8 * 8;
-    for i in (0..whole).step_by(8) {
+    const LANES: usize = 32;
+    let mut lanes = [0f64; LANES];
+    let whole = len / LANES * LANES;
+    for i in (0..whole).step_by(LANES) {
         for (l, lane) in lanes.iter_mut().enumerate() {
             *lane += term(i + l);
         }
     }
-    let [a, b, c, d, e, f, g, h] = lanes;
-    let mut sum = ((a + b) + (c + d)) + ((e + f) + (g + h));
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    let mut sum = lanes[0];
     for i in whole..len {
         sum += term(i);
     }
