@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::elementwise::PAR_THRESHOLD;
 use super::float::ViaF32;
 use super::pool::Pool;
-use super::reduce::lane_sum;
+use super::reduce::LaneSums;
 use super::simd::{Kernel, wide};
 use crate::backend::BatchNormSpec;
 
@@ -92,12 +92,13 @@ fn per_channel(spec: &BatchNormSpec, f: impl Fn(usize) -> f64 + Sync + Send) -> 
     }
 }
 
-/// Σ `term(v)` over channel `c`'s values, run by run, in eight interleaved f64 partial sums.
+/// Σ `term(v)` over channel `c`'s values, in f64 lanes (`LaneSums`).
 fn sum_runs<E: ViaF32>(x: &[E], spec: &BatchNormSpec, c: usize, term: impl Fn(f32) -> f64 + Copy) -> f64 {
     sum_pairs(x, x, spec, c, move |v, _| term(v))
 }
 
-/// Σ `term(a, b)` over channel `c`'s values of two tensors of one shape.
+/// Σ `term(a, b)` over channel `c`'s values of two tensors of one shape, its runs (one per
+/// batch item) summed into one set of lanes.
 fn sum_pairs<E: ViaF32>(
     a: &[E],
     b: &[E],
@@ -105,32 +106,30 @@ fn sum_pairs<E: ViaF32>(
     c: usize,
     term: impl Fn(f32, f32) -> f64 + Copy,
 ) -> f64 {
-    let (row, inner) = (spec.channels * spec.inner, spec.inner);
-    (0..spec.outer)
-        .map(|n| {
-            let at = n * row + c * inner;
-            wide(PairSum {
-                a: &a[at..at + inner],
-                b: &b[at..at + inner],
-                term,
-            })
-        })
-        .sum()
+    wide(PairSum { a, b, spec, c, term })
 }
 
-/// Σ `term(a[i], b[i])` by `reduce::lane_sum`; run by `simd::wide`.
+/// Σ `term(a[i], b[i])` over one channel's runs; run by `simd::wide`.
 struct PairSum<'a, E, F> {
     a: &'a [E],
     b: &'a [E],
+    spec: &'a BatchNormSpec,
+    c: usize,
     term: F,
 }
 impl<E: ViaF32, F: Fn(f32, f32) -> f64> Kernel for PairSum<'_, E, F> {
     type Out = f64;
     #[inline(always)]
     fn run(self) -> f64 {
-        let PairSum { a, b, term } = self;
-        let b = &b[..a.len()];
-        lane_sum(a.len(), |i| term(a[i].to_f32(), b[i].to_f32()))
+        let PairSum { a, b, spec, c, term } = self;
+        let (row, inner) = (spec.channels * spec.inner, spec.inner);
+        let mut sums = LaneSums::default();
+        for n in 0..spec.outer {
+            let at = n * row + c * inner;
+            let (a, b) = (&a[at..at + inner], &b[at..at + inner]);
+            sums.add_run(inner, |i| term(a[i].to_f32(), b[i].to_f32()));
+        }
+        sums.total()
     }
 }
 
