@@ -500,12 +500,20 @@ impl<V: VectorSide> Tiles<'_, V> {
             for s in strip_range {
                 let rows = strip(s);
                 for q in panel_range.clone() {
+                    let (s0, v0) = (s * MR, q * NR);
+                    let srows = (broadcast_rows - s0).min(MR);
+                    let panel = vectors.panel(q);
                     // SAFETY: `product` runs only where `available()` holds; the strip holds
                     // `pairs` pairs per row and each panel `pairs` per column (the callers'
-                    // promise).
-                    unsafe { tile(&rows, &vectors.panel(q), pairs, &mut acc) };
-                    let (s0, v0) = (s * MR, q * NR);
-                    out.write(&acc, s0, (broadcast_rows - s0).min(MR), v0, (vector_rows - v0).min(NR));
+                    // promise); each tile size is at most MR rows and covers `srows`.
+                    unsafe {
+                        match srows {
+                            9.. => tile::<_, _, MR>(&rows, &panel, pairs, &mut acc),
+                            5..=8 => tile::<_, _, 8>(&rows, &panel, pairs, &mut acc),
+                            _ => tile::<_, _, 4>(&rows, &panel, pairs, &mut acc),
+                        }
+                    };
+                    out.write(&acc, s0, srows, v0, (vector_rows - v0).min(NR));
                 }
             }
         });

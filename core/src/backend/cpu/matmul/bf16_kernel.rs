@@ -76,14 +76,21 @@ impl Panel for Packed {
     }
 }
 
-/// `out[r][c] = sum_p pair(r, p) . panel[p][c]` over `pairs` k-pairs.
+/// `out[r][c] = sum_p pair(r, p) . panel[p][c]` over `pairs` k-pairs for the first `ROWS`
+/// rows (`MR`, or fewer for a strip's last rows: a 64-row side in strips of 12 spent a ninth
+/// of its multiply-adds on rows past the end); later rows of `out` are left as they were.
 ///
 /// # Safety
 /// The CPU must have what `available()` checks; `strip` and `panel` must each hold `pairs`
-/// pairs for each of their rows and columns.
+/// pairs for each of their rows and columns; `ROWS <= MR`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn tile<S: Strip, P: Panel>(strip: &S, panel: &P, pairs: usize, out: &mut [[f32; NR]; MR]) {
-    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+pub unsafe fn tile<S: Strip, P: Panel, const ROWS: usize>(
+    strip: &S,
+    panel: &P,
+    pairs: usize,
+    out: &mut [[f32; NR]; MR],
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
     for p in 0..pairs {
         // SAFETY: p < pairs, so the panel's two registers for pair p and each row's pair p are
         // within the extents the caller guarantees.
@@ -97,7 +104,7 @@ pub unsafe fn tile<S: Strip, P: Panel>(strip: &S, panel: &P, pairs: usize, out: 
             }
         }
     }
-    for r in 0..MR {
+    for r in 0..ROWS {
         // SAFETY: each row of `out` holds NR = 32 f32, two registers' worth.
         unsafe {
             _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r][0]);

@@ -63,6 +63,7 @@ fn the_bf16_kernel_matches_an_exact_product_on_every_path() {
         check(1, 1, 1, lhs_t, rhs_t);
         check(5, 7, 3, lhs_t, rhs_t); // odd k: both sides packed
         check(13, 64, 33, lhs_t, rhs_t); // a partial strip and a partial panel
+        check(19, 40, 22, lhs_t, rhs_t); // last strips of 7 and 10 rows: the 8-row and 12-row tiles
         check(100, 30, 70, lhs_t, rhs_t); // enough strips for threads to split them
         check(40, 129, 200, lhs_t, rhs_t); // the left side is the smaller one to pack
     }
