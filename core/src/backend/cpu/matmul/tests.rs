@@ -83,3 +83,50 @@ fn an_empty_sum_gives_zeros() {
         assert_eq!(out, vec![bf16::ZERO; 24]);
     }
 }
+
+/// `left @ rightᵀ` into f32, stored and added, on the tiles that land transposed (the smaller
+/// side packed as the vector side: a convolution's weight gradient), against the exact sums.
+#[test]
+fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belong() {
+    use super::bf16::{Dst, Side, product};
+    fn rows_along_k(data: &[bf16], rows: usize, k: usize) -> Side<'_> {
+        Side {
+            data,
+            offset: 0,
+            rows,
+            row_stride: k,
+            k_stride: 1,
+        }
+    }
+    if !super::bf16_dot_products() {
+        eprintln!("NOTE: this CPU lacks AVX512-BF16; its products widen to f32 (checked by the conformance suite)");
+        return;
+    }
+    // 13 and 7 rows: a full strip and partial ones; 37 vector rows: a partial panel.
+    for (m, n, k) in [(37, 100, 30), (5, 13, 64), (3, 7, 2)] {
+        let (a, b) = (values(m * k, 3), values(n * k, 4));
+        let exact =
+            |i: usize, j: usize| -> f64 { (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(b[j * k + p])).sum() };
+        for add in [false, true] {
+            let pool = Pool::default();
+            let mut out = vec![1.0f32; m * n];
+            let dst = if add {
+                Dst::F32Add(out.as_mut_ptr())
+            } else {
+                Dst::F32(out.as_mut_ptr())
+            };
+            // SAFETY: the kernel is available (checked above), k > 0, and `out` holds m rows of n.
+            unsafe { product(&pool, dst, n, rows_along_k(&a, m, k), rows_along_k(&b, n, k), k) };
+            for i in 0..m {
+                for j in 0..n {
+                    let want = exact(i, j) + if add { 1.0 } else { 0.0 };
+                    let got = f64::from(out[i * n + j]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{m}x{n} over {k} (add {add}) at ({i},{j}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
