@@ -124,6 +124,7 @@ impl LaneSums {
         }
     }
 
+    /// The sum: the lanes added pairwise, halves onto halves.
     #[inline(always)]
     pub(super) fn total(mut self) -> f64 {
         let mut width = Self::LANES;

@@ -102,7 +102,8 @@ fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belon
         eprintln!("NOTE: this CPU lacks AVX512-BF16; its products widen to f32 (checked by the conformance suite)");
         return;
     }
-    // 13 and 7 rows: a full strip and partial ones; 37 vector rows: a partial panel.
+    // The right side is broadcast (100, 13, 7 rows: full strips and the 4- and 8-row tiles),
+    // the left packed into panels (37, 5, 3 rows: partial panels).
     for (m, n, k) in [(37, 100, 30), (5, 13, 64), (3, 7, 2)] {
         let (a, b) = (values(m * k, 3), values(n * k, 4));
         let exact =
