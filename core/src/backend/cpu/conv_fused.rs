@@ -543,7 +543,11 @@ pub(super) mod tests {
     };
 
     pub fn reference(pool: &Pool, g: Conv2dGeometry) -> Reference {
-        let o = 5;
+        reference_with(pool, g, 5)
+    }
+
+    /// `reference` with `o` output channels.
+    pub fn reference_with(pool: &Pool, g: Conv2dGeometry, o: usize) -> Reference {
         let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
         let value = |i: usize, salt: usize| ((i * 7 + salt * 13) % 17) as f64 / 8.0 - 1.0;
         let x: Vec<f64> = (0..g.n * g.c * g.h * g.w).map(|i| value(i, 1)).collect();

@@ -12,6 +12,7 @@ use super::conv::{Planes, col2im_images, im2col_images};
 use super::conv_data_grad::Transposed;
 use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
 use super::conv_panels::{PanelScratch, Unfolded};
+use super::conv_positions;
 use super::float::bf16_from_f32_slice;
 use super::matmul::bf16::{Dst, Side, product};
 use super::matmul::bf16_kernel;
@@ -121,6 +122,14 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
+    if conv_positions::pays(g) {
+        let by_row = Planes {
+            image: pixels,
+            channel: width,
+        };
+        conv_positions::convolve(pool, x, Planes::nchw(g), weight, o, g, &mut out, by_row);
+        return out;
+    }
     let per = images_for_columns(g, MIN_COLUMNS);
     let dst = Columns(out.as_mut_ptr());
     image_ranges(g.n).for_each(|images| {
@@ -171,8 +180,17 @@ pub fn backward(
         grad_w.fill(bf16::ZERO);
         return (grad_x, grad_w);
     }
+    let mut transposed = Transposed::plan(pool, g, o, weight);
+    // Where the transposed convolution has enough taps in the padding, the input gradient is
+    // one convolution of the whole batch after the weight gradient's runs.
+    let by_position = transposed.take_if(|t| {
+        conv_positions::pays(&Conv2dGeometry {
+            n: g.n,
+            ..*t.geometry()
+        })
+    });
+    let input_gradient = by_position.is_none();
     let per = images_for_columns(g, MIN_COLUMNS);
-    let transposed = Transposed::plan(pool, g, o, weight);
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
         let mut partial = pool.take::<f32>(o * taps);
         partial.fill(0.0);
@@ -186,9 +204,9 @@ pub fn backward(
             Some(t) => PanelScratch::take(pool, t.taps, t.inputs(per)),
             None => PanelScratch::take(pool, 0, 0),
         };
-        let mut fold = match transposed {
-            Some(_) => Fold::take(pool, 0, 0),
-            None => Fold::take(pool, taps * pixels * per, plane * per),
+        let mut fold = match (&transposed, input_gradient) {
+            (None, true) => Fold::take(pool, taps * pixels * per, plane * per),
+            _ => Fold::take(pool, 0, 0),
         };
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
@@ -223,6 +241,7 @@ pub fn backward(
                 );
             }
             match &transposed {
+                _ if !input_gradient => {}
                 Some(t) => t.input_gradient(
                     &mut staging,
                     (grad, width),
@@ -246,6 +265,27 @@ pub fn backward(
     if let Some(t) = transposed {
         t.recycle(pool);
     }
+    if let Some(t) = by_position {
+        let image = Conv2dGeometry {
+            n: g.n,
+            ..*t.geometry()
+        };
+        let gradient = Planes {
+            image: pixels,
+            channel: width,
+        };
+        conv_positions::convolve(
+            pool,
+            grad,
+            gradient,
+            &t.weight,
+            g.c,
+            &image,
+            &mut grad_x,
+            Planes::nchw(g),
+        );
+        t.recycle(pool);
+    }
     let mut sum = pool.take::<f32>(o * taps);
     sum.fill(0.0);
     for partial in partials {
@@ -260,7 +300,7 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, STRIDED, UNSTRIDED, reference};
+    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
@@ -272,8 +312,18 @@ mod tests {
         }
         let pool = Pool::default();
         assert!(super::super::conv_direct::applies(&SAME_SIZE));
-        for g in [STRIDED, UNSTRIDED, SAME_SIZE] {
-            let r = reference(&pool, g);
+        // 4x4 images, 32 of them: the product and the transposed input gradient take tiles of
+        // one position (`conv_positions`), the batch's last lanes left empty.
+        let positions = Conv2dGeometry {
+            n: 30,
+            c: 32,
+            h: 4,
+            w: 4,
+            ..SAME_SIZE
+        };
+        assert!(conv_positions::pays(&positions));
+        for (g, o) in [(STRIDED, 5), (UNSTRIDED, 5), (SAME_SIZE, 5), (positions, 33)] {
+            let r = reference_with(&pool, g, o);
             let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
             // Each result is rounded to bf16 once: within half a bf16 ulp of the exact value.

@@ -15,6 +15,8 @@ mod conv_fused;
 mod conv_fused_bf16;
 #[cfg(target_arch = "x86_64")]
 mod conv_panels;
+#[cfg(target_arch = "x86_64")]
+mod conv_positions;
 mod conv_shifted;
 mod dropout;
 mod elementwise;

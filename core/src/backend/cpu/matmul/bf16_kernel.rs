@@ -30,6 +30,14 @@ pub trait Strip {
     unsafe fn pair(&self, r: usize, p: usize) -> i32;
 }
 
+impl<S: Strip> Strip for &S {
+    #[inline(always)]
+    unsafe fn pair(&self, r: usize, p: usize) -> i32 {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { (**self).pair(r, p) }
+    }
+}
+
 /// Rows read in place: row `r`'s pairs run from its own pointer.
 pub struct RowPointers(pub [*const u32; MR]);
 impl Strip for RowPointers {
@@ -58,6 +66,32 @@ pub trait Panel {
     /// # Safety
     /// The CPU has what `available()` checks; `p` is below the pair count the panel was made for.
     unsafe fn pairs(&self, p: usize) -> (__m512i, __m512i);
+}
+
+impl<P: Panel> Panel for &P {
+    #[inline(always)]
+    unsafe fn pairs(&self, p: usize) -> (__m512i, __m512i) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { (**self).pairs(p) }
+    }
+}
+
+/// A panel whose pairs lie `stride` words apart: `panel[p * stride + c]`, pair `p` of column
+/// `c` (a convolution's input interleaved channel pair by channel pair, `conv_positions`).
+pub struct StridedPanel {
+    pub first: *const u32,
+    pub stride: usize,
+}
+impl Panel for StridedPanel {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pairs(&self, p: usize) -> (__m512i, __m512i) {
+        // SAFETY: the caller's promise; each of the `pairs` pairs holds NR words.
+        unsafe {
+            let at = self.first.add(p * self.stride);
+            (_mm512_loadu_si512(at.cast()), _mm512_loadu_si512(at.add(16).cast()))
+        }
+    }
 }
 
 /// A packed panel: `panel[p * NR + c]`, pair `p` of column `c`.
@@ -90,17 +124,37 @@ pub unsafe fn tile<S: Strip, P: Panel, const ROWS: usize>(
     pairs: usize,
     out: &mut [[f32; NR]; MR],
 ) {
+    // SAFETY: the caller's promises, for the one segment.
+    unsafe { tile_segments::<_, _, ROWS>(1, |_| (strip, panel), pairs, out) }
+}
+
+/// `tile` over a sum made of `segments` pieces: piece `i` multiplies `pieces(i)`'s strip and
+/// panel over `pairs` k-pairs, all into the same accumulators (a convolution's tile skips the
+/// taps that read only padding).
+///
+/// # Safety
+/// As for `tile`, for each piece's strip and panel.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub unsafe fn tile_segments<S: Strip, P: Panel, const ROWS: usize>(
+    segments: usize,
+    pieces: impl Fn(usize) -> (S, P),
+    pairs: usize,
+    out: &mut [[f32; NR]; MR],
+) {
     let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
-    for p in 0..pairs {
-        // SAFETY: p < pairs, so the panel's two registers for pair p and each row's pair p are
-        // within the extents the caller guarantees.
-        unsafe {
-            let (lo, hi) = panel.pairs(p);
-            let (lo, hi) = (as_pairs(lo), as_pairs(hi));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a = as_pairs(_mm512_set1_epi32(strip.pair(r, p)));
-                acc[0] = _mm512_dpbf16_ps(acc[0], a, lo);
-                acc[1] = _mm512_dpbf16_ps(acc[1], a, hi);
+    for segment in 0..segments {
+        let (strip, panel) = pieces(segment);
+        for p in 0..pairs {
+            // SAFETY: p < pairs, so the panel's two registers for pair p and each row's pair p
+            // are within the extents the caller guarantees.
+            unsafe {
+                let (lo, hi) = panel.pairs(p);
+                let (lo, hi) = (as_pairs(lo), as_pairs(hi));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = as_pairs(_mm512_set1_epi32(strip.pair(r, p)));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], a, lo);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], a, hi);
+                }
             }
         }
     }
