@@ -122,12 +122,13 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
-    if conv_positions::pays(g) {
+    let by_position = conv_positions::Plan::forward(g);
+    if by_position.pays() {
         let by_row = Planes {
             image: pixels,
             channel: width,
         };
-        conv_positions::convolve(pool, x, Planes::nchw(g), weight, o, g, &mut out, by_row);
+        by_position.run(pool, (x, Planes::nchw(g)), weight, o, (&mut out, by_row));
         return out;
     }
     let per = images_for_columns(g, MIN_COLUMNS);
@@ -180,16 +181,15 @@ pub fn backward(
         grad_w.fill(bf16::ZERO);
         return (grad_x, grad_w);
     }
-    let mut transposed = Transposed::plan(pool, g, o, weight);
-    // Where the transposed convolution has enough taps in the padding, the input gradient is
-    // one convolution of the whole batch after the weight gradient's runs.
-    let by_position = transposed.take_if(|t| {
-        conv_positions::pays(&Conv2dGeometry {
-            n: g.n,
-            ..*t.geometry()
-        })
-    });
+    // Where enough of the input gradient's taps read padding (or, strided, no pixel), it is one
+    // product of the whole batch by position after the weight gradient's runs.
+    let by_position = Some(conv_positions::Plan::input_gradient(g, o)).filter(|plan| plan.pays());
     let input_gradient = by_position.is_none();
+    let transposed = if input_gradient {
+        Transposed::plan(pool, g, o, weight)
+    } else {
+        None
+    };
     let per = images_for_columns(g, MIN_COLUMNS);
     let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
         let mut partial = pool.take::<f32>(o * taps);
@@ -265,26 +265,12 @@ pub fn backward(
     if let Some(t) = transposed {
         t.recycle(pool);
     }
-    if let Some(t) = by_position {
-        let image = Conv2dGeometry {
-            n: g.n,
-            ..*t.geometry()
-        };
+    if let Some(plan) = by_position {
         let gradient = Planes {
             image: pixels,
             channel: width,
         };
-        conv_positions::convolve(
-            pool,
-            grad,
-            gradient,
-            &t.weight,
-            g.c,
-            &image,
-            &mut grad_x,
-            Planes::nchw(g),
-        );
-        t.recycle(pool);
+        plan.run(pool, (grad, gradient), weight, g.c, (&mut grad_x, Planes::nchw(g)));
     }
     let mut sum = pool.take::<f32>(o * taps);
     sum.fill(0.0);
@@ -316,13 +302,14 @@ mod tests {
         // one position (`conv_positions`), the batch's last lanes left empty.
         let positions = Conv2dGeometry {
             n: 30,
-            c: 32,
+            c: 96,
             h: 4,
             w: 4,
             ..SAME_SIZE
         };
-        assert!(conv_positions::pays(&positions));
-        for (g, o) in [(STRIDED, 5), (UNSTRIDED, 5), (SAME_SIZE, 5), (positions, 33)] {
+        assert!(conv_positions::Plan::forward(&positions).pays());
+        assert!(conv_positions::Plan::input_gradient(&positions, 97).pays());
+        for (g, o) in [(STRIDED, 5), (UNSTRIDED, 5), (SAME_SIZE, 5), (positions, 97)] {
             let r = reference_with(&pool, g, o);
             let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
