@@ -19,6 +19,31 @@ use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
+/// f32 convolutions by output position (`conv_positions`), which need AVX-512; elsewhere none.
+#[cfg(target_arch = "x86_64")]
+mod by_position {
+    pub use super::super::conv_positions::{InputGradient, forward};
+    pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
+        super::super::conv_positions::input_gradient::<f32>(g, o)
+    }
+}
+#[cfg(not(target_arch = "x86_64"))]
+mod by_position {
+    use super::{Conv2dGeometry, Pool};
+    pub enum InputGradient {}
+    impl InputGradient {
+        pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: &mut [f32]) {
+            match *self {}
+        }
+    }
+    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) -> bool {
+        false
+    }
+    pub fn input_gradient(_: &Conv2dGeometry, _: usize) -> Option<InputGradient> {
+        None
+    }
+}
+
 /// A pointer the image tasks share, each writing only its own columns of the output.
 #[derive(Clone, Copy)]
 pub(super) struct Columns<T>(pub(super) *mut T);
@@ -173,7 +198,8 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         T::as_f32(x),
         T::as_f32(weight),
         T::as_f32_mut(&mut out),
-    ) && conv_shifted::forward(pool, x, weight, g, o, per, out32)
+    ) && (conv_shifted::forward(pool, x, weight, g, o, per, out32)
+        || by_position::forward(pool, x, weight, g, o, out32))
     {
         return out;
     }
@@ -253,7 +279,14 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         Some(_) => PartialLayout::ColumnMajor,
         None => PartialLayout::for_product(o, taps, pixels),
     };
-    let transposed = Transposed::plan(pool, g, o, weight);
+    // The input gradient by output position (f32, AVX-512), after the weight gradient's runs.
+    let by_position = T::as_f32(x)
+        .filter(|_| !conv_shifted::preferred())
+        .and_then(|_| by_position::input_gradient(g, o));
+    let transposed = match by_position {
+        Some(_) => None,
+        None => Transposed::plan(pool, g, o, weight),
+    };
     // The transposed convolution summed from shifted copies of the gradient (f32, AVX2).
     let shifted = transposed.as_ref().filter(|_| conv_shifted::preferred()).and_then(|t| {
         T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
@@ -272,6 +305,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         // The unfolded output gradient (transposed) or the columns to fold back; and, for runs
         // of several images, their transposed product's rows before they become images.
         let (mut data_cols, mut staging) = match (&shifted, &transposed) {
+            _ if by_position.is_some() => (Vec::new(), Vec::new()),
             (Some(s), _) => (pool.take::<T>(s.scratch_len()), Vec::new()),
             (None, Some(t)) => (
                 pool.take::<T>(t.taps * t.inputs(per)),
@@ -313,6 +347,9 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
                     );
                 }
             }
+            if by_position.is_some() {
+                continue;
+            }
             if let (Some(s), Some(copies), Some(grad), Some(grad_x_run)) = (
                 &shifted,
                 T::as_f32_mut(&mut data_cols),
@@ -352,6 +389,14 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     });
     if let Some(t) = transposed {
         t.recycle(pool);
+    }
+    if let (Some(plan), Some(grad), Some(weight), Some(grad_x)) = (
+        by_position,
+        T::as_f32(grad),
+        T::as_f32(weight),
+        T::as_f32_mut(&mut grad_x),
+    ) {
+        plan.run(pool, grad, weight, g, grad_x);
     }
     if let Some(s) = shifted {
         s.recycle(pool);
@@ -575,6 +620,17 @@ pub(super) mod tests {
         }
     }
 
+    /// 30 images of 4x4 with 96 channels: where the CPU has the kernels, their products and
+    /// input gradients take tiles of one position in 32 images (`conv_positions`), the last
+    /// lanes left empty.
+    pub const POSITIONS: Conv2dGeometry = Conv2dGeometry {
+        n: 30,
+        c: 96,
+        h: 4,
+        w: 4,
+        ..SAME_SIZE
+    };
+
     /// Output images of 16x16, for the column-major weight gradient (`PartialLayout`).
     pub const WIDE: Conv2dGeometry = Conv2dGeometry {
         n: 2,
@@ -617,8 +673,29 @@ pub(super) mod tests {
             w: 17,
             ..SAME_SIZE
         };
-        for g in [SAME_SIZE, WIDE, large, STRIDED] {
-            let r = reference(&pool, g);
+        // And 8x8 at stride 2: on AVX-512 the product and the input gradient take tiles of one
+        // position (`conv_positions`).
+        let strided = Conv2dGeometry {
+            c: 16,
+            h: 8,
+            w: 8,
+            stride: [2, 2],
+            ..POSITIONS
+        };
+        #[cfg(target_arch = "x86_64")]
+        if super::super::matmul::f32_kernel::available() {
+            assert!(by_position::input_gradient(&POSITIONS, 128).is_some());
+            assert!(by_position::input_gradient(&strided, 416).is_some());
+        }
+        for (g, o) in [
+            (SAME_SIZE, 5),
+            (WIDE, 5),
+            (large, 5),
+            (STRIDED, 5),
+            (POSITIONS, 128),
+            (strided, 416),
+        ] {
+            let r = reference_with(&pool, g, o);
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
             for per in [1, 2] {
                 assert!(

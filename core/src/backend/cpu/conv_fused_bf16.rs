@@ -122,13 +122,7 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
-    let by_position = conv_positions::Plan::forward(g);
-    if by_position.pays() {
-        let by_row = Planes {
-            image: pixels,
-            channel: width,
-        };
-        by_position.run(pool, (x, Planes::nchw(g)), weight, o, (&mut out, by_row));
+    if conv_positions::forward(pool, x, weight, g, o, &mut out) {
         return out;
     }
     let per = images_for_columns(g, MIN_COLUMNS);
@@ -183,7 +177,7 @@ pub fn backward(
     }
     // Where enough of the input gradient's taps read padding (or, strided, no pixel), it is one
     // product of the whole batch by position after the weight gradient's runs.
-    let by_position = Some(conv_positions::Plan::input_gradient(g, o)).filter(|plan| plan.pays());
+    let by_position = conv_positions::input_gradient::<bf16>(g, o);
     let input_gradient = by_position.is_none();
     let transposed = if input_gradient {
         Transposed::plan(pool, g, o, weight)
@@ -266,11 +260,7 @@ pub fn backward(
         t.recycle(pool);
     }
     if let Some(plan) = by_position {
-        let gradient = Planes {
-            image: pixels,
-            channel: width,
-        };
-        plan.run(pool, (grad, gradient), weight, g.c, (&mut grad_x, Planes::nchw(g)));
+        plan.run(pool, grad, weight, g, &mut grad_x);
     }
     let mut sum = pool.take::<f32>(o * taps);
     sum.fill(0.0);
@@ -286,7 +276,7 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
+    use crate::backend::cpu::conv_fused::tests::{POSITIONS, SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
@@ -298,18 +288,9 @@ mod tests {
         }
         let pool = Pool::default();
         assert!(super::super::conv_direct::applies(&SAME_SIZE));
-        // 4x4 images, 32 of them: the product and the transposed input gradient take tiles of
-        // one position (`conv_positions`), the batch's last lanes left empty.
-        let positions = Conv2dGeometry {
-            n: 30,
-            c: 96,
-            h: 4,
-            w: 4,
-            ..SAME_SIZE
-        };
-        assert!(conv_positions::Plan::forward(&positions).pays());
-        assert!(conv_positions::Plan::input_gradient(&positions, 97).pays());
-        for (g, o) in [(STRIDED, 5), (UNSTRIDED, 5), (SAME_SIZE, 5), (positions, 97)] {
+        assert!(conv_positions::Plan::forward(&POSITIONS).pays::<bf16>());
+        assert!(conv_positions::input_gradient::<bf16>(&POSITIONS, 97).is_some());
+        for (g, o) in [(STRIDED, 5), (UNSTRIDED, 5), (SAME_SIZE, 5), (POSITIONS, 97)] {
             let r = reference_with(&pool, g, o);
             let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));

@@ -1,14 +1,14 @@
-//! A bf16 convolution whose tiles are one output position in 32 images: every lane of a tile
+//! A bf16 or f32 convolution whose tiles are one output position in 32 images: every lane of a tile
 //! reads the same input position for a tap, so a tap whose source lies in the padding is left
 //! out of the tile's sum, not multiplied by zeros. Tiles of 32 neighbouring pixels (the other
 //! paths) always hold some pixel for which a tap is real. On ResNet-18's CIFAR shapes a 3x3
 //! convolution with padding 1 has 16% of its products in the padding at 8x8 and 31% at 4x4;
 //! PyTorch's oneDNN skips them as well.
 //!
-//! The input is laid out for it first: channel pairs interleaved (the kernel's k-pairs), then
-//! positions, then images (`[c/2, h·w, n]` words), so a tile's panel for one tap and channel
-//! pair is 32 consecutive words. The weight is packed into strips tap by tap, so a tap's
-//! channels are one run of pairs.
+//! The input is laid out for it first: positions, then channels (in bf16, channel pairs
+//! interleaved: the kernel's k-pairs), then images (`[h·w, c/2, n]` words), so a tile's panel
+//! for one tap and channel (pair) is 32 consecutive words and a tap's channels follow. The weight is packed into strips
+//! tap by tap, so a tap's channels are one run of words.
 
 use half::bf16;
 use rayon::prelude::*;
@@ -17,10 +17,118 @@ use super::conv::Planes;
 use super::conv_fused::Columns;
 use super::float::bf16_from_f32_slice;
 use super::matmul::bf16::join;
-use super::matmul::bf16_kernel::{Interleaved, MR, NR, StridedPanel, tile_segments};
+use super::matmul::bf16_kernel::{self, Interleaved, MR, NR, StridedPanel};
+use super::matmul::f32_kernel;
 use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
-use crate::dtype::HostVec;
+use crate::dtype::{Element, HostVec};
+
+/// An element type with a kernel for this path: what one word of its layouts holds, and the
+/// tile that sums them.
+pub trait Lanes: Element {
+    /// bf16: two channels in a `u32` (the bf16 kernel's k-pairs); f32: one.
+    type Word: Copy + Send + Sync + 'static;
+    const PER_WORD: usize;
+    const ZERO: Self::Word;
+    /// Words (the kernel's steps) a tile sums at least, on average, for its sum to outweigh
+    /// writing it a lane at a time and laying out its input (batch 64, 2 threads). bf16's 3x3
+    /// stride-2 input gradients took 15% longer with 144 words a tile, 10-20% less time with
+    /// 288 and 576, and a 1x1 stride-2 one (a quarter of the pixels take its one tap) 2-3x as
+    /// long with 64; f32's took 10% longer with 553 and 15% less time with 968.
+    const MIN_WORDS: usize;
+    /// Whether this CPU has the kernel.
+    fn available() -> bool;
+    /// Channels `first` and `first + 1` (the second ignored where a word holds one).
+    fn word(first: Self, second: Self) -> Self::Word;
+    /// The tile: `pieces(i)` gives piece `i`'s strip (`words · MR` words, row by row) and
+    /// panel (`NR` words at each of `words` offsets `stride` apart).
+    ///
+    /// # Safety
+    /// `available()`, the strips and panels holding what they should, and `ROWS <= MR`.
+    unsafe fn tile<const ROWS: usize>(
+        segments: usize,
+        pieces: impl Fn(usize) -> (*const Self::Word, *const Self::Word),
+        words: usize,
+        stride: usize,
+        out: &mut [[f32; NR]; MR],
+    );
+    /// A row of f32 sums as this type.
+    fn round(dst: &mut [Self; NR], sums: &[f32; NR]);
+    fn words_into_host(words: Vec<Self::Word>) -> HostVec;
+    /// `len` words from the pool.
+    fn take_words(pool: &Pool, len: usize) -> Vec<Self::Word>;
+}
+
+impl Lanes for bf16 {
+    type Word = u32;
+    const PER_WORD: usize = 2;
+    const ZERO: u32 = 0;
+    const MIN_WORDS: usize = 256;
+    fn available() -> bool {
+        bf16_kernel::available()
+    }
+    fn word(first: bf16, second: bf16) -> u32 {
+        join(first, second)
+    }
+    unsafe fn tile<const ROWS: usize>(
+        segments: usize,
+        pieces: impl Fn(usize) -> (*const u32, *const u32),
+        words: usize,
+        stride: usize,
+        out: &mut [[f32; NR]; MR],
+    ) {
+        let piece = |i| {
+            let (strip, first) = pieces(i);
+            (Interleaved(strip), StridedPanel { first, stride })
+        };
+        // SAFETY: the caller's promises, which are the kernel's.
+        unsafe { bf16_kernel::tile_segments::<_, _, ROWS>(segments, piece, words, out) }
+    }
+    fn round(dst: &mut [bf16; NR], sums: &[f32; NR]) {
+        bf16_from_f32_slice(dst, sums)
+    }
+    fn words_into_host(words: Vec<u32>) -> HostVec {
+        HostVec::U32(words)
+    }
+    fn take_words(pool: &Pool, len: usize) -> Vec<u32> {
+        pool.take(len)
+    }
+}
+
+impl Lanes for f32 {
+    type Word = f32;
+    const PER_WORD: usize = 1;
+    const ZERO: f32 = 0.0;
+    const MIN_WORDS: usize = 768;
+    fn available() -> bool {
+        f32_kernel::available()
+    }
+    fn word(first: f32, _: f32) -> f32 {
+        first
+    }
+    unsafe fn tile<const ROWS: usize>(
+        segments: usize,
+        pieces: impl Fn(usize) -> (*const f32, *const f32),
+        words: usize,
+        stride: usize,
+        out: &mut [[f32; NR]; MR],
+    ) {
+        // SAFETY: the caller's promises, which are the kernel's.
+        unsafe { f32_kernel::tile_segments::<ROWS>(segments, pieces, words, stride, out) }
+    }
+    fn round(dst: &mut [f32; NR], sums: &[f32; NR]) {
+        *dst = *sums;
+    }
+    fn words_into_host(words: Vec<f32>) -> HostVec {
+        HostVec::F32(words)
+    }
+    fn take_words(pool: &Pool, len: usize) -> Vec<f32> {
+        pool.take(len)
+    }
+}
+
+/// Source positions each task of `by_position` lays out.
+const POSITIONS_PER_TASK: usize = 8;
 
 /// The share of the usual work (every tap of every lane) below which this path runs: it pays
 /// for laying out its input and for writing its tiles a lane at a time.
@@ -29,11 +137,42 @@ const MAX_WORK: f64 = 0.9;
 /// Input channels below which a tap's run of pairs is too short to be worth a piece of its own.
 const MIN_CHANNELS: usize = 32;
 
-/// k-pairs a tile sums at least, on average, for its sum to outweigh writing it a lane at a
-/// time. A 1x1 stride-2 convolution's input gradient (a quarter of its pixels take one tap)
-/// took 2-3x as long here; a 3x3 stride-2 one 15% longer with 64 input channels (144 pairs a
-/// tile), 10-20% less time with 128 and 256 (288 and 576).
-const MIN_PAIRS: usize = 256;
+/// `g`'s product (`weight` `[o, c, kh, kw]`) by output position into `out` (`[o, n·oh·ow]`)
+/// where the CPU has `T`'s kernel and this path pays; whether it ran.
+pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize, out: &mut [T]) -> bool {
+    let plan = Plan::forward(g);
+    if !(T::available() && plan.pays::<T>()) {
+        return false;
+    }
+    let by_row = Planes {
+        image: g.out_h() * g.out_w(),
+        channel: g.n * g.out_h() * g.out_w(),
+    };
+    plan.run(pool, (x, Planes::nchw(g)), weight, o, (out, by_row));
+    true
+}
+
+/// The input gradient of `g` (`o` output channels) by output position, where the CPU has
+/// `T`'s kernel and this path pays.
+pub fn input_gradient<T: Lanes>(g: &Conv2dGeometry, o: usize) -> Option<InputGradient> {
+    Some(InputGradient(Plan::input_gradient(g, o))).filter(|plan| T::available() && plan.0.pays::<T>())
+}
+
+/// A convolution's input gradient by output position.
+pub struct InputGradient(Plan);
+
+impl InputGradient {
+    /// `grad_x` (`[n, c, h, w]`) from `grad` (`[o, n·oh·ow]`) and `weight` (`[o, c, kh, kw]`).
+    pub fn run<T: Lanes>(&self, pool: &Pool, grad: &[T], weight: &[T], g: &Conv2dGeometry, grad_x: &mut [T]) {
+        let pixels = g.out_h() * g.out_w();
+        let gradient = Planes {
+            image: pixels,
+            channel: g.n * pixels,
+        };
+        self.0
+            .run(pool, (grad, gradient), weight, g.c, (grad_x, Planes::nchw(g)));
+    }
+}
 
 /// A convolution's sum seen output position by output position: the taps each position takes
 /// and where in the source each reads.
@@ -119,73 +258,72 @@ impl Plan {
         &self.pieces[self.starts[p]..self.starts[p + 1]]
     }
 
-    /// Whether this path pays: its taps in the padding (less the lanes left empty by a batch
-    /// that is not a multiple of 32 images) save at least a tenth of the products.
-    pub fn pays(&self) -> bool {
+    /// Whether this path pays for `T`: its taps in the padding (less the lanes left empty by a
+    /// batch that is not a multiple of 32 images) save at least a tenth of the products, and
+    /// its tiles' sums are long enough.
+    pub fn pays<T: Lanes>(&self) -> bool {
         let (positions, real) = (self.positions(), self.pieces.len());
         if self.channels < MIN_CHANNELS || self.images == 0 || positions == 0 {
             return false;
         }
         let lanes = self.images.next_multiple_of(NR) as f64 / self.images as f64;
         let work = real as f64 / (positions * self.taps) as f64 * lanes;
-        work <= MAX_WORK && real * self.channels.div_ceil(2) >= MIN_PAIRS * positions
+        work <= MAX_WORK && real * self.channels.div_ceil(T::PER_WORD) >= T::MIN_WORDS * positions
     }
 
     /// For each output element (row `r`, image `i`, position `p`):
     /// `dst[i * out.image + r * out.channel + p] = weight[r] · unfold(src)`, summed in f32 and
     /// rounded once. `weight` holds `rows x channels x taps` (see `swapped`), `src` the
-    /// images' source planes at `planes`. Call only where `bf16_kernel::available()`.
-    pub fn run(
+    /// images' source planes at `planes`. Call only where `T::available()`.
+    pub fn run<T: Lanes>(
         &self,
         pool: &Pool,
-        (src, planes): (&[bf16], Planes),
-        weight: &[bf16],
+        (src, planes): (&[T], Planes),
+        weight: &[T],
         rows: usize,
-        (dst, out): (&mut [bf16], Planes),
+        (dst, out): (&mut [T], Planes),
     ) {
         let (positions, images) = (self.positions(), self.images);
-        let (lanes, channel_pairs) = (images.next_multiple_of(NR), self.channels.div_ceil(2));
+        let (lanes, words) = (images.next_multiple_of(NR), self.channels.div_ceil(T::PER_WORD));
         let input = self.by_position(pool, src, planes, lanes);
         let strips = self.strips(pool, weight, rows);
         let (strip_count, blocks) = (rows.div_ceil(MR), lanes / NR);
         let last = (images - 1) * out.image + (rows - 1) * out.channel + positions - 1;
         assert!(dst.len() > last, "the output holds every element written");
         let dst = Columns(dst.as_mut_ptr());
-        let strip_words = self.taps * channel_pairs * MR;
+        let strip_words = self.taps * words * MR;
+        let stride = lanes;
         (0..strip_count * blocks * positions).into_par_iter().for_each(|item| {
             // The whole `Columns` (Send), not its raw pointer field (which is not).
             #[allow(clippy::redundant_locals)]
             let dst = dst;
             let (s, block, p) = (item / (blocks * positions), item / positions % blocks, item % positions);
             let pieces = self.of(p);
+            // Strip s holds `taps` runs of `words * MR` words; the input, at each position,
+            // `words` runs of `lanes` words.
             let piece = |i: usize| {
                 let (tap, source) = pieces[i];
                 (
-                    // Strip s holds `taps` runs of `channel_pairs * MR` words; the input,
-                    // `channel_pairs` runs of `source_plane·lanes` words.
-                    Interleaved(strips[s * strip_words + tap * channel_pairs * MR..].as_ptr()),
-                    StridedPanel {
-                        first: input[source * lanes + block * NR..].as_ptr(),
-                        stride: self.source_plane * lanes,
-                    },
+                    strips[s * strip_words + tap * words * MR..].as_ptr(),
+                    input[source * words * lanes + block * NR..].as_ptr(),
                 )
             };
             let srows = (rows - s * MR).min(MR);
             let mut acc = [[0f32; NR]; MR];
             // SAFETY: the caller's promise that the CPU has the kernel; each piece's strip holds
-            // `channel_pairs` pairs of MR rows and its panel `channel_pairs` pairs of NR lanes
+            // `words` words of MR rows and its panel `words` runs of NR lanes `stride` apart
             // (the layouts above); each tile size is at most MR rows and covers `srows`.
             unsafe {
                 match srows {
-                    9.. => tile_segments::<_, _, MR>(pieces.len(), piece, channel_pairs, &mut acc),
-                    5..=8 => tile_segments::<_, _, 8>(pieces.len(), piece, channel_pairs, &mut acc),
-                    _ => tile_segments::<_, _, 4>(pieces.len(), piece, channel_pairs, &mut acc),
+                    9.. => T::tile::<MR>(pieces.len(), piece, words, stride, &mut acc),
+                    5..=8 => T::tile::<8>(pieces.len(), piece, words, stride, &mut acc),
+                    _ => T::tile::<4>(pieces.len(), piece, words, stride, &mut acc),
                 }
             }
             let count = (images - block * NR).min(NR);
-            let mut rounded = [bf16::ZERO; NR];
+            let mut rounded = [T::from_f64(0.0); NR];
             for (r, row) in acc.iter().enumerate().take(srows) {
-                bf16_from_f32_slice(&mut rounded, row);
+                T::round(&mut rounded, row);
                 let first = block * NR * out.image + (s * MR + r) * out.channel + p;
                 for (i, &v) in rounded.iter().enumerate().take(count) {
                     // SAFETY: at most `last` (checked above); this tile is the only one writing
@@ -194,56 +332,68 @@ impl Plan {
                 }
             }
         });
-        pool.recycle(HostVec::U32(input));
-        pool.recycle(HostVec::U32(strips));
+        pool.recycle(T::words_into_host(input));
+        pool.recycle(T::words_into_host(strips));
     }
 
-    /// The source images as `[channels/2, source plane, lanes]` words: channels 2j and 2j + 1
-    /// of one position and image in word `(j·plane + position)·lanes + image`, lanes past the
-    /// images (and an odd count's last channel pair's upper half) zero.
-    fn by_position(&self, pool: &Pool, src: &[bf16], planes: Planes, lanes: usize) -> Vec<u32> {
+    /// The source images as `[source plane, channels / PER_WORD, lanes]` words: channels
+    /// PER_WORD·j.. of one position and image in word `(position·words + j)·lanes + image`,
+    /// lanes past the images (and an odd count's last bf16 word's upper half) zero. A piece's
+    /// words are one run (channel-major, each channel's panels 4 KiB apart on a 4x4 layer,
+    /// left the f32 kernel at 58% of its peak).
+    fn by_position<T: Lanes>(&self, pool: &Pool, src: &[T], planes: Planes, lanes: usize) -> Vec<T::Word> {
         let (plane, channels, images) = (self.source_plane, self.channels, self.images);
-        let mut words = pool.take::<u32>(channels.div_ceil(2) * plane * lanes);
-        words.par_chunks_mut(plane * lanes).enumerate().for_each(|(j, pair)| {
-            if lanes > images {
-                pair.fill(0);
-            }
-            for i in 0..images {
-                let channel = |c: usize| (c < channels).then(|| &src[i * planes.image + c * planes.channel..][..plane]);
-                let (even, odd) = (channel(2 * j).expect("pair j has its even channel"), channel(2 * j + 1));
-                for (position, &e) in even.iter().enumerate() {
-                    pair[position * lanes + i] = join(e, odd.map_or(bf16::ZERO, |odd| odd[position]));
-                }
-            }
-        });
-        words
-    }
-
-    /// The weight as strips of `MR` rows, tap by tap, channel pair by channel pair: word
-    /// `((strip·taps + tap)·channels/2 + j)·MR + r` holds channels 2j and 2j + 1 of row
-    /// strip·MR + r at that tap; rows past the end (and an odd count's missing channel) zero.
-    fn strips(&self, pool: &Pool, weight: &[bf16], rows: usize) -> Vec<u32> {
-        let (channels, taps) = (self.channels, self.taps);
-        let channel_pairs = channels.div_ceil(2);
-        let mut words = pool.take::<u32>(rows.div_ceil(MR) * taps * channel_pairs * MR);
-        let at = |row: usize, channel: usize, tap: usize| match (row < rows && channel < channels, self.swapped) {
-            (false, _) => bf16::ZERO,
-            (true, false) => weight[(row * channels + channel) * taps + tap],
-            (true, true) => weight[(channel * rows + row) * taps + tap],
-        };
-        words
-            .par_chunks_mut(taps * channel_pairs * MR)
+        let words = channels.div_ceil(T::PER_WORD);
+        let mut laid = T::take_words(pool, plane * words * lanes);
+        laid.par_chunks_mut(POSITIONS_PER_TASK * words * lanes)
             .enumerate()
-            .for_each(|(s, strip)| {
-                for (k, pair_rows) in strip.chunks_exact_mut(MR).enumerate() {
-                    let (tap, j) = (k / channel_pairs, k % channel_pairs);
-                    for (r, word) in pair_rows.iter_mut().enumerate() {
-                        let row = s * MR + r;
-                        *word = join(at(row, 2 * j, tap), at(row, 2 * j + 1, tap));
+            .for_each(|(task, laid)| {
+                if lanes > images {
+                    laid.fill(T::ZERO);
+                }
+                let first_position = task * POSITIONS_PER_TASK;
+                let count = laid.len() / (words * lanes);
+                for j in 0..words {
+                    let first = j * T::PER_WORD;
+                    for i in 0..images {
+                        let channel =
+                            |c: usize| &src[i * planes.image + c * planes.channel + first_position..][..count];
+                        let second = (first + 1 < channels && T::PER_WORD == 2).then(|| channel(first + 1));
+                        for (position, &v) in channel(first).iter().enumerate() {
+                            let second = second.map_or(T::from_f64(0.0), |second| second[position]);
+                            laid[(position * words + j) * lanes + i] = T::word(v, second);
+                        }
                     }
                 }
             });
-        words
+        laid
+    }
+
+    /// The weight as strips of `MR` rows, tap by tap, word by word: word
+    /// `((strip·taps + tap)·words + j)·MR + r` holds channels PER_WORD·j.. of row strip·MR + r
+    /// at that tap; rows past the end (and an odd count's missing bf16 channel) zero.
+    fn strips<T: Lanes>(&self, pool: &Pool, weight: &[T], rows: usize) -> Vec<T::Word> {
+        let (channels, taps) = (self.channels, self.taps);
+        let words = channels.div_ceil(T::PER_WORD);
+        let mut strips = T::take_words(pool, rows.div_ceil(MR) * taps * words * MR);
+        let at = |row: usize, channel: usize, tap: usize| match (row < rows && channel < channels, self.swapped) {
+            (false, _) => T::from_f64(0.0),
+            (true, false) => weight[(row * channels + channel) * taps + tap],
+            (true, true) => weight[(channel * rows + row) * taps + tap],
+        };
+        strips
+            .par_chunks_mut(taps * words * MR)
+            .enumerate()
+            .for_each(|(s, strip)| {
+                for (k, word_rows) in strip.chunks_exact_mut(MR).enumerate() {
+                    let (tap, j) = (k / words, k % words);
+                    for (r, word) in word_rows.iter_mut().enumerate() {
+                        let (row, first) = (s * MR + r, j * T::PER_WORD);
+                        *word = T::word(at(row, first, tap), at(row, first + 1, tap));
+                    }
+                }
+            });
+        strips
     }
 }
 
@@ -256,7 +406,6 @@ fn pixels(h: usize, w: usize) -> impl Iterator<Item = (usize, usize)> {
 mod tests {
     use super::*;
     use crate::backend::cpu::conv::{col2im, im2col};
-    use crate::backend::cpu::matmul::bf16_kernel;
 
     const fn geometry(n: usize, c: usize, size: usize, k: usize, stride: usize, padding: usize) -> Conv2dGeometry {
         Conv2dGeometry {
@@ -273,15 +422,15 @@ mod tests {
     }
 
     /// Values exact in bf16 whose products and sums stay exact in f32, varied by index.
-    fn values(len: usize, seed: usize) -> Vec<bf16> {
+    fn values<T: Lanes>(len: usize, seed: usize) -> Vec<T> {
         (0..len)
-            .map(|i| bf16::from_f32(((i * 7 + seed * 13) % 17) as f32 / 4.0 - 2.0))
+            .map(|i| T::from_f64(((i * 7 + seed * 13) % 17) as f64 / 4.0 - 2.0))
             .collect()
     }
 
     /// Each output (`[rows, n, positions]`, f64) against what `plan` writes at both output
-    /// layouts, `[rows, n·positions]` and NCHW.
-    fn check(plan: &Plan, src: &[bf16], planes: Planes, weight: &[bf16], rows: usize, want: &[f64], what: &str) {
+    /// layouts, `[rows, n·positions]` and NCHW: the exact sum rounded once.
+    fn check<T: Lanes>(plan: &Plan, src: &[T], planes: Planes, weight: &[T], rows: usize, want: &[f64], what: &str) {
         let pool = Pool::default();
         let (n, positions) = (plan.images, plan.positions());
         let width = n * positions;
@@ -294,16 +443,18 @@ mod tests {
             channel: positions,
         };
         for out in [by_row, nchw] {
-            let mut dst = vec![bf16::from_f32(99.0); rows * width];
+            let mut dst = vec![T::from_f64(99.0); rows * width];
             plan.run(&pool, (src, planes), weight, rows, (&mut dst, out));
             for r in 0..rows {
                 for i in 0..n {
                     for p in 0..positions {
                         let got = dst[i * out.image + r * out.channel + p].to_f64();
                         let exact = want[r * width + i * positions + p];
-                        assert!(
-                            (got - exact).abs() <= exact.abs() * 2f64.powi(-8),
-                            "{what} rows {rows} image stride {}: row {r} image {i} position {p}: {got} vs {exact}",
+                        assert_eq!(
+                            got,
+                            T::from_f64(exact).to_f64(),
+                            "{what} {:?} rows {rows} image stride {}: row {r} image {i} position {p}",
+                            T::DTYPE,
                             out.image
                         );
                     }
@@ -312,7 +463,7 @@ mod tests {
         }
     }
 
-    fn wide(v: &[bf16]) -> Vec<f64> {
+    fn wide<T: Lanes>(v: &[T]) -> Vec<f64> {
         v.iter().map(|v| v.to_f64()).collect()
     }
 
@@ -339,15 +490,17 @@ mod tests {
         (geometry(9, 4, 6, 1, 2, 0), 5),
     ];
 
-    #[test]
-    fn tiles_of_one_position_in_many_images_match_plain_loops() {
-        if !bf16_kernel::available() {
-            eprintln!("\n*** SKIPPED: this CPU has no AVX512-BF16; this path never runs on it ***\n");
+    fn forward<T: Lanes>() {
+        if !T::available() {
+            eprintln!(
+                "\n*** SKIPPED: this CPU has no {:?} kernel for this path; it never runs on it ***\n",
+                T::DTYPE
+            );
             return;
         }
         for (g, rows) in CASES {
-            let src = values(g.n * g.c * g.h * g.w, 1);
-            let weight = values(rows * g.c * g.kh * g.kw, 2);
+            let src = values::<T>(g.n * g.c * g.h * g.w, 1);
+            let weight = values::<T>(rows * g.c * g.kh * g.kw, 2);
             let cols = im2col(&Pool::default(), &wide(&src), &g);
             let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
             let want = matmul(
@@ -367,17 +520,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn input_gradients_of_one_position_in_many_images_match_plain_loops() {
-        if !bf16_kernel::available() {
-            eprintln!("\n*** SKIPPED: this CPU has no AVX512-BF16; this path never runs on it ***\n");
+    fn input_gradient<T: Lanes>() {
+        if !T::available() {
+            eprintln!(
+                "\n*** SKIPPED: this CPU has no {:?} kernel for this path; it never runs on it ***\n",
+                T::DTYPE
+            );
             return;
         }
         // `g` has `o` output channels; the gradient `[o, n·oh·ow]` is the source, `g.c` rows.
         for (g, o) in CASES {
             let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
-            let grad = values(o * width, 3);
-            let weight = values(o * taps, 4);
+            let grad = values::<T>(o * width, 3);
+            let weight = values::<T>(o * taps, 4);
             let cols = matmul(
                 &|t, r| weight[r * taps + t].to_f64(),
                 &|r, col| grad[r * width + col].to_f64(),
@@ -410,8 +565,20 @@ mod tests {
     }
 
     #[test]
+    fn tiles_of_one_position_in_many_images_match_plain_loops() {
+        forward::<bf16>();
+        forward::<f32>();
+    }
+
+    #[test]
+    fn input_gradients_of_one_position_in_many_images_match_plain_loops() {
+        input_gradient::<bf16>();
+        input_gradient::<f32>();
+    }
+
+    #[test]
     fn only_convolutions_with_enough_taps_in_the_padding_pay() {
-        let pays = |g| Plan::forward(&g).pays();
+        let pays = |g| Plan::forward(&g).pays::<bf16>();
         assert!(
             pays(geometry(64, 512, 4, 3, 1, 1)),
             "4x4: 31% of the taps in the padding"
@@ -421,11 +588,20 @@ mod tests {
         assert!(!pays(geometry(64, 256, 8, 1, 1, 0)), "1x1: none");
         assert!(!pays(geometry(40, 512, 4, 3, 1, 1)), "24 of 64 lanes empty");
         assert!(!pays(geometry(64, 3, 4, 3, 1, 1)), "three channels: pieces too short");
-        let gradient_pays = |g, o| Plan::input_gradient(&g, o).pays();
+        let gradient_pays = |g, o| Plan::input_gradient(&g, o).pays::<bf16>();
         assert!(
             gradient_pays(geometry(64, 128, 16, 3, 2, 1), 256),
             "stride 2: three in four taps read no pixel"
         );
         assert!(!gradient_pays(geometry(64, 64, 16, 3, 1, 1), 64), "16x16: 8%");
+        let f32_gradient_pays = |g, o| Plan::input_gradient(&g, o).pays::<f32>();
+        assert!(
+            f32_gradient_pays(geometry(64, 256, 8, 3, 2, 1), 512),
+            "968 words a tile"
+        );
+        assert!(
+            !f32_gradient_pays(geometry(64, 128, 16, 3, 2, 1), 256),
+            "553 words a tile"
+        );
     }
 }

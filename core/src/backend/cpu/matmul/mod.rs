@@ -7,6 +7,8 @@
 pub(super) mod bf16;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod bf16_kernel;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod f32_kernel;
 
 use std::ops::Range;
 
