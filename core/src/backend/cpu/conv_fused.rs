@@ -6,7 +6,8 @@
 //! results are laid out as the composed path's: `[o, n·oh·ow]`. The input gradient of a
 //! stride-1 convolution is a transposed convolution (`conv_data_grad`). In f32 on AVX2, stride-1
 //! convolutions that keep their image size (ResNet's 3x3s) unfold nothing: their products sum
-//! shifted copies of the images (`conv_shifted`).
+//! shifted copies of the images (`conv_shifted`). In f32 on AVX-512, where enough taps read
+//! padding, the product and the input gradient go by output position (`conv_positions`).
 
 use rayon::prelude::*;
 

@@ -3,7 +3,9 @@
 //! product's images are unfolded as bf16 (a copy) while in cache; products accumulate
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one
 //! large product does); the input gradient is rounded once from f32, out of the transposed
-//! convolution's accumulators or out of columns folded back in f32.
+//! convolution's accumulators or out of columns folded back in f32. Where enough taps read
+//! padding (8x8 and 4x4 images), the product and the input gradient go by output position
+//! instead (`conv_positions`).
 
 use half::bf16;
 use rayon::prelude::*;

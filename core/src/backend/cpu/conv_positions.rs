@@ -1,14 +1,15 @@
-//! A bf16 or f32 convolution whose tiles are one output position in 32 images: every lane of a tile
-//! reads the same input position for a tap, so a tap whose source lies in the padding is left
-//! out of the tile's sum, not multiplied by zeros. Tiles of 32 neighbouring pixels (the other
-//! paths) always hold some pixel for which a tap is real. On ResNet-18's CIFAR shapes a 3x3
-//! convolution with padding 1 has 16% of its products in the padding at 8x8 and 31% at 4x4;
-//! PyTorch's oneDNN skips them as well.
+//! A bf16 or f32 convolution whose tiles are one output position in 32 images: every lane of a
+//! tile reads the same input position for a tap, so a tap whose source lies in the padding is
+//! left out of the tile's sum, not multiplied by zeros. Tiles of 32 neighbouring pixels (the
+//! other paths) always hold some pixel for which a tap is real. On ResNet-18's CIFAR shapes a
+//! 3x3 convolution with padding 1 has 16% of its products in the padding at 8x8 and 31% at 4x4;
+//! PyTorch's oneDNN skips them as well. Input gradients of any stride run the same way, each
+//! input pixel summing the output gradient's pixels whose taps read it.
 //!
 //! The input is laid out for it first: positions, then channels (in bf16, channel pairs
 //! interleaved: the kernel's k-pairs), then images (`[h·w, c/2, n]` words), so a tile's panel
-//! for one tap and channel (pair) is 32 consecutive words and a tap's channels follow. The weight is packed into strips
-//! tap by tap, so a tap's channels are one run of words.
+//! for one tap and channel (pair) is 32 consecutive words and a tap's channels follow. The
+//! weight is packed into strips tap by tap, so a tap's channels are one run of words.
 
 use half::bf16;
 use rayon::prelude::*;
