@@ -7,7 +7,7 @@
 //! stride-1 convolution is a transposed convolution (`conv_data_grad`). In f32 on AVX2, stride-1
 //! convolutions that keep their image size (ResNet's 3x3s) unfold nothing: their products sum
 //! shifted copies of the images (`conv_shifted`). In f32 on AVX-512, where enough taps read
-//! padding, the product and the input gradient go by output position (`conv_positions`).
+//! padding, the input gradient goes by output position (`conv_positions`).
 
 use rayon::prelude::*;
 
@@ -20,10 +20,11 @@ use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// f32 convolutions by output position (`conv_positions`), which need AVX-512; elsewhere none.
+/// f32 input gradients by output position (`conv_positions`), which need AVX-512; elsewhere
+/// none.
 #[cfg(target_arch = "x86_64")]
 mod by_position {
-    pub use super::super::conv_positions::{InputGradient, forward};
+    pub use super::super::conv_positions::InputGradient;
     pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
         super::super::conv_positions::input_gradient::<f32>(g, o)
     }
@@ -36,9 +37,6 @@ mod by_position {
         pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: &mut [f32]) {
             match *self {}
         }
-    }
-    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) -> bool {
-        false
     }
     pub fn input_gradient(_: &Conv2dGeometry, _: usize) -> Option<InputGradient> {
         None
@@ -199,8 +197,7 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         T::as_f32(x),
         T::as_f32(weight),
         T::as_f32_mut(&mut out),
-    ) && (conv_shifted::forward(pool, x, weight, g, o, per, out32)
-        || by_position::forward(pool, x, weight, g, o, out32))
+    ) && conv_shifted::forward(pool, x, weight, g, o, per, out32)
     {
         return out;
     }
@@ -621,9 +618,9 @@ pub(super) mod tests {
         }
     }
 
-    /// 30 images of 4x4 with 96 channels: where the CPU has the kernels, their products and
-    /// input gradients take tiles of one position in 32 images (`conv_positions`), the last
-    /// lanes left empty.
+    /// 30 images of 4x4 with 96 channels: where the CPU has the kernels, their input gradients
+    /// (and, in bf16, their products) take tiles of one position in 32 images
+    /// (`conv_positions`), the last lanes left empty.
     pub const POSITIONS: Conv2dGeometry = Conv2dGeometry {
         n: 30,
         c: 96,
@@ -674,8 +671,8 @@ pub(super) mod tests {
             w: 17,
             ..SAME_SIZE
         };
-        // And 8x8 at stride 2: on AVX-512 the product and the input gradient take tiles of one
-        // position (`conv_positions`).
+        // And 8x8 at stride 2: on AVX-512 their input gradients take tiles of one position
+        // (`conv_positions`).
         let strided = Conv2dGeometry {
             c: 16,
             h: 8,

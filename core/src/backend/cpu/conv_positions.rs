@@ -285,6 +285,9 @@ impl Plan {
         (dst, out): (&mut [T], Planes),
     ) {
         let (positions, images) = (self.positions(), self.images);
+        if rows == 0 || images == 0 || positions == 0 {
+            return;
+        }
         let (lanes, words) = (images.next_multiple_of(NR), self.channels.div_ceil(T::PER_WORD));
         let input = self.by_position(pool, src, planes, lanes);
         let strips = self.strips(pool, weight, rows);
