@@ -275,7 +275,7 @@ impl Plan {
     /// For each output element (row `r`, image `i`, position `p`):
     /// `dst[i * out.image + r * out.channel + p] = weight[r] · unfold(src)`, summed in f32 and
     /// rounded once. `weight` holds `rows x channels x taps` (see `swapped`), `src` the
-    /// images' source planes at `planes`. Call only where `T::available()`.
+    /// images' source planes at `planes`. Panics where the CPU lacks `T`'s kernel.
     pub fn run<T: Lanes>(
         &self,
         pool: &Pool,
@@ -288,6 +288,7 @@ impl Plan {
         if rows == 0 || images == 0 || positions == 0 {
             return;
         }
+        assert!(T::available(), "the position path needs its kernel's CPU features");
         let (lanes, words) = (images.next_multiple_of(NR), self.channels.div_ceil(T::PER_WORD));
         let input = self.by_position(pool, src, planes, lanes);
         let strips = self.strips(pool, weight, rows);
@@ -314,7 +315,7 @@ impl Plan {
             };
             let srows = (rows - s * MR).min(MR);
             let mut acc = [[0f32; NR]; MR];
-            // SAFETY: the caller's promise that the CPU has the kernel; each piece's strip holds
+            // SAFETY: the CPU has the kernel (asserted above); each piece's strip holds
             // `words` words of MR rows and its panel `words` runs of NR lanes `stride` apart
             // (the layouts above); each tile size is at most MR rows and covers `srows`.
             unsafe {
