@@ -22,15 +22,14 @@ use super::matmul::bf16_kernel::{self, Interleaved, MR, NR, StridedPanel};
 use super::matmul::f32_kernel;
 use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
-use crate::dtype::{Element, HostVec};
+use crate::dtype::Element;
 
 /// An element type with a kernel for this path: what one word of its layouts holds, and the
 /// tile that sums them.
 pub trait Lanes: Element {
     /// bf16: two channels in a `u32` (the bf16 kernel's k-pairs); f32: one.
-    type Word: Copy + Send + Sync + 'static;
+    type Word: Element;
     const PER_WORD: usize;
-    const ZERO: Self::Word;
     /// Words (the kernel's steps) a tile sums at least, on average, for its sum to outweigh
     /// writing it a lane at a time and laying out its input (batch 64, 2 threads). bf16's 3x3
     /// stride-2 input gradients took 15% longer with 144 words a tile, 10-20% less time with
@@ -45,8 +44,9 @@ pub trait Lanes: Element {
     /// panel (`NR` words at each of `words` offsets `stride` apart).
     ///
     /// # Safety
-    /// `available()`, the strips and panels holding what they should, and `ROWS <= MR`.
-    unsafe fn tile<const ROWS: usize>(
+    /// `available()`, the strips and panels holding what they should, and `rows <= MR`.
+    unsafe fn tile(
+        rows: usize,
         segments: usize,
         pieces: impl Fn(usize) -> (*const Self::Word, *const Self::Word),
         words: usize,
@@ -55,15 +55,11 @@ pub trait Lanes: Element {
     );
     /// A row of f32 sums as this type.
     fn round(dst: &mut [Self; NR], sums: &[f32; NR]);
-    fn words_into_host(words: Vec<Self::Word>) -> HostVec;
-    /// `len` words from the pool.
-    fn take_words(pool: &Pool, len: usize) -> Vec<Self::Word>;
 }
 
 impl Lanes for bf16 {
     type Word = u32;
     const PER_WORD: usize = 2;
-    const ZERO: u32 = 0;
     const MIN_WORDS: usize = 256;
     fn available() -> bool {
         bf16_kernel::available()
@@ -71,7 +67,8 @@ impl Lanes for bf16 {
     fn word(first: bf16, second: bf16) -> u32 {
         join(first, second)
     }
-    unsafe fn tile<const ROWS: usize>(
+    unsafe fn tile(
+        rows: usize,
         segments: usize,
         pieces: impl Fn(usize) -> (*const u32, *const u32),
         words: usize,
@@ -83,23 +80,16 @@ impl Lanes for bf16 {
             (Interleaved(strip), StridedPanel { first, stride })
         };
         // SAFETY: the caller's promises, which are the kernel's.
-        unsafe { bf16_kernel::tile_segments::<_, _, ROWS>(segments, piece, words, out) }
+        unsafe { bf16_kernel::tile(rows, segments, piece, words, out) }
     }
     fn round(dst: &mut [bf16; NR], sums: &[f32; NR]) {
         bf16_from_f32_slice(dst, sums)
-    }
-    fn words_into_host(words: Vec<u32>) -> HostVec {
-        HostVec::U32(words)
-    }
-    fn take_words(pool: &Pool, len: usize) -> Vec<u32> {
-        pool.take(len)
     }
 }
 
 impl Lanes for f32 {
     type Word = f32;
     const PER_WORD: usize = 1;
-    const ZERO: f32 = 0.0;
     const MIN_WORDS: usize = 768;
     fn available() -> bool {
         f32_kernel::available()
@@ -107,7 +97,8 @@ impl Lanes for f32 {
     fn word(first: f32, _: f32) -> f32 {
         first
     }
-    unsafe fn tile<const ROWS: usize>(
+    unsafe fn tile(
+        rows: usize,
         segments: usize,
         pieces: impl Fn(usize) -> (*const f32, *const f32),
         words: usize,
@@ -115,16 +106,10 @@ impl Lanes for f32 {
         out: &mut [[f32; NR]; MR],
     ) {
         // SAFETY: the caller's promises, which are the kernel's.
-        unsafe { f32_kernel::tile_segments::<ROWS>(segments, pieces, words, stride, out) }
+        unsafe { f32_kernel::tile(rows, segments, pieces, words, stride, out) }
     }
     fn round(dst: &mut [f32; NR], sums: &[f32; NR]) {
         *dst = *sums;
-    }
-    fn words_into_host(words: Vec<f32>) -> HostVec {
-        HostVec::F32(words)
-    }
-    fn take_words(pool: &Pool, len: usize) -> Vec<f32> {
-        pool.take(len)
     }
 }
 
@@ -141,8 +126,11 @@ const MIN_CHANNELS: usize = 32;
 /// `g`'s product (`weight` `[o, c, kh, kw]`) by output position into `out` (`[o, n·oh·ow]`)
 /// where the CPU has `T`'s kernel and this path pays; whether it ran.
 pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize, out: &mut [T]) -> bool {
+    if !T::available() {
+        return false;
+    }
     let plan = Plan::forward(g);
-    if !(T::available() && plan.pays::<T>()) {
+    if !plan.pays::<T>() {
         return false;
     }
     let by_row = Planes {
@@ -156,7 +144,9 @@ pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry,
 /// The input gradient of `g` (`o` output channels) by output position, where the CPU has
 /// `T`'s kernel and this path pays.
 pub fn input_gradient<T: Lanes>(g: &Conv2dGeometry, o: usize) -> Option<InputGradient> {
-    Some(InputGradient(Plan::input_gradient(g, o))).filter(|plan| T::available() && plan.0.pays::<T>())
+    T::available()
+        .then(|| InputGradient(Plan::input_gradient(g, o)))
+        .filter(|plan| plan.0.pays::<T>())
 }
 
 /// A convolution's input gradient by output position.
@@ -317,14 +307,8 @@ impl Plan {
             let mut acc = [[0f32; NR]; MR];
             // SAFETY: the CPU has the kernel (asserted above); each piece's strip holds
             // `words` words of MR rows and its panel `words` runs of NR lanes `stride` apart
-            // (the layouts above); each tile size is at most MR rows and covers `srows`.
-            unsafe {
-                match srows {
-                    9.. => T::tile::<MR>(pieces.len(), piece, words, stride, &mut acc),
-                    5..=8 => T::tile::<8>(pieces.len(), piece, words, stride, &mut acc),
-                    _ => T::tile::<4>(pieces.len(), piece, words, stride, &mut acc),
-                }
-            }
+            // (the layouts above); srows <= MR.
+            unsafe { T::tile(srows, pieces.len(), piece, words, stride, &mut acc) };
             let count = (images - block * NR).min(NR);
             let mut rounded = [T::from_f64(0.0); NR];
             for (r, row) in acc.iter().enumerate().take(srows) {
@@ -337,8 +321,8 @@ impl Plan {
                 }
             }
         });
-        pool.recycle(T::words_into_host(input));
-        pool.recycle(T::words_into_host(strips));
+        pool.recycle(T::Word::into_host(input));
+        pool.recycle(T::Word::into_host(strips));
     }
 
     /// The source images as `[source plane, channels / PER_WORD, lanes]` words: channels
@@ -349,12 +333,12 @@ impl Plan {
     fn by_position<T: Lanes>(&self, pool: &Pool, src: &[T], planes: Planes, lanes: usize) -> Vec<T::Word> {
         let (plane, channels, images) = (self.source_plane, self.channels, self.images);
         let words = channels.div_ceil(T::PER_WORD);
-        let mut laid = T::take_words(pool, plane * words * lanes);
+        let mut laid = pool.take::<T::Word>(plane * words * lanes);
         laid.par_chunks_mut(POSITIONS_PER_TASK * words * lanes)
             .enumerate()
             .for_each(|(task, laid)| {
                 if lanes > images {
-                    laid.fill(T::ZERO);
+                    laid.fill(T::Word::from_f64(0.0));
                 }
                 let first_position = task * POSITIONS_PER_TASK;
                 let count = laid.len() / (words * lanes);
@@ -380,7 +364,7 @@ impl Plan {
     fn strips<T: Lanes>(&self, pool: &Pool, weight: &[T], rows: usize) -> Vec<T::Word> {
         let (channels, taps) = (self.channels, self.taps);
         let words = channels.div_ceil(T::PER_WORD);
-        let mut strips = T::take_words(pool, rows.div_ceil(MR) * taps * words * MR);
+        let mut strips = pool.take::<T::Word>(rows.div_ceil(MR) * taps * words * MR);
         let at = |row: usize, channel: usize, tap: usize| match (row < rows && channel < channels, self.swapped) {
             (false, _) => T::from_f64(0.0),
             (true, false) => weight[(row * channels + channel) * taps + tap],

@@ -505,14 +505,8 @@ impl<V: VectorSide> Tiles<'_, V> {
                     let panel = vectors.panel(q);
                     // SAFETY: `product` runs only where `available()` holds; the strip holds
                     // `pairs` pairs per row and each panel `pairs` per column (the callers'
-                    // promise); each tile size is at most MR rows and covers `srows`.
-                    unsafe {
-                        match srows {
-                            9.. => tile::<_, _, MR>(&rows, &panel, pairs, &mut acc),
-                            5..=8 => tile::<_, _, 8>(&rows, &panel, pairs, &mut acc),
-                            _ => tile::<_, _, 4>(&rows, &panel, pairs, &mut acc),
-                        }
-                    };
+                    // promise); srows <= MR.
+                    unsafe { tile(srows, 1, |_| (&rows, &panel), pairs, &mut acc) };
                     out.write(&acc, s0, srows, v0, (vector_rows - v0).min(NR));
                 }
             }

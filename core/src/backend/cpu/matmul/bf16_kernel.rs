@@ -110,32 +110,38 @@ impl Panel for Packed {
     }
 }
 
-/// `out[r][c] = sum_p pair(r, p) . panel[p][c]` over `pairs` k-pairs for the first `ROWS`
-/// rows (`MR`, or fewer for a strip's last rows: a 64-row side in strips of 12 spent a ninth
-/// of its multiply-adds on rows past the end); later rows of `out` are left as they were.
+/// `out[r][c] = sum over pieces i, pairs p of pair_i(r, p) . panel_i[p][c]` for the first
+/// `rows` rows, `pieces(i)` giving piece `i`'s strip and panel (a convolution's tile skips the
+/// taps that read only padding; a plain product is one piece). It runs on the smallest of the
+/// 12-, 8- and 4-row tiles that covers `rows` (a 64-row side in strips of 12 spent a ninth of
+/// its multiply-adds on rows past the end); later rows of `out` are left as they were.
 ///
 /// # Safety
-/// The CPU must have what `available()` checks; `strip` and `panel` must each hold `pairs`
-/// pairs for each of their rows and columns; `ROWS <= MR`.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn tile<S: Strip, P: Panel, const ROWS: usize>(
-    strip: &S,
-    panel: &P,
+/// The CPU must have what `available()` checks; each piece's strip and panel must hold `pairs`
+/// pairs for each of their rows and columns; `rows <= MR`.
+pub unsafe fn tile<S: Strip, P: Panel>(
+    rows: usize,
+    segments: usize,
+    pieces: impl Fn(usize) -> (S, P),
     pairs: usize,
     out: &mut [[f32; NR]; MR],
 ) {
-    // SAFETY: the caller's promises, for the one segment.
-    unsafe { tile_segments::<_, _, ROWS>(1, |_| (strip, panel), pairs, out) }
+    // SAFETY: the caller's promises; each tile height is at most MR and covers `rows`.
+    unsafe {
+        match rows {
+            9.. => tile_segments::<_, _, MR>(segments, pieces, pairs, out),
+            5..=8 => tile_segments::<_, _, 8>(segments, pieces, pairs, out),
+            _ => tile_segments::<_, _, 4>(segments, pieces, pairs, out),
+        }
+    }
 }
 
-/// `tile` over a sum made of `segments` pieces: piece `i` multiplies `pieces(i)`'s strip and
-/// panel over `pairs` k-pairs, all into the same accumulators (a convolution's tile skips the
-/// taps that read only padding).
+/// `tile` on a tile of `ROWS` rows, all pieces into the same accumulators.
 ///
 /// # Safety
-/// As for `tile`, for each piece's strip and panel.
+/// As for `tile`, with `ROWS <= MR`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub unsafe fn tile_segments<S: Strip, P: Panel, const ROWS: usize>(
+unsafe fn tile_segments<S: Strip, P: Panel, const ROWS: usize>(
     segments: usize,
     pieces: impl Fn(usize) -> (S, P),
     pairs: usize,

@@ -12,14 +12,37 @@ pub fn available() -> bool {
 }
 
 /// `out[r][c] = sum over pieces i, terms t of strip_i[t·MR + r] · panel_i[t·stride + c]` for
-/// the first `ROWS` rows, `pieces(i)` giving piece `i`'s strip and panel, each `terms` long;
-/// later rows of `out` are left as they were.
+/// the first `rows` rows, `pieces(i)` giving piece `i`'s strip and panel, each `terms` long, on
+/// the smallest of the 12-, 8- and 4-row tiles that covers `rows`; later rows of `out` are
+/// left as they were.
 ///
 /// # Safety
 /// The CPU must have AVX512F; each strip must hold `terms · MR` values and each panel `NR`
-/// values at each of `terms` offsets `stride` apart; `ROWS <= MR`.
+/// values at each of `terms` offsets `stride` apart; `rows <= MR`.
+pub unsafe fn tile(
+    rows: usize,
+    segments: usize,
+    pieces: impl Fn(usize) -> (*const f32, *const f32),
+    terms: usize,
+    stride: usize,
+    out: &mut [[f32; NR]; MR],
+) {
+    // SAFETY: the caller's promises; each tile height is at most MR and covers `rows`.
+    unsafe {
+        match rows {
+            9.. => tile_segments::<MR>(segments, pieces, terms, stride, out),
+            5..=8 => tile_segments::<8>(segments, pieces, terms, stride, out),
+            _ => tile_segments::<4>(segments, pieces, terms, stride, out),
+        }
+    }
+}
+
+/// `tile` on a tile of `ROWS` rows.
+///
+/// # Safety
+/// As for `tile`, with `ROWS <= MR`.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn tile_segments<const ROWS: usize>(
+unsafe fn tile_segments<const ROWS: usize>(
     segments: usize,
     pieces: impl Fn(usize) -> (*const f32, *const f32),
     terms: usize,
