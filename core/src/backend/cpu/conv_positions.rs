@@ -479,12 +479,20 @@ mod tests {
         (geometry(9, 4, 6, 1, 2, 0), 5),
     ];
 
-    fn forward<T: Lanes>() {
-        if !T::available() {
+    /// Whether this CPU has `T`'s kernel; says so loudly where it has not.
+    fn has_kernel<T: Lanes>() -> bool {
+        let has = T::available();
+        if !has {
             eprintln!(
                 "\n*** SKIPPED: this CPU has no {:?} kernel for this path; it never runs on it ***\n",
                 T::DTYPE
             );
+        }
+        has
+    }
+
+    fn forward<T: Lanes>() {
+        if !has_kernel::<T>() {
             return;
         }
         for (g, rows) in CASES {
@@ -510,11 +518,7 @@ mod tests {
     }
 
     fn input_gradient<T: Lanes>() {
-        if !T::available() {
-            eprintln!(
-                "\n*** SKIPPED: this CPU has no {:?} kernel for this path; it never runs on it ***\n",
-                T::DTYPE
-            );
+        if !has_kernel::<T>() {
             return;
         }
         // `g` has `o` output channels; the gradient `[o, n·oh·ow]` is the source, `g.c` rows.
