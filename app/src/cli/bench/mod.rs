@@ -13,6 +13,7 @@ mod pipeline;
 mod plan;
 mod report;
 mod resnet;
+mod rounds;
 mod steps;
 mod timing;
 
@@ -122,6 +123,10 @@ pub struct Args {
     /// timed alone (wgpu devices with timestamp queries), and its N longest kernels listed.
     #[arg(long, value_name = "N", default_value_t = 0)]
     kernels: usize,
+    /// `bench resnet` and `bench gpt` beside a peer: measure the two sides in turn this many
+    /// times (a machine whose speed drifts slows both alike) and report each side's median round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    rounds: u16,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -205,25 +210,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (label, value) in &info.details {
         println!("  {label}: {value}");
     }
+    let rounds = usize::from(args.rounds);
+    anyhow::ensure!(
+        rounds == 1 || (args.peer.is_some() && matches!(args.which, Which::Resnet | Which::Gpt)),
+        "--rounds alternates `bench resnet` or `bench gpt` with a --peer"
+    );
     let load_before = machine::load_average();
-    let start = machine::sample();
-    let ours = measure(&device, &plan)?;
-    let ours_done = machine::sample();
-    let peer = args.peer.map(|Peer::Pytorch| {
+    let (mut ours_rounds, mut peer_rounds) = (Vec::new(), Vec::new());
+    let (mut busy_ours, mut busy_peer) = (Vec::new(), Vec::new());
+    let mut peer_note = None;
+    for round in 0..rounds {
+        let start = machine::sample();
+        ours_rounds.push(measure(&device, &plan)?);
+        let ours_done = machine::sample();
+        busy_ours.extend(machine::others_percent(start, ours_done));
+        let Some(Peer::Pytorch) = args.peer else { break };
         eprintln!("running the PyTorch peer …");
-        peer::pytorch(&plan)
-    });
+        match peer::pytorch(&plan) {
+            Ok(r) => peer_rounds.push(r),
+            Err(note) => {
+                peer_note = Some(note);
+                break;
+            }
+        }
+        busy_peer.extend(machine::others_percent(ours_done, machine::sample()));
+        if rounds > 1 {
+            println!("{}", rounds::describe(round, &ours_rounds[round], &peer_rounds[round]));
+        }
+    }
+    if let Some(resnet_plan) = &plan.resnet {
+        // Not beside the peer: the loader is ours alone, and must outrun the steps above.
+        for (workers, rate) in resnet::loader_images_per_s(resnet_plan.batch)? {
+            println!("loader, augmented CIFAR-shaped images, {workers} workers: {rate:.0} images/s");
+        }
+    }
+    let mean = |p: &[f64]| (!p.is_empty()).then(|| p.iter().sum::<f64>() / p.len() as f64);
     let others = Busy {
-        during_ours: machine::others_percent(start, ours_done),
-        during_peer: peer
-            .as_ref()
-            .and_then(|_| machine::others_percent(ours_done, machine::sample())),
+        during_ours: mean(&busy_ours),
+        during_peer: args.peer.and(mean(&busy_peer)),
     };
-    let (peer_results, peer_note) = match &peer {
-        Some(Ok(r)) => (Some(r), None),
-        Some(Err(note)) => (None, Some(note.as_str())),
-        None => (None, None),
-    };
+    let ours = rounds::median_round(&ours_rounds).context("no round was measured")?;
+    let peer = rounds::median_round(&peer_rounds);
+    let (peer_results, peer_note) = (peer.as_ref(), peer_note.as_deref());
     println!("{}", report::table(&ours, peer_results));
     if let Some(note) = peer_note {
         println!("no PyTorch numbers: {note}");
@@ -318,10 +346,6 @@ fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
     if let Some(resnet_plan) = &plan.resnet {
         eprintln!("running the ResNet-18 training steps …");
         ours.resnet = resnet::run(device, resnet_plan).context("ResNet benchmark")?;
-        // Not beside the peer: the loader is ours alone, and must outrun the steps above.
-        for (workers, rate) in resnet::loader_images_per_s(resnet_plan.batch)? {
-            println!("loader, augmented CIFAR-shaped images, {workers} workers: {rate:.0} images/s");
-        }
     }
     if let Some(gpt_plan) = &plan.gpt {
         eprintln!("running the {} training steps …", gpt_plan.model);
