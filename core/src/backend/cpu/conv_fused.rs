@@ -7,7 +7,7 @@
 //! stride-1 convolution is a transposed convolution (`conv_data_grad`). In f32 on AVX2, stride-1
 //! convolutions that keep their image size (ResNet's 3x3s) unfold nothing: their products sum
 //! shifted copies of the images (`conv_shifted`). In f32 on AVX-512, where enough taps read
-//! padding, the input gradient goes by output position (`conv_positions`).
+//! padding, the product and the input gradient go by output position (`conv_positions`).
 
 use rayon::prelude::*;
 
@@ -20,13 +20,23 @@ use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// f32 input gradients by output position (`conv_positions`), which need AVX-512; elsewhere
-/// none.
+/// f32 products and input gradients by output position (`conv_positions`), which need
+/// AVX-512; elsewhere none.
 #[cfg(target_arch = "x86_64")]
 mod by_position {
     pub use super::super::conv_positions::InputGradient;
     pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
         super::super::conv_positions::input_gradient::<f32>(g, o)
+    }
+    pub fn forward(
+        pool: &super::Pool,
+        x: &[f32],
+        w: &[f32],
+        g: &super::Conv2dGeometry,
+        o: usize,
+        out: &mut [f32],
+    ) -> bool {
+        super::super::conv_positions::forward::<f32>(pool, x, w, g, o, out)
     }
 }
 #[cfg(not(target_arch = "x86_64"))]
@@ -40,6 +50,9 @@ mod by_position {
     }
     pub fn input_gradient(_: &Conv2dGeometry, _: usize) -> Option<InputGradient> {
         None
+    }
+    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) -> bool {
+        false
     }
 }
 
@@ -198,6 +211,16 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         T::as_f32(weight),
         T::as_f32_mut(&mut out),
     ) && conv_shifted::forward(pool, x, weight, g, o, per, out32)
+    {
+        return out;
+    }
+    // Else, where enough taps read padding, by output position (AVX-512).
+    if let (false, Some(x), Some(weight), Some(out32)) = (
+        conv_shifted::preferred(),
+        T::as_f32(x),
+        T::as_f32(weight),
+        T::as_f32_mut(&mut out),
+    ) && by_position::forward(pool, x, weight, g, o, out32)
     {
         return out;
     }
@@ -680,10 +703,23 @@ pub(super) mod tests {
             stride: [2, 2],
             ..POSITIONS
         };
+        // And 128 channels: the product goes by position too (a sum long enough).
+        let deep = Conv2dGeometry { c: 128, ..POSITIONS };
         #[cfg(target_arch = "x86_64")]
         if super::super::matmul::f32_kernel::available() {
             assert!(by_position::input_gradient(&POSITIONS, 128).is_some());
             assert!(by_position::input_gradient(&strided, 416).is_some());
+            let r = reference_with(&pool, deep, 40);
+            let mut out = vec![0.0; r.forward.len()];
+            assert!(by_position::forward(
+                &pool,
+                &narrow(&r.x),
+                &narrow(&r.w),
+                &deep,
+                40,
+                &mut out
+            ));
+            assert!(exact(&out, &r.forward));
         }
         for (g, o) in [
             (SAME_SIZE, 5),
@@ -692,6 +728,7 @@ pub(super) mod tests {
             (STRIDED, 5),
             (POSITIONS, 128),
             (strided, 416),
+            (deep, 40),
         ] {
             let r = reference_with(&pool, g, o);
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
