@@ -7,7 +7,7 @@
 //! stride-1 convolution is a transposed convolution (`conv_data_grad`). In f32 on AVX2, stride-1
 //! convolutions that keep their image size (ResNet's 3x3s) unfold nothing: their products sum
 //! shifted copies of the images (`conv_shifted`). In f32 on AVX-512, where enough taps read
-//! padding, the product and the input gradient go by output position (`conv_positions`).
+//! padding, the product and both gradients go by output position (`conv_positions`).
 
 use rayon::prelude::*;
 
@@ -20,11 +20,11 @@ use super::pool::Pool;
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// f32 products and input gradients by output position (`conv_positions`), which need
-/// AVX-512; elsewhere none.
+/// f32 products, input gradients and weight gradients by output position (`conv_positions`),
+/// which need AVX-512; elsewhere none.
 #[cfg(target_arch = "x86_64")]
 mod by_position {
-    pub use super::super::conv_positions::InputGradient;
+    pub use super::super::conv_positions::{InputGradient, WeightGradient};
     pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
         super::super::conv_positions::input_gradient::<f32>(g, o)
     }
@@ -37,6 +37,9 @@ mod by_position {
         out: &mut [f32],
     ) -> bool {
         super::super::conv_positions::forward::<f32>(pool, x, w, g, o, out)
+    }
+    pub fn weight_gradient(g: &super::Conv2dGeometry) -> Option<WeightGradient> {
+        super::super::conv_positions::weight_gradient::<f32>(g)
     }
 }
 #[cfg(not(target_arch = "x86_64"))]
@@ -53,6 +56,15 @@ mod by_position {
     }
     pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) -> bool {
         false
+    }
+    pub enum WeightGradient {}
+    impl WeightGradient {
+        pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) {
+            match *self {}
+        }
+    }
+    pub fn weight_gradient(_: &Conv2dGeometry) -> Option<WeightGradient> {
+        None
     }
 }
 
@@ -304,6 +316,11 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     let by_position = T::as_f32(x)
         .filter(|_| !conv_shifted::preferred())
         .and_then(|_| by_position::input_gradient(g, o));
+    // And the weight gradient tap by tap over the whole batch (f32, AVX-512).
+    let by_tap = T::as_f32(x)
+        .filter(|_| !conv_shifted::preferred())
+        .and_then(|_| by_position::weight_gradient(g));
+    let weight_gradient = by_tap.is_none();
     let transposed = match by_position {
         Some(_) => None,
         None => Transposed::plan(pool, g, o, weight),
@@ -312,10 +329,11 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     let shifted = transposed.as_ref().filter(|_| conv_shifted::preferred()).and_then(|t| {
         T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
     });
-    let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
+    let by_runs = |first, grad_x_range: &mut [T]| {
         // Written whole by the range's first product (no accumulation), then summed into.
-        let mut partial = pool.take::<T>(o * taps);
-        let mut cols = pool.take::<T>(if by_shifts.is_some() { 0 } else { taps * pixels * per });
+        let mut partial = pool.take::<T>(if weight_gradient { o * taps } else { 0 });
+        let unfolds = weight_gradient && by_shifts.is_none();
+        let mut cols = pool.take::<T>(if unfolds { taps * pixels * per } else { 0 });
         let mut shifted_scratch = by_shifts.as_ref().map(|w| {
             let (copies, packed) = w.scratch_lens();
             Scratch {
@@ -344,6 +362,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
                 T::as_f32(grad),
                 T::as_f32_mut(&mut partial),
             ) {
+                _ if !weight_gradient => {}
                 (Some(w), Some(scratch), Some(x_run), Some(grad), Some(partial)) => w.sum_into(
                     scratch,
                     x_run,
@@ -407,7 +426,12 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
             pool.recycle(HostVec::F32(packed));
         }
         partial
-    });
+    };
+    // Nothing to do image by image where both gradients go by position.
+    let partials = match weight_gradient || by_position.is_none() {
+        true => per_image_range(&mut grad_x, g.n, plane, by_runs),
+        false => Vec::new(),
+    };
     if let Some(t) = transposed {
         t.recycle(pool);
     }
@@ -422,8 +446,16 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     if let Some(s) = shifted {
         s.recycle(pool);
     }
+    if let (Some(plan), Some(x), Some(grad), Some(grad_w)) =
+        (by_tap, T::as_f32(x), T::as_f32(grad), T::as_f32_mut(&mut grad_w))
+    {
+        plan.run(pool, x, grad, g, o, grad_w);
+    }
     for partial in partials {
-        partial_layout.add_into(&mut grad_w, &partial, o, taps);
+        // Empty where the weight gradient went tap by tap.
+        if weight_gradient {
+            partial_layout.add_into(&mut grad_w, &partial, o, taps);
+        }
         pool.recycle(T::into_host(partial));
     }
     (grad_x, grad_w)
@@ -703,8 +735,14 @@ pub(super) mod tests {
             stride: [2, 2],
             ..POSITIONS
         };
-        // And 128 channels: the product goes by position too (a sum long enough).
+        // And 128 channels: the product goes by position too (a sum long enough); and a batch of
+        // 72: the weight gradient goes tap by tap.
         let deep = Conv2dGeometry { c: 128, ..POSITIONS };
+        let batch = Conv2dGeometry {
+            n: 72,
+            c: 32,
+            ..POSITIONS
+        };
         #[cfg(target_arch = "x86_64")]
         if super::super::matmul::f32_kernel::available() {
             assert!(by_position::input_gradient(&POSITIONS, 128).is_some());
@@ -720,6 +758,8 @@ pub(super) mod tests {
                 &mut out
             ));
             assert!(exact(&out, &r.forward));
+            assert!(by_position::weight_gradient(&batch).is_some());
+            assert!(by_position::weight_gradient(&POSITIONS).is_none());
         }
         for (g, o) in [
             (SAME_SIZE, 5),
@@ -729,6 +769,8 @@ pub(super) mod tests {
             (POSITIONS, 128),
             (strided, 416),
             (deep, 40),
+            (batch, 8),
+            (batch, 128),
         ] {
             let r = reference_with(&pool, g, o);
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));

@@ -4,8 +4,8 @@
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one
 //! large product does); the input gradient is rounded once from f32, out of the transposed
 //! convolution's accumulators or out of columns folded back in f32. Where enough taps read
-//! padding (8x8 and 4x4 images), the product and the input gradient go by output position
-//! instead (`conv_positions`).
+//! padding (8x8 and 4x4 images), the product and both gradients go by output position instead
+//! (`conv_positions`).
 
 use half::bf16;
 use rayon::prelude::*;
@@ -186,11 +186,14 @@ pub fn backward(
     } else {
         None
     };
+    // And the weight gradient, tap by tap over the whole batch, where enough taps read padding.
+    let by_tap = conv_positions::weight_gradient::<bf16>(g);
+    let weight_gradient = by_tap.is_none();
     let per = images_for_columns(g, MIN_COLUMNS);
-    let partials = per_image_range(&mut grad_x, g.n, plane, |first, grad_x_range| {
-        let mut partial = pool.take::<f32>(o * taps);
+    let by_runs = |first, grad_x_range: &mut [bf16]| {
+        let mut partial = pool.take::<f32>(if weight_gradient { o * taps } else { 0 });
         partial.fill(0.0);
-        let mut cols = pool.take::<bf16>(taps * pixels * per);
+        let mut cols = pool.take::<bf16>(if weight_gradient { taps * pixels * per } else { 0 });
         let mut staging = pool.take::<bf16>(if transposed.is_some() {
             staging_len(per, plane)
         } else {
@@ -206,35 +209,8 @@ pub fn backward(
         };
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
-            let columns = run.n * pixels;
-            im2col_images(&x[start * plane..(start + run.n) * plane], &mut cols, &run);
-            // grad_run: o rows of `columns` along k, at column start·pixels of `grad`.
-            let grad_rows = Side {
-                data: grad,
-                offset: start * pixels,
-                rows: o,
-                row_stride: width,
-                k_stride: 1,
-            };
-            let cols_by_tap = Side {
-                data: &cols,
-                offset: 0,
-                rows: taps,
-                row_stride: columns,
-                k_stride: 1,
-            };
-            // SAFETY: `available()` holds and columns > 0; `partial` (o x taps) is this task's
-            // own, contiguous.
-            unsafe {
-                // partial += grad_run @ cols_runᵀ
-                product(
-                    pool,
-                    Dst::F32Add(partial.as_mut_ptr()),
-                    taps,
-                    grad_rows,
-                    cols_by_tap,
-                    columns,
-                );
+            if weight_gradient {
+                run_weight_gradient(pool, (x, (grad, width)), start, &run, o, &mut cols, &mut partial);
             }
             match &transposed {
                 _ if !input_gradient => {}
@@ -257,24 +233,80 @@ pub fn backward(
         panels.recycle(pool);
         fold.recycle(pool);
         partial
-    });
+    };
+    // Nothing to do image by image where both gradients go by position.
+    let partials = match weight_gradient || input_gradient {
+        true => per_image_range(&mut grad_x, g.n, plane, by_runs),
+        false => Vec::new(),
+    };
     if let Some(t) = transposed {
         t.recycle(pool);
     }
     if let Some(plan) = by_position {
         plan.run(pool, grad, weight, g, &mut grad_x);
     }
-    let mut sum = pool.take::<f32>(o * taps);
-    sum.fill(0.0);
-    for partial in partials {
-        sum.iter_mut().zip(&partial).for_each(|(s, p)| *s += p);
-        pool.recycle(HostVec::F32(partial));
+    match by_tap {
+        Some(plan) => plan.run(pool, x, grad, g, o, &mut grad_w),
+        None => {
+            let mut sum = pool.take::<f32>(o * taps);
+            sum.fill(0.0);
+            for partial in partials {
+                sum.iter_mut().zip(&partial).for_each(|(s, p)| *s += p);
+                pool.recycle(HostVec::F32(partial));
+            }
+            bf16_from_f32_slice(&mut grad_w, &sum);
+            pool.recycle(HostVec::F32(sum));
+        }
     }
-    bf16_from_f32_slice(&mut grad_w, &sum);
-    pool.recycle(HostVec::F32(sum));
     (grad_x, grad_w)
 }
 
+/// `partial += grad_run @ cols_runᵀ` for `run`, the images from `start`, unfolded into `cols`;
+/// `grad` is `[o, width]`.
+fn run_weight_gradient(
+    pool: &Pool,
+    (x, (grad, width)): (&[bf16], (&[bf16], usize)),
+    start: usize,
+    run: &Conv2dGeometry,
+    o: usize,
+    cols: &mut [bf16],
+    partial: &mut [f32],
+) {
+    let (taps, pixels, plane) = (
+        run.c * run.kh * run.kw,
+        run.out_h() * run.out_w(),
+        run.c * run.h * run.w,
+    );
+    let columns = run.n * pixels;
+    im2col_images(&x[start * plane..(start + run.n) * plane], cols, run);
+    // grad_run: o rows of `columns` along k, at column start·pixels of `grad`.
+    let grad_rows = Side {
+        data: grad,
+        offset: start * pixels,
+        rows: o,
+        row_stride: width,
+        k_stride: 1,
+    };
+    let cols_by_tap = Side {
+        data: cols,
+        offset: 0,
+        rows: taps,
+        row_stride: columns,
+        k_stride: 1,
+    };
+    // SAFETY: `available()` holds (the caller's promise) and columns > 0; `partial` (o x taps)
+    // is the calling task's own, contiguous.
+    unsafe {
+        product(
+            pool,
+            Dst::F32Add(partial.as_mut_ptr()),
+            taps,
+            grad_rows,
+            cols_by_tap,
+            columns,
+        );
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,7 +324,20 @@ mod tests {
         assert!(super::super::conv_direct::applies(&SAME_SIZE));
         assert!(conv_positions::Plan::forward(&POSITIONS).pays::<bf16>());
         assert!(conv_positions::input_gradient::<bf16>(&POSITIONS, 97).is_some());
-        for (g, o) in [(STRIDED, 5), (UNSTRIDED, 5), (SAME_SIZE, 5), (POSITIONS, 97)] {
+        // A batch of 48: the weight gradient goes tap by tap as well, beside an input gradient
+        // by runs (40 output channels) or by position (97).
+        let batch = Conv2dGeometry { n: 48, ..POSITIONS };
+        assert!(conv_positions::weight_gradient::<bf16>(&batch).is_some());
+        assert!(conv_positions::weight_gradient::<bf16>(&POSITIONS).is_none());
+        assert!(conv_positions::input_gradient::<bf16>(&batch, 40).is_none());
+        for (g, o) in [
+            (STRIDED, 5),
+            (UNSTRIDED, 5),
+            (SAME_SIZE, 5),
+            (POSITIONS, 97),
+            (batch, 40),
+            (batch, 97),
+        ] {
             let r = reference_with(&pool, g, o);
             let narrow = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<bf16>>();
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));

@@ -4,7 +4,8 @@
 //! other paths) always hold some pixel for which a tap is real. On ResNet-18's CIFAR shapes a
 //! 3x3 convolution with padding 1 has 16% of its products in the padding at 8x8 and 31% at 4x4;
 //! PyTorch's oneDNN skips them as well. Input gradients of any stride run the same way, each
-//! input pixel summing the output gradient's pixels whose taps read it.
+//! input pixel summing the output gradient's pixels whose taps read it; and weight gradients,
+//! each tap of 32 input channels summed over the batch's pixels where that tap is real.
 //!
 //! The input is laid out for it first: positions, then channels (in bf16, channel pairs
 //! interleaved: the kernel's k-pairs), then images (`[h·w, c/2, n]` words), so a tile's panel
@@ -34,7 +35,8 @@ pub trait Lanes: Element {
     /// writing it a lane at a time and laying out its input (batch 64, 2 threads). bf16's 3x3
     /// stride-2 input gradients took 15% longer with 144 words a tile, 10-20% less time with
     /// 288 and 576, and a 1x1 stride-2 one (a quarter of the pixels take its one tap) 2-3x as
-    /// long with 64; f32's took 10% longer with 553 and 15% less time with 968.
+    /// long with 64; f32's took 10% longer with 553 and 15% less time with 968, and a 4x4
+    /// layer's weight gradient (711) 20% less time.
     const MIN_WORDS: usize;
     /// Whether this CPU has the kernel.
     fn available() -> bool;
@@ -90,7 +92,7 @@ impl Lanes for bf16 {
 impl Lanes for f32 {
     type Word = f32;
     const PER_WORD: usize = 1;
-    const MIN_WORDS: usize = 768;
+    const MIN_WORDS: usize = 700;
     fn available() -> bool {
         f32_kernel::available()
     }
@@ -149,6 +151,35 @@ pub fn input_gradient<T: Lanes>(g: &Conv2dGeometry, o: usize) -> Option<InputGra
         .filter(|plan| plan.0.pays::<T>())
 }
 
+/// The weight gradient of `g` (`o` output channels) tap by tap, where the CPU has `T`'s kernel
+/// and this path pays.
+pub fn weight_gradient<T: Lanes>(g: &Conv2dGeometry) -> Option<WeightGradient> {
+    T::available()
+        .then(|| WeightGradient(Plan::weight_gradient(g)))
+        .filter(|plan| plan.0.pays::<T>())
+}
+
+/// A convolution's weight gradient, each tile one tap for 32 input channels summed over the
+/// batch's real pixels: complete in one tile, no partial sums per thread to add.
+pub struct WeightGradient(Plan);
+
+impl WeightGradient {
+    /// `grad_w` (`[o, c, kh, kw]`) from `x` (`[n, c, h, w]`) and `grad` (`[o, n·oh·ow]`).
+    pub fn run<T: Lanes>(&self, pool: &Pool, x: &[T], grad: &[T], g: &Conv2dGeometry, o: usize, grad_w: &mut [T]) {
+        let taps = g.kh * g.kw;
+        // Lanes are channels (a plane apart in `x`), words images (an image apart).
+        let channels = Planes {
+            image: g.h * g.w,
+            channel: g.c * g.h * g.w,
+        };
+        let by_row = Planes {
+            image: taps,
+            channel: g.c * taps,
+        };
+        self.0.run(pool, (x, channels), grad, o, (grad_w, by_row));
+    }
+}
+
 /// A convolution's input gradient by output position.
 pub struct InputGradient(Plan);
 
@@ -172,8 +203,10 @@ pub struct Plan {
     /// `pieces[starts[p]..starts[p + 1]]`.
     pieces: Vec<(usize, usize)>,
     starts: Vec<usize>,
+    /// The lanes: images (for the weight gradient, input channels).
     images: usize,
-    /// Channels of the source: the sum runs over them and the taps.
+    /// Channels of the source (for the weight gradient, images): the sum runs over them and
+    /// the taps.
     channels: usize,
     /// Positions in a plane of the source.
     source_plane: usize,
@@ -186,18 +219,26 @@ pub struct Plan {
 impl Plan {
     /// `g`'s product: each output pixel from the input pixels its taps read.
     pub fn forward(g: &Conv2dGeometry) -> Plan {
-        let along = |o: usize, k: usize, axis: usize, size: usize| {
-            (o * g.stride[axis] + k * g.dilation[axis])
-                .checked_sub(g.padding[axis])
-                .filter(|&i| i < size)
-        };
         let mut plan = Plan::empty(g.n, g.c, g.h * g.w, g.kh * g.kw, false);
         for (oy, ox) in pixels(g.out_h(), g.out_w()) {
-            plan.position((0..g.kh * g.kw).filter_map(|tap| {
-                let iy = along(oy, tap / g.kw, 0, g.h)?;
-                let ix = along(ox, tap % g.kw, 1, g.w)?;
-                Some((tap, iy * g.w + ix))
-            }));
+            plan.position((0..g.kh * g.kw).filter_map(|tap| Some((tap, source(g, (oy, ox), tap)?))));
+        }
+        plan
+    }
+
+    /// `g`'s weight gradient (`o` output channels), the product's roles turned: each tap is a
+    /// position of the plan, summed over the output pixels where it reads a real input pixel;
+    /// the lanes are input channels, the words images, and the output gradient's pixels the
+    /// strips' taps.
+    pub fn weight_gradient(g: &Conv2dGeometry) -> Plan {
+        let (oh, ow) = (g.out_h(), g.out_w());
+        let mut plan = Plan::empty(g.c, g.n, g.h * g.w, oh * ow, false);
+        for tap in 0..g.kh * g.kw {
+            plan.position(
+                pixels(oh, ow)
+                    .enumerate()
+                    .filter_map(|(pixel, at)| Some((pixel, source(g, at, tap)?))),
+            );
         }
         plan
     }
@@ -386,6 +427,18 @@ impl Plan {
     }
 }
 
+/// The input position that output pixel `(oy, ox)`'s tap `tap` reads; None in the padding.
+fn source(g: &Conv2dGeometry, (oy, ox): (usize, usize), tap: usize) -> Option<usize> {
+    let along = |o: usize, k: usize, axis: usize, size: usize| {
+        (o * g.stride[axis] + k * g.dilation[axis])
+            .checked_sub(g.padding[axis])
+            .filter(|&i| i < size)
+    };
+    let iy = along(oy, tap / g.kw, 0, g.h)?;
+    let ix = along(ox, tap % g.kw, 1, g.w)?;
+    Some(iy * g.w + ix)
+}
+
 /// The pixels of an `h x w` plane, row by row.
 fn pixels(h: usize, w: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..h).flat_map(move |y| (0..w).map(move |x| (y, x)))
@@ -557,6 +610,38 @@ mod tests {
         }
     }
 
+    fn weight_gradient<T: Lanes>() {
+        if !has_kernel::<T>() {
+            return;
+        }
+        for (g, o) in CASES {
+            let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
+            let src = values::<T>(g.n * g.c * g.h * g.w, 5);
+            let grad = values::<T>(o * width, 6);
+            let cols = im2col(&Pool::default(), &wide(&src), &g);
+            // grad @ colsᵀ: [o, c·kh·kw], the layout `check` compares (lanes are channels).
+            let want = matmul(
+                &|r, col| grad[r * width + col].to_f64(),
+                &|col, t| cols[t * width + col],
+                (o, width, taps),
+            );
+            let channels = Planes {
+                image: g.h * g.w,
+                channel: g.c * g.h * g.w,
+            };
+            let plan = Plan::weight_gradient(&g);
+            check(
+                &plan,
+                &src,
+                channels,
+                &grad,
+                o,
+                &want,
+                &format!("weight gradient {g:?}"),
+            );
+        }
+    }
+
     #[test]
     fn tiles_of_one_position_in_many_images_match_plain_loops() {
         forward::<bf16>();
@@ -567,6 +652,12 @@ mod tests {
     fn input_gradients_of_one_position_in_many_images_match_plain_loops() {
         input_gradient::<bf16>();
         input_gradient::<f32>();
+    }
+
+    #[test]
+    fn weight_gradients_tap_by_tap_match_plain_loops() {
+        weight_gradient::<bf16>();
+        weight_gradient::<f32>();
     }
 
     #[test]
@@ -596,5 +687,9 @@ mod tests {
             !f32_gradient_pays(geometry(64, 128, 16, 3, 2, 1), 256),
             "553 words a tile"
         );
+        let weight_pays = |g| Plan::weight_gradient(&g).pays::<f32>();
+        assert!(weight_pays(geometry(64, 512, 4, 3, 1, 1)), "4x4: 711 words a tile");
+        assert!(!weight_pays(geometry(64, 64, 16, 3, 1, 1)), "16x16: 8% in the padding");
+        assert!(!weight_pays(geometry(16, 512, 4, 3, 1, 1)), "16 images: sums too short");
     }
 }
