@@ -277,6 +277,7 @@ fn run_weight_gradient(
         run.out_h() * run.out_w(),
         run.c * run.h * run.w,
     );
+    assert!(available(), "the bf16 product needs AVX512-BF16");
     let columns = run.n * pixels;
     im2col_images(&x[start * plane..(start + run.n) * plane], cols, run);
     // grad_run: o rows of `columns` along k, at column start·pixels of `grad`.
@@ -294,8 +295,8 @@ fn run_weight_gradient(
         row_stride: columns,
         k_stride: 1,
     };
-    // SAFETY: `available()` holds (the caller's promise) and columns > 0; `partial` (o x taps)
-    // is the calling task's own, contiguous.
+    // SAFETY: `available()` holds (asserted above) and columns > 0; `partial` (o x taps) is the
+    // calling task's own, contiguous.
     unsafe {
         product(
             pool,
