@@ -299,9 +299,9 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     let width = g.n * pixels;
     let mut grad_x = pool.take::<T>(g.n * plane);
     let mut grad_w = pool.take::<T>(o * taps);
-    grad_w.fill(T::zero());
     if g.n == 0 || plane == 0 || taps == 0 {
         grad_x.fill(T::zero());
+        grad_w.fill(T::zero());
         return (grad_x, grad_w);
     }
     // The weight gradient summed from shifted copies of the images (f32, AVX2).
@@ -312,15 +312,16 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         Some(_) => PartialLayout::ColumnMajor,
         None => PartialLayout::for_product(o, taps, pixels),
     };
-    // The input gradient by output position (f32, AVX-512), after the weight gradient's runs.
-    let by_position = T::as_f32(x)
-        .filter(|_| !conv_shifted::preferred())
-        .and_then(|_| by_position::input_gradient(g, o));
-    // And the weight gradient tap by tap over the whole batch (f32, AVX-512).
-    let by_tap = T::as_f32(x)
-        .filter(|_| !conv_shifted::preferred())
-        .and_then(|_| by_position::weight_gradient(g));
+    // By output position (f32, AVX-512): the input gradient after the weight gradient's runs,
+    // and the weight gradient tap by tap over the whole batch.
+    let positions = T::as_f32(x).is_some() && !conv_shifted::preferred();
+    let by_position = positions.then(|| by_position::input_gradient(g, o)).flatten();
+    let by_tap = positions.then(|| by_position::weight_gradient(g)).flatten();
     let weight_gradient = by_tap.is_none();
+    if weight_gradient {
+        // The runs' partial sums are added into it; tap by tap, every element is written.
+        grad_w.fill(T::zero());
+    }
     let transposed = match by_position {
         Some(_) => None,
         None => Transposed::plan(pool, g, o, weight),

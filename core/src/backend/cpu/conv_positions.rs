@@ -128,13 +128,9 @@ const MIN_CHANNELS: usize = 32;
 /// `g`'s product (`weight` `[o, c, kh, kw]`) by output position into `out` (`[o, n·oh·ow]`)
 /// where the CPU has `T`'s kernel and this path pays; whether it ran.
 pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize, out: &mut [T]) -> bool {
-    if !T::available() {
+    let Some(plan) = paying::<T>(|| Plan::forward(g)) else {
         return false;
-    }
-    let plan = Plan::forward(g);
-    if !plan.pays::<T>() {
-        return false;
-    }
+    };
     let by_row = Planes {
         image: g.out_h() * g.out_w(),
         channel: g.n * g.out_h() * g.out_w(),
@@ -146,17 +142,18 @@ pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry,
 /// The input gradient of `g` (`o` output channels) by output position, where the CPU has
 /// `T`'s kernel and this path pays.
 pub fn input_gradient<T: Lanes>(g: &Conv2dGeometry, o: usize) -> Option<InputGradient> {
-    T::available()
-        .then(|| InputGradient(Plan::input_gradient(g, o)))
-        .filter(|plan| plan.0.pays::<T>())
+    paying::<T>(|| Plan::input_gradient(g, o)).map(InputGradient)
 }
 
 /// The weight gradient of `g` (`o` output channels) tap by tap, where the CPU has `T`'s kernel
 /// and this path pays.
 pub fn weight_gradient<T: Lanes>(g: &Conv2dGeometry) -> Option<WeightGradient> {
-    T::available()
-        .then(|| WeightGradient(Plan::weight_gradient(g)))
-        .filter(|plan| plan.0.pays::<T>())
+    paying::<T>(|| Plan::weight_gradient(g)).map(WeightGradient)
+}
+
+/// `plan()`, where the CPU has `T`'s kernel and the plan pays.
+fn paying<T: Lanes>(plan: impl FnOnce() -> Plan) -> Option<Plan> {
+    T::available().then(plan).filter(Plan::pays::<T>)
 }
 
 /// A convolution's weight gradient, each tile one tap for 32 input channels summed over the
