@@ -1,17 +1,21 @@
-//! Batch normalisation in training, in two passes each way: per-channel statistics (threads
-//! take channels), then one element pass over rows (threads take rows). Sums accumulate in f64
-//! as `reduce` does; the element ops are the composed path's, in its order, in f32. The input,
-//! output and their gradients are f32, or bf16/f16 read and written directly (autocast's batch
-//! norm: f32 weight, bias and statistics, the result rounded once).
+//! Batch normalisation in training, in two passes each way: per-channel sums, then one element
+//! pass. Both go over blocks of whole rows (a row: one image's values of one channel), the blocks
+//! split across threads, so the small rows of deep layers (16 values at 4x4) cost a task's
+//! overhead once per block rather than once per row. Sums accumulate in f64 lanes; the element
+//! ops are in f32. The input, output and their gradients are f32, or bf16/f16 read and written
+//! directly (autocast's batch norm: f32 weight, bias and statistics, the result rounded once).
 
 use rayon::prelude::*;
 
 use super::elementwise::PAR_THRESHOLD;
 use super::float::ViaF32;
 use super::pool::Pool;
-use super::reduce::LaneSums;
 use super::simd::{Kernel, wide};
 use crate::backend::BatchNormSpec;
+
+/// Values per block: whole rows, as many as fit. The sums are added block by block in order,
+/// so they do not depend on the number of threads.
+const BLOCK: usize = 1 << 14;
 
 /// `(y, [mean, var])`: `y = (x - mean) / sqrt(var + eps) * weight + bias` with the biased variance.
 pub fn forward<E: ViaF32>(
@@ -22,26 +26,41 @@ pub fn forward<E: ViaF32>(
     spec: &BatchNormSpec,
 ) -> (Vec<E>, [Vec<f32>; 2]) {
     let count = (spec.outer * spec.inner) as f64;
-    let mean = per_channel(spec, |c| sum_runs(x, spec, c, |v| v as f64) / count);
-    let mean: Vec<f32> = mean.iter().map(|&m| m as f32).collect();
-    let var = per_channel(spec, |c| {
-        let m = mean[c];
-        sum_runs(x, spec, c, |v| {
-            let d = v - m;
-            (d * d) as f64
-        }) / count
+    // One pass for both statistics: the sums of `x - s` and its square, `s` one of the channel's
+    // own values, so the variance's subtraction does not cancel where the mean is large beside
+    // the spread (as Σx² - (Σx)²/n would).
+    let shift: Vec<f32> = (0..spec.channels)
+        .map(|c| x.get(c * spec.inner).map_or(0.0, |v| v.to_f32()))
+        .collect();
+    let sums = channel_sums(spec, x, x, |c| {
+        let s = shift[c];
+        move |v: f32, _: f32| {
+            let d = (v - s) as f64;
+            [d, d * d]
+        }
     });
-    let var: Vec<f32> = var.iter().map(|&v| v as f32).collect();
+    let (mean, var): (Vec<f32>, Vec<f32>) = sums
+        .iter()
+        .zip(&shift)
+        .map(|(&[d, dd], &s)| {
+            let mean_d = d / count;
+            (
+                (s as f64 + mean_d) as f32,
+                (dd / count - mean_d * mean_d).max(0.0) as f32,
+            )
+        })
+        .unzip();
     let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
     let mut y = pool.take::<E>(x.len());
-    by_rows(spec, &mut y, x, None, |c, o, x, _| {
+    by_blocks(spec, &mut y, |rows, at, o| {
         wide(Normalize {
+            rows,
             o,
-            x,
-            mean: mean[c],
-            denom: denom[c],
-            weight: weight[c],
-            bias: bias[c],
+            x: &x[at..],
+            mean: &mean,
+            denom: &denom,
+            weight,
+            bias,
         })
     });
     (y, [mean, var])
@@ -59,116 +78,189 @@ pub fn backward<E: ViaF32>(
     spec: &BatchNormSpec,
 ) -> (Vec<E>, [Vec<f32>; 2]) {
     let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
-    let dbias = per_channel(spec, |c| sum_runs(g, spec, c, |v| v as f64));
-    let dweight = per_channel(spec, |c| {
-        let (m, d) = (mean[c], denom[c]);
-        sum_pairs(g, x, spec, c, |g, x| (g * ((x - m) / d)) as f64)
+    // Σ g and Σ g·(x - mean): dweight is the second over the channel's denominator.
+    let sums = channel_sums(spec, g, x, |c| {
+        let m = mean[c];
+        move |g: f32, x: f32| [g as f64, (g * (x - m)) as f64]
     });
+    let (dbias, dweight): (Vec<f64>, Vec<f64>) =
+        sums.iter().zip(&denom).map(|(&[g, gx], &d)| (g, gx / d as f64)).unzip();
     let count = (spec.outer * spec.inner) as f64;
+    let (mean_g, mean_gx): (Vec<f32>, Vec<f32>) = dbias
+        .iter()
+        .zip(&dweight)
+        .map(|(g, gx)| ((g / count) as f32, (gx / count) as f32))
+        .unzip();
+    let scale: Vec<f32> = weight.iter().zip(&denom).map(|(w, d)| w / d).collect();
     let mut dx = pool.take::<E>(x.len());
-    by_rows(spec, &mut dx, g, Some(x), |c, o, g, x| {
+    by_blocks(spec, &mut dx, |rows, at, o| {
         wide(InputGradient {
+            rows,
             o,
-            g,
-            x: x.unwrap_or_default(),
-            mean: mean[c],
-            denom: denom[c],
-            scale: weight[c] / denom[c],
-            mean_g: (dbias[c] / count) as f32,
-            mean_gx: (dweight[c] / count) as f32,
+            g: &g[at..],
+            x: &x[at..],
+            mean,
+            denom: &denom,
+            scale: &scale,
+            mean_g: &mean_g,
+            mean_gx: &mean_gx,
         })
     });
-    let dweight: Vec<f32> = dweight.iter().map(|&v| v as f32).collect();
-    let dbias: Vec<f32> = dbias.iter().map(|&v| v as f32).collect();
-    (dx, [dweight, dbias])
+    (
+        dx,
+        [dweight, dbias].map(|sums| sums.iter().map(|&s| s as f32).collect()),
+    )
 }
 
-/// `f(channel)` for every channel, channels split across threads for large inputs.
-fn per_channel(spec: &BatchNormSpec, f: impl Fn(usize) -> f64 + Sync + Send) -> Vec<f64> {
-    if spec.outer * spec.channels * spec.inner >= PAR_THRESHOLD {
-        (0..spec.channels).into_par_iter().map(f).collect()
-    } else {
-        (0..spec.channels).map(f).collect()
+/// Where a block lies: its first row's index and the shape's rows.
+#[derive(Clone, Copy)]
+struct Rows {
+    first: usize,
+    channels: usize,
+    inner: usize,
+}
+
+impl Rows {
+    /// `(channel, start)` of each row of a block of `len` values, `start` within the block.
+    #[inline(always)]
+    fn each(self, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..len / self.inner).map(move |r| ((self.first + r) % self.channels, r * self.inner))
     }
 }
 
-/// Σ `term(v)` over channel `c`'s values, in f64 lanes (`LaneSums`).
-fn sum_runs<E: ViaF32>(x: &[E], spec: &BatchNormSpec, c: usize, term: impl Fn(f32) -> f64 + Copy) -> f64 {
-    sum_pairs(x, x, spec, c, move |v, _| term(v))
+/// The rows per block and the values they hold.
+fn block_shape(spec: &BatchNormSpec) -> (usize, usize) {
+    let inner = spec.inner.max(1);
+    let rows = (BLOCK / inner).max(1);
+    (rows, rows * inner)
 }
 
-/// Σ `term(a, b)` over channel `c`'s values of two tensors of one shape, its runs (one per
-/// batch item) summed into one set of lanes.
-fn sum_pairs<E: ViaF32>(
-    a: &[E],
-    b: &[E],
-    spec: &BatchNormSpec,
-    c: usize,
-    term: impl Fn(f32, f32) -> f64 + Copy,
-) -> f64 {
-    wide(PairSum { a, b, spec, c, term })
+/// Per channel, the two sums of `term(channel)(a, b)` over the channel's values of `a` and `b`
+/// (two tensors of one shape), accumulated in f64 lanes.
+fn channel_sums<E: ViaF32, T>(spec: &BatchNormSpec, a: &[E], b: &[E], term: impl Fn(usize) -> T + Sync) -> Vec<[f64; 2]>
+where
+    T: Fn(f32, f32) -> [f64; 2] + Copy,
+{
+    let mut total = vec![[0.0; 2]; spec.channels];
+    if spec.inner == 0 {
+        return total;
+    }
+    let (rows, block) = block_shape(spec);
+    let partial = |(i, a): (usize, &[E])| {
+        let rows = Rows {
+            first: i * rows,
+            channels: spec.channels,
+            inner: spec.inner,
+        };
+        wide(BlockSums {
+            rows,
+            a,
+            b: &b[i * block..],
+            term: &term,
+        })
+    };
+    let partials: Vec<Vec<[f64; 2]>> = if a.len() >= PAR_THRESHOLD {
+        a.par_chunks(block).enumerate().map(partial).collect()
+    } else {
+        a.chunks(block).enumerate().map(partial).collect()
+    };
+    for partial in partials {
+        for (t, p) in total.iter_mut().zip(partial) {
+            t[0] += p[0];
+            t[1] += p[1];
+        }
+    }
+    total
 }
 
-/// Σ `term(a[i], b[i])` over one channel's runs; run by `simd::wide`.
-struct PairSum<'a, E, F> {
+/// One block's per-channel sums (channels it does not reach stay zero); run by `simd::wide`.
+struct BlockSums<'a, E, R> {
+    rows: Rows,
     a: &'a [E],
     b: &'a [E],
-    spec: &'a BatchNormSpec,
-    c: usize,
-    term: F,
+    term: &'a R,
 }
-impl<E: ViaF32, F: Fn(f32, f32) -> f64> Kernel for PairSum<'_, E, F> {
-    type Out = f64;
+impl<E: ViaF32, R: Fn(usize) -> T, T: Fn(f32, f32) -> [f64; 2] + Copy> Kernel for BlockSums<'_, E, R> {
+    type Out = Vec<[f64; 2]>;
     #[inline(always)]
-    fn run(self) -> f64 {
-        let PairSum { a, b, spec, c, term } = self;
-        let (row, inner) = (spec.channels * spec.inner, spec.inner);
-        let mut sums = LaneSums::default();
-        for n in 0..spec.outer {
-            let at = n * row + c * inner;
-            let (a, b) = (&a[at..at + inner], &b[at..at + inner]);
-            sums.add_run(inner, |i| term(a[i].to_f32(), b[i].to_f32()));
+    fn run(self) -> Vec<[f64; 2]> {
+        let BlockSums { rows, a, b, term } = self;
+        let mut sums = vec![[0.0; 2]; rows.channels];
+        let n = rows.inner;
+        for (c, at) in rows.each(a.len()) {
+            let (a, b, term) = (&a[at..at + n], &b[at..at + n], term(c));
+            // One sum at a time: a loop with one accumulator vectorizes, one with two did not.
+            sums[c][0] += lane_sum(a, b, |a, b| term(a, b)[0]);
+            sums[c][1] += lane_sum(a, b, |a, b| term(a, b)[1]);
         }
-        sums.total()
+        sums
     }
 }
 
-/// `f(channel, out_row, a_row, b_row)` over the `[channels, inner]`-sized rows' `inner` runs,
-/// rows split across threads for large inputs.
-fn by_rows<'a, E: ViaF32>(
-    spec: &BatchNormSpec,
-    out: &mut [E],
-    a: &'a [E],
-    b: Option<&'a [E]>,
-    f: impl Fn(usize, &mut [E], &'a [E], Option<&'a [E]>) + Sync + Send,
-) {
-    let inner = spec.inner.max(1);
-    let channels = spec.channels;
+/// Σ `term(a[i], b[i])` over two runs of one length, in f64 lanes added pairwise at the end.
+#[inline(always)]
+fn lane_sum<E: ViaF32>(a: &[E], b: &[E], term: impl Fn(f32, f32) -> f64) -> f64 {
+    const LANES: usize = 16;
+    let mut lanes = [0.0; LANES];
+    let (chunks_a, chunks_b) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (rest_a, rest_b) = (chunks_a.remainder(), chunks_b.remainder());
+    for (a, b) in chunks_a.zip(chunks_b) {
+        for ((lane, a), b) in lanes.iter_mut().zip(a).zip(b) {
+            *lane += term(a.to_f32(), b.to_f32());
+        }
+    }
+    for ((lane, a), b) in lanes.iter_mut().zip(rest_a).zip(rest_b) {
+        *lane += term(a.to_f32(), b.to_f32());
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0]
+}
+/// `f(rows, at, out_block)` over `out` in blocks of whole rows, `at` the block's offset; blocks
+/// split across threads for large outputs.
+fn by_blocks<E: Send>(spec: &BatchNormSpec, out: &mut [E], f: impl Fn(Rows, usize, &mut [E]) + Sync + Send) {
+    let (rows, block) = block_shape(spec);
     let run = |(i, o): (usize, &mut [E])| {
-        let at = i * inner;
-        f(i % channels, o, &a[at..at + inner], b.map(|b| &b[at..at + inner]))
+        let first = i * rows;
+        let at = first * spec.inner;
+        f(
+            Rows {
+                first,
+                channels: spec.channels,
+                inner: spec.inner.max(1),
+            },
+            at,
+            o,
+        )
     };
     if out.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(inner).enumerate().for_each(run);
+        out.par_chunks_mut(block).enumerate().for_each(run);
     } else {
-        out.chunks_mut(inner).enumerate().for_each(run);
+        out.chunks_mut(block).enumerate().for_each(run);
     }
 }
 
-/// One run of `y = (x - mean) / denom * weight + bias`; run by `simd::wide`.
+/// `y = (x - mean) / denom * weight + bias` over a block's rows; run by `simd::wide`.
 struct Normalize<'a, E> {
+    rows: Rows,
     o: &'a mut [E],
     x: &'a [E],
-    mean: f32,
-    denom: f32,
-    weight: f32,
-    bias: f32,
+    mean: &'a [f32],
+    denom: &'a [f32],
+    weight: &'a [f32],
+    bias: &'a [f32],
 }
 impl<E: ViaF32> Kernel for Normalize<'_, E> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
         let Normalize {
+            rows,
             o,
             x,
             mean,
@@ -176,29 +268,35 @@ impl<E: ViaF32> Kernel for Normalize<'_, E> {
             weight,
             bias,
         } = self;
-        let x = &x[..o.len()];
-        for (i, o) in o.iter_mut().enumerate() {
-            *o = E::from_f32((x[i].to_f32() - mean) / denom * weight + bias);
+        let n = rows.inner;
+        for (c, at) in rows.each(o.len()) {
+            let (o, x) = (&mut o[at..at + n], &x[at..at + n]);
+            let (mean, denom, weight, bias) = (mean[c], denom[c], weight[c], bias[c]);
+            for (o, x) in o.iter_mut().zip(x) {
+                *o = E::from_f32((x.to_f32() - mean) / denom * weight + bias);
+            }
         }
     }
 }
 
-/// One run of `dx = scale · (g - mean_g - x̂ · mean_gx)`; run by `simd::wide`.
+/// `dx = scale · (g - mean_g - x̂ · mean_gx)` over a block's rows; run by `simd::wide`.
 struct InputGradient<'a, E> {
+    rows: Rows,
     o: &'a mut [E],
     g: &'a [E],
     x: &'a [E],
-    mean: f32,
-    denom: f32,
-    scale: f32,
-    mean_g: f32,
-    mean_gx: f32,
+    mean: &'a [f32],
+    denom: &'a [f32],
+    scale: &'a [f32],
+    mean_g: &'a [f32],
+    mean_gx: &'a [f32],
 }
 impl<E: ViaF32> Kernel for InputGradient<'_, E> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
         let InputGradient {
+            rows,
             o,
             g,
             x,
@@ -208,11 +306,17 @@ impl<E: ViaF32> Kernel for InputGradient<'_, E> {
             mean_g,
             mean_gx,
         } = self;
-        let n = o.len();
-        let (g, x) = (&g[..n], &x[..n]);
-        for (i, o) in o.iter_mut().enumerate() {
-            let x_hat = (x[i].to_f32() - mean) / denom;
-            *o = E::from_f32(scale * (g[i].to_f32() - mean_g - x_hat * mean_gx));
+        let n = rows.inner;
+        for (c, at) in rows.each(o.len()) {
+            let (o, g, x) = (&mut o[at..at + n], &g[at..at + n], &x[at..at + n]);
+            let (mean, denom, scale, mean_g, mean_gx) = (mean[c], denom[c], scale[c], mean_g[c], mean_gx[c]);
+            for ((o, g), x) in o.iter_mut().zip(g).zip(x) {
+                let x_hat = (x.to_f32() - mean) / denom;
+                *o = E::from_f32(scale * (g.to_f32() - mean_g - x_hat * mean_gx));
+            }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
