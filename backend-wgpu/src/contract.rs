@@ -162,6 +162,9 @@ impl Backend for WgpuBackend {
         bias: &BufferRef,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        if spec.channel_major {
+            return None;
+        }
         self.batch_norm_fused(x, [weight, bias], spec).transpose()
     }
     fn batch_norm_backward(
@@ -172,6 +175,9 @@ impl Backend for WgpuBackend {
         [mean, var]: [&BufferRef; 2],
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        if spec.channel_major {
+            return None;
+        }
         self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
             .transpose()
     }

@@ -190,6 +190,7 @@ mod tests {
             channels,
             inner,
             eps: 1e-5,
+            channel_major: false,
         };
         Chunking::new("batch_norm", &spec).unwrap()
     }
@@ -224,6 +225,7 @@ mod tests {
             channels: 70_000,
             inner: 1,
             eps: 1e-5,
+            channel_major: false,
         };
         let err = Chunking::new("batch_norm", &spec).err().expect("too many channels");
         assert!(err.to_string().contains("70000 channels"), "{err}");

@@ -499,6 +499,10 @@ pub struct BatchNormSpec {
     pub inner: usize,
     /// Added to the variance before its square root.
     pub eps: f64,
+    /// The input (and its gradient) laid out `[channels, outer, inner]`, as a convolution's
+    /// product leaves it; the output and its gradient stay `[outer, channels, inner]`. A backend
+    /// without this layout answers `None` and is asked again with the input made contiguous.
+    pub channel_major: bool,
 }
 
 #[cfg(test)]

@@ -46,14 +46,37 @@ impl Tensor {
         {
             return Ok(None);
         }
-        let x = self.contiguous()?;
         let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
         let spec = BatchNormSpec {
-            outer: x.dims()[0],
+            outer: self.dims()[0],
             channels: c,
-            inner: x.dims()[2..].iter().product(),
+            inner: self.dims()[2..].iter().product(),
             eps,
+            channel_major: false,
         };
+        // A convolution's product comes channel-major: normalised where it lies, no gather,
+        // where the backend reads that layout.
+        if is_channel_major(self) {
+            let spec = BatchNormSpec {
+                channel_major: true,
+                ..spec
+            };
+            if let Some(out) = self.batch_norm_kernel(&weight, &bias, spec)? {
+                return Ok(Some(out));
+            }
+        }
+        self.contiguous()?.batch_norm_kernel(&weight, &bias, spec)
+    }
+
+    /// `batch_norm_fused` by the backend's kernel on this tensor's buffer, laid out as `spec`
+    /// says; `None` where the backend has no kernel for it.
+    fn batch_norm_kernel(
+        &self,
+        weight: &Tensor,
+        bias: &Tensor,
+        spec: BatchNormSpec,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        let (x, c) = (self, spec.channels);
         let Some(outputs) = x
             .backend()
             .batch_norm(x.buffer(), weight.buffer(), bias.buffer(), &spec)
@@ -68,7 +91,7 @@ impl Tensor {
         );
         let y = Tensor::from_buffer(y, x.shape().clone(), device);
         let saved = (x.detach(), weight.detach(), mean.clone(), var.clone());
-        let y = y.track("batch_norm", &[&x, &weight, &bias], move |g| {
+        let y = y.track("batch_norm", &[x, weight, bias], move |g| {
             let (x, weight, mean, var) = &saved;
             // The output's gradient in the output's (the input's) dtype.
             let g = g.to_dtype(x.dtype())?.contiguous()?;
@@ -89,12 +112,106 @@ impl Tensor {
                 })??;
             let [dx, dweight, dbias] = grads;
             let device = x.device();
+            // The input's gradient laid out as the input.
+            let dx = match spec.channel_major {
+                true => {
+                    let mut dims = x.dims().to_vec();
+                    dims.swap(0, 1);
+                    let mut order: Vec<usize> = (0..dims.len()).collect();
+                    order.swap(0, 1);
+                    Tensor::from_buffer(dx, dims, device).permute(&order)?
+                }
+                false => Tensor::from_buffer(dx, x.shape().clone(), device),
+            };
             Ok(vec![
-                Some(Tensor::from_buffer(dx, x.shape().clone(), device)),
+                Some(dx),
                 Some(Tensor::from_buffer(dweight, Shape::new(vec![c]), device)),
                 Some(Tensor::from_buffer(dbias, Shape::new(vec![c]), device)),
             ])
         });
         Ok(Some((y, mean, var)))
+    }
+}
+
+/// Whether `x` `[N, C, …]` is the whole of its buffer laid out `[C, N, …]`, as a convolution's
+/// product comes.
+fn is_channel_major(x: &Tensor) -> bool {
+    let dims = x.dims();
+    if dims.len() < 3 {
+        return false;
+    }
+    let inner: usize = dims[2..].iter().product();
+    let mut strides = x.shape().contiguous_strides();
+    (strides[0], strides[1]) = (inner, dims[0] * inner);
+    let layout = x.layout();
+    layout.offset == 0 && layout.strides == strides && x.buffer().len() == x.elem_count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::rng::Generator;
+    use crate::tensor::Conv2dOptions;
+
+    /// `[output, grad_x, grad_weight, grad_gamma]` of conv → training batch norm → a weighted sum,
+    /// batch norm fed the convolution's output as it comes or gathered to NCHW first.
+    fn conv_then_batch_norm(dtype: DType, gathered: bool) -> [Vec<f32>; 4] {
+        let cpu = Device::cpu();
+        let normal = |dims: &[usize], seed| {
+            Tensor::rand_normal(dims.to_vec(), 0.0, 1.0, DType::F32, &Generator::new(seed), &cpu)
+                .unwrap()
+                .requires_grad(true)
+        };
+        let (x, w, gamma) = (normal(&[3, 4, 5, 5], 1), normal(&[6, 4, 3, 3], 2), normal(&[6], 3));
+        let beta = Tensor::zeros([6], DType::F32, &cpu).unwrap();
+        let (mean, var) = (beta.clone(), Tensor::ones([6], DType::F32, &cpu).unwrap());
+        let opts = Conv2dOptions {
+            padding: [1, 1],
+            ..Default::default()
+        };
+        let product = x
+            .to_dtype(dtype)
+            .unwrap()
+            .conv2d(&w.to_dtype(dtype).unwrap(), None, opts)
+            .unwrap();
+        assert!(is_channel_major(&product), "the product comes channel-major");
+        let product = if gathered {
+            product.contiguous().unwrap()
+        } else {
+            product
+        };
+        let y = product
+            .batch_norm(&mean, &var, Some(&gamma), Some(&beta), true, 0.1, 1e-5)
+            .unwrap();
+        let y = y.to_dtype(DType::F32).unwrap();
+        let weights = normal(y.dims(), 4).detach();
+        y.mul(&weights).unwrap().sum_all().unwrap().backward().unwrap();
+        let values = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        [
+            values(&y),
+            values(&x.grad().unwrap()),
+            values(&w.grad().unwrap()),
+            values(&gamma.grad().unwrap()),
+        ]
+    }
+
+    #[test]
+    fn a_convolutions_product_is_normalised_where_it_lies() {
+        for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+            let (in_place, gathered) = (conv_then_batch_norm(dtype, false), conv_then_batch_norm(dtype, true));
+            for (name, (a, b)) in ["output", "grad x", "grad weight", "grad gamma"]
+                .iter()
+                .zip(in_place.iter().zip(&gathered))
+            {
+                assert_eq!(a.len(), b.len());
+                for (i, (a, b)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tolerance * (1.0 + b.abs()),
+                        "{dtype:?} {name}[{i}]: {a} vs {b}"
+                    );
+                }
+            }
+        }
     }
 }

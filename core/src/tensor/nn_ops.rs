@@ -238,12 +238,11 @@ impl Tensor {
             return finish(out, 1);
         }
         // Else one GEMM per group over the whole batch: [o/g, cg*kh*kw] @ [cg*kh*kw, n*oh*ow],
-        // bias and activation on its [o, n*oh*ow] output before the batch moves first.
+        // bias and activation on its [o, n*oh*ow] output. The batch moves first in a view: an op
+        // that needs NCHW gathers it, batch norm reads it where it lies.
         let (oh, ow) = (geom.out_h(), geom.out_w());
         let flat = finish(super::conv_product::conv_product(self, weight, geom, g)?, 0)?;
-        flat.reshape([o, n, oh * ow])?
-            .permute(&[1, 0, 2])?
-            .reshape([n, o, oh, ow])
+        flat.reshape([o, n, oh, ow])?.permute(&[1, 0, 2, 3])
     }
 
     /// Max pooling over `[n, c, h, w]` windows.

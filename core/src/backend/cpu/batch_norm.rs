@@ -1,9 +1,11 @@
 //! Batch normalisation in training, in two passes each way: per-channel sums, then one element
 //! pass. Both go over blocks of whole rows (a row: one image's values of one channel), the blocks
 //! split across threads, so the small rows of deep layers (16 values at 4x4) cost a task's
-//! overhead once per block rather than once per row. Sums accumulate in f64 lanes; the element
-//! ops are in f32. The input, output and their gradients are f32, or bf16/f16 read and written
-//! directly (autocast's batch norm: f32 weight, bias and statistics, the result rounded once).
+//! overhead once per block rather than once per row. The input and its gradient may be
+//! channel-major (a convolution's product as it comes): rows are found where each tensor keeps
+//! them, so nothing is gathered first. Sums accumulate in f64 lanes; the element ops are in f32.
+//! The input, output and their gradients are f32, or bf16/f16 read and written directly
+//! (autocast's batch norm: f32 weight, bias and statistics, the result rounded once).
 
 use rayon::prelude::*;
 
@@ -26,13 +28,14 @@ pub fn forward<E: ViaF32>(
     spec: &BatchNormSpec,
 ) -> (Vec<E>, [Vec<f32>; 2]) {
     let count = (spec.outer * spec.inner) as f64;
+    let input = Order::input(spec);
     // One pass for both statistics: the sums of `x - s` and its square, `s` one of the channel's
     // own values, so the variance's subtraction does not cancel where the mean is large beside
     // the spread (as Σx² - (Σx)²/n would).
     let shift: Vec<f32> = (0..spec.channels)
-        .map(|c| x.get(c * spec.inner).map_or(0.0, |v| v.to_f32()))
+        .map(|c| x.get(input.row(0, c) * spec.inner).map_or(0.0, |v| v.to_f32()))
         .collect();
-    let sums = channel_sums(spec, x, x, |c| {
+    let sums = channel_sums(spec, x, (x, input), |c| {
         let s = shift[c];
         move |v: f32, _: f32| {
             let d = (v - s) as f64;
@@ -52,11 +55,11 @@ pub fn forward<E: ViaF32>(
         .unzip();
     let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
     let mut y = pool.take::<E>(x.len());
-    by_blocks(spec, &mut y, |rows, at, o| {
+    by_blocks(spec, Order::output(spec), input, &mut y, |rows, _, o| {
         wide(Normalize {
             rows,
             o,
-            x: &x[at..],
+            x,
             mean: &mean,
             denom: &denom,
             weight,
@@ -68,7 +71,7 @@ pub fn forward<E: ViaF32>(
 
 /// `(dx, [dweight, dbias])` for output gradient `g`, with `x̂ = (x - mean) / sqrt(var + eps)`:
 /// `dbias = Σ g`, `dweight = Σ g·x̂`, `dx = weight / sqrt(var + eps) · (g - (dbias + x̂·dweight) / n)`
-/// over the `n` values of each channel.
+/// over the `n` values of each channel; `dx` laid out as `x`.
 pub fn backward<E: ViaF32>(
     pool: &Pool,
     g: &[E],
@@ -79,9 +82,9 @@ pub fn backward<E: ViaF32>(
 ) -> (Vec<E>, [Vec<f32>; 2]) {
     let denom: Vec<f32> = var.iter().map(|&v| (v + spec.eps as f32).sqrt()).collect();
     // Σ g and Σ g·(x - mean): dweight is the second over the channel's denominator.
-    let sums = channel_sums(spec, g, x, |c| {
+    let sums = channel_sums(spec, x, (g, Order::output(spec)), |c| {
         let m = mean[c];
-        move |g: f32, x: f32| [g as f64, (g * (x - m)) as f64]
+        move |x: f32, g: f32| [g as f64, (g * (x - m)) as f64]
     });
     let (dbias, dweight): (Vec<f64>, Vec<f64>) =
         sums.iter().zip(&denom).map(|(&[g, gx], &d)| (g, gx / d as f64)).unzip();
@@ -93,11 +96,11 @@ pub fn backward<E: ViaF32>(
         .unzip();
     let scale: Vec<f32> = weight.iter().zip(&denom).map(|(w, d)| w / d).collect();
     let mut dx = pool.take::<E>(x.len());
-    by_blocks(spec, &mut dx, |rows, at, o| {
+    by_blocks(spec, Order::input(spec), Order::output(spec), &mut dx, |rows, at, o| {
         wide(InputGradient {
             rows,
             o,
-            g: &g[at..],
+            g,
             x: &x[at..],
             mean,
             denom: &denom,
@@ -112,19 +115,67 @@ pub fn backward<E: ViaF32>(
     )
 }
 
-/// Where a block lies: its first row's index and the shape's rows.
+/// How a tensor orders its rows: image-major (`[outer, channels, inner]`) or channel-major.
+#[derive(Clone, Copy)]
+struct Order {
+    channel_major: bool,
+    outer: usize,
+    channels: usize,
+}
+
+impl Order {
+    /// The input's (and its gradient's) order.
+    fn input(spec: &BatchNormSpec) -> Order {
+        Order {
+            channel_major: spec.channel_major,
+            outer: spec.outer,
+            channels: spec.channels,
+        }
+    }
+    /// The output's (and its gradient's) order: image-major.
+    fn output(spec: &BatchNormSpec) -> Order {
+        Order {
+            channel_major: false,
+            ..Order::input(spec)
+        }
+    }
+    /// The index of row `(image, channel)`.
+    #[inline(always)]
+    fn row(self, image: usize, channel: usize) -> usize {
+        match self.channel_major {
+            true => channel * self.outer + image,
+            false => image * self.channels + channel,
+        }
+    }
+    /// `(image, channel)` of row `row`.
+    #[inline(always)]
+    fn image_and_channel(self, row: usize) -> (usize, usize) {
+        match self.channel_major {
+            true => (row % self.outer, row / self.outer),
+            false => (row / self.channels, row % self.channels),
+        }
+    }
+}
+
+/// A block of rows: its first row in the order it is walked in, and where the same rows lie in
+/// a second tensor's order.
 #[derive(Clone, Copy)]
 struct Rows {
     first: usize,
-    channels: usize,
+    walked: Order,
+    other: Order,
     inner: usize,
 }
 
 impl Rows {
-    /// `(channel, start)` of each row of a block of `len` values, `start` within the block.
+    /// `(channel, start, other_start)` of each row of a block of `len` values: `start` within
+    /// the block, `other_start` within the whole of the second tensor.
     #[inline(always)]
-    fn each(self, len: usize) -> impl Iterator<Item = (usize, usize)> {
-        (0..len / self.inner).map(move |r| ((self.first + r) % self.channels, r * self.inner))
+    fn each(self, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        (0..len / self.inner).map(move |r| {
+            let (image, channel) = self.walked.image_and_channel(self.first + r);
+            (channel, r * self.inner, self.other.row(image, channel) * self.inner)
+        })
     }
 }
 
@@ -135,9 +186,14 @@ fn block_shape(spec: &BatchNormSpec) -> (usize, usize) {
     (rows, rows * inner)
 }
 
-/// Per channel, the two sums of `term(channel)(a, b)` over the channel's values of `a` and `b`
-/// (two tensors of one shape), accumulated in f64 lanes.
-fn channel_sums<E: ViaF32, T>(spec: &BatchNormSpec, a: &[E], b: &[E], term: impl Fn(usize) -> T + Sync) -> Vec<[f64; 2]>
+/// Per channel, the two sums of `term(channel)(a, b)` over the channel's values of `a` (in the
+/// input's order, walked in blocks) and `b` (in `b_order`), accumulated in f64 lanes.
+fn channel_sums<E: ViaF32, T>(
+    spec: &BatchNormSpec,
+    a: &[E],
+    (b, b_order): (&[E], Order),
+    term: impl Fn(usize) -> T + Sync,
+) -> Vec<[f64; 2]>
 where
     T: Fn(f32, f32) -> [f64; 2] + Copy,
 {
@@ -149,13 +205,14 @@ where
     let partial = |(i, a): (usize, &[E])| {
         let rows = Rows {
             first: i * rows,
-            channels: spec.channels,
+            walked: Order::input(spec),
+            other: b_order,
             inner: spec.inner,
         };
         wide(BlockSums {
             rows,
             a,
-            b: &b[i * block..],
+            b,
             term: &term,
         })
     };
@@ -176,7 +233,9 @@ where
 /// One block's per-channel sums (channels it does not reach stay zero); run by `simd::wide`.
 struct BlockSums<'a, E, R> {
     rows: Rows,
+    /// The block.
     a: &'a [E],
+    /// The whole second tensor.
     b: &'a [E],
     term: &'a R,
 }
@@ -185,10 +244,10 @@ impl<E: ViaF32, R: Fn(usize) -> T, T: Fn(f32, f32) -> [f64; 2] + Copy> Kernel fo
     #[inline(always)]
     fn run(self) -> Vec<[f64; 2]> {
         let BlockSums { rows, a, b, term } = self;
-        let mut sums = vec![[0.0; 2]; rows.channels];
+        let mut sums = vec![[0.0; 2]; rows.walked.channels];
         let n = rows.inner;
-        for (c, at) in rows.each(a.len()) {
-            let (a, b, term) = (&a[at..at + n], &b[at..at + n], term(c));
+        for (c, at, b_at) in rows.each(a.len()) {
+            let (a, b, term) = (&a[at..at + n], &b[b_at..b_at + n], term(c));
             // One sum at a time: a loop with one accumulator vectorizes, one with two did not.
             sums[c][0] += lane_sum(a, b, |a, b| term(a, b)[0]);
             sums[c][1] += lane_sum(a, b, |a, b| term(a, b)[1]);
@@ -221,22 +280,26 @@ fn lane_sum<E: ViaF32>(a: &[E], b: &[E], term: impl Fn(f32, f32) -> f64) -> f64 
     }
     lanes[0]
 }
-/// `f(rows, at, out_block)` over `out` in blocks of whole rows, `at` the block's offset; blocks
-/// split across threads for large outputs.
-fn by_blocks<E: Send>(spec: &BatchNormSpec, out: &mut [E], f: impl Fn(Rows, usize, &mut [E]) + Sync + Send) {
+/// `f(rows, at, out_block)` over `out` (laid out in `walked` order) in blocks of whole rows,
+/// `at` the block's offset, `rows` also placing them in `other` order; blocks split across
+/// threads for large outputs.
+fn by_blocks<E: Send>(
+    spec: &BatchNormSpec,
+    walked: Order,
+    other: Order,
+    out: &mut [E],
+    f: impl Fn(Rows, usize, &mut [E]) + Sync + Send,
+) {
     let (rows, block) = block_shape(spec);
     let run = |(i, o): (usize, &mut [E])| {
         let first = i * rows;
-        let at = first * spec.inner;
-        f(
-            Rows {
-                first,
-                channels: spec.channels,
-                inner: spec.inner.max(1),
-            },
-            at,
-            o,
-        )
+        let rows = Rows {
+            first,
+            walked,
+            other,
+            inner: spec.inner.max(1),
+        };
+        f(rows, first * spec.inner, o)
     };
     if out.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(block).enumerate().for_each(run);
@@ -249,6 +312,7 @@ fn by_blocks<E: Send>(spec: &BatchNormSpec, out: &mut [E], f: impl Fn(Rows, usiz
 struct Normalize<'a, E> {
     rows: Rows,
     o: &'a mut [E],
+    /// The whole input.
     x: &'a [E],
     mean: &'a [f32],
     denom: &'a [f32],
@@ -269,8 +333,8 @@ impl<E: ViaF32> Kernel for Normalize<'_, E> {
             bias,
         } = self;
         let n = rows.inner;
-        for (c, at) in rows.each(o.len()) {
-            let (o, x) = (&mut o[at..at + n], &x[at..at + n]);
+        for (c, at, x_at) in rows.each(o.len()) {
+            let (o, x) = (&mut o[at..at + n], &x[x_at..x_at + n]);
             let (mean, denom, weight, bias) = (mean[c], denom[c], weight[c], bias[c]);
             for (o, x) in o.iter_mut().zip(x) {
                 *o = E::from_f32((x.to_f32() - mean) / denom * weight + bias);
@@ -283,7 +347,9 @@ impl<E: ViaF32> Kernel for Normalize<'_, E> {
 struct InputGradient<'a, E> {
     rows: Rows,
     o: &'a mut [E],
+    /// The whole output gradient.
     g: &'a [E],
+    /// The input from the block's start.
     x: &'a [E],
     mean: &'a [f32],
     denom: &'a [f32],
@@ -307,8 +373,8 @@ impl<E: ViaF32> Kernel for InputGradient<'_, E> {
             mean_gx,
         } = self;
         let n = rows.inner;
-        for (c, at) in rows.each(o.len()) {
-            let (o, g, x) = (&mut o[at..at + n], &g[at..at + n], &x[at..at + n]);
+        for (c, at, g_at) in rows.each(o.len()) {
+            let (o, g, x) = (&mut o[at..at + n], &g[g_at..g_at + n], &x[at..at + n]);
             let (mean, denom, scale, mean_g, mean_gx) = (mean[c], denom[c], scale[c], mean_g[c], mean_gx[c]);
             for ((o, g), x) in o.iter_mut().zip(g).zip(x) {
                 let x_hat = (x.to_f32() - mean) / denom;

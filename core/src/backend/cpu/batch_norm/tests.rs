@@ -8,6 +8,7 @@ fn spec(outer: usize, channels: usize, inner: usize) -> BatchNormSpec {
         channels,
         inner,
         eps: 1e-5,
+        channel_major: false,
     }
 }
 
@@ -52,6 +53,34 @@ fn close(what: &str, got: f32, want: f64, tolerance: f64) {
     );
 }
 
+/// `v` (`[outer, channels, inner]`) as the input is stored under `spec`: channel-major moves
+/// each row to `[channels, outer, inner]`; `back` the other way.
+fn stored(v: &[f32], spec: &BatchNormSpec, back: bool) -> Vec<f32> {
+    if !spec.channel_major {
+        return v.to_vec();
+    }
+    let mut out = vec![0.0; v.len()];
+    let (n, c, inner) = (spec.outer, spec.channels, spec.inner);
+    for (image, channel) in (0..n).flat_map(|i| (0..c).map(move |ch| (i, ch))) {
+        let (logical, kept) = ((image * c + channel) * inner, (channel * n + image) * inner);
+        let (from, to) = if back { (kept, logical) } else { (logical, kept) };
+        out[to..to + inner].copy_from_slice(&v[from..from + inner]);
+    }
+    out
+}
+
+/// Both layouts of the input.
+fn layouts(outer: usize, channels: usize, inner: usize) -> [BatchNormSpec; 2] {
+    let image_major = spec(outer, channels, inner);
+    [
+        image_major,
+        BatchNormSpec {
+            channel_major: true,
+            ..image_major
+        },
+    ]
+}
+
 /// Shapes on either side of the parallel threshold, with rows shorter than, spanning and longer
 /// than a block.
 const SHAPES: [[usize; 3]; 4] = [[4, 3, 5], [64, 512, 16], [3, 7, 5000], [2, 3, 20000]];
@@ -59,17 +88,17 @@ const SHAPES: [[usize; 3]; 4] = [[4, 3, 5], [64, 512, 16], [3, 7, 5000], [2, 3, 
 #[test]
 fn the_forward_pass_matches_two_passes_in_f64() {
     let pool = Pool::default();
-    for [outer, channels, inner] in SHAPES {
-        let spec = spec(outer, channels, inner);
+    for spec in SHAPES.into_iter().flat_map(|[n, c, i]| layouts(n, c, i)) {
+        let BatchNormSpec { channels, .. } = spec;
         let (x, weight, bias) = (input(&spec), per_channel(&spec, 1), per_channel(&spec, 2));
-        let (y, [mean, var]) = forward(&pool, &x, &weight, &bias, &spec);
+        let (y, [mean, var]) = forward(&pool, &stored(&x, &spec, false), &weight, &bias, &spec);
         for c in 0..channels {
             let (m, v, r) = statistics(&x, &spec, c);
-            close(&format!("{:?} mean {c}", [outer, channels, inner]), mean[c], m, 1e-7);
-            close(&format!("{:?} var {c}", [outer, channels, inner]), var[c], v, 1e-5);
+            close(&format!("{spec:?} mean {c}"), mean[c], m, 1e-7);
+            close(&format!("{spec:?} var {c}"), var[c], v, 1e-5);
             for (at, xv) in channel(&x, &spec, c) {
                 let want = (xv - m) * r * weight[c] as f64 + bias[c] as f64;
-                close(&format!("{:?} y[{at}]", [outer, channels, inner]), y[at], want, 1e-4);
+                close(&format!("{spec:?} y[{at}]"), y[at], want, 1e-4);
             }
         }
     }
@@ -78,18 +107,22 @@ fn the_forward_pass_matches_two_passes_in_f64() {
 #[test]
 fn the_backward_pass_matches_f64() {
     let pool = Pool::default();
-    for [outer, channels, inner] in SHAPES {
-        let spec = spec(outer, channels, inner);
+    for spec in SHAPES.into_iter().flat_map(|[n, c, i]| layouts(n, c, i)) {
+        let BatchNormSpec {
+            outer, channels, inner, ..
+        } = spec;
         let (x, weight) = (input(&spec), per_channel(&spec, 3));
         let g: Vec<f32> = (0..x.len()).map(|i| ((i * 11 + 5) % 13) as f32 / 6.0 - 1.0).collect();
-        let (_, [mean, var]) = forward(&pool, &x, &weight, &weight, &spec);
-        let (dx, [dweight, dbias]) = backward(&pool, &g, &x, &weight, [&mean, &var], &spec);
+        let kept = stored(&x, &spec, false);
+        let (_, [mean, var]) = forward(&pool, &kept, &weight, &weight, &spec);
+        let (dx, [dweight, dbias]) = backward(&pool, &g, &kept, &weight, [&mean, &var], &spec);
+        let dx = stored(&dx, &spec, true);
         let count = (outer * inner) as f64;
         for c in 0..channels {
             let (m, _, r) = statistics(&x, &spec, c);
             let sum_g: f64 = channel(&g, &spec, c).map(|(_, v)| v).sum();
             let sum_gx: f64 = channel(&x, &spec, c).map(|(at, v)| g[at] as f64 * (v - m) * r).sum();
-            let what = format!("{:?} channel {c}", [outer, channels, inner]);
+            let what = format!("{spec:?} channel {c}");
             close(&format!("{what} dbias"), dbias[c], sum_g, 1e-6);
             close(&format!("{what} dweight"), dweight[c], sum_gx, 1e-4);
             for (at, xv) in channel(&x, &spec, c) {
