@@ -164,8 +164,9 @@ mod tests {
                 .requires_grad(true)
         };
         let (x, w, gamma) = (normal(&[3, 4, 5, 5], 1), normal(&[6, 4, 3, 3], 2), normal(&[6], 3));
-        let beta = Tensor::zeros([6], DType::F32, &cpu).unwrap();
-        let (mean, var) = (beta.clone(), Tensor::ones([6], DType::F32, &cpu).unwrap());
+        let constant = |value| Tensor::full([6], value, DType::F32, &cpu).unwrap();
+        // The running statistics are updated in place: each its own tensor.
+        let (beta, mean, var) = (constant(0.5), constant(0.0), constant(1.0));
         let opts = Conv2dOptions {
             padding: [1, 1],
             ..Default::default()
