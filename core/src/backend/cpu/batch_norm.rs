@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use super::elementwise::PAR_THRESHOLD;
 use super::float::ViaF32;
 use super::pool::Pool;
+use super::reduce::pairwise_total;
 use super::simd::{Kernel, wide};
 use crate::backend::BatchNormSpec;
 
@@ -271,15 +272,9 @@ fn lane_sum<E: ViaF32>(a: &[E], b: &[E], term: impl Fn(f32, f32) -> f64) -> f64 
     for ((lane, a), b) in lanes.iter_mut().zip(rest_a).zip(rest_b) {
         *lane += term(a.to_f32(), b.to_f32());
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-    }
-    lanes[0]
+    pairwise_total(&mut lanes)
 }
+
 /// `f(rows, at, out_block)` over `out` (laid out in `walked` order) in blocks of whole rows,
 /// `at` the block's offset, `rows` also placing them in `other` order; blocks split across
 /// threads for large outputs.

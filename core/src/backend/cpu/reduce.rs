@@ -124,18 +124,24 @@ impl LaneSums {
         }
     }
 
-    /// The sum: the lanes added pairwise, halves onto halves.
+    /// The sum: the lanes added pairwise.
     #[inline(always)]
     pub(super) fn total(mut self) -> f64 {
-        let mut width = Self::LANES;
-        while width > 1 {
-            width /= 2;
-            for l in 0..width {
-                self.0[l] += self.0[l + width];
-            }
-        }
-        self.0[0]
+        pairwise_total(&mut self.0)
     }
+}
+
+/// The sum of `lanes` (a power of two of them), added pairwise, halves onto halves.
+#[inline(always)]
+pub(super) fn pairwise_total(lanes: &mut [f64]) -> f64 {
+    let mut width = lanes.len();
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0]
 }
 
 /// `reduce_with` folding each contiguous run element by element with `combine`.
