@@ -1,115 +1,276 @@
-//! The vector side of a stride-1 convolution that keeps its image size (3x3 with padding 1, or
-//! 1x1), read straight from the images as the bf16 kernel sums: a tile's `NR` output pixels of
-//! one tap are one masked load of the input plane shifted by the tap (lanes whose source lies in
-//! the padding load zero), and two taps are interleaved into the kernel's k-pairs in registers.
-//! Nothing is unfolded: writing the columns into panels and reading them back took a fifth of a
-//! bf16 ResNet-18 step.
+//! The vector side of a convolution read from its images as the bf16 kernel sums: nothing is
+//! unfolded (writing the columns into panels and reading them back took a fifth of a bf16
+//! ResNet-18 step).
+//!
+//! The images are first copied with their channels interleaved in pairs: word `p` of a pair's
+//! plane holds pixel `p` of channels `2cp` and `2cp + 1`, which is the kernel's k-pair for the
+//! terms (`2cp`, tap) and (`2cp + 1`, tap). A tile's `NR` output pixels of one tap are then two
+//! masked loads of that plane shifted by the tap (lanes whose source lies in the padding load
+//! zero). A strided convolution's planes are split by phase (the rows and columns a tap reads,
+//! `≡ a, b` mod the stride) at the output's size, so every tap again reads a shifted plane. The
+//! sum runs over (channel pair, tap, channel of the pair), and the other side of the product is
+//! put in that order (`paired_rows`). Pairing two taps of one channel instead, from the images
+//! as they are, took two permutes per pair in the kernel's loop: a fifth of a 32x32 product.
 //!
 //! It applies where each panel of `NR` output pixels lies in one image and each of its rows
-//! starts at column 0 (the width divides `NR`, `NR` divides the plane): CIFAR's 32, 16 and 8.
+//! starts at column 0 (the output width divides `NR`, `NR` divides the output plane), and every
+//! pixel a tap reads lies in its phase plane: CIFAR's 3x3 (padding 1) and 1x1 layers at 32, 16
+//! and 8 pixels out, stride 1 or 2.
 
 use std::arch::x86_64::*;
 
 use half::bf16;
 
 use super::conv::Planes;
-use super::matmul::bf16::VectorSide;
+use super::matmul::bf16::{VectorSide, join};
 use super::matmul::bf16_kernel::{NR, Panel};
+use super::pool::Pool;
+use super::simd::{Kernel, wide};
 use crate::backend::Conv2dGeometry;
 
-/// Where each term of the sum (a channel and tap) reads, and which lanes it loads for each
-/// panel position in an image; kept by the caller between products.
+/// Where tap `k` of an axis reads: the phase (`k·dilation - padding` mod the stride) and the
+/// shift from an output position to its source within that phase's plane.
+fn reach(k: usize, stride: usize, dilation: usize, padding: usize) -> (usize, isize) {
+    let offset = (k * dilation) as isize - padding as isize;
+    let stride = stride as isize;
+    (offset.rem_euclid(stride) as usize, offset.div_euclid(stride))
+}
+
+/// Whether every input pixel that a tap of one axis reads for an output position lies in the
+/// phase plane at the shifted position (kept at the output's size).
+fn axis_fits(kernel: usize, stride: usize, dilation: usize, padding: usize, size: usize, out: usize) -> bool {
+    (0..kernel).all(|k| {
+        let (_, shift) = reach(k, stride, dilation, padding);
+        (0..out).all(|y| {
+            let source = (y * stride + k * dilation) as isize - padding as isize;
+            !(0..size as isize).contains(&source) || (0..out as isize).contains(&(y as isize + shift))
+        })
+    })
+}
+
+/// Whether a convolution of geometry `g` can have its panels read from its images.
+pub fn applies(g: &Conv2dGeometry) -> bool {
+    let (oh, ow) = (g.out_h(), g.out_w());
+    g.c > 0
+        && ow > 0
+        && NR.is_multiple_of(ow)
+        && (oh * ow).is_multiple_of(NR)
+        && g.stride.iter().all(|&s| s > 0)
+        && axis_fits(g.kh, g.stride[0], g.dilation[0], g.padding[0], g.h, oh)
+        && axis_fits(g.kw, g.stride[1], g.dilation[1], g.padding[1], g.w, ow)
+}
+
+/// The phases of each axis that some tap reads, in order.
+fn phases(kernel: usize, stride: usize, dilation: usize, padding: usize) -> Vec<usize> {
+    let mut phases: Vec<usize> = (0..kernel).map(|k| reach(k, stride, dilation, padding).0).collect();
+    phases.sort_unstable();
+    phases.dedup();
+    phases
+}
+
+/// The terms of a convolution's sum as the direct side reads them, worked out once per
+/// geometry and kept by the caller between products.
 #[derive(Default)]
 pub struct Taps {
-    /// From an output pixel's own position in its image to its source, in elements.
+    /// Term `t`'s source from an output pixel's own position, in words of an image's copy.
     offsets: Vec<isize>,
     /// `masks[j * count + t]`: the lanes of an image's panel `j` whose source for term `t` lies
     /// inside the image (worked out here once: in the kernel's loop that arithmetic made the
     /// product slower than unfolding).
     masks: Vec<u32>,
-    /// The geometry (its image count aside) and channel stride these were worked out for:
-    /// every run of a convolution has the same.
-    built_for: Option<(Conv2dGeometry, usize)>,
+    /// The phases (row, column) the copy keeps.
+    phases: (Vec<usize>, Vec<usize>),
+    /// The geometry (its image count aside) these were worked out for.
+    built_for: Option<Conv2dGeometry>,
 }
 
 impl Taps {
-    /// The terms of `g` (channels `channel` elements apart).
-    fn build(&mut self, g: &Conv2dGeometry, channel: usize) {
-        let plane = g.h * g.w;
-        let reach = |k: usize, axis: usize| (k * g.dilation[axis]) as isize - g.padding[axis] as isize;
-        let (w, count) = (g.w as isize, (g.c * g.kh * g.kw).next_multiple_of(2));
-        self.offsets.clear();
-        self.masks.clear();
-        self.masks.resize(plane / NR * count, 0);
-        // Lane l's column (l % w) shifted by kj stays in the row.
-        let columns: Vec<u32> = (0..g.kw)
-            .map(|kj| {
-                (0..NR)
-                    .filter(|&lane| (0..w).contains(&((lane % g.w) as isize + reach(kj, 1))))
-                    .fold(0, |mask, lane| mask | 1 << lane)
-            })
-            .collect();
-        for c in 0..g.c {
-            for ki in 0..g.kh {
-                for (kj, &columns) in columns.iter().enumerate() {
-                    let (t, shift) = (self.offsets.len(), reach(ki, 0) * w + reach(kj, 1));
-                    self.offsets.push((c * channel) as isize + shift);
-                    for (j, masks) in self.masks.chunks_exact_mut(count).enumerate() {
-                        // Lane l reads plane element j·NR + shift + l: lanes lo..hi lie in the
-                        // plane (the rows above and below are padding).
-                        let start = (j * NR) as isize + shift;
-                        let lo = (-start).clamp(0, NR as isize);
-                        let hi = (plane as isize - start).clamp(lo, NR as isize);
-                        masks[t] = ((1u64 << hi) - (1u64 << lo)) as u32 & columns;
-                    }
-                }
+    fn build(&mut self, g: &Conv2dGeometry) {
+        let (oh, ow) = (g.out_h(), g.out_w());
+        let plane = oh * ow;
+        let rows = phases(g.kh, g.stride[0], g.dilation[0], g.padding[0]);
+        let columns = phases(g.kw, g.stride[1], g.dilation[1], g.padding[1]);
+        let planes_per_pair = rows.len() * columns.len();
+        // Each tap's plane (within a pair's planes), shift and lanes, for every panel.
+        let mut tap_offsets = Vec::new();
+        let mut tap_masks = Vec::new();
+        for ki in 0..g.kh {
+            let (a, dy) = reach(ki, g.stride[0], g.dilation[0], g.padding[0]);
+            for kj in 0..g.kw {
+                let (b, dx) = reach(kj, g.stride[1], g.dilation[1], g.padding[1]);
+                let phase = rows.binary_search(&a).unwrap() * columns.len() + columns.binary_search(&b).unwrap();
+                tap_offsets.push((phase * plane) as isize + dy * ow as isize + dx);
+                let inside = |pixel: usize| {
+                    let (y, x) = ((pixel / ow) as isize + dy, (pixel % ow) as isize + dx);
+                    (0..oh as isize).contains(&y) && (0..ow as isize).contains(&x)
+                };
+                tap_masks.push(
+                    (0..plane / NR)
+                        .map(|j| (0..NR).filter(|&l| inside(j * NR + l)).fold(0u32, |m, l| m | 1 << l))
+                        .collect::<Vec<u32>>(),
+                );
             }
         }
-        // The padding term of an odd count keeps mask 0: it loads nothing.
-        self.offsets.resize(count, 0);
+        let (pairs, kernel) = (g.c.div_ceil(2), g.kh * g.kw);
+        let count = pairs * kernel;
+        self.offsets.clear();
+        for cp in 0..pairs {
+            let first = (cp * planes_per_pair * plane) as isize;
+            self.offsets.extend(tap_offsets.iter().map(|&o| first + o));
+        }
+        self.masks.clear();
+        self.masks.resize(plane / NR * count, 0);
+        for (j, masks) in self.masks.chunks_exact_mut(count).enumerate() {
+            for (t, mask) in masks.iter_mut().enumerate() {
+                *mask = tap_masks[t % kernel][j];
+            }
+        }
+        self.phases = (rows, columns);
+    }
+
+    /// Words of one image's copy.
+    fn image_words(&self, g: &Conv2dGeometry) -> usize {
+        g.c.div_ceil(2) * self.phases.0.len() * self.phases.1.len() * g.out_h() * g.out_w()
     }
 }
 
-/// Whether a convolution of geometry `g` can have its panels read from its images.
-pub fn applies(g: &Conv2dGeometry) -> bool {
-    let plane = g.h * g.w;
-    g.stride == [1, 1]
-        && (g.out_h(), g.out_w()) == (g.h, g.w)
-        && g.w > 0
-        && NR.is_multiple_of(g.w)
-        && plane.is_multiple_of(NR)
-        && g.c > 0
+/// Words of the copy of `g.n` images (what `Direct::plan` needs of its buffer).
+pub fn copy_len(g: &Conv2dGeometry) -> usize {
+    let rows = phases(g.kh, g.stride[0], g.dilation[0], g.padding[0]).len();
+    let columns = phases(g.kw, g.stride[1], g.dilation[1], g.padding[1]).len();
+    g.n * g.c.div_ceil(2) * rows * columns * g.out_h() * g.out_w()
 }
 
-/// A convolution's vector side over `src`, panel `q` being output pixels `q·NR..` of the
-/// images laid side by side.
+/// A sum of `channels·kernel` terms (`[channels, kernel]`) as the direct side runs it.
+pub fn paired_len(channels: usize, kernel: usize) -> usize {
+    channels.div_ceil(2) * 2 * kernel
+}
+
+/// `rows` (each `[channels, kernel]`, as a weight's `[o, c, kh, kw]`) in the direct side's sum
+/// order: channel pairs, then taps, then the pair's two channels (an odd count's last partner
+/// zero).
+pub fn paired_rows(pool: &Pool, rows: &[bf16], channels: usize, kernel: usize) -> Vec<bf16> {
+    let (len, paired) = (channels * kernel, paired_len(channels, kernel));
+    let mut out = pool.take::<bf16>(rows.len() / len.max(1) * paired);
+    for (row, dst) in rows.chunks_exact(len).zip(out.chunks_exact_mut(paired)) {
+        for (cp, pair) in dst.chunks_exact_mut(2 * kernel).enumerate() {
+            for (t, two) in pair.chunks_exact_mut(2).enumerate() {
+                let term = |c: usize| if c < channels { row[c * kernel + t] } else { bf16::ZERO };
+                two[0] = term(2 * cp);
+                two[1] = term(2 * cp + 1);
+            }
+        }
+    }
+    out
+}
+
+/// A convolution's vector side over a copy of its images, panel `q` being output pixels
+/// `q·NR..` of the images laid side by side.
 pub struct Direct<'a> {
-    src: &'a [bf16],
+    words: &'a [u32],
     image: usize,
     plane: usize,
-    /// The terms, then one that loads nothing where their count is odd.
     taps: &'a Taps,
 }
 
 impl<'a> Direct<'a> {
-    /// The vector side of `g`'s product over `src` (planes at `planes`), its terms laid out in
-    /// `taps` (kept from the last call where it had the same geometry). Call only where
-    /// `applies(g)`.
-    pub fn plan(taps: &'a mut Taps, src: &'a [bf16], planes: Planes, g: &Conv2dGeometry) -> Direct<'a> {
+    /// The vector side of `g`'s product over `src` (planes at `planes`): copies the images into
+    /// `copy` (at least `copy_len(g)` words) with their terms laid out in `taps` (kept from the
+    /// last call where it had the same geometry). Call only where `applies(g)`.
+    pub fn plan(
+        taps: &'a mut Taps,
+        copy: &'a mut [u32],
+        src: &[bf16],
+        planes: Planes,
+        g: &Conv2dGeometry,
+    ) -> Direct<'a> {
         assert!(applies(g));
-        let plane = g.h * g.w;
-        // The last element any unmasked lane reads.
-        assert!(src.len() >= (g.n.max(1) - 1) * planes.image + (g.c - 1) * planes.channel + plane);
-        let key = (Conv2dGeometry { n: 0, ..*g }, planes.channel);
+        let key = Conv2dGeometry { n: 0, ..*g };
         if taps.built_for != Some(key) {
-            taps.build(g, planes.channel);
+            taps.build(g);
             taps.built_for = Some(key);
         }
+        let image = taps.image_words(g);
+        let words = &mut copy[..g.n * image];
+        for (i, image) in words.chunks_exact_mut(image).enumerate() {
+            copy_image(&src[i * planes.image..], planes.channel, image, taps, g);
+        }
         Direct {
-            src,
-            image: planes.image,
-            plane,
+            words,
+            image,
+            plane: g.out_h() * g.out_w(),
             taps,
+        }
+    }
+}
+
+/// One image (channels `channel` elements apart from `src`) into `dst`: for each channel pair,
+/// each kept phase's plane of the output's size.
+fn copy_image(src: &[bf16], channel: usize, dst: &mut [u32], taps: &Taps, g: &Conv2dGeometry) {
+    let (rows, columns) = &taps.phases;
+    let plane_of = |c: usize| (c < g.c).then(|| &src[c * channel..][..g.h * g.w]);
+    let mut planes = dst.chunks_exact_mut(g.out_h() * g.out_w());
+    for cp in 0..g.c.div_ceil(2) {
+        let (even, odd) = (plane_of(2 * cp).unwrap(), plane_of(2 * cp + 1));
+        for &a in rows {
+            for &b in columns {
+                let out = planes.next().unwrap();
+                wide(JoinPlane {
+                    out,
+                    even,
+                    odd,
+                    phase: (a, b),
+                    g,
+                });
+            }
+        }
+    }
+}
+
+/// One phase's plane of a channel pair: `out[y][x] = join(even[y·sh + a][x·sw + b], odd[..])`,
+/// zero where the pixel lies past the image (and the odd half zero without an odd channel).
+/// Run by `simd::wide`.
+struct JoinPlane<'a> {
+    out: &'a mut [u32],
+    even: &'a [bf16],
+    odd: Option<&'a [bf16]>,
+    phase: (usize, usize),
+    g: &'a Conv2dGeometry,
+}
+
+impl Kernel for JoinPlane<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let JoinPlane {
+            out,
+            even,
+            odd,
+            phase: (a, b),
+            g,
+        } = self;
+        let ([sh, sw], ow) = (g.stride, g.out_w());
+        if g.stride == [1, 1] && (a, b) == (0, 0) && out.len() == even.len() {
+            // The plane as it is: one loop the compiler vectorises.
+            match odd {
+                Some(odd) => out
+                    .iter_mut()
+                    .zip(even.iter().zip(odd))
+                    .for_each(|(w, (&e, &o))| *w = join(e, o)),
+                None => out.iter_mut().zip(even).for_each(|(w, &e)| *w = join(e, bf16::ZERO)),
+            }
+            return;
+        }
+        let inside = g.w.saturating_sub(b).div_ceil(sw).min(ow);
+        for (y, out) in out.chunks_exact_mut(ow).enumerate() {
+            let source = y * sh + a;
+            let (out, past) = out.split_at_mut(if source < g.h { inside } else { 0 });
+            past.fill(0);
+            let row = source * g.w + b;
+            for (x, w) in out.iter_mut().enumerate() {
+                let odd = odd.map_or(bf16::ZERO, |odd| odd[row + x * sw]);
+                *w = join(even[row + x * sw], odd);
+            }
         }
     }
 }
@@ -126,8 +287,8 @@ impl VectorSide for Direct<'_> {
         let count = self.taps.offsets.len();
         ImagePanel {
             // Lanes whose source lies outside the image are masked, so this may point outside
-            // `src` (never read there).
-            base: self.src.as_ptr().wrapping_add(image * self.image + j * NR),
+            // the copy (never read there).
+            base: self.words.as_ptr().wrapping_add(image * self.image + j * NR),
             offsets: &self.taps.offsets,
             masks: &self.taps.masks[j * count..][..count],
         }
@@ -136,166 +297,28 @@ impl VectorSide for Direct<'_> {
 
 /// Panel `q` of a `Direct`: `NR` consecutive output pixels of one image.
 pub struct ImagePanel<'a> {
-    base: *const bf16,
+    base: *const u32,
     offsets: &'a [isize],
     masks: &'a [u32],
 }
 
-impl ImagePanel<'_> {
-    /// The `NR` source values of term `t`, zero where they lie in the padding.
-    ///
-    /// # Safety
-    /// The CPU has AVX512F and AVX512BW; `t` is below the (even) term count.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn load(&self, t: usize) -> __m512i {
-        // SAFETY: t is in range (the caller's promise). The address may lie outside `src` where
-        // masked lanes start or end there; masked lanes are not read, and unmasked ones lie in
-        // the image's plane of the term's channel, inside `src` (`Direct::plan` checked its
-        // length).
-        unsafe {
-            let at = self.base.wrapping_offset(*self.offsets.get_unchecked(t));
-            _mm512_maskz_loadu_epi16(*self.masks.get_unchecked(t), at.cast())
-        }
-    }
-}
-
-/// Word `c` of the pairs: bf16 `c` of the even tap (index `c`) below bf16 `c` of the odd one
-/// (index `32 + c`); `INTERLEAVE[0]` for columns 0..16, `INTERLEAVE[1]` for 16..32.
-static INTERLEAVE: [[u16; 32]; 2] = {
-    let mut table = [[0u16; 32]; 2];
-    let mut half = 0;
-    while half < 2 {
-        let mut c = 0;
-        while c < 16 {
-            table[half][2 * c] = (16 * half + c) as u16;
-            table[half][2 * c + 1] = (32 + 16 * half + c) as u16;
-            c += 1;
-        }
-        half += 1;
-    }
-    table
-};
-
 impl Panel for ImagePanel<'_> {
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f")]
     unsafe fn pairs(&self, p: usize) -> (__m512i, __m512i) {
-        // SAFETY: p is below the pair count (the caller's promise), so both terms exist (the
-        // count is padded to even); the CPU has what `load` needs.
+        // SAFETY: p is below the term count (the caller's promise). The address may lie
+        // outside the copy where masked lanes start or end there; masked lanes are not read,
+        // and unmasked ones lie in the term's plane of this image's copy (`Taps::build`).
         unsafe {
-            let (even, odd) = (self.load(2 * p), self.load(2 * p + 1));
-            let lo = _mm512_loadu_si512(INTERLEAVE[0].as_ptr().cast());
-            let hi = _mm512_loadu_si512(INTERLEAVE[1].as_ptr().cast());
+            let at = self.base.wrapping_offset(*self.offsets.get_unchecked(p));
+            let mask = *self.masks.get_unchecked(p);
             (
-                _mm512_permutex2var_epi16(even, lo, odd),
-                _mm512_permutex2var_epi16(even, hi, odd),
+                _mm512_maskz_loadu_epi32(mask as u16, at.cast()),
+                _mm512_maskz_loadu_epi32((mask >> 16) as u16, at.wrapping_add(16).cast()),
             )
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::cpu::conv_panels::PanelScratch;
-    use crate::backend::cpu::matmul::bf16_kernel;
-    use crate::backend::cpu::pool::Pool;
-
-    fn geometry(
-        n: usize,
-        c: usize,
-        (h, w): (usize, usize),
-        k: usize,
-        padding: usize,
-        dilation: usize,
-    ) -> Conv2dGeometry {
-        Conv2dGeometry {
-            n,
-            c,
-            h,
-            w,
-            kh: k,
-            kw: k,
-            stride: [1, 1],
-            padding: [padding; 2],
-            dilation: [dilation; 2],
-        }
-    }
-
-    /// Every pair of every panel read from the images equals the packed panels that unfolding
-    /// writes, for 3x3 (padding 1, and dilation 2 with padding 2), 1x1, odd and even tap
-    /// counts, widths 32, 16, 8 and 4, and planes whose channels lie apart (a `[c, n, h, w]`
-    /// gradient).
-    #[test]
-    fn panels_read_from_the_images_equal_the_unfolded_panels() {
-        if !bf16_kernel::available() {
-            eprintln!("\n*** SKIPPED: this CPU has no AVX512-BF16; the direct path never runs on it ***\n");
-            return;
-        }
-        let pool = Pool::default();
-        let cases = [
-            (geometry(2, 3, (8, 8), 3, 1, 1), false),
-            (geometry(1, 4, (32, 32), 3, 1, 1), false),
-            (geometry(3, 5, (4, 16), 3, 1, 1), true),
-            (geometry(2, 3, (8, 4), 1, 0, 1), false),
-            (geometry(2, 2, (16, 16), 3, 2, 2), true),
-            (geometry(1, 2, (16, 16), 3, 2, 2), true),
-        ];
-        // One table for every case, as a task keeps it: each geometry must rebuild it.
-        let mut table = Taps::default();
-        for (g, channels_apart) in cases {
-            assert!(applies(&g), "{g:?}");
-            let plane = g.h * g.w;
-            let planes = if channels_apart {
-                Planes {
-                    image: plane,
-                    channel: g.n * plane,
-                }
-            } else {
-                Planes::nchw(&g)
-            };
-            let src: Vec<bf16> = (0..g.n * g.c * plane).map(|i| bf16::from_f32(1.0 + i as f32)).collect();
-            let taps = g.c * g.kh * g.kw;
-            let columns = g.n * plane;
-            let mut scratch = PanelScratch::take(&pool, taps, columns);
-            let want = scratch.unfold_packed(&src, planes, &g).to_vec();
-            let pairs = taps.div_ceil(2);
-            let direct = Direct::plan(&mut table, &src, planes, &g);
-            for q in 0..columns / NR {
-                let panel = direct.panel(q);
-                for p in 0..pairs {
-                    let mut got = [0u32; NR];
-                    // SAFETY: available() holds; p < pairs; `got` holds two registers.
-                    unsafe {
-                        let (lo, hi) = panel.pairs(p);
-                        _mm512_storeu_si512(got.as_mut_ptr().cast(), lo);
-                        _mm512_storeu_si512(got.as_mut_ptr().add(16).cast(), hi);
-                    }
-                    assert_eq!(got[..], want[(q * pairs + p) * NR..][..NR], "{g:?} panel {q} pair {p}");
-                }
-            }
-            scratch.recycle(&pool);
-        }
-    }
-
-    #[test]
-    fn only_stride_one_same_size_convolutions_whose_rows_tile_a_panel_apply() {
-        assert!(applies(&geometry(64, 64, (32, 32), 3, 1, 1)));
-        assert!(
-            !applies(&geometry(64, 512, (4, 4), 3, 1, 1)),
-            "16 pixels: a panel spans two images"
-        );
-        assert!(
-            !applies(&geometry(1, 8, (28, 28), 3, 1, 1)),
-            "rows of 28 do not tile 32 lanes"
-        );
-        assert!(
-            !applies(&geometry(1, 8, (32, 32), 3, 0, 1)),
-            "no padding: the image shrinks"
-        );
-        let mut strided = geometry(1, 8, (32, 32), 3, 1, 1);
-        strided.stride = [2, 2];
-        assert!(!applies(&strided));
-    }
-}
+mod tests;

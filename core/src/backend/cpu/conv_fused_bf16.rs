@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::conv::{Planes, col2im_images, im2col_images};
 use super::conv_data_grad::Transposed;
 use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
-use super::conv_panels::{PanelScratch, Unfolded};
+use super::conv_panels::{LeftRows, PanelScratch, Unfolded};
 use super::conv_positions;
 use super::float::bf16_from_f32_slice;
 use super::matmul::bf16::{Dst, Side, product};
@@ -100,19 +100,13 @@ impl Fold {
     }
 }
 
-/// `by_channel = t.weight @ columns` (`c x inputs`), rounded once from its f32 sums: the
-/// transposed convolution's product.
-fn turned_product(pool: &Pool, t: &Transposed<bf16>, columns: &Unfolded, by_channel: &mut [bf16], inputs: usize) {
-    let turned = Side {
-        data: &t.weight,
-        offset: 0,
-        rows: t.channels(),
-        row_stride: t.taps,
-        k_stride: 1,
-    };
-    // SAFETY: `available()` holds (the fused path's promise) and t.taps > 0; `by_channel`
-    // holds c x inputs, this task's own, contiguous; `columns` hold `inputs` columns of t.taps.
-    unsafe { columns.product(pool, Dst::Bf16(by_channel.as_mut_ptr()), inputs, turned, inputs, t.taps) };
+/// `by_channel = turned @ columns` (`c x inputs`), rounded once from its f32 sums: the
+/// transposed convolution's product, `turned` its weight arranged for `columns`.
+fn turned_product(pool: &Pool, turned: &LeftRows, columns: &Unfolded, by_channel: &mut [bf16], inputs: usize) {
+    // SAFETY: `available()` holds (the fused path's promise) and the sum is not empty;
+    // `by_channel` holds c x inputs, this task's own, contiguous; `columns` hold `inputs`
+    // columns, and `turned` was arranged for their geometry.
+    unsafe { columns.product(pool, Dst::Bf16(by_channel.as_mut_ptr()), inputs, turned, inputs) };
 }
 
 /// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]`; call only where `available()`.
@@ -129,31 +123,26 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
     }
     let per = images_for_columns(g, MIN_COLUMNS);
     let dst = Columns(out.as_mut_ptr());
+    let weight = LeftRows::arrange(pool, g, weight);
     image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
-        let mut scratch = PanelScratch::take(pool, taps, pixels * per);
+        let mut scratch = PanelScratch::take(pool, &Conv2dGeometry { n: per, ..*g });
         for (first, run) in products(images, per, g) {
             let columns = run.n * pixels;
             let unfolded = scratch.unfold(&x[first * plane..(first + run.n) * plane], Planes::nchw(&run), &run);
-            let w = Side {
-                data: weight,
-                offset: 0,
-                rows: o,
-                row_stride: taps,
-                k_stride: 1,
-            };
             // SAFETY: `available()` holds (the caller's promise) and taps > 0; the run's block
             // of `out` (o x width) is o rows of `columns` at column first·pixels, written by
-            // this task alone; `unfolded` holds `columns` columns of `taps`.
+            // this task alone; `unfolded` holds `columns` columns, `weight` arranged for them.
             unsafe {
                 let dst = Dst::Bf16(dst.0.add(first * pixels));
-                unfolded.product(pool, dst, width, w, columns, taps)
+                unfolded.product(pool, dst, width, &weight, columns)
             };
         }
         scratch.recycle(pool);
     });
+    weight.recycle(pool);
     out
 }
 
@@ -186,6 +175,11 @@ pub fn backward(
     } else {
         None
     };
+    // Its weight arranged for the products that read the output gradient.
+    let turned = transposed
+        .as_ref()
+        .map(|t| LeftRows::arrange(pool, t.geometry(), &t.weight));
+    let transposed_product = transposed.as_ref().zip(turned.as_ref());
     // And the weight gradient, tap by tap over the whole batch, where enough taps read padding.
     let by_tap = conv_positions::weight_gradient::<bf16>(g);
     let weight_gradient = by_tap.is_none();
@@ -199,9 +193,15 @@ pub fn backward(
         } else {
             0
         });
-        let mut panels = match &transposed {
-            Some(t) => PanelScratch::take(pool, t.taps, t.inputs(per)),
-            None => PanelScratch::take(pool, 0, 0),
+        let mut panels = match transposed_product {
+            Some((t, _)) => PanelScratch::take(
+                pool,
+                &Conv2dGeometry {
+                    n: per,
+                    ..*t.geometry()
+                },
+            ),
+            None => PanelScratch::none(),
         };
         let mut fold = match (&transposed, input_gradient) {
             (None, true) => Fold::take(pool, taps * pixels * per, plane * per),
@@ -212,9 +212,9 @@ pub fn backward(
             if weight_gradient {
                 run_weight_gradient(pool, (x, (grad, width)), start, &run, o, &mut cols, &mut partial);
             }
-            match &transposed {
+            match transposed_product {
                 _ if !input_gradient => {}
-                Some(t) => t.input_gradient(
+                Some((t, turned)) => t.input_gradient(
                     &mut staging,
                     (grad, width),
                     start,
@@ -222,7 +222,7 @@ pub fn backward(
                     grad_x_run,
                     |unfolding, by_channel, inputs| {
                         let unfolded = panels.unfold(unfolding.src, unfolding.planes, &unfolding.geometry);
-                        turned_product(pool, t, &unfolded, by_channel, inputs)
+                        turned_product(pool, turned, &unfolded, by_channel, inputs)
                     },
                 ),
                 None => fold.input_gradient(pool, weight, o, grad, width, start, &run, grad_x_run),
@@ -239,6 +239,9 @@ pub fn backward(
         true => per_image_range(&mut grad_x, g.n, plane, by_runs),
         false => Vec::new(),
     };
+    if let Some(turned) = turned {
+        turned.recycle(pool);
+    }
     if let Some(t) = transposed {
         t.recycle(pool);
     }
@@ -254,15 +257,22 @@ pub fn backward(
                 sum.iter_mut().zip(&partial).for_each(|(s, p)| *s += p);
                 pool.recycle(HostVec::F32(partial));
             }
-            bf16_from_f32_slice(&mut grad_w, &sum);
+            // The sums are `[taps, o]` (see `run_weight_gradient`).
+            for (t, sums) in sum.chunks_exact(o).enumerate() {
+                for (oi, &v) in sums.iter().enumerate() {
+                    grad_w[oi * taps + t] = bf16::from_f32(v);
+                }
+            }
             pool.recycle(HostVec::F32(sum));
         }
     }
     (grad_x, grad_w)
 }
 
-/// `partial += grad_run @ cols_runᵀ` for `run`, the images from `start`, unfolded into `cols`;
-/// `grad` is `[o, width]`.
+/// `partial += cols_run @ grad_runᵀ` (`[taps, o]`) for `run`, the images from `start`,
+/// unfolded into `cols`; `grad` is `[o, width]`. The transposed sum (`[o, taps]`, with the
+/// output gradient packed all the same) wrote its tiles a column at a time, one element per
+/// row of the sum.
 fn run_weight_gradient(
     pool: &Pool,
     (x, (grad, width)): (&[bf16], (&[bf16], usize)),
@@ -295,15 +305,15 @@ fn run_weight_gradient(
         row_stride: columns,
         k_stride: 1,
     };
-    // SAFETY: `available()` holds (asserted above) and columns > 0; `partial` (o x taps) is the
+    // SAFETY: `available()` holds (asserted above) and columns > 0; `partial` (taps x o) is the
     // calling task's own, contiguous.
     unsafe {
         product(
             pool,
             Dst::F32Add(partial.as_mut_ptr()),
-            taps,
-            grad_rows,
+            o,
             cols_by_tap,
+            grad_rows,
             columns,
         );
     }

@@ -3,12 +3,15 @@
 //! Unfolding into plain columns first and packing those wrote and read every column twice more:
 //! the two took a quarter of a bf16 ResNet-18 step. Here two taps at a time unfold into rows
 //! that stay in the L1 cache, and their pairs go straight into the panels. Where the kernel can
-//! read the images themselves (`conv_direct`), nothing is unfolded.
+//! read a copy of the images with their channels paired (`conv_direct`), nothing is unfolded,
+//! and the other operand's sum is put in that copy's order (`LeftRows`).
+
+use std::borrow::Cow;
 
 use half::bf16;
 
 use super::conv::{Planes, im2col_tap};
-use super::conv_direct::{Direct, Taps, applies};
+use super::conv_direct::{Direct, Taps, applies, copy_len, paired_len, paired_rows};
 use super::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
 use super::matmul::bf16_kernel::NR;
 use super::pool::Pool;
@@ -16,10 +19,12 @@ use super::simd::{Kernel, wide};
 use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
-/// A task's panels and the two tap rows it unfolds through, or the taps it reads the images by.
+/// A task's panels and the two tap rows it unfolds through, or the copy of the images and the
+/// terms it reads them by.
 pub struct PanelScratch {
     panels: Vec<u32>,
     taps: Vec<bf16>,
+    copy: Vec<u32>,
     table: Taps,
 }
 
@@ -30,37 +35,63 @@ pub enum Unfolded<'a> {
 }
 
 impl Unfolded<'_> {
-    /// `dst = left @ columns`, the columns being these `columns` rows over `taps`.
+    /// `dst = left @ columns`, the columns being these `columns` rows over the sum `left` is
+    /// arranged for.
     ///
     /// # Safety
-    /// As for `matmul::bf16::product_with`.
-    pub unsafe fn product(&self, pool: &Pool, dst: Dst, row_stride: usize, left: Side, columns: usize, taps: usize) {
-        // SAFETY: the caller's promises; either side holds `columns` rows over `taps`.
+    /// As for `matmul::bf16::product_with`; `left` was arranged for this unfolding's geometry.
+    pub unsafe fn product(&self, pool: &Pool, dst: Dst, row_stride: usize, left: &LeftRows, columns: usize) {
+        let (side, k) = (left.side(), left.k);
+        // SAFETY: the caller's promises; either side holds `columns` rows over `k` (the
+        // direct side's sum is paired exactly where `left`'s is).
         unsafe {
             match self {
-                Unfolded::Panels(panels) => product_with(pool, dst, row_stride, left, panels, columns, taps),
-                Unfolded::Direct(direct) => product_with(pool, dst, row_stride, left, direct, columns, taps),
+                Unfolded::Panels(panels) => {
+                    debug_assert!(!left.paired);
+                    product_with(pool, dst, row_stride, side, panels, columns, k)
+                }
+                Unfolded::Direct(direct) => {
+                    debug_assert!(left.paired);
+                    product_with(pool, dst, row_stride, side, direct, columns, k)
+                }
             }
         }
     }
 }
 
 impl PanelScratch {
-    /// For unfoldings of up to `taps` taps over `columns` output pixels.
-    pub fn take(pool: &Pool, taps: usize, columns: usize) -> PanelScratch {
+    /// For the unfoldings of up to `g.n` images of `g`.
+    pub fn take(pool: &Pool, g: &Conv2dGeometry) -> PanelScratch {
+        let (taps, columns) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
+        let direct = applies(g);
         PanelScratch {
-            panels: pool.take(columns.div_ceil(NR) * taps.div_ceil(2) * NR),
-            taps: pool.take(2 * columns),
+            panels: pool.take(if direct {
+                0
+            } else {
+                columns.div_ceil(NR) * taps.div_ceil(2) * NR
+            }),
+            taps: pool.take(if direct { 0 } else { 2 * columns }),
+            copy: pool.take(if direct { copy_len(g) } else { 0 }),
+            table: Taps::default(),
+        }
+    }
+
+    /// None: for a pass with no products.
+    pub fn none() -> PanelScratch {
+        PanelScratch {
+            panels: Vec::new(),
+            taps: Vec::new(),
+            copy: Vec::new(),
             table: Taps::default(),
         }
     }
 
     /// The columns of `g.n` images of `src` (planes at `planes`) as the vector side of a
-    /// product with `g.n·oh·ow` rows over `c·kh·kw`: read from the images where the kernel can,
-    /// otherwise unfolded into panels.
+    /// product with `g.n·oh·ow` rows: read from a copy of the images where the kernel can
+    /// (`conv_direct`), otherwise unfolded into panels.
     pub fn unfold<'a>(&'a mut self, src: &'a [bf16], planes: Planes, g: &Conv2dGeometry) -> Unfolded<'a> {
         if applies(g) {
-            return Unfolded::Direct(Direct::plan(&mut self.table, src, planes, g));
+            return Unfolded::Direct(Direct::plan(&mut self.table, &mut self.copy, src, planes, g));
         }
         let taps = g.c * g.kh * g.kw;
         Unfolded::Panels(PackedPanels::new(
@@ -98,6 +129,51 @@ impl PanelScratch {
     pub fn recycle(self, pool: &Pool) {
         pool.recycle(HostVec::U32(self.panels));
         pool.recycle(HostVec::BF16(self.taps));
+        pool.recycle(HostVec::U32(self.copy));
+    }
+}
+
+/// The other operand of a convolution's products, rows over `c·kh·kw` (a weight's
+/// `[rows, c, kh, kw]`), in the order the vector side sums: as given where the columns are
+/// unfolded, by channel pairs where they are read from a copy of the images (`conv_direct`).
+pub struct LeftRows<'a> {
+    data: Cow<'a, [bf16]>,
+    k: usize,
+    paired: bool,
+}
+
+impl<'a> LeftRows<'a> {
+    /// `rows` arranged for the products of geometry `g`.
+    pub fn arrange(pool: &Pool, g: &Conv2dGeometry, rows: &'a [bf16]) -> LeftRows<'a> {
+        let kernel = g.kh * g.kw;
+        if applies(g) {
+            return LeftRows {
+                data: Cow::Owned(paired_rows(pool, rows, g.c, kernel)),
+                k: paired_len(g.c, kernel),
+                paired: true,
+            };
+        }
+        LeftRows {
+            data: Cow::Borrowed(rows),
+            k: g.c * kernel,
+            paired: false,
+        }
+    }
+
+    fn side(&self) -> Side<'_> {
+        Side {
+            data: &self.data,
+            offset: 0,
+            rows: self.data.len() / self.k.max(1),
+            row_stride: self.k,
+            k_stride: 1,
+        }
+    }
+
+    pub fn recycle(self, pool: &Pool) {
+        if let Cow::Owned(data) = self.data {
+            pool.recycle(HostVec::BF16(data));
+        }
     }
 }
 
