@@ -380,16 +380,24 @@ impl Plan {
                 }
                 let first_position = task * POSITIONS_PER_TASK;
                 let count = laid.len() / (words * lanes);
+                // Each channel (pair) of the task's positions through a small transpose, so that
+                // both the images' runs of positions and the runs of lanes are read and written
+                // in order (either alone left the other a scatter).
+                let mut block = vec![T::Word::from_f64(0.0); count * images];
                 for j in 0..words {
                     let first = j * T::PER_WORD;
+                    let second = T::PER_WORD == 2 && first + 1 < channels;
                     for i in 0..images {
                         let channel =
                             |c: usize| &src[i * planes.image + c * planes.channel + first_position..][..count];
-                        let second = (first + 1 < channels && T::PER_WORD == 2).then(|| channel(first + 1));
-                        for (position, &v) in channel(first).iter().enumerate() {
-                            let second = second.map_or(T::from_f64(0.0), |second| second[position]);
-                            laid[(position * words + j) * lanes + i] = T::word(v, second);
+                        let (even, odd) = (channel(first), second.then(|| channel(first + 1)));
+                        for (position, &v) in even.iter().enumerate() {
+                            let odd = odd.map_or(T::from_f64(0.0), |odd| odd[position]);
+                            block[position * images + i] = T::word(v, odd);
                         }
+                    }
+                    for (position, run) in block.chunks_exact(images).enumerate() {
+                        laid[(position * words + j) * lanes..][..images].copy_from_slice(run);
                     }
                 }
             });
@@ -403,20 +411,31 @@ impl Plan {
         let (channels, taps) = (self.channels, self.taps);
         let words = channels.div_ceil(T::PER_WORD);
         let mut strips = pool.take::<T::Word>(rows.div_ceil(MR) * taps * words * MR);
-        let at = |row: usize, channel: usize, tap: usize| match (row < rows && channel < channels, self.swapped) {
-            (false, _) => T::from_f64(0.0),
-            (true, false) => weight[(row * channels + channel) * taps + tap],
-            (true, true) => weight[(channel * rows + row) * taps + tap],
+        // Row `row`'s taps of channel `channel`: one run in either layout.
+        let taps_of = |row: usize, channel: usize| {
+            let first = match self.swapped {
+                false => (row * channels + channel) * taps,
+                true => (channel * rows + row) * taps,
+            };
+            &weight[first..][..taps]
         };
+        let zero = T::from_f64(0.0);
         strips
             .par_chunks_mut(taps * words * MR)
             .enumerate()
             .for_each(|(s, strip)| {
-                for (k, word_rows) in strip.chunks_exact_mut(MR).enumerate() {
-                    let (tap, j) = (k / words, k % words);
-                    for (r, word) in word_rows.iter_mut().enumerate() {
-                        let (row, first) = (s * MR + r, j * T::PER_WORD);
-                        *word = T::word(at(row, first, tap), at(row, first + 1, tap));
+                // Row by row, each channel's taps read as one run.
+                for r in 0..MR {
+                    let row = s * MR + r;
+                    for j in 0..words {
+                        let first = j * T::PER_WORD;
+                        let even = (row < rows).then(|| taps_of(row, first));
+                        let odd =
+                            (row < rows && T::PER_WORD == 2 && first + 1 < channels).then(|| taps_of(row, first + 1));
+                        for tap in 0..taps {
+                            let value = |run: Option<&[T]>| run.map_or(zero, |run| run[tap]);
+                            strip[(tap * words + j) * MR + r] = T::word(value(even), value(odd));
+                        }
                     }
                 }
             });
