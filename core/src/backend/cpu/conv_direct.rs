@@ -127,18 +127,18 @@ impl Taps {
         }
         self.phases = (rows, columns);
     }
+}
 
-    /// Words of one image's copy.
-    fn image_words(&self, g: &Conv2dGeometry) -> usize {
-        g.c.div_ceil(2) * self.phases.0.len() * self.phases.1.len() * g.out_h() * g.out_w()
-    }
+/// Words of one image's copy: each channel pair's planes, one per phase kept.
+fn image_words(g: &Conv2dGeometry) -> usize {
+    let rows = phases(g.kh, g.stride[0], g.dilation[0], g.padding[0]).len();
+    let columns = phases(g.kw, g.stride[1], g.dilation[1], g.padding[1]).len();
+    g.c.div_ceil(2) * rows * columns * g.out_h() * g.out_w()
 }
 
 /// Words of the copy of `g.n` images (what `Direct::plan` needs of its buffer).
 pub fn copy_len(g: &Conv2dGeometry) -> usize {
-    let rows = phases(g.kh, g.stride[0], g.dilation[0], g.padding[0]).len();
-    let columns = phases(g.kw, g.stride[1], g.dilation[1], g.padding[1]).len();
-    g.n * g.c.div_ceil(2) * rows * columns * g.out_h() * g.out_w()
+    g.n * image_words(g)
 }
 
 /// A sum of `channels·kernel` terms (`[channels, kernel]`) as the direct side runs it.
@@ -190,7 +190,7 @@ impl<'a> Direct<'a> {
             taps.build(g);
             taps.built_for = Some(key);
         }
-        let image = taps.image_words(g);
+        let image = image_words(g);
         let words = &mut copy[..g.n * image];
         for (i, image) in words.chunks_exact_mut(image).enumerate() {
             copy_image(&src[i * planes.image..], planes.channel, image, taps, g);
