@@ -3,7 +3,7 @@
 //! takes its fine label, every malformed file is an error naming it and what was expected, and
 //! augmented batches depend on (seed, epoch, index) only, whatever the number of loader workers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use lockstep_core::HostVec;
@@ -16,11 +16,11 @@ mod cifar_files;
 
 use cifar_files::{batch_files, record, write_archive, write_dir};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-cifar-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+mod scratch_support;
+use scratch_support::Scratch;
+
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("cifar-{name}"))
 }
 
 fn image(source: &dyn ImageSource, i: usize) -> (Vec<u8>, u32) {

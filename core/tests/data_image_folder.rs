@@ -2,18 +2,18 @@
 //! any size resized to the requested square, PNG and JPEG read alike, other files ignored, and
 //! an unreadable image either an error naming it or, when asked, skipped with a warning.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use lockstep_core::data::augment::{Augment, Normalize};
 use lockstep_core::data::image_folder::ImageFolder;
 use lockstep_core::data::{Dataset, ImageClassification, ImageSource};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-folder-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+mod scratch_support;
+use scratch_support::Scratch;
+
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("folder-{name}"))
 }
 
 /// A `w`x`h` image of one colour.
@@ -23,7 +23,7 @@ fn save(path: &Path, w: u32, h: u32, rgb: [u8; 3]) {
 }
 
 /// Classes `cat` and `ant` (given out of order), PNG and JPEG of several sizes, a note file.
-fn folder(name: &str) -> PathBuf {
+fn folder(name: &str) -> Scratch {
     let root = scratch(name);
     save(&root.join("cat/b.png"), 20, 10, [200, 10, 10]);
     save(&root.join("cat/a.jpg"), 8, 8, [200, 10, 10]);

@@ -1,7 +1,9 @@
-use std::path::PathBuf;
+use std::path::Path;
 
 mod data_support;
 use data_support::{full_mnist, mnist_dir};
+mod scratch_support;
+use scratch_support::Scratch;
 
 use lockstep_core::HostVec;
 use lockstep_core::data::Dataset;
@@ -35,11 +37,8 @@ fn reads_the_real_images_and_labels() {
     assert!((max - (1.0 - 0.1307) / 0.3081).abs() < 1e-5, "{max}");
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-mnist-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("mnist-{name}"))
 }
 
 /// Writes raw (un-gzipped) test-split files: `images` and `labels` bytes as given.
@@ -55,7 +54,7 @@ fn idx(magic: u32, dims: &[u32], payload: &[u8]) -> Vec<u8> {
     v
 }
 
-fn load_err(dir: &PathBuf) -> String {
+fn load_err(dir: &Path) -> String {
     Mnist::load(dir, Split::Test).err().expect("an error").to_string()
 }
 

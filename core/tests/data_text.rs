@@ -3,18 +3,17 @@
 //! val.bin; and every malformed input (empty, too short, not UTF-8, ids past the vocabulary)
 //! a clear error naming the file.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use lockstep_core::HostVec;
 use lockstep_core::data::text::{CharVocab, char_text, token_bins};
 use lockstep_core::data::{DataLoader, DataLoaderConfig, Dataset};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-text-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+mod scratch_support;
+use scratch_support::Scratch;
+
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("text-{name}"))
 }
 
 fn ids(field: &HostVec) -> Vec<u32> {

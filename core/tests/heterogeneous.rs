@@ -6,6 +6,7 @@
 
 mod parallel_support;
 mod replica_support;
+mod scratch_support;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use lockstep_core::train::{ChannelListener, Classification, DataParallel, Event,
 use lockstep_core::{Device, Result};
 use parallel_support::on_cpu_ranks;
 use replica_support::{LEN, Points, SEED, assert_close, config, setup, single_device, weights};
+use scratch_support::Scratch;
 
 /// Classification that sleeps before each loss: a slower device. (The test asserts only which
 /// way the shares move, never a time.)
@@ -147,8 +149,7 @@ fn a_slow_rank_gets_a_smaller_share_and_the_result_stays_the_global_batch_mean()
 
 #[test]
 fn a_resumed_run_goes_on_with_the_shares_it_had_measured() {
-    let dir = std::env::temp_dir().join(format!("lockstep-shares-resume-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("shares-resume");
     let path = dir.join("last.safetensors");
     let save = Checkpoints {
         save: Some(path.clone()),
@@ -165,7 +166,6 @@ fn a_resumed_run_goes_on_with_the_shares_it_had_measured() {
         ..Checkpoints::default()
     };
     let resumed = run(&[8, 8], 0, None, &resume);
-    std::fs::remove_dir_all(&dir).unwrap();
     for o in &resumed {
         assert_eq!(o.logged.len(), 4, "one more epoch of 8 steps, logged every 2");
         assert!(

@@ -3,7 +3,6 @@
 //! refuses any difference and writes nothing, a non-strict one loads what matches and reports
 //! the rest as PyTorch's `load_state_dict(strict=False)` does.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use lockstep_core::data::{DataLoader, DataLoaderConfig, HostTensor, TensorDataset};
@@ -11,6 +10,9 @@ use lockstep_core::nn::{Linear, LoadReport, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{Sgd, SgdConfig};
 use lockstep_core::train::{ModelCheckpoint, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, HostVec};
+
+mod scratch_support;
+use scratch_support::Scratch;
 
 fn net(hidden: usize, seed: u64) -> Sequential {
     let (dev, g) = (Device::cpu(), Generator::new(seed));
@@ -28,11 +30,8 @@ fn values(model: &Sequential) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-weights-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("weights-{name}"))
 }
 
 #[test]
@@ -64,7 +63,7 @@ fn saved_weights_load_into_a_fresh_model_and_a_checkpoint_loads_without_its_opti
         ..Default::default()
     })
     .unwrap();
-    trainer.add_callback(ModelCheckpoint::new(&dir));
+    trainer.add_callback(ModelCheckpoint::new(dir.path()));
     trainer.fit(&mut setup, &loader, None).unwrap();
     let from_checkpoint = net(8, 4);
     from_checkpoint.load(&dir.join("last.safetensors")).unwrap();

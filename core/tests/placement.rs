@@ -3,6 +3,7 @@
 //! round (tensors are stored by name whatever the placement).
 
 mod replica_support;
+mod scratch_support;
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
 use lockstep_core::train::{Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{DType, Device, Generator, Result, Tensor};
 use replica_support::{Points, SEED, assert_close, points_model, setup_with, weights};
+use scratch_support::Scratch;
 
 fn cpu(i: usize) -> Device {
     Device::parse(&format!("cpu:{i}")).unwrap()
@@ -122,8 +124,7 @@ fn resumed(
             t
         }
     };
-    let dir = std::env::temp_dir().join(format!("lockstep-placement-{}-{first_staged}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new(&format!("placement-{first_staged}"));
     let path = dir.join("after-one-epoch.safetensors");
     let mut s = first();
     let mut t = trainer(1, first_staged);
@@ -133,7 +134,6 @@ fn resumed(
     let mut t = trainer(3, then_staged);
     t.resume(&mut s, &path).unwrap();
     t.fit(&mut s, &loader(), None).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
     weights(&s)
 }
 

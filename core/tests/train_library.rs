@@ -12,6 +12,9 @@ use lockstep_core::train::{
 };
 use lockstep_core::{Device, Generator, HostVec, Result, Tensor};
 
+mod scratch_support;
+use scratch_support::Scratch;
+
 #[derive(Module)]
 struct Classifier {
     hidden: Linear,
@@ -57,7 +60,8 @@ fn circle(n: usize, seed: u64) -> Arc<TensorDataset> {
 
 #[test]
 fn a_custom_model_on_in_memory_data_trains_in_a_few_lines() {
-    let dir = std::env::temp_dir().join(format!("lockstep-library-{}", std::process::id()));
+    let scratch = Scratch::new("library");
+    let dir = scratch.join("checkpoints");
     let config = DataLoaderConfig {
         batch_size: 32,
         ..Default::default()
@@ -98,7 +102,6 @@ fn a_custom_model_on_in_memory_data_trains_in_a_few_lines() {
     );
     // The model's Dropout stream travelled with the checkpoint without being registered.
     assert_eq!(setup.random_streams().len(), 1);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A writer the test can read back after the Trainer has written to it.
@@ -117,7 +120,8 @@ impl std::io::Write for Captured {
 
 #[test]
 fn the_console_view_prints_the_run_its_epochs_and_its_checkpoints() {
-    let dir = std::env::temp_dir().join(format!("lockstep-console-{}", std::process::id()));
+    let scratch = Scratch::new("console");
+    let dir = scratch.join("checkpoints");
     let config = DataLoaderConfig {
         batch_size: 64,
         ..Default::default()
@@ -151,5 +155,4 @@ fn the_console_view_prints_the_run_its_epochs_and_its_checkpoints() {
         );
     }
     assert!(lines.iter().any(|l| l.starts_with("checkpoint (")), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

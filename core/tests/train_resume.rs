@@ -15,6 +15,9 @@ use lockstep_core::train::{
 };
 use lockstep_core::{Device, Generator, HostVec, Result};
 
+mod scratch_support;
+use scratch_support::Scratch;
+
 /// 150 points in 8-D whose label is the index of their largest coordinate among the first 3.
 struct Blobs;
 
@@ -136,8 +139,9 @@ fn resuming_mid_epoch_replays_the_same_random_crops_and_flips() {
 }
 
 fn resumed_run_equals_uninterrupted(label: &str, data: Arc<dyn Dataset>, features: usize) {
-    let dir = std::env::temp_dir().join(format!("lockstep-resume-{label}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // The checkpoint callback makes its directory.
+    let scratch = Scratch::new(&format!("resume-{label}"));
+    let dir = scratch.join("checkpoints");
 
     let mut straight = setup_for(features);
     let report = Trainer::new(config(None))
@@ -187,7 +191,8 @@ fn resumed_run_equals_uninterrupted(label: &str, data: Arc<dyn Dataset>, feature
 
 #[test]
 fn a_checkpoint_for_another_model_is_refused_with_the_differences() {
-    let dir = std::env::temp_dir().join(format!("lockstep-mismatch-{}", std::process::id()));
+    let scratch = Scratch::new("mismatch");
+    let dir = scratch.join("checkpoints");
     let mut s = setup();
     let mut trainer = Trainer::new(config(Some(1))).unwrap();
     trainer.add_callback(ModelCheckpoint::new(&dir));
@@ -235,8 +240,8 @@ fn a_paused_run_holds_and_a_stop_ends_it_with_its_checkpoint() {
     use lockstep_core::train::{ChannelListener, Event};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let dir = std::env::temp_dir().join(format!("lockstep-pause-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = Scratch::new("pause");
+    let dir = scratch.join("checkpoints");
     let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
     let (events, rx) = ChannelListener::new(1024);
     let mut trainer = Trainer::new(config(None))
@@ -263,7 +268,6 @@ fn a_paused_run_holds_and_a_stop_ends_it_with_its_checkpoint() {
         dir.join("last.safetensors").exists(),
         "a stop saves the last checkpoint"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A killed writer's temporary checkpoint (its process gone) is removed when a checkpoint
@@ -271,8 +275,7 @@ fn a_paused_run_holds_and_a_stop_ends_it_with_its_checkpoint() {
 /// and stays.
 #[test]
 fn a_checkpoint_directory_sheds_the_temporaries_of_dead_writers_only() {
-    let dir = std::env::temp_dir().join(format!("lockstep-stale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("stale");
     let dead = (100_000..4_000_000u32)
         .rev()
         .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
@@ -282,7 +285,7 @@ fn a_checkpoint_directory_sheds_the_temporaries_of_dead_writers_only() {
         std::fs::write(dir.join(format!(".last.safetensors.tmp-{pid}")), b"partial").unwrap();
     }
     std::fs::write(dir.join("notes.tmp-1"), b"not ours").unwrap();
-    let _callback = ModelCheckpoint::new(&dir);
+    let _callback = ModelCheckpoint::new(dir.path());
     let mut left: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -292,7 +295,6 @@ fn a_checkpoint_directory_sheds_the_temporaries_of_dead_writers_only() {
         left,
         [format!(".last.safetensors.tmp-{live}"), "notes.tmp-1".to_string()]
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A checkpoint that cannot be written (here its directory's parent is a file) ends the run
@@ -300,8 +302,7 @@ fn a_checkpoint_directory_sheds_the_temporaries_of_dead_writers_only() {
 /// counted while training goes on.
 #[test]
 fn a_checkpoint_that_cannot_be_written_stops_the_run_or_only_warns() {
-    let dir = std::env::temp_dir().join(format!("lockstep-unwritable-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("unwritable");
     let blocker = dir.join("a-file");
     std::fs::write(&blocker, b"in the way").unwrap();
     let unwritable = blocker.join("checkpoints");
@@ -329,5 +330,4 @@ fn a_checkpoint_that_cannot_be_written_stops_the_run_or_only_warns() {
     assert_eq!(warned.unwrap().epochs, 2, "training went on");
     assert!(failed >= 2, "each epoch's write failed and was counted: {failed}");
     assert_eq!(std::fs::read(&blocker).unwrap(), b"in the way");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
