@@ -201,7 +201,7 @@ pub fn backward(
                     ..*t.geometry()
                 },
             ),
-            None => PanelScratch::none(),
+            None => PanelScratch::default(),
         };
         let mut fold = match (&transposed, input_gradient) {
             (None, true) => Fold::take(pool, taps * pixels * per, plane * per),

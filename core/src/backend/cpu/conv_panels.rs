@@ -20,7 +20,8 @@ use crate::backend::Conv2dGeometry;
 use crate::dtype::HostVec;
 
 /// A task's panels and the two tap rows it unfolds through, or the copy of the images and the
-/// terms it reads them by.
+/// terms it reads them by; empty (`default()`) for a pass with no products.
+#[derive(Default)]
 pub struct PanelScratch {
     panels: Vec<u32>,
     taps: Vec<bf16>,
@@ -72,16 +73,6 @@ impl PanelScratch {
             }),
             taps: pool.take(if direct { 0 } else { 2 * columns }),
             copy: pool.take(if direct { copy_len(g) } else { 0 }),
-            table: Taps::default(),
-        }
-    }
-
-    /// None: for a pass with no products.
-    pub fn none() -> PanelScratch {
-        PanelScratch {
-            panels: Vec::new(),
-            taps: Vec::new(),
-            copy: Vec::new(),
             table: Taps::default(),
         }
     }
