@@ -133,8 +133,10 @@ def resnet(torch, device, plan, sync):
 
 def gpt(torch, device, plan, sync):
     """GPT steps as `lockstep bench gpt` runs them: nanoGPT's architecture (scripts/gpt_model.py)
-    with F.scaled_dot_product_attention, AdamW with weight decay on matrices only, gradients
-    clipped; tokens are random ids, inputs and next-token targets."""
+    with F.scaled_dot_product_attention (flash attention on a GPU), AdamW with weight decay on
+    matrices only (fused on CUDA, as nanoGPT asks for it), gradients clipped; tokens are random
+    ids, inputs and next-token targets. With plan["compile"], each precision again with the
+    model under torch.compile, as nanoGPT trains by default."""
     from gpt_model import Gpt
 
     net = Gpt(plan["vocab_size"], plan["block_size"], plan["n_layer"], plan["n_head"], plan["n_embd"],
@@ -143,14 +145,22 @@ def gpt(torch, device, plan, sync):
     no_decay = [p for p in net.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": plan["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=plan["lr"], betas=tuple(plan["betas"]),
+        lr=plan["lr"], betas=tuple(plan["betas"]), fused=device.type == "cuda",
     )
     batch, block, vocab = plan["batch"], plan["block_size"], plan["vocab_size"]
     rows = torch.randint(0, vocab, (batch, block + 1), device=device)
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-    loss = lambda: torch.nn.functional.cross_entropy(net(x).view(-1, vocab), y.view(-1))
     clip = (list(net.parameters()), plan["clip"])
-    return train_steps(torch, device, plan, opt, loss, clip, batch * block, sync)
+    variants = [("", net)]
+    if plan.get("compile"):
+        variants.append((" compiled", torch.compile(net)))
+    out = []
+    for suffix, model in variants:
+        loss = lambda model=model: torch.nn.functional.cross_entropy(model(x).view(-1, vocab), y.view(-1))
+        for row in train_steps(torch, device, plan, opt, loss, clip, batch * block, sync):
+            row["precision"] += suffix
+            out.append(row)
+    return out
 
 
 def train_steps(torch, device, plan, opt, loss_fn, clip, items_per_step, sync):
@@ -170,6 +180,9 @@ def train_steps(torch, device, plan, opt, loss_fn, clip, items_per_step, sync):
             opt.step()
             last["loss"] = loss.item()
 
+        on_gpu = device.type == "cuda"
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(device)
         median_s, steps = measure(plan["timing"], step, sync)
         out.append({
             "precision": precision,
@@ -179,6 +192,8 @@ def train_steps(torch, device, plan, opt, loss_fn, clip, items_per_step, sync):
             "items_per_s": items_per_step / median_s,
             "final_loss": last["loss"],
             "peak_rss_bytes": peak_rss_bytes(),
+            "peak_device_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+            "kernels_per_step": kernels_per_step(torch, step, sync) if on_gpu else None,
         })
     return out
 
@@ -219,7 +234,7 @@ def main(argv):
     gemm_dtype = plan.get("gemm_dtype", "f32")
     torch.backends.cuda.matmul.allow_tf32 = gemm_dtype == "tf32"
     for n in plan["gemm_sizes"]:
-        dtype = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}[gemm_dtype]
+        dtype = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[gemm_dtype]
         results["gemm"].append(gemm(torch, device, n, plan["gemm_timing"], sync, dtype))
     if plan["mlp"] is not None:
         results["mlp"] = mlp(torch, device, plan["mlp"], sync)

@@ -7,7 +7,7 @@
 //! pipelines that bind alike share a bind group layout and with it their cached bind groups.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use lockstep_core::Result;
 
@@ -154,11 +154,22 @@ impl Pipelines {
             .ok_or_else(|| gpu.error(format!("no shader named {}", variant.shader)))?;
         let source = lockstep_shaders::compose(shader, &variant.types);
         let what = format!("compiling {}.wgsl for {:?}", variant.shader, variant.types);
+        let descriptor = wgpu::ShaderModuleDescriptor {
+            label: Some(variant.shader),
+            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+        };
         let compiled = gpu.scoped(&what, || {
-            gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(variant.shader),
-                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
-            })
+            if runs_unchecked(variant.shader) {
+                // SAFETY: the shaders `runs_unchecked` names clamp every index they read into
+                // their buffers and guard every write by the output's shape, so the checks
+                // wgpu would add (index clamps, loop bounds) only cost time.
+                unsafe {
+                    gpu.device
+                        .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
+                }
+            } else {
+                gpu.device.create_shader_module(descriptor)
+            }
         })?;
         let module = Arc::new(Module { compiled, source });
         self.modules
@@ -167,6 +178,24 @@ impl Pipelines {
             .insert(key, module.clone());
         Ok(module)
     }
+}
+
+/// The shaders that bound every index themselves: the products, whose inner loops wgpu's
+/// index clamps and loop bounding would otherwise slow. `LOCKSTEP_WGPU_CHECKS=all` (read once)
+/// keeps wgpu's checks on them too, to rule them out when a result looks wrong.
+const SELF_BOUNDED: [&str; 1] = ["matmul"];
+
+fn runs_unchecked(shader: &str) -> bool {
+    static ALL_CHECKED: OnceLock<bool> = OnceLock::new();
+    let all_checked = *ALL_CHECKED.get_or_init(|| match std::env::var("LOCKSTEP_WGPU_CHECKS").as_deref() {
+        Ok("all") => true,
+        Ok(other) => {
+            eprintln!("lockstep: LOCKSTEP_WGPU_CHECKS={other:?} is not \"all\"; ignored");
+            false
+        }
+        Err(_) => false,
+    });
+    !all_checked && SELF_BOUNDED.contains(&shader)
 }
 
 #[cfg(test)]

@@ -109,6 +109,19 @@ fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
         ),
         ("shader f16".into(), has(wgpu::Features::SHADER_F16).into()),
         ("timestamps".into(), has(wgpu::Features::TIMESTAMP_QUERY).into()),
+        (
+            "subgroups".into(),
+            if features.contains(wgpu::Features::SUBGROUP) {
+                format!("yes, {} to {} lanes", info.subgroup_min_size, info.subgroup_max_size)
+            } else {
+                "no".into()
+            },
+        ),
+        ("cooperative matrices".into(), cooperative_matrices(adapter)),
+        (
+            "passthrough shaders".into(),
+            has(wgpu::Features::PASSTHROUGH_SHADERS).into(),
+        ),
         ("max buffer".into(), format!("{} bytes", limits.max_buffer_size)),
         (
             "max storage binding".into(),
@@ -123,6 +136,34 @@ fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
             limits.max_compute_invocations_per_workgroup.to_string(),
         ),
     ]
+}
+
+/// The adapter's cooperative-matrix shapes as `MxNxK A->C` (`16x16x16 f16->f32`), or "no":
+/// what a tensor-core tier could ask for on this adapter.
+fn cooperative_matrices(adapter: &wgpu::Adapter) -> String {
+    if !adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        return "no".into();
+    }
+    let shapes: Vec<String> = adapter
+        .cooperative_matrix_properties()
+        .iter()
+        .map(|p| {
+            let saturating = if p.saturating_accumulation { " saturating" } else { "" };
+            format!(
+                "{}x{}x{} {:?}->{:?}{saturating}",
+                p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type
+            )
+            .to_lowercase()
+        })
+        .collect();
+    if shapes.is_empty() {
+        "feature listed, no shapes".into()
+    } else {
+        shapes.join(", ")
+    }
 }
 
 /// The backends opened so far, by ordinal (the core caches the `Device`; this keeps the concrete

@@ -5,7 +5,7 @@ ratio (ours / PyTorch, above 1 means Lockstep is faster) and as a fraction of th
 import datetime, json, os, re, sys
 
 # Dense peak TFLOP/s by GPU (NVIDIA's data sheets: SXM parts; the H200 has the H100's cores).
-PEAKS = {"H100": {"f32": 67, "tf32": 495, "bf16": 989}, "H200": {"f32": 67, "tf32": 495, "bf16": 989}}
+PEAKS = {m: {"f32": 67, "tf32": 495, "f16": 989, "bf16": 989} for m in ("H100", "H200")}
 
 
 def read(path, default=None):
@@ -38,19 +38,35 @@ def main(out):
     if all(pair) and all(t.get("test_loss") is not None for t in pair):
         gap = abs(pair[0]["test_loss"] - pair[1]["test_loss"])
         report["cuda_cpu_matches_one_device"] = {"test_loss_gap": gap, "matches": gap <= 1e-3 * abs(pair[1]["test_loss"])}
-    for dtype in ("f32", "tf32", "bf16"):
-        b = read(os.path.join(out, f"bench-gemm-{dtype}.json"))
+    # cuda:0 beside PyTorch in one file; wgpu:0 (the same GPU through Vulkan) beside PyTorch's
+    # number from the cuda:0 file of the same element type.
+    for device, suffix in (("cuda:0", ""), ("wgpu:0", "-wgpu"), ("wgpu:0 checked", "-wgpu")):
+        for dtype in ("f32", "tf32", "f16", "bf16"):
+            checked = "-checked" if device.endswith("checked") else ""
+            b = read(os.path.join(out, f"bench-gemm{suffix}-{dtype}{checked}.json"))
+            if not b:
+                continue
+            peer = (read(os.path.join(out, f"bench-gemm-{dtype}.json"), {}) or {}).get("peer") or {}
+            theirs = {g["n"]: g for g in peer.get("gemm", [])}
+            for g in b["ours"]["gemm"]:
+                t = theirs.get(g["n"])
+                peak = PEAKS.get(gpu, {}).get(dtype)
+                report["gemm"].append({"device": device, "dtype": dtype, "n": g["n"], "ours_tflops": g["gflops"] / 1e3,
+                                       "pytorch_tflops": t and t["gflops"] / 1e3,
+                                       "ratio": t and g["gflops"] / t["gflops"],
+                                       "ours_of_peak": peak and g["gflops"] / 1e3 / peak,
+                                       "pytorch_of_peak": peak and t and t["gflops"] / 1e3 / peak})
+    report["gpt"] = []
+    for name in ("gpt2", "gpt2-wgpu"):
+        b = read(os.path.join(out, f"bench-{name}.json"))
         if not b:
             continue
-        theirs = {g["n"]: g for g in (b.get("peer") or {}).get("gemm", [])}
-        for g in b["ours"]["gemm"]:
-            t = theirs.get(g["n"])
-            peak = PEAKS.get(gpu, {}).get(dtype)
-            report["gemm"].append({"dtype": dtype, "n": g["n"], "ours_tflops": g["gflops"] / 1e3,
-                                   "pytorch_tflops": t and t["gflops"] / 1e3,
-                                   "ratio": t and g["gflops"] / t["gflops"],
-                                   "ours_of_peak": peak and g["gflops"] / 1e3 / peak,
-                                   "pytorch_of_peak": peak and t and t["gflops"] / 1e3 / peak})
+        for engine, results in (("Lockstep " + b["plan"].get("device", ""), b["ours"]), ("PyTorch", b.get("peer") or {})):
+            for row in results.get("gpt", []):
+                report["gpt"].append({"bench": name, "engine": engine, "precision": row["precision"],
+                                      "tokens_per_s": row["items_per_s"], "step_ms": row["median_step_s"] * 1e3,
+                                      "peak_device_mib": row.get("peak_device_bytes") and row["peak_device_bytes"] / 2**20,
+                                      "kernels_per_step": row.get("kernels_per_step")})
     for name in ("mlp4096-32", "mlp4096-bf16-mixed", "mlp-mnist"):
         b = read(os.path.join(out, f"bench-{name}.json"))
         if not b or not b["ours"].get("mlp"):
@@ -93,11 +109,16 @@ def markdown(r):
         lines += ["", f"cuda:0 + cpu:0 against cpu:0 alone: test loss gap {m['test_loss_gap']:.2e} "
                       f"({'matches' if m['matches'] else 'DOES NOT MATCH'} within 0.1%)"]
     if r["gemm"]:
-        lines += ["", "## GEMM (TFLOP/s; fraction of the dense peak)", "",
-                  "| dtype | n | Lockstep | PyTorch | ratio | Lockstep of peak | PyTorch of peak |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {g['dtype']} | {g['n']} | {fmt(g['ours_tflops'], '.1f')} | {fmt(g['pytorch_tflops'], '.1f')} | "
+        lines += ["", "## GEMM (TFLOP/s as 2·m·n·k; fraction of the dense peak; PyTorch on cuda:0)", "",
+                  "| device | dtype | n | Lockstep | PyTorch | ratio | Lockstep of peak | PyTorch of peak |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {g['device']} | {g['dtype']} | {g['n']} | {fmt(g['ours_tflops'], '.1f')} | {fmt(g['pytorch_tflops'], '.1f')} | "
                   f"{fmt(g['ratio'])} | {fmt(g['ours_of_peak'], '.0%')} | {fmt(g['pytorch_of_peak'], '.0%')} |" for g in r["gemm"]]
+    if r.get("gpt"):
+        lines += ["", "## GPT steps", "", "| bench | engine | precision | tokens/s | step ms | peak device MiB | kernels/step |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {g['bench']} | {g['engine']} | {g['precision']} | {fmt(g['tokens_per_s'], '.0f')} | {fmt(g['step_ms'], '.1f')} | "
+                  f"{fmt(g['peak_device_mib'], '.0f')} | {fmt(g['kernels_per_step'], '.0f')} |" for g in r["gpt"]]
     if r["mlp"]:
         lines += ["", "## Training steps (steps/s; kernels per step)", "",
                   "| bench | batch | Lockstep | PyTorch | ratio | kernels (ours, of them cuBLAS) | kernels (PyTorch) |",

@@ -102,6 +102,10 @@ step() {
 
 step machine 60 bash -c 'nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv; uname -a; nproc; free -g; '"$python"' -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"'
 step vulkan 30 bash -c 'ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d 2>&1; ldconfig -p | grep -E "libvulkan|libGLX_nvidia|libnvidia-vulkan|libEGL_nvidia" || echo "no Vulkan loader or NVIDIA Vulkan driver in ldconfig"'
+# What a tensor-core tier on wgpu could use: the driver's cooperative-matrix shapes and bf16.
+if command -v vulkaninfo >/dev/null; then
+    step vulkan-features 60 bash -c 'vulkaninfo 2>&1 | grep -iE "apiVersion|driverVersion|deviceName|cooperative|bfloat16|subgroupSize|shaderFloat16|VK_KHR_shader_bfloat16|VK_NV_cooperative" | sort -u'
+fi
 step devices 60 "$bin" devices --details
 step check-cuda 600 "$bin" check --device cuda:0 --failures-only
 step train-mlp 300 "$bin" train --device cuda:0 --model mlp --epochs 1 --data "$data" --headless --summary-out "$out/train-mlp.json"
@@ -122,7 +126,7 @@ step train-one-device 300 "$bin" train --device cpu:0 --model mlp --max-steps 60
 step launch-one-rank 300 "$bin" launch --nproc-per-node 1 -- train --device cuda --model mlp --epochs 1 --data "$data" --headless --summary-out "$out/train-launch.json"
 
 if [ "$quick" = 0 ]; then
-    for dtype in f32 tf32 bf16; do
+    for dtype in f32 tf32 f16 bf16; do
         step "bench-gemm-$dtype" 300 "$bin" bench gemm --device cuda:0 --gemm-dtype "$dtype" --sizes 4096,8192 --peer pytorch --json "$out/bench-gemm-$dtype.json"
     done
     for precision in 32 bf16-mixed; do
@@ -135,6 +139,12 @@ if [ "$quick" = 0 ]; then
     # Where a step's GPU time goes, kernel by kernel (about one step's launches, after warm-up).
     if command -v ncu >/dev/null; then
         step profile-resnet 300 ncu --metrics gpu__time_duration.sum --launch-skip 1200 --launch-count 1100 --csv --log-file "$out/profile-resnet.csv" "$bin" bench resnet --device cuda:0 --batch 512 --precision bf16-mixed
+    fi
+    # GPT-2 124M, bf16-mixed, batch 16 x 1024 tokens, beside PyTorch eager and torch.compile
+    # (SDPA flash attention, fused AdamW): tokens/s, peak device memory, launches per step.
+    step bench-gpt2 600 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --peer pytorch --json "$out/bench-gpt2.json"
+    if command -v ncu >/dev/null; then
+        step profile-gpt2 300 ncu --metrics gpu__time_duration.sum --launch-skip 4000 --launch-count 2500 --csv --log-file "$out/profile-gpt2.csv" "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed
     fi
     step bench-epoch-resnet18 600 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 3 --epochs 3 --json "$out/bench-epoch-resnet18.json"
     # The same epoch with cuDNN's non-deterministic algorithms admitted (PyTorch's default).
@@ -150,7 +160,16 @@ if [ -n "$wgpu" ]; then
     step check-wgpu 600 "$bin" check --device "$wgpu" --failures-only
     if [ "$quick" = 0 ]; then
         step bench-wgpu 600 "$bin" bench gpu --device "$wgpu"
+        # Square products in FLOP/s (2·m·n·k), each element type; f32 again with wgpu's
+        # runtime checks kept on the product shaders, to see what the trusted modules save.
+        for dtype in f32 f16 bf16; do
+            step "bench-gemm-wgpu-$dtype" 300 "$bin" bench gemm --device "$wgpu" --gemm-dtype "$dtype" --sizes 4096,8192 --json "$out/bench-gemm-wgpu-$dtype.json"
+        done
+        step bench-gemm-wgpu-f32-checked 300 env LOCKSTEP_WGPU_CHECKS=all "$bin" bench gemm --device "$wgpu" --sizes 4096,8192 --json "$out/bench-gemm-wgpu-f32-checked.json"
         step bench-resnet-wgpu 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu.json" --kernels 25
+        step bench-resnet-wgpu-f32 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision 32 --json "$out/bench-resnet-wgpu-f32.json"
+        step bench-resnet-cuda-f32 600 "$bin" bench resnet --device cuda:0 --batch 512 --precision 32 --json "$out/bench-resnet-cuda-f32.json"
+        step bench-gpt2-wgpu 600 "$bin" bench gpt --device "$wgpu" --model gpt2 --batch 16 --precision bf16-mixed --kernels 30 --json "$out/bench-gpt2-wgpu.json"
     fi
 else
     echo "no wgpu adapter on an NVIDIA GPU: $("$bin" devices 2>&1 | tr '\n' ' ')" >"$out/logs/wgpu-absent.log"

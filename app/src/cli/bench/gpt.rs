@@ -27,6 +27,9 @@ pub struct GptPlan {
     pub precisions: Vec<String>,
     /// One repetition is one training step ended by a host sync (reading the loss).
     pub timing: Timing,
+    /// Whether the PyTorch peer also measures its model under `torch.compile` (on CUDA, where
+    /// nanoGPT trains that way; elsewhere compiling would cost more than it measures).
+    pub compile: bool,
     /// Kernels to list from one more step timed kernel by kernel (`--kernels`; ours alone).
     #[serde(skip)]
     pub kernel_profile: usize,
@@ -58,6 +61,7 @@ impl GptPlan {
                 max_reps: 50,
                 min_seconds: 10.0,
             },
+            compile: false,
             kernel_profile: 0,
         })
     }

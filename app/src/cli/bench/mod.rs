@@ -84,9 +84,9 @@ pub struct Args {
     /// Precision of the MLP steps: 32, 16-mixed or bf16-mixed (the peer uses torch.autocast).
     #[arg(long, default_value = "32", value_parser = ["32", "16-mixed", "bf16-mixed"])]
     precision: String,
-    /// Element type of the GEMM benchmark's operands (bf16 accumulates in f32; tf32: f32
+    /// Element type of the GEMM benchmark's operands (f16 and bf16 accumulate in f32; tf32: f32
     /// operands on TF32 tensor cores, CUDA only, the peer with `allow_tf32`).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "bf16"])]
+    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "f16", "bf16"])]
     gemm_dtype: String,
     /// Sizes n of the square GEMM benchmark (default 512, 1024, 2048; a GPU wants 4096, 8192).
     #[arg(long, value_delimiter = ',', default_values_t = GEMM_SIZES)]
@@ -189,6 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let plan = gpt::GptPlan::new(&args.model, args.batch.unwrap_or(16), precisions)?;
                 anyhow::Ok(gpt::GptPlan {
                     kernel_profile: args.kernels,
+                    compile: args.device.starts_with("cuda"),
                     ..plan
                 })
             })
@@ -358,5 +359,9 @@ fn measure(device: &Device, plan: &Plan) -> anyhow::Result<Results> {
 /// products use TF32.
 fn gemm_dtype(name: &str) -> DType {
     lockstep_cuda::set_allow_tf32(name == "tf32");
-    if name == "bf16" { DType::BF16 } else { DType::F32 }
+    match name {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        _ => DType::F32,
+    }
 }

@@ -154,11 +154,21 @@ fn step_rows(out: &mut Vec<Metric>, model: &str, items: &str, results: &[StepRes
             decimals: Some(0),
             ratio: false,
         });
-        if let Some(bytes) = r.peak_rss_bytes {
+        for (what, bytes) in [("resident", r.peak_rss_bytes), ("device", r.peak_device_bytes)] {
+            if let Some(bytes) = bytes {
+                out.push(Metric {
+                    label: format!("{model} {name} peak {what} memory (MiB)"),
+                    value: bytes as f64 / (1u64 << 20) as f64,
+                    decimals: Some(0),
+                    ratio: false,
+                });
+            }
+        }
+        if let Some(kernels) = r.kernels_per_step {
             out.push(Metric {
-                label: format!("{model} {name} peak resident memory (MiB)"),
-                value: bytes as f64 / (1u64 << 20) as f64,
-                decimals: Some(0),
+                label: format!("{model} {name} kernel launches per step"),
+                value: kernels,
+                decimals: Some(1),
                 ratio: false,
             });
         }
@@ -168,7 +178,7 @@ fn step_rows(out: &mut Vec<Metric>, model: &str, items: &str, results: &[StepRes
 /// Our numbers, and beside them the peer's and the ratio ours / peer (higher is better for us).
 pub fn table(ours: &Results, peer: Option<&Results>) -> String {
     let theirs = peer.map(metrics).unwrap_or_default();
-    let rows: Vec<Vec<String>> = metrics(ours)
+    let mut rows: Vec<Vec<String>> = metrics(ours)
         .into_iter()
         .map(|m| {
             let mut row = vec![m.label.clone(), m.show()];
@@ -183,6 +193,22 @@ pub fn table(ours: &Results, peer: Option<&Results>) -> String {
             row
         })
         .collect();
+    // What only the peer measured: its compiled variant (`gpt bf16-mixed compiled …`), with the
+    // ratio of our row of the same name less "compiled".
+    let mine = metrics(ours);
+    rows.extend(
+        theirs
+            .iter()
+            .filter(|t| !mine.iter().any(|m| m.label == t.label))
+            .map(|t| {
+                let plain = t.label.replace(" compiled", "");
+                let ratio = match mine.iter().find(|m| m.label == plain) {
+                    Some(m) if m.ratio && t.value > 0.0 => format!("{:.2}", m.value / t.value),
+                    _ => "-".into(),
+                };
+                vec![t.label.clone(), "-".into(), t.show(), ratio]
+            }),
+    );
     let mut header = vec!["BENCHMARK", ours.engine.as_str()];
     if let Some(p) = peer {
         header.extend([p.engine.as_str(), "RATIO"]);

@@ -45,6 +45,7 @@ pub fn median_round(rounds: &[Results]) -> Option<Results> {
                     items_per_s: median(&mut same.iter().map(|s| s.items_per_s).collect::<Vec<_>>()),
                     final_loss: same.last().map_or(head.final_loss, |s| s.final_loss),
                     peak_rss_bytes: same.iter().filter_map(|s| s.peak_rss_bytes).max(),
+                    peak_device_bytes: same.iter().filter_map(|s| s.peak_device_bytes).max(),
                     ..head.clone()
                 }
             })
@@ -70,6 +71,8 @@ mod tests {
             items_per_s: 64.0 / (ms / 1e3),
             final_loss: ms,
             peak_rss_bytes: Some(rss_mib << 20),
+            peak_device_bytes: None,
+            kernels_per_step: None,
         };
         Results {
             engine: engine.into(),

@@ -24,6 +24,14 @@ pub struct StepResult {
     /// the same way; it only grows, so the last row is the run's peak).
     #[serde(default)]
     pub peak_rss_bytes: Option<u64>,
+    /// The device allocator's peak of live bytes since it opened (GPUs; PyTorch's
+    /// `max_memory_allocated`, reset before each of its variants).
+    #[serde(default)]
+    pub peak_device_bytes: Option<u64>,
+    /// Kernels launched per timed step (GPUs; cuBLAS calls count one each, as PyTorch's
+    /// profiler counts the kernels they launch).
+    #[serde(default)]
+    pub kernels_per_step: Option<f64>,
 }
 
 /// How one model is stepped: its loss on the fixed batch, its optimizer, and the gradient norm
@@ -71,7 +79,15 @@ pub fn measure(
                 device.synchronize()?;
                 Ok(())
             };
-            let m = timing.measure(|| Ok(step()?))?;
+            let counted = |c: lockstep_core::backend::WorkCounters| c.kernels.map(|k| k + c.library_calls.unwrap_or(0));
+            let before = counted(device.backend().work_counters());
+            let mut stepped = 0usize;
+            let m = timing.measure(|| {
+                stepped += 1;
+                Ok(step()?)
+            })?;
+            let after = counted(device.backend().work_counters());
+            let kernels_per_step = before.zip(after).map(|(b, a)| (a - b) as f64 / stepped as f64);
             if steps.kernel_profile > 0 {
                 device.backend().profile_kernels(true)?;
                 let stepped = step();
@@ -80,6 +96,8 @@ pub fn measure(
                 let times = device.backend().kernel_times()?;
                 print_kernel_profile(name, device, &times, steps.kernel_profile);
             }
+            let peak_device_bytes =
+                (!device.location().starts_with("cpu")).then(|| device.backend().memory_stats().peak_allocated_bytes);
             // The next precision's buffers have other dtypes: the kept ones would only add to
             // its peak (PyTorch's CPU allocator keeps nothing).
             device.empty_cache()?;
@@ -91,6 +109,8 @@ pub fn measure(
                 items_per_s: steps.items_per_step as f64 / m.median_s,
                 final_loss,
                 peak_rss_bytes: super::machine::peak_rss_bytes(),
+                peak_device_bytes,
+                kernels_per_step,
             })
         })
         .collect()
