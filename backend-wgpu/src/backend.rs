@@ -3,7 +3,7 @@
 //! ops themselves live in `ops/`, one file per shader family.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use lockstep_core::backend::gpu_plan::group_len;
 use lockstep_core::backend::{BufferRef, DeviceInfo, MemoryStats, WorkCounters};
@@ -12,6 +12,7 @@ use lockstep_core::{DType, Error, Result};
 
 use crate::batch::{Batch, Recorded};
 use crate::buffer::{WgpuBuffer, wgpu_buffer};
+use crate::cooperative::{Cooperative, Policy};
 use crate::fault::Fault;
 use crate::gpu::Gpu;
 use crate::meter::Meter;
@@ -30,6 +31,9 @@ pub struct WgpuBackend {
     pub(crate) staging: Mutex<Vec<wgpu::Buffer>>,
     pub(crate) meter: Meter,
     info: DeviceInfo,
+    /// The cooperative-matrix tier once the self-test let it on (`settle_products`); unset
+    /// before, so the self-test's own reference product runs on the SIMT kernel.
+    cooperative: OnceLock<Option<Cooperative>>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -55,6 +59,39 @@ impl WgpuBackend {
             staging: Mutex::default(),
             meter,
             info,
+            cooperative: OnceLock::new(),
+        }
+    }
+
+    /// The cooperative-matrix tier products may use, if the self-test passed.
+    pub(crate) fn cooperative_tier(&self) -> Option<Cooperative> {
+        self.cooperative.get().copied().flatten()
+    }
+
+    pub(crate) fn set_cooperative_tier(&self, tier: Option<Cooperative>) {
+        // Settled once per device; a second call has nothing to change.
+        let _ = self.cooperative.set(tier);
+    }
+
+    /// Which kernel runs matrix products, for `devices --details` and `check`.
+    fn products_description(&self) -> String {
+        match (self.cooperative_tier(), self.gpu.cooperative) {
+            (Some(tier), _) => format!(
+                "cooperative matrices {}, for {}",
+                tier.describe(),
+                Policy::from_env().describe()
+            ),
+            (None, Some(tier)) if Policy::from_env() == Policy::Off => {
+                format!(
+                    "SIMT tiles (cooperative matrices {} off: LOCKSTEP_WGPU_COOP=off)",
+                    tier.describe()
+                )
+            }
+            (None, Some(tier)) => format!(
+                "SIMT tiles (cooperative matrices {} failed the self-test)",
+                tier.describe()
+            ),
+            (None, None) => "SIMT tiles (no usable cooperative matrices)".into(),
         }
     }
 
@@ -248,7 +285,12 @@ impl WgpuBackend {
     }
 
     pub(crate) fn device_info(&self) -> DeviceInfo {
-        self.info.clone()
+        let mut info = self.info.clone();
+        // What the self-test decided, in place of what the adapter's listing promised.
+        info.details.retain(|(label, _)| label != "matrix products");
+        info.details
+            .push(("matrix products".into(), self.products_description()));
+        info
     }
 
     /// Submits recorded work and waits for it.

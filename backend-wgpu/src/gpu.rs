@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use lockstep_core::{Error, Result};
 
+use crate::cooperative::Cooperative;
 use crate::fault::{Fault, Faults};
 use crate::scope;
 
@@ -17,6 +18,9 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    /// The cooperative-matrix shape the device was opened for, if the adapter offers one (the
+    /// backend's self-test still decides whether products use it).
+    pub cooperative: Option<Cooperative>,
     /// The first error wgpu reported outside an error scope, or the reason the device was lost.
     failure: Arc<Mutex<Option<String>>>,
     faults: Faults,
@@ -24,6 +28,27 @@ pub struct Gpu {
 
 /// What loses a device, for its error messages.
 const LOSS_CAUSES: &str = "usually a driver reset, a GPU hang or crash";
+
+fn request(
+    adapter: &wgpu::Adapter,
+    features: wgpu::Features,
+    limits: &wgpu::Limits,
+) -> std::result::Result<(wgpu::Device, wgpu::Queue), wgpu::RequestDeviceError> {
+    let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        // SAFETY: the one experimental feature asked for is the cooperative matrices, used only
+        // by matmul_coop.wgsl on shapes the adapter lists, behind a self-test at device open.
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
+    };
+    pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("lockstep"),
+        required_features: features,
+        required_limits: limits.clone(),
+        experimental_features: experimental,
+        ..Default::default()
+    }))
+}
 
 impl Gpu {
     /// Opens `adapter` as `location` with `limits`, asking for the features the backend uses.
@@ -33,16 +58,26 @@ impl Gpu {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
         let features = adapter.features() & wanted;
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("lockstep"),
-            required_features: features,
-            required_limits: limits,
-            ..Default::default()
-        }))
-        .map_err(|e| Error::Device {
+        // With the cooperative matrices where the adapter offers a usable shape; a driver that
+        // refuses them still opens without.
+        let mut cooperative = Cooperative::of(adapter);
+        let opened = match cooperative {
+            Some(_) => request(
+                adapter,
+                features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+                &limits,
+            )
+            .or_else(|_| {
+                cooperative = None;
+                request(adapter, features, &limits)
+            }),
+            None => request(adapter, features, &limits),
+        };
+        let (device, queue) = opened.map_err(|e| Error::Device {
             device: location.clone(),
             msg: format!("could not open {} ({:?}): {e}", info.name, info.backend),
         })?;
+        let features = device.features();
         let failure: Arc<Mutex<Option<String>>> = Arc::default();
         let on_error = failure.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -72,6 +107,7 @@ impl Gpu {
             info,
             limits,
             features,
+            cooperative,
             failure,
             faults: Faults::default(),
         })

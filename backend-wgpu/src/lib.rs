@@ -15,6 +15,7 @@ mod bind_groups;
 mod bind_layout;
 mod buffer;
 mod contract;
+mod cooperative;
 mod fault;
 mod gpu;
 mod headless;

@@ -150,9 +150,15 @@ impl Pipelines {
         if let Some(m) = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(m.clone());
         }
-        let shader = lockstep_shaders::shader(variant.shader)
-            .ok_or_else(|| gpu.error(format!("no shader named {}", variant.shader)))?;
-        let source = lockstep_shaders::compose(shader, &variant.types);
+        let source = match (variant.shader, gpu.cooperative) {
+            ("matmul_coop", Some(tier)) => lockstep_shaders::compose_cooperative(tier.edge, &variant.types),
+            ("matmul_coop", None) => return Err(gpu.error("this device was opened without cooperative matrices")),
+            (name, _) => {
+                let shader =
+                    lockstep_shaders::shader(name).ok_or_else(|| gpu.error(format!("no shader named {name}")))?;
+                lockstep_shaders::compose(shader, &variant.types)
+            }
+        };
         let what = format!("compiling {}.wgsl for {:?}", variant.shader, variant.types);
         let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(variant.shader),
@@ -183,7 +189,7 @@ impl Pipelines {
 /// The shaders that bound every index themselves: the products, whose inner loops wgpu's
 /// index clamps and loop bounding would otherwise slow. `LOCKSTEP_WGPU_CHECKS=all` (read once)
 /// keeps wgpu's checks on them too, to rule them out when a result looks wrong.
-const SELF_BOUNDED: [&str; 1] = ["matmul"];
+const SELF_BOUNDED: [&str; 2] = ["matmul", "matmul_coop"];
 
 fn runs_unchecked(shader: &str) -> bool {
     static ALL_CHECKED: OnceLock<bool> = OnceLock::new();

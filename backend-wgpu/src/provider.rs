@@ -11,6 +11,7 @@ use lockstep_core::device::DeviceProvider;
 use lockstep_core::{Error, Result};
 
 use crate::backend::WgpuBackend;
+use crate::cooperative::{Cooperative, Policy};
 use crate::gpu::Gpu;
 
 /// The process's wgpu instance and its adapters (enumerated once: a few ms to ~20 ms).
@@ -118,6 +119,7 @@ fn details(adapter: &wgpu::Adapter) -> Vec<(String, String)> {
             },
         ),
         ("cooperative matrices".into(), cooperative_matrices(adapter)),
+        ("matrix products".into(), planned_products(adapter)),
         (
             "passthrough shaders".into(),
             has(wgpu::Features::PASSTHROUGH_SHADERS).into(),
@@ -163,6 +165,23 @@ fn cooperative_matrices(adapter: &wgpu::Adapter) -> String {
         "feature listed, no shapes".into()
     } else {
         shapes.join(", ")
+    }
+}
+
+/// Which kernel the products would run on before the device opens (the opened device's
+/// `info` says what its self-test decided).
+fn planned_products(adapter: &wgpu::Adapter) -> String {
+    match (Cooperative::of(adapter), Policy::from_env()) {
+        (Some(tier), Policy::Off) => format!(
+            "SIMT tiles (cooperative matrices {} off: LOCKSTEP_WGPU_COOP=off)",
+            tier.describe()
+        ),
+        (Some(tier), policy) => format!(
+            "cooperative matrices {} for {}, if its self-test passes when the device opens",
+            tier.describe(),
+            policy.describe()
+        ),
+        (None, _) => "SIMT tiles (no usable cooperative matrices)".into(),
     }
 }
 
@@ -219,7 +238,9 @@ pub fn open_with_limits(ordinal: usize, limits: wgpu::Limits) -> Result<Arc<Wgpu
         OPENED.fetch_add(1, Ordering::Relaxed) + 1
     );
     let info = describe(&location, adapter);
-    Ok(Arc::new(WgpuBackend::new(Gpu::open(location, adapter, limits)?, info)))
+    let backend = WgpuBackend::new(Gpu::open(location, adapter, limits)?, info);
+    backend.settle_products();
+    Ok(Arc::new(backend))
 }
 
 pub struct WgpuProvider;
@@ -234,7 +255,9 @@ impl DeviceProvider for WgpuProvider {
         let location = format!("wgpu:{ordinal}");
         let info = describe(&location, adapter);
         // The adapter's own limits, not WebGPU's defaults: those cap buffers at 256 MiB.
-        let backend = Arc::new(WgpuBackend::new(Gpu::open(location, adapter, adapter.limits())?, info));
+        let backend = WgpuBackend::new(Gpu::open(location, adapter, adapter.limits())?, info);
+        backend.settle_products();
+        let backend = Arc::new(backend);
         opened()
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -122,6 +122,10 @@ pub const SHADERS: &[Shader] = &[
     ),
 ];
 
+/// The cooperative-matrix product: not in `SHADERS`, since it needs an adapter with cooperative
+/// matrices and is composed with their edge (`compose_cooperative`).
+pub const MATMUL_COOP: Shader = shader!("matmul_coop", &["T"], PACKED_FLOATS, ["matmul_coop"]);
+
 /// The shader named `name`.
 pub fn shader(name: &str) -> Option<&'static Shader> {
     SHADERS.iter().find(|s| s.name == name)
@@ -129,10 +133,24 @@ pub fn shader(name: &str) -> Option<&'static Shader> {
 
 /// The complete source of `shader` with its aliases bound, in order, to `types`.
 pub fn compose(shader: &Shader, types: &[&str]) -> String {
-    let mut header = String::new();
-    if types.contains(&"f16") {
-        header.push_str("enable f16;\n");
-    }
+    let header = if types.contains(&"f16") { "enable f16;\n" } else { "" };
+    compose_after(header.into(), shader, types)
+}
+
+/// `matmul_coop` on square cooperative matrices of `edge` (8 or 16): `E_EDGE` and the matrix
+/// aliases `E_A`, `E_B` (f16 operands) and `E_C` (f32 sums), then elements of `types`.
+pub fn compose_cooperative(edge: u32, types: &[&str]) -> String {
+    let matrix = |role: &str, scalar: &str| format!("alias E_{role} = coop_mat{edge}x{edge}<{scalar}, {role}>;\n");
+    let header = format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\nconst E_EDGE: u32 = {edge}u;\n{}{}{}",
+        matrix("A", "f16"),
+        matrix("B", "f16"),
+        matrix("C", "f32")
+    );
+    compose_after(header, &MATMUL_COOP, types)
+}
+
+fn compose_after(mut header: String, shader: &Shader, types: &[&str]) -> String {
     let mut element_functions = String::new();
     for (alias, ty) in shader.aliases.iter().zip(types) {
         header.push_str(&format!("alias {alias} = {};\n", elements::storage(ty)));

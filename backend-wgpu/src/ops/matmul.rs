@@ -44,6 +44,9 @@ impl WgpuBackend {
         // bf16 operands are read from their packed words, and the product written two elements
         // a word where no pair straddles two rows of a block (n even, or a split product, whose
         // sums are written in flat order); else f32 copies, rounded after.
+        if let Some(out) = self.gemm_cooperative(lhs, ll, rhs, rl, dims, split_k_chunk(dims).is_none())? {
+            return Ok(out);
+        }
         let packed = dims.n.is_multiple_of(2) || split_k_chunk(dims).is_some();
         if lhs.dtype() == DType::BF16 && rhs.dtype() == DType::BF16 && packed {
             return self.gemm_with("matmul", lhs, ll, rhs, rl, dims);

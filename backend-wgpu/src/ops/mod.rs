@@ -11,6 +11,7 @@ mod index;
 mod layer_norm;
 mod layout;
 mod matmul;
+mod matmul_coop;
 mod optim;
 mod reduce;
 mod softmax;

@@ -1,0 +1,147 @@
+//! The cooperative-matrix tier of the matrix products (matmul_coop.wgsl): tensor cores through
+//! wgpu's experimental cooperative matrices, f16 operands with f32 sums.
+//!
+//! Which adapters get it: those listing a square f16 -> f32 shape of edge 16 or 8 and one
+//! subgroup size (the shader numbers its subgroups by invocation index). wgpu does not check a
+//! shader's shape against the adapter's list, and an unlisted shape can silently give zeros, so
+//! the tier also has to pass a self-test when the device opens (`WgpuBackend::settle_products`):
+//! one product whose every sum is exact in f32, compared bit for bit with the SIMT kernel's.
+//!
+//! Which products take it (`LOCKSTEP_WGPU_COOP`, read once): f16 products by default, exact
+//! apart from the order of the f32 sums; `bf16` also bf16 products, rounded to f16 on the way in
+//! (f16 holds bf16's 8 bits of mantissa but not its range: magnitudes past 65504 or below 6e-8
+//! are lost, so it is not the default); `off` none.
+
+use std::sync::OnceLock;
+
+use lockstep_core::DType;
+
+/// A usable cooperative-matrix shape on one adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cooperative {
+    /// The matrices' edge: 16 (NVIDIA) or 8 (Apple, lavapipe).
+    pub edge: u32,
+    /// The adapter's one subgroup size.
+    pub subgroup: u32,
+}
+
+impl Cooperative {
+    /// The shape the tier would use on `adapter`, if it lists one.
+    pub fn of(adapter: &wgpu::Adapter) -> Option<Cooperative> {
+        if !adapter
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16)
+        {
+            return None;
+        }
+        let info = adapter.get_info();
+        if info.subgroup_min_size != info.subgroup_max_size || info.subgroup_min_size == 0 {
+            return None;
+        }
+        let f16_to_f32 = |p: &wgpu::CooperativeMatrixProperties, edge: u32| {
+            (p.m_size, p.n_size, p.k_size) == (edge, edge, edge)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        };
+        let shapes = adapter.cooperative_matrix_properties();
+        [16, 8]
+            .into_iter()
+            .find(|&edge| shapes.iter().any(|p| f16_to_f32(p, edge)))
+            .map(|edge| Cooperative {
+                edge,
+                subgroup: info.subgroup_min_size,
+            })
+    }
+
+    /// The output rows and columns of one workgroup (`BLOCK` in matmul_coop.wgsl).
+    pub fn block(&self) -> usize {
+        4 * self.edge as usize
+    }
+
+    /// `16x16x16 f16->f32, subgroups of 32`.
+    pub fn describe(&self) -> String {
+        let e = self.edge;
+        format!("{e}x{e}x{e} f16->f32, subgroups of {}", self.subgroup)
+    }
+}
+
+/// Which products the tier takes (`LOCKSTEP_WGPU_COOP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    Off,
+    F16,
+    F16AndBf16,
+}
+
+impl Policy {
+    pub fn from_env() -> Policy {
+        static POLICY: OnceLock<Policy> = OnceLock::new();
+        *POLICY.get_or_init(|| match std::env::var("LOCKSTEP_WGPU_COOP").as_deref() {
+            Ok("off") => Policy::Off,
+            Ok("bf16") => Policy::F16AndBf16,
+            Ok("f16") | Err(_) => Policy::F16,
+            Ok(other) => {
+                eprintln!("lockstep: LOCKSTEP_WGPU_COOP={other:?} is not off, f16 or bf16; ignored");
+                Policy::F16
+            }
+        })
+    }
+
+    /// Whether products of `dtype` run on the tier.
+    pub fn takes(&self, dtype: DType) -> bool {
+        match self {
+            Policy::Off => false,
+            Policy::F16 => dtype == DType::F16,
+            Policy::F16AndBf16 => matches!(dtype, DType::F16 | DType::BF16),
+        }
+    }
+
+    /// What `devices --details` says the tier takes.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Policy::Off => "off (LOCKSTEP_WGPU_COOP=off)",
+            Policy::F16 => "f16 products (LOCKSTEP_WGPU_COOP=bf16 adds bf16, rounded to f16)",
+            Policy::F16AndBf16 => "f16 and bf16 products, bf16 rounded to f16 (LOCKSTEP_WGPU_COOP=bf16)",
+        }
+    }
+}
+
+/// The self-test's operands: multiples of 1/8 up to 2 in magnitude, exact in f16, whose products
+/// and every partial sum over `k` are exact in f32, so any order of summation gives the same bits.
+/// Its shape has partial blocks on every edge and two batches.
+pub fn self_test_operands(edge: usize) -> (usize, usize, usize, Vec<f32>, Vec<f32>) {
+    let (m, n, k) = (5 * edge + 3, 4 * edge + 6, 6 * edge + 5);
+    let value = |i: usize| ((i * 7 + i / 5) % 33) as f32 / 8.0 - 2.0;
+    let lhs = (0..2 * m * k).map(value).collect();
+    let rhs = (0..2 * k * n).map(|i| value(i + 11)).collect();
+    (m, n, k, lhs, rhs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_test_sums_are_exact_in_f32() {
+        // Every product is a multiple of 1/64 below 4 in magnitude; a sum of k of them stays a
+        // multiple of 1/64 below 2^24 / 64, so f32 holds every partial sum exactly.
+        for edge in [8, 16] {
+            let (m, n, k, lhs, rhs) = self_test_operands(edge);
+            assert_eq!((lhs.len(), rhs.len()), (2 * m * k, 2 * k * n));
+            assert!(
+                lhs.iter()
+                    .chain(&rhs)
+                    .all(|v| (v * 8.0).fract() == 0.0 && v.abs() <= 2.0)
+            );
+            assert!((k as f64) * 4.0 < (1u64 << 24) as f64 / 64.0);
+            assert!(m % edge != 0 && n % edge != 0 && k % edge != 0);
+        }
+    }
+
+    #[test]
+    fn the_policy_takes_bf16_only_when_asked() {
+        assert!(Policy::F16.takes(DType::F16) && !Policy::F16.takes(DType::BF16));
+        assert!(Policy::F16AndBf16.takes(DType::BF16) && !Policy::F16AndBf16.takes(DType::F32));
+        assert!(!Policy::Off.takes(DType::F16));
+    }
+}

@@ -1,0 +1,95 @@
+//! The cooperative-matrix tier (matmul_coop.wgsl) against the CPU, on an adapter that has one:
+//! f16 products in every transpose, with a broadcast batch, partial blocks on every edge and a
+//! grid past one row of blocks. Debian 12's lavapipe has no cooperative matrices, so CI also runs
+//! this file inside a Debian 13 root with Mesa 26's lavapipe (8x8 f16 matrices) and
+//! `LOCKSTEP_EXPECT_COOP=1`, which turns the skip into a failure (.ci/run).
+
+mod support;
+
+use lockstep_core::shape::Shape;
+use lockstep_core::{DType, Device, Generator, Tensor};
+
+/// What the opened device says runs its products.
+fn products(device: &Device) -> String {
+    let info = device.info();
+    let line = info.details.iter().find(|(label, _)| label == "matrix products");
+    line.map(|(_, v)| v.clone()).unwrap_or_default()
+}
+
+fn tier_device() -> Option<Device> {
+    let device = support::wgpu_device()?;
+    let products = products(&device);
+    if products.starts_with("cooperative") {
+        return Some(device);
+    }
+    assert!(
+        std::env::var("LOCKSTEP_EXPECT_COOP").as_deref() != Ok("1"),
+        "LOCKSTEP_EXPECT_COOP=1 but the products run on: {products}"
+    );
+    eprintln!("\n*** SKIPPED: no cooperative-matrix tier on wgpu:0 ({products}) ***\n");
+    None
+}
+
+/// `[batch, rows, cols]` normal f16 values, stored transposed (a permuted view) where `transposed`.
+fn operand(dims: [usize; 3], transposed: bool, seed: u64, device: &Device) -> Tensor {
+    let [b, r, c] = dims;
+    let stored = if transposed { [b, c, r] } else { [b, r, c] };
+    let t = Tensor::rand_normal(stored, 0.0, 1.0, DType::F32, &Generator::new(seed), &Device::cpu())
+        .and_then(|t| t.to_dtype(DType::F16))
+        .and_then(|t| t.to_device(device))
+        .unwrap();
+    if transposed { t.transpose(1, 2).unwrap() } else { t }
+}
+
+#[test]
+fn f16_products_on_the_tier_match_the_cpu() {
+    let Some(device) = tier_device() else { return };
+    // (lhs batch, rhs batch, m, n, k): odd edges, a broadcast rhs, k past a staging round, and
+    // more than one row of blocks.
+    let shapes = [
+        (1, 1, 37, 45, 53),
+        (3, 1, 20, 70, 9),
+        (2, 2, 130, 33, 100),
+        (1, 1, 1, 1, 1),
+    ];
+    for (i, &(lb, rb, m, n, k)) in shapes.iter().enumerate() {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let seed = 2 * i as u64;
+            let on = |d: &Device| {
+                let a = operand([lb, m, k], ta, seed, d);
+                let b = operand([rb, k, n], tb, seed + 1, d);
+                let b = if rb < lb {
+                    b.broadcast_as(&Shape::new([lb, k, n])).unwrap()
+                } else {
+                    b
+                };
+                a.matmul(&b)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap()
+            };
+            let (gpu, cpu) = (on(&device), on(&Device::cpu()));
+            // Both sum f16 products in f32 and round once to f16; only the order of the sums
+            // differs, so an element may land one f16 step (2^-10 relative) away.
+            let worst = gpu
+                .iter()
+                .zip(&cpu)
+                .map(|(g, c)| (g - c).abs() / c.abs().max(1.0))
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 2e-3,
+                "{lb}x{m}x{k} @ {rb}x{k}x{n} (lhs transposed {ta}, rhs {tb}): worst error {worst}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_tier_is_named_with_its_shape() {
+    let Some(device) = tier_device() else { return };
+    let products = products(&device);
+    assert!(products.contains("f16->f32"), "{products}");
+    assert!(products.contains("x8x8") || products.contains("x16x16"), "{products}");
+}
