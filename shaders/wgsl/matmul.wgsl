@@ -340,42 +340,94 @@ fn wide_block_product(b: u32, row0: u32, col0: u32, k_begin: u32, k_end: u32, li
     return acc;
 }
 
-// The output row and first column of acc[i] of invocation lid in the block at origin (see
-// `wide_block_product`).
-fn wide_row(origin: vec3<u32>, lid: vec3<u32>, i: u32) -> u32 {
-    return origin.y + (i / 8u) * 64u + lid.y * 4u + (i / 2u) % 4u;
+// The output row and first column of acc[i] (see `wide_block_product`) of invocation lid in the
+// block at origin.
+fn wide_place(origin: vec3<u32>, lid: vec3<u32>, i: u32) -> vec2<u32> {
+    return vec2<u32>(origin.y + (i / 8u) * 64u + lid.y * 4u + (i / 2u) % 4u, origin.z + (i % 2u) * 64u + lid.x * 4u);
 }
 
-fn wide_col(origin: vec3<u32>, lid: vec3<u32>, i: u32) -> u32 {
-    return origin.z + (i % 2u) * 64u + lid.x * 4u;
-}
-
-@compute @workgroup_size(16, 16)
-fn matmul_wide(at: Invocation) {
+// Writes acc[i] to `out` of batch origin.x, a word at a time (for bf16 two columns of an even n,
+// as in `matmul`).
+fn wide_out(origin: vec3<u32>, lid: vec3<u32>, i: u32, v: vec4<f32>) {
     let m = params[0];
     let n = params[1];
-    let origin = block_origin_of(at.wid, at.groups, WIDE_ROWS, WIDE);
-    if (origin.x >= params[11]) {
-        return;
-    }
-    let b = origin.x;
-    let acc = wide_block_product(b, origin.y, origin.z, 0u, params[2], at.lid, at.flat);
-    // As in `matmul`: a word at a time, two columns of an even n for bf16.
-    for (var i = 0u; i < WIDE_ROWS / 8u; i++) {
-        let row = wide_row(origin, at.lid, i);
-        for (var j = 0u; j < 4u; j += T_PER_WORD) {
-            let col = wide_col(origin, at.lid, i) + j;
-            if (row < m && col < n) {
-                out[T_word((b * m + row) * n + col)] = T_pack(acc[i][j], acc[i][min(j + 1u, 3u)]);
-            }
+    let at = wide_place(origin, lid, i);
+    for (var j = 0u; j < 4u; j += T_PER_WORD) {
+        if (at.x < m && at.y + j < n) {
+            out[T_word((origin.x * m + at.x) * n + at.y + j)] = T_pack(v[j], v[min(j + 1u, 3u)]);
         }
     }
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul_wide_split(at: Invocation) {
+// Writes acc[i] to `partials` of split and batch origin.x.
+fn wide_partial(origin: vec3<u32>, lid: vec3<u32>, i: u32, v: vec4<f32>) {
     let m = params[0];
     let n = params[1];
+    let at = wide_place(origin, lid, i);
+    for (var j = 0u; j < 4u; j++) {
+        if (at.x < m && at.y + j < n) {
+            partials[(origin.x * m + at.x) * n + at.y + j] = v[j];
+        }
+    }
+}
+
+// All of acc (its first 8 vec4s in a 64-row block) through `wide_out` / `wide_partial`, each vec4
+// by a constant index, so no loop the driver might leave rolled indexes acc (which would move it
+// out of registers).
+fn wide_write_out(origin: vec3<u32>, lid: vec3<u32>, acc: array<vec4<f32>, 16>) {
+    wide_out(origin, lid, 0u, acc[0]);
+    wide_out(origin, lid, 1u, acc[1]);
+    wide_out(origin, lid, 2u, acc[2]);
+    wide_out(origin, lid, 3u, acc[3]);
+    wide_out(origin, lid, 4u, acc[4]);
+    wide_out(origin, lid, 5u, acc[5]);
+    wide_out(origin, lid, 6u, acc[6]);
+    wide_out(origin, lid, 7u, acc[7]);
+    if (WIDE_ROWS == WIDE) {
+        wide_out(origin, lid, 8u, acc[8]);
+        wide_out(origin, lid, 9u, acc[9]);
+        wide_out(origin, lid, 10u, acc[10]);
+        wide_out(origin, lid, 11u, acc[11]);
+        wide_out(origin, lid, 12u, acc[12]);
+        wide_out(origin, lid, 13u, acc[13]);
+        wide_out(origin, lid, 14u, acc[14]);
+        wide_out(origin, lid, 15u, acc[15]);
+    }
+}
+
+fn wide_write_partials(origin: vec3<u32>, lid: vec3<u32>, acc: array<vec4<f32>, 16>) {
+    wide_partial(origin, lid, 0u, acc[0]);
+    wide_partial(origin, lid, 1u, acc[1]);
+    wide_partial(origin, lid, 2u, acc[2]);
+    wide_partial(origin, lid, 3u, acc[3]);
+    wide_partial(origin, lid, 4u, acc[4]);
+    wide_partial(origin, lid, 5u, acc[5]);
+    wide_partial(origin, lid, 6u, acc[6]);
+    wide_partial(origin, lid, 7u, acc[7]);
+    if (WIDE_ROWS == WIDE) {
+        wide_partial(origin, lid, 8u, acc[8]);
+        wide_partial(origin, lid, 9u, acc[9]);
+        wide_partial(origin, lid, 10u, acc[10]);
+        wide_partial(origin, lid, 11u, acc[11]);
+        wide_partial(origin, lid, 12u, acc[12]);
+        wide_partial(origin, lid, 13u, acc[13]);
+        wide_partial(origin, lid, 14u, acc[14]);
+        wide_partial(origin, lid, 15u, acc[15]);
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_wide(at: Invocation) {
+    let origin = block_origin_of(at.wid, at.groups, WIDE_ROWS, WIDE);
+    if (origin.x >= params[11]) {
+        return;
+    }
+    let acc = wide_block_product(origin.x, origin.y, origin.z, 0u, params[2], at.lid, at.flat);
+    wide_write_out(origin, at.lid, acc);
+}
+
+@compute @workgroup_size(16, 16)
+fn matmul_wide_split(at: Invocation) {
     let k = params[2];
     let chunk = params[12];
     let origin = block_origin_of(at.wid, at.groups, WIDE_ROWS, WIDE);
@@ -384,15 +436,7 @@ fn matmul_wide_split(at: Invocation) {
     }
     let k_begin = (origin.x / params[11]) * chunk;
     let acc = wide_block_product(origin.x % params[11], origin.y, origin.z, k_begin, min(k, k_begin + chunk), at.lid, at.flat);
-    for (var i = 0u; i < WIDE_ROWS / 8u; i++) {
-        let row = wide_row(origin, at.lid, i);
-        for (var j = 0u; j < 4u; j++) {
-            let col = wide_col(origin, at.lid, i) + j;
-            if (row < m && col < n) {
-                partials[(origin.x * m + row) * n + col] = acc[i][j];
-            }
-        }
-    }
+    wide_write_partials(origin, at.lid, acc);
 }
 
 // out = the sum over splits of `partials`, a storage word of out per invocation.
