@@ -10,9 +10,11 @@
 // and a long k (a convolution's weight gradient: 64 x 576 outputs summed over a batch's pixels,
 // 9 blocks where a GPU runs hundreds) gives each chunk its own workgroups, which write f32 partial
 // products; `matmul_split_sum` adds them up in split order (deterministic) and writes `out`.
-// `matmul_wide` and `matmul_wide_split` are the same products over 128x128 blocks (see the
+// `matmul_wide` and `matmul_wide_split` are the same products over 128x128 blocks, or 64x128
+// (WIDE_ROWS = 64), double-buffered and staged along each operand's contiguous axis (see the
 // section "128x128 blocks" below); each output sums its k in the same order as in `matmul`, one
-// fma a k, so the two give the same bits for the same split.
+// fma a k, so all give the same bits for the same split (which the host chooses by 64x64 blocks
+// whichever kernel runs).
 // `matmul_naive` (one invocation per output, no reuse) is kept as the benchmark's baseline.
 // All number their output blocks along n, then m, then the batch (then the split), on a grid that
 // spills from x into y past 65535 workgroups (an im2col GEMM's n reaches millions).
@@ -20,8 +22,10 @@
 //          k chunk (k or more when unsplit)]
 //
 // The module is compiled *unchecked* (no runtime index clamps, no loop bounding: pipelines.rs,
-// SELF_BOUNDED): every entry point clamps each index it reads into its operand (rows, columns and
-// k by min, what lies outside masked to 0) and guards each write by the output's shape.
+// SELF_BOUNDED), so it bounds every index itself, for any shape: each read of an operand clamps
+// its row, column and k into the operand by min (what lies outside is masked to 0, and an empty
+// k reads nothing), workgroup-memory and accumulator indices are in range by construction, and
+// each write to `out` or `partials` is guarded by the output's shape.
 
 @group(0) @binding(1) var<storage, read> lhs: array<T>;
 @group(0) @binding(2) var<storage, read> rhs: array<T>;
