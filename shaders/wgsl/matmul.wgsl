@@ -218,7 +218,7 @@ fn wide_stage_at(along_k: bool, edges: u32, flat: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(flat % edges, flat / edges + (256u / edges) * j);
 }
 
-// The lhs and rhs elements an invocation stages.
+// The lhs elements an invocation stages a k step (of rhs always 4).
 fn wide_lhs_count() -> u32 {
     return WIDE_ROWS / 32u;
 }
