@@ -185,32 +185,34 @@ fn matmul_split(at: Invocation) {
 // reads of workgroup memory are 16 neighbouring vec4s of rhs and two (broadcast) vec4s of lhs,
 // and each invocation does 64 FMAs per four vec4 loads. With WIDE_ROWS = 64 the block is 64x128
 // (for outputs of 64 rows, which 128 would pad to twice their size) and the share 4x8.
-// k advances WIDE_K at a time through two buffers of each tile: while the workgroup multiplies
-// out one, each invocation loads its share of the next k slice into registers and stores it into
-// the other buffer, so a k step has one barrier and its global loads overlap the arithmetic.
+// k advances WIDE_K (8, or 16 where the device has 32 KiB of workgroup memory) at a time through
+// two buffers of each tile: while the workgroup multiplies out one, each invocation loads its
+// share of the next k slice into registers and stores it into the other buffer, so a k step has
+// one barrier and its global loads overlap the arithmetic.
 // Both tiles are k-major: vec4s of 4 of the block's rows (lhs, transposed as it is staged) or of
 // 4 of its columns (rhs). Staging reads each operand along the axis the host found contiguous:
 // along k (LHS_ALONG_K / RHS_ALONG_K: 8 invocations read 8 neighbouring k of one row or column),
 // else along m or n (128 invocations read 128 neighbouring rows or columns of one k); either way
 // a warp reads whole sectors where that axis is contiguous, and any other layout still works.
-// Vec4 q of a tile's k step t is stored at q ^ t (which stays within q's group of 8), so the 8 k
-// of 4 rows that a warp stores when reading along k fall on 32 different banks, not 4.
+// Vec4 q of a tile's k step t is stored at q ^ t (which stays within q's group of 16), so the 8 k
+// of 4 rows that a warp stores when reading along k fall on 32 different banks, not 4 (with 16 k,
+// 2 rows of 16 k on 16 banks, twice).
 
 const WIDE: u32 = 128u;
-const WIDE_K: u32 = 8u;
-// vec4s in one buffer of a tile: WIDE_K x WIDE / 4.
-const WIDE_BUFFER: u32 = 256u;
 
 override WIDE_ROWS: u32 = 128u;
+override WIDE_K: u32 = 8u;
 override LHS_ALONG_K: bool = false;
 override RHS_ALONG_K: bool = false;
+// vec4s in one buffer of a tile: WIDE_K x WIDE / 4.
+override WIDE_BUFFER: u32 = WIDE_K * (WIDE / 4u);
 
-// [2 buffers][WIDE_K][WIDE / 4], 8 KiB each: 16 KiB in all, WebGPU's default limit.
-var<workgroup> lhs_wide: array<vec4<f32>, 512>;
-var<workgroup> rhs_wide: array<vec4<f32>, 512>;
+// [2 buffers][WIDE_K][WIDE / 4]: 16 KiB in all (WebGPU's default limit) with WIDE_K = 8.
+var<workgroup> lhs_wide: array<vec4<f32>, 2u * WIDE_BUFFER>;
+var<workgroup> rhs_wide: array<vec4<f32>, 2u * WIDE_BUFFER>;
 
-// The (row or column within the block, k within the step) of the j-th of the `edges` / 32
-// elements (4, or 2 of lhs in a 64-row block) an invocation stages of one operand.
+// The (row or column within the block, k within the step) of the j-th of the `edges` * WIDE_K /
+// 256 elements an invocation stages of one operand a k step.
 fn wide_stage_at(along_k: bool, edges: u32, flat: u32, j: u32) -> vec2<u32> {
     if (along_k) {
         return vec2<u32>(flat / WIDE_K + (256u / WIDE_K) * j, flat % WIDE_K);
@@ -218,9 +220,13 @@ fn wide_stage_at(along_k: bool, edges: u32, flat: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(flat % edges, flat / edges + (256u / edges) * j);
 }
 
-// The lhs elements an invocation stages a k step (of rhs always 4).
+// The lhs and rhs elements an invocation stages a k step: at most 8 each.
 fn wide_lhs_count() -> u32 {
-    return WIDE_ROWS / 32u;
+    return WIDE_ROWS * WIDE_K / 256u;
+}
+
+fn wide_rhs_count() -> u32 {
+    return WIDE * WIDE_K / 256u;
 }
 
 // Where element (edge, t) of a tile lives within a buffer: its vec4 (swizzled) and component.
@@ -228,14 +234,17 @@ fn wide_slot(at: vec2<u32>) -> vec2<u32> {
     return vec2<u32>(at.y * (WIDE / 4u) + ((at.x / 4u) ^ at.y), at.x % 4u);
 }
 
-// One operand's share of staging for one invocation: where the rows (columns) of its 4 elements
+// One operand's share of staging for one invocation: where the rows (columns) of its elements
 // start in the operand, clamped inside it, and whether they lie inside the output. (Their k and
 // their place in a tile follow from `flat` alone: `wide_stage_at`, recomputed where used rather
 // than held in registers.)
 struct WideStage {
-    start: vec4<u32>,
-    inside: vec4<bool>,
+    start: array<u32, 8>,
+    inside: array<bool, 8>,
 }
+
+// One operand's staged elements of one k step.
+alias WideSlice = array<f32, 8>;
 
 // `block` is the block's rows (columns), `count` the elements staged, `edges` m (n), `view` the
 // params index of the operand's offset (its batch stride follows), `edge_stride` its stride along
@@ -250,9 +259,9 @@ fn wide_stage(along_k: bool, block: u32, count: u32, flat: u32, b: u32, first: u
     return s;
 }
 
-// The 4 staged elements of lhs (rhs) at k step k0, 0 outside the operand or past k_end.
-fn wide_lhs_slice(s: WideStage, flat: u32, k0: u32, k_end: u32) -> vec4<f32> {
-    var v: vec4<f32>;
+// The staged elements of lhs (rhs) at k step k0, 0 outside the operand or past k_end.
+fn wide_lhs_slice(s: WideStage, flat: u32, k0: u32, k_end: u32) -> WideSlice {
+    var v: WideSlice;
     for (var j = 0u; j < wide_lhs_count(); j++) {
         let kk = k0 + wide_stage_at(LHS_ALONG_K, WIDE_ROWS, flat, j).y;
         let x = lhs_value(s.start[j] + min(kk, k_end - 1u) * params[6]);
@@ -261,9 +270,9 @@ fn wide_lhs_slice(s: WideStage, flat: u32, k0: u32, k_end: u32) -> vec4<f32> {
     return v;
 }
 
-fn wide_rhs_slice(s: WideStage, flat: u32, k0: u32, k_end: u32) -> vec4<f32> {
-    var v: vec4<f32>;
-    for (var j = 0u; j < 4u; j++) {
+fn wide_rhs_slice(s: WideStage, flat: u32, k0: u32, k_end: u32) -> WideSlice {
+    var v: WideSlice;
+    for (var j = 0u; j < wide_rhs_count(); j++) {
         let kk = k0 + wide_stage_at(RHS_ALONG_K, WIDE, flat, j).y;
         let x = rhs_value(s.start[j] + min(kk, k_end - 1u) * params[9]);
         v[j] = select(0.0, x, s.inside[j] && kk < k_end);
@@ -272,12 +281,12 @@ fn wide_rhs_slice(s: WideStage, flat: u32, k0: u32, k_end: u32) -> vec4<f32> {
 }
 
 // Stores the staged slices into the tile buffer at `buffer`.
-fn wide_store(flat: u32, lv: vec4<f32>, rv: vec4<f32>, buffer: u32) {
+fn wide_store(flat: u32, lv: WideSlice, rv: WideSlice, buffer: u32) {
     for (var j = 0u; j < wide_lhs_count(); j++) {
         let l = wide_slot(wide_stage_at(LHS_ALONG_K, WIDE_ROWS, flat, j));
         lhs_wide[buffer + l.x][l.y] = lv[j];
     }
-    for (var j = 0u; j < 4u; j++) {
+    for (var j = 0u; j < wide_rhs_count(); j++) {
         let r = wide_slot(wide_stage_at(RHS_ALONG_K, WIDE, flat, j));
         rhs_wide[buffer + r.x][r.y] = rv[j];
     }
@@ -294,7 +303,7 @@ fn wide_block_product(b: u32, row0: u32, col0: u32, k_begin: u32, k_end: u32, li
         return acc;
     }
     let l = wide_stage(LHS_ALONG_K, WIDE_ROWS, wide_lhs_count(), flat, b, row0, params[0], 3u, params[5]);
-    let r = wide_stage(RHS_ALONG_K, WIDE, 4u, flat, b, col0, params[1], 7u, params[10]);
+    let r = wide_stage(RHS_ALONG_K, WIDE, wide_rhs_count(), flat, b, col0, params[1], 7u, params[10]);
     wide_store(flat, wide_lhs_slice(l, flat, k_begin, k_end), wide_rhs_slice(r, flat, k_begin, k_end), 0u);
     workgroupBarrier();
     let steps = (k_end - k_begin + WIDE_K - 1u) / WIDE_K;
@@ -302,8 +311,8 @@ fn wide_block_product(b: u32, row0: u32, col0: u32, k_begin: u32, k_end: u32, li
         let current = (s % 2u) * WIDE_BUFFER;
         let more = s + 1u < steps;
         // The next step's slice, loaded before this one's arithmetic so the two overlap.
-        var lv: vec4<f32>;
-        var rv: vec4<f32>;
+        var lv: WideSlice;
+        var rv: WideSlice;
         if (more) {
             let k0 = k_begin + (s + 1u) * WIDE_K;
             lv = wide_lhs_slice(l, flat, k0, k_end);

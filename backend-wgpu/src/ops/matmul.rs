@@ -19,9 +19,11 @@ use crate::pipelines::Variant;
 const TILE: usize = 64;
 /// The same for the wide kernel (`WIDE`), whose blocks may also have half as many rows.
 const WIDE: usize = 128;
-/// Workgroup memory the wide kernel takes: two buffers of two 8 x 128 f32 tiles, whatever its
-/// rows (WebGPU's default limit, which some downlevel adapters lack).
-const WIDE_WORKGROUP_BYTES: u32 = 2 * 2 * 8 * 128 * 4;
+/// Workgroup memory the wide kernel takes for a k step of `wide_k`: two buffers of two
+/// `wide_k` x 128 f32 tiles, whatever its rows (16 KiB for 8, WebGPU's default limit).
+fn wide_workgroup_bytes(wide_k: usize) -> usize {
+    2 * 2 * wide_k * WIDE * 4
+}
 /// The least of workgroups for which `auto` takes the wide kernel: about one per compute unit of
 /// a large GPU (an H200 has 132), below which 64x64 blocks spread wider.
 const WIDE_MIN_GROUPS: usize = 128;
@@ -48,7 +50,8 @@ fn split_k_chunk(dims: MatmulDims) -> Option<usize> {
 }
 
 /// Which block product runs a matmul. `LOCKSTEP_WGPU_MATMUL` (`auto`, `tile64`, `tile128`,
-/// `tile64x128`) forces one for the process; [`crate::matmul_with`] for one product.
+/// `tile64x128`, `tile128k16`) forces one for the process; [`crate::matmul_with`] for one
+/// product. Where the adapter lacks the workgroup memory a kernel needs, the next smaller runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernel {
     /// By the shape alone: [`MatmulKernel::for_shape`].
@@ -60,14 +63,17 @@ pub enum MatmulKernel {
     Tile128,
     /// The same kernel on 64x128 blocks (64 rows), 4x8 per invocation: for outputs of 64 rows.
     Tile64x128,
+    /// `Tile128` with a k step of 16, half the barriers (32 KiB of workgroup memory).
+    Tile128K16,
 }
 
 impl MatmulKernel {
-    pub const ALL: [MatmulKernel; 4] = [
+    pub const ALL: [MatmulKernel; 5] = [
         MatmulKernel::Auto,
         MatmulKernel::Tile64,
         MatmulKernel::Tile128,
         MatmulKernel::Tile64x128,
+        MatmulKernel::Tile128K16,
     ];
 
     /// The name `LOCKSTEP_WGPU_MATMUL` takes.
@@ -77,6 +83,7 @@ impl MatmulKernel {
             MatmulKernel::Tile64 => "tile64",
             MatmulKernel::Tile128 => "tile128",
             MatmulKernel::Tile64x128 => "tile64x128",
+            MatmulKernel::Tile128K16 => "tile128k16",
         }
     }
 
@@ -90,7 +97,7 @@ impl MatmulKernel {
                 .find(|k| k.name() == name)
                 .unwrap_or_else(|| {
                     eprintln!(
-                        "lockstep: LOCKSTEP_WGPU_MATMUL={name:?} is none of auto, tile64, tile128, tile64x128; ignored"
+                        "lockstep: LOCKSTEP_WGPU_MATMUL={name:?} is none of auto, tile64, tile128, tile64x128, tile128k16; ignored"
                     );
                     MatmulKernel::Auto
                 }),
@@ -233,12 +240,13 @@ impl WgpuBackend {
         params.push(to_u32(OP, batch)?);
         let split = kernel.and_then(|_| split_k_chunk(dims));
         params.push(to_u32(OP, split.unwrap_or(k))?);
-        let wide = |rows: usize| Product {
+        let wide = |rows: usize, wide_k: usize| Product {
             whole: "matmul_wide",
             split: "matmul_wide_split",
             block: (rows, WIDE),
             constants: vec![
                 ("WIDE_ROWS", rows as f64),
+                ("WIDE_K", wide_k as f64),
                 (
                     "LHS_ALONG_K",
                     f64::from(u8::from(along_k(ll.strides[2], ll.strides[1]))),
@@ -256,8 +264,9 @@ impl WgpuBackend {
                 block: (NAIVE_EDGE, NAIVE_EDGE),
                 constants: vec![],
             },
-            Some(MatmulKernel::Tile128) => wide(WIDE),
-            Some(MatmulKernel::Tile64x128) => wide(WIDE / 2),
+            Some(MatmulKernel::Tile128) => wide(WIDE, 8),
+            Some(MatmulKernel::Tile64x128) => wide(WIDE / 2, 8),
+            Some(MatmulKernel::Tile128K16) => wide(WIDE, 16),
             Some(_) => Product {
                 whole: "matmul",
                 split: "matmul_split",
@@ -295,18 +304,16 @@ impl WgpuBackend {
         Ok(out)
     }
 
-    /// `kernel` as it runs here: `Auto` resolved for the shape, and 64x64 blocks on an adapter
-    /// with too little workgroup memory for the wide kernel.
+    /// `kernel` as it runs here: `Auto` resolved for the shape, and a wide kernel's k step of 16
+    /// (then the wide kernel) given up on an adapter with too little workgroup memory for it.
     fn resolve(&self, kernel: MatmulKernel, dims: MatmulDims) -> MatmulKernel {
-        let kernel = match kernel {
-            MatmulKernel::Auto => MatmulKernel::for_shape(dims),
+        let fits = |wide_k| wide_workgroup_bytes(wide_k) <= self.limits().max_compute_workgroup_storage_size as usize;
+        match kernel {
+            MatmulKernel::Auto => self.resolve(MatmulKernel::for_shape(dims), dims),
+            MatmulKernel::Tile128K16 if !fits(16) => self.resolve(MatmulKernel::Tile128, dims),
+            MatmulKernel::Tile128 | MatmulKernel::Tile64x128 if !fits(8) => MatmulKernel::Tile64,
             chosen => chosen,
-        };
-        let wide = matches!(kernel, MatmulKernel::Tile128 | MatmulKernel::Tile64x128);
-        if wide && self.limits().max_compute_workgroup_storage_size < WIDE_WORKGROUP_BYTES {
-            return MatmulKernel::Tile64;
         }
-        kernel
     }
 }
 
