@@ -258,6 +258,7 @@ impl WgpuBackend {
             ],
         };
         let product = match kernel.map(|k| self.resolve(k, dims)) {
+            // (The naive kernel is never split.)
             None => Product {
                 whole: "matmul_naive",
                 split: "matmul_naive",
@@ -267,6 +268,7 @@ impl WgpuBackend {
             Some(MatmulKernel::Tile128) => wide(WIDE, 8),
             Some(MatmulKernel::Tile64x128) => wide(WIDE / 2, 8),
             Some(MatmulKernel::Tile128K16) => wide(WIDE, 16),
+            // Tile64 (`resolve` never answers Auto).
             Some(_) => Product {
                 whole: "matmul",
                 split: "matmul_split",
