@@ -33,6 +33,7 @@ pub use backend::WgpuBackend;
 #[doc(hidden)]
 pub use fault::Fault;
 pub use headless::quiet_display_probe_without_session;
+pub use ops::matmul::MatmulKernel;
 pub use provider::{WgpuProvider, adapter, backend_of, open_with_limits};
 
 /// Makes `wgpu:N` devices available to `Device::parse` and `lockstep devices`.
@@ -67,4 +68,40 @@ pub fn matmul_naive(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let dims = MatmulDims { batch: 1, m, n, k };
     let out = backend.matmul_naive(a.buffer(), &batched(a, m, k), b.buffer(), &batched(b, k, n), dims)?;
     Ok(Tensor::from_buffer(out, [m, n], a.device()))
+}
+
+/// `a @ b` on a wgpu device with `kernel`'s block product, whatever `LOCKSTEP_WGPU_MATMUL` says:
+/// matrices `[m, k] @ [k, n]` or batches `[batch, m, k] @ [batch, k, n]`, with any strides (a
+/// transposed or broadcast operand as it is). For tests and benchmarks that compare the kernels.
+pub fn matmul_with(a: &Tensor, b: &Tensor, kernel: MatmulKernel) -> Result<Tensor> {
+    const OP: &str = "matmul_with";
+    let backend = backend_of(a.device()).ok_or_else(|| Error::invalid(OP, "runs on wgpu devices only"))?;
+    let batched = |t: &Tensor| {
+        let mut l = t.layout().clone();
+        if l.strides.len() == 2 {
+            l.shape = lockstep_core::Shape::new([1, t.dims()[0], t.dims()[1]]);
+            l.strides.insert(0, 0);
+        }
+        l
+    };
+    let (ll, rl) = (batched(a), batched(b));
+    let (&[batch, m, k], &[batch2, k2, n]) = (ll.dims(), rl.dims()) else {
+        return Err(Error::invalid(OP, "takes two matrices or two batches of them"));
+    };
+    if k != k2 || batch != batch2 || a.dims().len() != b.dims().len() {
+        return Err(Error::shape(
+            OP,
+            a.shape(),
+            b.shape(),
+            "the product's dimensions differ",
+        ));
+    }
+    let dims = MatmulDims { batch, m, n, k };
+    let out = backend.gemm_by(kernel, a.buffer(), &ll, b.buffer(), &rl, dims)?;
+    let shape = if a.dims().len() == 2 {
+        vec![m, n]
+    } else {
+        vec![batch, m, n]
+    };
+    Ok(Tensor::from_buffer(out, shape, a.device()))
 }

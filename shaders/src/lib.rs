@@ -75,7 +75,14 @@ pub const SHADERS: &[Shader] = &[
         "matmul",
         &["T"],
         PACKED_FLOATS,
-        ["matmul", "matmul_split", "matmul_split_sum", "matmul_naive"]
+        [
+            "matmul",
+            "matmul_split",
+            "matmul_wide",
+            "matmul_wide_split",
+            "matmul_split_sum",
+            "matmul_naive"
+        ]
     ),
     shader!(
         "softmax",

@@ -10,7 +10,7 @@ mod elementwise;
 mod index;
 mod layer_norm;
 mod layout;
-mod matmul;
+pub(crate) mod matmul;
 mod matmul_coop;
 mod optim;
 mod reduce;
