@@ -256,6 +256,29 @@ pub enum Distribution {
     },
 }
 
+/// Mean cross-entropy over contiguous `[rows, classes]` logits, for `Backend::cross_entropy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrossEntropy {
+    /// Samples: one row of logits and one target each.
+    pub rows: usize,
+    /// Classes: the length of a row.
+    pub classes: usize,
+    /// Whether the forward pass also writes the gradient (false when nothing will need it:
+    /// evaluation, `no_grad`), saving a write the size of the logits.
+    pub grad: bool,
+}
+
+impl CrossEntropy {
+    /// The op's name, for errors and kernel entry points.
+    pub fn name(backward: bool) -> &'static str {
+        if backward {
+            "cross_entropy_backward"
+        } else {
+            "cross_entropy"
+        }
+    }
+}
+
 /// Attention's weights from its raw scores, for `Backend::causal_softmax`: `rows` rows of `t`
 /// scores, row `r` holding the query at position `r % t`, which sees the keys `0 ..= r % t`.
 #[derive(Clone, Copy, Debug, PartialEq)]
