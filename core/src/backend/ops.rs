@@ -277,6 +277,11 @@ impl CrossEntropy {
             "cross_entropy"
         }
     }
+
+    /// `1 / rows`, the mean's factor, as every backend's kernels take it (one rounding, here).
+    pub fn inv_rows(&self) -> f32 {
+        1.0 / self.rows as f32
+    }
 }
 
 /// Attention's weights from its raw scores, for `Backend::causal_softmax`: `rows` rows of `t`

@@ -34,7 +34,7 @@ pub fn forward<T: ViaF32>(
         return;
     }
     let rows_per_task = (TASK / classes).max(1);
-    let inv_rows = 1.0 / spec.rows as f32;
+    let inv_rows = spec.inv_rows();
     let tasks = losses.len().div_ceil(rows_per_task);
     let mut grads: Vec<Option<&mut [T]>> = match grad {
         Some(g) => g.chunks_mut(rows_per_task * classes).map(Some).collect(),
