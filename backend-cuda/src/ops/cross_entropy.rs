@@ -3,7 +3,7 @@
 
 use lockstep_core::backend::{BackendBuffer, BufferRef, CrossEntropy};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Error, Result};
+use lockstep_core::{DType, Result};
 
 use super::reduce::group_for;
 use crate::backend::{CudaBackend, float_suffix};
@@ -51,12 +51,7 @@ impl CudaBackend {
         let n = spec.rows * spec.classes;
         let d = self.operand(op, dlogits, Some(&Layout::contiguous([n])))?;
         let g = self.operand(op, grad, Some(&Layout::contiguous([1])))?;
-        if g.dtype() != DType::F32 {
-            return Err(Error::invalid(
-                op,
-                format!("expects an f32 gradient, got {}", g.dtype()),
-            ));
-        }
+        CrossEntropy::check_upstream(g.dtype(), g.len())?;
         let suffix = float_suffix(op, d.dtype())?;
         let out = self.output(d.dtype(), n)?;
         if n == 0 {

@@ -4,7 +4,7 @@
 
 use lockstep_core::backend::{BufferRef, CrossEntropy};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Error, Result};
+use lockstep_core::{DType, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
@@ -68,12 +68,7 @@ impl WgpuBackend {
         let n = spec.rows * spec.classes;
         let d = self.operand(op, dlogits, Some(&Layout::contiguous([n])))?;
         let g = self.operand(op, grad, Some(&Layout::contiguous([1])))?;
-        if g.dtype() != DType::F32 {
-            return Err(Error::invalid(
-                op,
-                format!("expects an f32 gradient, got {}", g.dtype()),
-            ));
-        }
+        CrossEntropy::check_upstream(g.dtype(), g.len())?;
         let ty = self.element_type(op, d.dtype())?;
         let out = self.alloc(d.dtype(), n)?;
         if n == 0 {

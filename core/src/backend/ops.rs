@@ -1,5 +1,6 @@
 //! The operation vocabularies shared by every backend.
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::{Layout, MergedDims, Shape};
 
@@ -276,6 +277,17 @@ impl CrossEntropy {
         } else {
             "cross_entropy"
         }
+    }
+
+    /// Checks the loss' gradient `cross_entropy_backward` reads: one f32 element.
+    pub fn check_upstream(dtype: DType, len: usize) -> Result<()> {
+        if dtype == DType::F32 && len == 1 {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            Self::name(true),
+            format!("expects one f32 gradient, got {len} of {dtype}"),
+        ))
     }
 
     /// `1 / rows`, the mean's factor, as every backend's kernels take it (one rounding, here).

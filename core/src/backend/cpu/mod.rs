@@ -735,15 +735,9 @@ impl Backend for CpuBackend {
     ) -> Option<Result<BufferRef>> {
         const OP: &str = "cross_entropy_backward";
         let checked = || {
-            let g = match &*cpu(OP, grad)?.read() {
-                HostVec::F32(g) if g.len() == 1 => g[0],
-                other => {
-                    return Err(Error::invalid(
-                        OP,
-                        format!("expects one f32 gradient, got {} of {}", other.len(), other.dtype()),
-                    ));
-                }
-            };
+            let g = cpu(OP, grad)?.read();
+            CrossEntropy::check_upstream(g.dtype(), g.len())?;
+            let g = g.to_f64_vec()[0] as f32;
             // The host holds the gradient already: a loss not scaled after it costs no pass.
             if g == 1.0 {
                 return Ok(Some(dlogits.clone()));
