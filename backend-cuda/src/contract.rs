@@ -2,7 +2,8 @@
 
 use lockstep_core::backend::{
     AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
-    DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -119,6 +120,22 @@ impl Backend for CudaBackend {
         spec: &CausalSoftmax,
     ) -> Option<Result<BufferRef>> {
         Some(self.causal_softmax_rows(scores, Some(grad), spec))
+    }
+    fn cross_entropy(
+        &self,
+        logits: &BufferRef,
+        targets: &BufferRef,
+        spec: &CrossEntropy,
+    ) -> Option<Result<(BufferRef, Option<BufferRef>)>> {
+        Some(self.cross_entropy_rows(logits, targets, spec))
+    }
+    fn cross_entropy_backward(
+        &self,
+        dlogits: &BufferRef,
+        grad: &BufferRef,
+        spec: &CrossEntropy,
+    ) -> Option<Result<BufferRef>> {
+        Some(self.cross_entropy_scaled(dlogits, grad, spec))
     }
     fn batch_norm(
         &self,

@@ -2,8 +2,8 @@
 
 use lockstep_core::backend::{
     AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
-    DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
-    WorkCounters,
+    CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep,
+    UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -137,6 +137,22 @@ impl Backend for WgpuBackend {
         self.in_f32("softmax_backward", [grad, out], |[grad, out]| {
             self.softmax_backward_rows(grad, out, rows, cols)
         })
+    }
+    fn cross_entropy(
+        &self,
+        logits: &BufferRef,
+        targets: &BufferRef,
+        spec: &CrossEntropy,
+    ) -> Option<Result<(BufferRef, Option<BufferRef>)>> {
+        Some(self.cross_entropy_rows(logits, targets, spec))
+    }
+    fn cross_entropy_backward(
+        &self,
+        dlogits: &BufferRef,
+        grad: &BufferRef,
+        spec: &CrossEntropy,
+    ) -> Option<Result<BufferRef>> {
+        Some(self.cross_entropy_scaled(dlogits, grad, spec))
     }
     fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {
         Some(self.in_f32("causal_softmax", [scores], |[scores]| {

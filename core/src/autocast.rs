@@ -99,10 +99,16 @@ pub(crate) fn lower(t: &Tensor) -> Result<Tensor> {
 
 /// `t` as the input of an op that runs in f32 under autocast: cast up from f16/bf16.
 pub(crate) fn full(t: &Tensor) -> Result<Tensor> {
-    if active().is_some() && matches!(t.dtype(), DType::F16 | DType::BF16) {
-        t.to_dtype(DType::F32)
+    t.to_dtype(full_dtype(t.dtype()))
+}
+
+/// The dtype `full` gives a tensor of `dtype`: for an op that reads 16-bit values itself and
+/// only needs to know what it would have run in.
+pub(crate) fn full_dtype(dtype: DType) -> DType {
+    if active().is_some() && matches!(dtype, DType::F16 | DType::BF16) {
+        DType::F32
     } else {
-        Ok(t.clone())
+        dtype
     }
 }
 

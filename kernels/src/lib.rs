@@ -37,6 +37,7 @@ pub const LAYOUT: KernelSource = kernel!("layout");
 pub const ELEMENTWISE: KernelSource = kernel!("elementwise");
 pub const REDUCE: KernelSource = kernel!("reduce");
 pub const SOFTMAX: KernelSource = kernel!("softmax");
+pub const CROSS_ENTROPY: KernelSource = kernel!("cross_entropy");
 pub const LAYER_NORM: KernelSource = kernel!("layer_norm");
 pub const BATCH_NORM: KernelSource = kernel!("batch_norm");
 pub const INDEX: KernelSource = kernel!("index");
@@ -44,13 +45,14 @@ pub const CONV: KernelSource = kernel!("conv");
 pub const OPTIM: KernelSource = kernel!("optim");
 
 /// Every kernel file; the compile test builds each for sm_80 and sm_90.
-pub const ALL: [KernelSource; 11] = [
+pub const ALL: [KernelSource; 12] = [
     FILL,
     RAND,
     LAYOUT,
     ELEMENTWISE,
     REDUCE,
     SOFTMAX,
+    CROSS_ENTROPY,
     LAYER_NORM,
     BATCH_NORM,
     INDEX,

@@ -56,6 +56,8 @@ fn every_entry_point_the_backend_launches_is_defined() {
         (INDEX, "add_at_bf16"),
         (SOFTMAX, "causal_softmax_bf16"),
         (SOFTMAX, "causal_softmax_backward_f16"),
+        (CROSS_ENTROPY, "cross_entropy_bf16"),
+        (CROSS_ENTROPY, "cross_entropy_backward_f16"),
         (RAND, "dropout_f32"),
         (BATCH_NORM, "batch_norm_moments_f32"),
         (BATCH_NORM, "batch_norm_input_grad_f32"),

@@ -57,6 +57,12 @@ pub const SHADERS: &[Shader] = &[
     shader!("unary", &["T"], PACKED_FLOATS, ["unary"]),
     shader!("binary", &["T"], PACKED_FLOATS, ["binary"]),
     shader!("bias_act", &["T"], PACKED_FLOATS, ["bias_act"]),
+    shader!(
+        "cross_entropy",
+        &["T"],
+        PACKED_FLOATS,
+        ["cross_entropy", "cross_entropy_seams", "cross_entropy_backward"]
+    ),
     shader!("compare", &["T"], &["f32", "f16", "u32"], ["compare", "compare_i64"]),
     shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
     shader!(

@@ -13,7 +13,7 @@ use crate::gpu::launch;
 use crate::views::to_u32;
 
 impl CudaBackend {
-    fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, len: usize) -> Result<&'a CudaBuffer> {
+    pub(crate) fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, len: usize) -> Result<&'a CudaBuffer> {
         let i = self.operand(op, ids, Some(&Layout::contiguous([len])))?;
         if i.dtype() != DType::U32 {
             return Err(Error::UnsupportedDType {

@@ -5,6 +5,7 @@
 mod batch_norm;
 mod conv;
 mod conv_dnn;
+mod cross_entropy;
 mod elementwise;
 mod index;
 mod layer_norm;

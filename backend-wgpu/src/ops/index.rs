@@ -23,7 +23,7 @@ struct Indexing<'a> {
 }
 
 impl WgpuBackend {
-    fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, at_least: usize) -> Result<&'a WgpuBuffer> {
+    pub(crate) fn ids<'a>(&self, op: &'static str, ids: &'a BufferRef, at_least: usize) -> Result<&'a WgpuBuffer> {
         let ids = self.operand(op, ids, None)?;
         if ids.dtype() != DType::U32 {
             return Err(Error::UnsupportedDType {

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use ops::{
-    AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalSoftmax, CmpOp, Conv2dGeometry, Distribution, DropoutDraw,
-    MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
+    AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalSoftmax, CmpOp, Conv2dGeometry, CrossEntropy, Distribution,
+    DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -255,6 +255,34 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _grad: &BufferRef,
         _scores: &BufferRef,
         _spec: &CausalSoftmax,
+    ) -> Option<Result<BufferRef>> {
+        None
+    }
+    /// Mean cross-entropy in one pass per row of contiguous `[rows, classes]` logits against
+    /// U32 `targets` `[rows]`: each row's loss `logsumexp(x) - x[target]` as F32 `[rows]` (the
+    /// caller takes their mean) and, with `spec.grad`, the gradient of that mean, `(softmax(x) -
+    /// onehot(target)) / rows`, in the logits' dtype; the maximum, the sum of exponentials and
+    /// the loss in f32 whatever the dtype. A row whose maximum is not finite (a NaN or +inf,
+    /// or all -inf) has a NaN loss and gradient, as `log_softmax_last` makes it. A target out
+    /// of range is an error on the CPU; GPUs, which cannot report it without a sync, give its
+    /// row loss 0 and gradient 0, as their composed `gather` does. `None` where the backend has
+    /// no such kernel for the dtype: the caller then composes log-softmax, gather and mean.
+    fn cross_entropy(
+        &self,
+        _logits: &BufferRef,
+        _targets: &BufferRef,
+        _spec: &CrossEntropy,
+    ) -> Option<Result<(BufferRef, Option<BufferRef>)>> {
+        None
+    }
+    /// The backward pass of `cross_entropy`: its saved gradient `dlogits` times the loss'
+    /// gradient `grad`, one F32 element read on the device (never on the host), in `dlogits`'
+    /// dtype, rounded once; `None` as for `cross_entropy`, which a backend implements with this.
+    fn cross_entropy_backward(
+        &self,
+        _dlogits: &BufferRef,
+        _grad: &BufferRef,
+        _spec: &CrossEntropy,
     ) -> Option<Result<BufferRef>> {
         None
     }

@@ -1,5 +1,6 @@
 //! The operation vocabularies shared by every backend.
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::{Layout, MergedDims, Shape};
 
@@ -254,6 +255,45 @@ pub enum Distribution {
         /// Standard deviation σ, not the variance; 0 gives `mean` everywhere.
         std: f64,
     },
+}
+
+/// Mean cross-entropy over contiguous `[rows, classes]` logits, for `Backend::cross_entropy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrossEntropy {
+    /// Samples: one row of logits and one target each.
+    pub rows: usize,
+    /// Classes: the length of a row.
+    pub classes: usize,
+    /// Whether the forward pass also writes the gradient (false when nothing will need it:
+    /// evaluation, `no_grad`), saving a write the size of the logits.
+    pub grad: bool,
+}
+
+impl CrossEntropy {
+    /// The op's name, for errors and kernel entry points.
+    pub fn name(backward: bool) -> &'static str {
+        if backward {
+            "cross_entropy_backward"
+        } else {
+            "cross_entropy"
+        }
+    }
+
+    /// Checks the loss' gradient `cross_entropy_backward` reads: one f32 element.
+    pub fn check_upstream(dtype: DType, len: usize) -> Result<()> {
+        if dtype == DType::F32 && len == 1 {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            Self::name(true),
+            format!("expects one f32 gradient, got {len} of {dtype}"),
+        ))
+    }
+
+    /// `1 / rows`, the mean's factor, as every backend's kernels take it (one rounding, here).
+    pub fn inv_rows(&self) -> f32 {
+        1.0 / self.rows as f32
+    }
 }
 
 /// Attention's weights from its raw scores, for `Backend::causal_softmax`: `rows` rows of `t`

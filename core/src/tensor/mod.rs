@@ -6,6 +6,7 @@ mod attention;
 mod batch_norm;
 mod bias_act;
 mod conv_product;
+mod cross_entropy;
 mod elementwise;
 mod layer_norm;
 mod linalg;

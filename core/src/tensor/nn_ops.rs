@@ -414,29 +414,6 @@ impl Tensor {
         }))
     }
 
-    /// Mean cross-entropy of `[n, classes]` logits against integer labels `[n]` (u32 or i64).
-    pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
-        if self.rank() != 2 || labels.rank() != 1 || labels.dims()[0] != self.dims()[0] {
-            return Err(Error::shape(
-                "cross_entropy",
-                self.shape(),
-                labels.shape(),
-                "expects logits [N, C] and labels [N]",
-            ));
-        }
-        if labels.dtype() != DType::U32 && labels.dtype() != DType::I64 {
-            return Err(Error::UnsupportedDType {
-                op: "cross_entropy",
-                dtype: labels.dtype(),
-                hint: "; labels are class indices (u32 or i64)",
-            });
-        }
-        let picked = self
-            .log_softmax(-1)?
-            .gather(1, &labels.reshape([labels.elem_count(), 1])?)?;
-        picked.mean_all()?.neg()
-    }
-
     /// Mean squared error.
     pub fn mse_loss(&self, target: &Tensor) -> Result<Tensor> {
         if let Some(wide) = crate::autocast::recast(&[self, target], crate::autocast::full)? {

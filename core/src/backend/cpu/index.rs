@@ -3,7 +3,8 @@
 use super::pool::Pool;
 use crate::error::{Error, Result};
 
-fn check(op: &'static str, ids: &[u32], dim: usize) -> Result<()> {
+/// An error naming the first index not below `dim`.
+pub(super) fn check(op: &'static str, ids: &[u32], dim: usize) -> Result<()> {
     match ids.iter().find(|&&i| i as usize >= dim) {
         // Negative i64 labels arrive as u32::MAX (see `Tensor::as_indices`).
         Some(&u32::MAX) => Err(Error::invalid(

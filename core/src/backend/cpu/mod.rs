@@ -18,6 +18,7 @@ mod conv_panels;
 #[cfg(target_arch = "x86_64")]
 mod conv_positions;
 mod conv_shifted;
+mod cross_entropy;
 mod dropout;
 mod elementwise;
 mod fast_math;
@@ -41,7 +42,8 @@ use self::float::ViaF32;
 use self::pool::Pool;
 use super::{
     AdamStep, Backend, BackendBuffer, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp,
-    Conv2dGeometry, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
+    SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -163,6 +165,27 @@ impl CpuBackend {
             data: RwLock::new(data),
             pool: self.pool.clone(),
         })
+    }
+
+    /// `Backend::cross_entropy` on logits of one dtype: the row losses and the gradient.
+    fn cross_entropy_rows<T: ViaF32>(
+        &self,
+        x: &[T],
+        targets: &[u32],
+        spec: &CrossEntropy,
+    ) -> (BufferRef, Option<BufferRef>) {
+        let mut losses = self.pool.take::<f32>(spec.rows);
+        let mut grad = spec.grad.then(|| self.pool.take::<T>(x.len()));
+        cross_entropy::forward(x, targets, &mut losses, grad.as_deref_mut(), spec);
+        let grad = grad.map(|g| self.wrap(T::into_host(g)));
+        (self.wrap(HostVec::F32(losses)), grad)
+    }
+
+    /// The saved gradient `d` of `cross_entropy` times the loss' gradient `g`.
+    fn cross_entropy_scaled<T: ViaF32>(&self, d: &[T], g: f32) -> Vec<T> {
+        let mut out = self.pool.take::<T>(d.len());
+        cross_entropy::backward(d, g, &mut out);
+        out
     }
 
     fn typed_full<T: Element>(&self, len: usize, value: f64) -> HostVec {
@@ -673,6 +696,62 @@ impl Backend for CpuBackend {
             })
         };
         checked().map(|out| out.map(|out| self.wrap(out))).transpose()
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &BufferRef,
+        targets: &BufferRef,
+        spec: &CrossEntropy,
+    ) -> Option<Result<(BufferRef, Option<BufferRef>)>> {
+        const OP: &str = "cross_entropy";
+        let checked = || {
+            let (x, t) = (cpu(OP, logits)?.read(), cpu(OP, targets)?.read());
+            check_len(OP, &x, spec.rows * spec.classes)?;
+            let t = u32_ids(OP, &t)?;
+            if t.len() != spec.rows {
+                return Err(Error::invalid(
+                    OP,
+                    format!("{} targets for {} rows", t.len(), spec.rows),
+                ));
+            }
+            index::check(OP, t, spec.classes)?;
+            Ok(match &*x {
+                HostVec::F32(x) => Some(self.cross_entropy_rows(x, t, spec)),
+                HostVec::BF16(x) => Some(self.cross_entropy_rows(x, t, spec)),
+                HostVec::F16(x) => Some(self.cross_entropy_rows(x, t, spec)),
+                // f64 (the conformance reference) keeps the composed ops.
+                _ => None,
+            })
+        };
+        checked().transpose()
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        dlogits: &BufferRef,
+        grad: &BufferRef,
+        spec: &CrossEntropy,
+    ) -> Option<Result<BufferRef>> {
+        const OP: &str = "cross_entropy_backward";
+        let checked = || {
+            let g = cpu(OP, grad)?.read();
+            CrossEntropy::check_upstream(g.dtype(), g.len())?;
+            let g = g.to_f64_vec()[0] as f32;
+            // The host holds the gradient already: a loss not scaled after it costs no pass.
+            if g == 1.0 {
+                return Ok(Some(dlogits.clone()));
+            }
+            let d = cpu(OP, dlogits)?.read();
+            check_len(OP, &d, spec.rows * spec.classes)?;
+            Ok(match &*d {
+                HostVec::F32(d) => Some(self.wrap(HostVec::F32(self.cross_entropy_scaled(d, g)))),
+                HostVec::BF16(d) => Some(self.wrap(HostVec::BF16(self.cross_entropy_scaled(d, g)))),
+                HostVec::F16(d) => Some(self.wrap(HostVec::F16(self.cross_entropy_scaled(d, g)))),
+                _ => None,
+            })
+        };
+        checked().transpose()
     }
 
     fn softmax_last_backward(&self, grad: &BufferRef, out: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {

@@ -1,6 +1,7 @@
 //! Every conformance case, grouped like the `Backend` trait.
 
 mod buffers;
+mod cross_entropy;
 mod elementwise;
 mod linalg;
 mod nn;
@@ -19,6 +20,7 @@ pub fn all() -> Vec<Case> {
     all.extend(shape::cases());
     all.extend(linalg::cases());
     all.extend(nn::cases());
+    all.extend(cross_entropy::cases());
     all.extend(optim::cases());
     all.extend(special::cases());
     all.extend(transformer::cases());
