@@ -16,14 +16,19 @@ use std::sync::OnceLock;
 
 use lockstep_core::DType;
 
-/// A usable cooperative-matrix shape on one adapter.
+/// A usable cooperative-matrix shape on one adapter, and how many subgroups share a workgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cooperative {
     /// The matrices' edge: 16 (NVIDIA) or 8 (Apple, lavapipe).
     pub edge: u32,
     /// The adapter's one subgroup size.
     pub subgroup: u32,
+    /// A workgroup holds `grid` x `grid` subgroups (`E_GRID`).
+    pub grid: u32,
 }
+
+/// The workgroup grids the self-test tries, in order: the first that computes right is used.
+pub const GRIDS: [u32; 2] = [2, 1];
 
 impl Cooperative {
     /// The shape the tier would use on `adapter`, if it lists one.
@@ -50,18 +55,32 @@ impl Cooperative {
             .map(|edge| Cooperative {
                 edge,
                 subgroup: info.subgroup_min_size,
+                grid: GRIDS[0],
             })
     }
 
     /// The output rows and columns of one workgroup (`BLOCK` in matmul_coop.wgsl).
     pub fn block(&self) -> usize {
-        4 * self.edge as usize
+        (2 * self.grid * self.edge) as usize
     }
 
-    /// `16x16x16 f16->f32, subgroups of 32`.
+    /// The grid as the shader variant's second type, which selects the composed module.
+    pub fn grid_name(&self) -> &'static str {
+        match self.grid {
+            1 => "grid1",
+            _ => "grid2",
+        }
+    }
+
+    /// The grid a variant's second type names (`grid_name`).
+    pub fn grid_of(name: &str) -> u32 {
+        if name == "grid1" { 1 } else { 2 }
+    }
+
+    /// `16x16x16 f16->f32, 2x2 subgroups of 32`.
     pub fn describe(&self) -> String {
-        let e = self.edge;
-        format!("{e}x{e}x{e} f16->f32, subgroups of {}", self.subgroup)
+        let (e, g) = (self.edge, self.grid);
+        format!("{e}x{e}x{e} f16->f32, {g}x{g} subgroups of {}", self.subgroup)
     }
 }
 
@@ -106,15 +125,21 @@ impl Policy {
     }
 }
 
-/// The self-test's operands: multiples of 1/8 up to 2 in magnitude, exact in f16, whose products
-/// and every partial sum over `k` are exact in f32, so any order of summation gives the same bits.
-/// Its shape has partial blocks on every edge and two batches.
-pub fn self_test_operands(edge: usize) -> (usize, usize, usize, Vec<f32>, Vec<f32>) {
-    let (m, n, k) = (5 * edge + 3, 4 * edge + 6, 6 * edge + 5);
+/// The self-test's product: `[batch, m, k] @ [batch, k, n]` with partial blocks on every edge
+/// and two batches; where it fails, the one-matrix product tells a broken matrix operation from
+/// a broken tiling in the failure's message.
+pub fn self_test_shapes(edge: usize) -> [(usize, usize, usize, usize); 2] {
+    [(2, 5 * edge + 3, 4 * edge + 6, 6 * edge + 5), (1, edge, edge, edge)]
+}
+
+/// Operands of `self_test_shapes`: multiples of 1/8 up to 2 in magnitude, exact in f16, whose
+/// products and every partial sum over k are exact in f32, so any order of summation gives the
+/// same bits.
+pub fn self_test_operands((batch, m, n, k): (usize, usize, usize, usize)) -> (Vec<f32>, Vec<f32>) {
     let value = |i: usize| ((i * 7 + i / 5) % 33) as f32 / 8.0 - 2.0;
-    let lhs = (0..2 * m * k).map(value).collect();
-    let rhs = (0..2 * k * n).map(|i| value(i + 11)).collect();
-    (m, n, k, lhs, rhs)
+    let lhs = (0..batch * m * k).map(value).collect();
+    let rhs = (0..batch * k * n).map(|i| value(i + 11)).collect();
+    (lhs, rhs)
 }
 
 #[cfg(test)]
@@ -126,14 +151,18 @@ mod tests {
         // Every product is a multiple of 1/64 below 4 in magnitude; a sum of k of them stays a
         // multiple of 1/64 below 2^24 / 64, so f32 holds every partial sum exactly.
         for edge in [8, 16] {
-            let (m, n, k, lhs, rhs) = self_test_operands(edge);
-            assert_eq!((lhs.len(), rhs.len()), (2 * m * k, 2 * k * n));
-            assert!(
-                lhs.iter()
-                    .chain(&rhs)
-                    .all(|v| (v * 8.0).fract() == 0.0 && v.abs() <= 2.0)
-            );
-            assert!((k as f64) * 4.0 < (1u64 << 24) as f64 / 64.0);
+            let [full, one] = self_test_shapes(edge);
+            for (batch, m, n, k) in [full, one] {
+                let (lhs, rhs) = self_test_operands((batch, m, n, k));
+                assert_eq!((lhs.len(), rhs.len()), (batch * m * k, batch * k * n));
+                assert!(
+                    lhs.iter()
+                        .chain(&rhs)
+                        .all(|v| (v * 8.0).fract() == 0.0 && v.abs() <= 2.0)
+                );
+                assert!((k as f64) * 4.0 < (1u64 << 24) as f64 / 64.0);
+            }
+            let (_, m, n, k) = full;
             assert!(m % edge != 0 && n % edge != 0 && k % edge != 0);
         }
     }

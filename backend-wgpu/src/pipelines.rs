@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use lockstep_core::Result;
 
 use crate::bind_layout::{self, StorageBindings};
+use crate::cooperative::Cooperative;
 use crate::gpu::Gpu;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -151,7 +152,11 @@ impl Pipelines {
             return Ok(m.clone());
         }
         let source = match (variant.shader, gpu.cooperative) {
-            ("matmul_coop", Some(tier)) => lockstep_shaders::compose_cooperative(tier.edge, &variant.types),
+            ("matmul_coop", Some(shape)) => {
+                // The variant's types: the element type, then the subgroup grid's name.
+                let grid = Cooperative::grid_of(variant.types.get(1).copied().unwrap_or_default());
+                lockstep_shaders::compose_cooperative(shape.edge, grid, &variant.types[..1])
+            }
             ("matmul_coop", None) => return Err(gpu.error("this device was opened without cooperative matrices")),
             (name, _) => {
                 let shader =

@@ -150,12 +150,13 @@ pub fn compose(shader: &Shader, types: &[&str]) -> String {
     compose_after(header.into(), shader, types)
 }
 
-/// `matmul_coop` on square cooperative matrices of `edge` (8 or 16): `E_EDGE` and the matrix
-/// aliases `E_A`, `E_B` (f16 operands) and `E_C` (f32 sums), then elements of `types`.
-pub fn compose_cooperative(edge: u32, types: &[&str]) -> String {
+/// `matmul_coop` on square cooperative matrices of `edge` (8 or 16) with `grid` x `grid`
+/// subgroups a workgroup: `E_EDGE`, `E_GRID` and the matrix aliases `E_A`, `E_B` (f16 operands)
+/// and `E_C` (f32 sums), then elements of `types`.
+pub fn compose_cooperative(edge: u32, grid: u32, types: &[&str]) -> String {
     let matrix = |role: &str, scalar: &str| format!("alias E_{role} = coop_mat{edge}x{edge}<{scalar}, {role}>;\n");
     let header = format!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\nconst E_EDGE: u32 = {edge}u;\n{}{}{}",
+        "enable f16;\nenable wgpu_cooperative_matrix;\nconst E_EDGE: u32 = {edge}u;\nconst E_GRID: u32 = {grid}u;\n{}{}{}",
         matrix("A", "f16"),
         matrix("B", "f16"),
         matrix("C", "f32")

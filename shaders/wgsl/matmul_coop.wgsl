@@ -2,12 +2,12 @@
 // NVIDIA, simdgroup matrices on Apple): operands rounded to f16, sums in f32. The same params
 // and strides as matmul.wgsl (any layout, broadcast batches, output contiguous), unsplit k.
 //
-// The host composes it with the matrix edge `E_EDGE` (16 on NVIDIA, 8 on lavapipe and Apple) and
-// the `E_A`/`E_B`/`E_C` matrix aliases, and sets `SUBGROUP` to the adapter's one subgroup size.
-// A workgroup of four subgroups computes a BLOCK x BLOCK output block (BLOCK = 4 E_EDGE); each
-// subgroup owns a quarter of it, 2x2 matrices of E_EDGE. Invocations `SUBGROUP * w ..` form
-// subgroup w: drivers fill subgroups in invocation order, and the backend's self-test at device
-// open turns this tier off where one does not.
+// The host composes it with the matrix edge `E_EDGE` (16 on NVIDIA, 8 on lavapipe and Apple), the
+// `E_A`/`E_B`/`E_C` matrix aliases and `E_GRID`, and sets `SUBGROUP` to the adapter's one subgroup
+// size. A workgroup of E_GRID x E_GRID subgroups computes a BLOCK x BLOCK output block (BLOCK =
+// 2 E_GRID E_EDGE); each subgroup owns 2x2 matrices of E_EDGE of it. Invocations `SUBGROUP * w ..`
+// form subgroup w: drivers fill subgroups in invocation order, and the backend's self-test at
+// device open tries each grid and turns this tier off where none computes right.
 //
 // Every index read is clamped into its operand and every write guarded by the output's shape, so
 // the module runs without wgpu's runtime checks, like matmul.wgsl.
@@ -19,7 +19,7 @@
 
 override SUBGROUP: u32 = 32u;
 
-const BLOCK: u32 = 4u * E_EDGE;
+const BLOCK: u32 = 2u * E_GRID * E_EDGE;
 // k staged per round: two matrix steps between barriers.
 const DEPTH: u32 = 2u * E_EDGE;
 
@@ -49,12 +49,12 @@ struct Invocation {
     @builtin(local_invocation_index) flat: u32,
 }
 
-@compute @workgroup_size(4u * SUBGROUP)
+@compute @workgroup_size(E_GRID * E_GRID * SUBGROUP)
 fn matmul_coop(at: Invocation) {
     let m = params[0];
     let n = params[1];
     let k = params[2];
-    let threads = 4u * SUBGROUP;
+    let threads = E_GRID * E_GRID * SUBGROUP;
     // Output blocks along n, then m, then the batch, on a grid that spills from x into y.
     let blocks_n = (n + BLOCK - 1u) / BLOCK;
     let blocks_m = (m + BLOCK - 1u) / BLOCK;
@@ -71,8 +71,8 @@ fn matmul_coop(at: Invocation) {
     let row0 = block % (blocks_n * blocks_m) / blocks_n * BLOCK;
     let col0 = block % blocks_n * BLOCK;
     let warp = at.flat / SUBGROUP;
-    let wm = warp / 2u * 2u * E_EDGE;
-    let wn = warp % 2u * 2u * E_EDGE;
+    let wm = warp / E_GRID * 2u * E_EDGE;
+    let wn = warp % E_GRID * 2u * E_EDGE;
 
     for (var i = at.flat; i < BLOCK * BLOCK; i += threads) {
         out_tile[i] = 0.0;

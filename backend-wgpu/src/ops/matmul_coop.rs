@@ -6,7 +6,7 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
-use crate::cooperative::{Cooperative, Policy, self_test_operands};
+use crate::cooperative::{Cooperative, GRIDS, Policy, self_test_operands, self_test_shapes};
 use crate::pipelines::Variant;
 
 const OP: &str = "matmul";
@@ -64,7 +64,8 @@ impl WgpuBackend {
         params.push(to_u32(OP, batch)?);
         let block = tier.block();
         let blocks = batch * m.div_ceil(block) * n.div_ceil(block);
-        let variant = Variant::new("matmul_coop", "matmul_coop", &[t]).constant("SUBGROUP", tier.subgroup as f64);
+        let variant = Variant::new("matmul_coop", "matmul_coop", &[t, tier.grid_name()])
+            .constant("SUBGROUP", tier.subgroup as f64);
         self.launch(
             &variant,
             &params,
@@ -75,43 +76,99 @@ impl WgpuBackend {
     }
 
     /// Decides once, when the device opens, whether products may use the cooperative tier: where
-    /// the adapter offers it and the policy is not off, one product on the tier must equal the
-    /// SIMT kernel's bit for bit, else the tier steps aside with one line on stderr.
+    /// the adapter offers it and the policy is not off, the first subgroup grid whose product on
+    /// the tier equals the SIMT kernel's bit for bit; else the tier steps aside, saying on stderr
+    /// how each grid went.
     pub(crate) fn settle_products(&self) {
-        let tier = self.gpu.cooperative.filter(|_| Policy::from_env() != Policy::Off);
-        let passed = tier.filter(|&tier| match self.cooperative_self_test(tier) {
-            Ok(true) => true,
-            Ok(false) => {
-                eprintln!(
-                    "lockstep: {}: cooperative-matrix products ({}) disagree with the SIMT kernel on the \
-                     self-test; products stay on the SIMT kernel",
-                    self.gpu.location,
-                    tier.describe()
-                );
-                false
+        let Some(shape) = self.gpu.cooperative.filter(|_| Policy::from_env() != Policy::Off) else {
+            return self.set_cooperative_tier(None);
+        };
+        let mut failures = Vec::new();
+        for grid in GRIDS {
+            let tier = Cooperative { grid, ..shape };
+            match self.cooperative_self_test(tier) {
+                Ok(None) => return self.set_cooperative_tier(Some(tier)),
+                Ok(Some(mismatch)) => failures.push(format!("{}: {mismatch}", tier.describe())),
+                Err(e) => failures.push(format!("{}: failed to run ({e})", tier.describe())),
             }
-            Err(e) => {
-                eprintln!(
-                    "lockstep: {}: cooperative-matrix products ({}) failed to run ({e}); products stay \
-                     on the SIMT kernel",
-                    self.gpu.location,
-                    tier.describe()
-                );
-                false
-            }
-        });
-        self.set_cooperative_tier(passed);
+        }
+        eprintln!(
+            "lockstep: {}: cooperative-matrix products disagree with the SIMT kernel on the self-test, \
+             so products stay on the SIMT kernel; {}",
+            self.gpu.location,
+            failures.join("; ")
+        );
+        self.set_cooperative_tier(None);
     }
 
-    fn cooperative_self_test(&self, tier: Cooperative) -> Result<bool> {
-        let (m, n, k, lhs, rhs) = self_test_operands(tier.edge as usize);
+    /// None where the tier's product equals the SIMT kernel's bit for bit, else what differs (and
+    /// whether a single matrix's product is right).
+    fn cooperative_self_test(&self, tier: Cooperative) -> Result<Option<String>> {
+        let [full, one] = self_test_shapes(tier.edge as usize);
+        let Some(mismatch) = self.cooperative_product_check(tier, full)? else {
+            return Ok(None);
+        };
+        let single = match self.cooperative_product_check(tier, one)? {
+            None => "right".into(),
+            Some(m) => m,
+        };
+        let e = tier.edge;
+        Ok(Some(format!("{mismatch} (one {e}x{e}x{e} product alone: {single})")))
+    }
+
+    fn cooperative_product_check(
+        &self,
+        tier: Cooperative,
+        shape: (usize, usize, usize, usize),
+    ) -> Result<Option<String>> {
+        let (batch, m, n, k) = shape;
+        let (lhs, rhs) = self_test_operands(shape);
         let half = |v: Vec<f32>| HostVec::F16(v.into_iter().map(half::f16::from_f32).collect());
         let (lhs, rhs) = (self.upload(&half(lhs))?, self.upload(&half(rhs))?);
-        let (ll, rl) = (Layout::contiguous([2, m, k]), Layout::contiguous([2, k, n]));
-        let dims = MatmulDims { batch: 2, m, n, k };
+        let (ll, rl) = (Layout::contiguous([batch, m, k]), Layout::contiguous([batch, k, n]));
+        let dims = MatmulDims { batch, m, n, k };
         let on_tier = self.gemm_on_tier(tier, &lhs, &ll, &rhs, &rl, dims)?;
         let simt = self.gemm(&lhs, &ll, &rhs, &rl, dims)?;
-        let out = Layout::contiguous([2, m, n]);
-        Ok(self.download(&on_tier, &out)? == self.download(&simt, &out)?)
+        let out = Layout::contiguous([batch, m, n]);
+        let as_f32 = |v: HostVec| match v {
+            HostVec::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            _ => Vec::new(),
+        };
+        let (got, want): (Vec<f32>, Vec<f32>) = (
+            as_f32(self.download(&on_tier, &out)?),
+            as_f32(self.download(&simt, &out)?),
+        );
+        Ok(describe_mismatch(&got, &want, m, n))
+    }
+}
+
+/// What differs between the tier's product `got` and the reference `want` (`[batch, m, n]`): how
+/// many elements, the first, and how many came out zero (an unsupported shape gives zeros).
+fn describe_mismatch(got: &[f32], want: &[f32], m: usize, n: usize) -> Option<String> {
+    let differ: Vec<usize> = (0..want.len()).filter(|&i| got.get(i) != Some(&want[i])).collect();
+    let &first = differ.first()?;
+    let zeros = got.iter().filter(|&&v| v == 0.0).count();
+    let (b, i, j) = (first / (m * n), first / n % m, first % n);
+    Some(format!(
+        "{} of {} differ, the first at [{b}, {i}, {j}]: {} for {}; {zeros} zeros",
+        differ.len(),
+        want.len(),
+        got.get(first).copied().unwrap_or(f32::NAN),
+        want[first]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_mismatch_names_its_first_element() {
+        let want = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        assert_eq!(super::describe_mismatch(&want, &want, 2, 2), None);
+        let mut got = want;
+        got[6] = 0.0;
+        assert_eq!(
+            super::describe_mismatch(&got, &want, 2, 2).as_deref(),
+            Some("1 of 8 differ, the first at [1, 1, 0]: 0 for 7; 1 zeros")
+        );
     }
 }
