@@ -144,6 +144,22 @@ impl Product {
     }
 }
 
+/// The params every product shader starts with: [m, n, k, lhs offset, lhs batch/m/k strides,
+/// rhs offset, rhs batch/k/n strides, batch].
+pub(crate) fn product_params(ll: &Layout, rl: &Layout, dims: MatmulDims) -> Result<Vec<u32>> {
+    const OP: &str = "matmul";
+    let MatmulDims { batch, m, n, k } = dims;
+    let mut params = vec![to_u32(OP, m)?, to_u32(OP, n)?, to_u32(OP, k)?];
+    for layout in [ll, rl] {
+        params.push(to_u32(OP, layout.offset)?);
+        for &s in &layout.strides {
+            params.push(to_u32(OP, s)?);
+        }
+    }
+    params.push(to_u32(OP, batch)?);
+    Ok(params)
+}
+
 /// Whether an operand's staging reads along k: where k is its contiguous axis and the block's
 /// edge (m or n) is not (a degenerate axis may have any stride).
 fn along_k(k_stride: usize, edge_stride: usize) -> bool {
@@ -233,14 +249,7 @@ impl WgpuBackend {
         if batch * m * n == 0 {
             return Ok(out);
         }
-        let mut params = vec![to_u32(OP, m)?, to_u32(OP, n)?, to_u32(OP, k)?];
-        for layout in [ll, rl] {
-            params.push(to_u32(OP, layout.offset)?);
-            for &s in &layout.strides {
-                params.push(to_u32(OP, s)?);
-            }
-        }
-        params.push(to_u32(OP, batch)?);
+        let mut params = product_params(ll, rl, dims)?;
         let split = kernel.and_then(|_| split_k_chunk(dims));
         params.push(to_u32(OP, split.unwrap_or(k))?);
         let wide = |rows: usize, wide_k: usize| Product {

@@ -5,8 +5,9 @@ use lockstep_core::backend::{BufferRef, MatmulDims};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
 
-use crate::backend::{WgpuBackend, to_u32};
+use crate::backend::WgpuBackend;
 use crate::cooperative::{Cooperative, GRIDS, Policy, self_test_operands, self_test_shapes};
+use crate::ops::matmul::product_params;
 use crate::pipelines::Variant;
 
 const OP: &str = "matmul";
@@ -46,7 +47,7 @@ impl WgpuBackend {
         rl: &Layout,
         dims: MatmulDims,
     ) -> Result<BufferRef> {
-        let MatmulDims { batch, m, n, k } = dims;
+        let MatmulDims { batch, m, n, .. } = dims;
         let a = self.operand(OP, lhs, Some(ll))?;
         let b = self.operand(OP, rhs, Some(rl))?;
         let t = self.element_type(OP, a.dtype())?;
@@ -54,14 +55,7 @@ impl WgpuBackend {
         if batch * m * n == 0 {
             return Ok(out);
         }
-        let mut params = vec![to_u32(OP, m)?, to_u32(OP, n)?, to_u32(OP, k)?];
-        for layout in [ll, rl] {
-            params.push(to_u32(OP, layout.offset)?);
-            for &s in &layout.strides {
-                params.push(to_u32(OP, s)?);
-            }
-        }
-        params.push(to_u32(OP, batch)?);
+        let params = product_params(ll, rl, dims)?;
         let block = tier.block();
         let blocks = batch * m.div_ceil(block) * n.div_ceil(block);
         let variant = Variant::new("matmul_coop", "matmul_coop", &[t, tier.grid_name()])

@@ -1,0 +1,12 @@
+# GPT-2 on cuda:0: the conformance suite (the fused loss and attention among its cases), then a
+# GPT-2 124M bf16-mixed step beside PyTorch eager and torch.compile, our step again on the
+# composed attention, and where the step's GPU time goes; wgpu's product tier with its self-test
+# report. Sourced by sweep.sh.
+step devices 60 "$bin" devices --details
+step check-cuda 150 "$bin" check --device cuda:0 --failures-only
+[ -n "$wgpu" ] && step check-wgpu 60 "$bin" check --device "$wgpu" --failures-only
+step gpt2-peer 200 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --peer pytorch --json "$out/gpt2-peer.json"
+step gpt2-composed-attention 60 env LOCKSTEP_CUDA_ATTENTION=composed "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --json "$out/gpt2-composed.json"
+if command -v ncu >/dev/null; then
+    step gpt2-profile 90 ncu --metrics gpu__time_duration.sum --launch-skip 4000 --launch-count 2000 --csv --log-file "$out/gpt2-profile.csv" "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed
+fi
