@@ -42,9 +42,10 @@ pub const BATCH_NORM: KernelSource = kernel!("batch_norm");
 pub const INDEX: KernelSource = kernel!("index");
 pub const CONV: KernelSource = kernel!("conv");
 pub const OPTIM: KernelSource = kernel!("optim");
+pub const ATTENTION: KernelSource = kernel!("attention");
 
 /// Every kernel file; the compile test builds each for sm_80 and sm_90.
-pub const ALL: [KernelSource; 11] = [
+pub const ALL: [KernelSource; 12] = [
     FILL,
     RAND,
     LAYOUT,
@@ -56,6 +57,7 @@ pub const ALL: [KernelSource; 11] = [
     INDEX,
     CONV,
     OPTIM,
+    ATTENTION,
 ];
 
 impl KernelSource {
@@ -65,5 +67,7 @@ impl KernelSource {
     }
 }
 
+#[cfg(test)]
+mod attention_layout;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,307 @@
+//! A model of attention.cu's tensor-core index maps, run on the host: ldmatrix and
+//! mma.sync.m16n8k16 as the PTX ISA defines which lane holds which element, driven by the same
+//! formulas as the kernels (`x4_offset`, `acc_row`, `acc_col`, copied from attention.cu, whose text
+//! the first test checks), and compared with plain matrix products and plain causal attention.
+//! The PTX cannot run without a GPU; its index logic can.
+
+const SOURCE: &str = include_str!("../cuda/attention.cu");
+
+/// A warp's registers: 32 lanes of `n` registers of two 16-bit elements (low half first).
+type Regs = Vec<Vec<[f64; 2]>>;
+/// A warp's f32 accumulator tile, 16 x 8·n: per lane, n-block × 4 registers.
+type Acc = Vec<Vec<[f64; 4]>>;
+
+// ---- the kernels' formulas (kept textually equal to attention.cu) ----
+
+fn x4_offset(lane: usize, row0: usize, col0: usize, pitch: usize, rows_first: bool) -> usize {
+    let row = if rows_first {
+        (lane & 7) + ((lane >> 3) & 1) * 8
+    } else {
+        (lane & 7) + (lane >> 4) * 8
+    };
+    let col = if rows_first {
+        (lane >> 4) * 8
+    } else {
+        ((lane >> 3) & 1) * 8
+    };
+    (row0 + row) * pitch + col0 + col
+}
+fn acc_row(lane: usize, e: usize) -> usize {
+    (lane >> 2) + (e >> 1) * 8
+}
+fn acc_col(lane: usize, nb: usize, e: usize) -> usize {
+    nb * 8 + (lane & 3) * 2 + (e & 1)
+}
+
+// ---- the hardware, as the PTX ISA specifies it ----
+
+/// ldmatrix.sync.aligned.m8n8.x4(.trans): lanes 8j..8j+7 give the addresses of matrix j's rows;
+/// register j of lane l holds matrix j's (row l/4, cols 2(l%4), +1), or with .trans
+/// (rows 2(l%4), +1; col l/4).
+fn ldmatrix_x4(tile: &[f64], address: impl Fn(usize) -> usize, trans: bool) -> Regs {
+    (0..32)
+        .map(|lane| {
+            (0..4)
+                .map(|j| {
+                    let (r, c) = (lane / 4, 2 * (lane % 4));
+                    let at = |row: usize, col: usize| tile[address(8 * j + row) + col];
+                    if trans {
+                        [at(c, r), at(c + 1, r)]
+                    } else {
+                        [at(r, c), at(r, c + 1)]
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// mma.m16n8k16.row.col: c (16x8) += a (16x16) · b (16x8) with groupID g = lane/4 and t = lane%4:
+/// a's registers hold (g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..); b's (k 2t.., n g),
+/// (k 2t+8.., n g); c's (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+fn mma(c: &mut [[f64; 4]], a: &[[[f64; 2]; 4]], b: &[[[f64; 2]; 2]]) {
+    let mut am = [[0.0; 16]; 16];
+    let mut bm = [[0.0; 8]; 16];
+    for lane in 0..32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for (reg, (row, col)) in [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]
+            .into_iter()
+            .enumerate()
+        {
+            am[row][col] = a[lane][reg][0];
+            am[row][col + 1] = a[lane][reg][1];
+        }
+        for (reg, k) in [2 * t, 2 * t + 8].into_iter().enumerate() {
+            bm[k][g] = b[lane][reg][0];
+            bm[k + 1][g] = b[lane][reg][1];
+        }
+    }
+    for (lane, c) in c.iter_mut().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        for (e, (row, col)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+            .into_iter()
+            .enumerate()
+        {
+            c[e] += (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f64>();
+        }
+    }
+}
+
+fn quads(r: &Regs, lane: usize) -> [[f64; 2]; 4] {
+    [r[lane][0], r[lane][1], r[lane][2], r[lane][3]]
+}
+
+// ---- the kernels' warp products, step for step ----
+
+/// warp_product_abt: acc (16 x n) += A·Bᵀ, A the 16 x d rows at `a`, B the n x d rows at `b`.
+fn warp_product_abt(acc: &mut Acc, a: &[f64], b: &[f64], d: usize, n: usize) {
+    let p = d + 8;
+    for kk in 0..d / 16 {
+        let af = ldmatrix_x4(a, |lane| x4_offset(lane, 0, kk * 16, p, true), false);
+        let af: Vec<_> = (0..32).map(|l| quads(&af, l)).collect();
+        for j in 0..n / 16 {
+            let bf = ldmatrix_x4(b, |lane| x4_offset(lane, j * 16, kk * 16, p, false), false);
+            for (nb, regs) in [(2 * j, [0, 1]), (2 * j + 1, [2, 3])] {
+                let bl: Vec<_> = (0..32).map(|l| [bf[l][regs[0]], bf[l][regs[1]]]).collect();
+                let mut c: Vec<[f64; 4]> = acc.iter().map(|lane| lane[nb]).collect();
+                mma(&mut c, &af, &bl);
+                acc.iter_mut().zip(c).for_each(|(lane, c)| lane[nb] = c);
+            }
+        }
+    }
+}
+
+/// warp_product_pb: acc (16 x d) += P·B, P the accumulator tile `pt` (16 x n), B the n x d rows at `b`.
+fn warp_product_pb(acc: &mut Acc, pt: &Acc, b: &[f64], d: usize, n: usize) {
+    let p = d + 8;
+    for kk in 0..n / 16 {
+        let af: Vec<[[f64; 2]; 4]> = pt
+            .iter()
+            .map(|s| {
+                let (x, y) = (s[2 * kk], s[2 * kk + 1]);
+                [[x[0], x[1]], [x[2], x[3]], [y[0], y[1]], [y[2], y[3]]]
+            })
+            .collect();
+        for j in 0..d / 16 {
+            let bf = ldmatrix_x4(b, |lane| x4_offset(lane, kk * 16, j * 16, p, true), true);
+            for (nb, regs) in [(2 * j, [0, 1]), (2 * j + 1, [2, 3])] {
+                let bl: Vec<_> = (0..32).map(|l| [bf[l][regs[0]], bf[l][regs[1]]]).collect();
+                let mut c: Vec<[f64; 4]> = acc.iter().map(|lane| lane[nb]).collect();
+                mma(&mut c, &af, &bl);
+                acc.iter_mut().zip(c).for_each(|(lane, c)| lane[nb] = c);
+            }
+        }
+    }
+}
+
+fn zero_acc(n: usize) -> Acc {
+    vec![vec![[0.0; 4]; n / 8]; 32]
+}
+
+/// The accumulator tile as a 16 x n matrix, through acc_row / acc_col.
+fn unpack(acc: &Acc) -> Vec<Vec<f64>> {
+    let n = acc[0].len() * 8;
+    let mut m = vec![vec![f64::NAN; n]; 16];
+    for (lane, regs) in acc.iter().enumerate() {
+        for (nb, r) in regs.iter().enumerate() {
+            for (e, v) in r.iter().enumerate() {
+                m[acc_row(lane, e)][acc_col(lane, nb, e)] = *v;
+            }
+        }
+    }
+    m
+}
+
+/// A tile of `rows` x d values (pitch d + 8, the padding NaN so a stray read shows).
+fn tile(rows: usize, d: usize, f: impl Fn(usize, usize) -> f64) -> Vec<f64> {
+    let mut t = vec![f64::NAN; rows * (d + 8)];
+    for r in 0..rows {
+        for c in 0..d {
+            t[r * (d + 8) + c] = f(r, c);
+        }
+    }
+    t
+}
+
+fn value(seed: usize, r: usize, c: usize) -> f64 {
+    // Distinct small values, so a swapped index changes the product.
+    (((seed * 7919 + r * 131 + c * 31) % 97) as f64 - 48.0) / 16.0
+}
+
+#[test]
+fn the_model_uses_the_kernels_formulas() {
+    for formula in [
+        "u32 row = rows_first ? (lane & 7) + ((lane >> 3) & 1) * 8 : (lane & 7) + (lane >> 4) * 8;",
+        "u32 col = rows_first ? (lane >> 4) * 8 : ((lane >> 3) & 1) * 8;",
+        "return (row0 + row) * pitch + col0 + col;",
+        "acc_row(u32 lane, int e) { return (lane >> 2) + (e >> 1) * 8; }",
+        "acc_col(u32 lane, int nb, int e) { return nb * 8 + (lane & 3) * 2 + (e & 1); }",
+        "ldmatrix_x4(af, a + x4_offset(lane, 0, kk * 16, P, true));",
+        "ldmatrix_x4(bf, b + x4_offset(lane, j * 16, kk * 16, P, false));",
+        "ldmatrix_x4_trans(bf, b + x4_offset(lane, kk * 16, j * 16, P, true));",
+        "u32 af[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),",
+        "pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};",
+    ] {
+        assert!(
+            SOURCE.contains(formula),
+            "attention.cu no longer holds `{formula}`: update this model"
+        );
+    }
+}
+
+#[test]
+fn both_warp_products_match_a_plain_product() {
+    for (d, n) in [(32, 16), (64, 64), (128, 32), (64, 16)] {
+        let a = tile(16, d, |r, c| value(1, r, c));
+        let b = tile(n, d, |r, c| value(2, r, c));
+        let mut acc = zero_acc(n);
+        warp_product_abt(&mut acc, &a, &b, d, n);
+        let got = unpack(&acc);
+        for (i, row) in got.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                let want: f64 = (0..d).map(|k| value(1, i, k) * value(2, j, k)).sum();
+                assert_eq!(v, want, "A·Bᵀ ({i}, {j}) for d {d}, n {n}");
+            }
+        }
+        // P (16 x n, in accumulator layout) times the n x d rows of b.
+        let mut pt = zero_acc(n);
+        for (lane, regs) in pt.iter_mut().enumerate() {
+            for (nb, r) in regs.iter_mut().enumerate() {
+                for (e, v) in r.iter_mut().enumerate() {
+                    *v = value(3, acc_row(lane, e), acc_col(lane, nb, e));
+                }
+            }
+        }
+        let mut out = zero_acc(d);
+        warp_product_pb(&mut out, &pt, &b, d, n);
+        let got = unpack(&out);
+        for (i, row) in got.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                let want: f64 = (0..n).map(|k| value(3, i, k) * value(2, k, j)).sum();
+                assert_eq!(v, want, "P·B ({i}, {j}) for d {d}, n {n}");
+            }
+        }
+    }
+}
+
+/// One warp's 16 query rows of the forward kernel (its masking, online softmax and products,
+/// in f64 with exp for ex2), against softmax(q·kᵀ·scale, masked)·v row by row.
+#[test]
+fn the_forward_tile_loop_matches_plain_causal_attention() {
+    let (d, t, kv, scale) = (64, 45, 16, 0.125);
+    let q = |r: usize, c: usize| value(4, r, c) / 4.0;
+    let k = |r: usize, c: usize| value(5, r, c) / 4.0;
+    let v = |r: usize, c: usize| value(6, r, c);
+    for warp_row0 in [0, 16, 32] {
+        let q_tile = tile(16, d, |r, c| if warp_row0 + r < t { q(warp_row0 + r, c) } else { 0.0 });
+        let mut o = zero_acc(d);
+        let (mut row_max, mut row_sum) = (vec![[f64::NEG_INFINITY; 2]; 32], vec![[0.0; 2]; 32]);
+        let mut k0 = 0;
+        while k0 <= (warp_row0 + 15).min(t - 1) {
+            let load =
+                |f: &dyn Fn(usize, usize) -> f64| tile(kv, d, |r, c| if k0 + r < t { f(k0 + r, c) } else { 0.0 });
+            let (k_tile, v_tile) = (load(&k), load(&v));
+            let mut s = zero_acc(kv);
+            warp_product_abt(&mut s, &q_tile, &k_tile, d, kv);
+            let mut tile_max = vec![[f64::NEG_INFINITY; 2]; 32];
+            for (lane, lane_max) in tile_max.iter_mut().enumerate() {
+                for nb in 0..kv / 8 {
+                    for e in 0..4 {
+                        let future = k0 + acc_col(lane, nb, e) > warp_row0 + acc_row(lane, e);
+                        let x = &mut s[lane][nb][e];
+                        *x = if future { f64::NEG_INFINITY } else { *x * scale };
+                        lane_max[e >> 1] = lane_max[e >> 1].max(*x);
+                    }
+                }
+            }
+            for lane in 0..32 {
+                for half in 0..2 {
+                    // quad_max: the 4 lanes of a row share it.
+                    let quad = (lane & !3..(lane & !3) + 4)
+                        .map(|l| tile_max[l][half])
+                        .fold(f64::NEG_INFINITY, f64::max);
+                    let m = row_max[lane][half].max(quad);
+                    let rescale = (row_max[lane][half] - m).exp();
+                    row_max[lane][half] = m;
+                    row_sum[lane][half] *= rescale;
+                    o[lane].iter_mut().for_each(|r| {
+                        r[half * 2] *= rescale;
+                        r[half * 2 + 1] *= rescale;
+                    });
+                }
+                for nb in 0..kv / 8 {
+                    for e in 0..4 {
+                        let p = (s[lane][nb][e] - row_max[lane][e >> 1]).exp();
+                        s[lane][nb][e] = p;
+                        row_sum[lane][e >> 1] += p;
+                    }
+                }
+            }
+            warp_product_pb(&mut o, &s, &v_tile, d, kv);
+            k0 += kv;
+        }
+        let got = unpack(&o);
+        for (r, out_row) in got.iter().enumerate() {
+            let row = warp_row0 + r;
+            if row >= t {
+                continue;
+            }
+            let lane = (r % 8) * 4;
+            let total: f64 = (lane..lane + 4).map(|l| row_sum[l][r / 8]).sum();
+            let scores: Vec<f64> = (0..=row)
+                .map(|j| (0..d).map(|c| q(row, c) * k(j, c)).sum::<f64>() * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for (c, &o) in out_row.iter().enumerate() {
+                let want: f64 = weights.iter().enumerate().map(|(j, w)| w * v(j, c)).sum::<f64>() / sum;
+                assert!(
+                    (o / total - want).abs() < 1e-9,
+                    "row {row} col {c}: {} vs {want}",
+                    o / total
+                );
+            }
+        }
+    }
+}
