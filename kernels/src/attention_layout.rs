@@ -245,10 +245,9 @@ fn the_forward_tile_loop_matches_plain_causal_attention() {
             warp_product_abt(&mut s, &q_tile, &k_tile, d, kv);
             let mut tile_max = vec![[f64::NEG_INFINITY; 2]; 32];
             for (lane, lane_max) in tile_max.iter_mut().enumerate() {
-                for nb in 0..kv / 8 {
-                    for e in 0..4 {
+                for (nb, regs) in s[lane].iter_mut().enumerate() {
+                    for (e, x) in regs.iter_mut().enumerate() {
                         let future = k0 + acc_col(lane, nb, e) > warp_row0 + acc_row(lane, e);
-                        let x = &mut s[lane][nb][e];
                         *x = if future { f64::NEG_INFINITY } else { *x * scale };
                         lane_max[e >> 1] = lane_max[e >> 1].max(*x);
                     }
@@ -269,11 +268,10 @@ fn the_forward_tile_loop_matches_plain_causal_attention() {
                         r[half * 2 + 1] *= rescale;
                     });
                 }
-                for nb in 0..kv / 8 {
-                    for e in 0..4 {
-                        let p = (s[lane][nb][e] - row_max[lane][e >> 1]).exp();
-                        s[lane][nb][e] = p;
-                        row_sum[lane][e >> 1] += p;
+                for regs in s[lane].iter_mut() {
+                    for (e, x) in regs.iter_mut().enumerate() {
+                        *x = (*x - row_max[lane][e >> 1]).exp();
+                        row_sum[lane][e >> 1] += *x;
                     }
                 }
             }

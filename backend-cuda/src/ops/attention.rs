@@ -41,6 +41,17 @@ pub(crate) fn attention_mode() -> AttentionMode {
     })
 }
 
+/// The attention plan as `devices --details` prints it.
+pub(crate) fn attention_plan() -> &'static str {
+    match attention_mode() {
+        AttentionMode::Composed => "composed (LOCKSTEP_CUDA_ATTENTION=composed)",
+        AttentionMode::Fused => "fused for bf16/f16, unchecked (LOCKSTEP_CUDA_ATTENTION=fused)",
+        AttentionMode::Checked => {
+            "fused for bf16/f16 once checked at first use (LOCKSTEP_CUDA_ATTENTION=composed turns it off)"
+        }
+    }
+}
+
 /// Whether the fused kernels take `dtype` and `spec` at all (before any start-up check).
 pub(crate) fn fused_attention_applies(dtype: DType, spec: &CausalAttention) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)

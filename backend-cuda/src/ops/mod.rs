@@ -3,6 +3,7 @@
 //! `conv_dnn.rs` cuDNN).
 
 mod attention;
+pub(crate) use attention::attention_plan;
 mod attention_check;
 mod batch_norm;
 mod conv;
