@@ -289,20 +289,27 @@ __device__ __forceinline__ void attention_row_dot(float* dot, const T* y, const 
     }
 }
 
-// The weights and their gradient for one 16-row warp tile of S (or Sᵀ), in place:
-// p = exp(s·scale − lse), ds = p·(dp − dot); masked places (a key after its query, a query past
-// t) exactly 0. `transposed`: rows are keys and columns queries (the dK/dV pass).
-template <int N>
-__device__ __forceinline__ void weights_and_grads(float s[N / 8][4], float dp[N / 8][4], const float* lse2,
+// The weights and their gradient for one 16-row warp tile of S (or Sᵀ), from the tiles whose
+// products give the scores (s = a_s·b_sᵀ) and the weights' output gradient (dp = a_dp·b_dpᵀ):
+// p = exp(s·scale − lse) in `s`, ds = p·(dp − dot) in `dp`; masked places (a key after its
+// query, a query past t) exactly 0. `transposed`: rows are keys and columns queries (the dK/dV
+// pass), and `lse2` / `dot` are indexed by column instead of row.
+template <typename T, int D, int N>
+__device__ __forceinline__ void weights_and_grads(float s[N / 8][4], float dp[N / 8][4], const u16* a_s, const u16* b_s,
+                                                  const u16* a_dp, const u16* b_dp, const float* lse2,
                                                   const float* dot, u32 row0, u32 col0, u32 t, bool transposed,
                                                   float scale2, u32 lane) {
+    zero_acc<N>(s);
+    zero_acc<N>(dp);
+    warp_product_abt<T, D, N>(s, a_s, b_s, lane);
+    warp_product_abt<T, D, N>(dp, a_dp, b_dp, lane);
 #pragma unroll
     for (int nb = 0; nb < N / 8; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             u32 r = acc_row(lane, e), c = acc_col(lane, nb, e);
             u32 query = transposed ? col0 + c : row0 + r, key = transposed ? row0 + r : col0 + c;
-            u32 stat = transposed ? c : r;  // index into lse2 / dot
+            u32 stat = transposed ? c : r;
             bool seen = key <= query && query < t;
             float p = seen ? ex2(s[nb][e] * scale2 - lse2[stat]) : 0.0f;
             s[nb][e] = p;
@@ -350,11 +357,8 @@ __device__ __forceinline__ void attention_dq(T* dqkv, const T* qkv, const T* dy,
         __syncthreads();
         if (k0 > warp_row0 + 15) continue;
         float s[KV / 8][4], dp[KV / 8][4];
-        zero_acc<KV>(s);
-        zero_acc<KV>(dp);
-        warp_product_abt<T, D, KV>(s, q_tile + warp * 16 * P, k_tile, lane);
-        warp_product_abt<T, D, KV>(dp, dy_tile + warp * 16 * P, v_tile, lane);
-        weights_and_grads<KV>(s, dp, lse2 + warp * 16, dot + warp * 16, warp_row0, k0, t, false, scale * LOG2E, lane);
+        weights_and_grads<T, D, KV>(s, dp, q_tile + warp * 16 * P, k_tile, dy_tile + warp * 16 * P, v_tile,
+                                    lse2 + warp * 16, dot + warp * 16, warp_row0, k0, t, false, scale * LOG2E, lane);
         warp_product_pb<T, D, KV>(dq, dp, k_tile, lane);
     }
     const float factor[2] = {scale, scale};
@@ -393,11 +397,8 @@ __device__ __forceinline__ void attention_dkdv(T* dqkv, const T* qkv, const T* d
         __syncthreads();
         if (q0 + QR - 1 < warp_key0) continue;  // every query of the tile is before this warp's keys
         float s[QR / 8][4], dp[QR / 8][4];
-        zero_acc<QR>(s);
-        zero_acc<QR>(dp);
-        warp_product_abt<T, D, QR>(s, k_tile + warp * 16 * P, q_tile, lane);
-        warp_product_abt<T, D, QR>(dp, v_tile + warp * 16 * P, dy_tile, lane);
-        weights_and_grads<QR>(s, dp, lse2, dot, warp_key0, q0, t, true, scale * LOG2E, lane);
+        weights_and_grads<T, D, QR>(s, dp, k_tile + warp * 16 * P, q_tile, v_tile + warp * 16 * P, dy_tile, lse2,
+                                    dot, warp_key0, q0, t, true, scale * LOG2E, lane);
         warp_product_pb<T, D, QR>(dv, s, dy_tile, lane);
         warp_product_pb<T, D, QR>(dk, dp, q_tile, lane);
     }

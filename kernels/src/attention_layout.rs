@@ -303,3 +303,160 @@ fn the_forward_tile_loop_matches_plain_causal_attention() {
         }
     }
 }
+
+/// Plain attention of one head in f64: per row, the weights over keys 0..=i, y, and lse; and the
+/// gradients dq, dk, dv for output gradient `dy`.
+struct Plain {
+    lse: Vec<f64>,
+    dot: Vec<f64>,
+    dq: Vec<Vec<f64>>,
+    dk: Vec<Vec<f64>>,
+    dv: Vec<Vec<f64>>,
+}
+
+type Rows<'a> = &'a dyn Fn(usize, usize) -> f64;
+
+fn plain(q: Rows, k: Rows, v: Rows, dy: Rows, t: usize, d: usize, scale: f64) -> Plain {
+    let dot = |a: Rows, i: usize, b: Rows, j: usize| (0..d).map(|c| a(i, c) * b(j, c)).sum::<f64>();
+    let mut out = Plain {
+        lse: vec![0.0; t],
+        dot: vec![0.0; t],
+        dq: vec![vec![0.0; d]; t],
+        dk: vec![vec![0.0; d]; t],
+        dv: vec![vec![0.0; d]; t],
+    };
+    for i in 0..t {
+        let s: Vec<f64> = (0..=i).map(|j| dot(q, i, k, j) * scale).collect();
+        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        out.lse[i] = max + s.iter().map(|s| (s - max).exp()).sum::<f64>().ln();
+        let p: Vec<f64> = s.iter().map(|s| (s - out.lse[i]).exp()).collect();
+        let dp: Vec<f64> = (0..=i).map(|j| dot(dy, i, v, j)).collect();
+        out.dot[i] = p.iter().zip(&dp).map(|(p, g)| p * g).sum();
+        for j in 0..=i {
+            let ds = p[j] * (dp[j] - out.dot[i]) * scale;
+            for c in 0..d {
+                out.dq[i][c] += ds * k(j, c);
+                out.dk[j][c] += ds * q(i, c);
+                out.dv[j][c] += p[j] * dy(i, c);
+            }
+        }
+    }
+    out
+}
+
+/// weights_and_grads: the two products, then p and ds in place, masked as the kernel masks.
+#[allow(clippy::too_many_arguments)]
+fn weights_and_grads(
+    tiles: [&[f64]; 4],
+    lse: &[f64],
+    dot: &[f64],
+    (row0, col0, t, transposed): (usize, usize, usize, bool),
+    d: usize,
+    n: usize,
+    scale: f64,
+) -> (Acc, Acc) {
+    let (mut s, mut dp) = (zero_acc(n), zero_acc(n));
+    warp_product_abt(&mut s, tiles[0], tiles[1], d, n);
+    warp_product_abt(&mut dp, tiles[2], tiles[3], d, n);
+    for lane in 0..32 {
+        for nb in 0..n / 8 {
+            for e in 0..4 {
+                let (r, c) = (acc_row(lane, e), acc_col(lane, nb, e));
+                let (query, key) = if transposed {
+                    (col0 + c, row0 + r)
+                } else {
+                    (row0 + r, col0 + c)
+                };
+                let stat = if transposed { c } else { r };
+                let seen = key <= query && query < t;
+                let p = if seen {
+                    (s[lane][nb][e] * scale - lse[stat]).exp()
+                } else {
+                    0.0
+                };
+                s[lane][nb][e] = p;
+                dp[lane][nb][e] = if seen { p * (dp[lane][nb][e] - dot[stat]) } else { 0.0 };
+            }
+        }
+    }
+    (s, dp)
+}
+
+/// The dQ pass for one warp of queries and the dK/dV pass for one warp of keys, as the kernels
+/// walk their tiles (with their tails past t), against plain attention's gradients.
+#[test]
+fn the_backward_tile_loops_match_plain_gradients() {
+    for formula in [
+        "u32 query = transposed ? col0 + c : row0 + r, key = transposed ? row0 + r : col0 + c;",
+        "u32 stat = transposed ? c : r;",
+        "bool seen = key <= query && query < t;",
+        "warp_product_pb<T, D, KV>(dq, dp, k_tile, lane);",
+        "warp_product_pb<T, D, QR>(dv, s, dy_tile, lane);",
+        "warp_product_pb<T, D, QR>(dk, dp, q_tile, lane);",
+    ] {
+        assert!(
+            SOURCE.contains(formula),
+            "attention.cu no longer holds `{formula}`: update this model"
+        );
+    }
+    let (d, t, n, scale) = (32, 41, 16, 0.2);
+    let q = |r: usize, c: usize| value(7, r, c) / 4.0;
+    let k = |r: usize, c: usize| value(8, r, c) / 4.0;
+    let v = |r: usize, c: usize| value(9, r, c);
+    let dy = |r: usize, c: usize| value(10, r, c) / 2.0;
+    let want = plain(&q, &k, &v, &dy, t, d, scale);
+    let rows =
+        |f: Rows, row0: usize, count: usize| tile(count, d, |r, c| if row0 + r < t { f(row0 + r, c) } else { 0.0 });
+    let stats = |row0: usize, count: usize| -> (Vec<f64>, Vec<f64>) {
+        let at = |v: &[f64], r: usize| if row0 + r < t { v[row0 + r] } else { 0.0 };
+        (
+            (0..count).map(|r| at(&want.lse, r)).collect(),
+            (0..count).map(|r| at(&want.dot, r)).collect(),
+        )
+    };
+    let close = |got: f64, want: f64, what: &str| assert!((got - want).abs() < 1e-9, "{what}: {got} vs {want}");
+    for warp_row0 in [0, 16, 32] {
+        // dQ: this warp's queries against key tiles up to its last row.
+        let (q_tile, dy_tile) = (rows(&q, warp_row0, 16), rows(&dy, warp_row0, 16));
+        let (lse, dot) = stats(warp_row0, 16);
+        let mut dq = zero_acc(d);
+        let mut k0 = 0;
+        while k0 <= (warp_row0 + 15).min(t - 1) {
+            let (k_tile, v_tile) = (rows(&k, k0, n), rows(&v, k0, n));
+            let tiles = [&q_tile[..], &k_tile, &dy_tile, &v_tile];
+            let (_, ds) = weights_and_grads(tiles, &lse, &dot, (warp_row0, k0, t, false), d, n, scale);
+            warp_product_pb(&mut dq, &ds, &k_tile, d, n);
+            k0 += n;
+        }
+        // dK, dV: this warp's keys against query tiles from the diagonal on.
+        let (k_tile, v_tile) = (rows(&k, warp_row0, 16), rows(&v, warp_row0, 16));
+        let (mut dk, mut dv) = (zero_acc(d), zero_acc(d));
+        // The block's keys start at 0 here (t < 64): tiles before this warp's keys are skipped.
+        let mut q0 = 0;
+        while q0 < t {
+            if q0 + n - 1 < warp_row0 {
+                q0 += n;
+                continue;
+            }
+            let (q_tile, dy_tile) = (rows(&q, q0, n), rows(&dy, q0, n));
+            let (lse, dot) = stats(q0, n);
+            let tiles = [&k_tile[..], &q_tile, &v_tile, &dy_tile];
+            let (p, ds) = weights_and_grads(tiles, &lse, &dot, (warp_row0, q0, t, true), d, n, scale);
+            warp_product_pb(&mut dv, &p, &dy_tile, d, n);
+            warp_product_pb(&mut dk, &ds, &q_tile, d, n);
+            q0 += n;
+        }
+        let (dq, dk, dv) = (unpack(&dq), unpack(&dk), unpack(&dv));
+        for r in 0..16 {
+            let row = warp_row0 + r;
+            if row >= t {
+                continue;
+            }
+            for c in 0..d {
+                close(dq[r][c] * scale, want.dq[row][c], &format!("dq[{row}][{c}]"));
+                close(dk[r][c] * scale, want.dk[row][c], &format!("dk[{row}][{c}]"));
+                close(dv[r][c], want.dv[row][c], &format!("dv[{row}][{c}]"));
+            }
+        }
+    }
+}
