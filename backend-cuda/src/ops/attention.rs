@@ -16,7 +16,7 @@ use crate::gpu::launch;
 use crate::views::to_u32;
 
 /// The head dims attention.cu instantiates (its ATTENTION_HEADS).
-pub(crate) const HEAD_DIMS: [usize; 3] = [32, 64, 128];
+const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 /// Rows a block owns and its threads (attention.cu's ATTENTION_ROWS, ATTENTION_WARPS · 32).
 const BLOCK_ROWS: usize = 64;
 const BLOCK_THREADS: u32 = 128;
@@ -26,13 +26,13 @@ const BLOCK_THREADS: u32 = 128;
 /// check, so the conformance suite sees them even where they are wrong), else the kernels once
 /// their check passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AttentionMode {
+enum AttentionMode {
     Composed,
     Fused,
     Checked,
 }
 
-pub(crate) fn attention_mode() -> AttentionMode {
+fn attention_mode() -> AttentionMode {
     static MODE: std::sync::OnceLock<AttentionMode> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var("LOCKSTEP_CUDA_ATTENTION").as_deref() {
         Ok("composed") => AttentionMode::Composed,
@@ -53,7 +53,7 @@ pub(crate) fn attention_plan() -> &'static str {
 }
 
 /// Whether the fused kernels take `dtype` and `spec` at all (before any start-up check).
-pub(crate) fn fused_attention_applies(dtype: DType, spec: &CausalAttention) -> bool {
+fn fused_attention_applies(dtype: DType, spec: &CausalAttention) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
         && HEAD_DIMS.contains(&spec.head_dim)
         && spec.batch * spec.heads <= u16::MAX as usize
