@@ -2,7 +2,8 @@
 //! shares (operand checks, dtype suffixes of kernel names, outputs); the ops live in `ops/`, one
 //! file per kernel file, and `contract.rs` maps the trait onto them.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use lockstep_core::backend::{BackendBuffer, BufferRef, DeviceInfo, MemoryStats};
 use lockstep_core::shape::Layout;
@@ -16,6 +17,8 @@ pub struct CudaBackend {
     pub(crate) gpu: Gpu,
     info: DeviceInfo,
     utilization: Utilization,
+    /// The fused attention's start-up verdicts by (dtype, head dim) (ops/attention_check.rs).
+    pub(crate) attention_checks: Mutex<HashMap<(DType, usize), bool>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -27,7 +30,12 @@ impl std::fmt::Debug for CudaBackend {
 impl CudaBackend {
     pub(crate) fn new(gpu: Gpu, info: DeviceInfo) -> CudaBackend {
         let utilization = Utilization::for_device(&gpu.ctx);
-        CudaBackend { gpu, info, utilization }
+        CudaBackend {
+            gpu,
+            info,
+            utilization,
+            attention_checks: Mutex::default(),
+        }
     }
 
     pub(crate) fn device_info(&self) -> DeviceInfo {

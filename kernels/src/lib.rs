@@ -43,9 +43,10 @@ pub const BATCH_NORM: KernelSource = kernel!("batch_norm");
 pub const INDEX: KernelSource = kernel!("index");
 pub const CONV: KernelSource = kernel!("conv");
 pub const OPTIM: KernelSource = kernel!("optim");
+pub const ATTENTION: KernelSource = kernel!("attention");
 
 /// Every kernel file; the compile test builds each for sm_80 and sm_90.
-pub const ALL: [KernelSource; 12] = [
+pub const ALL: [KernelSource; 13] = [
     FILL,
     RAND,
     LAYOUT,
@@ -58,6 +59,7 @@ pub const ALL: [KernelSource; 12] = [
     INDEX,
     CONV,
     OPTIM,
+    ATTENTION,
 ];
 
 impl KernelSource {
@@ -67,5 +69,7 @@ impl KernelSource {
     }
 }
 
+#[cfg(test)]
+mod attention_layout;
 #[cfg(test)]
 mod tests;

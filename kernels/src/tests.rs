@@ -58,6 +58,10 @@ fn every_entry_point_the_backend_launches_is_defined() {
         (SOFTMAX, "causal_softmax_backward_f16"),
         (CROSS_ENTROPY, "cross_entropy_bf16"),
         (CROSS_ENTROPY, "cross_entropy_backward_f16"),
+        (ATTENTION, "causal_attention_bf16_d64"),
+        (ATTENTION, "causal_attention_dq_f16_d128"),
+        (ATTENTION, "causal_attention_dkdv_bf16_d32"),
+        (ATTENTION, "causal_attention_row_dot_f16"),
         (RAND, "dropout_f32"),
         (BATCH_NORM, "batch_norm_moments_f32"),
         (BATCH_NORM, "batch_norm_input_grad_f32"),
@@ -107,6 +111,31 @@ fn strided_kernels_index_their_parameters_without_a_stack_frame() {
     }
     assert!(seen >= 40, "only {seen} entry points reported");
     assert!(framed.is_empty(), "entry points with a stack frame: {framed:?}");
+}
+
+#[test]
+fn attention_kernels_keep_their_tiles_in_registers() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    // The accumulator tiles are register arrays indexed by unrolled constants; a spill would put
+    // them in local memory (ptxas spilled 8 bytes in one sm_80 entry until the kernels were
+    // bounded to one block of 128 threads an SM).
+    for arch in ["sm_80", "sm_90"] {
+        let (_, log) = compile::compile_logged(ATTENTION.name, &ATTENTION.program(), arch, &["--ptxas-options=-v"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let frames = stack_frames(&log);
+        assert!(
+            frames.len() >= 20,
+            "only {} attention entry points reported for {arch}:\n{log}",
+            frames.len()
+        );
+        let framed: Vec<_> = frames.into_iter().filter(|(_, bytes)| *bytes > 0).collect();
+        assert!(
+            framed.is_empty(),
+            "attention entry points with a stack frame on {arch}: {framed:?}"
+        );
+    }
 }
 
 #[test]

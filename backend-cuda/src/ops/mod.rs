@@ -2,6 +2,9 @@
 //! fill.cu and rand.cu and the copies to and from the host; `matmul.rs` calls cuBLAS,
 //! `conv_dnn.rs` cuDNN).
 
+mod attention;
+pub(crate) use attention::attention_plan;
+mod attention_check;
 mod batch_norm;
 mod conv;
 mod conv_dnn;

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use ops::{
-    AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalSoftmax, CmpOp, Conv2dGeometry, CrossEntropy, Distribution,
-    DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
+    AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp, Conv2dGeometry,
+    CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -283,6 +283,30 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _dlogits: &BufferRef,
         _grad: &BufferRef,
         _spec: &CrossEntropy,
+    ) -> Option<Result<BufferRef>> {
+        None
+    }
+    // --- fused causal attention (flash attention) -----------------------------------------------
+    /// `softmax(q·kᵀ·scale, each query's future keys masked)·v` for every head, without the
+    /// `t × t` weights: returns `y` (in `qkv`'s dtype) and each row's `lse`, the natural log of
+    /// the sum of `exp(score·scale)` over the keys it sees (f32), which is all the backward pass
+    /// keeps. A row holding a NaN or +inf score is NaN. No dropout on the weights: callers
+    /// compose when it is on. `None` where the backend has no kernel for the dtype or head
+    /// size: the caller then composes it from products and `causal_softmax`.
+    fn causal_attention(&self, _qkv: &BufferRef, _spec: &CausalAttention) -> Option<Result<(BufferRef, BufferRef)>> {
+        None
+    }
+    /// The gradient of `causal_attention` with respect to `qkv`, one `[batch, t, 3, heads,
+    /// head_dim]` buffer, from `qkv`, the forward pass's `y` and `lse`, and `y`'s gradient `dy`
+    /// (contiguous, `qkv`'s dtype); `None` as for `causal_attention`, which a backend
+    /// implements together with this.
+    fn causal_attention_backward(
+        &self,
+        _qkv: &BufferRef,
+        _y: &BufferRef,
+        _lse: &BufferRef,
+        _dy: &BufferRef,
+        _spec: &CausalAttention,
     ) -> Option<Result<BufferRef>> {
         None
     }

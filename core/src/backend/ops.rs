@@ -331,6 +331,47 @@ impl CausalSoftmax {
     }
 }
 
+/// Causal self-attention of every head, for `Backend::causal_attention`: queries, keys and
+/// values are slots 0, 1, 2 of one contiguous `qkv` `[batch, t, 3, heads, head_dim]` (the fused
+/// projection's output as it is, so no copies), the output `y` is `[batch, t, heads, head_dim]`
+/// (what the output projection reads) and the row statistics `lse` are f32 `[batch, heads, t]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CausalAttention {
+    /// Sequences.
+    pub batch: usize,
+    /// Heads per token.
+    pub heads: usize,
+    /// Tokens per sequence.
+    pub t: usize,
+    /// Channels per head.
+    pub head_dim: usize,
+    /// Multiplies every score before the softmax (`1 / sqrt(head_dim)`).
+    pub scale: f64,
+}
+
+impl CausalAttention {
+    /// The op's name, for errors and kernel entry points.
+    pub fn name(backward: bool) -> &'static str {
+        if backward {
+            "causal_attention_backward"
+        } else {
+            "causal_attention"
+        }
+    }
+    /// Elements of `qkv` (and of its gradient).
+    pub fn qkv_len(&self) -> usize {
+        self.batch * self.t * 3 * self.heads * self.head_dim
+    }
+    /// Elements of `y` (and of its gradient).
+    pub fn out_len(&self) -> usize {
+        self.batch * self.t * self.heads * self.head_dim
+    }
+    /// Rows of scores: one per query of every head (`lse`'s length).
+    pub fn rows(&self) -> usize {
+        self.batch * self.heads * self.t
+    }
+}
+
 /// One dropout's draw from the counter stream: element `i` is kept when `uniform_at(seed,
 /// counter, i) >= p`.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -62,13 +62,9 @@ impl CausalSelfAttention {
         };
         let (heads, head_dim) = (self.n_head, width / self.n_head);
         let qkv = self.c_attn.forward(x)?.reshape([batch, t, 3, heads, head_dim])?;
-        // [3, batch, heads, t, head_dim]: one permuted view, each of q, k, v a slice of it.
-        let qkv = qkv.permute(&[2, 0, 3, 1, 4])?;
-        let part = |i: usize| qkv.narrow(0, i, 1)?.squeeze(0);
         let drop = &self.attn_dropout;
         let dropout = (drop.is_training() && drop.p() > 0.0).then(|| (drop.p(), drop.generator().as_ref()));
-        let y = part(0)?.causal_attention(&part(1)?, &part(2)?, dropout)?;
-        let y = y.transpose(1, 2)?.contiguous()?.reshape([batch, t, width])?;
+        let y = qkv.causal_self_attention(dropout)?.reshape([batch, t, width])?;
         self.resid_dropout.forward(&self.c_proj.forward(&y)?)
     }
 }

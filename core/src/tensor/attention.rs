@@ -4,7 +4,7 @@
 
 use super::Tensor;
 use crate::autograd::no_grad;
-use crate::backend::{CausalSoftmax, DropoutDraw};
+use crate::backend::{CausalAttention, CausalSoftmax, DropoutDraw};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -47,6 +47,69 @@ impl Tensor {
         let d = q.dims()[rank - 1];
         let scores = q.matmul(&k.transpose(-2, -1)?)?;
         scores.causal_softmax(1.0 / (d as f64).sqrt(), dropout)?.matmul(v)
+    }
+
+    /// Causal attention of every head of a fused projection: `self` is `[batch, t, 3, heads,
+    /// head_dim]` with queries, keys and values in slots 0, 1, 2; returns `[batch, t, heads,
+    /// head_dim]`, each head's `causal_attention` of its slots. One pass each way without the
+    /// `t × t` weights where the backend fuses it (`Backend::causal_attention`; matrix-product
+    /// inputs under autocast, as the composed products take them), else composed from the
+    /// slots' views. The fused kernels draw no dropout, so dropout on the weights always
+    /// composes.
+    pub fn causal_self_attention(&self, dropout: Option<(f64, &Generator)>) -> Result<Tensor> {
+        let &[batch, t, 3, heads, head_dim] = self.dims() else {
+            return Err(Error::invalid(
+                "causal_self_attention",
+                format!(
+                    "expects [batch, t, 3, heads, head_dim] queries, keys and values, got shape {}",
+                    self.shape()
+                ),
+            ));
+        };
+        self.float_only("causal_self_attention")?;
+        let dropout = dropout.filter(|(p, _)| *p > 0.0);
+        if dropout.is_none() {
+            let spec = CausalAttention {
+                batch,
+                heads,
+                t,
+                head_dim,
+                scale: 1.0 / (head_dim as f64).sqrt(),
+            };
+            if let Some(y) = self.causal_attention_fused(spec)? {
+                return Ok(y);
+            }
+        }
+        // [3, batch, heads, t, head_dim]: one permuted view, each of q, k, v a slice of it.
+        let qkv = self.permute(&[2, 0, 3, 1, 4])?;
+        let part = |i: usize| qkv.narrow(0, i, 1)?.squeeze(0);
+        let y = part(0)?.causal_attention(&part(1)?, &part(2)?, dropout)?;
+        y.transpose(1, 2)?.contiguous()
+    }
+
+    /// `Backend::causal_attention` and its backward pass, or `None` where the backend declines.
+    fn causal_attention_fused(&self, spec: CausalAttention) -> Result<Option<Tensor>> {
+        let qkv = crate::autocast::lower(self)?.contiguous()?;
+        let Some(fused) = qkv.backend().causal_attention(qkv.buffer(), &spec) else {
+            return Ok(None);
+        };
+        let (y, lse) = fused?;
+        let y = Tensor::from_buffer(y, [spec.batch, spec.t, spec.heads, spec.head_dim], qkv.device());
+        let saved = (qkv.detach(), y.detach());
+        Ok(Some(y.track("causal_attention", &[&qkv], move |g| {
+            let (qkv, y) = saved;
+            let g = g.to_dtype(qkv.dtype())?.contiguous()?;
+            let dqkv = qkv
+                .backend()
+                .causal_attention_backward(qkv.buffer(), y.buffer(), &lse, g.buffer(), &spec)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "causal_attention",
+                        "the backend fused the forward pass but has no backward pass for it",
+                    )
+                })??;
+            Ok(vec![Some(Tensor::from_buffer(dqkv, qkv.shape().clone(), qkv.device()))])
+        })))
     }
 
     /// Attention's weights from `[batch…, t, t]` scores: `dropout(softmax(self * scale))` over

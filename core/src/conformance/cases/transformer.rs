@@ -49,6 +49,69 @@ fn causal_attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, dropout: Opt
     host::matmul(&weights, v)
 }
 
+/// `causal_self_attention`'s oracle: each head's `causal_attention` of the slots of qkv
+/// `[batch, t, 3, heads, d]`, as `[batch, t, heads, d]`.
+fn causal_self_attention(qkv: &HostTensor) -> HostTensor {
+    let &[b, t, _, h, d] = qkv.dims.as_slice() else {
+        unreachable!("qkv is rank 5")
+    };
+    let slot = |s: usize| HostTensor::from_fn([b, h, t, d], |i| qkv.at(&[i[0], i[2], s, i[1], i[3]]));
+    let y = causal_attention(&slot(0), &slot(1), &slot(2), None);
+    y.permute(&[0, 2, 1, 3])
+}
+
+/// The fused attention (`Backend::causal_attention`) where a backend has it, else composed:
+/// sequences of one token, of fewer and more tokens than a GPU's 64-row tiles and not a
+/// multiple of them; GPT-2's 64 channels a head, and 32 and 128.
+fn fused_attention_cases() -> Vec<Case> {
+    let ops = &[
+        "causal_attention",
+        "causal_attention_backward",
+        "matmul",
+        "softmax_last",
+        "causal_softmax",
+        "causal_softmax_backward",
+    ];
+    // (batch, heads, t, head_dim)
+    let mut shapes: Vec<[usize; 4]> = [1, 17, 64, 128, 200]
+        .into_iter()
+        .flat_map(|t| [[1, 1, t, 64], [2, 3, t, 64]])
+        .collect();
+    shapes.extend([[2, 3, 70, 32], [1, 2, 130, 128]]);
+    let mut cases = Vec::new();
+    for [batch, heads, t, d] in shapes {
+        let label = format!("{batch}x{t}x3x{heads}x{d}");
+        let case = Case::new(format!("causal_attention/qkv_{label}"), ops, |_, x| {
+            Ok(vec![x[0].causal_self_attention(None)?])
+        })
+        .input(Input::float("qkv", [batch, t, 3, heads, d], u()))
+        // The fused kernels round the weights and their gradients to the input dtype between
+        // the two products of each pass, as every flash attention does.
+        .tol_scale(4.0)
+        .oracle(|x| vec![causal_self_attention(&x[0])]);
+        // The composed reference is gradient-checked here once, and through causal_attention.
+        cases.push(if (batch, t, d) == (1, 17, 64) {
+            case
+        } else {
+            case.no_gradcheck()
+        });
+    }
+    // A NaN in query 5 poisons row 5; one in key 9 the rows that see it (9 onwards), not the
+    // rows before it, which never read it.
+    let (t, d) = (17, 64);
+    let mut values: Vec<f64> = (0..t * 3 * d).map(|i| ((i * 37) % 101) as f64 / 25.0 - 2.0).collect();
+    values[(5 * 3) * d + 3] = f64::NAN;
+    values[(9 * 3 + 1) * d + 7] = f64::NAN;
+    cases.push(
+        Case::new("causal_attention/nan_1x17x3x1x64", ops, |_, x| {
+            Ok(vec![x[0].causal_self_attention(None)?])
+        })
+        .input(Input::float("qkv", [1, t, 3, 1, d], Values::Given(values)).no_grad())
+        .forward_only(),
+    );
+    cases
+}
+
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for (label, input) in [
@@ -135,5 +198,6 @@ pub fn cases() -> Vec<Case> {
             .oracle(move |x| vec![causal_attention(&x[0], &x[1], &x[2], dropout)]),
         );
     }
+    cases.extend(fused_attention_cases());
     cases
 }
