@@ -3,10 +3,10 @@
 # `step NAME SECONDS COMMAND...` lines, see scripts/gpu/plans/) with the environment verify.sh
 # gives its steps, and writes REPORT_DIR/steps.tsv with each step's log in REPORT_DIR/logs.
 #
-#   scripts/gpu/sweep.sh REPORT_DIR PLAN [--bin PATH]
+#   scripts/gpu/sweep.sh REPORT_DIR PLAN [--bin PATH] [--tests DIR]
 #
-# The plan sees `$bin` (the lockstep binary), `$wgpu` (the wgpu device on the NVIDIA GPU, empty
-# where Vulkan found none) and `$out`. LOCKSTEP_STEP_LIMIT=SECONDS caps every step's limit.
+# The plan sees `$bin` (the lockstep binary), `$tests` (a directory of test binaries, or empty),
+# `$wgpu` (the wgpu device on the NVIDIA GPU, empty where Vulkan found none) and `$out`. LOCKSTEP_STEP_LIMIT=SECONDS caps every step's limit.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -15,9 +15,11 @@ out="${1:?usage: sweep.sh REPORT_DIR PLAN [--bin PATH]}"
 plan="${2:?usage: sweep.sh REPORT_DIR PLAN [--bin PATH]}"
 shift 2
 bin="$root/target/release/lockstep"
+tests=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) bin="$2"; shift 2 ;;
+        --tests) tests="$2"; shift 2 ;;
         *) echo "sweep.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
