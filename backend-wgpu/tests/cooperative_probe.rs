@@ -164,7 +164,10 @@ fn run(
     device
         .poll(wgpu::PollType::wait_indefinitely())
         .expect("the probe finishes");
-    let view = readback.slice(..).get_mapped_range().expect("the probe's sums are mapped");
+    let view = readback
+        .slice(..)
+        .get_mapped_range()
+        .expect("the probe's sums are mapped");
     bytemuck::cast_slice(&view).to_vec()
 }
 
