@@ -54,7 +54,7 @@ fn autocast_forward(ctx: &Ctx, x: &[Tensor]) -> Result<Vec<Tensor>> {
 pub fn cases() -> Vec<Case> {
     let mut cases = vec![
         Case::new(
-            "log_softmax_last/cross_entropy",
+            "cross_entropy/labels_6x5",
             &[
                 "cross_entropy",
                 "log_softmax_last",
@@ -68,7 +68,7 @@ pub fn cases() -> Vec<Case> {
         .input(Input::indices("labels", [6], 5))
         .oracle(cross_entropy_ref),
         Case::new(
-            "log_softmax_last/cross_entropy_i64",
+            "cross_entropy/i64_labels_9x4",
             &["cross_entropy", "log_softmax_last", "gather", "cast"],
             forward,
         )
