@@ -79,7 +79,8 @@ fn a_steady_training_step_creates_almost_no_bind_groups() {
         let (dispatches_after, groups_after) = counted();
         let dispatches = dispatches_after - dispatches_before;
         let created = groups_after - groups_before;
-        assert!(dispatches >= 20, "a training step is many dispatches, not {dispatches}");
+        // At least a dispatch per layer each way and the optimizer's (19 since the loss is fused).
+        assert!(dispatches >= 10, "a training step is many dispatches, not {dispatches}");
         assert!(
             created <= 2,
             "a steady step (loss read back: {synced}) created {created} bind groups for {dispatches} dispatches"
