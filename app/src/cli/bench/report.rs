@@ -175,38 +175,40 @@ fn step_rows(out: &mut Vec<Metric>, model: &str, items: &str, results: &[StepRes
     }
 }
 
+/// `ours / theirs` where the metric is a speed both sides measured, else "-".
+fn ratio(ours: Option<&Metric>, theirs: Option<&Metric>) -> String {
+    match (ours, theirs) {
+        (Some(m), Some(t)) if m.ratio && t.value > 0.0 => format!("{:.2}", m.value / t.value),
+        _ => "-".into(),
+    }
+}
+
 /// Our numbers, and beside them the peer's and the ratio ours / peer (higher is better for us).
 pub fn table(ours: &Results, peer: Option<&Results>) -> String {
     let theirs = peer.map(metrics).unwrap_or_default();
-    let mut rows: Vec<Vec<String>> = metrics(ours)
-        .into_iter()
+    let mine = metrics(ours);
+    let mut rows: Vec<Vec<String>> = mine
+        .iter()
         .map(|m| {
             let mut row = vec![m.label.clone(), m.show()];
             if peer.is_some() {
                 let other = theirs.iter().find(|t| t.label == m.label);
                 row.push(other.map_or("-".into(), |t| t.show()));
-                row.push(match other {
-                    Some(t) if m.ratio && t.value > 0.0 => format!("{:.2}", m.value / t.value),
-                    _ => "-".into(),
-                });
+                row.push(ratio(Some(m), other));
             }
             row
         })
         .collect();
     // What only the peer measured: its compiled variant (`gpt bf16-mixed compiled …`), with the
     // ratio of our row of the same name less "compiled".
-    let mine = metrics(ours);
     rows.extend(
         theirs
             .iter()
             .filter(|t| !mine.iter().any(|m| m.label == t.label))
             .map(|t| {
                 let plain = t.label.replace(" compiled", "");
-                let ratio = match mine.iter().find(|m| m.label == plain) {
-                    Some(m) if m.ratio && t.value > 0.0 => format!("{:.2}", m.value / t.value),
-                    _ => "-".into(),
-                };
-                vec![t.label.clone(), "-".into(), t.show(), ratio]
+                let ours = mine.iter().find(|m| m.label == plain);
+                vec![t.label.clone(), "-".into(), t.show(), ratio(ours, Some(t))]
             }),
     );
     let mut header = vec!["BENCHMARK", ours.engine.as_str()];
