@@ -233,15 +233,15 @@ fn an_unknown_model_is_named() {
 #[test]
 fn batch_size_zero_is_refused() {
     let out = train(&mnist_dir(), &["--max-steps", "1", "--batch-size", "0"]);
-    assert_fails_with(&out, &["--batch-size must be at least 1"]);
+    assert_fails_with(&out, &["--batch-size 0 is out of range: give 1 to"]);
 }
 
 #[test]
 fn data_parallel_limits_that_cannot_work_are_refused() {
     let out = train(&mnist_dir(), &["--max-steps", "1", "--collective-timeout", "0"]);
-    assert_fails_with(&out, &["--collective-timeout must be at least 1 second"]);
+    assert_fails_with(&out, &["--collective-timeout 0 is out of range: give 1 to 604800"]);
     let out = train(&mnist_dir(), &["--max-steps", "1", "--bucket-cap-mb", "0"]);
-    assert_fails_with(&out, &["--bucket-cap-mb and --first-bucket-mb must be positive"]);
+    assert_fails_with(&out, &["--bucket-cap-mb 0 is out of range: give a positive number"]);
 }
 
 #[test]

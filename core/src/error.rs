@@ -112,6 +112,25 @@ pub enum Error {
         cause: std::io::Error,
     },
 
+    /// A tensor the device cannot hold: refused before allocating, since an allocation past the
+    /// machine's memory aborts the process or gets it killed part-way through.
+    #[error(
+        "{device}: {op} asks for {}, with {} in use, more than the device's {} of memory; try a smaller model or batch, --accumulate, or bf16-mixed",
+        gib(*requested), gib(*in_use), gib(*capacity)
+    )]
+    OutOfMemory {
+        /// Location of the device (`cpu:0`, …).
+        device: String,
+        /// The operation that asked.
+        op: &'static str,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes in live tensors on the device when it asked.
+        in_use: u64,
+        /// The device's memory in bytes.
+        capacity: u64,
+    },
+
     /// A backend failed at the device level: a driver, cuBLAS or wgpu error, a failed allocation,
     /// a kernel that did not compile, a lost device.
     #[error("device {device}: {msg}")]
@@ -121,6 +140,17 @@ pub enum Error {
         /// The backend's description of the failure, with the driver's error code where it has one.
         msg: String,
     },
+}
+
+/// Bytes for a person: GiB with two decimals below 10 GiB, else whole (TB-sized asks read as
+/// thousands of GiB, which is the point).
+fn gib(bytes: u64) -> String {
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    if gib < 10.0 {
+        format!("{gib:.2} GiB")
+    } else {
+        format!("{gib:.0} GiB")
+    }
 }
 
 /// `std::result::Result` with this crate's [`Error`].

@@ -74,6 +74,7 @@ pub mod device;
 pub mod distributed;
 pub mod dtype;
 pub mod error;
+pub mod limits;
 pub mod models;
 pub mod nn;
 pub mod optim;

@@ -175,6 +175,35 @@ fn bad_configuration_is_refused() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("batch_size"), "{err}");
+    // A typo's worker count or prefetch depth: refused before a thread starts or a channel of
+    // that many batches is made.
+    let refused = |config: DataLoaderConfig| {
+        let numbers = Numbers {
+            len: 1,
+            fail_at: None,
+            panic_at: None,
+        };
+        DataLoader::simple(Arc::new(numbers), false, 0, config)
+            .err()
+            .unwrap()
+            .to_string()
+    };
+    let err = refused(DataLoaderConfig {
+        batch_size: 1,
+        num_workers: 100_000,
+        ..Default::default()
+    });
+    assert!(
+        err.contains("DataLoader num_workers: 100000 threads is more than this machine can use"),
+        "{err}"
+    );
+    let err = refused(DataLoaderConfig {
+        batch_size: 1,
+        num_workers: 1,
+        prefetch_factor: usize::MAX,
+        ..Default::default()
+    });
+    assert!(err.contains("prefetch_factor"), "{err}");
 }
 
 /// Batches of uneven sizes, given whole (as a heterogeneous run's ranks take theirs).

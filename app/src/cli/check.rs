@@ -2,22 +2,9 @@
 //! prints a report a user can paste into a bug report: the device and its driver and limits,
 //! each case passed or failed with the worst error and time, and the dtypes it cannot run.
 
-use clap::Parser;
 use lockstep_core::conformance::{Outcome, format_table, run_suite};
 use lockstep_core::{DType, Device, Error};
-
-#[derive(Parser, Debug)]
-pub struct Args {
-    /// Device to check (cpu, cpu:N, wgpu:N, cuda:N); see `lockstep devices`.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// Check every device found.
-    #[arg(long)]
-    pub all: bool,
-    /// Print only the failures and the totals.
-    #[arg(long)]
-    pub failures_only: bool,
-}
+pub use lockstep_flags::check::Args;
 
 /// The dtypes the suite runs in, where the device supports them.
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];

@@ -4,13 +4,7 @@
 use lockstep_core::device::list_devices;
 
 use super::table;
-
-#[derive(clap::Args)]
-pub struct Args {
-    /// Also print each device's vendor, driver, features and limits.
-    #[arg(long)]
-    pub details: bool,
-}
+pub use lockstep_flags::devices::Args;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let devices = list_devices();

@@ -2,7 +2,6 @@
 
 pub mod bench;
 pub mod check;
-pub mod config_file;
 pub mod dashboard;
 pub mod devices;
 mod interrupt;
@@ -12,4 +11,3 @@ pub mod schedule;
 mod table;
 mod threads;
 pub mod train;
-mod world;

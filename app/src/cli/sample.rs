@@ -2,7 +2,6 @@
 //! continuing a prompt token by token (nanoGPT's sample.py).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use anyhow::Context;
 use lockstep_core::data::text::CharVocab;
@@ -10,31 +9,7 @@ use lockstep_core::models::{GptConfig, Sampling, gpt};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::train::checkpoint;
 use lockstep_core::{Device, Generator};
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct Args {
-    /// A checkpoint of a GPT (last.safetensors or best.safetensors from --checkpoint-dir).
-    #[arg(long)]
-    pub checkpoint: PathBuf,
-    /// The text to continue; every character must be in the model's vocabulary.
-    #[arg(long, default_value = "\n")]
-    pub prompt: String,
-    /// How many tokens to generate.
-    #[arg(long, default_value_t = 200)]
-    pub tokens: usize,
-    /// Below 1 picks likelier tokens, above 1 more surprising ones.
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f64,
-    /// Draw only among the K likeliest tokens.
-    #[arg(long, value_name = "K")]
-    pub top_k: Option<usize>,
-    /// The same seed, checkpoint and prompt give the same text.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// auto (the best device found), cpu, wgpu:N or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-}
+pub use lockstep_flags::sample::Args;
 
 /// A size the checkpoint's hyperparameters must hold.
 fn size(hparams: &BTreeMap<String, String>, key: &str, what: &str) -> anyhow::Result<usize> {

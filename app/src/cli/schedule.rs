@@ -2,23 +2,8 @@
 //! devices: each stage's timeline, the bubble beside the textbook (P−1)/(M+P−1), and how many
 //! micro-batches' activations each stage holds at once.
 
-use lockstep_core::train::pipeline::{PassCosts, Schedule, ScheduleKind};
-
-#[derive(clap::Args)]
-pub struct Args {
-    /// Pipeline stages (P).
-    #[arg(long, default_value_t = 4)]
-    pub stages: usize,
-    /// Micro-batches per optimizer step (M).
-    #[arg(long, default_value_t = 8)]
-    pub micro_batches: usize,
-    /// gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward).
-    #[arg(long, default_value = "1f1b")]
-    pub schedule: ScheduleKind,
-    /// A backward's cost in forwards (about 2 for matmul-heavy layers).
-    #[arg(long, default_value_t = 2)]
-    pub backward_cost: u32,
-}
+use lockstep_core::train::pipeline::{PassCosts, Schedule};
+pub use lockstep_flags::schedule::Args;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let schedule = Schedule::new(args.schedule, args.stages, args.micro_batches)?;

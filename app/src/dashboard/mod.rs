@@ -94,31 +94,4 @@ pub fn show(
     Ok(())
 }
 
-/// The two values of `--screenshot-after SECONDS PATH`.
-pub fn parse_screenshot(values: &[String]) -> anyhow::Result<Option<(f64, PathBuf)>> {
-    match values {
-        [] => Ok(None),
-        [secs, path] => {
-            let secs: f64 = secs
-                .parse()
-                .ok()
-                .filter(|s: &f64| s.is_finite() && *s >= 0.0)
-                .ok_or_else(|| anyhow::anyhow!("--screenshot-after: `{secs}` is not a number of seconds"))?;
-            Ok(Some((secs, PathBuf::from(path))))
-        }
-        _ => anyhow::bail!("--screenshot-after takes two values: SECONDS PATH"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn screenshot_flags_parse_or_say_what_is_wrong() {
-        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(super::parse_screenshot(&v(&[])).unwrap(), None);
-        let (secs, path) = super::parse_screenshot(&v(&["2.5", "a.png"])).unwrap().unwrap();
-        assert_eq!((secs, path.to_str().unwrap()), (2.5, "a.png"));
-        let err = super::parse_screenshot(&v(&["soon", "a.png"])).unwrap_err();
-        assert!(err.to_string().contains("`soon` is not a number"), "{err}");
-    }
-}
+pub use lockstep_flags::dashboard::parse_screenshot;

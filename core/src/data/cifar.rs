@@ -29,6 +29,16 @@ pub enum Split {
     Test,
 }
 
+impl Split {
+    /// Images in the split, in either data set.
+    pub fn images(self) -> usize {
+        match self {
+            Split::Train => 50_000,
+            Split::Test => 10_000,
+        }
+    }
+}
+
 impl Kind {
     /// The display name, `CIFAR-10` or `CIFAR-100`.
     pub fn name(self) -> &'static str {
@@ -83,6 +93,16 @@ impl Kind {
             (Kind::Cifar100, Split::Train) => &["train.bin"],
             (Kind::Cifar100, Split::Test) => &["test.bin"],
         }
+    }
+    /// The most bytes the batch file `name` holds: its share of its split's images, whole
+    /// records. None for a file that is not one of the kind's.
+    pub fn file_bytes(self, name: &str) -> Option<usize> {
+        [Split::Train, Split::Test].into_iter().find_map(|split| {
+            let files = self.files(split);
+            files
+                .contains(&name)
+                .then(|| split.images() / files.len() * self.record_bytes())
+        })
     }
     /// Per-channel mean and standard deviation of the training images (in [0, 1]).
     pub fn mean_std(self) -> ([f32; 3], [f32; 3]) {
@@ -311,9 +331,21 @@ fn read_archive(archive: impl Read, what: &str, kind: Kind, wanted: &[&str]) -> 
             continue;
         };
         // The header's size is outside input, not even a hint: a tiny archive may claim
-        // gigabytes. The buffer grows with the bytes that are really there.
+        // gigabytes. The buffer grows with the bytes that are really there, up to the format's
+        // size for the file: past it, a small archive inflating to gigabytes (a decompression
+        // bomb) is refused at the first byte too many.
+        let most = kind.file_bytes(wanted[slot]).unwrap_or(0) as u64;
         let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).map_err(corrupt)?;
+        (&mut entry).take(most + 1).read_to_end(&mut bytes).map_err(corrupt)?;
+        if bytes.len() as u64 > most {
+            return Err(Error::data(
+                format!("{what}:{}", wanted[slot]),
+                format!(
+                    "holds more than the {most} bytes of a {} batch file: not CIFAR's archive (a decompression bomb?)",
+                    kind.name()
+                ),
+            ));
+        }
         found[slot] = Some(bytes);
     }
     wanted

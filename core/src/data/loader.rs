@@ -58,8 +58,9 @@ pub struct DataLoader {
 }
 
 impl DataLoader {
-    /// Batches of `config.batch_size` in `sampler`'s order; an error for a batch size of 0, or
-    /// workers with a `prefetch_factor` of 0.
+    /// Batches of `config.batch_size` in `sampler`'s order; an error for a batch size of 0,
+    /// workers with a `prefetch_factor` of 0, or more workers or prefetched batches than
+    /// `limits` allows.
     pub fn new(dataset: Arc<dyn Dataset>, sampler: Arc<dyn Sampler>, config: DataLoaderConfig) -> Result<DataLoader> {
         if config.batch_size == 0 {
             return Err(Error::invalid("DataLoader", "batch_size must be at least 1"));
@@ -80,6 +81,17 @@ impl DataLoader {
             return Err(Error::invalid(
                 "DataLoader",
                 "prefetch_factor must be at least 1 when using workers",
+            ));
+        }
+        crate::limits::threads("DataLoader num_workers", config.num_workers)?;
+        if config.prefetch_factor > crate::limits::MOST_PREFETCHED {
+            return Err(Error::invalid(
+                "DataLoader",
+                format!(
+                    "prefetch_factor {} holds that many batches per worker in memory; use at most {}",
+                    config.prefetch_factor,
+                    crate::limits::MOST_PREFETCHED
+                ),
             ));
         }
         Ok(DataLoader { dataset, order, config })

@@ -76,21 +76,44 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
         })
 }
 
-/// The contents of an IDX file (`what` in errors), inflated when they start with the gzip magic
-/// bytes.
-fn inflate_if_gz(what: &str, raw: Vec<u8>) -> Result<Vec<u8>> {
+/// The contents of an IDX file of `dims` dimensions (`what` in errors), inflated when they start
+/// with the gzip magic bytes: at most as far as its header's dimensions say, so a small file
+/// that inflates to gigabytes (a decompression bomb) is refused at the first byte past them.
+fn inflate_if_gz(what: &str, raw: Vec<u8>, dims: usize) -> Result<Vec<u8>> {
     if !raw.starts_with(&[0x1f, 0x8b]) {
         return Ok(raw);
     }
+    let corrupt = |e: std::io::Error| {
+        Error::data(
+            what,
+            format!("corrupt or truncated gzip data ({e}); download the file again"),
+        )
+    };
+    let mut decoder = flate2::read::MultiGzDecoder::new(&raw[..]);
+    let header = 4 + 4 * dims;
     let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(&raw[..])
+    (&mut decoder)
+        .take(header as u64)
         .read_to_end(&mut out)
-        .map_err(|e| {
-            Error::data(
-                what,
-                format!("corrupt or truncated gzip data ({e}); download the file again"),
-            )
-        })?;
+        .map_err(corrupt)?;
+    if out.len() < header {
+        return Ok(out); // `parse_idx` says it is too short
+    }
+    let (_, payload) = parse_idx_header(what, &out, dims)?;
+    let payload = payload.map_or(u64::MAX, |p| p as u64);
+    // One byte past the payload tells a file that ends there from one that goes on.
+    decoder
+        .take(payload.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(corrupt)?;
+    if (out.len() - header) as u64 > payload {
+        return Err(Error::data(
+            what,
+            format!(
+                "inflates past the {payload} bytes of data its header declares: not an MNIST file (a decompression bomb?)"
+            ),
+        ));
+    }
     Ok(out)
 }
 
@@ -98,8 +121,29 @@ fn be_u32(bytes: &[u8], at: usize) -> usize {
     u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize
 }
 
-/// Checks an IDX header (magic `0x0000_08_dims` for unsigned bytes) and the payload length;
-/// returns the dimensions and the payload.
+/// Checks an IDX header's magic (`0x0000_08_dims` for unsigned bytes); returns its dimensions
+/// and the bytes of data they declare (None past `usize::MAX`). `bytes` holds at least the
+/// header.
+fn parse_idx_header(what: &str, bytes: &[u8], dims: usize) -> Result<(Vec<usize>, Option<usize>)> {
+    let magic = be_u32(bytes, 0);
+    let expected = 0x0800 + dims;
+    if magic != expected {
+        return Err(Error::data(
+            what,
+            format!(
+                "magic number {magic:#010x}, expected {expected:#010x} (IDX, unsigned bytes, {dims} dimensions): not an MNIST {} file",
+                if dims == 1 { "label" } else { "image" }
+            ),
+        ));
+    }
+    let shape: Vec<usize> = (0..dims).map(|d| be_u32(bytes, 4 + 4 * d)).collect();
+    // Innermost first, so that the size of one item (an image's rows x columns) is checked too,
+    // even when the count before it is 0: outside input, it may not fit in a usize.
+    let payload = shape.iter().rev().try_fold(1usize, |n, &d| n.checked_mul(d));
+    Ok((shape, payload))
+}
+
+/// Checks an IDX header and the payload length; returns the dimensions and the payload.
 fn parse_idx(what: &str, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
     let header = 4 + 4 * dims;
     if bytes.len() < header {
@@ -111,21 +155,7 @@ fn parse_idx(what: &str, bytes: Vec<u8>, dims: usize) -> Result<(Vec<usize>, Vec
             ),
         ));
     }
-    let magic = be_u32(&bytes, 0);
-    let expected = 0x0800 + dims;
-    if magic != expected {
-        return Err(Error::data(
-            what,
-            format!(
-                "magic number {magic:#010x}, expected {expected:#010x} (IDX, unsigned bytes, {dims} dimensions): not an MNIST {} file",
-                if dims == 1 { "label" } else { "image" }
-            ),
-        ));
-    }
-    let shape: Vec<usize> = (0..dims).map(|d| be_u32(&bytes, 4 + 4 * d)).collect();
-    // Innermost first, so that the size of one item (an image's rows x columns) is checked too,
-    // even when the count before it is 0: outside input, it may not fit in a usize.
-    let payload = shape.iter().rev().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let (shape, payload) = parse_idx_header(what, &bytes, dims)?;
     let actual = bytes.len() - header;
     if payload != Some(actual) {
         let payload = payload.map_or("more than usize::MAX".to_string(), |p| p.to_string());
@@ -158,8 +188,8 @@ impl Mnist {
     /// reads them: `(name, bytes)` pairs, the names only saying in errors which file is wrong.
     pub fn from_bytes(images: (&str, Vec<u8>), labels: (&str, Vec<u8>)) -> Result<Mnist> {
         let ((images_what, images), (labels_what, labels)) = (images, labels);
-        let (image_shape, images) = parse_idx(images_what, inflate_if_gz(images_what, images)?, 3)?;
-        let (label_shape, labels) = parse_idx(labels_what, inflate_if_gz(labels_what, labels)?, 1)?;
+        let (image_shape, images) = parse_idx(images_what, inflate_if_gz(images_what, images, 3)?, 3)?;
+        let (label_shape, labels) = parse_idx(labels_what, inflate_if_gz(labels_what, labels, 1)?, 1)?;
         if image_shape[0] != label_shape[0] {
             return Err(Error::data(
                 format!("{images_what} and {labels_what}"),

@@ -17,117 +17,18 @@ mod rounds;
 mod steps;
 mod timing;
 
-use std::path::PathBuf;
-
 use anyhow::Context;
-use clap::ValueEnum;
 use lockstep_core::distributed::ReducerConfig;
 use lockstep_core::{DType, Device};
 
-use self::plan::{GEMM_SIZES, GEMM_TIMING, MlpPlan, Plan};
+pub use lockstep_flags::bench::{Args, Peer, Which};
+
+use self::plan::{GEMM_TIMING, MlpPlan, Plan};
 use self::report::{Busy, Report, Results};
 use super::threads;
 
 const MLP_BATCH: usize = 128;
 const PIPELINE_BATCH: usize = 2048;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Which {
-    Gemm,
-    Mlp,
-    /// gemm and mlp (the loader has its own run: `bench loader`).
-    All,
-    /// DataLoader throughput on MNIST with 0, 1, 2 and 4 workers.
-    Loader,
-    /// A wgpu device (--device wgpu:N): tiled vs naive GEMM at 256/512/1024 and MLP steps/s,
-    /// beside the CPU backend.
-    Gpu,
-    /// Data parallel over --devices: per step, backward time, gradient all-reduce time and
-    /// the part of it hidden behind backward.
-    Ddp,
-    /// A deep MLP (--depth layers of --width) split over --devices: naive model parallel
-    /// against GPipe and 1F1B with --micro-batches, steps/s and the measured bubble.
-    Pipeline,
-    /// ResNet-18 (CIFAR stem) training steps at --batch (default 64) in f32 and bf16-mixed,
-    /// images/s and peak memory, and the loader's augmented images/s with 0, 2 and 4 workers.
-    Resnet,
-    /// A GPT's training steps (--model, default gpt-char; --batch, default 16) in f32 and
-    /// bf16-mixed with nanoGPT's recipe: tokens/s and peak memory.
-    Gpt,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Peer {
-    Pytorch,
-}
-
-#[derive(clap::Args)]
-pub struct Args {
-    /// Which benchmarks to run.
-    #[arg(value_enum, default_value_t = Which::All)]
-    which: Which,
-    /// CPU worker threads (rayon's pool; the peer gets the same number).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
-    threads: u16,
-    /// Also run the same benchmarks in this framework and print the ratio.
-    #[arg(long, value_enum)]
-    peer: Option<Peer>,
-    /// Write the plan and every number to this JSON file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// The device to measure (`cpu`, `cpu:1`, `wgpu:0`, …).
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Hidden widths of the benchmark MLP (784 inputs, 10 classes).
-    #[arg(long, value_delimiter = ',', default_value = "512,512")]
-    hidden: Vec<usize>,
-    /// Precision of the MLP steps: 32, 16-mixed or bf16-mixed (the peer uses torch.autocast).
-    #[arg(long, default_value = "32", value_parser = ["32", "16-mixed", "bf16-mixed"])]
-    precision: String,
-    /// Element type of the GEMM benchmark's operands (f16 and bf16 accumulate in f32; tf32: f32
-    /// operands on TF32 tensor cores, CUDA only, the peer with `allow_tf32`).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "f16", "bf16"])]
-    gemm_dtype: String,
-    /// Sizes n of the square GEMM benchmark (default 512, 1024, 2048; a GPU wants 4096, 8192).
-    #[arg(long, value_delimiter = ',', default_values_t = GEMM_SIZES)]
-    sizes: Vec<usize>,
-    /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA/mnist, else the per-user cache).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// The devices of `bench ddp` (one replica each) and `bench pipeline` (one stage each).
-    #[arg(long, value_delimiter = ',', default_value = "cpu:0,cpu:1")]
-    devices: Vec<String>,
-    /// Batch of the MLP benchmark (for `bench ddp`, the global batch split over --devices;
-    /// default 128) and of `bench pipeline` (cut into --micro-batches; default 2048, so a
-    /// micro-batch of 256 rows keeps the CPU's GEMM about as efficient as the whole batch).
-    #[arg(long)]
-    batch: Option<usize>,
-    /// `bench ddp`: timed steps (after 3 warm-up steps) and bucket capacities in MiB.
-    #[arg(long, default_value_t = 20)]
-    steps: usize,
-    #[arg(long, default_value_t = 1.0)]
-    first_bucket_mb: f64,
-    #[arg(long, default_value_t = 25.0)]
-    bucket_mb: f64,
-    /// `bench pipeline`: hidden layers, their width, and micro-batches per step.
-    #[arg(long, default_value_t = 8)]
-    depth: usize,
-    #[arg(long, default_value_t = 2048)]
-    width: usize,
-    #[arg(long, default_value_t = 8)]
-    micro_batches: usize,
-    /// `bench gpt`: the preset to measure (gpt-tiny, gpt-char, gpt2).
-    #[arg(long, default_value = "gpt-char")]
-    model: String,
-    /// `bench resnet` and `bench gpt`: after each precision, one more step with every kernel
-    /// timed alone (wgpu devices with timestamp queries), and its N longest kernels listed.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    kernels: usize,
-    /// `bench resnet` and `bench gpt` beside a peer: measure the two sides in turn this many
-    /// times (a machine whose speed drifts slows both alike) and report each side's median round.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    rounds: u16,
-}
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let threads = usize::from(args.threads);

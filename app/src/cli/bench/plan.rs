@@ -5,8 +5,6 @@ use serde::Serialize;
 
 use super::timing::Timing;
 
-pub const GEMM_SIZES: [usize; 3] = [512, 1024, 2048];
-
 /// Enough repetitions for a stable median at 512 (about 1 ms each) and at 2048 (about 70 ms).
 pub const GEMM_TIMING: Timing = Timing {
     warmup: 3,

@@ -7,7 +7,8 @@ use std::process::Command;
 
 use super::Args;
 use super::supervise::describe;
-use crate::cli::{train, world};
+use crate::cli::train;
+use lockstep_flags::world;
 
 pub fn run(exe: &Path, args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(

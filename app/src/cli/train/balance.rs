@@ -2,28 +2,16 @@
 //! share of every global batch follows its device's measured throughput, and its gradient is
 //! weighted by that share, so the job still learns the global batch's mean.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use lockstep_core::data::{BatchShares, DataLoader, DataLoaderConfig, Dataset, ShardedBatches};
 
-use super::args::Args;
-
-/// Whether a multi-device run balances: --balance, or devices of different kinds (cpu, wgpu,
-/// cuda) unless --no-balance. Devices of one kind split evenly, as PyTorch's DistributedSampler.
-pub fn enabled(args: &Args) -> bool {
-    let kinds: HashSet<&str> = args
-        .devices
-        .iter()
-        .map(|d| d.split(':').next().unwrap_or_default())
-        .collect();
-    args.balance || (kinds.len() > 1 && !args.no_balance)
-}
+use lockstep_flags::train::Args;
 
 /// The shares a run of `world` replicas starts from when it balances: the global batch split
 /// evenly, the remainder to the lowest ranks. None when it does not balance.
 pub fn initial_shares(args: &Args, world: usize) -> anyhow::Result<Option<BatchShares>> {
-    if world < 2 || !enabled(args) {
+    if world < 2 || !args.balances() {
         return Ok(None);
     }
     Ok(Some(BatchShares::equal(args.batch_size, world)?))
@@ -53,7 +41,7 @@ mod tests {
 
     #[test]
     fn devices_of_different_kinds_balance_unless_told_not_to() {
-        let on = |flags: &[&str]| enabled(&args(flags).unwrap());
+        let on = |flags: &[&str]| args(flags).unwrap().balances();
         assert!(on(&["--devices", "cuda:0,wgpu:0,cpu"]));
         assert!(!on(&["--devices", "cpu:0,cpu:1"]));
         assert!(!on(&["--devices", "cpu:0,wgpu:0", "--no-balance"]));

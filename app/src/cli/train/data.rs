@@ -15,8 +15,8 @@ use lockstep_core::data::text::{self, CharVocab};
 use lockstep_core::data::{Dataset, Head, ImageClassification, ImageSource};
 use lockstep_core::models::Input;
 
-use super::args::{Args, DatasetKind};
 use super::download;
+use lockstep_flags::train::{Args, DatasetKind};
 
 /// Sequences per epoch and in the test set of `--model seq2seq` (other seeds, other samples).
 const REVERSAL_TRAIN: usize = 100_000;

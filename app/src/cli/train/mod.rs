@@ -1,6 +1,5 @@
 //! `lockstep train`: MNIST with a built-in model, as a thin layer over the core Trainer.
 
-mod args;
 mod balance;
 mod dashboard;
 mod data;
@@ -28,13 +27,13 @@ use lockstep_core::train::{
     TensorBoardWriter, Trainer, batchnorm_groups, each_replica,
 };
 
-pub use args::Args;
-use args::OnCheckpointError;
 pub use dashboard::launcher;
+pub use lockstep_flags::train::Args;
+use lockstep_flags::train::OnCheckpointError;
 pub use process_group::NO_MPI;
 
 use self::pipeline::StagePlan;
-use crate::cli::world::WorldEnv;
+use lockstep_flags::world::WorldEnv;
 
 /// What a caller outside the CLI attaches to the run: the dashboard's event channel and its
 /// stop and pause buttons (single-device runs only: a paused replica would hold the others in
@@ -46,8 +45,8 @@ pub struct Hooks {
     pub interrupted: Option<Arc<AtomicBool>>,
 }
 
+/// Runs a training whose flags `lockstep_flags::validate` accepted.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    args.validate()?;
     // Before anything touches a tensor or lists devices (the dashboard does): rayon's pool is
     // sized once.
     super::threads::init(args.threads)?;

@@ -12,8 +12,8 @@ use lockstep_core::nn::{ModuleExt, StagedModel, layer_times, sizes_by_cost, size
 use lockstep_core::train::pipeline::Pipeline;
 use lockstep_core::train::{Hybrid, TrainingSetup};
 
-use super::args::{Args, StageBalance};
 use super::setup;
+use lockstep_flags::train::{Args, StageBalance};
 
 /// Consecutive layers per stage, and each replica's device for each stage.
 #[derive(Clone, Debug, PartialEq)]

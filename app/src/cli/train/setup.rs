@@ -13,8 +13,8 @@ use lockstep_core::optim::{
 use lockstep_core::train::{Classification, LanguageModeling, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
 
-use super::args::{Args, LrSchedule, OptimizerKind};
 use super::data::{TextVocabulary, text_vocabulary};
+use lockstep_flags::train::{Args, LrSchedule, OptimizerKind};
 
 /// The devices of the run: `--devices a,b,…` (one replica each), else `--device`.
 pub fn devices(args: &Args) -> anyhow::Result<Vec<Device>> {

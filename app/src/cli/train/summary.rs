@@ -6,7 +6,7 @@ use anyhow::Context;
 use lockstep_core::train::{EvalMetrics, FitReport};
 use serde::Serialize;
 
-use super::args::Args;
+use lockstep_flags::train::Args;
 
 #[derive(Serialize)]
 pub struct Summary {

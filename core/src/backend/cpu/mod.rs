@@ -5,6 +5,7 @@
 mod batch_norm;
 mod bias;
 mod busy;
+mod capacity;
 mod causal_softmax;
 mod conv;
 mod conv_data_grad;
@@ -97,6 +98,7 @@ pub struct CpuBackend {
     ordinal: usize,
     pool: Arc<Pool>,
     busy: busy::BusyMeter,
+    capacity: capacity::Capacity,
 }
 
 /// Matches two `HostVec`s of the same dtype, binding both inner slices, for kernels that work on
@@ -156,7 +158,15 @@ impl CpuBackend {
             ordinal,
             pool: Arc::new(Pool::default()),
             busy: busy::BusyMeter::new(),
+            capacity: capacity::Capacity::of_this_machine(),
         }
+    }
+
+    /// A new tensor of `len` elements, refused where the machine cannot hold it.
+    fn check_fits(&self, op: &'static str, dtype: DType, len: usize) -> Result<()> {
+        let in_use = self.pool.allocated_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        self.capacity
+            .check(&format!("cpu:{}", self.ordinal), op, dtype, len, in_use)
     }
 
     fn wrap(&self, data: HostVec) -> BufferRef {
@@ -207,18 +217,6 @@ fn cpu_model_name() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-fn total_memory_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = s
-        .lines()
-        .find(|l| l.starts_with("MemTotal"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
-}
-
 /// A batch norm's element-wise result as a `HostVec`, beside its per-channel f32 vectors.
 fn in_host_vec<E: Element>((values, per_channel): (Vec<E>, [Vec<f32>; 2])) -> (HostVec, [Vec<f32>; 2]) {
     (E::into_host(values), per_channel)
@@ -250,7 +248,7 @@ impl Backend for CpuBackend {
             location: format!("cpu:{}", self.ordinal),
             name: format!("{} ({} threads)", cpu_model_name(), rayon::current_num_threads()),
             api: "cpu".into(),
-            total_memory_bytes: total_memory_bytes(),
+            total_memory_bytes: self.capacity.ram(),
             software: false,
             details: kernel_details(),
         }
@@ -281,6 +279,7 @@ impl Backend for CpuBackend {
     }
 
     fn full(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef> {
+        self.check_fits("full", dtype, len)?;
         let data = match dtype {
             DType::F32 => self.typed_full::<f32>(len, value),
             DType::F16 => self.typed_full::<half::f16>(len, value),
@@ -319,6 +318,7 @@ impl Backend for CpuBackend {
                 hint: "; random tensors are floating point",
             });
         }
+        self.check_fits("rand", dtype, len)?;
         let block = |b: u64| match dist {
             Distribution::Uniform { low, high } => {
                 crate::rng::uniform_block(seed, counter, b).map(|u| low + (high - low) * u)

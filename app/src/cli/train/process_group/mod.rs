@@ -13,9 +13,9 @@ use anyhow::Context;
 use lockstep_core::Device;
 use lockstep_core::data::Dataset;
 
-use super::args::{Args, StageBalance};
 use super::{Finished, Hooks, Placement, replica};
-use crate::cli::world::{Launcher, WorldEnv};
+use lockstep_flags::train::{Args, StageBalance};
+use lockstep_flags::world::{Launcher, WorldEnv};
 
 pub use mpi::NO_MPI;
 

@@ -4,9 +4,9 @@
 //! Without the feature, a clear refusal.
 
 use crate::cli::train::Collectives;
-use crate::cli::train::args::Args;
-use crate::cli::world::WorldEnv;
 use lockstep_core::Device;
+use lockstep_flags::train::Args;
+use lockstep_flags::world::WorldEnv;
 
 pub const NO_MPI: &str = "this binary was built without MPI; rebuild with `cargo build --release --features mpi` \
                           (needs OpenMPI and libclang), or use CUDA devices (NCCL)";

@@ -9,8 +9,8 @@ use lockstep_core::distributed::{Rendezvous, RendezvousConfig};
 use lockstep_cuda::{NcclCommunicator, NcclId};
 
 use crate::cli::train::Collectives;
-use crate::cli::train::args::Args;
-use crate::cli::world::WorldEnv;
+use lockstep_flags::train::Args;
+use lockstep_flags::world::WorldEnv;
 
 pub fn collectives(args: &Args, world: &WorldEnv, device: &Device) -> anyhow::Result<Collectives> {
     let config = RendezvousConfig::new(

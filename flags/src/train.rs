@@ -367,7 +367,7 @@ pub struct Args {
 fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // A malformed launcher variable is reported when training starts, not here.
-    let processes_here = crate::cli::world::WorldEnv::from_env()
+    let processes_here = crate::world::WorldEnv::from_env()
         .ok()
         .flatten()
         .map_or(1, |w| w.local_world_size);
@@ -454,11 +454,20 @@ impl Args {
             _ => 0.0,
         })
     }
-    /// Refuses flags that cannot work together, naming the flag.
+    /// Whether a multi-device run balances: --balance, or devices of different kinds (cpu, wgpu,
+    /// cuda) unless --no-balance. Devices of one kind split evenly, as PyTorch's
+    /// DistributedSampler.
+    pub fn balances(&self) -> bool {
+        let kinds: std::collections::HashSet<&str> = self
+            .devices
+            .iter()
+            .map(|d| d.split(':').next().unwrap_or_default())
+            .collect();
+        self.balance || (kinds.len() > 1 && !self.no_balance)
+    }
+    /// Refuses a value out of its range or flags that cannot work together, naming the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.batch_size > 0, "--batch-size must be at least 1");
-        anyhow::ensure!(self.threads > 0, "--threads must be at least 1");
-        anyhow::ensure!(self.image_size > 0, "--image-size must be at least 1 pixel");
+        self.validate_ranges()?;
         match (self.gpt_recipe(), self.dataset == DatasetKind::Text) {
             (true, false) => anyhow::bail!(
                 "{} is a language model: train it with --dataset text --data FILE (a UTF-8 text)",
@@ -476,7 +485,7 @@ impl Args {
             _ if pipelined => 1,
             _ => self.devices.len().max(1),
         };
-        if super::balance::enabled(self) {
+        if self.balances() {
             anyhow::ensure!(
                 self.batch_size >= replicas,
                 "--batch-size {} cannot give each of {replicas} devices a sample; use at least {replicas}",
@@ -491,7 +500,7 @@ impl Args {
         }
         // Under a launcher each process runs one stage on its --device (the process group checks
         // the count).
-        let launched = matches!(crate::cli::world::WorldEnv::from_env(), Ok(Some(_)));
+        let launched = matches!(crate::world::WorldEnv::from_env(), Ok(Some(_)));
         if let Some(stages) = self.pipeline_stages.filter(|_| !launched) {
             anyhow::ensure!(
                 stages > 0 && !self.devices.is_empty() && self.devices.len().is_multiple_of(stages),
@@ -499,7 +508,6 @@ impl Args {
                  or run one stage per process: `lockstep launch --nproc-per-node {stages} -- train --pipeline-stages {stages}`"
             );
         }
-        anyhow::ensure!(self.micro_batches > 0, "--micro-batches must be at least 1");
         if pipelined {
             anyhow::ensure!(
                 !self.sync_batchnorm && !self.balance,
@@ -514,23 +522,9 @@ impl Args {
             self.epochs > 0 || self.max_steps.is_some(),
             "--epochs must be at least 1"
         );
-        anyhow::ensure!(self.accumulate > 0, "--accumulate must be at least 1");
-        anyhow::ensure!(
-            self.bucket_cap_mb > 0.0 && self.first_bucket_mb > 0.0,
-            "--bucket-cap-mb and --first-bucket-mb must be positive (MiB)"
-        );
-        anyhow::ensure!(
-            self.collective_timeout > 0,
-            "--collective-timeout must be at least 1 second"
-        );
-        anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
         anyhow::ensure!(
             self.clip_grad_norm.is_none() || self.clip_grad_value.is_none(),
             "use either --clip-grad-norm or --clip-grad-value, not both"
-        );
-        anyhow::ensure!(
-            self.lr() > 0.0 && self.lr().is_finite(),
-            "--lr must be a positive number"
         );
         anyhow::ensure!(
             !self.resumes_last() || self.checkpoint_dir.is_some(),
@@ -545,6 +539,54 @@ impl Args {
         }
         Ok(())
     }
+    /// Each number within its range (`bounds`): what a typo or a hostile config file could make
+    /// abort, hang or exhaust the machine is refused before anything starts.
+    fn validate_ranges(&self) -> anyhow::Result<()> {
+        use crate::bounds::*;
+        within("--batch-size", self.batch_size, 1..=MOST_SAMPLES)?;
+        threads("--threads", self.threads, 1)?;
+        threads("--workers", self.workers, 0)?;
+        within("--image-size", self.image_size, 1..=MOST_PIXELS)?;
+        each_within("--hidden", &self.hidden, 1..=MOST_WIDTH)?;
+        let optional = [
+            ("--block-size", self.block_size, MOST_TOKENS),
+            ("--vocab-size", self.vocab_size, MOST_VOCAB),
+            ("--n-layer", self.n_layer, MOST_LAYERS),
+            ("--n-head", self.n_head, MOST_LAYERS),
+            ("--n-embd", self.n_embd, MOST_WIDTH),
+            ("--pipeline-stages", self.pipeline_stages, MOST_PARTS),
+        ];
+        for (flag, value, most) in optional {
+            value.map_or(Ok(()), |v| within(flag, v, 1..=most))?;
+        }
+        if let Some(dropout) = self.dropout {
+            real("--dropout", dropout, 0.0..=0.999)?;
+        }
+        within("--micro-batches", self.micro_batches, 1..=MOST_PARTS)?;
+        within("--accumulate", self.accumulate, 1..=MOST_PARTS)?;
+        positive("--bucket-cap-mb", self.bucket_cap_mb, MOST_BUCKET_MIB)?;
+        positive("--first-bucket-mb", self.first_bucket_mb, MOST_BUCKET_MIB)?;
+        within("--collective-timeout", self.collective_timeout, 1..=MOST_SECONDS)?;
+        within("--log-every", self.log_every, 1..=u64::MAX)?;
+        positive("--lr", self.lr(), MOST_RATE)?;
+        real("--momentum", self.momentum, 0.0..=1.0)?;
+        real("--weight-decay", self.weight_decay(), 0.0..=MOST_RATE)?;
+        if let Some(norm) = self.clip_grad_norm {
+            positive("--clip-grad-norm", norm, f64::MAX)?;
+        }
+        if let Some(value) = self.clip_grad_value {
+            positive("--clip-grad-value", value, f64::MAX)?;
+        }
+        if let Some(batches) = self.limit_train_batches {
+            within("--limit-train-batches", batches, 1..=usize::MAX)?;
+        }
+        if let Some(steps) = self.max_steps {
+            within("--max-steps", steps, 1..=u64::MAX)?;
+        }
+        crate::dashboard::parse_screenshot(&self.screenshot_after)?;
+        Ok(())
+    }
+
     fn resumes_last(&self) -> bool {
         self.resume.as_ref().is_some_and(|p| p.as_os_str() == "last")
     }

@@ -22,6 +22,8 @@ pub const TIMEOUT: &str = "LOCKSTEP_RDZV_TIMEOUT";
 
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
+/// The most processes in one job: each holds a connection at the rendezvous.
+pub const MOST_RANKS: usize = 1 << 16;
 
 /// The launcher that started this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,9 +97,14 @@ impl WorldEnv {
                 .trim()
                 .parse::<f64>()
                 .ok()
-                .filter(|s| s.is_finite() && *s > 0.0)
+                .filter(|s| *s > 0.0 && *s <= crate::bounds::MOST_SECONDS as f64)
                 .map(Duration::from_secs_f64)
-                .with_context(|| format!("{TIMEOUT}={text} is not a positive number of seconds"))?,
+                .with_context(|| {
+                    format!(
+                        "{TIMEOUT}={text} is not a number of seconds from 0 (excluded) to {}",
+                        crate::bounds::MOST_SECONDS
+                    )
+                })?,
         };
         Ok(Some(WorldEnv {
             rank: ranks.rank,
@@ -143,6 +150,9 @@ fn ranks(
     let Some(rank) = number::<usize>(var, rank_var)? else {
         bail!("{world_var} is set but {rank_var} is not: the launcher must set both");
     };
+    if world_size > MOST_RANKS {
+        bail!("{world_var}={world_size} is more ranks than a job may have ({MOST_RANKS})");
+    }
     if world_size == 0 || rank >= world_size {
         bail!("{rank_var}={rank} is out of range for {world_var}={world_size}");
     }
@@ -232,17 +242,19 @@ fn slurm(var: Var) -> anyhow::Result<Option<Ranks>> {
 
 /// Slurm's compressed tasks-per-node list, e.g. `2(x3),1`: node 0..2 run 2 tasks, node 3 runs 1.
 fn tasks_on_node(list: &str, node: usize) -> Option<usize> {
-    let mut first = 0;
+    let mut first: usize = 0;
     for part in list.split(',') {
         let (count, repeat) = match part.trim().split_once("(x") {
             Some((count, rest)) => (count, rest.strip_suffix(')')?.parse::<usize>().ok()?),
             None => (part.trim(), 1),
         };
         let count = count.parse::<usize>().ok()?;
-        if node < first + repeat {
+        // Checked: the counts are the launcher's text, and a sum past usize is no node's.
+        let next = first.checked_add(repeat)?;
+        if node < next {
             return Some(count);
         }
-        first += repeat;
+        first = next;
     }
     None
 }
@@ -409,7 +421,7 @@ mod tests {
         assert!(msg.contains("MASTER_PORT=70000"), "{msg}");
         let msg = error(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCKSTEP_RDZV_TIMEOUT", "-1")]);
         assert!(
-            msg.contains("LOCKSTEP_RDZV_TIMEOUT=-1 is not a positive number"),
+            msg.contains("LOCKSTEP_RDZV_TIMEOUT=-1 is not a number of seconds from 0 (excluded) to 604800"),
             "{msg}"
         );
         let msg = error(&[

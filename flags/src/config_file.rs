@@ -11,9 +11,40 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 /// The flags that configure the file itself, never keys in it.
 const OWN_FLAGS: [&str; 2] = ["config", "print_config"];
 
-/// `argv` with the keys of `--config FILE` inserted as flags right after `subcommand`, except
-/// those the command line gives itself: it wins. Unchanged without `--config`.
-pub fn expand(command: &Command, subcommand: &str, argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+/// How a config file's text is read: `read` on a real run, the fuzzer's bytes under fuzzing.
+pub type Reader<'a> = &'a dyn Fn(&Path) -> anyhow::Result<String>;
+
+/// The largest config file read: a run's flags take a few KiB; a path to a device or a huge file
+/// is refused instead of read into memory.
+pub const MAX_BYTES: u64 = 1 << 20;
+
+/// The text of the config file at `path`, refused past `MAX_BYTES`.
+pub fn read(path: &Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let shown = path.display();
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read the config file {shown}"))?;
+    let mut bytes = Vec::new();
+    // One byte more than the bound tells a file at the bound from a longer one.
+    file.take(MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read the config file {shown}"))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= MAX_BYTES,
+        "the config file {shown} is over {} KiB; a run's flags take a few lines (`lockstep train --print-config` writes one)",
+        MAX_BYTES >> 10
+    );
+    String::from_utf8(bytes).with_context(|| format!("the config file {shown} is not UTF-8 text"))
+}
+
+/// `argv` with the keys of `--config FILE` (read by `read_config`) inserted as flags right after
+/// `subcommand`, except those the command line gives itself: it wins. Unchanged without
+/// `--config`.
+pub fn expand(
+    command: &Command,
+    subcommand: &str,
+    argv: Vec<OsString>,
+    read_config: Reader,
+) -> anyhow::Result<Vec<OsString>> {
     if argv.get(1).and_then(|a| a.to_str()) != Some(subcommand) {
         return Ok(argv);
     }
@@ -24,7 +55,7 @@ pub fn expand(command: &Command, subcommand: &str, argv: Vec<OsString>) -> anyho
         .find_subcommand(subcommand)
         .with_context(|| format!("no `{subcommand}` command"))?;
     let given = given_flags(&argv[2..]);
-    let flags = flags_from_file(sub, &path, &given)?;
+    let flags = flags_from_file(sub, Path::new(&path), &given, read_config)?;
     let mut out = argv[..2].to_vec();
     out.extend(flags);
     out.extend_from_slice(&argv[2..]);
@@ -73,9 +104,14 @@ fn config_path(args: &[OsString]) -> anyhow::Result<Option<OsString>> {
 
 /// The flags a config file stands for, each key checked against `command`'s flags; keys whose
 /// flag is among `given` are left to the command line.
-fn flags_from_file(command: &Command, path: &OsString, given: &[String]) -> anyhow::Result<Vec<OsString>> {
-    let shown = Path::new(path).display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the config file {shown}"))?;
+fn flags_from_file(
+    command: &Command,
+    path: &Path,
+    given: &[String],
+    read_config: Reader,
+) -> anyhow::Result<Vec<OsString>> {
+    let shown = path.display().to_string();
+    let text = read_config(path)?;
     let table: toml::Table = text
         .parse()
         .with_context(|| format!("{shown} is not valid TOML (keys are flag names: batch_size = 64)"))?;

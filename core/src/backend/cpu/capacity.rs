@@ -1,0 +1,92 @@
+//! The CPU device's memory. A tensor the machine cannot hold is refused before it is allocated:
+//! past the machine's memory, Rust's allocator aborts the process, or the kernel kills it
+//! part-way through a run, where an error could have said what to change.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The memory a CPU device may fill: RAM and swap (`/proc/meminfo`), read once; unknown (no
+/// check) where there is no such file.
+#[derive(Debug)]
+pub struct Capacity {
+    ram: Option<u64>,
+    swap: u64,
+}
+
+impl Capacity {
+    pub fn of_this_machine() -> Capacity {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        Capacity {
+            ram: meminfo_bytes(&meminfo, "MemTotal"),
+            swap: meminfo_bytes(&meminfo, "SwapTotal").unwrap_or(0),
+        }
+    }
+
+    /// The machine's RAM, as `DeviceInfo::total_memory_bytes` reports it.
+    pub fn ram(&self) -> Option<u64> {
+        self.ram
+    }
+
+    /// `len` elements of `dtype` asked by `op` on `device` with `in_use` bytes live: refused when
+    /// they cannot fit beside what is live.
+    pub fn check(&self, device: &str, op: &'static str, dtype: DType, len: usize, in_use: u64) -> Result<()> {
+        let Some(ram) = self.ram else { return Ok(()) };
+        let capacity = ram + self.swap;
+        let requested = (len as u64).saturating_mul(dtype.size_in_bytes() as u64);
+        if requested.saturating_add(in_use) > capacity {
+            return Err(Error::OutOfMemory {
+                device: device.to_string(),
+                op,
+                requested,
+                in_use,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A `/proc/meminfo` field's value (kB there) in bytes.
+fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.split(':').next() == Some(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tensor_past_ram_and_swap_is_refused_naming_the_sizes() {
+        let capacity = Capacity {
+            ram: Some(8 << 30),
+            swap: 2 << 30,
+        };
+        capacity.check("cpu:0", "rand", DType::F32, 1 << 30, 0).unwrap();
+        // 784 x 1e9 f32: the weight of `--hidden 1000000000`.
+        let err = capacity
+            .check("cpu:0", "rand", DType::F32, 784_000_000_000, 1 << 20)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("cpu:0: rand asks for 2921 GiB, with 0.00 GiB in use, more than the device's 10 GiB"),
+            "{err}"
+        );
+        assert!(err.contains("try a smaller model or batch"), "{err}");
+        // What is live counts: two halves that fit alone do not fit together.
+        assert!(capacity.check("cpu:0", "full", DType::F32, 1 << 30, 7 << 30).is_err());
+        assert!(
+            capacity.check("cpu:0", "full", DType::F32, usize::MAX, 0).is_err(),
+            "no overflow"
+        );
+    }
+
+    #[test]
+    fn meminfo_fields_are_read_in_bytes() {
+        let text = "MemTotal:       24576000 kB\nMemFree:  1 kB\nSwapTotal:      0 kB\n";
+        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(24_576_000 * 1024));
+        assert_eq!(meminfo_bytes(text, "SwapTotal"), Some(0));
+        assert_eq!(meminfo_bytes(text, "Mem"), None);
+    }
+}

@@ -1,0 +1,11 @@
+//! The `command_line` target: see fuzz/src/command_line.rs for what it builds and checks.
+
+#![no_main]
+
+// The heap bound (`lockstep_fuzz::HEAP_LIMIT`) is lockstep_fuzz's global allocator.
+use lockstep_fuzz as _;
+
+#[path = "../src/command_line.rs"]
+mod command_line;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| command_line::run(data));
