@@ -227,7 +227,7 @@ pub struct Args {
     /// (re-measured every --rebalance-every steps; the global batch stays --batch-size), each
     /// gradient weighted by its share so the job still learns the global batch's mean. On by
     /// default when the devices are of different kinds (e.g. cuda:0,wgpu:0,cpu); devices of one
-    /// kind split evenly (PyTorch's DistributedSampler) unless given --balance.
+    /// kind split evenly unless given --balance.
     #[arg(long, conflicts_with = "no_balance")]
     pub balance: bool,
     /// Split every global batch evenly even over devices of different kinds.

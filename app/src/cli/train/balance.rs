@@ -10,7 +10,7 @@ use lockstep_core::data::{BatchShares, DataLoader, DataLoaderConfig, Dataset, Sh
 use super::args::Args;
 
 /// Whether a multi-device run balances: --balance, or devices of different kinds (cpu, wgpu,
-/// cuda) unless --no-balance. Devices of one kind split evenly, as PyTorch's DistributedSampler.
+/// cuda) unless --no-balance. Devices of one kind split evenly.
 pub fn enabled(args: &Args) -> bool {
     let kinds: HashSet<&str> = args
         .devices
@@ -29,7 +29,8 @@ pub fn initial_shares(args: &Args, world: usize) -> anyhow::Result<Option<BatchS
     Ok(Some(BatchShares::equal(args.batch_size, world)?))
 }
 
-/// Replica `rank`'s training loader: its slice of every global batch, by `shares`.
+/// Replica `rank`'s training loader: its contiguous slice of every global batch, by `shares`
+/// (equal ones where the run does not balance).
 pub fn loader(
     args: &Args,
     train_set: Arc<dyn Dataset>,
