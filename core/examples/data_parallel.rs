@@ -83,7 +83,8 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             Ok(())
         })
         // Called once per replica, on its thread: the model goes on that replica's device. Every
-        // replica starts from rank 0's weights, whatever the seed here.
+        // replica starts from rank 0's weights and random streams (a Dropout's), whatever the
+        // seed here, and draws for each sample what one device would.
         .fit(Arc::new(blobs(TRAIN, 1)?), Some(Arc::new(blobs(400, 2)?)), |replica| {
             let g = Generator::new(0);
             let model = Sequential::new()

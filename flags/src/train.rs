@@ -227,7 +227,7 @@ pub struct Args {
     /// (re-measured every --rebalance-every steps; the global batch stays --batch-size), each
     /// gradient weighted by its share so the job still learns the global batch's mean. On by
     /// default when the devices are of different kinds (e.g. cuda:0,wgpu:0,cpu); devices of one
-    /// kind split evenly (PyTorch's DistributedSampler) unless given --balance.
+    /// kind split evenly unless given --balance.
     #[arg(long, conflicts_with = "no_balance")]
     pub balance: bool,
     /// Split every global batch evenly even over devices of different kinds.
@@ -455,8 +455,7 @@ impl Args {
         })
     }
     /// Whether a multi-device run balances: --balance, or devices of different kinds (cpu, wgpu,
-    /// cuda) unless --no-balance. Devices of one kind split evenly, as PyTorch's
-    /// DistributedSampler.
+    /// cuda) unless --no-balance. Devices of one kind split evenly.
     pub fn balances(&self) -> bool {
         let kinds: std::collections::HashSet<&str> = self
             .devices

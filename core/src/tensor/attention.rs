@@ -7,7 +7,7 @@ use crate::autograd::no_grad;
 use crate::backend::{CausalAttention, CausalSoftmax, DropoutDraw};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::rng::Generator;
+use crate::rng::{BatchWindow, Generator};
 
 impl Tensor {
     /// `value` where `mask` (U32, broadcast to this shape) is non-zero, else this tensor; the
@@ -128,14 +128,18 @@ impl Tensor {
             ));
         }
         self.float_only("causal_softmax")?;
-        if dropout.is_some_and(|(p, _)| p >= 1.0) {
+        // The fused kernels draw from a Philox block's start; a replica's part of the global
+        // batch's stream may start inside one (`BatchWindow`), and then the composed path draws.
+        let leading = self.dims()[0];
+        let unaligned = |p: f64| p > 0.0 && BatchWindow::starts_inside_a_block(self.elem_count(), leading);
+        if dropout.is_some_and(|(p, _)| p >= 1.0 || unaligned(p)) {
             return self.causal_softmax_composed(scale, dropout);
         }
         // Drawn here, so both paths take the same part of the stream.
         let draw = dropout.filter(|(p, _)| *p > 0.0).map(|(p, g)| DropoutDraw {
             p,
             seed: g.seed(),
-            counter: g.advance(self.elem_count()),
+            counter: g.reserve(self.elem_count(), leading).counter,
         });
         let x = self.contiguous()?;
         let spec = CausalSoftmax {

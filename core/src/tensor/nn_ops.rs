@@ -5,7 +5,7 @@ use super::Tensor;
 use crate::backend::{Conv2dGeometry, Pool2dGeometry, UnaryOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::rng::Generator;
+use crate::rng::{Generator, StreamPlace};
 use crate::shape::Shape;
 
 /// Stride, zero padding, dilation and groups of a 2-D convolution (per axis `[h, w]`), as `torch.nn.functional.conv2d`.
@@ -404,7 +404,12 @@ impl Tensor {
         // again for the gradient instead of stored (as `rand_uniform` would draw it).
         let x = self.contiguous()?;
         let len = x.elem_count();
-        let (seed, counter) = (generator.seed(), generator.advance(len));
+        let seed = generator.seed();
+        let place = generator.reserve(len, x.dims().first().copied().unwrap_or(1));
+        if place.skip > 0 {
+            return x.dropout_unaligned(p, seed, place);
+        }
+        let counter = place.counter;
         let buffer = x.backend().dropout(x.buffer(), len, p, seed, counter)?;
         let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
         Ok(out.track("dropout", &[&x], move |g| {
@@ -412,6 +417,19 @@ impl Tensor {
             let dx = g.backend().dropout(g.buffer(), len, p, seed, counter)?;
             Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
         }))
+    }
+
+    /// `dropout` of a replica's samples whose part of the global batch's stream starts inside a
+    /// Philox block (`place.skip` > 0), which the backends' kernels cannot start at: the mask is
+    /// drawn from the block's start on a tensor of ones, cut to the samples, and multiplied in.
+    fn dropout_unaligned(&self, p: f64, seed: u64, place: StreamPlace) -> Result<Tensor> {
+        let len = self.elem_count() + place.skip;
+        let ones = Tensor::ones([len], self.dtype(), self.device())?;
+        let scaled = ones.backend().dropout(ones.buffer(), len, p, seed, place.counter)?;
+        let mask = Tensor::from_buffer(scaled, [len], self.device())
+            .narrow(0, place.skip, self.elem_count())?
+            .reshape(self.shape().clone())?;
+        self.mul(&mask)
     }
 
     /// Mean squared error.

@@ -188,9 +188,10 @@ impl Trainer {
         }
         progress.data_wait += batches.wait_time();
         drop(batches);
-        // Fold this stretch of the epoch into the running (checkpointed) sum.
+        // Fold this stretch of the epoch into the running (checkpointed) sum, every worker's
+        // parts together (workers stop together, so all arrive here).
         if let Some(s) = loss_sum {
-            self.state.epoch_loss_sum += s.item()?;
+            self.state.epoch_loss_sum += self.strategy.sum_over_workers(setup, &s)?.item()?;
         }
         Ok(stop)
     }
@@ -204,7 +205,7 @@ impl Trainer {
         counted: bool,
         progress: &mut FitProgress,
     ) -> Result<()> {
-        let value = loss.item()?;
+        let value = self.strategy.sum_over_workers(setup, loss)?.item()?;
         if counted {
             step::check_finite(value, &self.state, setup)?;
         }

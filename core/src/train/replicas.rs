@@ -5,11 +5,13 @@
 //!
 //! The conventions, as PyTorch's DDP and Lightning have them:
 //! - the batch size given is the **global** batch: each of `n` replicas gets `batch / n`
-//!   samples of every step, from a `DistributedSampler` (the same shuffle on every rank, a
-//!   different slice each), so the run takes the steps a single device would;
-//! - every replica's weights start as rank 0's (the reducer broadcasts them), so `build` need
-//!   not seed identically; random streams inside the model (Dropout) stay per replica, as each
-//!   PyTorch process has its own;
+//!   samples of every step, its contiguous slice of each global batch (`ShardedBatches`: the
+//!   same shuffle on every rank), so the run takes the steps a single device would, on the
+//!   batches a single device would;
+//! - every replica's weights and random streams (Dropout's) start as rank 0's (broadcast), so
+//!   `build` need not seed identically; a draw depends on the sample's place in the global
+//!   batch, not on the replica (`rng::BatchWindow`), so dropout masks are one device's, and
+//!   with `sync_batchnorm` the run follows the one-device run up to summation order;
 //! - validation, listeners and callbacks (checkpoints) run on rank 0 only (`leader`);
 //! - the result is rank 0's trained setup and report, its rate summed over the replicas.
 
@@ -21,7 +23,7 @@ use super::setup::TrainingSetup;
 use super::strategy::DataParallel;
 use super::trainer::{FitReport, Trainer};
 use crate::backend::Communicator;
-use crate::data::{DataLoader, DataLoaderConfig, Dataset, DistributedSampler};
+use crate::data::{BatchShares, DataLoader, DataLoaderConfig, Dataset, ShardedBatches};
 use crate::device::{Device, communicator_group};
 use crate::distributed::{Reducer, ReducerConfig};
 use crate::error::{Error, Result};
@@ -213,9 +215,9 @@ impl Plan {
             num_workers: self.workers,
             ..Default::default()
         };
-        let sampler =
-            DistributedSampler::new(train.len(), replica.world, replica.rank, self.shuffle, self.seed, false)?;
-        let train = DataLoader::new(train, Arc::new(sampler), loader_config.clone())?;
+        let shares = BatchShares::equal(self.batch_size, replica.world)?;
+        let batches = ShardedBatches::new(train.len(), replica.rank, self.shuffle, self.seed, shares)?;
+        let train = DataLoader::with_batch_sampler(train, Arc::new(batches), loader_config.clone())?;
         let val = val
             .map(|v| DataLoader::simple(v, false, 0, loader_config))
             .transpose()?;

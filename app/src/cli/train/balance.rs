@@ -17,7 +17,8 @@ pub fn initial_shares(args: &Args, world: usize) -> anyhow::Result<Option<BatchS
     Ok(Some(BatchShares::equal(args.batch_size, world)?))
 }
 
-/// Replica `rank`'s training loader: its slice of every global batch, by `shares`.
+/// Replica `rank`'s training loader: its contiguous slice of every global batch, by `shares`
+/// (equal ones where the run does not balance).
 pub fn loader(
     args: &Args,
     train_set: Arc<dyn Dataset>,

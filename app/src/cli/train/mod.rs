@@ -17,7 +17,7 @@ use anyhow::Context;
 use lockstep_core::Device;
 use lockstep_core::backend::Communicator;
 use lockstep_core::data::{
-    BatchShares, DataLoader, DataLoaderConfig, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+    BatchShares, DataLoader, DataLoaderConfig, Dataset, RandomSampler, Sampler, SequentialSampler,
 };
 use lockstep_core::device::communicator_group;
 use lockstep_core::distributed::{Balancer, Reducer};
@@ -255,7 +255,7 @@ impl Collectives {
 }
 
 /// Trains one replica: the whole run without a gradient communicator, else that communicator's
-/// rank of a data-parallel run (its DistributedSampler shard, gradients averaged by a reducer;
+/// rank of a data-parallel run (its slice of every global batch, gradients averaged by a reducer;
 /// only rank 0 validates, shows progress, writes metrics and checkpoints).
 /// The trainer with the strategy of `placement` and `collectives`: one device, a data-parallel
 /// replica (balanced by `shares`), a pipeline, or one replica of a pipeline.
@@ -330,25 +330,23 @@ fn replica(
         num_workers: args.workers,
         ..Default::default()
     };
-    let len = train_set.len();
-    let sampler: Arc<dyn Sampler> = if world > 1 {
-        Arc::new(DistributedSampler::new(
-            len,
-            world,
-            rank,
-            !args.no_shuffle,
-            args.seed,
-            false,
-        )?)
-    } else if args.no_shuffle {
-        Arc::new(SequentialSampler { len })
-    } else {
-        Arc::new(RandomSampler { len, seed: args.seed })
-    };
     let shares = balance::initial_shares(args, world)?;
-    let train = match &shares {
-        Some(shares) => balance::loader(args, train_set, rank, shares, loader_config.clone())?,
-        None => DataLoader::new(train_set, sampler, loader_config.clone())?,
+    let train = if world > 1 {
+        // Every replica a contiguous slice of each global batch (equal unless balanced), so
+        // draws keyed to a sample's place in the global batch (dropout) are one device's.
+        let cut = match &shares {
+            Some(balanced) => balanced.clone(),
+            None => BatchShares::equal(args.batch_size, world)?,
+        };
+        balance::loader(args, train_set, rank, &cut, loader_config.clone())?
+    } else {
+        let len = train_set.len();
+        let sampler: Arc<dyn Sampler> = if args.no_shuffle {
+            Arc::new(SequentialSampler { len })
+        } else {
+            Arc::new(RandomSampler { len, seed: args.seed })
+        };
+        DataLoader::new(train_set, sampler, loader_config.clone())?
     };
     setup.scheduler = setup::scheduler(args, train.len(), setup.optimizer.as_mut())?;
     // Evaluation at the training batch size: its batches then fit the memory that training's

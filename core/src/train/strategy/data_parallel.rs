@@ -7,11 +7,14 @@ use std::time::Instant;
 
 use super::replica_reports::{gather_reports, replica_names};
 use super::{StepReports, Strategy};
-use crate::backend::Communicator;
+use crate::backend::{Communicator, ReduceOp};
 use crate::device::Device;
-use crate::distributed::{Balancer, Reducer, ReplicaCheck, WorkDone, all_gather_values, check_replicas};
+use crate::distributed::{
+    Balancer, Reducer, ReplicaCheck, WorkDone, adopt_rank0_streams, all_gather_values, check_replicas,
+};
 use crate::error::Result;
 use crate::nn::ModuleExt;
+use crate::rng::BatchWindow;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
 use crate::train::config::TrainerConfig;
@@ -68,13 +71,37 @@ pub(super) fn finish_timed(reducer: &Reducer, times: &mut StepTimes) -> Result<(
     Ok(())
 }
 
+impl DataParallel {
+    /// Where this replica's `samples` lie in the step's global batch: its slice by the
+    /// balancer's shares, else the rank's equal slice (each replica a contiguous slice of the
+    /// global batch, as `ShardedBatches` cuts it).
+    fn window(&self, samples: usize) -> BatchWindow {
+        let comm = self.reducer.communicator();
+        let shares = self.shares();
+        if shares.len() == comm.world_size() && shares.get(comm.rank()) == Some(&samples) {
+            return BatchWindow {
+                start: shares[..comm.rank()].iter().sum(),
+                len: samples,
+                global: shares.iter().sum(),
+            };
+        }
+        BatchWindow {
+            start: comm.rank() * samples,
+            len: samples,
+            global: comm.world_size() * samples,
+        }
+    }
+}
+
 impl Strategy for DataParallel {
     fn rank(&self) -> usize {
         self.reducer.communicator().rank()
     }
     fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         step::check_precision(config.precision, &setup.device)?;
-        self.replica_names = replica_names(self.reducer.communicator().as_ref(), &setup.device)?;
+        let comm = self.reducer.communicator();
+        self.replica_names = replica_names(comm.as_ref(), &setup.device)?;
+        adopt_rank0_streams(comm.as_ref(), &setup.device, &setup.random_streams())?;
         self.replica_check = config.replica_check;
         Ok(self.replica_names.clone())
     }
@@ -89,7 +116,11 @@ impl Strategy for DataParallel {
         // Weighting the loss, not the gradients in the reducer's buckets, costs no pass over
         // the gradients and also weights what flows to other replicas through SyncBatchNorm.
         let share = self.balancer.as_ref().map_or(1.0, Balancer::gradient_weight);
-        let loss = step::forward_backward(setup, micro, micro.weight * share, times)?;
+        let window = self.window(micro.samples() as usize);
+        let loss = {
+            let _draws_by_sample = window.enter();
+            step::forward_backward(setup, micro, micro.weight * share, times)?
+        };
         if self.balancer.is_some() {
             // This device's own compute ends here, not inside the all-reduce where waiting for
             // the other ranks would mix in.
@@ -97,7 +128,15 @@ impl Strategy for DataParallel {
             setup.device.synchronize()?;
             times.backward += phase.elapsed().as_secs_f64();
         }
-        Ok(loss)
+        // The global batch's loss is the replicas' losses weighted by their shares of it, as
+        // their gradients are.
+        loss.affine(window.fraction(), 0.0)
+    }
+
+    fn sum_over_workers(&self, _setup: &TrainingSetup, part: &Tensor) -> Result<Tensor> {
+        let sum = part.deep_copy()?;
+        self.reducer.communicator().all_reduce(sum.buffer(), ReduceOp::Sum)?;
+        Ok(sum)
     }
 
     fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {

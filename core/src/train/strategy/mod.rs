@@ -45,13 +45,23 @@ pub trait Strategy: Send {
         batch.to_device(&setup.device)
     }
 
-    /// Forward and backward of one micro-batch; returns its loss (not weighted), detached.
+    /// Forward and backward of one micro-batch; returns, detached, its part of the loss of the
+    /// global micro-batch that every worker's together make: its loss itself (not weighted) on
+    /// one worker, its loss times its share of the samples on a data-parallel replica, so that
+    /// `sum_over_workers` of the parts is the loss one device would compute.
     fn forward_backward(
         &mut self,
         setup: &TrainingSetup,
         micro: &MicroBatch<'_>,
         times: &mut StepTimes,
     ) -> Result<Tensor>;
+
+    /// The sum over the workers of a step of `part` (one value on each, from the parts that
+    /// `forward_backward` returns): the global batch's loss, as one device would log it. Every
+    /// worker takes part; with one worker, `part` itself.
+    fn sum_over_workers(&self, _setup: &TrainingSetup, part: &Tensor) -> Result<Tensor> {
+        Ok(part.clone())
+    }
 
     /// After the step's last micro-batch, before the optimizer: the gradients are final.
     fn finish_gradients(&mut self, _times: &mut StepTimes) -> Result<()> {

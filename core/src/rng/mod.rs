@@ -4,6 +4,10 @@
 
 use std::sync::Mutex;
 
+mod batch_window;
+
+pub use batch_window::{BatchWindow, BatchWindowGuard, StreamPlace};
+
 const PHILOX_M0: u32 = 0xD251_1F53;
 const PHILOX_M1: u32 = 0xCD9E_8D57;
 const PHILOX_W0: u32 = 0x9E37_79B9;
@@ -131,50 +135,48 @@ pub fn normal_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
 /// draws, not the device, determines the values. Its state is two integers, easy to checkpoint.
 #[derive(Debug)]
 pub struct Generator {
-    seed: u64,
-    counter: Mutex<u64>,
+    /// (seed, counter), together so that adopting another stream's state is one change.
+    state: Mutex<(u64, u64)>,
 }
 
 impl Generator {
     /// A stream for `seed`, at its start (counter 0).
     pub fn new(seed: u64) -> Self {
-        Generator {
-            seed,
-            counter: Mutex::new(0),
-        }
+        Generator::from_state(seed, 0)
     }
     /// A stream resumed at a saved `state()`: the next draw continues exactly where that one stopped.
     pub fn from_state(seed: u64, counter: u64) -> Self {
         Generator {
-            seed,
-            counter: Mutex::new(counter),
+            state: Mutex::new((seed, counter)),
         }
     }
-    /// The Philox key the stream was created with.
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The Philox key the stream draws with.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.lock().0
     }
     /// (seed, counter): restoring it with `from_state` replays the same future draws.
     pub fn state(&self) -> (u64, u64) {
-        (self.seed, *self.counter.lock().unwrap_or_else(|e| e.into_inner()))
+        *self.lock()
     }
-    /// Puts the stream back at a saved `state()` (checkpoint resume).
+    /// Puts the stream at a saved `state()`, its seed included: a checkpoint's stream on resume,
+    /// or rank 0's on a data-parallel replica, whatever seed the stream was made with.
     pub fn restore(&self, seed: u64, counter: u64) {
-        // The seed is fixed at construction; a different one means another stream.
-        debug_assert_eq!(seed, self.seed, "restoring a generator from another stream's state");
-        *self.counter.lock().unwrap_or_else(|e| e.into_inner()) = counter;
+        *self.lock() = (seed, counter);
     }
     /// Reserves the counters for `len` values and returns the first.
     pub fn advance(&self, len: usize) -> u64 {
-        let mut c = self.counter.lock().unwrap_or_else(|e| e.into_inner());
-        let start = *c;
-        *c += len.div_ceil(4) as u64;
+        let mut state = self.lock();
+        let start = state.1;
+        state.1 += len.div_ceil(4) as u64;
         start
     }
     /// A host-side uniform integer in `[0, bound)` (for shuffles), from the same stream.
     pub fn next_below(&self, bound: u64) -> u64 {
         let c = self.advance(4);
-        let w = philox4x32(self.seed, c);
+        let w = philox4x32(self.seed(), c);
         let x = ((w[0] as u64) << 32) | w[1] as u64;
         ((x as u128 * bound as u128) >> 64) as u64
     }
