@@ -26,8 +26,10 @@ pub const MOST_PARTS: usize = 1 << 16;
 pub const MOST_BUCKET_MIB: f64 = 65536.0;
 /// Seconds any wait may last: a week. Longer overflows a deadline (`Instant + Duration`).
 pub const MOST_SECONDS: u64 = 7 * 24 * 3600;
-/// Learning rates, weight decay, temperatures: finite and at most this.
-pub const MOST_RATE: f64 = 1e6;
+/// Learning rates, weight decay, temperatures: finite and at most this. Far past any that
+/// learns (a run at 1e10 diverges, and `--on-nan` handles it); what is refused is the value
+/// whose products overflow before the first step can say so (1e300, inf).
+pub const MOST_RATE: f64 = 1e12;
 
 /// `value` of `flag` within `range`, else the one-line refusal.
 pub fn within<T: PartialOrd + Display>(flag: &str, value: T, range: RangeInclusive<T>) -> anyhow::Result<()> {
