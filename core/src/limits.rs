@@ -32,9 +32,76 @@ pub fn threads(what: &'static str, count: usize) -> Result<()> {
     Ok(())
 }
 
+/// This machine's RAM (None where `/proc/meminfo` is not there) and swap, in bytes, read once.
+pub fn ram_and_swap() -> (Option<u64>, u64) {
+    static READ: std::sync::OnceLock<(Option<u64>, u64)> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        (
+            meminfo_bytes(&meminfo, "MemTotal"),
+            meminfo_bytes(&meminfo, "SwapTotal").unwrap_or(0),
+        )
+    })
+}
+
+/// A file `path` read whole, where reading it and what is made of it (`expansion` bytes in
+/// memory per byte of the file) fits this machine's RAM and swap; refused before reading
+/// otherwise, saying the sizes and `instead` (what to do).
+pub fn read_file_that_fits(path: &std::path::Path, expansion: u64, instead: &str) -> Result<Vec<u8>> {
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    if let (Some(ram), swap) = ram_and_swap() {
+        let needed = len.saturating_mul(expansion);
+        if needed > ram + swap {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            return Err(Error::data(
+                path.display().to_string(),
+                format!(
+                    "{:.1} GiB: training on it takes about {:.0} GiB of memory, more than this machine's {:.1} GiB; {instead}",
+                    gib(len),
+                    gib(needed),
+                    gib(ram + swap)
+                ),
+            ));
+        }
+    }
+    std::fs::read(path).map_err(|e| Error::io(path, e))
+}
+
+/// A `/proc/meminfo` field's value (kB there) in bytes.
+fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.split(':').next() == Some(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meminfo_fields_are_read_in_bytes() {
+        let text = "MemTotal:       24576000 kB\nMemFree:  1 kB\nSwapTotal:      0 kB\n";
+        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(24_576_000 * 1024));
+        assert_eq!(meminfo_bytes(text, "SwapTotal"), Some(0));
+        assert_eq!(meminfo_bytes(text, "Mem"), None);
+    }
+
+    #[test]
+    fn a_file_is_read_only_where_what_is_made_of_it_fits() {
+        let path = std::env::temp_dir().join(format!("lockstep-limits-{}.txt", std::process::id()));
+        std::fs::write(&path, vec![b'a'; 1 << 20]).unwrap();
+        assert_eq!(read_file_that_fits(&path, 10, "use less").unwrap().len(), 1 << 20);
+        // A megabyte that would take a petabyte per byte: refused, unread.
+        let err = read_file_that_fits(&path, 1 << 30, "split the file")
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            err.contains("0.0 GiB: training on it takes about 1048576 GiB of memory"),
+            "{err}"
+        );
+        assert!(err.ends_with("; split the file"), "{err}");
+    }
 
     #[test]
     fn a_typos_thread_count_is_refused_and_the_machines_own_is_not() {

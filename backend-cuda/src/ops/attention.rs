@@ -37,7 +37,11 @@ fn attention_mode() -> AttentionMode {
     *MODE.get_or_init(|| match std::env::var("LOCKSTEP_CUDA_ATTENTION").as_deref() {
         Ok("composed") => AttentionMode::Composed,
         Ok("fused") => AttentionMode::Fused,
-        _ => AttentionMode::Checked,
+        Ok(other) => {
+            eprintln!("lockstep: LOCKSTEP_CUDA_ATTENTION={other:?} is neither \"composed\" nor \"fused\"; ignored");
+            AttentionMode::Checked
+        }
+        Err(_) => AttentionMode::Checked,
     })
 }
 

@@ -159,9 +159,20 @@ impl Dataset for TokenWindows {
     }
 }
 
-/// The text of a UTF-8 file; a file that is empty or not UTF-8 is an error saying so.
+/// Bytes in memory per byte of a character file while it becomes windows: the text, its ids
+/// (u32), and the training and validation copies of them.
+const CHAR_TEXT_EXPANSION: u64 = 1 + 4 + 4;
+/// Per byte of a `.bin` file: the bytes and their ids (u32, one per two bytes).
+const TOKEN_BIN_EXPANSION: u64 = 1 + 2;
+
+/// The text of a UTF-8 file; a file that is empty or not UTF-8, or too large for this machine's
+/// memory, is an error saying so.
 pub fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::limits::read_file_that_fits(
+        path,
+        CHAR_TEXT_EXPANSION,
+        "train on a part of it, or tokenize it into nanoGPT's train.bin and val.bin (u16 ids, a third the memory)",
+    )?;
     parse_text(bytes, &path.display().to_string())
 }
 
@@ -217,7 +228,11 @@ pub fn char_windows(text: &str, what: &str, block: usize) -> Result<(CharVocab, 
 pub fn token_bins(dir: &Path, block: usize, vocab_size: usize) -> Result<(TokenWindows, TokenWindows)> {
     let read = |name: &str| -> Result<TokenWindows> {
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let bytes = crate::limits::read_file_that_fits(
+            &path,
+            TOKEN_BIN_EXPANSION,
+            "train on a part of it on this machine, or on a machine with more memory",
+        )?;
         token_windows(&bytes, &path.display().to_string(), block, vocab_size)
     };
     Ok((read("train.bin")?, read("val.bin")?.tiled()))

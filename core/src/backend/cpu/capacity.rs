@@ -15,11 +15,8 @@ pub struct Capacity {
 
 impl Capacity {
     pub fn of_this_machine() -> Capacity {
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        Capacity {
-            ram: meminfo_bytes(&meminfo, "MemTotal"),
-            swap: meminfo_bytes(&meminfo, "SwapTotal").unwrap_or(0),
-        }
+        let (ram, swap) = crate::limits::ram_and_swap();
+        Capacity { ram, swap }
     }
 
     /// The machine's RAM, as `DeviceInfo::total_memory_bytes` reports it.
@@ -44,13 +41,6 @@ impl Capacity {
         }
         Ok(())
     }
-}
-
-/// A `/proc/meminfo` field's value (kB there) in bytes.
-fn meminfo_bytes(meminfo: &str, field: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.split(':').next() == Some(field))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 #[cfg(test)]
@@ -80,13 +70,5 @@ mod tests {
             capacity.check("cpu:0", "full", DType::F32, usize::MAX, 0).is_err(),
             "no overflow"
         );
-    }
-
-    #[test]
-    fn meminfo_fields_are_read_in_bytes() {
-        let text = "MemTotal:       24576000 kB\nMemFree:  1 kB\nSwapTotal:      0 kB\n";
-        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(24_576_000 * 1024));
-        assert_eq!(meminfo_bytes(text, "SwapTotal"), Some(0));
-        assert_eq!(meminfo_bytes(text, "Mem"), None);
     }
 }
