@@ -9,6 +9,7 @@ pub mod checkpoint;
 mod config;
 #[cfg(feature = "console")]
 mod console;
+mod evaluable;
 mod events;
 mod fit_loop;
 mod language_task;
@@ -29,6 +30,7 @@ pub use callbacks::{
 pub use config::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
 #[cfg(feature = "console")]
 pub use console::ConsoleProgress;
+pub use evaluable::Evaluable;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use language_task::LanguageModeling;
 pub use metrics_log::{JsonlWriter, parse_metrics_line, parse_metrics_log};

@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint::{self, TensorFile};
 use super::config::TrainerConfig;
+use super::evaluable::Evaluable;
 use super::events::{Event, EventListener, Record};
 use super::setup::TrainingSetup;
 use super::state::TrainerState;
@@ -19,7 +20,6 @@ use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::error::{Error, Result};
-use crate::nn::Module;
 use crate::tensor::Tensor;
 
 /// What `fit` reports at the end.
@@ -227,18 +227,22 @@ impl Trainer {
         Ok(action)
     }
 
-    /// Mean loss and accuracy over a loader, in evaluation mode and without the graph.
-    pub fn evaluate(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
-        setup.model.set_training(false);
+    /// Mean loss and accuracy over a loader, in evaluation mode and without the graph: of a
+    /// `TrainingSetup`, or of a model alone (see [`Evaluable`]).
+    pub fn evaluate(&mut self, target: &mut impl Evaluable, loader: &DataLoader) -> Result<EvalMetrics> {
+        target.set_training(false);
         let precision = self.config.precision;
+        let device = target.device();
+        let strategy = self.strategy.as_ref();
+        let scored = &*target;
         let result = no_grad(|| -> Result<EvalMetrics> {
             let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
             let mut sums: Option<(Tensor, Tensor)> = None;
             let mut samples = 0u64;
             for batch in loader.iter(0) {
-                let tensors = batch?.to_device(&setup.device)?;
+                let tensors = batch?.to_device(&device)?;
                 samples += tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
-                let (loss, correct) = self.strategy.eval_sums(setup, &tensors)?;
+                let (loss, correct) = scored.eval_sums(strategy, &tensors)?;
                 sums = Some(match sums {
                     Some((l, c)) => (l.add(&loss)?, c.add(&correct)?),
                     None => (loss, correct),
@@ -254,13 +258,20 @@ impl Trainer {
                 samples,
             })
         });
-        setup.model.set_training(true);
+        target.set_training(true);
         result
     }
 
-    /// Evaluates on a test loader and emits the result.
-    pub fn test(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
-        let m = self.evaluate(setup, loader)?;
+    /// Lightning's `trainer.validate`: the metrics of a setup or of a model alone (a loaded
+    /// one, with no optimizer) on a validation loader.
+    pub fn validate(&mut self, target: &mut impl Evaluable, loader: &DataLoader) -> Result<EvalMetrics> {
+        self.evaluate(target, loader)
+    }
+
+    /// Evaluates a setup or a model alone (a loaded one, with no optimizer) on a test loader
+    /// and emits the result, as Lightning's `trainer.test`.
+    pub fn test(&mut self, target: &mut impl Evaluable, loader: &DataLoader) -> Result<EvalMetrics> {
+        let m = self.evaluate(target, loader)?;
         self.emit(Event::Test {
             loss: m.loss,
             accuracy: m.accuracy,
