@@ -160,6 +160,62 @@ fn a_checkpoint_of_another_model_lists_the_names_and_shapes() {
 }
 
 #[test]
+fn a_resume_that_would_change_the_run_is_refused_until_overridden() {
+    let dir = TempDir::new("ckpt-settings");
+    let last = trained_checkpoint(&dir);
+    let before = std::fs::read(&last).expect("the checkpoint");
+    let resume = |extra: &[&str]| {
+        let mut args = vec!["--hidden", "32", "--max-steps", "5", "--resume", path_str(&last)];
+        args.extend_from_slice(extra);
+        train(&mnist_dir(), &args)
+    };
+    // Three differences, one error naming each and the flag that accepts them.
+    let out = resume(&[
+        "--accumulate",
+        "2",
+        "--lr-schedule",
+        "cosine",
+        "--precision",
+        "bf16-mixed",
+    ]);
+    assert_fails_with(
+        &out,
+        &[
+            "last.safetensors",
+            "schedule: constant in the checkpoint, CosineAnnealingLR",
+            "precision: 32 in the checkpoint, bf16-mixed in this run",
+            "accumulate_grad_batches: 1 in the checkpoint, 2 in this run",
+            "--resume-override schedule,precision,accumulate_grad_batches",
+        ],
+    );
+    assert!(
+        std::fs::read(&last).expect("the checkpoint") == before,
+        "the refused resume rewrote the checkpoint"
+    );
+    // Accepted on purpose, the run goes on from step 3 (epoch 1: the first had 3 batches) and
+    // says so.
+    let out = resume(&["--accumulate", "2", "--resume-override", "accumulate_grad_batches"]);
+    assert_succeeds(&out);
+    let err = support::stderr(&out);
+    assert!(
+        err.contains("resumed from ")
+            && err.contains("last.safetensors at epoch 1, step 3")
+            && err.contains("changed on purpose: accumulate_grad_batches 1 -> 2"),
+        "{err}"
+    );
+    // A name that is not a setting is refused with the list.
+    let out = resume(&["--resume-override", "momentum"]);
+    assert_fails_with(
+        &out,
+        &[
+            "--resume-override",
+            "`momentum` is not one of",
+            "accumulate_grad_batches",
+        ],
+    );
+}
+
+#[test]
 fn init_weights_takes_a_whole_checkpoint_and_names_what_does_not_fit() {
     let dir = TempDir::new("init-weights");
     let last = trained_checkpoint(&dir);

@@ -15,6 +15,7 @@ mod fit_loop;
 mod language_task;
 mod metrics_log;
 mod replicas;
+mod resume_check;
 mod seq2seq_task;
 mod setup;
 mod state;
@@ -35,6 +36,7 @@ pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, Run
 pub use language_task::LanguageModeling;
 pub use metrics_log::{JsonlWriter, parse_metrics_line, parse_metrics_log};
 pub use replicas::{OnThreads, Replica, Trained, batchnorm_groups, each_replica};
+pub use resume_check::{ResumeSetting, RunSettings};
 pub use seq2seq_task::Seq2SeqTask;
 pub use setup::TrainingSetup;
 pub use state::TrainerState;

@@ -12,6 +12,7 @@ use super::checkpoint::{self, TensorFile};
 use super::config::TrainerConfig;
 use super::evaluable::Evaluable;
 use super::events::{Event, EventListener, Record};
+use super::resume_check::PendingResume;
 use super::setup::TrainingSetup;
 use super::state::TrainerState;
 use super::strategy::{SingleDevice, Strategy};
@@ -69,6 +70,8 @@ pub struct Trainer {
     pub(super) strategy: Box<dyn Strategy>,
     /// The name of the first callback that asked to stop, for the report's stop reason.
     pub(super) stopped_by: Option<String>,
+    /// A checkpoint `resume` loaded, whose run `fit` compares with this one before it starts.
+    pub(super) pending_resume: Option<PendingResume>,
 }
 
 impl Trainer {
@@ -92,6 +95,7 @@ impl Trainer {
             pause: Arc::new(AtomicBool::new(false)),
             strategy: Box::new(SingleDevice),
             stopped_by: None,
+            pending_resume: None,
         })
     }
     /// The configuration it runs with.
@@ -172,7 +176,10 @@ impl Trainer {
     }
 
     /// Restores model, optimizer, scheduler, random streams, callbacks and position from a
-    /// checkpoint, so `fit` continues exactly where that run stopped.
+    /// checkpoint, so `fit` continues exactly where that run stopped. `fit` then refuses to
+    /// start if this run's schedule, precision, accumulation, global batch, world size or seeds
+    /// differ from the checkpoint's (naming each; `TrainerConfig::resume_overrides` accepts
+    /// changes on purpose), and its events say where it resumed from.
     pub fn resume(&mut self, setup: &mut TrainingSetup, path: &Path) -> Result<()> {
         let file = checkpoint::load_tensors(path)?;
         self.resume_from(setup, &file, &path.display().to_string())
@@ -181,6 +188,8 @@ impl Trainer {
     /// As [`resume`](Trainer::resume), from a checkpoint already read (e.g. by
     /// [`checkpoint::parse_tensors`] from bytes that are not in a file), named `what` in errors.
     pub fn resume_from(&mut self, setup: &mut TrainingSetup, file: &TensorFile, what: &str) -> Result<()> {
+        // Taken before the checkpoint's streams replace them, for `fit` to compare.
+        let seeds = setup.random_streams().iter().map(|g| g.seed()).collect();
         let state = checkpoint::training::restore(setup, file, what)?;
         for c in &mut self.callbacks {
             if let Some(s) = state.callbacks.get(&c.name()) {
@@ -189,6 +198,10 @@ impl Trainer {
         }
         self.strategy.restore_shares(&state.shares);
         self.state = state;
+        self.pending_resume = Some(PendingResume {
+            path: what.to_string(),
+            seeds,
+        });
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use lockstep_core::distributed::{OnDrift, ReducerConfig, ReplicaCheck};
-use lockstep_core::train::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
+use lockstep_core::train::{GradientClip, OnNan, Precision, Progress, ResumeSetting, SchedulerInterval, TrainerConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
@@ -346,6 +346,11 @@ pub struct Args {
     /// `lockstep launch --max-restarts` wants.
     #[arg(long, value_name = "PATH|last")]
     pub resume: Option<PathBuf>,
+    /// Settings a resumed run may change on purpose: schedule, precision,
+    /// accumulate_grad_batches, batch_size, world_size, seed (comma-separated), or all. Without
+    /// it, --resume refuses a run that differs from the checkpoint's in any of them, naming each.
+    #[arg(long, value_name = "SETTING,…|all", value_delimiter = ',')]
+    pub resume_override: Vec<String>,
     /// Load PyTorch-named weights (safetensors) before training.
     #[arg(long)]
     pub init_weights: Option<PathBuf>,
@@ -532,6 +537,7 @@ impl Args {
             self.lr() > 0.0 && self.lr().is_finite(),
             "--lr must be a positive number"
         );
+        self.resume_overrides()?;
         anyhow::ensure!(
             !self.resumes_last() || self.checkpoint_dir.is_some(),
             "--resume last resumes from --checkpoint-dir's last.safetensors: pass --checkpoint-dir too"
@@ -589,6 +595,17 @@ impl Args {
     pub fn reducer_config(&self) -> ReducerConfig {
         ReducerConfig::from_mib(self.first_bucket_mb, self.bucket_cap_mb)
     }
+    /// `--resume-override`'s settings (`all`: every one).
+    pub fn resume_overrides(&self) -> anyhow::Result<Vec<ResumeSetting>> {
+        let mut settings = Vec::new();
+        for name in &self.resume_override {
+            match name.as_str() {
+                "all" => settings.extend(ResumeSetting::ALL),
+                one => settings.push(ResumeSetting::parse(one).map_err(|e| anyhow::anyhow!("--resume-override: {e}"))?),
+            }
+        }
+        Ok(settings)
+    }
     pub fn trainer_config(&self) -> TrainerConfig {
         TrainerConfig {
             // With --max-steps and no explicit epoch budget, run as many epochs as the steps need.
@@ -620,6 +637,8 @@ impl Args {
                     OnDriftArg::Rebroadcast => OnDrift::Rebroadcast,
                 },
             }),
+            // Checked by `validate`.
+            resume_overrides: self.resume_overrides().unwrap_or_default(),
             ..Default::default()
         }
     }

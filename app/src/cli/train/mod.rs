@@ -400,16 +400,11 @@ fn replica(
     }
     match args.resume_from(stage)? {
         Some(path) => {
+            // The trainer's progress lines say where it resumed from (epoch and step), once
+            // `fit` has checked that this run continues the checkpoint's.
             trainer
                 .resume(&mut setup, &path)
                 .with_context(|| format!("cannot resume from {}", path.display()))?;
-            if leader {
-                eprintln_whole!(
-                    "resumed from {} at step {}",
-                    path.display(),
-                    trainer.state().global_step
-                );
-            }
         }
         None if args.resume.is_some() && leader => {
             eprintln_whole!(
