@@ -221,7 +221,8 @@ pub enum Event {
     Checkpoint {
         /// The file written, as displayed.
         path: String,
-        /// Why it was written: `last`, `every_n_train_steps`, or `top-K METRIC` for a top-k save.
+        /// Why it was written: `last`, `every_n_train_steps`, `every_n_epochs`, or `top-K METRIC`
+        /// for a top-k save.
         reason: String,
     },
     /// The result of `Trainer::test`.
