@@ -216,6 +216,42 @@ fn a_resume_that_would_change_the_run_is_refused_until_overridden() {
 }
 
 #[test]
+fn numbered_checkpoints_are_kept_every_n_steps() {
+    let dir = TempDir::new("ckpt-numbered");
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "32",
+            "--max-steps",
+            "6",
+            "--checkpoint-dir",
+            path_str(dir.path()),
+            "--checkpoint-every-n-steps",
+            "2",
+            "--keep-checkpoints",
+            "2",
+        ],
+    );
+    assert_succeeds(&out);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("the checkpoint directory")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "epoch=0-step=4.safetensors",
+            "epoch=0-step=6.safetensors",
+            "last.safetensors"
+        ]
+    );
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--keep-checkpoints", "0"]);
+    assert_fails_with(&out, &["--keep-checkpoints", "neither `all` nor a count of at least 1"]);
+}
+
+#[test]
 fn init_weights_takes_a_whole_checkpoint_and_names_what_does_not_fit() {
     let dir = TempDir::new("init-weights");
     let last = trained_checkpoint(&dir);

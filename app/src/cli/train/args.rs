@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use lockstep_core::distributed::{OnDrift, ReducerConfig, ReplicaCheck};
-use lockstep_core::train::{GradientClip, OnNan, Precision, Progress, ResumeSetting, SchedulerInterval, TrainerConfig};
+use lockstep_core::train::{
+    GradientClip, Keep, OnNan, Precision, Progress, ResumeSetting, SchedulerInterval, TrainerConfig,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
@@ -340,6 +342,15 @@ pub struct Args {
     /// Save last.safetensors and the best by validation accuracy here.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every N optimizer steps: last.safetensors, and under --keep-checkpoints
+    /// an epoch=E-step=S.safetensors (Lightning's every_n_train_steps).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every_n_steps: Option<u64>,
+    /// Keep numbered checkpoints (epoch=E-step=S.safetensors) besides last.safetensors: all of
+    /// them (Lightning's save_top_k=-1) or the newest K; written every --checkpoint-every-n-steps
+    /// steps, or at every epoch end without it.
+    #[arg(long, value_name = "K|all", value_parser = parse_keep)]
+    pub keep_checkpoints: Option<Keep>,
     /// Continue a run from a checkpoint written with --checkpoint-dir. `--resume last` takes
     /// --checkpoint-dir's last.safetensors when a run has written one and starts from the
     /// beginning when none has (Lightning's ckpt_path="last"): what a job restarted by
@@ -530,6 +541,15 @@ impl Args {
         );
         anyhow::ensure!(self.log_every > 0, "--log-every must be at least 1");
         anyhow::ensure!(
+            self.checkpoint_dir.is_some()
+                || (self.checkpoint_every_n_steps.is_none() && self.keep_checkpoints.is_none()),
+            "--checkpoint-every-n-steps and --keep-checkpoints need --checkpoint-dir"
+        );
+        anyhow::ensure!(
+            self.checkpoint_every_n_steps != Some(0),
+            "--checkpoint-every-n-steps must be at least 1"
+        );
+        anyhow::ensure!(
             self.clip_grad_norm.is_none() || self.clip_grad_value.is_none(),
             "use either --clip-grad-norm or --clip-grad-value, not both"
         );
@@ -642,4 +662,9 @@ impl Args {
             ..Default::default()
         }
     }
+}
+
+/// `--keep-checkpoints`: `all` or a count of at least 1.
+fn parse_keep(s: &str) -> Result<Keep, String> {
+    Keep::parse(s).map_err(|e| e.to_string())
 }

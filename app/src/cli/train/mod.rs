@@ -388,10 +388,12 @@ fn replica(
     if let Some(dir) = args.checkpoint_dir_of(stage).filter(|_| leader || stage.is_some()) {
         // Without validation there is no val_acc to rank by (the run would fail at the first
         // epoch end): keep only last.safetensors.
-        let checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
+        let mut checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
             OnCheckpointError::Stop => OnWriteError::Stop,
             OnCheckpointError::Warn => OnWriteError::Warn,
         });
+        checkpoint.every_n_train_steps = args.checkpoint_every_n_steps;
+        checkpoint.keep_numbered = args.keep_checkpoints;
         trainer.add_callback(if args.no_val {
             checkpoint
         } else {
