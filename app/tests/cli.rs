@@ -199,7 +199,7 @@ fn a_resume_that_would_change_the_run_is_refused_until_overridden() {
     let err = support::stderr(&out);
     assert!(
         err.contains("resumed from ")
-            && err.contains("last.safetensors at epoch 1, step 3")
+            && err.contains("last.safetensors at step 3 (epoch 1)")
             && err.contains("changed on purpose: accumulate_grad_batches 1 -> 2"),
         "{err}"
     );

@@ -130,9 +130,9 @@ impl EventListener for ConsoleProgress {
                 let changed = if changed.is_empty() {
                     String::new()
                 } else {
-                    format!(" (changed on purpose: {})", changed.join(", "))
+                    format!("; changed on purpose: {}", changed.join(", "))
                 };
-                self.line(format!("resumed from {path} at epoch {epoch}, step {step}{changed}"));
+                self.line(format!("resumed from {path} at step {step} (epoch {epoch}){changed}"));
                 if let Some(bar) = &self.bar {
                     bar.set_position(*step);
                 }
