@@ -160,6 +160,98 @@ fn a_checkpoint_of_another_model_lists_the_names_and_shapes() {
 }
 
 #[test]
+fn a_resume_that_would_change_the_run_is_refused_until_overridden() {
+    let dir = TempDir::new("ckpt-settings");
+    let last = trained_checkpoint(&dir);
+    let before = std::fs::read(&last).expect("the checkpoint");
+    let resume = |extra: &[&str]| {
+        let mut args = vec!["--hidden", "32", "--max-steps", "5", "--resume", path_str(&last)];
+        args.extend_from_slice(extra);
+        train(&mnist_dir(), &args)
+    };
+    // Three differences, one error naming each and the flag that accepts them.
+    let out = resume(&[
+        "--accumulate",
+        "2",
+        "--lr-schedule",
+        "cosine",
+        "--precision",
+        "bf16-mixed",
+    ]);
+    assert_fails_with(
+        &out,
+        &[
+            "last.safetensors",
+            "schedule: constant in the checkpoint, CosineAnnealingLR",
+            "precision: 32 in the checkpoint, bf16-mixed in this run",
+            "accumulate_grad_batches: 1 in the checkpoint, 2 in this run",
+            "--resume-override schedule,precision,accumulate_grad_batches",
+        ],
+    );
+    assert!(
+        std::fs::read(&last).expect("the checkpoint") == before,
+        "the refused resume rewrote the checkpoint"
+    );
+    // Accepted on purpose, the run goes on from step 3 (epoch 1: the first had 3 batches) and
+    // says so.
+    let out = resume(&["--accumulate", "2", "--resume-override", "accumulate_grad_batches"]);
+    assert_succeeds(&out);
+    let err = support::stderr(&out);
+    assert!(
+        err.contains("resumed from ")
+            && err.contains("last.safetensors at step 3 (epoch 1)")
+            && err.contains("changed on purpose: accumulate_grad_batches 1 -> 2"),
+        "{err}"
+    );
+    // A name that is not a setting is refused with the list.
+    let out = resume(&["--resume-override", "momentum"]);
+    assert_fails_with(
+        &out,
+        &[
+            "--resume-override",
+            "`momentum` is not one of",
+            "accumulate_grad_batches",
+        ],
+    );
+}
+
+#[test]
+fn numbered_checkpoints_are_kept_every_n_steps() {
+    let dir = TempDir::new("ckpt-numbered");
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "32",
+            "--max-steps",
+            "6",
+            "--checkpoint-dir",
+            path_str(dir.path()),
+            "--checkpoint-every-n-steps",
+            "2",
+            "--keep-checkpoints",
+            "2",
+        ],
+    );
+    assert_succeeds(&out);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("the checkpoint directory")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "epoch=0-step=4.safetensors",
+            "epoch=0-step=6.safetensors",
+            "last.safetensors"
+        ]
+    );
+    let out = train(&mnist_dir(), &["--max-steps", "1", "--keep-checkpoints", "0"]);
+    assert_fails_with(&out, &["--keep-checkpoints", "neither `all` nor a count of at least 1"]);
+}
+
+#[test]
 fn init_weights_takes_a_whole_checkpoint_and_names_what_does_not_fit() {
     let dir = TempDir::new("init-weights");
     let last = trained_checkpoint(&dir);

@@ -102,6 +102,21 @@ pub enum Error {
         msg: String,
     },
 
+    /// A layer's forward failed with `error`. `layer` is the layer's name in the model (`fc1`,
+    /// `features.0`), filled in by the enclosing `#[derive(Module)]` model or `Sequential`, which
+    /// find it by `parameter`, the id of one of the layer's tensors; `None` for a layer called
+    /// on its own.
+    #[error("{prefix}{error}", prefix = layer_prefix(.layer))]
+    InLayer {
+        /// The layer's dotted name in the model, once known.
+        layer: Option<String>,
+        /// `Tensor::id` of one of the layer's parameters or buffers.
+        parameter: u64,
+        // Not named `source`, as `Io::cause` below.
+        /// What went wrong inside the layer (its message names the layer's class).
+        error: Box<Error>,
+    },
+
     // Not named `source`: that would make the cause print twice in error chains.
     /// An I/O call failed on a file or directory.
     #[error("{path}: {cause}")]
@@ -151,6 +166,11 @@ fn gib(bytes: u64) -> String {
     } else {
         format!("{gib:.0} GiB")
     }
+}
+
+/// `fc1: ` before a layer's error once its name is known.
+fn layer_prefix(layer: &Option<String>) -> String {
+    layer.as_ref().map(|l| format!("{l}: ")).unwrap_or_default()
 }
 
 /// `std::result::Result` with this crate's [`Error`].

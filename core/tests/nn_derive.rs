@@ -3,13 +3,16 @@
 
 use std::sync::Arc;
 
-use lockstep_core::nn::{BatchNorm, BatchNorm1d, Dropout, Linear, Module, ModuleExt, Relu};
+use lockstep_core::nn::{
+    BatchNorm, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Flatten, Linear, Module, ModuleExt, Relu,
+    Sequential,
+};
 use lockstep_core::{DType, Device, Generator, Result, Tensor};
 
 #[derive(Module)]
 struct Block {
     fc: Linear,
-    norm: BatchNorm,
+    norm: BatchNorm1d,
     act: Relu,
     #[module(skip)]
     width: usize,
@@ -177,4 +180,111 @@ fn the_dropouts_stream_is_found_through_the_fields() {
     let streams = net.generators();
     assert_eq!(streams.len(), 1);
     assert!(Arc::ptr_eq(&streams[0], net.dropout.generator()));
+}
+
+/// A conv net as one writes it in PyTorch: the batch norms are fields of their classes' types.
+#[derive(Module)]
+struct ConvNet {
+    conv: Conv2d,
+    bn: BatchNorm2d,
+    flatten: Flatten,
+    fc1: Linear,
+    bn_fc: BatchNorm1d,
+    fc2: Linear,
+}
+
+impl ConvNet {
+    /// `fc1_inputs` is what the author computed for the flattened features (2*4*4 = 32 is right).
+    fn new(fc1_inputs: usize) -> ConvNet {
+        let (device, g) = (Device::cpu(), Generator::new(3));
+        ConvNet {
+            conv: Conv2d::new(Conv2dConfig::new(1, 2, 3).padding(1), &device, &g).unwrap(),
+            bn: BatchNorm2d::new(2, &device).unwrap(),
+            flatten: Flatten::new(),
+            fc1: Linear::new(fc1_inputs, 8, true, &device, &g).unwrap(),
+            bn_fc: BatchNorm1d::new(8, &device).unwrap().momentum(0.2).unwrap(),
+            fc2: Linear::new(8, 3, true, &device, &g).unwrap(),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.bn.forward(&self.conv.forward(x)?)?.relu()?;
+        let h = self
+            .bn_fc
+            .forward(&self.fc1.forward(&self.flatten.forward(&h)?)?)?
+            .relu()?;
+        self.fc2.forward(&h)
+    }
+}
+
+fn images(n: usize) -> Tensor {
+    let values: Vec<f32> = (0..n * 16).map(|v| (v % 7) as f32 / 7.0).collect();
+    Tensor::from_vec(values, [n, 1, 4, 4], &Device::cpu()).unwrap()
+}
+
+#[test]
+fn batch_norm_classes_are_field_types() {
+    let mut net = ConvNet::new(32);
+    let names = names(net.state_dict());
+    for name in [
+        "bn.weight",
+        "bn.running_mean",
+        "bn.num_batches_tracked",
+        "bn_fc.running_var",
+    ] {
+        assert!(names.contains(&name.to_string()), "{name} in {names:?}");
+    }
+    assert_eq!(net.forward(&images(4)).unwrap().dims(), &[4, 3]);
+    net.set_training(false);
+    assert!(!net.bn.is_training() && !net.bn_fc.is_training());
+    let text = net.describe();
+    assert!(text.contains("(bn): BatchNorm2d(2, eps=1e-05, momentum=0.1"), "{text}");
+    assert!(
+        text.contains("(bn_fc): BatchNorm1d(8, eps=1e-05, momentum=0.2"),
+        "{text}"
+    );
+    // The general type is still one `.into()` away.
+    let _general: BatchNorm = BatchNorm2d::new(2, &Device::cpu()).unwrap().into();
+}
+
+#[derive(Module)]
+struct Classifier {
+    backbone: ConvNet,
+}
+
+impl Classifier {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.backbone.forward(x)
+    }
+}
+
+#[test]
+fn a_shape_error_names_the_layer_it_happened_in() {
+    // The author reckoned 30 flattened features; the convolution gives 32.
+    let net = ConvNet::new(30);
+    let msg = Module::forward(&net, &images(4)).unwrap_err().to_string();
+    assert!(msg.starts_with("fc1: Linear: shapes [4, 32] and [8, 30]"), "{msg}");
+    // Nested: the dotted name down to the layer.
+    let classifier = Classifier { backbone: net };
+    let msg = Module::forward(&classifier, &images(4)).unwrap_err().to_string();
+    assert!(msg.starts_with("backbone.fc1: Linear: shapes [4, 32]"), "{msg}");
+    let wide = Tensor::zeros([3, 5], DType::F32, &Device::cpu()).unwrap();
+    // A Sequential names its layers by index, a boxed model through its own names.
+    let g = Generator::new(0);
+    let chain = Sequential::new()
+        .add(Linear::new(5, 4, true, &Device::cpu(), &g).unwrap())
+        .add(Relu)
+        .add(Linear::new(3, 2, true, &Device::cpu(), &g).unwrap());
+    let msg = chain.forward(&wide).unwrap_err().to_string();
+    assert!(msg.starts_with("2: Linear: shapes [3, 4] and [2, 3]"), "{msg}");
+    let boxed: Box<dyn Module> = Box::new(ConvNet::new(30));
+    let msg = boxed.forward(&images(2)).unwrap_err().to_string();
+    assert!(msg.starts_with("fc1: Linear:"), "{msg}");
+    // A layer on its own says what it is, as before.
+    let msg = Linear::new(4, 2, true, &Device::cpu(), &g)
+        .unwrap()
+        .forward(&wide)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.starts_with("Linear: shapes [3, 5]"), "{msg}");
 }

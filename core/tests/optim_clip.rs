@@ -5,7 +5,7 @@
 
 mod nn_support;
 
-use lockstep_core::optim::{clip_grad_norm, clip_grad_value, grad_norm};
+use lockstep_core::optim::{clip_grad_norm, clip_grad_norm_with_type, clip_grad_value, grad_norm};
 use lockstep_core::{DType, Device, Tensor};
 use nn_support::{assert_close, pat, values};
 
@@ -55,7 +55,7 @@ fn clip_grad_norm_matches_pytorch_for_l2_inf_l1_and_l3() {
         ("L3", 0.75, 3.0, CLIP_L3_TOTAL, &CLIP_L3_GRADS),
     ] {
         let ps = params();
-        let norm = clip_grad_norm(&ps, max_norm, norm_type).unwrap();
+        let norm = clip_grad_norm_with_type(&ps, max_norm, norm_type).unwrap();
         assert_eq!(
             norm.dims(),
             &[] as &[usize],
@@ -65,6 +65,15 @@ fn clip_grad_norm_matches_pytorch_for_l2_inf_l1_and_l3() {
         assert_close(&format!("{what} clipped grads"), &grads(&ps), clipped, 1e-6);
         assert!(ps[2].grad().is_none(), "{what}: a missing grad stays missing");
     }
+}
+
+/// PyTorch's `clip_grad_norm_(params, max_norm)` leaves `norm_type` at 2: so does ours.
+#[test]
+fn clip_grad_norm_defaults_to_the_2_norm() {
+    let ps = params();
+    let norm = clip_grad_norm(&ps, 1.0).unwrap();
+    assert_close("default total norm", &values(&norm), &[CLIP_L2_TOTAL], 1e-6);
+    assert_close("default clipped grads", &grads(&ps), &CLIP_L2_GRADS, 1e-6);
 }
 
 #[test]
@@ -79,7 +88,7 @@ fn clipping_edge_cases() {
     // No gradients at all: a zero norm, as PyTorch returns.
     let dev = Device::cpu();
     let bare = vec![Tensor::zeros([3], DType::F32, &dev).unwrap().requires_grad(true)];
-    assert_eq!(values(&clip_grad_norm(&bare, 1.0, 2.0).unwrap()), vec![0.0]);
+    assert_eq!(values(&clip_grad_norm(&bare, 1.0).unwrap()), vec![0.0]);
     // grad_norm alone measures without touching the gradients.
     let ps = params();
     assert_close(
@@ -89,9 +98,9 @@ fn clipping_edge_cases() {
         1e-6,
     );
     assert_eq!(grads(&ps), grads(&params()));
-    assert!(clip_grad_norm(&ps, 1.0, 0.0).is_err());
-    assert!(clip_grad_norm(&ps, -1.0, 2.0).is_err());
-    assert!(clip_grad_norm(&ps, 1.0, f64::NAN).is_err());
+    assert!(clip_grad_norm_with_type(&ps, 1.0, 0.0).is_err());
+    assert!(clip_grad_norm(&ps, -1.0).is_err());
+    assert!(clip_grad_norm_with_type(&ps, 1.0, f64::NAN).is_err());
     assert!(clip_grad_value(&ps, -0.5).is_err());
 }
 
@@ -109,7 +118,7 @@ fn gradients_shared_between_parameters_are_scaled_once() {
         .backward()
         .unwrap();
     // Each grad is [3, 3, 3, 3]: the total L2 norm is sqrt(8 * 9) and the coefficient 1/sqrt(72).
-    let total = clip_grad_norm(&[a.clone(), b.clone()], 1.0, 2.0).unwrap();
+    let total = clip_grad_norm(&[a.clone(), b.clone()], 1.0).unwrap();
     assert_close("total", &values(&total), &[72f32.sqrt()], 1e-6);
     let expected = vec![3.0 / (72f32.sqrt() + 1e-6); 4];
     assert_close("a.grad", &values(&a.grad().unwrap()), &expected, 1e-6);

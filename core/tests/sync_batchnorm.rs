@@ -22,8 +22,8 @@ fn random(shape: &[usize], mean: f64, seed: u64, device: &Device) -> Tensor {
 
 /// A layer of the given kind whose weight and bias are not the identity (so their gradients
 /// and the affine step are exercised); the same values on every device.
-fn layer(kind: fn(usize, &Device) -> Result<BatchNorm>, channels: usize, device: &Device) -> BatchNorm {
-    let bn = kind(channels, device).unwrap();
+fn layer<B: Into<BatchNorm>>(kind: fn(usize, &Device) -> Result<B>, channels: usize, device: &Device) -> BatchNorm {
+    let bn: BatchNorm = kind(channels, device).unwrap().into();
     bn.weight
         .as_ref()
         .unwrap()
@@ -111,7 +111,11 @@ fn on_two_replicas<T: Send + 'static>(
 /// of the global mean. As in PyTorch (SBN-3 sums `sum_dy` over replicas), a replica's input
 /// gradient is that of the sum of the replicas' losses, W times the global mean's; DDP's 1/W on
 /// the layers before brings it back.
-fn sync_matches_whole_batch(kind: fn(usize, &Device) -> Result<BatchNorm>, shape: &[usize], shards: [usize; 2]) {
+fn sync_matches_whole_batch<B: Into<BatchNorm> + 'static>(
+    kind: fn(usize, &Device) -> Result<B>,
+    shape: &[usize],
+    shards: [usize; 2],
+) {
     let (n, c) = (shape[0], shape[1]);
     assert_eq!(shards.iter().sum::<usize>(), n);
     let row: usize = shape[1..].iter().product();

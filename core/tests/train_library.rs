@@ -102,6 +102,23 @@ fn a_custom_model_on_in_memory_data_trains_in_a_few_lines() {
     );
     // The model's Dropout stream travelled with the checkpoint without being registered.
     assert_eq!(setup.random_streams().len(), 1);
+
+    // The best checkpoint, loaded into a fresh model, is scored without an optimizer or a
+    // hand loop, and as the run scored it.
+    let mut loaded = Classifier::new(&Generator::new(5)).unwrap();
+    loaded.load(path).unwrap();
+    let mut scorer = Trainer::new(TrainerConfig {
+        progress: Progress::Off,
+        ..Default::default()
+    })
+    .unwrap();
+    let validated = scorer.validate(&mut loaded, &val).unwrap();
+    assert!((validated.accuracy - best).abs() < 1e-9, "{validated:?} vs best {best}");
+    let tested = scorer.test(&mut loaded, &val).unwrap();
+    assert_eq!(tested, validated);
+    // With a task named, as a language model would be scored.
+    let mut pair = (loaded, lockstep_core::train::Classification);
+    assert_eq!(scorer.test(&mut pair, &val).unwrap(), validated);
 }
 
 /// A writer the test can read back after the Trainer has written to it.

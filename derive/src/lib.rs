@@ -13,7 +13,9 @@
 //! without one the impl does not compile ("function cannot return without recursing", pointing
 //! at the struct: it would call itself). A model of several inputs says `#[module(inputs)]` on
 //! the struct and writes `fn forward(&self, inputs: &[Tensor]) -> Result<Tensor>` instead:
-//! `Module::forward_inputs` hands it the batch's inputs, and `Module::forward` its one.
+//! `Module::forward_inputs` hands it the batch's inputs, and `Module::forward` its one. An error
+//! of a layer inside names the layer's field (`fc1: Linear: shapes …`) when the model runs
+//! through `Module` (the Trainer, a `Box<dyn Module>`, `Module::forward(&net, x)`).
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as Tokens;
@@ -118,20 +120,20 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let forward = if several_inputs {
         quote_spanned! {ty.span()=>
             fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-                #ty::forward(self, ::std::slice::from_ref(x))
+                #ty::forward(self, ::std::slice::from_ref(x)).map_err(|e| ::lockstep_core::nn::name_failing_layer(self, e))
             }
             fn forward_inputs(
                 &self,
                 inputs: &[::lockstep_core::Tensor],
             ) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-                #ty::forward(self, inputs)
+                #ty::forward(self, inputs).map_err(|e| ::lockstep_core::nn::name_failing_layer(self, e))
             }
         }
     } else {
         quote_spanned! {ty.span()=>
             #[deny(unconditional_recursion)]
             fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-                #ty::forward(self, x)
+                #ty::forward(self, x).map_err(|e| ::lockstep_core::nn::name_failing_layer(self, e))
             }
         }
     };

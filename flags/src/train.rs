@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use lockstep_core::distributed::{OnDrift, ReducerConfig, ReplicaCheck};
-use lockstep_core::train::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
+use lockstep_core::train::{
+    GradientClip, Keep, OnNan, Precision, Progress, ResumeSetting, SchedulerInterval, TrainerConfig,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerKind {
@@ -340,12 +342,26 @@ pub struct Args {
     /// Save last.safetensors and the best by validation accuracy here.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every N optimizer steps: last.safetensors, and under --keep-checkpoints
+    /// an epoch=E-step=S.safetensors (Lightning's every_n_train_steps).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every_n_steps: Option<u64>,
+    /// Keep numbered checkpoints (epoch=E-step=S.safetensors) besides last.safetensors: all of
+    /// them (Lightning's save_top_k=-1) or the newest K; written every --checkpoint-every-n-steps
+    /// steps, or at every epoch end without it.
+    #[arg(long, value_name = "K|all", value_parser = parse_keep)]
+    pub keep_checkpoints: Option<Keep>,
     /// Continue a run from a checkpoint written with --checkpoint-dir. `--resume last` takes
     /// --checkpoint-dir's last.safetensors when a run has written one and starts from the
     /// beginning when none has (Lightning's ckpt_path="last"): what a job restarted by
     /// `lockstep launch --max-restarts` wants.
     #[arg(long, value_name = "PATH|last")]
     pub resume: Option<PathBuf>,
+    /// Settings a resumed run may change on purpose: schedule, precision,
+    /// accumulate_grad_batches, batch_size, world_size, seed (comma-separated), or all. Without
+    /// it, --resume refuses a run that differs from the checkpoint's in any of them, naming each.
+    #[arg(long, value_name = "SETTING,…|all", value_delimiter = ',')]
+    pub resume_override: Vec<String>,
     /// Load PyTorch-named weights (safetensors) before training.
     #[arg(long)]
     pub init_weights: Option<PathBuf>,
@@ -522,9 +538,15 @@ impl Args {
             "--epochs must be at least 1"
         );
         anyhow::ensure!(
+            self.checkpoint_dir.is_some()
+                || (self.checkpoint_every_n_steps.is_none() && self.keep_checkpoints.is_none()),
+            "--checkpoint-every-n-steps and --keep-checkpoints need --checkpoint-dir"
+        );
+        anyhow::ensure!(
             self.clip_grad_norm.is_none() || self.clip_grad_value.is_none(),
             "use either --clip-grad-norm or --clip-grad-value, not both"
         );
+        self.resume_overrides()?;
         anyhow::ensure!(
             !self.resumes_last() || self.checkpoint_dir.is_some(),
             "--resume last resumes from --checkpoint-dir's last.safetensors: pass --checkpoint-dir too"
@@ -582,6 +604,9 @@ impl Args {
         if let Some(steps) = self.max_steps {
             within("--max-steps", steps, 1..=u64::MAX)?;
         }
+        if let Some(steps) = self.checkpoint_every_n_steps {
+            within("--checkpoint-every-n-steps", steps, 1..=u64::MAX)?;
+        }
         crate::dashboard::parse_screenshot(&self.screenshot_after)?;
         Ok(())
     }
@@ -630,6 +655,17 @@ impl Args {
     pub fn reducer_config(&self) -> ReducerConfig {
         ReducerConfig::from_mib(self.first_bucket_mb, self.bucket_cap_mb)
     }
+    /// `--resume-override`'s settings (`all`: every one).
+    pub fn resume_overrides(&self) -> anyhow::Result<Vec<ResumeSetting>> {
+        let mut settings = Vec::new();
+        for name in &self.resume_override {
+            match name.as_str() {
+                "all" => settings.extend(ResumeSetting::ALL),
+                one => settings.push(ResumeSetting::parse(one).map_err(|e| anyhow::anyhow!("--resume-override: {e}"))?),
+            }
+        }
+        Ok(settings)
+    }
     pub fn trainer_config(&self) -> TrainerConfig {
         TrainerConfig {
             // With --max-steps and no explicit epoch budget, run as many epochs as the steps need.
@@ -661,7 +697,14 @@ impl Args {
                     OnDriftArg::Rebroadcast => OnDrift::Rebroadcast,
                 },
             }),
+            // Checked by `validate`.
+            resume_overrides: self.resume_overrides().unwrap_or_default(),
             ..Default::default()
         }
     }
+}
+
+/// `--keep-checkpoints`: `all` or a count of at least 1.
+fn parse_keep(s: &str) -> Result<Keep, String> {
+    Keep::parse(s).map_err(|e| e.to_string())
 }

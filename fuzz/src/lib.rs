@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cap::Cap;
-use lockstep_core::nn::{BatchNorm, BatchNorm1d, Dropout, Linear, Module, ModuleExt};
+use lockstep_core::nn::{BatchNorm1d, Dropout, Linear, Module, ModuleExt};
 use lockstep_core::optim::{Adam, AdamConfig, StepLR};
 use lockstep_core::train::{EarlyStopping, ModelCheckpoint, Monitor, Progress, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, Result, Tensor};
@@ -31,7 +31,7 @@ static ALLOCATOR: Cap<System> = Cap::new(System, HEAP_LIMIT);
 #[derive(Module)]
 pub struct Tiny {
     fc: Linear,
-    norm: BatchNorm,
+    norm: BatchNorm1d,
     drop: Dropout,
 }
 

@@ -128,6 +128,8 @@ impl RunData {
                 }
                 series.latest = stats.clone();
             }
+            // The run goes on from the checkpoint's step.
+            Event::Resumed { step, .. } => self.step = *step,
             Event::Checkpoint { path, reason } => self.checkpoint = Some((path.clone(), reason.clone())),
             Event::Test { loss, accuracy, .. } => self.test = Some((*loss, *accuracy)),
             Event::RunEnd {

@@ -9,8 +9,7 @@
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, Relu,
-    Sequential, init,
+    AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, Relu, Sequential, init,
 };
 use crate::rng::Generator;
 use crate::tensor::{Pool2dOptions, Tensor};
@@ -212,11 +211,11 @@ pub struct BasicBlock {
     /// 3x3 convolution carrying the block's stride.
     pub conv1: Conv2d,
     /// Batch norm of `conv1`'s output, followed by ReLU.
-    pub bn1: BatchNorm,
+    pub bn1: BatchNorm2d,
     /// 3x3 convolution with stride 1.
     pub conv2: Conv2d,
     /// Batch norm of `conv2`'s output, before the residual addition.
-    pub bn2: BatchNorm,
+    pub bn2: BatchNorm2d,
     /// Projection of the shortcut (1x1 strided convolution, batch norm) when the stride or width changes;
     /// `None` for the identity.
     pub downsample: Option<Sequential>,
@@ -237,15 +236,15 @@ pub struct Bottleneck {
     /// 1x1 convolution narrowing to `planes` channels.
     pub conv1: Conv2d,
     /// Batch norm of `conv1`'s output, followed by ReLU.
-    pub bn1: BatchNorm,
+    pub bn1: BatchNorm2d,
     /// 3x3 convolution carrying the block's stride (torchvision's v1.5).
     pub conv2: Conv2d,
     /// Batch norm of `conv2`'s output, followed by ReLU.
-    pub bn2: BatchNorm,
+    pub bn2: BatchNorm2d,
     /// 1x1 convolution widening to `4 * planes` channels.
     pub conv3: Conv2d,
     /// Batch norm of `conv3`'s output, before the residual addition.
-    pub bn3: BatchNorm,
+    pub bn3: BatchNorm2d,
     /// Projection of the shortcut to `4 * planes` channels (1x1 convolution, batch norm) when the stride or width
     /// changes; `None` for the identity.
     pub downsample: Option<Sequential>,

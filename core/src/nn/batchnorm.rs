@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use super::layer_error::raised_by;
 use super::module::{Module, join_name, remap, remap_opt};
 use crate::autograd::no_grad;
 use crate::backend::Communicator;
@@ -67,28 +68,89 @@ pub struct BatchNorm {
     sync: Option<Arc<dyn Communicator>>,
 }
 
-/// `BatchNorm1d::new(num_features, device)` builds a `BatchNorm` for `[N, C]` / `[N, C, L]`.
-pub struct BatchNorm1d;
-/// `BatchNorm2d::new(num_features, device)` builds a `BatchNorm` for `[N, C, H, W]`.
-pub struct BatchNorm2d;
+/// Declares `$class`, a [`BatchNorm`] of one kind with PyTorch's class name as its own type, so a
+/// `#[derive(Module)]` field can be typed `BatchNorm2d` as in PyTorch. It derefs to `BatchNorm`
+/// and converts into one (`.into()`) where a field or a function wants the general type.
+macro_rules! batch_norm_class {
+    ($(#[$doc:meta])* $class:ident, $kind:expr) => {
+        $(#[$doc])*
+        pub struct $class(BatchNorm);
 
-impl BatchNorm1d {
-    /// Batch norm over `num_features` channels of `[N, C]` or `[N, C, L]` inputs, as `torch.nn.BatchNorm1d`
-    /// (affine, momentum 0.1, eps 1e-5).
-    #[allow(clippy::new_ret_no_self)]
-    pub fn new(num_features: usize, device: &Device) -> Result<BatchNorm> {
-        BatchNorm::new(Kind::OneD, num_features, device)
-    }
+        impl $class {
+            /// A layer over `num_features` channels, as PyTorch's class of this name builds it
+            /// (affine, momentum 0.1, eps 1e-5).
+            pub fn new(num_features: usize, device: &Device) -> Result<$class> {
+                BatchNorm::new($kind, num_features, device).map($class)
+            }
+            /// See [`BatchNorm::momentum`].
+            pub fn momentum(self, momentum: f64) -> Result<$class> {
+                self.0.momentum(momentum).map($class)
+            }
+            /// See [`BatchNorm::eps`].
+            pub fn eps(self, eps: f64) -> Result<$class> {
+                self.0.eps(eps).map($class)
+            }
+            /// See [`BatchNorm::without_affine`].
+            pub fn without_affine(self) -> $class {
+                $class(self.0.without_affine())
+            }
+        }
+
+        impl std::ops::Deref for $class {
+            type Target = BatchNorm;
+            fn deref(&self) -> &BatchNorm {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $class {
+            fn deref_mut(&mut self) -> &mut BatchNorm {
+                &mut self.0
+            }
+        }
+
+        impl From<$class> for BatchNorm {
+            fn from(layer: $class) -> BatchNorm {
+                layer.0
+            }
+        }
+
+        impl Module for $class {
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                self.0.forward(x)
+            }
+            fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+                self.0.map_tensors(f)
+            }
+            fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+                self.0.visit_parameters(prefix, f)
+            }
+            fn visit_buffers(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
+                self.0.visit_buffers(prefix, f)
+            }
+            fn set_training(&mut self, training: bool) {
+                self.0.set_training(training)
+            }
+            fn convert_sync_batchnorm(&mut self, comm: &Arc<dyn Communicator>) {
+                self.0.convert_sync_batchnorm(comm)
+            }
+            fn describe(&self) -> String {
+                self.0.describe()
+            }
+        }
+    };
 }
 
-impl BatchNorm2d {
-    /// Batch norm over `num_features` channels of NCHW inputs, as `torch.nn.BatchNorm2d`
-    /// (affine, momentum 0.1, eps 1e-5).
-    #[allow(clippy::new_ret_no_self)]
-    pub fn new(num_features: usize, device: &Device) -> Result<BatchNorm> {
-        BatchNorm::new(Kind::TwoD, num_features, device)
-    }
-}
+batch_norm_class!(
+    /// `torch.nn.BatchNorm1d`: batch norm over the channels of `[N, C]` or `[N, C, L]` inputs.
+    BatchNorm1d,
+    Kind::OneD
+);
+batch_norm_class!(
+    /// `torch.nn.BatchNorm2d`: batch norm over the channels of `[N, C, H, W]` inputs.
+    BatchNorm2d,
+    Kind::TwoD
+);
 
 impl BatchNorm {
     fn new(kind: Kind, num_features: usize, device: &Device) -> Result<BatchNorm> {
@@ -160,17 +222,8 @@ impl BatchNorm {
             count.assign(&wide.add_scalar(1.0)?.to_dtype(DType::I64)?)
         })
     }
-}
-
-impl Module for BatchNorm {
-    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
-        remap_opt(&mut self.weight, f)?;
-        remap_opt(&mut self.bias, f)?;
-        remap(&mut self.running_mean, f)?;
-        remap(&mut self.running_var, f)?;
-        remap(&mut self.num_batches_tracked, f)
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The layer's computation (`forward` marks its errors as this layer's).
+    fn normalise(&self, x: &Tensor) -> Result<Tensor> {
         let name = self.kind.name();
         if !self.kind.accepts(x.rank()) {
             return Err(Error::invalid(
@@ -214,6 +267,19 @@ impl Module for BatchNorm {
             self.count_batch()?;
         }
         Ok(y)
+    }
+}
+
+impl Module for BatchNorm {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        remap_opt(&mut self.weight, f)?;
+        remap_opt(&mut self.bias, f)?;
+        remap(&mut self.running_mean, f)?;
+        remap(&mut self.running_var, f)?;
+        remap(&mut self.num_batches_tracked, f)
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        raised_by(self.normalise(x), &self.running_mean)
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         if let (Some(w), Some(b)) = (&self.weight, &self.bias) {

@@ -1,6 +1,7 @@
 //! 2-D convolution with weight `[out, in/groups, kh, kw]` and PyTorch's default initialisation.
 
 use super::init;
+use super::layer_error::raised_by;
 use super::module::{Module, join_name, remap, remap_opt};
 use super::spatial::{pair, per_image};
 use crate::backend::UnaryOp;
@@ -167,10 +168,10 @@ impl Module for Conv2d {
         remap_opt(&mut self.bias, f)
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_act(x, None)
+        raised_by(self.forward_act(x, None), &self.weight)
     }
     fn forward_activated(&self, x: &Tensor, act: UnaryOp) -> Option<Result<Tensor>> {
-        Some(self.forward_act(x, Some(act)))
+        Some(raised_by(self.forward_act(x, Some(act)), &self.weight))
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         f(join_name(prefix, "weight"), &self.weight);

@@ -1,6 +1,7 @@
 //! A lookup table: token ids to learned vectors, `weight` [num_embeddings, dim] as PyTorch's
 //! `nn.Embedding` (initialised N(0, 1)).
 
+use super::layer_error::raised_by;
 use super::module::{Module, join_name, remap};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -39,7 +40,7 @@ impl Module for Embedding {
         let mut dims = ids.dims().to_vec();
         dims.push(self.weight.dims()[1]);
         let flat = ids.reshape([ids.elem_count()])?;
-        self.weight.index_select(0, &flat)?.reshape(dims)
+        raised_by(self.weight.index_select(0, &flat), &self.weight)?.reshape(dims)
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         f(join_name(prefix, "weight"), &self.weight);

@@ -1,6 +1,7 @@
 //! Fully connected layer: `y = x @ weight^T + bias`, weight `[out, in]` as in PyTorch.
 
 use super::init;
+use super::layer_error::raised_by;
 use super::module::{Module, join_name, remap, remap_opt};
 use crate::backend::UnaryOp;
 use crate::device::Device;
@@ -73,10 +74,10 @@ impl Module for Linear {
         remap_opt(&mut self.bias, f)
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_act(x, None)
+        raised_by(self.forward_act(x, None), &self.weight)
     }
     fn forward_activated(&self, x: &Tensor, act: UnaryOp) -> Option<Result<Tensor>> {
-        Some(self.forward_act(x, Some(act)))
+        Some(raised_by(self.forward_act(x, Some(act)), &self.weight))
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         f(join_name(prefix, "weight"), &self.weight);

@@ -52,6 +52,7 @@ mod dropout;
 mod embedding;
 mod flatten;
 pub mod init;
+mod layer_error;
 mod layer_norm;
 mod linear;
 mod module;
@@ -71,6 +72,7 @@ pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
+pub use layer_error::name_failing_layer;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 /// `#[derive(Module)]`: see the `lockstep-derive` crate for the field rules.

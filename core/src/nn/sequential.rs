@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::layer_error::name_failing_layer;
 use super::module::{Module, describe_tree};
 use crate::backend::Communicator;
 use crate::error::{Error, Result};
@@ -99,13 +100,8 @@ impl Sequential {
     fn prefix(&self, prefix: &str, i: usize) -> String {
         format!("{prefix}{}.", self.name(i))
     }
-}
-
-impl Module for Sequential {
-    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
-        self.layers.iter_mut().try_for_each(|l| l.map_tensors(f))
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// Each layer on the previous one's output (`forward` names a failing layer).
+    fn run_layers(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         let mut i = 0;
         while i < self.layers.len() {
@@ -120,6 +116,15 @@ impl Module for Sequential {
             }
         }
         Ok(h)
+    }
+}
+
+impl Module for Sequential {
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        self.layers.iter_mut().try_for_each(|l| l.map_tensors(f))
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.run_layers(x).map_err(|e| name_failing_layer(self, e))
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         for (i, layer) in self.layers.iter().enumerate() {

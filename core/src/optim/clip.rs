@@ -85,9 +85,16 @@ pub fn grad_norm(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
 }
 
 /// Scales all gradients of `params` by `min(1, max_norm / (total_norm + 1e-6))` (each `.grad`
-/// is replaced) and returns the total norm before clipping, as PyTorch's `clip_grad_norm_`,
-/// without a host sync.
-pub fn clip_grad_norm(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
+/// is replaced), the total norm being the 2-norm, and returns it before clipping, as PyTorch's
+/// `clip_grad_norm_(params, max_norm)` with its default `norm_type=2.0`, without a host sync.
+/// [`clip_grad_norm_with_type`] takes another norm.
+pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
+    clip_grad_norm_with_type(params, max_norm, 2.0)
+}
+
+/// [`clip_grad_norm`] with the `norm_type`-norm: a positive number or `f64::INFINITY`
+/// (PyTorch's `clip_grad_norm_(params, max_norm, norm_type)`).
+pub fn clip_grad_norm_with_type(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
     if max_norm.is_nan() || max_norm < 0.0 {
         return Err(Error::invalid(
             "clip_grad_norm",

@@ -68,6 +68,11 @@ impl LrScheduler {
     pub fn base_lr(&self) -> f64 {
         self.base_lr
     }
+    /// The schedule's type and values as they print (`StepLR { step_size: 2, gamma: 0.5 }`):
+    /// what a resumed run's schedule is compared by.
+    pub fn describe(&self) -> String {
+        format!("{:?}", self.schedule)
+    }
     /// What a checkpoint keeps to resume this scheduler with `load_state`.
     pub fn state(&self) -> SchedulerState {
         SchedulerState {

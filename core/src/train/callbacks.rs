@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::numbered_checkpoints::{Keep, NumberedCheckpoints};
 use crate::error::{Error, Result};
 
 /// What a callback hook asks of the trainer.
@@ -107,8 +108,8 @@ impl Monitor {
 }
 
 /// Saves `last.safetensors` at each epoch end and when training ends, every N steps if asked,
-/// and the `top_k` best checkpoints by a monitored metric (older ones are deleted only after the
-/// new one is safely written).
+/// the `top_k` best checkpoints by a monitored metric, and step- or epoch-numbered checkpoints
+/// when asked (`keep_numbered`); older ones are deleted only after the new one is safely written.
 pub struct ModelCheckpoint {
     /// The directory the checkpoints go to (created when first written).
     pub dir: PathBuf,
@@ -120,12 +121,19 @@ pub struct ModelCheckpoint {
     /// How many of the best checkpoints to keep (Lightning's `save_top_k`); 0 keeps none.
     pub top_k: usize,
     /// Also overwrite `last.safetensors` every N optimizer steps (Lightning's
-    /// `every_n_train_steps`).
+    /// `every_n_train_steps`), and write a numbered checkpoint there under `keep_numbered`.
     pub every_n_train_steps: Option<u64>,
+    /// Write a numbered checkpoint every N epoch ends under `keep_numbered` (Lightning's
+    /// `every_n_epochs`); `None`: every epoch unless `every_n_train_steps` sets the pace.
+    pub every_n_epochs: Option<u64>,
+    /// Keep `epoch=E-step=S.safetensors` checkpoints, all or the last K (Lightning's
+    /// `save_top_k=-1` without a monitor); `None` (the default) writes none.
+    pub keep_numbered: Option<Keep>,
     /// What a checkpoint that cannot be written (a full disk, a vanished directory) does.
     pub on_write_error: OnWriteError,
     failed_writes: u64,
     kept: Vec<(f64, PathBuf)>,
+    numbered: NumberedCheckpoints,
     /// The step of the last epoch-end save: training that ends right there (nothing changed
     /// since) need not write `last.safetensors` again.
     epoch_end_step: Option<u64>,
@@ -146,6 +154,9 @@ pub enum OnWriteError {
 #[derive(Serialize, Deserialize)]
 struct CheckpointState {
     kept: Vec<(f64, PathBuf)>,
+    /// Absent from checkpoints older than numbered saves.
+    #[serde(default)]
+    numbered: NumberedCheckpoints,
 }
 
 impl ModelCheckpoint {
@@ -160,9 +171,12 @@ impl ModelCheckpoint {
             monitor: None,
             top_k: 1,
             every_n_train_steps: None,
+            every_n_epochs: None,
+            keep_numbered: None,
             on_write_error: OnWriteError::Stop,
             failed_writes: 0,
             kept: Vec::new(),
+            numbered: NumberedCheckpoints::default(),
             epoch_end_step: None,
         }
     }
@@ -181,6 +195,46 @@ impl ModelCheckpoint {
             every_n_train_steps: Some(n),
             ..self
         }
+    }
+    /// Also writes a numbered checkpoint every `n` epoch ends (0 never) under `keep_numbered`.
+    pub fn every_n_epochs(self, n: u64) -> ModelCheckpoint {
+        ModelCheckpoint {
+            every_n_epochs: Some(n),
+            ..self
+        }
+    }
+    /// Keeps `epoch=E-step=S.safetensors` checkpoints, every one (`Keep::All`, Lightning's
+    /// `save_top_k=-1`) or the newest K, written every `every_n_train_steps` steps and every
+    /// `every_n_epochs` epochs (every epoch when neither is set), besides `last.safetensors`.
+    pub fn keep_numbered(self, keep: Keep) -> ModelCheckpoint {
+        ModelCheckpoint {
+            keep_numbered: Some(keep),
+            ..self
+        }
+    }
+    /// The numbered checkpoints kept so far, oldest first.
+    pub fn numbered(&self) -> &[PathBuf] {
+        self.numbered.files()
+    }
+    /// Writes the numbered checkpoint of `ctx`'s epoch and step, if numbered ones are kept.
+    fn save_numbered(&mut self, ctx: &mut CallbackContext, reason: &str) -> Result<()> {
+        let Some(keep) = self.keep_numbered else {
+            return Ok(());
+        };
+        let path = NumberedCheckpoints::path(&self.dir, ctx.epoch, ctx.global_step);
+        if self.save(ctx, &path, reason)? {
+            self.numbered.written(path, keep);
+        }
+        Ok(())
+    }
+    /// Whether the epoch that just ended (`epoch`, from 0) gets a numbered checkpoint.
+    fn numbers_epoch(&self, epoch: u64) -> bool {
+        let every = match (self.every_n_epochs, self.every_n_train_steps) {
+            (Some(n), _) => n,
+            (None, Some(_)) => 0,
+            (None, None) => 1,
+        };
+        every > 0 && (epoch + 1).is_multiple_of(every)
     }
     /// Whether a failed write ends the run (the default) or only warns.
     pub fn on_write_error(self, on_write_error: OnWriteError) -> ModelCheckpoint {
@@ -227,6 +281,9 @@ impl Callback for ModelCheckpoint {
         if self.save_last && self.save(ctx, &self.last_path(), "last")? {
             self.epoch_end_step = Some(ctx.global_step);
         }
+        if self.numbers_epoch(ctx.epoch) {
+            self.save_numbered(ctx, "every_n_epochs")?;
+        }
         let Some(monitor) = self.monitor.clone() else {
             return Ok(CallbackAction::Continue);
         };
@@ -264,6 +321,7 @@ impl Callback for ModelCheckpoint {
             .is_some_and(|n| n > 0 && ctx.global_step.is_multiple_of(n))
         {
             self.save(ctx, &self.last_path(), "every_n_train_steps")?;
+            self.save_numbered(ctx, "every_n_train_steps")?;
         }
         Ok(CallbackAction::Continue)
     }
@@ -276,6 +334,7 @@ impl Callback for ModelCheckpoint {
     fn state(&self) -> serde_json::Value {
         serde_json::to_value(CheckpointState {
             kept: self.kept.clone(),
+            numbered: self.numbered.clone(),
         })
         .unwrap_or_default()
     }
@@ -286,6 +345,7 @@ impl Callback for ModelCheckpoint {
         let s: CheckpointState = serde_json::from_value(state.clone())
             .map_err(|e| Error::invalid("ModelCheckpoint", format!("bad saved state: {e}")))?;
         self.kept = s.kept;
+        self.numbered = s.numbered;
         Ok(())
     }
 }

@@ -134,6 +134,11 @@ pub struct TrainerConfig {
     /// re-broadcast rank 0's where they drifted apart (devices of different vendors round
     /// differently); `None` (the default) never checks.
     pub replica_check: Option<crate::distributed::ReplicaCheck>,
+    /// Settings a resumed run may change on purpose. `fit` after `Trainer::resume` refuses a
+    /// run whose schedule, precision, accumulation, global batch, world size or seeds differ
+    /// from the checkpoint's, naming each difference, unless it is listed here (empty by
+    /// default; `ResumeSetting::ALL` accepts every change).
+    pub resume_overrides: Vec<super::ResumeSetting>,
 }
 
 impl Default for TrainerConfig {
@@ -152,6 +157,7 @@ impl Default for TrainerConfig {
             progress: Progress::Bar,
             on_nan: OnNan::Stop,
             replica_check: None,
+            resume_overrides: Vec::new(),
         }
     }
 }

@@ -121,6 +121,22 @@ impl EventListener for ConsoleProgress {
             } => {
                 self.line(epoch_line(*epoch, *train_loss, *val_loss, *val_accuracy, *seconds));
             }
+            Event::Resumed {
+                path,
+                epoch,
+                step,
+                changed,
+            } => {
+                let changed = if changed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; changed on purpose: {}", changed.join(", "))
+                };
+                self.line(format!("resumed from {path} at step {step} (epoch {epoch}){changed}"));
+                if let Some(bar) = &self.bar {
+                    bar.set_position(*step);
+                }
+            }
             Event::Checkpoint { path, reason } => self.line(format!("checkpoint ({reason}): {path}")),
             Event::RunEnd { .. } => {
                 if let Some(bar) = self.bar.take() {

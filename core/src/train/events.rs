@@ -153,6 +153,18 @@ pub enum Event {
         /// The model, devices, limits and hyper-parameters of this run.
         run: RunInfo,
     },
+    /// Right after `RunStart` when the run resumed from a checkpoint.
+    Resumed {
+        /// The checkpoint, as displayed.
+        path: String,
+        /// The epoch the run goes on in, from 0.
+        epoch: u64,
+        /// Optimizer steps the checkpoint's run had taken.
+        step: u64,
+        /// Settings changed on purpose (`TrainerConfig::resume_overrides`): `name old -> new`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        changed: Vec<String>,
+    },
     /// Every `log_every_n_steps` optimizer steps.
     Step {
         /// The epoch in progress, from 0.
@@ -209,7 +221,8 @@ pub enum Event {
     Checkpoint {
         /// The file written, as displayed.
         path: String,
-        /// Why it was written: `last`, `every_n_train_steps`, or `top-K METRIC` for a top-k save.
+        /// Why it was written: `last`, `every_n_train_steps`, `every_n_epochs`, or `top-K METRIC`
+        /// for a top-k save.
         reason: String,
     },
     /// The result of `Trainer::test`.

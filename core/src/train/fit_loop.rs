@@ -41,6 +41,8 @@ impl Trainer {
     ) -> Result<FitReport> {
         let cfg = self.config.clone();
         self.started = Instant::now();
+        // Before the strategy's setup: every replica refuses alike, before any collective.
+        let resumed = self.check_resume(setup, train)?;
         let devices = self.strategy.setup(setup, &cfg)?;
         if cfg.precision == Precision::Mixed16 && self.state.grad_scaler.is_none() {
             self.state.grad_scaler = Some(cfg.grad_scaler.clone().unwrap_or_default());
@@ -55,6 +57,9 @@ impl Trainer {
             hparams: setup.hparams.clone(),
         };
         self.emit(Event::RunStart { run })?;
+        if let Some(event) = resumed {
+            self.emit(event)?;
+        }
         let samples_at_start = self.state.samples_seen;
         let mut progress = FitProgress {
             times: StepTimes::default(),

@@ -9,11 +9,14 @@ pub mod checkpoint;
 mod config;
 #[cfg(feature = "console")]
 mod console;
+mod evaluable;
 mod events;
 mod fit_loop;
 mod language_task;
 mod metrics_log;
+mod numbered_checkpoints;
 mod replicas;
+mod resume_check;
 mod seq2seq_task;
 mod setup;
 mod state;
@@ -29,10 +32,13 @@ pub use callbacks::{
 pub use config::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
 #[cfg(feature = "console")]
 pub use console::ConsoleProgress;
+pub use evaluable::Evaluable;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use language_task::LanguageModeling;
 pub use metrics_log::{JsonlWriter, parse_metrics_line, parse_metrics_log};
+pub use numbered_checkpoints::Keep;
 pub use replicas::{OnThreads, Replica, Trained, batchnorm_groups, each_replica};
+pub use resume_check::{ResumeSetting, RunSettings};
 pub use seq2seq_task::Seq2SeqTask;
 pub use setup::TrainingSetup;
 pub use state::TrainerState;

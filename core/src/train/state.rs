@@ -34,4 +34,8 @@ pub struct TrainerState {
     /// split it had measured (empty for unbalanced runs and older checkpoints).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<usize>,
+    /// The settings that decide the run's trajectory, which a resumed run must share (absent
+    /// from older checkpoints, and before the first `fit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<super::resume_check::RunSettings>,
 }

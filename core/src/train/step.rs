@@ -97,7 +97,7 @@ pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &
         no_grad(|| -> Result<()> {
             match config.gradient_clip {
                 Some(GradientClip::Norm(max)) => {
-                    clip_grad_norm(setup.optimizer.parameters(), max, 2.0)?;
+                    clip_grad_norm(setup.optimizer.parameters(), max)?;
                 }
                 Some(GradientClip::Value(v)) => clip_grad_value(setup.optimizer.parameters(), v)?,
                 None => {}

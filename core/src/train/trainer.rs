@@ -10,7 +10,9 @@ use std::time::Instant;
 use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint::{self, TensorFile};
 use super::config::TrainerConfig;
+use super::evaluable::Evaluable;
 use super::events::{Event, EventListener, Record};
+use super::resume_check::PendingResume;
 use super::setup::TrainingSetup;
 use super::state::TrainerState;
 use super::strategy::{SingleDevice, Strategy};
@@ -19,7 +21,6 @@ use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
 use crate::error::{Error, Result};
-use crate::nn::Module;
 use crate::tensor::Tensor;
 
 /// What `fit` reports at the end.
@@ -69,6 +70,8 @@ pub struct Trainer {
     pub(super) strategy: Box<dyn Strategy>,
     /// The name of the first callback that asked to stop, for the report's stop reason.
     pub(super) stopped_by: Option<String>,
+    /// A checkpoint `resume` loaded, whose run `fit` compares with this one before it starts.
+    pub(super) pending_resume: Option<PendingResume>,
 }
 
 impl Trainer {
@@ -92,6 +95,7 @@ impl Trainer {
             pause: Arc::new(AtomicBool::new(false)),
             strategy: Box::new(SingleDevice),
             stopped_by: None,
+            pending_resume: None,
         })
     }
     /// The configuration it runs with.
@@ -172,7 +176,10 @@ impl Trainer {
     }
 
     /// Restores model, optimizer, scheduler, random streams, callbacks and position from a
-    /// checkpoint, so `fit` continues exactly where that run stopped.
+    /// checkpoint, so `fit` continues exactly where that run stopped. `fit` then refuses to
+    /// start if this run's schedule, precision, accumulation, global batch, world size or seeds
+    /// differ from the checkpoint's (naming each; `TrainerConfig::resume_overrides` accepts
+    /// changes on purpose), and its events say where it resumed from.
     pub fn resume(&mut self, setup: &mut TrainingSetup, path: &Path) -> Result<()> {
         let file = checkpoint::load_tensors(path)?;
         self.resume_from(setup, &file, &path.display().to_string())
@@ -181,6 +188,8 @@ impl Trainer {
     /// As [`resume`](Trainer::resume), from a checkpoint already read (e.g. by
     /// [`checkpoint::parse_tensors`] from bytes that are not in a file), named `what` in errors.
     pub fn resume_from(&mut self, setup: &mut TrainingSetup, file: &TensorFile, what: &str) -> Result<()> {
+        // Taken before the checkpoint's streams replace them, for `fit` to compare.
+        let seeds = setup.random_streams().iter().map(|g| g.seed()).collect();
         let state = checkpoint::training::restore(setup, file, what)?;
         for c in &mut self.callbacks {
             if let Some(s) = state.callbacks.get(&c.name()) {
@@ -189,6 +198,10 @@ impl Trainer {
         }
         self.strategy.restore_shares(&state.shares);
         self.state = state;
+        self.pending_resume = Some(PendingResume {
+            path: what.to_string(),
+            seeds,
+        });
         Ok(())
     }
 
@@ -227,18 +240,22 @@ impl Trainer {
         Ok(action)
     }
 
-    /// Mean loss and accuracy over a loader, in evaluation mode and without the graph.
-    pub fn evaluate(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
-        setup.model.set_training(false);
+    /// Mean loss and accuracy over a loader, in evaluation mode and without the graph: of a
+    /// `TrainingSetup`, or of a model alone (see [`Evaluable`]).
+    pub fn evaluate(&mut self, target: &mut impl Evaluable, loader: &DataLoader) -> Result<EvalMetrics> {
+        target.set_training(false);
         let precision = self.config.precision;
+        let device = target.device();
+        let strategy = self.strategy.as_ref();
+        let scored = &*target;
         let result = no_grad(|| -> Result<EvalMetrics> {
             let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
             let mut sums: Option<(Tensor, Tensor)> = None;
             let mut samples = 0u64;
             for batch in loader.iter(0) {
-                let tensors = batch?.to_device(&setup.device)?;
+                let tensors = batch?.to_device(&device)?;
                 samples += tensors.first().map_or(0, |t| t.dims().first().copied().unwrap_or(1)) as u64;
-                let (loss, correct) = self.strategy.eval_sums(setup, &tensors)?;
+                let (loss, correct) = scored.eval_sums(strategy, &tensors)?;
                 sums = Some(match sums {
                     Some((l, c)) => (l.add(&loss)?, c.add(&correct)?),
                     None => (loss, correct),
@@ -254,13 +271,20 @@ impl Trainer {
                 samples,
             })
         });
-        setup.model.set_training(true);
+        target.set_training(true);
         result
     }
 
-    /// Evaluates on a test loader and emits the result.
-    pub fn test(&mut self, setup: &mut TrainingSetup, loader: &DataLoader) -> Result<EvalMetrics> {
-        let m = self.evaluate(setup, loader)?;
+    /// Lightning's `trainer.validate`: the metrics of a setup or of a model alone (a loaded
+    /// one, with no optimizer) on a validation loader.
+    pub fn validate(&mut self, target: &mut impl Evaluable, loader: &DataLoader) -> Result<EvalMetrics> {
+        self.evaluate(target, loader)
+    }
+
+    /// Evaluates a setup or a model alone (a loaded one, with no optimizer) on a test loader
+    /// and emits the result, as Lightning's `trainer.test`.
+    pub fn test(&mut self, target: &mut impl Evaluable, loader: &DataLoader) -> Result<EvalMetrics> {
+        let m = self.evaluate(target, loader)?;
         self.emit(Event::Test {
             loss: m.loss,
             accuracy: m.accuracy,

@@ -72,7 +72,7 @@ pub fn measure(
                 };
                 loss.backward()?;
                 if let Some((params, max_norm)) = &steps.clip {
-                    clip_grad_norm(params, *max_norm, 2.0)?;
+                    clip_grad_norm(params, *max_norm)?;
                 }
                 steps.optimizer.step()?;
                 final_loss = loss.item()?;

@@ -385,10 +385,12 @@ fn replica(
     if let Some(dir) = args.checkpoint_dir_of(stage).filter(|_| leader || stage.is_some()) {
         // Without validation there is no val_acc to rank by (the run would fail at the first
         // epoch end): keep only last.safetensors.
-        let checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
+        let mut checkpoint = ModelCheckpoint::new(dir).on_write_error(match args.on_checkpoint_error {
             OnCheckpointError::Stop => OnWriteError::Stop,
             OnCheckpointError::Warn => OnWriteError::Warn,
         });
+        checkpoint.every_n_train_steps = args.checkpoint_every_n_steps;
+        checkpoint.keep_numbered = args.keep_checkpoints;
         trainer.add_callback(if args.no_val {
             checkpoint
         } else {
@@ -397,16 +399,11 @@ fn replica(
     }
     match args.resume_from(stage)? {
         Some(path) => {
+            // The trainer's progress lines say where it resumed from (epoch and step), once
+            // `fit` has checked that this run continues the checkpoint's.
             trainer
                 .resume(&mut setup, &path)
                 .with_context(|| format!("cannot resume from {}", path.display()))?;
-            if leader {
-                eprintln_whole!(
-                    "resumed from {} at step {}",
-                    path.display(),
-                    trainer.state().global_step
-                );
-            }
         }
         None if args.resume.is_some() && leader => {
             eprintln_whole!(

@@ -59,7 +59,8 @@ pub(crate) fn restore(setup: &mut TrainingSetup, file: &TensorFile, what: &str) 
             ),
         ));
     }
-    // Checked before anything is loaded into `setup`: a stream of another seed is another run's.
+    // Checked before anything is loaded into `setup`. Seeds are compared by `fit` with the
+    // run's other settings (`resume_check`).
     let streams = setup.random_streams();
     if state.generators.len() != streams.len() {
         return Err(Error::data(
@@ -70,17 +71,6 @@ pub(crate) fn restore(setup: &mut TrainingSetup, file: &TensorFile, what: &str) 
                 streams.len()
             ),
         ));
-    }
-    for (i, (g, &(seed, _))) in streams.iter().zip(&state.generators).enumerate() {
-        if seed != g.seed() {
-            return Err(Error::data(
-                what,
-                format!(
-                    "its random stream {i} has seed {seed}, this run's has seed {}: resume with the seed of the run that wrote it",
-                    g.seed()
-                ),
-            ));
-        }
     }
     let device = setup.device.clone();
     let mut model_tensors = Vec::new();
@@ -103,8 +93,10 @@ pub(crate) fn restore(setup: &mut TrainingSetup, file: &TensorFile, what: &str) 
     if let (Some(sched), Some((base_lr, last_epoch))) = (setup.scheduler.as_mut(), state.scheduler) {
         sched.load_state(SchedulerState { base_lr, last_epoch }, setup.optimizer.as_mut())?;
     }
-    for (g, &(seed, counter)) in streams.iter().zip(&state.generators) {
-        g.restore(seed, counter);
+    // A stream keeps its own seed: `fit` refuses another seed than the checkpoint's unless the
+    // run accepts it, and then goes on with its own seed from the checkpoint's position.
+    for (g, &(_, counter)) in streams.iter().zip(&state.generators) {
+        g.restore(g.seed(), counter);
     }
     Ok(state)
 }

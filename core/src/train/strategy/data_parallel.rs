@@ -97,6 +97,9 @@ impl Strategy for DataParallel {
     fn rank(&self) -> usize {
         self.reducer.communicator().rank()
     }
+    fn world_size(&self) -> usize {
+        self.reducer.communicator().world_size()
+    }
     fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         step::check_precision(config.precision, &setup.device)?;
         let comm = self.reducer.communicator();

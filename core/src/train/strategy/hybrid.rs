@@ -44,6 +44,9 @@ impl Strategy for Hybrid {
     fn rank(&self) -> usize {
         self.reducers.first().map_or(0, |r| r.communicator().rank())
     }
+    fn world_size(&self) -> usize {
+        self.reducers.first().map_or(1, |r| r.communicator().world_size())
+    }
     fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         // The pipeline has no replicas of its own: the check runs here, over each stage's group.
         let pipeline_config = TrainerConfig {

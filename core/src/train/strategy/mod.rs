@@ -105,6 +105,12 @@ pub trait Strategy: Send {
         0
     }
 
+    /// The number of data-parallel replicas (1 without data parallelism; pipeline stages are
+    /// not replicas).
+    fn world_size(&self) -> usize {
+        1
+    }
+
     /// A balanced run's shares of the global batch, by rank (empty otherwise).
     fn shares(&self) -> Vec<usize> {
         Vec::new()
