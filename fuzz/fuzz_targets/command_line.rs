@@ -5,6 +5,8 @@
 // The heap bound (`lockstep_fuzz::HEAP_LIMIT`) is lockstep_fuzz's global allocator.
 use lockstep_fuzz as _;
 
+// `encode` (the seed writer's) is unused here.
+#[allow(dead_code)]
 #[path = "../src/command_line.rs"]
 mod command_line;
 
