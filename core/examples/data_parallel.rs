@@ -1,25 +1,28 @@
-//! Data-parallel training in one call: a replica of the model on each device, on threads of this
-//! process, their gradients averaged after every backward pass (PyTorch's DDP):
+//! Data parallel as one option of the Trainer: this program is the one-device program plus one
+//! line, `.devices(devices, build)`. A replica of the model goes on each device, on threads of
+//! this process, their gradients averaged after every backward pass (PyTorch's DDP, Lightning's
+//! `Trainer(devices=…)`):
 //!
 //! ```text
 //! cargo run -p lockstep-core --example data_parallel -- [DEVICES]
 //! ```
 //!
-//! DEVICES is a comma-separated list (default `cpu:0,cpu:1`; `cpu:0,cpu:1,cpu:2` for three).
+//! DEVICES is a comma-separated list (default `cpu:0,cpu:1`; `cpu:0` trains on one device).
 //! A program linking lockstep-core alone knows CPU devices only; `lockstep_cuda::register()` or
 //! `lockstep_wgpu::register()` at the start of `main` adds `cuda:N` or `wgpu:N`.
-//! The batch size is the global one, split over the replicas, so the run takes the same steps
-//! on any number of devices; it must divide evenly (48 does for 1, 2, 3, 4, 6, 8 … devices).
-//! The data are four Gaussian blobs in the plane; the example fails unless the run takes the
-//! steps one device would and labels at least 95% of held-out points correctly, which CI checks.
+//! The loaders are the one-device program's: the training loader's batch is the global batch,
+//! each replica taking its slice of every batch, so the run takes the steps one device would;
+//! it must divide evenly (48 does for 1, 2, 3, 4, 6, 8 … devices). The data are four Gaussian
+//! blobs in the plane; the example fails unless the run takes the steps one device would and
+//! labels at least 95% of held-out points correctly, which CI checks.
 
 use std::sync::Arc;
 
-use lockstep_core::data::{HostTensor, TensorDataset};
+use lockstep_core::data::{DataLoader, DataLoaderConfig, HostTensor, TensorDataset};
 use lockstep_core::nn::{Linear, ModuleExt, Relu, Sequential};
 use lockstep_core::optim::{Adam, AdamConfig};
 use lockstep_core::rng::normal_at;
-use lockstep_core::train::{DataParallel, Event, Record, TrainerConfig, TrainingSetup};
+use lockstep_core::train::{Event, Record, Trainer, TrainerConfig, TrainingSetup};
 use lockstep_core::{Device, Generator, HostVec, Result};
 
 const CENTERS: [[f32; 2]; 4] = [[1.0, 1.0], [-1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]];
@@ -45,7 +48,7 @@ fn blobs(n: usize, seed: u64) -> Result<TensorDataset> {
     ])
 }
 
-/// A listener: rank 0's step events carry every rank's time per step.
+/// A listener: with several devices, rank 0's step events carry every rank's time per step.
 fn print_steps(r: &Record) -> Result<()> {
     if let Event::Step {
         step, loss, rank_times, ..
@@ -60,6 +63,20 @@ fn print_steps(r: &Record) -> Result<()> {
     Ok(())
 }
 
+/// The model and optimizer on `device`: what a one-device program builds for itself, and what
+/// `devices` calls for each further replica. Every replica starts from rank 0's weights and
+/// random streams (a Dropout's), whatever the seed here, and draws for each sample what one
+/// device would.
+fn build(device: &Device) -> Result<TrainingSetup> {
+    let g = Generator::new(0);
+    let model = Sequential::new()
+        .add(Linear::new(2, 32, true, device, &g)?)
+        .add(Relu)
+        .add(Linear::new(32, CENTERS.len(), true, device, &g)?);
+    let optimizer = Adam::new(model.parameters(), AdamConfig::adam().lr(1e-2))?;
+    Ok(TrainingSetup::new(model, optimizer).name("blobs"))
+}
+
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let devices: Vec<Device> = std::env::args()
         .nth(1)
@@ -72,30 +89,22 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         log_every_n_steps: 25,
         ..Default::default()
     };
+    let loader = |data, shuffle| {
+        let config = DataLoaderConfig {
+            batch_size: BATCH,
+            ..Default::default()
+        };
+        DataLoader::simple(Arc::new(data), shuffle, 0, config)
+    };
+    let (train, val) = (loader(blobs(TRAIN, 1)?, true)?, loader(blobs(400, 2)?, false)?);
 
-    let trained = DataParallel::on_threads(devices.clone())
-        .config(config)
-        .batch_size(BATCH)
-        .shuffle(true, 0)
-        // Listeners and callbacks go to rank 0's trainer only.
-        .leader(|trainer| {
-            trainer.add_listener(print_steps);
-            Ok(())
-        })
-        // Called once per replica, on its thread: the model goes on that replica's device. Every
-        // replica starts from rank 0's weights and random streams (a Dropout's), whatever the
-        // seed here, and draws for each sample what one device would.
-        .fit(Arc::new(blobs(TRAIN, 1)?), Some(Arc::new(blobs(400, 2)?)), |replica| {
-            let g = Generator::new(0);
-            let model = Sequential::new()
-                .add(Linear::new(2, 32, true, &replica.device, &g)?)
-                .add(Relu)
-                .add(Linear::new(32, CENTERS.len(), true, &replica.device, &g)?);
-            let optimizer = Adam::new(model.parameters(), AdamConfig::adam().lr(1e-2))?;
-            Ok(TrainingSetup::new(model, optimizer).name("blobs"))
-        })?;
+    let mut trainer = Trainer::new(config)?
+        // The one line a one-device program lacks.
+        .devices(devices.clone(), build);
+    trainer.add_listener(print_steps);
+    let mut setup = build(&devices[0])?;
+    let report = trainer.fit(&mut setup, &train, Some(&val))?;
 
-    let report = trained.report;
     let accuracy = report.last_val.as_ref().ok_or("rank 0 did not validate")?.accuracy;
     let names: Vec<&str> = devices.iter().map(Device::location).collect();
     println!(

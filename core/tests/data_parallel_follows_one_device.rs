@@ -3,7 +3,8 @@
 //! losses and ends at its weights, to summation order, over 100 SGD steps. Dropout masks are
 //! keyed to a sample's place in the global batch (one dropout's samples start inside a Philox
 //! block on some replicas, the other's never do), and the replicas are built from other seeds
-//! than rank 0's, whose weights and streams they adopt.
+//! than rank 0's, whose weights and streams they adopt. The same holds for the one-device
+//! program given `Trainer::devices`.
 
 use std::sync::Arc;
 
@@ -88,10 +89,11 @@ fn state(setup: &TrainingSetup) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
-/// The one-device run: the global batch, shuffled as the replicas' loaders are.
-fn one_device() -> (Vec<(String, Vec<f32>)>, Vec<f64>) {
+/// The one-device program: the global batch, shuffled as the replicas' loaders are; with
+/// `devices`, the same program plus `Trainer::devices` (and SyncBatchNorm).
+fn program(devices: Option<Vec<Device>>) -> Result<Run> {
     let device = Device::cpu();
-    let mut s = setup(&device, 1).unwrap();
+    let mut s = setup(&device, 1)?;
     let sampler = Arc::new(RandomSampler {
         len: LEN,
         seed: SHUFFLE_SEED,
@@ -100,19 +102,46 @@ fn one_device() -> (Vec<(String, Vec<f32>)>, Vec<f64>) {
         batch_size: BATCH,
         ..Default::default()
     };
-    let loader = DataLoader::new(Arc::new(Images), sampler, loader_config).unwrap();
-    let mut trainer = Trainer::new(config()).unwrap();
+    let loader = DataLoader::new(Arc::new(Images), sampler, loader_config)?;
+    let mut trainer = Trainer::new(config())?;
+    if let Some(devices) = devices {
+        // Other seeds than rank 0's, as above: the replicas adopt rank 0's.
+        trainer = trainer
+            .devices(devices, |device| setup(device, 1 + 10 * ordinal(device)))
+            .sync_batchnorm(true);
+    }
     let (listener, events) = ChannelListener::new(1 << 12);
     trainer.add_listener(listener);
-    trainer.fit(&mut s, &loader, None).unwrap();
+    trainer.fit(&mut s, &loader, None)?;
     drop(trainer);
-    (state(&s), losses(events))
+    Ok((state(&s), losses(events)))
 }
 
-fn on_replicas(world: usize) -> (Vec<(String, Vec<f32>)>, Vec<f64>) {
-    let devices: Vec<Device> = (0..world)
+/// N of `cpu:N`.
+fn ordinal(device: &Device) -> u64 {
+    device
+        .location()
+        .rsplit(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A run's weights and buffers by name, and its logged losses.
+type Run = (Vec<(String, Vec<f32>)>, Vec<f64>);
+
+fn one_device() -> Run {
+    program(None).unwrap()
+}
+
+fn cpus(world: usize) -> Vec<Device> {
+    (0..world)
         .map(|i| Device::parse(&format!("cpu:{i}")).unwrap())
-        .collect();
+        .collect()
+}
+
+fn on_replicas(world: usize) -> Run {
+    let devices = cpus(world);
     let (listener, events) = ChannelListener::new(1 << 12);
     let trained = DataParallel::on_threads(devices)
         .config(config())
@@ -142,10 +171,37 @@ fn relative_difference(got: &[f32], want: &[f32]) -> f64 {
 
 #[test]
 fn a_conv_net_with_dropout_and_sync_batchnorm_on_2_and_4_replicas_follows_one_device() {
+    follows_one_device(on_replicas);
+}
+
+#[test]
+fn the_one_device_program_with_trainer_devices_follows_one_device() {
+    follows_one_device(|world| program(Some(cpus(world))).unwrap());
+}
+
+#[test]
+fn trainer_devices_refuses_a_setup_off_its_first_device_and_an_uneven_batch() {
+    let off = program(Some(vec![Device::parse("cpu:1").unwrap(), Device::cpu()]))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        off.contains("the setup given to fit is on cpu:0, not on the first of the devices (cpu:1)"),
+        "{off}"
+    );
+    let uneven = program(Some(cpus(3))).err().unwrap().to_string();
+    assert!(
+        uneven.contains("batch of 16 (the global batch) must split evenly over 3 devices"),
+        "{uneven}"
+    );
+}
+
+/// `run(world)`'s losses and weights against the one-device run's, for 2 and 4 replicas.
+fn follows_one_device(run: impl Fn(usize) -> Run) {
     let (weights, losses) = one_device();
     assert_eq!(losses.len(), STEPS as usize);
     for world in [2, 4] {
-        let (replica_weights, replica_losses) = on_replicas(world);
+        let (replica_weights, replica_losses) = run(world);
         assert_eq!(replica_losses.len(), losses.len(), "{world} replicas: logged steps");
         for (step, (got, want)) in replica_losses.iter().zip(&losses).enumerate() {
             let difference = (got - want).abs() / want.abs();

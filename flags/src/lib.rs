@@ -4,6 +4,9 @@
 //! what this crate accepts; the fuzz target `command_line` (fuzz/) feeds it hostile argument
 //! lists and config files, in-process.
 
+// The flags' doc comments are their --help text, written for a terminal (`runs/<model>-<time>/`).
+#![allow(rustdoc::invalid_html_tags)]
+
 pub mod bench;
 pub mod bounds;
 pub mod check;

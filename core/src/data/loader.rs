@@ -106,6 +106,13 @@ impl DataLoader {
         };
         DataLoader::new(dataset, sampler, config)
     }
+    /// The sampler whose order it batches; None for a loader given its batches whole.
+    pub fn sampler(&self) -> Option<&Arc<dyn Sampler>> {
+        match &self.order {
+            Order::Sampler(sampler) => Some(sampler),
+            Order::Batches(_) => None,
+        }
+    }
     /// The batching and worker settings.
     pub fn config(&self) -> &DataLoaderConfig {
         &self.config

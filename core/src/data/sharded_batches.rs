@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::{Arc, RwLock};
 
 use super::batch_sampler::BatchSampler;
-use super::sampler::epoch_order;
+use super::sampler::{RandomSampler, Sampler, SequentialSampler};
 use crate::error::{Error, Result};
 
 /// How many samples of each global batch every rank takes, shared by a rank's loader and the
@@ -86,15 +86,13 @@ fn slice_of(shares: &[usize], rank: usize) -> Range<usize> {
     start..start + shares[rank]
 }
 
-/// One rank's batches: the epoch's global order (DistributedSampler's, for the same seed and
-/// epoch), padded by wrapping around to a whole number of global batches so every step has the
+/// One rank's batches: the epoch's global order (a sampler's, the same on every rank),
+/// padded by wrapping around to a whole number of global batches so every step has the
 /// same global batch, cut into global batches; the rank takes its slice of each, by the shares
 /// in force when the epoch's iterator is made (the trainer makes a new one when they change).
 pub struct ShardedBatches {
-    dataset_len: usize,
+    order: Arc<dyn Sampler>,
     rank: usize,
-    shuffle: bool,
-    seed: u64,
     shares: BatchShares,
 }
 
@@ -102,6 +100,17 @@ impl ShardedBatches {
     /// Rank `rank`'s batches over `dataset_len` samples, shuffled by `seed` + epoch when `shuffle`,
     /// cut by `shares`; an error if `rank` is not one of the shares' ranks.
     pub fn new(dataset_len: usize, rank: usize, shuffle: bool, seed: u64, shares: BatchShares) -> Result<Self> {
+        let order: Arc<dyn Sampler> = if shuffle {
+            Arc::new(RandomSampler { len: dataset_len, seed })
+        } else {
+            Arc::new(SequentialSampler { len: dataset_len })
+        };
+        ShardedBatches::of_sampler(order, rank, shares)
+    }
+
+    /// Rank `rank`'s batches cut by `shares` from `order`'s epochs (a one-device loader's
+    /// sampler: the replicas then take, together, the batches that loader gives).
+    pub fn of_sampler(order: Arc<dyn Sampler>, rank: usize, shares: BatchShares) -> Result<Self> {
         let ranks = shares.ranks();
         if rank >= ranks {
             return Err(Error::invalid(
@@ -109,13 +118,7 @@ impl ShardedBatches {
                 format!("rank {rank} is outside the {ranks} ranks the shares are for"),
             ));
         }
-        Ok(ShardedBatches {
-            dataset_len,
-            rank,
-            shuffle,
-            seed,
-            shares,
-        })
+        Ok(ShardedBatches { order, rank, shares })
     }
 
     /// The shares it cuts by, shared with the balancer that changes them.
@@ -126,10 +129,10 @@ impl ShardedBatches {
 
 impl BatchSampler for ShardedBatches {
     fn len(&self) -> usize {
-        self.dataset_len.div_ceil(self.shares.global_batch())
+        self.order.len().div_ceil(self.shares.global_batch())
     }
     fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
-        let order = epoch_order(self.dataset_len, self.shuffle, self.seed, epoch);
+        let order = self.order.indices(epoch);
         let shares = self.shares.get();
         let global: usize = shares.iter().sum();
         let mine = slice_of(&shares, self.rank);

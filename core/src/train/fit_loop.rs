@@ -39,6 +39,11 @@ impl Trainer {
         train: &DataLoader,
         val: Option<&DataLoader>,
     ) -> Result<FitReport> {
+        if let Some(devices) = self.devices.take_if(|d| d.list.len() > 1) {
+            let report = self.fit_on_devices(&devices, setup, train, val);
+            self.devices = Some(devices);
+            return report;
+        }
         let cfg = self.config.clone();
         self.started = Instant::now();
         // Before the strategy's setup: every replica refuses alike, before any collective.

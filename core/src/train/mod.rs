@@ -9,6 +9,7 @@ pub mod checkpoint;
 mod config;
 #[cfg(feature = "console")]
 mod console;
+mod devices;
 mod evaluable;
 mod events;
 mod fit_loop;
@@ -32,6 +33,7 @@ pub use callbacks::{
 pub use config::{GradientClip, OnNan, Precision, Progress, SchedulerInterval, TrainerConfig};
 #[cfg(feature = "console")]
 pub use console::ConsoleProgress;
+pub use devices::SetupFactory;
 pub use evaluable::Evaluable;
 pub use events::{ChannelListener, DeviceStats, Event, EventListener, Record, RunInfo, StepTimes};
 pub use language_task::LanguageModeling;

@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::callbacks::{Callback, CallbackAction, CallbackContext};
 use super::checkpoint::{self, TensorFile};
 use super::config::TrainerConfig;
+use super::devices::Devices;
 use super::evaluable::Evaluable;
 use super::events::{Event, EventListener, Record};
 use super::resume_check::PendingResume;
@@ -20,6 +21,7 @@ use super::task::EvalMetrics;
 use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::data::DataLoader;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -72,6 +74,10 @@ pub struct Trainer {
     pub(super) stopped_by: Option<String>,
     /// A checkpoint `resume` loaded, whose run `fit` compares with this one before it starts.
     pub(super) pending_resume: Option<PendingResume>,
+    /// The devices `fit` trains on, where more than the setup's own (`devices`).
+    pub(super) devices: Option<Devices>,
+    /// With `devices`: BatchNorm over the global batch (`sync_batchnorm`).
+    pub(super) sync_batchnorm: bool,
 }
 
 impl Trainer {
@@ -96,6 +102,8 @@ impl Trainer {
             strategy: Box::new(SingleDevice),
             stopped_by: None,
             pending_resume: None,
+            devices: None,
+            sync_batchnorm: false,
         })
     }
     /// The configuration it runs with.
@@ -113,6 +121,30 @@ impl Trainer {
             self.console = None;
         }
         self.strategy = Box::new(strategy);
+        self
+    }
+    /// Trains on `devices`, one replica each, their gradients averaged after every backward
+    /// pass (PyTorch's DDP; Lightning's `Trainer(devices=…)`): the setup given to `fit` is rank
+    /// 0, on the first device, and `build` (the function that made it) makes each further
+    /// replica on its device, on a thread of its own. The training loader's batch is the global
+    /// batch, split evenly; only rank 0 validates, and this trainer's listeners and callbacks
+    /// see rank 0's run. One device trains as without it.
+    pub fn devices(
+        mut self,
+        devices: Vec<Device>,
+        build: impl Fn(&Device) -> Result<TrainingSetup> + Send + Sync + 'static,
+    ) -> Trainer {
+        self.devices = Some(Devices {
+            list: devices,
+            build: Arc::new(build),
+        });
+        self
+    }
+    /// With `devices`: BatchNorm layers normalise over the global batch, every replica's
+    /// samples together (PyTorch's `SyncBatchNorm`); then a run on several devices follows the
+    /// one-device run up to summation order. The setup given to `fit` keeps the conversion.
+    pub fn sync_batchnorm(mut self, sync: bool) -> Trainer {
+        self.sync_batchnorm = sync;
         self
     }
     /// Sends every event from now on to `listener`, after the listeners added before.
