@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every reader of outside bytes (fuzz/fuzz_targets/*.rs: MNIST's IDX
 # files, checkpoints and weight files, the metrics log, CIFAR's records and archive, text, the
-# rendezvous wire protocol) on the STABLE toolchain: the fuzz crate is built with the
+# rendezvous wire protocol) and of the command line (its flags, --config files and launcher
+# variables) on the STABLE toolchain: the fuzz crate is built with the
 # instrumentation `cargo fuzz` uses with `--sanitizer none` (SanitizerCoverage passes, `--cfg
 # fuzzing`, debug assertions and overflow checks), and each target's libFuzzer runs for a
 # bounded time. The heap is bounded by the crate's allocator (lockstep_fuzz::HEAP_LIMIT), memory

@@ -38,7 +38,7 @@ fn an_unknown_schedule_is_named() {
     let out = run(&mut lockstep(&["schedule", "--schedule", "zigzag"]));
     assert_fails_with(&out, &["unknown schedule `zigzag`", "gpipe or 1f1b"]);
     let out = run(&mut lockstep(&["schedule", "--micro-batches", "0"]));
-    assert_fails_with(&out, &["at least 1"]);
+    assert_fails_with(&out, &["--micro-batches 0 is out of range: give 1 to"]);
 }
 
 #[test]
