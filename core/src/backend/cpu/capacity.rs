@@ -24,15 +24,16 @@ impl Capacity {
         self.ram
     }
 
-    /// `len` elements of `dtype` asked by `op` on `device` with `in_use` bytes live: refused when
-    /// they cannot fit beside what is live.
-    pub fn check(&self, device: &str, op: &'static str, dtype: DType, len: usize, in_use: u64) -> Result<()> {
+    /// `len` elements of `dtype` asked by `op` on `cpu:{ordinal}` with `in_use` bytes live:
+    /// refused when they cannot fit beside what is live. (The device is named only in the
+    /// refusal: this runs for every new tensor.)
+    pub fn check(&self, ordinal: usize, op: &'static str, dtype: DType, len: usize, in_use: u64) -> Result<()> {
         let Some(ram) = self.ram else { return Ok(()) };
         let capacity = ram + self.swap;
         let requested = (len as u64).saturating_mul(dtype.size_in_bytes() as u64);
         if requested.saturating_add(in_use) > capacity {
             return Err(Error::OutOfMemory {
-                device: device.to_string(),
+                device: format!("cpu:{ordinal}"),
                 op,
                 requested,
                 in_use,
@@ -53,10 +54,10 @@ mod tests {
             ram: Some(8 << 30),
             swap: 2 << 30,
         };
-        capacity.check("cpu:0", "rand", DType::F32, 1 << 30, 0).unwrap();
+        capacity.check(0, "rand", DType::F32, 1 << 30, 0).unwrap();
         // 784 x 1e9 f32: the weight of `--hidden 1000000000`.
         let err = capacity
-            .check("cpu:0", "rand", DType::F32, 784_000_000_000, 1 << 20)
+            .check(0, "rand", DType::F32, 784_000_000_000, 1 << 20)
             .unwrap_err()
             .to_string();
         assert!(
@@ -65,9 +66,9 @@ mod tests {
         );
         assert!(err.contains("try a smaller model or batch"), "{err}");
         // What is live counts: two halves that fit alone do not fit together.
-        assert!(capacity.check("cpu:0", "full", DType::F32, 1 << 30, 7 << 30).is_err());
+        assert!(capacity.check(0, "full", DType::F32, 1 << 30, 7 << 30).is_err());
         assert!(
-            capacity.check("cpu:0", "full", DType::F32, usize::MAX, 0).is_err(),
+            capacity.check(0, "full", DType::F32, usize::MAX, 0).is_err(),
             "no overflow"
         );
     }

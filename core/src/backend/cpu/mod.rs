@@ -165,8 +165,7 @@ impl CpuBackend {
     /// A new tensor of `len` elements, refused where the machine cannot hold it.
     fn check_fits(&self, op: &'static str, dtype: DType, len: usize) -> Result<()> {
         let in_use = self.pool.allocated_bytes.load(std::sync::atomic::Ordering::Relaxed);
-        self.capacity
-            .check(&format!("cpu:{}", self.ordinal), op, dtype, len, in_use)
+        self.capacity.check(self.ordinal, op, dtype, len, in_use)
     }
 
     fn wrap(&self, data: HostVec) -> BufferRef {
