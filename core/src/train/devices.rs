@@ -40,16 +40,18 @@ pub(super) struct Devices {
 const TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A replica's gradient reducer over `gradients`, its BatchNorm layers first made SyncBatchNorm
-/// over `batchnorm` where the run asks for it (before the reducer, as DDP wants).
-fn replica_reducer(
+/// over `batchnorm` where the run asks for it (before the reducer, as DDP wants). Making it is a
+/// collective: every replica's setup must be on its way.
+pub(super) fn replica_reducer(
     setup: &mut TrainingSetup,
     gradients: Box<dyn Communicator>,
     batchnorm: Option<Arc<dyn Communicator>>,
+    buckets: ReducerConfig,
 ) -> Result<Reducer> {
     if let Some(comm) = &batchnorm {
         setup.model.convert_sync_batchnorm(comm);
     }
-    Reducer::for_model(setup.model.as_ref(), Arc::from(gradients), ReducerConfig::default())
+    Reducer::for_model(setup.model.as_ref(), Arc::from(gradients), buckets)
 }
 
 /// Where `fit`'s replicas start from: the checkpoint rank 0 resumed from, read again by each.
@@ -114,11 +116,7 @@ impl Trainer {
                     let resume = resume.clone();
                     scope.spawn(move || -> Result<FitReport> {
                         let mut setup = build(device)?;
-                        if let Some(comm) = &batchnorm {
-                            setup.model.convert_sync_batchnorm(comm);
-                        }
-                        let reducer =
-                            Reducer::for_model(setup.model.as_ref(), Arc::from(gradients), ReducerConfig::default())?;
+                        let reducer = replica_reducer(&mut setup, gradients, batchnorm, ReducerConfig::default())?;
                         let mut trainer = Trainer::new(config.clone())?.with_strategy(DataParallel::new(reducer));
                         if let Some(path) = resume {
                             trainer.resume(&mut setup, Path::new(&path))?;
@@ -128,7 +126,7 @@ impl Trainer {
                 })
                 .collect();
             // After the others start: making a reducer is a collective.
-            let leader = replica_reducer(setup, gradients, batchnorm)
+            let leader = replica_reducer(setup, gradients, batchnorm, ReducerConfig::default())
                 .and_then(|reducer| self.fit_as_rank_0(DataParallel::new(reducer), setup, &loaders[0], val));
             let mut rate = 0.0;
             for (rank, handle) in (1..).zip(others) {

@@ -25,7 +25,7 @@ use super::trainer::{FitReport, Trainer};
 use crate::backend::Communicator;
 use crate::data::{BatchShares, DataLoader, DataLoaderConfig, Dataset, ShardedBatches};
 use crate::device::{Device, communicator_group};
-use crate::distributed::{Reducer, ReducerConfig};
+use crate::distributed::ReducerConfig;
 use crate::error::{Error, Result};
 
 /// Where `build` is making a replica: its rank among `world`, and its device.
@@ -206,10 +206,7 @@ impl Plan {
         build: &(impl Fn(&Replica) -> Result<TrainingSetup> + Sync),
     ) -> Result<Trained> {
         let mut setup = build(replica)?;
-        if let Some(comm) = &batchnorm {
-            setup.model.convert_sync_batchnorm(comm);
-        }
-        let reducer = Reducer::for_model(setup.model.as_ref(), Arc::from(gradients), self.reducer)?;
+        let reducer = super::devices::replica_reducer(&mut setup, gradients, batchnorm, self.reducer)?;
         let loader_config = DataLoaderConfig {
             batch_size: self.batch_size / replica.world,
             num_workers: self.workers,
