@@ -2,7 +2,8 @@
 //! in buckets as backward produces them (PyTorch DDP's semantics), over any `Communicator`.
 //! SyncBatchNorm's batch statistics are summed across replicas here too (`all_reduce_sum`), and
 //! the processes of a job find each other through the launcher's `rendezvous`. Devices of
-//! different speeds get shares of the global batch that follow their throughput (`Balancer`).
+//! different speeds get shares of the global batch that follow their throughput (`Balancer`),
+//! and ZeRO partitions the optimizer state and gradients over the replicas (`ShardedOptimizer`).
 
 mod balance;
 mod buckets;
@@ -15,6 +16,7 @@ pub mod rendezvous;
 mod replica_check;
 mod shares;
 mod sync_batchnorm;
+mod zero;
 
 pub use balance::{Balancer, WorkDone};
 pub use consistency::verify_same_model;
@@ -26,3 +28,4 @@ pub use replica_check::{Drift, OnDrift, ReplicaCheck, check_replicas, find_drift
 pub use shares::{MIN_GAIN, proportional_shares, rebalanced, step_seconds};
 pub use sync_batchnorm::all_reduce_sum;
 pub(crate) use sync_batchnorm::synced_batch_stats;
+pub use zero::{ShardedOptimizer, ZeroStage, owners, state_bytes};

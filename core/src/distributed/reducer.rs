@@ -81,6 +81,9 @@ struct State {
     worker: CommWorker,
     comm: Arc<dyn Communicator>,
     last: CommTimes,
+    /// ZeRO stage 2: which parameters (by registration index) keep their averaged gradient;
+    /// the others' gradients are dropped once copied into their bucket.
+    keep: Option<Vec<bool>>,
 }
 
 /// Averages gradients across data-parallel replicas as backward produces them, bucket by bucket,
@@ -126,6 +129,7 @@ impl Reducer {
             worker: CommWorker::spawn(comm.clone())?,
             comm,
             last: CommTimes::default(),
+            keep: None,
         }));
         for p in params {
             // Weak: the parameters outlive the reducer; its hooks then do nothing.
@@ -141,6 +145,18 @@ impl Reducer {
     /// Accumulation steps (`no_sync`) skip communication; the step that syncs reduces once.
     pub fn set_sync(&self, sync: bool) {
         self.lock().sync = sync;
+    }
+
+    /// ZeRO stage 2: after each synchronised backward only the parameters marked in `keep` (by
+    /// registration index) hold a gradient, the averaged one; every other gradient is dropped
+    /// as soon as it is in its bucket.
+    pub fn keep_only(&self, keep: Vec<bool>) {
+        self.lock().keep = Some(keep);
+    }
+
+    /// Whether `keep_only` dropped some parameters' gradients.
+    pub fn keeps_only_some(&self) -> bool {
+        self.lock().keep.as_ref().is_some_and(|k| k.contains(&false))
     }
 
     /// The parameters (registration indices) of each bucket, in reduction order.
@@ -188,6 +204,9 @@ impl Reducer {
         };
         for b in &st.buckets {
             for (s, slot) in b.slots.iter().enumerate() {
+                if st.keep.as_ref().is_some_and(|keep| !keep[slot.param]) {
+                    continue;
+                }
                 let param = &st.params[slot.param];
                 // A copy, not a view: in-place writers (clipping, unscaling) must not reach the bucket.
                 param.set_grad(Some(b.flat.view(b.view_of(s, param)).deep_copy()?));
@@ -303,6 +322,10 @@ fn on_ready(state: &Weak<Mutex<State>>, param: &Tensor) -> Result<()> {
         &bucket.view_of(s, param),
     )?;
     bucket.ready += 1;
+    if st.keep.is_some() {
+        // `finish` writes the averaged gradient back where it is kept.
+        param.set_grad(None);
+    }
     let st = &mut *st;
     while st.next_bucket < st.buckets.len() && st.buckets[st.next_bucket].is_full() {
         let flat = st.buckets[st.next_bucket].flat.buffer().clone();

@@ -47,6 +47,12 @@ fn partial(g: &Tensor, norm_type: f64) -> Result<Tensor> {
 /// `get_total_norm`), as a scalar tensor on the first gradient's device and dtype; zero when no
 /// parameter has a gradient. `norm_type` is a positive number or `f64::INFINITY`.
 pub fn grad_norm(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
+    let total = sum_of_powers(params, norm_type)?;
+    root(total, norm_type)
+}
+
+/// Before the root: `max |g|` (infinity norm) or `sum |g|^p` over every gradient of `params`.
+fn sum_of_powers(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
     if norm_type.is_nan() || norm_type <= 0.0 {
         return Err(Error::invalid(
             "grad_norm",
@@ -73,7 +79,13 @@ pub fn grad_norm(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
                 Some(t) => t.add(&part)?,
             });
         }
-        let total = total.ok_or_else(|| Error::invalid("grad_norm", "no gradients"))?;
+        total.ok_or_else(|| Error::invalid("grad_norm", "no gradients"))
+    })
+}
+
+/// The norm from `sum_of_powers`' total.
+fn root(total: Tensor, norm_type: f64) -> Result<Tensor> {
+    no_grad(|| {
         if norm_type.is_infinite() {
             Ok(total)
         } else if norm_type == 2.0 {
@@ -95,13 +107,37 @@ pub fn clip_grad_norm(params: &[Tensor], max_norm: f64) -> Result<Tensor> {
 /// [`clip_grad_norm`] with the `norm_type`-norm: a positive number or `f64::INFINITY`
 /// (PyTorch's `clip_grad_norm_(params, max_norm, norm_type)`).
 pub fn clip_grad_norm_with_type(params: &[Tensor], max_norm: f64, norm_type: f64) -> Result<Tensor> {
+    check_max_norm(max_norm)?;
+    let total = grad_norm(params, norm_type)?;
+    scale_to(params, max_norm, total)
+}
+
+/// [`clip_grad_norm`] where each rank holds the gradients of only its share of the parameters
+/// (ZeRO stage 2): `total_over_ranks` sums this rank's part of the squared norm (an f32 scalar)
+/// with every other rank's, so each scales its gradients by the one global coefficient.
+pub fn clip_grad_norm_of_shards(
+    params: &[Tensor],
+    max_norm: f64,
+    total_over_ranks: &dyn Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    check_max_norm(max_norm)?;
+    let mine = no_grad(|| sum_of_powers(params, 2.0)?.to_dtype(DType::F32))?;
+    let total = root(total_over_ranks(&mine)?, 2.0)?;
+    scale_to(params, max_norm, total)
+}
+
+fn check_max_norm(max_norm: f64) -> Result<()> {
     if max_norm.is_nan() || max_norm < 0.0 {
         return Err(Error::invalid(
             "clip_grad_norm",
             format!("max_norm must be non-negative, got {max_norm}"),
         ));
     }
-    let total = grad_norm(params, norm_type)?;
+    Ok(())
+}
+
+/// Scales every gradient by `min(1, max_norm / (total + 1e-6))`; returns `total`.
+fn scale_to(params: &[Tensor], max_norm: f64, total: Tensor) -> Result<Tensor> {
     let coef = no_grad(|| {
         let max = Tensor::full(Shape::scalar(), max_norm, total.dtype(), total.device())?;
         max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)

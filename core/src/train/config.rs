@@ -139,6 +139,10 @@ pub struct TrainerConfig {
     /// from the checkpoint's, naming each difference, unless it is listed here (empty by
     /// default; `ResumeSetting::ALL` accepts every change).
     pub resume_overrides: Vec<super::ResumeSetting>,
+    /// Data parallel: partition the optimizer state (stage 1) and the averaged gradients
+    /// (stage 2) over the replicas, as DeepSpeed's ZeRO; the weights end as without it. `None`
+    /// (the default) replicates everything. One device trains as without it.
+    pub zero: Option<crate::distributed::ZeroStage>,
 }
 
 impl Default for TrainerConfig {
@@ -158,6 +162,7 @@ impl Default for TrainerConfig {
             on_nan: OnNan::Stop,
             replica_check: None,
             resume_overrides: Vec::new(),
+            zero: None,
         }
     }
 }

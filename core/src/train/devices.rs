@@ -128,7 +128,7 @@ impl Trainer {
             // After the others start: making a reducer is a collective.
             let leader = replica_reducer(setup, gradients, batchnorm, ReducerConfig::default())
                 .and_then(|reducer| self.fit_as_rank_0(DataParallel::new(reducer), setup, &loaders[0], val));
-            let mut rate = 0.0;
+            let (mut rate, mut state_bytes) = (0.0, Vec::new());
             for (rank, handle) in (1..).zip(others) {
                 let report = handle
                     .join()
@@ -140,9 +140,11 @@ impl Trainer {
                         )
                     })?;
                 rate += report.samples_per_sec;
+                state_bytes.extend(report.optimizer_state_bytes);
             }
             let mut report = leader?;
             report.samples_per_sec += rate;
+            report.optimizer_state_bytes.extend(state_bytes);
             Ok(report)
         })
     }

@@ -93,6 +93,8 @@ impl Trainer {
         self.run_callbacks(setup, epoch, &mut no_metrics, |c, ctx| {
             c.on_train_end(ctx).map(|_| CallbackAction::Continue)
         })?;
+        let optimizer_state_bytes = self.strategy.optimizer_state_bytes(setup);
+        self.strategy.after_fit(setup)?;
         let seconds = self.started.elapsed().as_secs_f64();
         let mut report = progress.report;
         report.epochs = self.state.epoch;
@@ -102,6 +104,7 @@ impl Trainer {
         report.samples_per_sec = (self.state.samples_seen - samples_at_start) as f64 / seconds.max(1e-9);
         report.data_wait_seconds = progress.data_wait.as_secs_f64();
         report.shares = self.strategy.shares();
+        report.optimizer_state_bytes = vec![optimizer_state_bytes];
         self.emit(Event::RunEnd {
             epochs: report.epochs,
             steps: report.steps,
@@ -165,7 +168,7 @@ impl Trainer {
             micro = 0;
             self.strategy.finish_gradients(&mut progress.times)?;
             let phase = Instant::now();
-            let stepped = step::optimizer_step(&self.config, &mut self.state, setup)?;
+            let stepped = step::optimizer_step(&self.config, &mut self.state, setup, self.strategy.as_ref())?;
             progress.times.optimizer += phase.elapsed().as_secs_f64();
             // Only a step skipped by choice (`OnNan::Skip`) leaves its loss out; mixed
             // precision's skipped overflow steps count as they always did.

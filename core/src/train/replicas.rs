@@ -188,8 +188,13 @@ impl OnThreads {
             done.push(result.map_err(|e| Error::invalid("DataParallel::on_threads", format!("replica {rank}: {e}")))?);
         }
         let rate: f64 = done.iter().map(|t| t.report.samples_per_sec).sum();
+        let state_bytes: Vec<u64> = done
+            .iter()
+            .flat_map(|t| t.report.optimizer_state_bytes.clone())
+            .collect();
         let mut first = done.swap_remove(0);
         first.report.samples_per_sec = rate;
+        first.report.optimizer_state_bytes = state_bytes;
         Ok(first)
     }
 }

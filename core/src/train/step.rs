@@ -7,12 +7,15 @@ use super::TrainingSetup;
 use super::config::{GradientClip, OnNan, Precision, SchedulerInterval, TrainerConfig};
 use super::events::StepTimes;
 use super::state::TrainerState;
+use super::strategy::Strategy;
 use crate::autocast::AutocastGuard;
 use crate::autograd::no_grad;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
-use crate::optim::{GradScaler, clip_grad_norm, clip_grad_value, grads_finite, non_finite_elements};
+use crate::optim::{
+    GradScaler, clip_grad_norm, clip_grad_norm_of_shards, clip_grad_value, grads_finite, non_finite_elements,
+};
 use crate::tensor::Tensor;
 
 /// One micro-batch of an optimizer step, as the loop hands it to the strategy.
@@ -81,29 +84,47 @@ pub fn forward_backward(
 }
 
 /// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,
-/// advance the per-step scheduler; false when the step was skipped.
-pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &mut TrainingSetup) -> Result<bool> {
+/// advance the per-step scheduler; false when the step was skipped. Where `strategy` shards the
+/// gradients (ZeRO stage 2) each worker holds only its share, so the verdict on inf/NaN and the
+/// clipping norm are totalled over the workers.
+pub fn optimizer_step(
+    config: &TrainerConfig,
+    state: &mut TrainerState,
+    setup: &mut TrainingSetup,
+    strategy: &dyn Strategy,
+) -> Result<bool> {
+    let sharded = strategy.gradients_sharded();
+    let total = |part: &Tensor| strategy.sum_over_workers(setup, part);
+    let params = setup.optimizer.parameters();
     // Unscaled once per optimizer step, before clipping; with DDP the gradients are already
     // averaged, so every rank reaches the same verdict.
-    let finite = match &state.grad_scaler {
-        Some(scaler) => scaler.unscale(setup.optimizer.parameters())?,
-        None if config.on_nan == OnNan::Skip => grads_finite(setup.optimizer.parameters())?,
+    let mut finite = match &state.grad_scaler {
+        Some(scaler) => scaler.unscale(params)?,
+        None if config.on_nan == OnNan::Skip => grads_finite(params)?,
         None => true,
     };
+    if sharded && (state.grad_scaler.is_some() || config.on_nan == OnNan::Skip) {
+        let poisoned = Tensor::from_slice(&[f32::from(u8::from(!finite))], [1], &setup.device)?;
+        finite = total(&poisoned)?.item()? == 0.0;
+    }
     if let Some(scaler) = &mut state.grad_scaler {
         scaler.update(finite);
     }
     if finite {
         no_grad(|| -> Result<()> {
             match config.gradient_clip {
-                Some(GradientClip::Norm(max)) => {
-                    clip_grad_norm(setup.optimizer.parameters(), max)?;
+                Some(GradientClip::Norm(max)) if sharded => {
+                    clip_grad_norm_of_shards(params, max, &total)?;
                 }
-                Some(GradientClip::Value(v)) => clip_grad_value(setup.optimizer.parameters(), v)?,
+                Some(GradientClip::Norm(max)) => {
+                    clip_grad_norm(params, max)?;
+                }
+                Some(GradientClip::Value(v)) => clip_grad_value(params, v)?,
                 None => {}
             }
-            setup.optimizer.step()
+            Ok(())
         })?;
+        no_grad(|| setup.optimizer.step())?;
     } else {
         state.skipped_steps += 1;
     }
@@ -115,6 +136,20 @@ pub fn optimizer_step(config: &TrainerConfig, state: &mut TrainerState, setup: &
         s.step(setup.optimizer.as_mut());
     }
     Ok(finite)
+}
+
+/// Refuses ZeRO where there are no data-parallel replicas to partition over, naming what has
+/// them.
+pub fn check_no_zero(config: &TrainerConfig, strategy: &str) -> Result<()> {
+    if config.zero.is_none() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "ZeRO",
+        format!(
+            "{strategy} does not partition its optimizer over replicas yet: ZeRO (--zero) is for data parallel (--devices)"
+        ),
+    ))
 }
 
 /// Refuses a replica check where there are no replicas to compare, naming what has them.

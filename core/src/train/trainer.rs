@@ -54,6 +54,10 @@ pub struct FitReport {
     pub skipped_steps: u64,
     /// A balanced run: each rank's samples of the global batch at the end, by rank.
     pub shares: Vec<usize>,
+    /// The bytes of optimizer state each worker held at the end, by rank as far as this
+    /// process knows them (every replica with `Trainer::devices`; this one under a launcher).
+    /// With ZeRO each is a share, about 1/N of the whole.
+    pub optimizer_state_bytes: Vec<u64>,
 }
 
 /// Lightning's `Trainer`: fits a `TrainingSetup` on data loaders with a `Strategy`, emits events to

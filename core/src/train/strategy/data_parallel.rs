@@ -10,7 +10,8 @@ use super::{StepReports, Strategy};
 use crate::backend::{Communicator, ReduceOp};
 use crate::device::Device;
 use crate::distributed::{
-    Balancer, Reducer, ReplicaCheck, WorkDone, adopt_rank0_streams, all_gather_values, check_replicas,
+    Balancer, Reducer, ReplicaCheck, ShardedOptimizer, WorkDone, ZeroStage, adopt_rank0_streams, all_gather_values,
+    check_replicas, state_bytes,
 };
 use crate::error::Result;
 use crate::nn::ModuleExt;
@@ -31,6 +32,8 @@ pub struct DataParallel {
     replica_names: Vec<String>,
     /// `TrainerConfig::replica_check` (set by `setup`).
     replica_check: Option<ReplicaCheck>,
+    /// With `TrainerConfig::zero`: the optimizer `setup` partitioned, handed back by `after_fit`.
+    sharded: Option<ShardedOptimizer>,
 }
 
 impl DataParallel {
@@ -42,6 +45,7 @@ impl DataParallel {
             balancer: None,
             replica_names: Vec::new(),
             replica_check: None,
+            sharded: None,
         }
     }
 
@@ -100,12 +104,20 @@ impl Strategy for DataParallel {
     fn world_size(&self) -> usize {
         self.reducer.communicator().world_size()
     }
-    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+    fn setup(&mut self, setup: &mut TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         step::check_precision(config.precision, &setup.device)?;
         let comm = self.reducer.communicator();
         self.replica_names = replica_names(comm.as_ref(), &setup.device)?;
         adopt_rank0_streams(comm.as_ref(), &setup.device, &setup.random_streams())?;
         self.replica_check = config.replica_check;
+        if let Some(stage) = config.zero.filter(|_| comm.world_size() > 1) {
+            let sharded = ShardedOptimizer::shard(&mut setup.optimizer, comm.clone())?;
+            if stage >= ZeroStage::Gradients {
+                let owned = (0..sharded.owners().len()).map(|i| sharded.owns(i)).collect();
+                self.reducer.keep_only(owned);
+            }
+            self.sharded = Some(sharded);
+        }
         Ok(self.replica_names.clone())
     }
 
@@ -178,6 +190,24 @@ impl Strategy for DataParallel {
         let replicas = gather_reports(comm.as_ref(), &setup.device, mine, &self.replica_names)?;
         let (worker_times, devices) = replicas.into_iter().unzip();
         Ok(StepReports { worker_times, devices })
+    }
+
+    fn gradients_sharded(&self) -> bool {
+        self.reducer.keeps_only_some()
+    }
+
+    fn optimizer_state_bytes(&self, setup: &TrainingSetup) -> u64 {
+        match &self.sharded {
+            Some(sharded) => sharded.own_state_bytes(),
+            None => state_bytes(&setup.optimizer.state()),
+        }
+    }
+
+    fn after_fit(&mut self, setup: &mut TrainingSetup) -> Result<()> {
+        match self.sharded.take() {
+            Some(sharded) => sharded.unshard(&mut setup.optimizer),
+            None => Ok(()),
+        }
     }
 
     fn shares(&self) -> Vec<usize> {

@@ -15,7 +15,7 @@ use crate::train::TrainingSetup;
 use crate::train::config::TrainerConfig;
 use crate::train::events::StepTimes;
 use crate::train::state::TrainerState;
-use crate::train::step::MicroBatch;
+use crate::train::step::{self, MicroBatch};
 
 /// One replica of a data × pipeline parallel run: a `Pipeline` whose stages each average their
 /// gradients over the replicas with a `Reducer` of their own.
@@ -47,7 +47,8 @@ impl Strategy for Hybrid {
     fn world_size(&self) -> usize {
         self.reducers.first().map_or(1, |r| r.communicator().world_size())
     }
-    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+    fn setup(&mut self, setup: &mut TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+        step::check_no_zero(config, "a pipeline with replicas")?;
         // The pipeline has no replicas of its own: the check runs here, over each stage's group.
         let pipeline_config = TrainerConfig {
             replica_check: None,

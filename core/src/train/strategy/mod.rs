@@ -38,7 +38,7 @@ pub struct StepReports {
 pub trait Strategy: Send {
     /// Before the loop: checks that `setup` can train this way with `config` (its precision,
     /// above all), and returns the run's devices (one per replica or stage) for its start event.
-    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>>;
+    fn setup(&mut self, setup: &mut TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>>;
 
     /// A batch from the loader, on the device(s) that compute it.
     fn batch_to_device(&self, setup: &TrainingSetup, batch: &Batch) -> Result<Vec<Tensor>> {
@@ -109,6 +109,24 @@ pub trait Strategy: Send {
     /// not replicas).
     fn world_size(&self) -> usize {
         1
+    }
+
+    /// Whether each worker holds the gradients of only its share of the parameters when the
+    /// optimizer steps (ZeRO stage 2): inf/NaN verdicts and clipping norms are then totalled
+    /// with `sum_over_workers`.
+    fn gradients_sharded(&self) -> bool {
+        false
+    }
+
+    /// The bytes of optimizer state this worker holds (its share with ZeRO).
+    fn optimizer_state_bytes(&self, setup: &TrainingSetup) -> u64 {
+        crate::distributed::state_bytes(&setup.optimizer.state())
+    }
+
+    /// When the run is over (every worker takes part): undoes what `setup` changed in the
+    /// setup for the run (ZeRO hands the whole optimizer back).
+    fn after_fit(&mut self, _setup: &mut TrainingSetup) -> Result<()> {
+        Ok(())
     }
 
     /// A balanced run's shares of the global batch, by rank (empty otherwise).

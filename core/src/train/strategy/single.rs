@@ -14,7 +14,7 @@ use crate::train::step::{self, MicroBatch};
 pub struct SingleDevice;
 
 impl Strategy for SingleDevice {
-    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+    fn setup(&mut self, setup: &mut TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         step::check_precision(config.precision, &setup.device)?;
         step::check_no_replica_check(config, "a run on one device")?;
         Ok(vec![setup.device.location().to_string()])

@@ -176,12 +176,13 @@ fn check_across_processes(model: &StagedModel, config: &TrainerConfig) -> Result
 }
 
 impl Strategy for Pipeline {
-    fn setup(&mut self, setup: &TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
+    fn setup(&mut self, setup: &mut TrainingSetup, config: &TrainerConfig) -> Result<Vec<String>> {
         let model = staged(setup)?;
         for device in model.devices() {
             step::check_precision(config.precision, device)?;
         }
         step::check_no_replica_check(config, "a pipeline without replicas")?;
+        step::check_no_zero(config, "a pipeline")?;
         let stages = match &self.processes {
             Some(p) => {
                 check_across_processes(model, config)?;
