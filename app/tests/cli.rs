@@ -405,6 +405,30 @@ fn data_parallel_over_two_cpu_devices_learns_and_reports_both() {
     // The replicas are checked bit for bit along the way: identical CPUs never drift.
     let json = short_run_summary("devices", &["--devices", "cpu:0,cpu:1", "--check-replicas-every", "10"]);
     assert_eq!(json["device"], "cpu:0,cpu:1", "{json}");
+    let each = json["optimizer_state_bytes"]
+        .as_array()
+        .expect("optimizer state by rank")
+        .clone();
+    assert_eq!(each.len(), 2, "{json}");
+    assert_eq!(each[0], each[1], "every replica holds the whole state: {json}");
+    // ZeRO-2: the state partitioned; the replicas still agree bit for bit.
+    let zero = &[
+        "--devices",
+        "cpu:0,cpu:1",
+        "--zero",
+        "2",
+        "--check-replicas-every",
+        "10",
+    ];
+    let json = short_run_summary("zero", zero);
+    let shares: Vec<u64> = json["optimizer_state_bytes"]
+        .as_array()
+        .expect("optimizer state by rank")
+        .iter()
+        .map(|v| v.as_u64().expect("bytes"))
+        .collect();
+    assert_eq!(shares.iter().sum::<u64>(), each[0].as_u64().unwrap_or(0), "{json}");
+    assert!(shares.iter().all(|&s| s > 0), "each replica holds a share: {json}");
 }
 
 #[test]

@@ -42,7 +42,7 @@ fn a_wgpu_stage_and_a_cpu_stage_give_the_cpu_gradients() {
 
     let staged = StagedModel::place(&[2, 2], &[wgpu.clone(), cpu.clone()], model).unwrap();
     let optimizer = Sgd::new(staged.parameters(), SgdConfig::new(0.1)).unwrap();
-    let setup = TrainingSetup {
+    let mut setup = TrainingSetup {
         model: Box::new(staged),
         optimizer: Box::new(optimizer),
         scheduler: None,
@@ -53,7 +53,7 @@ fn a_wgpu_stage_and_a_cpu_stage_give_the_cpu_gradients() {
         hparams: Default::default(),
     };
     let mut strategy = Pipeline::new(ScheduleKind::OneFOneB, 4);
-    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
+    strategy.setup(&mut setup, &TrainerConfig::default()).unwrap();
     let tensors = [x.to_device(&wgpu).unwrap(), y];
     let micro = MicroBatch::whole(&tensors);
     strategy

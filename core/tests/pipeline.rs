@@ -82,9 +82,9 @@ fn pipelined(
     let layers = build(&Device::cpu()).unwrap().len();
     let devices: Vec<Device> = (0..stages).map(cpu).collect();
     let model = StagedModel::place(&even_sizes(layers, stages), &devices, build).unwrap();
-    let setup = setup_with(Box::new(model), &devices[0]);
+    let mut setup = setup_with(Box::new(model), &devices[0]);
     let mut strategy = Pipeline::new(kind, micro_batches);
-    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
+    strategy.setup(&mut setup, &TrainerConfig::default()).unwrap();
     let (x, y) = batch();
     let tensors = [x, y.to_device(&devices[stages - 1]).unwrap()];
     let loss = forward_backward(&mut strategy, &setup, &tensors).unwrap();
@@ -251,9 +251,9 @@ fn a_pipeline_says_what_it_needs() {
     let (_, y) = batch();
     let devices = [cpu(0), cpu(1)];
     let model = StagedModel::place(&[2, 2], &devices, points_model).unwrap();
-    let setup = setup_with(Box::new(model), &devices[0]);
+    let mut setup = setup_with(Box::new(model), &devices[0]);
     let mut strategy = Pipeline::new(ScheduleKind::GPipe, 4);
-    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
+    strategy.setup(&mut setup, &TrainerConfig::default()).unwrap();
     let x = Tensor::zeros([2, 8], lockstep_core::DType::F32, &devices[0]).unwrap();
     let tensors = [x, y.narrow(0, 0, 2).unwrap().to_device(&devices[1]).unwrap()];
     let err = forward_backward(&mut strategy, &setup, &tensors)

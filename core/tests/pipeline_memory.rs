@@ -58,9 +58,9 @@ fn step(kind: ScheduleKind, first: usize) -> Measured {
         .iter()
         .map(|p| 4 * p.elem_count() as u64)
         .sum();
-    let setup = setup_with(Box::new(staged), &devices[0]);
+    let mut setup = setup_with(Box::new(staged), &devices[0]);
     let mut strategy = Pipeline::new(kind, MICRO);
-    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
+    strategy.setup(&mut setup, &TrainerConfig::default()).unwrap();
     let base = allocated(&devices[0]);
     let tensors = [x, y];
     let micro = MicroBatch::whole(&tensors);

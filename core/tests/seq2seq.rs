@@ -59,9 +59,9 @@ fn the_encoder_and_decoder_pipelined_on_two_devices_have_one_devices_gradients()
         for micro_batches in [1, 2, 4, 8] {
             let devices = [cpu(0), cpu(1)];
             let staged = StagedModel::place(&[1, 1], &devices, |d| seq2seq(64, d, &Generator::new(2))).unwrap();
-            let s = setup(Box::new(staged), &devices[0]);
+            let mut s = setup(Box::new(staged), &devices[0]);
             let mut strategy = Pipeline::new(kind, micro_batches);
-            strategy.setup(&s, &TrainerConfig::default()).unwrap();
+            strategy.setup(&mut s, &TrainerConfig::default()).unwrap();
             let mut tensors = batch(16, &devices[0]);
             tensors[1] = tensors[1].to_device(&devices[1]).unwrap();
             let micro = MicroBatch::whole(&tensors);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use lockstep_core::distributed::{OnDrift, ReducerConfig, ReplicaCheck};
+use lockstep_core::distributed::{OnDrift, ReducerConfig, ReplicaCheck, ZeroStage};
 use lockstep_core::train::{
     GradientClip, Keep, OnNan, Precision, Progress, ResumeSetting, SchedulerInterval, TrainerConfig,
 };
@@ -243,6 +243,11 @@ pub struct Args {
     /// cover the global batch (all replicas); with one device it changes nothing.
     #[arg(long)]
     pub sync_batchnorm: bool,
+    /// With --devices: partition the optimizer state (1) and also the averaged gradients (2)
+    /// over the replicas, as DeepSpeed's ZeRO stages; the weights end as without it. Replicas
+    /// must be threads of one process (--devices), not a launched job's processes, for now.
+    #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub zero: Option<u8>,
     /// Data parallel: capacity of the gradient buckets after the first, in MiB (PyTorch's
     /// bucket_cap_mb); each full bucket is all-reduced while backward goes on.
     #[arg(long, default_value_t = 25.0)]
@@ -699,6 +704,7 @@ impl Args {
             }),
             // Checked by `validate`.
             resume_overrides: self.resume_overrides().unwrap_or_default(),
+            zero: self.zero.and_then(|stage| ZeroStage::from_number(stage).ok()),
             ..Default::default()
         }
     }

@@ -107,7 +107,7 @@ fn schedule_steps(
         hparams: Default::default(),
     };
     let mut strategy = Pipeline::new(kind, micro_batches).with_cpu_threads_per_stage(plan.threads_per_stage);
-    strategy.setup(&setup, &TrainerConfig::default())?;
+    strategy.setup(&mut setup, &TrainerConfig::default())?;
     let data = Generator::new(1);
     let last = &devices[devices.len() - 1];
     let x = Tensor::rand_uniform([plan.batch, plan.width], -1.0, 1.0, DType::F32, &data, &devices[0])?;

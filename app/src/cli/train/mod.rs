@@ -202,7 +202,12 @@ fn rank_0_of(results: Vec<anyhow::Result<(String, FitReport, EvalMetrics)>>) -> 
         done.push(r.with_context(|| format!("replica {rank}"))?);
     }
     let samples_per_sec = done.iter().map(|(_, r, _)| r.samples_per_sec).sum();
-    let (device, report, result) = done.swap_remove(0);
+    let state_bytes: Vec<u64> = done
+        .iter()
+        .flat_map(|(_, r, _)| r.optimizer_state_bytes.clone())
+        .collect();
+    let (device, mut report, result) = done.swap_remove(0);
+    report.optimizer_state_bytes = state_bytes;
     Ok(Finished {
         device,
         samples_per_sec,

@@ -27,6 +27,9 @@ pub struct Summary {
     /// A balanced run: each device's samples of the global batch at the end.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<DeviceShare>,
+    /// The bytes of optimizer state each replica held at the end, by rank as far as this
+    /// process knows them (with --zero each holds its share).
+    pub optimizer_state_bytes: Vec<u64>,
 }
 
 #[derive(Serialize)]
@@ -67,6 +70,7 @@ impl Summary {
             stop_reason: report.stop_reason.clone(),
             skipped_steps: report.skipped_steps,
             shares: device_shares(args, &report.shares),
+            optimizer_state_bytes: report.optimizer_state_bytes.clone(),
         }
     }
     pub fn print(&self) {
@@ -94,9 +98,26 @@ impl Summary {
             self.data_wait_seconds,
             self.stop_reason
         );
+        if let Some(line) = self.optimizer_state_line() {
+            println!("{line}");
+        }
         if let Some(hint) = self.starved_hint() {
             println!("{hint}");
         }
+    }
+
+    /// Each replica's optimizer state, where there are several (with --zero each holds its
+    /// share).
+    fn optimizer_state_line(&self) -> Option<String> {
+        let [_, _, ..] = self.optimizer_state_bytes.as_slice() else {
+            return None;
+        };
+        let mib: Vec<String> = self
+            .optimizer_state_bytes
+            .iter()
+            .map(|&b| format!("{:.2}", b as f64 / f64::from(1 << 20)))
+            .collect();
+        Some(format!("optimizer state per rank (MiB): {}", mib.join(", ")))
     }
 
     /// A balanced run that left a device the least it can take (one sample per step) would
@@ -148,7 +169,19 @@ mod tests {
                     samples,
                 })
                 .collect(),
+            optimizer_state_bytes: Vec::new(),
         }
+    }
+
+    #[test]
+    fn each_ranks_optimizer_state_is_shown_where_there_are_several() {
+        let mut s = summary(&[]);
+        assert_eq!(s.optimizer_state_line(), None);
+        s.optimizer_state_bytes = vec![3 << 20, 1 << 19];
+        assert_eq!(
+            s.optimizer_state_line().as_deref(),
+            Some("optimizer state per rank (MiB): 3.00, 0.50")
+        );
     }
 
     #[test]
