@@ -30,6 +30,10 @@ pub enum Which {
     /// A GPT's training steps (--model, default gpt-char; --batch, default 16) in f32 and
     /// bf16-mixed with nanoGPT's recipe: tokens/s and peak memory.
     Gpt,
+    /// `lockstep train` of a GPT (--model) on the text file --data over --devices, plain data
+    /// parallel beside ZeRO stages 1 and 2 (--batch global, default 16; --steps): seconds per
+    /// step, and each rank's peak memory and optimizer state.
+    Zero,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -67,10 +71,12 @@ pub struct Args {
     /// Sizes n of the square GEMM benchmark (default 512, 1024, 2048; a GPU wants 4096, 8192).
     #[arg(long, value_delimiter = ',', default_values_t = GEMM_SIZES)]
     pub sizes: Vec<usize>,
-    /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA/mnist, else the per-user cache).
+    /// MNIST directory for `bench loader` (default: $LOCKSTEP_DATA/mnist, else the per-user
+    /// cache); the UTF-8 text file `bench zero` trains on.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// The devices of `bench ddp` (one replica each) and `bench pipeline` (one stage each).
+    /// The devices of `bench ddp` and `bench zero` (one replica each) and `bench pipeline` (one
+    /// stage each).
     #[arg(long, value_delimiter = ',', default_value = "cpu:0,cpu:1")]
     pub devices: Vec<String>,
     /// Batch of the MLP benchmark (for `bench ddp`, the global batch split over --devices;

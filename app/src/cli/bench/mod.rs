@@ -16,6 +16,7 @@ mod resnet;
 mod rounds;
 mod steps;
 mod timing;
+mod zero;
 
 use anyhow::Context;
 use lockstep_core::distributed::ReducerConfig;
@@ -29,6 +30,8 @@ use super::threads;
 
 const MLP_BATCH: usize = 128;
 const PIPELINE_BATCH: usize = 2048;
+/// nanoGPT's shakespeare-char batch, of `bench gpt` and `bench zero`.
+const GPT_BATCH: usize = 16;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let threads = usize::from(args.threads);
@@ -59,6 +62,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.which == Which::Ddp {
         return run_ddp(&args);
     }
+    if args.which == Which::Zero {
+        return run_zero(&args, threads);
+    }
     if args.which == Which::Pipeline {
         return run_pipeline(&args, threads);
     }
@@ -87,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "32" => vec!["32".to_string(), "bf16-mixed".to_string()],
                     other => vec![other.to_string()],
                 };
-                let plan = gpt::GptPlan::new(&args.model, args.batch.unwrap_or(16), precisions)?;
+                let plan = gpt::GptPlan::new(&args.model, args.batch.unwrap_or(GPT_BATCH), precisions)?;
                 anyhow::Ok(gpt::GptPlan {
                     kernel_profile: args.kernels,
                     compile: args.device.starts_with("cuda"),
@@ -197,6 +203,24 @@ fn run_ddp(args: &Args) -> anyhow::Result<()> {
     let report = ddp::run(&plan)?;
     println!("{}", ddp::table(&report));
     write_json(args, &report)
+}
+
+fn run_zero(args: &Args, threads: usize) -> anyhow::Result<()> {
+    let text = args
+        .data
+        .clone()
+        .context("bench zero trains a GPT on a text file: give it with --data FILE")?;
+    let plan = zero::ZeroPlan {
+        devices: args.devices.clone(),
+        model: args.model.clone(),
+        text,
+        batch: args.batch.unwrap_or(GPT_BATCH),
+        steps: args.steps,
+        threads,
+    };
+    let variants = zero::run(&plan)?;
+    println!("{}", zero::table(&variants));
+    write_json(args, &serde_json::json!({ "plan": plan, "variants": variants }))
 }
 
 fn run_pipeline(args: &Args, threads: usize) -> anyhow::Result<()> {
