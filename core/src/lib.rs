@@ -83,6 +83,15 @@ pub mod shape;
 pub mod tensor;
 pub mod train;
 
+/// What the code `#[derive(Module)]` writes calls (`::lockstep_core::__private::…`): no API of
+/// its own, and free to change with the derive.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::nn::child::Child;
+    pub use crate::nn::layer_error::name_failing_layer;
+    pub use crate::nn::module::{describe_tree, remap};
+}
+
 pub use autograd::{NoGradGuard, no_grad};
 pub use device::Device;
 pub use dtype::{DType, Element, HostVec};
