@@ -75,6 +75,7 @@ pub enum HostVec {
 }
 
 /// Dispatches an expression over every variant of a `HostVec`-shaped enum, binding the inner vector.
+#[doc(hidden)]
 #[macro_export]
 macro_rules! map_host_vec {
     ($value:expr, $v:ident => $body:expr) => {

@@ -33,7 +33,7 @@ pub fn threads(what: &'static str, count: usize) -> Result<()> {
 }
 
 /// This machine's RAM (None where `/proc/meminfo` is not there) and swap, in bytes, read once.
-pub fn ram_and_swap() -> (Option<u64>, u64) {
+pub(crate) fn ram_and_swap() -> (Option<u64>, u64) {
     static READ: std::sync::OnceLock<(Option<u64>, u64)> = std::sync::OnceLock::new();
     *READ.get_or_init(|| {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -47,7 +47,7 @@ pub fn ram_and_swap() -> (Option<u64>, u64) {
 /// A file `path` read whole, where reading it and what is made of it (`expansion` bytes in
 /// memory per byte of the file) fits this machine's RAM and swap; refused before reading
 /// otherwise, saying the sizes and `instead` (what to do).
-pub fn read_file_that_fits(path: &std::path::Path, expansion: u64, instead: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_file_that_fits(path: &std::path::Path, expansion: u64, instead: &str) -> Result<Vec<u8>> {
     let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
     if let (Some(ram), swap) = ram_and_swap() {
         let needed = len.saturating_mul(expansion);

@@ -150,12 +150,7 @@ fn an_older_checkpoint_is_held_only_to_what_it_recorded() {
     let tensors: Vec<_> = file
         .tensors
         .iter()
-        .map(|(n, t)| {
-            (
-                n.clone(),
-                checkpoint::host_to_device(t, t.data.dtype(), &device).unwrap(),
-            )
-        })
+        .map(|(n, t)| (n.clone(), t.to_device(&device).unwrap()))
         .collect();
     let older = scratch.join("older.safetensors");
     checkpoint::save_tensors(&older, &tensors, file.metadata.clone()).unwrap();

@@ -80,7 +80,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     };
     let visit_children = |method: Ident| {
         each(&children, |ident, name| {
-            quote! { ::lockstep_core::nn::Child::#method(&self.#ident, &::std::format!("{}{}", prefix, #name), f); }
+            quote! { ::lockstep_core::__private::Child::#method(&self.#ident, &::std::format!("{}{}", prefix, #name), f); }
         })
     };
     let own_params = visit_own(&params);
@@ -91,24 +91,24 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let own_tensors = [params.as_slice(), buffers.as_slice()].concat();
     let map_own = each(
         &own_tensors,
-        |ident, _| quote! { ::lockstep_core::nn::remap(&mut self.#ident, f)?; },
+        |ident, _| quote! { ::lockstep_core::__private::remap(&mut self.#ident, f)?; },
     );
     let map_children = each(&children, |ident, _| {
-        quote! { ::lockstep_core::nn::Child::map_tensors(&mut self.#ident, f)?; }
+        quote! { ::lockstep_core::__private::Child::map_tensors(&mut self.#ident, f)?; }
     });
     let set_flags = each(&flags, |ident, _| quote! { self.#ident = training; });
     let train_children = each(&children, |ident, _| {
-        quote! { ::lockstep_core::nn::Child::set_training(&mut self.#ident, training); }
+        quote! { ::lockstep_core::__private::Child::set_training(&mut self.#ident, training); }
     });
     let generator_children = each(&children, |ident, _| {
-        quote! { ::lockstep_core::nn::Child::visit_generators(&self.#ident, f); }
+        quote! { ::lockstep_core::__private::Child::visit_generators(&self.#ident, f); }
     });
     let sync_children = each(&children, |ident, _| {
-        quote! { ::lockstep_core::nn::Child::convert_sync_batchnorm(&mut self.#ident, comm); }
+        quote! { ::lockstep_core::__private::Child::convert_sync_batchnorm(&mut self.#ident, comm); }
     });
     let describe_children = each(&children, |ident, name| {
         quote! {
-            if let ::std::option::Option::Some(d) = ::lockstep_core::nn::Child::describe_child(&self.#ident) {
+            if let ::std::option::Option::Some(d) = ::lockstep_core::__private::Child::describe_child(&self.#ident) {
                 children.push((#name.to_string(), d));
             }
         }
@@ -120,20 +120,20 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     let forward = if several_inputs {
         quote_spanned! {ty.span()=>
             fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-                #ty::forward(self, ::std::slice::from_ref(x)).map_err(|e| ::lockstep_core::nn::name_failing_layer(self, e))
+                #ty::forward(self, ::std::slice::from_ref(x)).map_err(|e| ::lockstep_core::__private::name_failing_layer(self, e))
             }
             fn forward_inputs(
                 &self,
                 inputs: &[::lockstep_core::Tensor],
             ) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-                #ty::forward(self, inputs).map_err(|e| ::lockstep_core::nn::name_failing_layer(self, e))
+                #ty::forward(self, inputs).map_err(|e| ::lockstep_core::__private::name_failing_layer(self, e))
             }
         }
     } else {
         quote_spanned! {ty.span()=>
             #[deny(unconditional_recursion)]
             fn forward(&self, x: &::lockstep_core::Tensor) -> ::lockstep_core::Result<::lockstep_core::Tensor> {
-                #ty::forward(self, x).map_err(|e| ::lockstep_core::nn::name_failing_layer(self, e))
+                #ty::forward(self, x).map_err(|e| ::lockstep_core::__private::name_failing_layer(self, e))
             }
         }
     };
@@ -174,7 +174,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
             fn describe(&self) -> ::std::string::String {
                 let mut children: ::std::vec::Vec<(::std::string::String, ::std::string::String)> = ::std::vec::Vec::new();
                 #describe_children
-                ::lockstep_core::nn::describe_tree(#kind, &children)
+                ::lockstep_core::__private::describe_tree(#kind, &children)
             }
         }
     })

@@ -62,7 +62,7 @@ impl Drop for NoGradGuard {
 }
 
 /// Maps the gradient of an operation's output to the gradients of its inputs (None: no gradient).
-pub type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
+pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
 
 /// Where an input's gradient goes.
 pub(crate) enum Edge {
@@ -76,7 +76,7 @@ pub(crate) enum Edge {
 
 /// One recorded operation in the autograd graph (PyTorch's `grad_fn`): its name and, until backward
 /// runs it, the edges to its inputs and its backward closure.
-pub struct Node {
+pub(crate) struct Node {
     id: u64,
     name: &'static str,
     /// Set for a narrow view: where it sits in its input, so the walk can hand the view's

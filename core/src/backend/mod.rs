@@ -8,6 +8,7 @@
 
 mod communicator;
 pub mod cpu;
+#[doc(hidden)]
 pub mod gpu_plan;
 mod ops;
 

@@ -15,7 +15,7 @@ use crate::tensor::Tensor;
 /// Maps the inputs (on the device, in the dtype, views applied) to the outputs to compare.
 pub type Forward = Arc<dyn Fn(&Ctx, &[Tensor]) -> Result<Vec<Tensor>> + Send + Sync>;
 /// Computes the forward outputs from the logical input values, in plain f64 on the host.
-pub type Oracle = Arc<dyn Fn(&[HostTensor]) -> Vec<HostTensor> + Send + Sync>;
+pub(crate) type Oracle = Arc<dyn Fn(&[HostTensor]) -> Vec<HostTensor> + Send + Sync>;
 
 /// Where and how one evaluation of a case runs.
 pub struct Ctx<'a> {
@@ -223,7 +223,7 @@ impl Input {
 
     /// The storage values, drawn from the case seed and this input's position; float values are
     /// rounded to `dtype` so every device and the reference start from identical numbers.
-    pub fn generate(&self, seed: u64, position: usize, dtype: DType) -> HostTensor {
+    pub(crate) fn generate(&self, seed: u64, position: usize, dtype: DType) -> HostTensor {
         let n: usize = self.shape.iter().product();
         // Each input owns a disjoint range of the counter space.
         let base = (position as u64 + 1) << 40;
@@ -286,7 +286,7 @@ impl Input {
 }
 
 /// `7x13`, or `scalar` for rank 0.
-pub fn dims_label(dims: &[usize]) -> String {
+pub(crate) fn dims_label(dims: &[usize]) -> String {
     if dims.is_empty() {
         return "scalar".into();
     }
@@ -314,7 +314,7 @@ pub struct Case {
     /// The operation under test: maps the input tensors to the outputs to compare.
     pub forward: Forward,
     /// Optional plain-f64 implementation that checks the CPU reference's forward values.
-    pub oracle: Option<Oracle>,
+    pub(crate) oracle: Option<Oracle>,
 }
 
 impl Case {
@@ -364,7 +364,7 @@ impl Case {
         self
     }
     /// Adds a plain-f64 oracle that `run_oracles` checks the forward outputs against.
-    pub fn oracle(mut self, oracle: impl Fn(&[HostTensor]) -> Vec<HostTensor> + Send + Sync + 'static) -> Case {
+    pub(crate) fn oracle(mut self, oracle: impl Fn(&[HostTensor]) -> Vec<HostTensor> + Send + Sync + 'static) -> Case {
         self.oracle = Some(Arc::new(oracle));
         self
     }
@@ -385,7 +385,7 @@ impl Case {
     }
 
     /// The storage values of every input, rounded to `dtype`.
-    pub fn host_inputs(&self, dtype: DType) -> Vec<HostTensor> {
+    pub(crate) fn host_inputs(&self, dtype: DType) -> Vec<HostTensor> {
         let seed = self.seed();
         self.inputs
             .iter()
@@ -409,7 +409,7 @@ impl Case {
 
 /// Weights `w` of the scalar `sum(out * w)` whose gradient the cases compare: uniform in
 /// `[-1, 1]`, rounded to `dtype`, a function of (seed, output position) only.
-pub fn output_weights(seed: u64, output: usize, len: usize, dtype: DType) -> Vec<f64> {
+pub(crate) fn output_weights(seed: u64, output: usize, len: usize, dtype: DType) -> Vec<f64> {
     let base = (1000 + output as u64) << 40;
     let w: Vec<f64> = (0..len).map(|i| 2.0 * rng::uniform_at(seed, base, i) - 1.0).collect();
     HostVec::from_f64(dtype, &w).to_f64_vec()

@@ -46,10 +46,6 @@ impl HostTensor {
     pub fn len(&self) -> usize {
         self.values.len()
     }
-    /// True when the tensor has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
     /// The element at multi-index `idx`.
     pub fn at(&self, idx: &[usize]) -> f64 {
         self.values[ravel(idx, &self.dims)]

@@ -16,7 +16,7 @@ use crate::tensor::Tensor;
 
 /// How far `evaluate` goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
+pub(crate) enum Pass {
     /// Forward only, without recording the graph.
     Forward,
     /// Forward, recording the graph (so outputs say whether they are differentiable).
@@ -28,7 +28,7 @@ pub enum Pass {
 /// One named result of an evaluation: a forward output (`out`, `out1`, …) or an input gradient
 /// (`grad:x`), read back as f64.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Observed {
+pub(crate) struct Observed {
     /// `out` (or `out0`, `out1`, … for several outputs), or `grad:<input>` for a gradient.
     pub name: String,
     /// The dtype the result was computed in (F64 for the reference).
@@ -88,7 +88,7 @@ impl CaseReport {
 
 /// Builds the inputs on `device`, runs the forward pass and, for `Pass::Backward`, the backward
 /// pass of `sum(out * w)` over the differentiable outputs, and reads everything back.
-pub fn evaluate(
+pub(crate) fn evaluate(
     case: &Case,
     device: &Device,
     dtype: DType,
@@ -179,7 +179,7 @@ pub fn evaluate(
 
 /// The worst errors of a comparison, and the first failure found.
 #[derive(Clone, Debug, Default)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     /// Largest |device - reference| over the finite errors.
     pub max_abs_err: f64,
     /// Largest |device - reference| / |reference| over references above the tolerance's `atol`.
@@ -192,7 +192,7 @@ pub struct Comparison {
 
 /// Compares device results with reference results; integer results must match exactly, float
 /// results within the tolerance of the device result's dtype, times `scale`.
-pub fn compare(device: &[Observed], reference: &[Observed], scale: f64) -> Comparison {
+pub(crate) fn compare(device: &[Observed], reference: &[Observed], scale: f64) -> Comparison {
     let mut c = Comparison::default();
     if device.len() != reference.len() {
         c.failure = Some(format!(
@@ -398,7 +398,7 @@ pub fn run_oracles(device: &Device) -> Vec<CaseReport> {
 }
 
 /// The inputs as the forward pass sees them (views applied), on the host.
-pub fn logical_inputs(case: &Case, base: &[HostTensor]) -> Vec<HostTensor> {
+pub(crate) fn logical_inputs(case: &Case, base: &[HostTensor]) -> Vec<HostTensor> {
     case.inputs
         .iter()
         .zip(base)

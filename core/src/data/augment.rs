@@ -27,7 +27,7 @@ impl Augment {
     };
 
     /// The choices for one sample: the crop's offset into the padded image and whether it flips.
-    pub fn draw(&self, seed: u64, epoch: u64, index: usize) -> Placement {
+    pub(crate) fn draw(&self, seed: u64, epoch: u64, index: usize) -> Placement {
         // A stream of its own (the key), counted by (epoch, index): independent of shuffling's.
         let words = philox4x32(seed ^ 0x6175_676d_656e_7421, (epoch << 32) ^ index as u64);
         // Offsets in 0..=2p from 32-bit words: the modulo's bias is below 1e-8 for such small p.
@@ -46,7 +46,7 @@ impl Augment {
 
 /// Where one augmented image reads its pixels from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub(crate) struct Placement {
     padding: usize,
     dy: usize,
     dx: usize,
@@ -88,7 +88,7 @@ impl Normalize {
 }
 
 /// Writes the augmented, normalised floats of one `[c, h, w]` byte image into `out`.
-pub fn render(image: &[u8], shape: [usize; 3], placement: &Placement, normalize: &Normalize, out: &mut [f32]) {
+pub(crate) fn render(image: &[u8], shape: [usize; 3], placement: &Placement, normalize: &Normalize, out: &mut [f32]) {
     let [c, h, w] = shape;
     for ch in 0..c {
         let table = &normalize.tables[ch];

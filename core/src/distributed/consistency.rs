@@ -21,7 +21,7 @@ fn fingerprint(text: &str) -> u32 {
 
 /// Refuses, on every rank, a run whose replicas differ from rank 0's model, naming the first
 /// parameter that differs.
-pub fn verify_same_model(named: &[(String, Tensor)], comm: &dyn Communicator) -> Result<()> {
+pub(crate) fn verify_same_model(named: &[(String, Tensor)], comm: &dyn Communicator) -> Result<()> {
     let Some((_, first)) = named.first() else {
         return Ok(());
     };

@@ -19,13 +19,14 @@ mod sync_batchnorm;
 mod zero;
 
 pub use balance::{Balancer, WorkDone};
-pub use consistency::verify_same_model;
-pub use gather::{all_gather_strings, all_gather_values};
-pub use random_streams::adopt_rank0_streams;
+pub(crate) use consistency::verify_same_model;
+pub(crate) use gather::{all_gather_strings, all_gather_values};
+pub(crate) use random_streams::adopt_rank0_streams;
 pub use reducer::{CommTimes, Reducer, ReducerConfig};
 pub use rendezvous::{Rendezvous, RendezvousConfig};
-pub use replica_check::{Drift, OnDrift, ReplicaCheck, check_replicas, find_drift};
-pub use shares::{MIN_GAIN, proportional_shares, rebalanced, step_seconds};
+pub(crate) use replica_check::check_replicas;
+pub use replica_check::{OnDrift, ReplicaCheck};
+
 pub use sync_batchnorm::all_reduce_sum;
 pub(crate) use sync_batchnorm::synced_batch_stats;
 pub use zero::{ShardedOptimizer, ZeroStage, owners, state_bytes};

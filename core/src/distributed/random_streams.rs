@@ -18,7 +18,7 @@ const PIECES: usize = (u64::BITS / PIECE_BITS) as usize;
 
 /// Puts each of `streams` at rank 0's state (seed and counter); every rank takes part, and all
 /// must hold as many streams.
-pub fn adopt_rank0_streams(comm: &dyn Communicator, device: &Device, streams: &[Arc<Generator>]) -> Result<()> {
+pub(crate) fn adopt_rank0_streams(comm: &dyn Communicator, device: &Device, streams: &[Arc<Generator>]) -> Result<()> {
     let counts = all_gather_values(comm, device, vec![streams.len() as f32])?;
     if counts.iter().any(|&c| c != counts[0]) {
         return Err(Error::invalid(

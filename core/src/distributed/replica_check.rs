@@ -40,7 +40,7 @@ impl ReplicaCheck {
 
 /// The first parameter that differs between rank 0 and another rank.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Drift {
+pub(crate) struct Drift {
     /// The parameter's name (`layer1.0.conv1.weight`).
     pub parameter: String,
     /// The lowest rank whose copy differs from rank 0's.
@@ -75,7 +75,7 @@ fn fingerprint(p: &Tensor) -> Result<[u32; 2]> {
 
 /// The first parameter (in `named` order) whose bits differ between rank 0 and any other rank,
 /// with how far apart the values are; every rank of `comm` must call it with the same model.
-pub fn find_drift(named: &[(String, Tensor)], comm: &dyn Communicator) -> Result<Option<Drift>> {
+pub(crate) fn find_drift(named: &[(String, Tensor)], comm: &dyn Communicator) -> Result<Option<Drift>> {
     let Some((_, first)) = named.first() else {
         return Ok(None);
     };
@@ -115,7 +115,7 @@ fn distance_from_rank_0(p: &Tensor, comm: &dyn Communicator) -> Result<f64> {
 
 /// Runs `check` after optimizer step `step`: a drift stops every rank with an error, or gives
 /// every rank rank 0's parameters (rank 0 warning once), as `check.on_drift` says.
-pub fn check_replicas(
+pub(crate) fn check_replicas(
     check: &ReplicaCheck,
     step: u64,
     named: &[(String, Tensor)],

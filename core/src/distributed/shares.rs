@@ -6,13 +6,13 @@ use crate::error::{Error, Result};
 
 /// A re-balance must promise a step at least this much faster, so measurement noise does not
 /// make the loaders restart for nothing.
-pub const MIN_GAIN: f64 = 0.05;
+pub(crate) const MIN_GAIN: f64 = 0.05;
 
 /// Splits `total` samples over the ranks in proportion to `rates` (samples per second). A rank
 /// whose part would be under one sample gets one and the rest is split over the others; parts
 /// are rounded down and the samples left go to the largest remainders (ties to the lower rank),
 /// so the shares always sum to `total`.
-pub fn proportional_shares(rates: &[f64], total: usize) -> Result<Vec<usize>> {
+pub(crate) fn proportional_shares(rates: &[f64], total: usize) -> Result<Vec<usize>> {
     let n = rates.len();
     if n == 0 || total < n {
         return Err(Error::invalid(
@@ -52,7 +52,7 @@ pub fn proportional_shares(rates: &[f64], total: usize) -> Result<Vec<usize>> {
 }
 
 /// Seconds a synchronous step takes with `shares` at `rates`: the slowest rank's.
-pub fn step_seconds(shares: &[usize], rates: &[f64]) -> f64 {
+pub(crate) fn step_seconds(shares: &[usize], rates: &[f64]) -> f64 {
     shares
         .iter()
         .zip(rates)
@@ -62,7 +62,7 @@ pub fn step_seconds(shares: &[usize], rates: &[f64]) -> f64 {
 
 /// The shares `rates` call for, when they make a step at least `MIN_GAIN` faster than
 /// `current`; `None` keeps `current` (also when some rank measured nothing usable).
-pub fn rebalanced(current: &[usize], rates: &[f64]) -> Result<Option<Vec<usize>>> {
+pub(crate) fn rebalanced(current: &[usize], rates: &[f64]) -> Result<Option<Vec<usize>>> {
     if rates.len() != current.len() || rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
         return Ok(None);
     }

@@ -107,7 +107,7 @@ pub fn remap(t: &mut Tensor, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Re
 }
 
 /// `remap` of an optional tensor (a bias).
-pub fn remap_opt(t: &mut Option<Tensor>, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+pub(crate) fn remap_opt(t: &mut Option<Tensor>, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
     t.as_mut().map_or(Ok(()), |t| remap(t, f))
 }
 
@@ -165,7 +165,7 @@ impl Module for Box<dyn Module> {
 }
 
 /// `prefix` + `name`, the dotted naming of nested modules.
-pub fn join_name(prefix: &str, name: &str) -> String {
+pub(crate) fn join_name(prefix: &str, name: &str) -> String {
     format!("{prefix}{name}")
 }
 

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 mod batch_window;
 
-pub use batch_window::{BatchWindow, BatchWindowGuard, StreamPlace};
+pub(crate) use batch_window::{BatchWindow, StreamPlace};
 
 const PHILOX_M0: u32 = 0xD251_1F53;
 const PHILOX_M1: u32 = 0xCD9E_8D57;
@@ -14,7 +14,7 @@ const PHILOX_W0: u32 = 0x9E37_79B9;
 const PHILOX_W1: u32 = 0xBB67_AE85;
 
 /// Four 32-bit random words for (key, counter).
-pub fn philox4x32(key: u64, counter: u64) -> [u32; 4] {
+pub(crate) fn philox4x32(key: u64, counter: u64) -> [u32; 4] {
     let mut k = [key as u32, (key >> 32) as u32];
     let mut c = [counter as u32, (counter >> 32) as u32, 0, 0];
     for _ in 0..10 {
@@ -35,7 +35,7 @@ pub fn philox4x32(key: u64, counter: u64) -> [u32; 4] {
 /// (`out[w][l]` is word `w` of counter `first + l`): the same arithmetic laid out so the compiler
 /// runs the lanes in SIMD registers, several times faster than `N` scalar calls.
 #[inline(always)]
-pub fn philox4x32_lanes<const N: usize>(key: u64, first: u64) -> [[u32; N]; 4] {
+pub(crate) fn philox4x32_lanes<const N: usize>(key: u64, first: u64) -> [[u32; N]; 4] {
     let (mut k0, mut k1) = (key as u32, (key >> 32) as u32);
     let counters: [u64; N] = std::array::from_fn(|l| first.wrapping_add(l as u64));
     let mut c0: [u32; N] = counters.map(|c| c as u32);
@@ -67,7 +67,7 @@ const STREAM_LANES: usize = 16;
 /// draw only part of a tensor's stream (dropout on the positions a causal query sees) start
 /// anywhere in it.
 #[inline(always)]
-pub fn stream_words(seed: u64, counter: u64, first: usize, out: &mut [u32]) {
+pub(crate) fn stream_words(seed: u64, counter: u64, first: usize, out: &mut [u32]) {
     let end = first + out.len();
     let mut block = first / 4;
     while block * 4 < end {
@@ -91,12 +91,12 @@ pub fn stream_words(seed: u64, counter: u64, first: usize, out: &mut [u32]) {
 
 /// Dropout's test `unit_float(word) as f32 >= p as f32` in integers: kept when `word >> 8` is
 /// at least this. Exact, since both sides are scaled by 2^24 (`unit_float` has 24 bits).
-pub fn keep_threshold(p: f64) -> u32 {
+pub(crate) fn keep_threshold(p: f64) -> u32 {
     ((p as f32) as f64 * 16_777_216.0).ceil() as u32
 }
 
 /// A 32-bit word to a float in [0, 1) with 24 random bits (exact in f32).
-pub fn unit_float(word: u32) -> f64 {
+pub(crate) fn unit_float(word: u32) -> f64 {
     (word >> 8) as f64 * (1.0 / 16_777_216.0)
 }
 
@@ -111,12 +111,12 @@ pub fn normal_at(seed: u64, counter: u64, i: usize) -> f64 {
 }
 
 /// Elements `4·block … 4·block + 3` of the uniform stream, from one Philox call.
-pub fn uniform_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
+pub(crate) fn uniform_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
     philox4x32(seed, counter + block).map(unit_float)
 }
 
 /// Elements `4·block … 4·block + 3` of the normal stream: Box–Muller on words (0,1) and (2,3).
-pub fn normal_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
+pub(crate) fn normal_block(seed: u64, counter: u64, block: u64) -> [f64; 4] {
     let w = philox4x32(seed, counter + block);
     let mut out = [0.0; 4];
     for pair in [0, 2] {

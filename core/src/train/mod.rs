@@ -44,7 +44,7 @@ pub use resume_check::{ResumeSetting, RunSettings};
 pub use seq2seq_task::Seq2SeqTask;
 pub use setup::TrainingSetup;
 pub use state::TrainerState;
-pub use step::{MicroBatch, forward_backward};
+pub use step::MicroBatch;
 pub use strategy::pipeline;
 pub use strategy::{DataParallel, Hybrid, SingleDevice, StepReports, Strategy};
 pub use task::{Classification, EvalMetrics, Task};

@@ -235,6 +235,7 @@ impl Plan {
 /// SyncBatchNorm's communicators for replicas on `devices`, one each by rank: a group of their
 /// own, so their collectives never interleave with the gradient reducer's (which communicates
 /// on its own thread); none where `sync` is off or there is only one device.
+#[doc(hidden)]
 pub fn batchnorm_groups(
     devices: &[Device],
     sync: bool,
@@ -253,6 +254,7 @@ pub fn batchnorm_groups(
 /// it needs), each on a thread of its own, and returns their results by rank once all are done.
 /// A replica that panics gives an error naming its rank, and does not take the others down.
 /// `DataParallel::on_threads` runs on it, and so does the `lockstep` binary's data parallel.
+#[doc(hidden)]
 pub fn each_replica<W: Send, T: Send, E: Send + From<Error>>(
     work: Vec<W>,
     run: impl Fn(usize, W) -> std::result::Result<T, E> + Sync,

@@ -57,7 +57,7 @@ impl<'a> MicroBatch<'a> {
 /// The forward pass in mixed precision (backward runs outside the autocast region), the loss
 /// times `weight` and the scaler's scale, then backward. Returns the loss as computed (not
 /// weighted), detached.
-pub fn forward_backward(
+pub(crate) fn forward_backward(
     setup: &TrainingSetup,
     micro: &MicroBatch<'_>,
     weight: f64,

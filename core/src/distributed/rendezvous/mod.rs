@@ -8,6 +8,7 @@
 //! never arrived, or rank 0's address when nobody answers there.
 
 mod server;
+#[doc(hidden)]
 pub mod wire;
 
 use std::io;

@@ -20,8 +20,10 @@ pub(crate) mod training;
 pub use training::hparams;
 
 /// Marks files written by this module (a plain weights file has no such key).
+#[doc(hidden)]
 pub const FORMAT_KEY: &str = "lockstep.format";
 /// The `FORMAT_KEY` value of this layout; resuming refuses files without it.
+#[doc(hidden)]
 pub const FORMAT: &str = "lockstep-checkpoint/1";
 
 /// The contents of a safetensors file in host memory.
@@ -76,7 +78,7 @@ fn from_bytes(what: &str, dtype: Dtype, bytes: &[u8]) -> Result<HostVec> {
 
 /// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename.
 /// Temporary files left in that directory by writers that were killed go first.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -109,7 +111,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 /// longer runs: a killed writer leaves one, up to a checkpoint's size, that nothing else would
 /// remove. Another live process's (a second run writing into the same directory) is left
 /// alone, and so is everything where liveness cannot be told (no `/proc`).
-pub fn remove_stale_temporaries(dir: &Path) {
+pub(crate) fn remove_stale_temporaries(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let file = entry.file_name();
@@ -240,7 +242,7 @@ pub fn read_metadata(mut file: impl Read, what: &str) -> Result<BTreeMap<String,
 }
 
 /// Converts a loaded tensor to `dtype` on `device`.
-pub fn host_to_device(t: &HostTensor, dtype: DType, device: &crate::device::Device) -> Result<Tensor> {
+pub(crate) fn host_to_device(t: &HostTensor, dtype: DType, device: &crate::device::Device) -> Result<Tensor> {
     if t.data.dtype() == dtype {
         return Tensor::from_host(t.data.clone(), t.shape.clone(), device);
     }
