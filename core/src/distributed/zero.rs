@@ -53,7 +53,7 @@ impl ZeroStage {
 
 /// Which rank updates each parameter: the largest first, each to the rank holding the fewest
 /// elements so far (the lowest such rank), so every rank computes the same assignment.
-pub fn owners(sizes: &[usize], world: usize) -> Vec<usize> {
+pub(crate) fn owners(sizes: &[usize], world: usize) -> Vec<usize> {
     let world = world.max(1);
     let mut order: Vec<usize> = (0..sizes.len()).collect();
     order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
