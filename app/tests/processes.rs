@@ -197,6 +197,77 @@ fn processes_match_one_device(ranks: usize) {
     assert_close(&rank0, &weights(one_dir.path(), 0));
 }
 
+/// Every tensor of a checkpoint file by name, as f64, sorted by name.
+fn checkpoint_tensors(path: &Path) -> Vec<(String, Vec<f64>)> {
+    let file = load_tensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut tensors: Vec<(String, Vec<f64>)> = file
+        .tensors
+        .into_iter()
+        .map(|(name, t)| (name, t.data.to_f64_vec()))
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    tensors
+}
+
+/// ZeRO over `ranks` processes beside plain data parallel over as many: the weights end equal
+/// (to the clipping norm's summation order), every rank's alike, and rank 0's checkpoint holds
+/// the whole optimizer state, each share sent by its owner while rank 0 saves.
+fn zero_across_processes_matches_data_parallel(ranks: usize, stage: &str, precision: &str) {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
+    let data = mnist_dir();
+    let job = |zero: Option<&str>| {
+        let dir = TempDir::new("zero");
+        let (dumped, checkpoints) = (dir.join("weights"), dir.join("checkpoints"));
+        let mut args = train_args(
+            &data,
+            &["--optimizer", "adamw", "--lr", "0.003", "--clip-grad-norm", "0.5"],
+        );
+        args.extend(["--precision".into(), precision.into()]);
+        args.extend(["--dump-weights".into(), path_str(&dumped).into()]);
+        args.extend(["--checkpoint-dir".into(), path_str(&checkpoints).into()]);
+        if let Some(stage) = zero {
+            args.extend(["--zero".into(), stage.into()]);
+        }
+        let out = mpirun(ranks, &args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            out.status.success(),
+            "mpirun -np {ranks} (--zero {zero:?}) failed:\n{stdout}\n{stderr}"
+        );
+        let rank0 = weights(&dumped, 0);
+        for rank in 1..ranks {
+            assert!(
+                bits(&weights(&dumped, rank)) == bits(&rank0),
+                "rank {rank}'s weights differ from rank 0's"
+            );
+        }
+        (rank0, checkpoint_tensors(&checkpoints.join("last.safetensors")), dir)
+    };
+    let (plain, whole, _plain_dir) = job(None);
+    let (sharded, gathered, _sharded_dir) = job(Some(stage));
+    assert_close(&sharded, &plain);
+    let moments = |t: &[(String, Vec<f64>)]| t.iter().filter(|(n, _)| n.starts_with("optimizer.")).count();
+    assert!(moments(&whole) > 0, "AdamW keeps moments");
+    assert_eq!(moments(&gathered), moments(&whole), "rank 0's checkpoint lacks a share");
+    assert_close(&gathered, &whole);
+}
+
+#[test]
+fn zero_2_over_two_processes_matches_data_parallel_and_checkpoints_the_whole_state() {
+    zero_across_processes_matches_data_parallel(2, "2", "32");
+}
+
+#[test]
+fn zero_1_over_four_processes_in_bf16_mixed_matches_data_parallel() {
+    zero_across_processes_matches_data_parallel(4, "1", "bf16-mixed");
+}
+
 #[test]
 fn two_processes_match_one_device_with_the_global_batch() {
     processes_match_one_device(2);

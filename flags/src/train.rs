@@ -243,9 +243,9 @@ pub struct Args {
     /// cover the global batch (all replicas); with one device it changes nothing.
     #[arg(long)]
     pub sync_batchnorm: bool,
-    /// With --devices: partition the optimizer state (1) and also the averaged gradients (2)
-    /// over the replicas, as DeepSpeed's ZeRO stages; the weights end as without it. Replicas
-    /// must be threads of one process (--devices), not a launched job's processes, for now.
+    /// Data parallel: partition the optimizer state (1) and also the averaged gradients (2)
+    /// over the replicas, as DeepSpeed's ZeRO stages; the weights end as without it. Replicas on
+    /// threads (--devices) or processes over MPI (not yet NCCL processes).
     #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub zero: Option<u8>,
     /// Data parallel: capacity of the gradient buckets after the first, in MiB (PyTorch's

@@ -71,6 +71,11 @@ pub trait Optimizer: Send {
     }
     /// The per-parameter state and hyper-parameters, for a checkpoint.
     fn state(&self) -> OptimizerState;
+    /// As `state`, for optimizers whose state must be gathered (ZeRO's, from other processes):
+    /// an error where it cannot be, so no checkpoint is written with part of it.
+    fn try_state(&self) -> Result<OptimizerState> {
+        Ok(self.state())
+    }
     /// Restores what `state` exported (hyper-parameters included, as PyTorch does). Tensors are
     /// copied onto each parameter's device and dtype. Nothing changes unless all of it is valid.
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
@@ -98,6 +103,9 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn state(&self) -> OptimizerState {
         self.as_ref().state()
+    }
+    fn try_state(&self) -> Result<OptimizerState> {
+        self.as_ref().try_state()
     }
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         self.as_mut().load_state(state)

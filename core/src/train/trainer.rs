@@ -257,7 +257,8 @@ impl Trainer {
             saved.push((path.display().to_string(), reason.to_string()));
             Ok(())
         };
-        let mut action = CallbackAction::Continue;
+        self.strategy.callbacks_start()?;
+        let mut action = Ok(CallbackAction::Continue);
         for cb in &mut self.callbacks {
             let mut ctx = CallbackContext {
                 epoch,
@@ -265,11 +266,21 @@ impl Trainer {
                 metrics,
                 saver: &mut saver,
             };
-            if hook(cb.as_mut(), &mut ctx)? == CallbackAction::Stop {
-                action = CallbackAction::Stop;
-                self.stopped_by.get_or_insert_with(|| cb.name());
+            match hook(cb.as_mut(), &mut ctx) {
+                Ok(CallbackAction::Stop) => {
+                    action = Ok(CallbackAction::Stop);
+                    self.stopped_by.get_or_insert_with(|| cb.name());
+                }
+                Ok(CallbackAction::Continue) => {}
+                Err(e) => {
+                    action = Err(e);
+                    break;
+                }
             }
         }
+        // Also after a failed callback: the other workers wait for it.
+        self.strategy.callbacks_done()?;
+        let action = action?;
         for (path, reason) in saved {
             self.emit(Event::Checkpoint { path, reason })?;
         }

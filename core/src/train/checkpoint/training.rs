@@ -21,7 +21,7 @@ const HPARAMS_KEY: &str = "lockstep.hparams";
 /// and the trainer state, optimizer scalars and optimizer name as metadata.
 pub(crate) fn write(path: &Path, setup: &TrainingSetup, state: &TrainerState) -> Result<()> {
     let mut tensors = setup.model.state_dict();
-    let opt = setup.optimizer.state();
+    let opt = setup.optimizer.try_state()?;
     tensors.extend(
         opt.tensors
             .iter()

@@ -192,6 +192,14 @@ impl Strategy for DataParallel {
         Ok(StepReports { worker_times, devices })
     }
 
+    fn callbacks_start(&self) -> Result<()> {
+        self.sharded.as_ref().map_or(Ok(()), ShardedOptimizer::open_window)
+    }
+
+    fn callbacks_done(&self) -> Result<()> {
+        self.sharded.as_ref().map_or(Ok(()), ShardedOptimizer::close_window)
+    }
+
     fn gradients_sharded(&self) -> bool {
         self.reducer.keeps_only_some()
     }

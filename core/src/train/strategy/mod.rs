@@ -118,6 +118,18 @@ pub trait Strategy: Send {
         false
     }
 
+    /// Every worker calls it before rank 0's callbacks, which may save checkpoints, and
+    /// `callbacks_done` after them: a worker holding state rank 0's checkpoints need (ZeRO's
+    /// shares, in another process) sends it here when rank 0 asks.
+    fn callbacks_start(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// After rank 0's callbacks (every worker calls it): see `callbacks_start`.
+    fn callbacks_done(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// The bytes of optimizer state this worker holds (its share with ZeRO).
     fn optimizer_state_bytes(&self, setup: &TrainingSetup) -> u64 {
         crate::distributed::state_bytes(&setup.optimizer.state())

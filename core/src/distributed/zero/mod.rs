@@ -7,16 +7,18 @@
 //! The shares are whole parameters, balanced by size (PyTorch's `ZeroRedundancyOptimizer`
 //! partitions so too): an optimizer's per-parameter state keeps its PyTorch names and shapes,
 //! so a checkpoint is the one a single device writes, and it resumes on any number of
-//! replicas, or on one device. The replicas of one process share a board through which rank 0
-//! reads every share's state when it saves; replicas in separate processes have none yet.
+//! replicas, or on one device. Rank 0 reads every share when it saves: from a board the
+//! replicas of one process share, or from replicas in other processes, which send their
+//! shares while rank 0's callbacks run (`open_window` and `close_window` bracket them).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+mod board;
+mod transfer;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::Communicator;
 use crate::device::Device;
-use crate::distributed::all_gather_values;
 use crate::error::{Error, Result};
 use crate::optim::{Optimizer, OptimizerState};
 use crate::tensor::Tensor;
@@ -80,24 +82,29 @@ pub fn state_bytes(state: &OptimizerState) -> u64 {
 /// rank 0's board (same process) and handed back by `unshard` after the run.
 type Shard = Arc<Mutex<Option<Box<dyn Optimizer>>>>;
 
-/// Replicas of one process find each other's shards here, under a number rank 0 chose.
-static BOARDS: Mutex<BTreeMap<u32, Vec<(usize, Weak<Mutex<Option<Box<dyn Optimizer>>>>)>>> =
-    Mutex::new(BTreeMap::new());
-static NEXT_BOARD: AtomicU32 = AtomicU32::new(0);
+/// How rank 0 reads the other ranks' shares of the state.
+#[derive(Clone)]
+enum Peers {
+    /// Replicas of this process: rank 0 holds every rank's shard, by rank (the others none).
+    Board(Vec<Shard>),
+    /// Replicas in other processes send their shares when rank 0 asks, inside the window its
+    /// callbacks run in; set while rank 0's window is open.
+    Remote(Arc<AtomicBool>),
+}
 
 /// An optimizer whose state is partitioned over data-parallel replicas (ZeRO stage 1; the
 /// gradients of stage 2 are the reducer's part): each rank's inner optimizer steps its share of
 /// the parameters, and then every parameter is broadcast from its owner. Every rank must call
-/// `step` together. Rank 0's `state` is the whole optimizer's, read from every replica of this
-/// process; another rank's holds its share.
+/// `step` together. Rank 0's `state` is the whole optimizer's (replicas in other processes
+/// only inside `open_window`/`close_window`); another rank's holds its share.
 #[derive(Clone)]
 pub struct ShardedOptimizer {
     params: Vec<Tensor>,
     owners: Vec<usize>,
     comm: Arc<dyn Communicator>,
+    device: Device,
     own: Shard,
-    /// Rank 0: every rank's shard, by rank (this one's included).
-    board: Vec<Shard>,
+    peers: Peers,
     name: &'static str,
 }
 
@@ -105,8 +112,8 @@ impl ShardedOptimizer {
     /// Partitions the optimizer in `slot` (already holding any resumed state, of which it then
     /// keeps only its share) over the ranks of `comm`, and puts a handle to the partitioned one
     /// in its place; `unshard` puts the optimizer back. A collective: every rank calls it, with
-    /// the same parameters. Replicas in separate processes are refused (the slot unchanged),
-    /// naming what works.
+    /// the same parameters. Replicas in separate processes over a communicator without
+    /// point-to-point messages are refused (the slot unchanged), naming what works.
     pub fn shard(slot: &mut Box<dyn Optimizer>, comm: Arc<dyn Communicator>) -> Result<ShardedOptimizer> {
         let params = slot.parameters().to_vec();
         let Some(first) = params.first() else {
@@ -115,13 +122,20 @@ impl ShardedOptimizer {
         let device = first.device().clone();
         let sizes: Vec<usize> = params.iter().map(Tensor::elem_count).collect();
         let own: Shard = Arc::new(Mutex::new(None));
-        let board = join_board(&own, comm.as_ref(), &device)?;
+        let peers = match board::join(&own, comm.as_ref(), &device)? {
+            Some(board) => Peers::Board(board),
+            None => {
+                transfer::check_messages(comm.as_ref(), &device)?;
+                Peers::Remote(Arc::new(AtomicBool::new(false)))
+            }
+        };
         let sharded = ShardedOptimizer {
             owners: owners(&sizes, comm.world_size()),
             params,
             comm,
+            device,
             own,
-            board,
+            peers,
             name: slot.name(),
         };
         let mut inner = std::mem::replace(slot, Box::new(sharded.clone()));
@@ -132,11 +146,13 @@ impl ShardedOptimizer {
         Ok(sharded)
     }
 
-    /// Puts the partitioned optimizer back into `slot`, holding the whole state on rank 0
-    /// (read from every replica of this process) and its share on the others. Call it once,
-    /// on every rank together, when the run is over.
+    /// Puts the partitioned optimizer back into `slot`, holding the whole state on rank 0 and
+    /// its share on the others. Call it once, on every rank together, when the run is over.
     pub fn unshard(self, slot: &mut Box<dyn Optimizer>) -> Result<()> {
-        let whole = (self.rank() == 0).then(|| self.state());
+        self.open_window()?;
+        let whole = (self.rank() == 0).then(|| self.try_state());
+        self.close_window()?;
+        let whole = whole.transpose()?;
         // Rank 0 has read every share before any rank takes its own away.
         self.comm.barrier()?;
         let mut inner = lock(&self.own)
@@ -147,6 +163,36 @@ impl ShardedOptimizer {
         }
         *slot = inner;
         Ok(())
+    }
+
+    /// Every rank calls it before rank 0's callbacks, which may save checkpoints: rank 0 may
+    /// then ask for the shares of replicas in other processes, which send them here until rank
+    /// 0's `close_window`. Nothing to do for replicas of one process.
+    pub fn open_window(&self) -> Result<()> {
+        let Peers::Remote(open) = &self.peers else {
+            return Ok(());
+        };
+        if self.rank() == 0 {
+            open.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        let comm = self.comm.as_ref();
+        while transfer::rank_0_asks(comm, &self.device, false)? {
+            let own = lock(&self.own).as_ref().map(|o| o.state()).unwrap_or_default();
+            transfer::send_state(comm, &self.device, &own, 0)?;
+        }
+        Ok(())
+    }
+
+    /// After rank 0's callbacks (every rank calls it): rank 0 tells the others it needs no more.
+    pub fn close_window(&self) -> Result<()> {
+        match &self.peers {
+            Peers::Remote(open) if self.rank() == 0 => {
+                open.store(false, Ordering::Relaxed);
+                transfer::rank_0_asks(self.comm.as_ref(), &self.device, false).map(drop)
+            }
+            _ => Ok(()),
+        }
     }
 
     fn rank(&self) -> usize {
@@ -165,7 +211,11 @@ impl ShardedOptimizer {
 
     /// The bytes of this rank's share of the optimizer state.
     pub fn own_state_bytes(&self) -> u64 {
-        lock(&self.own).as_ref().map_or(0, |o| state_bytes(&o.state()))
+        state_bytes(&self.own_state())
+    }
+
+    fn own_state(&self) -> OptimizerState {
+        lock(&self.own).as_ref().map(|o| o.state()).unwrap_or_default()
     }
 
     fn inner(&self) -> Result<MutexGuard<'_, Option<Box<dyn Optimizer>>>> {
@@ -188,6 +238,57 @@ impl ShardedOptimizer {
             scalars: state.scalars.iter().filter(|(n, _)| keeps(n)).cloned().collect(),
         }
     }
+
+    /// Every rank's share as rank 0 reads it, by rank; `None` where it cannot read them now
+    /// (another rank, or replicas in other processes outside the window).
+    fn every_share(&self) -> Result<Option<Vec<OptimizerState>>> {
+        if self.rank() != 0 {
+            return Ok(None);
+        }
+        let own = self.own_state();
+        match &self.peers {
+            Peers::Board(board) => Ok(Some(
+                board
+                    .iter()
+                    .map(|shard| match Arc::ptr_eq(shard, &self.own) {
+                        true => own.clone(),
+                        false => lock(shard).as_ref().map(|o| o.state()).unwrap_or_default(),
+                    })
+                    .collect(),
+            )),
+            Peers::Remote(open) if open.load(Ordering::Relaxed) => {
+                let comm = self.comm.as_ref();
+                transfer::rank_0_asks(comm, &self.device, true)?;
+                let mut shares = vec![own];
+                for from in 1..comm.world_size() {
+                    shares.push(transfer::recv_state(comm, &self.device, from)?);
+                }
+                Ok(Some(shares))
+            }
+            Peers::Remote(_) => Ok(None),
+        }
+    }
+
+    /// The whole state from every rank's share (by rank): each parameter's from its owner.
+    fn whole(&self, shares: Vec<OptimizerState>) -> OptimizerState {
+        let mut whole = OptimizerState::default();
+        for (rank, state) in shares.into_iter().enumerate() {
+            if rank == 0 {
+                whole.scalars = state
+                    .scalars
+                    .iter()
+                    .filter(|(n, _)| parameter_index(n).is_none())
+                    .cloned()
+                    .collect();
+            }
+            let share = self.share_of(&state, rank);
+            whole.tensors.extend(share.tensors);
+            whole
+                .scalars
+                .extend(share.scalars.into_iter().filter(|(n, _)| parameter_index(n).is_some()));
+        }
+        whole
+    }
 }
 
 /// The parameter a `state.{i}.…` entry belongs to; `None` for hyper-parameters.
@@ -197,47 +298,6 @@ fn parameter_index(name: &str) -> Option<usize> {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Registers `own` on a board every rank of `comm` joins; rank 0 gets every rank's shard. An
-/// error on every rank when the ranks are not all in this process.
-fn join_board(own: &Shard, comm: &dyn Communicator, device: &Device) -> Result<Vec<Shard>> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let proposed = if rank == 0 {
-        NEXT_BOARD.fetch_add(1, Ordering::Relaxed)
-    } else {
-        0
-    };
-    let number = all_gather_values(comm, device, vec![proposed])?[0];
-    lock(&BOARDS)
-        .entry(number)
-        .or_default()
-        .push((rank, Arc::downgrade(own)));
-    comm.barrier()?;
-    let mut board = Vec::new();
-    if rank == 0 {
-        let mut shards: Vec<(usize, Shard)> = lock(&BOARDS)
-            .remove(&number)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(r, w)| Some((r, w.upgrade()?)))
-            .collect();
-        shards.sort_by_key(|(r, _)| *r);
-        if shards.iter().map(|(r, _)| *r).eq(0..world) {
-            board = shards.into_iter().map(|(_, s)| s).collect();
-        }
-    }
-    let complete = all_gather_values(comm, device, vec![u32::from(!board.is_empty())])?[0] == 1;
-    if !complete {
-        // Replicas elsewhere registered on their own process's board under the same number.
-        lock(&BOARDS).remove(&number);
-        return Err(Error::invalid(
-            "ZeRO",
-            "the replicas are in separate processes, where rank 0 cannot yet read the others' optimizer state for \
-             its checkpoints; run them in one process (--devices cpu:0,cpu:1,…) or train without --zero",
-        ));
-    }
-    Ok(board)
 }
 
 impl Optimizer for ShardedOptimizer {
@@ -280,35 +340,20 @@ impl Optimizer for ShardedOptimizer {
     }
 
     /// Rank 0: the whole optimizer's state, each parameter's from its owner (replicas wait in
-    /// their next collective while rank 0 saves, so every share is at the same step). Other
-    /// ranks: their own share.
+    /// a collective while rank 0 saves, so every share is at the same step; replicas in other
+    /// processes send theirs inside the window, and outside it rank 0's share is all there is).
+    /// Other ranks: their own share.
     fn state(&self) -> OptimizerState {
-        let own = lock(&self.own).as_ref().map(|o| o.state()).unwrap_or_default();
-        if self.board.is_empty() {
-            return own;
-        }
-        let mut whole = OptimizerState {
-            tensors: Vec::new(),
-            scalars: own
-                .scalars
-                .iter()
-                .filter(|(n, _)| parameter_index(n).is_none())
-                .cloned()
-                .collect(),
-        };
-        for (rank, shard) in self.board.iter().enumerate() {
-            let state = if Arc::ptr_eq(shard, &self.own) {
-                own.clone()
-            } else {
-                lock(shard).as_ref().map(|o| o.state()).unwrap_or_default()
-            };
-            let share = self.share_of(&state, rank);
-            whole.tensors.extend(share.tensors);
-            whole
-                .scalars
-                .extend(share.scalars.into_iter().filter(|(n, _)| parameter_index(n).is_some()));
-        }
-        whole
+        self.try_state().unwrap_or_else(|_| self.own_state())
+    }
+
+    /// As `state`, failing where rank 0 cannot gather the other processes' shares (a
+    /// checkpoint is then not written, so the previous one stays whole).
+    fn try_state(&self) -> Result<OptimizerState> {
+        Ok(match self.every_share()? {
+            Some(shares) => self.whole(shares),
+            None => self.own_state(),
+        })
     }
 
     /// Keeps this rank's share of `state` (a whole optimizer's, from any number of replicas).
