@@ -108,15 +108,7 @@ fn path_str(p: &Path) -> &str {
 
 /// Every tensor of DIR/rank<R>.safetensors by name, as f64 (exact for f32 and the i64 counters).
 fn weights(dir: &Path, rank: usize) -> Vec<(String, Vec<f64>)> {
-    let path = dir.join(format!("rank{rank}.safetensors"));
-    let file = load_tensors(&path).unwrap_or_else(|e| panic!("rank {rank} wrote no weights: {e}"));
-    let mut tensors: Vec<(String, Vec<f64>)> = file
-        .tensors
-        .into_iter()
-        .map(|(name, t)| (name, t.data.to_f64_vec()))
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    tensors
+    checkpoint_tensors(&dir.join(format!("rank{rank}.safetensors")))
 }
 
 fn bits(w: &[(String, Vec<f64>)]) -> Vec<(String, Vec<u64>)> {
@@ -197,7 +189,7 @@ fn processes_match_one_device(ranks: usize) {
     assert_close(&rank0, &weights(one_dir.path(), 0));
 }
 
-/// Every tensor of a checkpoint file by name, as f64, sorted by name.
+/// Every tensor of a safetensors file by name, as f64, sorted by name.
 fn checkpoint_tensors(path: &Path) -> Vec<(String, Vec<f64>)> {
     let file = load_tensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut tensors: Vec<(String, Vec<f64>)> = file
