@@ -8,17 +8,6 @@ mod busy;
 mod capacity;
 mod causal_softmax;
 mod conv;
-mod conv_data_grad;
-#[cfg(target_arch = "x86_64")]
-mod conv_direct;
-mod conv_fused;
-#[cfg(target_arch = "x86_64")]
-mod conv_fused_bf16;
-#[cfg(target_arch = "x86_64")]
-mod conv_panels;
-#[cfg(target_arch = "x86_64")]
-mod conv_positions;
-mod conv_shifted;
 mod cross_entropy;
 mod dropout;
 mod elementwise;
@@ -27,6 +16,7 @@ pub mod float;
 mod index;
 mod layer_norm;
 mod matmul;
+mod max_pool;
 mod optim;
 mod pool;
 mod reduce;
@@ -228,7 +218,7 @@ fn kernel_details() -> Vec<(String, String)> {
         true => "AVX512-BF16 dot products",
         false => "widened to f32",
     };
-    let convolutions = match conv_shifted::preferred() {
+    let convolutions = match conv::shifted::preferred() {
         true => "summed from shifted copies (AVX2 + FMA)",
         false => "unfolded (im2col + GEMM)",
     };
@@ -892,11 +882,9 @@ impl Backend for CpuBackend {
         geom.validate("im2col")?;
         let data = cpu("im2col", src)?.read();
         check_len("im2col", &data, geom.n * geom.c * geom.h * geom.w)?;
-        Ok(
-            self.wrap(float_unary_dispatch!(&self.pool, "im2col", &*data, |v| conv::im2col(
-                &self.pool, v, geom
-            ))),
-        )
+        Ok(self.wrap(float_unary_dispatch!(&self.pool, "im2col", &*data, |v| {
+            conv::unfold::im2col(&self.pool, v, geom)
+        })))
     }
 
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
@@ -907,11 +895,9 @@ impl Backend for CpuBackend {
             &data,
             geom.n * geom.c * geom.kh * geom.kw * geom.out_h() * geom.out_w(),
         )?;
-        Ok(
-            self.wrap(float_unary_dispatch!(&self.pool, "col2im", &*data, |v| conv::col2im(
-                &self.pool, v, geom
-            ))),
-        )
+        Ok(self.wrap(float_unary_dispatch!(&self.pool, "col2im", &*data, |v| {
+            conv::unfold::col2im(&self.pool, v, geom)
+        })))
     }
 
     fn conv2d_product(
@@ -928,14 +914,14 @@ impl Backend for CpuBackend {
             check_len("conv2d (weight)", &w, out_channels * geom.c * geom.kh * geom.kw)?;
             Ok(match (&*x, &*w) {
                 (HostVec::F32(x), HostVec::F32(w)) => {
-                    Some(HostVec::F32(conv_fused::forward(&self.pool, x, w, geom, out_channels)))
+                    Some(HostVec::F32(conv::fused::forward(&self.pool, x, w, geom, out_channels)))
                 }
                 (HostVec::F64(x), HostVec::F64(w)) => {
-                    Some(HostVec::F64(conv_fused::forward(&self.pool, x, w, geom, out_channels)))
+                    Some(HostVec::F64(conv::fused::forward(&self.pool, x, w, geom, out_channels)))
                 }
                 #[cfg(target_arch = "x86_64")]
-                (HostVec::BF16(x), HostVec::BF16(w)) if conv_fused_bf16::available() => Some(HostVec::BF16(
-                    conv_fused_bf16::forward(&self.pool, x, w, geom, out_channels),
+                (HostVec::BF16(x), HostVec::BF16(w)) if conv::fused_bf16::available() => Some(HostVec::BF16(
+                    conv::fused_bf16::forward(&self.pool, x, w, geom, out_channels),
                 )),
                 // Without the bf16 kernel, and for f16: the f32 fused path on widened copies,
                 // the same products (exact in f32) summed in f32 and rounded once, as the
@@ -945,14 +931,14 @@ impl Backend for CpuBackend {
                     [x, w],
                     float::widen_bf16,
                     float::narrow_bf16,
-                    |[x, w]| conv_fused::forward(&self.pool, x, w, geom, out_channels),
+                    |[x, w]| conv::fused::forward(&self.pool, x, w, geom, out_channels),
                 ))),
                 (HostVec::F16(x), HostVec::F16(w)) => Some(HostVec::F16(float::through_f32(
                     &self.pool,
                     [x, w],
                     float::widen_f16,
                     float::narrow_f16,
-                    |[x, w]| conv_fused::forward(&self.pool, x, w, geom, out_channels),
+                    |[x, w]| conv::fused::forward(&self.pool, x, w, geom, out_channels),
                 ))),
                 _ => None,
             })
@@ -988,16 +974,16 @@ impl Backend for CpuBackend {
             )?;
             Ok(match (&*x, &*w, &*g) {
                 (HostVec::F32(x), HostVec::F32(w), HostVec::F32(g)) => {
-                    let (gx, gw) = conv_fused::backward(&self.pool, x, w, g, geom, out_channels);
+                    let (gx, gw) = conv::fused::backward(&self.pool, x, w, g, geom, out_channels);
                     Some((HostVec::F32(gx), HostVec::F32(gw)))
                 }
                 (HostVec::F64(x), HostVec::F64(w), HostVec::F64(g)) => {
-                    let (gx, gw) = conv_fused::backward(&self.pool, x, w, g, geom, out_channels);
+                    let (gx, gw) = conv::fused::backward(&self.pool, x, w, g, geom, out_channels);
                     Some((HostVec::F64(gx), HostVec::F64(gw)))
                 }
                 #[cfg(target_arch = "x86_64")]
-                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) if conv_fused_bf16::available() => {
-                    let (gx, gw) = conv_fused_bf16::backward(&self.pool, x, w, g, geom, out_channels);
+                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) if conv::fused_bf16::available() => {
+                    let (gx, gw) = conv::fused_bf16::backward(&self.pool, x, w, g, geom, out_channels);
                     Some((HostVec::BF16(gx), HostVec::BF16(gw)))
                 }
                 (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) => {
@@ -1006,7 +992,7 @@ impl Backend for CpuBackend {
                         [x, w, g],
                         float::widen_bf16,
                         float::narrow_bf16,
-                        |[x, w, g]| conv_fused::backward(&self.pool, x, w, g, geom, out_channels).into(),
+                        |[x, w, g]| conv::fused::backward(&self.pool, x, w, g, geom, out_channels).into(),
                     );
                     Some((HostVec::BF16(gx), HostVec::BF16(gw)))
                 }
@@ -1016,7 +1002,7 @@ impl Backend for CpuBackend {
                         [x, w, g],
                         float::widen_f16,
                         float::narrow_f16,
-                        |[x, w, g]| conv_fused::backward(&self.pool, x, w, g, geom, out_channels).into(),
+                        |[x, w, g]| conv::fused::backward(&self.pool, x, w, g, geom, out_channels).into(),
                     );
                     Some((HostVec::F16(gx), HostVec::F16(gw)))
                 }
@@ -1034,7 +1020,7 @@ impl Backend for CpuBackend {
         check_len("max_pool2d", &data, geom.n * geom.c * geom.h * geom.w)?;
         let mut indices = Vec::new();
         let values = float_unary_dispatch!(&self.pool, "max_pool2d", &*data, |v| {
-            let (vals, idx) = conv::max_pool2d(&self.pool, v, geom);
+            let (vals, idx) = max_pool::max_pool2d(&self.pool, v, geom);
             indices = idx;
             vals
         });

@@ -15,14 +15,14 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::conv::Planes;
-use super::conv_fused::Columns;
-use super::float::bf16_from_f32_slice;
-use super::matmul::bf16::join;
-use super::matmul::bf16_kernel::{self, Interleaved, MR, NR, StridedPanel};
-use super::matmul::f32_kernel;
-use super::pool::Pool;
+use super::ranges::Columns;
+use super::unfold::Planes;
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::float::bf16_from_f32_slice;
+use crate::backend::cpu::matmul::bf16::join;
+use crate::backend::cpu::matmul::bf16_kernel::{self, Interleaved, MR, NR, StridedPanel};
+use crate::backend::cpu::matmul::f32_kernel;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::Element;
 
 /// An element type with a kernel for this path: what one word of its layouts holds, and the
@@ -463,7 +463,7 @@ fn pixels(h: usize, w: usize) -> impl Iterator<Item = (usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv::{col2im, im2col};
+    use crate::backend::cpu::conv::unfold::{col2im, im2col};
 
     const fn geometry(n: usize, c: usize, size: usize, k: usize, stride: usize, padding: usize) -> Conv2dGeometry {
         Conv2dGeometry {

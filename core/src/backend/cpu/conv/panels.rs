@@ -10,13 +10,13 @@ use std::borrow::Cow;
 
 use half::bf16;
 
-use super::conv::{Planes, im2col_tap};
-use super::conv_direct::{Direct, Taps, applies, copy_len, paired_len, paired_rows};
-use super::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
-use super::matmul::bf16_kernel::NR;
-use super::pool::Pool;
-use super::simd::{Kernel, wide};
+use super::direct::{Direct, Taps, applies, copy_len, paired_len, paired_rows};
+use super::unfold::{Planes, im2col_tap};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
+use crate::backend::cpu::matmul::bf16_kernel::NR;
+use crate::backend::cpu::pool::Pool;
+use crate::backend::cpu::simd::{Kernel, wide};
 use crate::dtype::HostVec;
 
 /// A task's panels and the two tap rows it unfolds through, or the copy of the images and the

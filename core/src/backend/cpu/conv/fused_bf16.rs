@@ -10,16 +10,16 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::conv::{Planes, col2im_images, im2col_images};
-use super::conv_data_grad::Transposed;
-use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
-use super::conv_panels::{LeftRows, PanelScratch, Unfolded};
-use super::conv_positions;
-use super::float::bf16_from_f32_slice;
-use super::matmul::bf16::{Dst, Side, product};
-use super::matmul::bf16_kernel;
-use super::pool::Pool;
+use super::panels::{LeftRows, PanelScratch, Unfolded};
+use super::positions;
+use super::ranges::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
+use super::transposed::Transposed;
+use super::unfold::{Planes, col2im_images, im2col_images};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::float::bf16_from_f32_slice;
+use crate::backend::cpu::matmul::bf16::{Dst, Side, product};
+use crate::backend::cpu::matmul::bf16_kernel;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
 /// Whether this CPU has the kernel; the f32 fused path on widened copies runs where it has not. Where it has, the
@@ -118,7 +118,7 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
-    if conv_positions::forward(pool, x, weight, g, o, &mut out) {
+    if positions::forward(pool, x, weight, g, o, &mut out) {
         return out;
     }
     let per = images_for_columns(g, MIN_COLUMNS);
@@ -168,7 +168,7 @@ pub fn backward(
     }
     // Where enough of the input gradient's taps read padding (or, strided, no pixel), it is one
     // product of the whole batch by position after the weight gradient's runs.
-    let by_position = conv_positions::input_gradient::<bf16>(g, o);
+    let by_position = positions::input_gradient::<bf16>(g, o);
     let input_gradient = by_position.is_none();
     let transposed = if input_gradient {
         Transposed::plan(pool, g, o, weight)
@@ -181,7 +181,7 @@ pub fn backward(
         .map(|t| LeftRows::arrange(pool, t.geometry(), &t.weight));
     let transposed_product = transposed.as_ref().zip(turned.as_ref());
     // And the weight gradient, tap by tap over the whole batch, where enough taps read padding.
-    let by_tap = conv_positions::weight_gradient::<bf16>(g);
+    let by_tap = positions::weight_gradient::<bf16>(g);
     let weight_gradient = by_tap.is_none();
     let per = images_for_columns(g, MIN_COLUMNS);
     let by_runs = |first, grad_x_range: &mut [bf16]| {
@@ -321,7 +321,7 @@ fn run_weight_gradient(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{POSITIONS, SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
+    use crate::backend::cpu::conv::reference::{POSITIONS, SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
@@ -332,15 +332,15 @@ mod tests {
             return;
         }
         let pool = Pool::default();
-        assert!(super::super::conv_direct::applies(&SAME_SIZE));
-        assert!(conv_positions::Plan::forward(&POSITIONS).pays::<bf16>());
-        assert!(conv_positions::input_gradient::<bf16>(&POSITIONS, 97).is_some());
+        assert!(super::super::direct::applies(&SAME_SIZE));
+        assert!(positions::Plan::forward(&POSITIONS).pays::<bf16>());
+        assert!(positions::input_gradient::<bf16>(&POSITIONS, 97).is_some());
         // A batch of 48: the weight gradient goes tap by tap as well, beside an input gradient
         // by runs (40 output channels) or by position (97).
         let batch = Conv2dGeometry { n: 48, ..POSITIONS };
-        assert!(conv_positions::weight_gradient::<bf16>(&batch).is_some());
-        assert!(conv_positions::weight_gradient::<bf16>(&POSITIONS).is_none());
-        assert!(conv_positions::input_gradient::<bf16>(&batch, 40).is_none());
+        assert!(positions::weight_gradient::<bf16>(&batch).is_some());
+        assert!(positions::weight_gradient::<bf16>(&POSITIONS).is_none());
+        assert!(positions::input_gradient::<bf16>(&batch, 40).is_none());
         for (g, o) in [
             (STRIDED, 5),
             (UNSTRIDED, 5),

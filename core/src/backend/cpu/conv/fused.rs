@@ -11,22 +11,23 @@
 
 use rayon::prelude::*;
 
-use super::conv::{Planes, col2im_images, im2col_images};
-use super::conv_data_grad::Transposed;
-use super::conv_shifted::{self, Scratch, ShiftedConv, WeightGradient};
-use super::float::CpuFloat;
-use super::matmul::GemmElement;
-use super::pool::Pool;
+use super::ranges::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
+use super::shifted::{self, Scratch, ShiftedConv, WeightGradient};
+use super::transposed::Transposed;
+use super::unfold::{Planes, col2im_images, im2col_images};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::float::CpuFloat;
+use crate::backend::cpu::matmul::GemmElement;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
 /// f32 products, input gradients and weight gradients by output position (`conv_positions`),
 /// which need AVX-512; elsewhere none.
 #[cfg(target_arch = "x86_64")]
 mod by_position {
-    pub use super::super::conv_positions::{InputGradient, WeightGradient};
+    pub use super::super::positions::{InputGradient, WeightGradient};
     pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
-        super::super::conv_positions::input_gradient::<f32>(g, o)
+        super::super::positions::input_gradient::<f32>(g, o)
     }
     pub fn forward(
         pool: &super::Pool,
@@ -36,10 +37,10 @@ mod by_position {
         o: usize,
         out: &mut [f32],
     ) -> bool {
-        super::super::conv_positions::forward::<f32>(pool, x, w, g, o, out)
+        super::super::positions::forward::<f32>(pool, x, w, g, o, out)
     }
     pub fn weight_gradient(g: &super::Conv2dGeometry) -> Option<WeightGradient> {
-        super::super::conv_positions::weight_gradient::<f32>(g)
+        super::super::positions::weight_gradient::<f32>(g)
     }
 }
 #[cfg(not(target_arch = "x86_64"))]
@@ -67,15 +68,6 @@ mod by_position {
         None
     }
 }
-
-/// A pointer the image tasks share, each writing only its own columns of the output.
-#[derive(Clone, Copy)]
-pub(super) struct Columns<T>(pub(super) *mut T);
-// SAFETY: the tasks that receive it write disjoint elements (image i's columns i·p..(i+1)·p of
-// every row), and the buffer outlives them (the parallel loop ends before it is returned).
-unsafe impl<T: Send> Send for Columns<T> {}
-// SAFETY: as above; no element is read or written by two tasks.
-unsafe impl<T: Send> Sync for Columns<T> {}
 
 /// `dst = (accumulate ? dst : 0) + a @ b` on one thread, for an `m x k` by `k x n` product; each
 /// matrix given by its first element and its (row, column) strides in elements.
@@ -120,19 +112,6 @@ unsafe fn product<T: GemmElement>(
     }
 }
 
-/// Images per task: one contiguous range per thread, so each allocates its scratch once.
-pub(super) fn images_per_range(n: usize) -> usize {
-    n.div_ceil(rayon::current_num_threads()).max(1)
-}
-
-/// The batch's `n` images as one contiguous range per thread, in parallel.
-pub(super) fn image_ranges(n: usize) -> impl ParallelIterator<Item = std::ops::Range<usize>> {
-    let per_range = images_per_range(n);
-    (0..n.div_ceil(per_range))
-        .into_par_iter()
-        .map(move |r| r * per_range..((r + 1) * per_range).min(n))
-}
-
 /// Weights above this many elements (4 MiB in f32, beyond a core's L2 cache) are read by
 /// products of at least `WIDE_COLUMNS` columns; smaller ones by one product per image.
 const LARGE_WEIGHT: usize = 1 << 20;
@@ -151,49 +130,6 @@ const SHIFTED_COLUMNS: usize = 256;
 fn images_per_product(g: &Conv2dGeometry, o: usize) -> usize {
     let large = o * g.c * g.kh * g.kw > LARGE_WEIGHT;
     images_for_columns(g, if large { WIDE_COLUMNS } else { 1 })
-}
-
-/// The fewest images whose output pixels reach `columns`, within a thread's range.
-pub(super) fn images_for_columns(g: &Conv2dGeometry, columns: usize) -> usize {
-    columns
-        .div_ceil((g.out_h() * g.out_w()).max(1))
-        .clamp(1, images_per_range(g.n))
-}
-
-/// `range` cut into runs of at most `per` images, each with its geometry.
-pub(super) fn products(
-    range: std::ops::Range<usize>,
-    per: usize,
-    g: &Conv2dGeometry,
-) -> impl Iterator<Item = (usize, Conv2dGeometry)> + '_ {
-    range.clone().step_by(per).map(move |first| {
-        let n = per.min(range.end - first);
-        (first, Conv2dGeometry { n, ..*g })
-    })
-}
-
-/// Scratch for the transposed input gradient's rows of a run of `per` images of `plane`
-/// elements, laid out image by image afterwards; none where runs are single images.
-pub(super) fn staging_len(per: usize, plane: usize) -> usize {
-    if per > 1 { per * plane } else { 0 }
-}
-
-/// The backward passes' split: `grad_x` (`n` images of `plane` elements) cut into one
-/// contiguous range of images per thread, `range(first_image, its_grad_x)` filling its part and
-/// returning its partial weight gradient; the partials in range order, so summing them in order
-/// does not depend on scheduling.
-pub(super) fn per_image_range<T: Send, P: Send>(
-    grad_x: &mut [T],
-    n: usize,
-    plane: usize,
-    range: impl Fn(usize, &mut [T]) -> P + Sync,
-) -> Vec<P> {
-    let per_range = images_per_range(n);
-    grad_x
-        .par_chunks_mut(per_range * plane)
-        .enumerate()
-        .map(|(r, grad_x_range)| range(r * per_range, grad_x_range))
-        .collect()
 }
 
 /// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` (one group).
@@ -218,17 +154,17 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         return out;
     }
     if let (true, Some(x), Some(weight), Some(out32)) = (
-        conv_shifted::preferred(),
+        shifted::preferred(),
         T::as_f32(x),
         T::as_f32(weight),
         T::as_f32_mut(&mut out),
-    ) && conv_shifted::forward(pool, x, weight, g, o, per, out32)
+    ) && shifted::forward(pool, x, weight, g, o, per, out32)
     {
         return out;
     }
     // Else, where enough taps read padding, by output position (AVX-512).
     if let (false, Some(x), Some(weight), Some(out32)) = (
-        conv_shifted::preferred(),
+        shifted::preferred(),
         T::as_f32(x),
         T::as_f32(weight),
         T::as_f32_mut(&mut out),
@@ -278,7 +214,7 @@ pub fn backward<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
 ) -> (Vec<T>, Vec<T>) {
-    let per = match T::as_f32(x).is_some() && conv_shifted::preferred() && WeightGradient::applies(g) {
+    let per = match T::as_f32(x).is_some() && shifted::preferred() && WeightGradient::applies(g) {
         true => images_for_columns(g, SHIFTED_COLUMNS),
         false => images_per_product(g, o),
     };
@@ -306,7 +242,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     }
     // The weight gradient summed from shifted copies of the images (f32, AVX2).
     let by_shifts = T::as_f32(x)
-        .filter(|_| conv_shifted::preferred())
+        .filter(|_| shifted::preferred())
         .and_then(|_| WeightGradient::plan(g, o, per));
     let partial_layout = match by_shifts {
         Some(_) => PartialLayout::ColumnMajor,
@@ -314,7 +250,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     };
     // By output position (f32, AVX-512): the input gradient after the weight gradient's runs,
     // and the weight gradient tap by tap over the whole batch.
-    let positions = T::as_f32(x).is_some() && !conv_shifted::preferred();
+    let positions = T::as_f32(x).is_some() && !shifted::preferred();
     let by_position = positions.then(|| by_position::input_gradient(g, o)).flatten();
     let by_tap = positions.then(|| by_position::weight_gradient(g)).flatten();
     let weight_gradient = by_tap.is_none();
@@ -327,7 +263,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
         None => Transposed::plan(pool, g, o, weight),
     };
     // The transposed convolution summed from shifted copies of the gradient (f32, AVX2).
-    let shifted = transposed.as_ref().filter(|_| conv_shifted::preferred()).and_then(|t| {
+    let shifted = transposed.as_ref().filter(|_| shifted::preferred()).and_then(|t| {
         T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
     });
     let by_runs = |first, grad_x_range: &mut [T]| {
@@ -590,109 +526,10 @@ impl PartialLayout {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
 
-    /// A convolution's inputs and its results by plain loops in f64, for the fused paths to
-    /// match: strides, padding, dilation, an odd tap count (81) and a batch that does not divide
-    /// among the threads. The values are multiples of 1/8 in [-1, 1], exact in bf16 too.
-    pub struct Reference {
-        pub g: Conv2dGeometry,
-        pub o: usize,
-        pub x: Vec<f64>,
-        pub w: Vec<f64>,
-        pub grad: Vec<f64>,
-        pub forward: Vec<f64>,
-        pub grad_x: Vec<f64>,
-        pub grad_w: Vec<f64>,
-    }
-
-    /// Strides 2 x 1: the input gradient folds columns back (`col2im`).
-    pub const STRIDED: Conv2dGeometry = Conv2dGeometry {
-        n: 5,
-        c: 9,
-        h: 7,
-        w: 6,
-        kh: 3,
-        kw: 3,
-        stride: [2, 1],
-        padding: [1, 1],
-        dilation: [1, 2],
-    };
-
-    /// Stride 1, padding below and at `dilation·(k-1)`: the input gradient is the transposed
-    /// convolution (`conv_data_grad`), its sum odd too (5·3·3).
-    pub const UNSTRIDED: Conv2dGeometry = Conv2dGeometry {
-        stride: [1, 1],
-        padding: [1, 1],
-        dilation: [2, 1],
-        ..STRIDED
-    };
-
-    /// Stride 1, padding 1, 8x8 images: the forward product and the transposed input gradient
-    /// read their vector side from the images in bf16 (`conv_direct`).
-    pub const SAME_SIZE: Conv2dGeometry = Conv2dGeometry {
-        n: 3,
-        h: 8,
-        w: 8,
-        stride: [1, 1],
-        padding: [1, 1],
-        dilation: [1, 1],
-        ..STRIDED
-    };
-
-    pub fn reference(pool: &Pool, g: Conv2dGeometry) -> Reference {
-        reference_with(pool, g, 5)
-    }
-
-    /// `reference` with `o` output channels.
-    pub fn reference_with(pool: &Pool, g: Conv2dGeometry, o: usize) -> Reference {
-        let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
-        let value = |i: usize, salt: usize| ((i * 7 + salt * 13) % 17) as f64 / 8.0 - 1.0;
-        let x: Vec<f64> = (0..g.n * g.c * g.h * g.w).map(|i| value(i, 1)).collect();
-        let w: Vec<f64> = (0..o * taps).map(|i| value(i, 2)).collect();
-        let grad: Vec<f64> = (0..o * width).map(|i| value(i, 3)).collect();
-        let cols = super::super::conv::im2col(pool, &x, &g);
-        let matmul = |a: &dyn Fn(usize, usize) -> f64, b: &dyn Fn(usize, usize) -> f64, m, k, n| {
-            (0..m * n)
-                .map(|e| (0..k).map(|t| a(e / n, t) * b(t, e % n)).sum::<f64>())
-                .collect::<Vec<f64>>()
-        };
-        let forward = matmul(&|r, t| w[r * taps + t], &|t, p| cols[t * width + p], o, taps, width);
-        let grad_w = matmul(&|r, p| grad[r * width + p], &|p, t| cols[t * width + p], o, width, taps);
-        let grad_cols = matmul(&|t, r| w[r * taps + t], &|r, p| grad[r * width + p], taps, o, width);
-        let grad_x = super::super::conv::col2im(pool, &grad_cols, &g);
-        Reference {
-            g,
-            o,
-            x,
-            w,
-            grad,
-            forward,
-            grad_x,
-            grad_w,
-        }
-    }
-
-    /// 30 images of 4x4 with 96 channels: where the CPU has the kernels, their input gradients
-    /// (and, in bf16, their products) take tiles of one position in 32 images
-    /// (`conv_positions`), the last lanes left empty.
-    pub const POSITIONS: Conv2dGeometry = Conv2dGeometry {
-        n: 30,
-        c: 96,
-        h: 4,
-        w: 4,
-        ..SAME_SIZE
-    };
-
-    /// Output images of 16x16, for the column-major weight gradient (`PartialLayout`).
-    pub const WIDE: Conv2dGeometry = Conv2dGeometry {
-        n: 2,
-        h: 16,
-        w: 16,
-        padding: [2, 1],
-        ..UNSTRIDED
-    };
+    use crate::backend::cpu::conv::reference::*;
 
     #[test]
     fn the_fused_product_and_its_gradients_match_plain_loops() {
@@ -745,7 +582,7 @@ pub(super) mod tests {
             ..POSITIONS
         };
         #[cfg(target_arch = "x86_64")]
-        if super::super::matmul::f32_kernel::available() {
+        if crate::backend::cpu::matmul::f32_kernel::available() {
             assert!(by_position::input_gradient(&POSITIONS, 128).is_some());
             assert!(by_position::input_gradient(&strided, 416).is_some());
             let r = reference_with(&pool, deep, 40);

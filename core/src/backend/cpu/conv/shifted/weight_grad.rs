@@ -6,7 +6,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::super::conv::Planes;
+use super::super::unfold::Planes;
 #[cfg(target_arch = "x86_64")]
 use super::store_lanes;
 use super::{LINE, Shifts};
@@ -218,7 +218,7 @@ unsafe fn tile(
 mod tests {
     use super::super::available;
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, reference};
+    use crate::backend::cpu::conv::reference::{SAME_SIZE, reference};
     use crate::backend::cpu::pool::Pool;
 
     #[test]

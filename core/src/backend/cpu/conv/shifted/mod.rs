@@ -18,9 +18,9 @@ mod weight_grad;
 pub use product::{ShiftedConv, forward};
 pub use weight_grad::{Scratch, WeightGradient};
 
-use super::conv::Planes;
-use super::simd;
+use super::unfold::Planes;
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::simd;
 use std::sync::OnceLock;
 
 /// Floats in a cache line, and the alignment of planes and copies.

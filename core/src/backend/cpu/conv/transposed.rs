@@ -5,9 +5,9 @@
 //! (`o`) into `c·kh·kw x pixels` columns folded back by `col2im`, which took 14% of a bf16
 //! ResNet-18 step.
 
-use super::conv::{Planes, im2col_planes};
-use super::pool::Pool;
+use super::unfold::{Planes, im2col_planes};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::Element;
 
 /// Input channels below which folding columns back is faster: the product's rows are the
