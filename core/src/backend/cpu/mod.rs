@@ -9,6 +9,7 @@ mod capacity;
 mod causal_softmax;
 mod conv;
 mod cross_entropy;
+mod details;
 mod dropout;
 mod elementwise;
 mod fast_math;
@@ -26,6 +27,9 @@ mod stored;
 mod strided;
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub use conv::{Forward, InputGrad, Plan, WeightGrad};
+pub use details::conv_plans;
 
 use rayon::prelude::*;
 
@@ -152,6 +156,16 @@ impl CpuBackend {
         }
     }
 
+    /// The paths this process takes for a convolution of geometry `g` into `out_channels`
+    /// channels in `dtype` (see [`Plan`]); `None` for a dtype that is not convolved. The choice
+    /// follows the CPU's features and `LOCKSTEP_CPU_CONV`, which forces paths: `auto`, or
+    /// comma-separated `PATH` or `PASS=PATH` items (passes `forward`, `input`, `weight`; paths
+    /// `unfold`, `fold`, `transposed`, `transposed-direct`, `shifted`, `positions`, `panels`,
+    /// `direct`), a path that cannot run leaving its pass the automatic choice.
+    pub fn conv_plan(g: &Conv2dGeometry, out_channels: usize, dtype: DType) -> Option<Plan> {
+        conv::chosen(g, out_channels, dtype)
+    }
+
     /// A new tensor of `len` elements, refused where the machine cannot hold it.
     fn check_fits(&self, op: &'static str, dtype: DType, len: usize) -> Result<()> {
         let in_use = self.pool.allocated_bytes.load(std::sync::atomic::Ordering::Relaxed);
@@ -194,52 +208,24 @@ impl CpuBackend {
     }
 }
 
-fn cpu_model_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|n| n.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
 /// A batch norm's element-wise result as a `HostVec`, beside its per-channel f32 vectors.
 fn in_host_vec<E: Element>((values, per_channel): (Vec<E>, [Vec<f32>; 2])) -> (HostVec, [Vec<f32>; 2]) {
     (E::into_host(values), per_channel)
-}
-
-/// Which kernels this CPU's products and convolutions take, for bug reports and benchmark
-/// records (`lockstep devices --details`, `lockstep bench`): numbers differ by these.
-fn kernel_details() -> Vec<(String, String)> {
-    let bf16 = match matmul::bf16_dot_products() {
-        true => "AVX512-BF16 dot products",
-        false => "widened to f32",
-    };
-    let convolutions = match conv::shifted::preferred() {
-        true => "summed from shifted copies (AVX2 + FMA)",
-        false => "unfolded (im2col + GEMM)",
-    };
-    [
-        ("vector code", simd::level_name()),
-        ("bf16 products", bf16),
-        ("f32 stride-1 convolutions", convolutions),
-    ]
-    .map(|(label, value)| (label.to_string(), value.to_string()))
-    .into()
 }
 
 impl Backend for CpuBackend {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             location: format!("cpu:{}", self.ordinal),
-            name: format!("{} ({} threads)", cpu_model_name(), rayon::current_num_threads()),
+            name: format!(
+                "{} ({} threads)",
+                details::cpu_model_name(),
+                rayon::current_num_threads()
+            ),
             api: "cpu".into(),
             total_memory_bytes: self.capacity.ram(),
             software: false,
-            details: kernel_details(),
+            details: details::kernel_details(),
         }
     }
 
@@ -912,36 +898,10 @@ impl Backend for CpuBackend {
             let (x, w) = (cpu("conv2d", x)?.read(), cpu("conv2d", weight)?.read());
             check_len("conv2d", &x, geom.n * geom.c * geom.h * geom.w)?;
             check_len("conv2d (weight)", &w, out_channels * geom.c * geom.kh * geom.kw)?;
-            Ok(match (&*x, &*w) {
-                (HostVec::F32(x), HostVec::F32(w)) => {
-                    Some(HostVec::F32(conv::fused::forward(&self.pool, x, w, geom, out_channels)))
-                }
-                (HostVec::F64(x), HostVec::F64(w)) => {
-                    Some(HostVec::F64(conv::fused::forward(&self.pool, x, w, geom, out_channels)))
-                }
-                #[cfg(target_arch = "x86_64")]
-                (HostVec::BF16(x), HostVec::BF16(w)) if conv::fused_bf16::available() => Some(HostVec::BF16(
-                    conv::fused_bf16::forward(&self.pool, x, w, geom, out_channels),
-                )),
-                // Without the bf16 kernel, and for f16: the f32 fused path on widened copies,
-                // the same products (exact in f32) summed in f32 and rounded once, as the
-                // composed path's batch-wide columns did at 1.5x the f32 step (AVX2 Zen 3).
-                (HostVec::BF16(x), HostVec::BF16(w)) => Some(HostVec::BF16(float::through_f32(
-                    &self.pool,
-                    [x, w],
-                    float::widen_bf16,
-                    float::narrow_bf16,
-                    |[x, w]| conv::fused::forward(&self.pool, x, w, geom, out_channels),
-                ))),
-                (HostVec::F16(x), HostVec::F16(w)) => Some(HostVec::F16(float::through_f32(
-                    &self.pool,
-                    [x, w],
-                    float::widen_f16,
-                    float::narrow_f16,
-                    |[x, w]| conv::fused::forward(&self.pool, x, w, geom, out_channels),
-                ))),
-                _ => None,
-            })
+            let Some(plan) = conv::chosen(geom, out_channels, x.dtype()) else {
+                return Ok(None);
+            };
+            Ok(conv::forward(&self.pool, &x, &w, geom, out_channels, &plan))
         };
         checked().map(|out| out.map(|out| self.wrap(out))).transpose()
     }
@@ -972,42 +932,10 @@ impl Backend for CpuBackend {
                 &g,
                 out_channels * geom.n * geom.out_h() * geom.out_w(),
             )?;
-            Ok(match (&*x, &*w, &*g) {
-                (HostVec::F32(x), HostVec::F32(w), HostVec::F32(g)) => {
-                    let (gx, gw) = conv::fused::backward(&self.pool, x, w, g, geom, out_channels);
-                    Some((HostVec::F32(gx), HostVec::F32(gw)))
-                }
-                (HostVec::F64(x), HostVec::F64(w), HostVec::F64(g)) => {
-                    let (gx, gw) = conv::fused::backward(&self.pool, x, w, g, geom, out_channels);
-                    Some((HostVec::F64(gx), HostVec::F64(gw)))
-                }
-                #[cfg(target_arch = "x86_64")]
-                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) if conv::fused_bf16::available() => {
-                    let (gx, gw) = conv::fused_bf16::backward(&self.pool, x, w, g, geom, out_channels);
-                    Some((HostVec::BF16(gx), HostVec::BF16(gw)))
-                }
-                (HostVec::BF16(x), HostVec::BF16(w), HostVec::BF16(g)) => {
-                    let [gx, gw] = float::through_f32_outputs(
-                        &self.pool,
-                        [x, w, g],
-                        float::widen_bf16,
-                        float::narrow_bf16,
-                        |[x, w, g]| conv::fused::backward(&self.pool, x, w, g, geom, out_channels).into(),
-                    );
-                    Some((HostVec::BF16(gx), HostVec::BF16(gw)))
-                }
-                (HostVec::F16(x), HostVec::F16(w), HostVec::F16(g)) => {
-                    let [gx, gw] = float::through_f32_outputs(
-                        &self.pool,
-                        [x, w, g],
-                        float::widen_f16,
-                        float::narrow_f16,
-                        |[x, w, g]| conv::fused::backward(&self.pool, x, w, g, geom, out_channels).into(),
-                    );
-                    Some((HostVec::F16(gx), HostVec::F16(gw)))
-                }
-                _ => None,
-            })
+            let Some(plan) = conv::chosen(geom, out_channels, x.dtype()) else {
+                return Ok(None);
+            };
+            Ok(conv::backward(&self.pool, &x, &w, &g, geom, out_channels, &plan))
         };
         checked()
             .map(|out| out.map(|(gx, gw)| (self.wrap(gx), self.wrap(gw))))

@@ -3,11 +3,10 @@
 //! GEMM; here each thread unfolds one image (or, for small images, a few: see
 //! `images_per_product`) into columns that stay in its cache (2.3 MB for 64 channels of 32x32)
 //! and multiplies them at once, single-threaded, while the other threads do other images. The
-//! results are laid out as the composed path's: `[o, n·oh·ow]`. The input gradient of a
-//! stride-1 convolution is a transposed convolution (`conv_data_grad`). In f32 on AVX2, stride-1
-//! convolutions that keep their image size (ResNet's 3x3s) unfold nothing: their products sum
-//! shifted copies of the images (`conv_shifted`). In f32 on AVX-512, where enough taps read
-//! padding, the product and both gradients go by output position (`conv_positions`).
+//! results are laid out as the composed path's: `[o, n·oh·ow]`. The plan (`conv/mod.rs`) says
+//! which path each pass takes: these runs of unfolded images, or in f32 the shifted copies
+//! (`shifted`) or output positions (`positions`); the input gradient folded back, or as a
+//! transposed convolution (`transposed`).
 
 use rayon::prelude::*;
 
@@ -15,57 +14,46 @@ use super::ranges::{Columns, image_ranges, images_for_columns, per_image_range, 
 use super::shifted::{self, Scratch, ShiftedConv, WeightGradient};
 use super::transposed::Transposed;
 use super::unfold::{Planes, col2im_images, im2col_images};
+use super::{Forward, InputGrad, Plan, WeightGrad};
 use crate::backend::Conv2dGeometry;
 use crate::backend::cpu::float::CpuFloat;
 use crate::backend::cpu::matmul::GemmElement;
 use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
-/// f32 products, input gradients and weight gradients by output position (`conv_positions`),
-/// which need AVX-512; elsewhere none.
+/// f32 products, input gradients and weight gradients by output position (`positions`), which
+/// exist on x86-64 only; the planner never picks them elsewhere.
 #[cfg(target_arch = "x86_64")]
 mod by_position {
     pub use super::super::positions::{InputGradient, WeightGradient};
-    pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
-        super::super::positions::input_gradient::<f32>(g, o)
-    }
-    pub fn forward(
-        pool: &super::Pool,
-        x: &[f32],
-        w: &[f32],
-        g: &super::Conv2dGeometry,
-        o: usize,
-        out: &mut [f32],
-    ) -> bool {
+    pub fn forward(pool: &super::Pool, x: &[f32], w: &[f32], g: &super::Conv2dGeometry, o: usize, out: &mut [f32]) {
         super::super::positions::forward::<f32>(pool, x, w, g, o, out)
-    }
-    pub fn weight_gradient(g: &super::Conv2dGeometry) -> Option<WeightGradient> {
-        super::super::positions::weight_gradient::<f32>(g)
     }
 }
 #[cfg(not(target_arch = "x86_64"))]
 mod by_position {
     use super::{Conv2dGeometry, Pool};
+    const ABSENT: &str = "the positions path exists on x86-64 only";
     pub enum InputGradient {}
     impl InputGradient {
+        pub fn new(_: &Conv2dGeometry, _: usize) -> InputGradient {
+            unreachable!("{ABSENT}")
+        }
         pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: &mut [f32]) {
             match *self {}
         }
     }
-    pub fn input_gradient(_: &Conv2dGeometry, _: usize) -> Option<InputGradient> {
-        None
-    }
-    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) -> bool {
-        false
+    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) {
+        unreachable!("{ABSENT}")
     }
     pub enum WeightGradient {}
     impl WeightGradient {
+        pub fn new(_: &Conv2dGeometry) -> WeightGradient {
+            unreachable!("{ABSENT}")
+        }
         pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) {
             match *self {}
         }
-    }
-    pub fn weight_gradient(_: &Conv2dGeometry) -> Option<WeightGradient> {
-        None
     }
 }
 
@@ -132,9 +120,16 @@ fn images_per_product(g: &Conv2dGeometry, o: usize) -> usize {
     images_for_columns(g, if large { WIDE_COLUMNS } else { 1 })
 }
 
-/// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` (one group).
-pub fn forward<T: GemmElement + CpuFloat>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize) -> Vec<T> {
-    forward_in_runs(pool, x, weight, g, o, images_per_product(g, o))
+/// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` (one group), on `plan`'s path.
+pub fn forward<T: GemmElement + CpuFloat>(
+    pool: &Pool,
+    x: &[T],
+    weight: &[T],
+    g: &Conv2dGeometry,
+    o: usize,
+    plan: &Plan,
+) -> Vec<T> {
+    forward_in_runs(pool, x, weight, g, o, images_per_product(g, o), plan)
 }
 
 /// `forward` with products of `per` images.
@@ -145,6 +140,7 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
     per: usize,
+    plan: &Plan,
 ) -> Vec<T> {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
@@ -153,23 +149,16 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         out.fill(T::zero());
         return out;
     }
-    if let (true, Some(x), Some(weight), Some(out32)) = (
-        shifted::preferred(),
-        T::as_f32(x),
-        T::as_f32(weight),
-        T::as_f32_mut(&mut out),
-    ) && shifted::forward(pool, x, weight, g, o, per, out32)
+    if let (Forward::Shifted, Some(x), Some(weight), Some(out32)) =
+        (plan.forward, T::as_f32(x), T::as_f32(weight), T::as_f32_mut(&mut out))
+        && shifted::forward(pool, x, weight, g, o, per, out32)
     {
         return out;
     }
-    // Else, where enough taps read padding, by output position (AVX-512).
-    if let (false, Some(x), Some(weight), Some(out32)) = (
-        shifted::preferred(),
-        T::as_f32(x),
-        T::as_f32(weight),
-        T::as_f32_mut(&mut out),
-    ) && by_position::forward(pool, x, weight, g, o, out32)
+    if let (Forward::Positions, Some(x), Some(weight), Some(out32)) =
+        (plan.forward, T::as_f32(x), T::as_f32(weight), T::as_f32_mut(&mut out))
     {
+        by_position::forward(pool, x, weight, g, o, out32);
         return out;
     }
     let dst = Columns(out.as_mut_ptr());
@@ -205,7 +194,7 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
 /// The product's gradients from `grad` `[o, n·oh·ow]`: the input's `[n, c, h, w]` and the
 /// weight's `[o, c·kh·kw]`. Images are split into one contiguous range per thread; each range
 /// sums its own weight gradient, and the ranges' sums are added in order, so the result does
-/// not depend on scheduling.
+/// not depend on scheduling. Each gradient on `plan`'s path.
 pub fn backward<T: GemmElement + CpuFloat>(
     pool: &Pool,
     x: &[T],
@@ -213,15 +202,17 @@ pub fn backward<T: GemmElement + CpuFloat>(
     grad: &[T],
     g: &Conv2dGeometry,
     o: usize,
+    plan: &Plan,
 ) -> (Vec<T>, Vec<T>) {
-    let per = match T::as_f32(x).is_some() && shifted::preferred() && WeightGradient::applies(g) {
+    let per = match T::as_f32(x).is_some() && plan.weight == WeightGrad::Shifted {
         true => images_for_columns(g, SHIFTED_COLUMNS),
         false => images_per_product(g, o),
     };
-    backward_in_runs(pool, x, weight, grad, g, o, per)
+    backward_in_runs(pool, x, weight, grad, g, o, per, plan)
 }
 
 /// `backward` with products of `per` images.
+#[allow(clippy::too_many_arguments)] // the operands, their geometry, the runs and the plan
 fn backward_in_runs<T: GemmElement + CpuFloat>(
     pool: &Pool,
     x: &[T],
@@ -230,6 +221,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
     per: usize,
+    plan: &Plan,
 ) -> (Vec<T>, Vec<T>) {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
@@ -242,7 +234,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     }
     // The weight gradient summed from shifted copies of the images (f32, AVX2).
     let by_shifts = T::as_f32(x)
-        .filter(|_| shifted::preferred())
+        .filter(|_| plan.weight == WeightGrad::Shifted)
         .and_then(|_| WeightGradient::plan(g, o, per));
     let partial_layout = match by_shifts {
         Some(_) => PartialLayout::ColumnMajor,
@@ -250,22 +242,25 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     };
     // By output position (f32, AVX-512): the input gradient after the weight gradient's runs,
     // and the weight gradient tap by tap over the whole batch.
-    let positions = T::as_f32(x).is_some() && !shifted::preferred();
-    let by_position = positions.then(|| by_position::input_gradient(g, o)).flatten();
-    let by_tap = positions.then(|| by_position::weight_gradient(g)).flatten();
+    let f32 = T::as_f32(x).is_some();
+    let by_position = (f32 && plan.input == InputGrad::Positions).then(|| by_position::InputGradient::new(g, o));
+    let by_tap = (f32 && plan.weight == WeightGrad::Positions).then(|| by_position::WeightGradient::new(g));
     let weight_gradient = by_tap.is_none();
     if weight_gradient {
         // The runs' partial sums are added into it; tap by tap, every element is written.
         grad_w.fill(T::zero());
     }
-    let transposed = match by_position {
-        Some(_) => None,
-        None => Transposed::plan(pool, g, o, weight),
+    let transposed = match plan.input {
+        InputGrad::Transposed | InputGrad::Shifted => Transposed::plan(pool, g, o, weight),
+        _ => None,
     };
     // The transposed convolution summed from shifted copies of the gradient (f32, AVX2).
-    let shifted = transposed.as_ref().filter(|_| shifted::preferred()).and_then(|t| {
-        T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
-    });
+    let shifted = transposed
+        .as_ref()
+        .filter(|_| plan.input == InputGrad::Shifted)
+        .and_then(|t| {
+            T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
+        });
     let by_runs = |first, grad_x_range: &mut [T]| {
         // Written whole by the range's first product (no accumulation), then summed into.
         let mut partial = pool.take::<T>(if weight_gradient { o * taps } else { 0 });
@@ -530,6 +525,12 @@ mod tests {
     use super::*;
 
     use crate::backend::cpu::conv::reference::*;
+    use crate::dtype::DType;
+
+    /// The plan this CPU takes for `g` in `dtype`.
+    fn chosen(g: &Conv2dGeometry, o: usize, dtype: DType) -> Plan {
+        super::super::plan(g, o, dtype, &super::super::Cpu::this(), Default::default()).unwrap()
+    }
 
     #[test]
     fn the_fused_product_and_its_gradients_match_plain_loops() {
@@ -537,11 +538,12 @@ mod tests {
         let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9) && a.len() == b.len();
         for g in [STRIDED, UNSTRIDED, WIDE, SAME_SIZE] {
             let r = reference(&pool, g);
+            let plan = chosen(&g, r.o, DType::F64);
             // One image a product, and runs of 2 and 3 (a weight too large for one image).
             for per in [1, 2, 3] {
-                let forward = forward_in_runs(&pool, &r.x, &r.w, &r.g, r.o, per);
+                let forward = forward_in_runs(&pool, &r.x, &r.w, &r.g, r.o, per, &plan);
                 assert!(close(&forward, &r.forward), "{g:?}, {per} a product");
-                let (grad_x, grad_w) = backward_in_runs(&pool, &r.x, &r.w, &r.grad, &r.g, r.o, per);
+                let (grad_x, grad_w) = backward_in_runs(&pool, &r.x, &r.w, &r.grad, &r.g, r.o, per, &plan);
                 assert!(close(&grad_w, &r.grad_w), "{g:?}, {per} a product");
                 assert!(close(&grad_x, &r.grad_x), "{g:?}, {per} a product");
             }
@@ -549,8 +551,8 @@ mod tests {
         assert_eq!(PartialLayout::for_product(5, 81, 256), PartialLayout::ColumnMajor);
     }
 
-    /// In f32 a same-size stride-1 convolution's products sum shifted copies of their images on
-    /// AVX2 without AVX-512 (`conv_shifted`), else unfold; the values are exact in f32 either way.
+    /// f32 on the paths this CPU's plans take (`shifted` on AVX2, `positions` on AVX-512 where
+    /// it pays, else unfolded), in runs of one and two images: exact in f32 on any of them.
     #[test]
     fn f32_products_match_plain_loops() {
         let pool = Pool::default();
@@ -581,24 +583,6 @@ mod tests {
             c: 32,
             ..POSITIONS
         };
-        #[cfg(target_arch = "x86_64")]
-        if crate::backend::cpu::matmul::f32_kernel::available() {
-            assert!(by_position::input_gradient(&POSITIONS, 128).is_some());
-            assert!(by_position::input_gradient(&strided, 416).is_some());
-            let r = reference_with(&pool, deep, 40);
-            let mut out = vec![0.0; r.forward.len()];
-            assert!(by_position::forward(
-                &pool,
-                &narrow(&r.x),
-                &narrow(&r.w),
-                &deep,
-                40,
-                &mut out
-            ));
-            assert!(exact(&out, &r.forward));
-            assert!(by_position::weight_gradient(&batch).is_some());
-            assert!(by_position::weight_gradient(&POSITIONS).is_none());
-        }
         for (g, o) in [
             (SAME_SIZE, 5),
             (WIDE, 5),
@@ -612,20 +596,21 @@ mod tests {
         ] {
             let r = reference_with(&pool, g, o);
             let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
+            let plan = chosen(&g, o, DType::F32);
             for per in [1, 2] {
                 assert!(
-                    exact(&forward_in_runs(&pool, &x, &w, &g, r.o, per), &r.forward),
-                    "{g:?}, {per} a product"
+                    exact(&forward_in_runs(&pool, &x, &w, &g, r.o, per, &plan), &r.forward),
+                    "{g:?} ({plan}), {per} a product"
                 );
-                let (grad_x, grad_w) = backward_in_runs(&pool, &x, &w, &grad, &g, r.o, per);
-                assert!(exact(&grad_w, &r.grad_w), "{g:?}, {per} a product");
-                assert!(exact(&grad_x, &r.grad_x), "{g:?}, {per} a product");
+                let (grad_x, grad_w) = backward_in_runs(&pool, &x, &w, &grad, &g, r.o, per, &plan);
+                assert!(exact(&grad_w, &r.grad_w), "{g:?} ({plan}), {per} a product");
+                assert!(exact(&grad_x, &r.grad_x), "{g:?} ({plan}), {per} a product");
             }
         }
     }
 
     #[test]
-    fn only_unstrided_convolutions_take_the_transposed_input_gradient() {
+    fn only_unstrided_convolutions_have_a_transposed_input_gradient() {
         let pool = Pool::default();
         let plan = |g: &Conv2dGeometry| Transposed::plan(&pool, g, 5, &vec![0f32; 5 * g.c * g.kh * g.kw]).is_some();
         assert!(plan(&UNSTRIDED));

@@ -125,35 +125,15 @@ const MAX_WORK: f64 = 0.9;
 /// Input channels below which a tap's run of pairs is too short to be worth a piece of its own.
 const MIN_CHANNELS: usize = 32;
 
-/// `g`'s product (`weight` `[o, c, kh, kw]`) by output position into `out` (`[o, n·oh·ow]`)
-/// where the CPU has `T`'s kernel and this path pays; whether it ran.
-pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize, out: &mut [T]) -> bool {
-    let Some(plan) = paying::<T>(|| Plan::forward(g)) else {
-        return false;
-    };
+/// `g`'s product (`weight` `[o, c, kh, kw]`) by output position into `out` (`[o, n·oh·ow]`).
+/// Panics where the CPU lacks `T`'s kernel.
+pub fn forward<T: Lanes>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize, out: &mut [T]) {
+    let plan = Plan::forward(g);
     let by_row = Planes {
         image: g.out_h() * g.out_w(),
         channel: g.n * g.out_h() * g.out_w(),
     };
     plan.run(pool, (x, Planes::nchw(g)), weight, o, (out, by_row));
-    true
-}
-
-/// The input gradient of `g` (`o` output channels) by output position, where the CPU has
-/// `T`'s kernel and this path pays.
-pub fn input_gradient<T: Lanes>(g: &Conv2dGeometry, o: usize) -> Option<InputGradient> {
-    paying::<T>(|| Plan::input_gradient(g, o)).map(InputGradient)
-}
-
-/// The weight gradient of `g` (`o` output channels) tap by tap, where the CPU has `T`'s kernel
-/// and this path pays.
-pub fn weight_gradient<T: Lanes>(g: &Conv2dGeometry) -> Option<WeightGradient> {
-    paying::<T>(|| Plan::weight_gradient(g)).map(WeightGradient)
-}
-
-/// `plan()`, where the CPU has `T`'s kernel and the plan pays.
-fn paying<T: Lanes>(plan: impl FnOnce() -> Plan) -> Option<Plan> {
-    T::available().then(plan).filter(Plan::pays::<T>)
 }
 
 /// A convolution's weight gradient, each tile one tap for 32 input channels summed over the
@@ -161,6 +141,11 @@ fn paying<T: Lanes>(plan: impl FnOnce() -> Plan) -> Option<Plan> {
 pub struct WeightGradient(Plan);
 
 impl WeightGradient {
+    /// The weight gradient of `g` tap by tap.
+    pub fn new(g: &Conv2dGeometry) -> WeightGradient {
+        WeightGradient(Plan::weight_gradient(g))
+    }
+
     /// `grad_w` (`[o, c, kh, kw]`) from `x` (`[n, c, h, w]`) and `grad` (`[o, n·oh·ow]`).
     pub fn run<T: Lanes>(&self, pool: &Pool, x: &[T], grad: &[T], g: &Conv2dGeometry, o: usize, grad_w: &mut [T]) {
         let taps = g.kh * g.kw;
@@ -181,6 +166,11 @@ impl WeightGradient {
 pub struct InputGradient(Plan);
 
 impl InputGradient {
+    /// The input gradient of `g` (`o` output channels) by output position.
+    pub fn new(g: &Conv2dGeometry, o: usize) -> InputGradient {
+        InputGradient(Plan::input_gradient(g, o))
+    }
+
     /// `grad_x` (`[n, c, h, w]`) from `grad` (`[o, n·oh·ow]`) and `weight` (`[o, c, kh, kw]`).
     pub fn run<T: Lanes>(&self, pool: &Pool, grad: &[T], weight: &[T], g: &Conv2dGeometry, grad_x: &mut [T]) {
         let pixels = g.out_h() * g.out_w();
