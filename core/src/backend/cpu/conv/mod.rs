@@ -98,7 +98,7 @@ pub enum WeightGrad {
     Positions,
 }
 
-/// The paths one convolution takes, from [`plan`].
+/// The paths one convolution takes: what `CpuBackend::conv_plan` (and `conv_plans`) report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
     /// Whether the inputs are widened to f32 and the results rounded back once (f16, and bf16
