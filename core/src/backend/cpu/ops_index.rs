@@ -23,6 +23,7 @@ pub(super) fn index_select(
     Ok(dev.wrap(out))
 }
 
+#[allow(clippy::too_many_arguments)] // `Backend::index_add`'s operands, and the device
 pub(super) fn index_add(
     dev: &CpuBackend,
     dst: &BufferRef,
@@ -76,6 +77,7 @@ pub(super) fn gather(
     Ok(dev.wrap(out))
 }
 
+#[allow(clippy::too_many_arguments)] // `Backend::scatter_add`'s operands, and the device
 pub(super) fn scatter_add(
     dev: &CpuBackend,
     dst: &BufferRef,
