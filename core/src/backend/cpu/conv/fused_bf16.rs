@@ -1,4 +1,4 @@
-//! The fused convolution (`conv_fused.rs`) for bf16 under autocast, on the bf16 dot-product
+//! The fused convolution (`conv::fused`) for bf16 under autocast, on the bf16 dot-product
 //! kernel, instead of the composed path's batch-wide bf16 columns and one large product. Each
 //! product's images are unfolded as bf16 (a copy) while in cache; products accumulate
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one

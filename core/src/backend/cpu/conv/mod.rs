@@ -6,21 +6,23 @@
 //! decide nothing; `fused` (f32, f64 and 16-bit floats widened to f32, on `gemm`) and
 //! `fused_bf16` (the AVX512-BF16 kernel) run a plan's paths over the batch's runs of images.
 //!
-//! | path | pass | runs where | measured against the next best (batch 64, 2 threads) |
+//! | path | pass | runs where | measured against the next best (ResNet-18, batch 64, 2 threads) |
 //! | --- | --- | --- | --- |
-//! | `unfold` (`unfold.rs`, `fused.rs`) | forward, weight grad | always (the fallback); bf16 with the kernel unfolds into panels instead | runs of images unfolded in cache against the whole batch's columns and one GEMM (session 40, Zen 5): ResNet-18 f32 step 1925 → 1425 ms |
-//! | `fold` (`fused.rs`) | input grad | where `transposed` does not run (strided; fewer than 8 input channels) | `weightᵀ @ grad` into columns, folded back by col2im |
+//! | `unfold` (`unfold.rs`, `fused.rs`) | forward, weight grad | f32 and f64 wherever nothing below runs (bf16 on its kernel unfolds into `panels`; its weight gradient is the kernel's `unfold`) | runs of images unfolded in cache against the whole batch's columns and one GEMM (2026-11-26, Zen 5): f32 step 1925 → 1425 ms |
+//! | `fold` (`fused.rs`, `fused_bf16.rs`) | input grad | where `transposed` does not run: strided, padded past `dilation·(k-1)`, or fewer than 8 input channels | `weightᵀ @ grad` into columns, folded back by col2im: the baseline |
 //! | `transposed` (`transposed.rs`) | input grad | stride 1, padding at most `dilation·(k-1)`, 8 input channels or more | against `fold` (session 43, Zen 5): f32 step 962 → 915 ms; a 3-channel stem's backward took 2.9x as long, hence the 8 |
-//! | `shifted` (`shifted/`) | all three (input grad: transposed) | f32 on AVX2 + FMA without AVX-512, stride 1, output the input's size; weight grad on planes of 64 pixels or more | against `unfold` (session 48, Zen 3): 64→64 3x3 at 32x32 forward / backward 57 / 119 → 39–46 / 85–90 ms; 512→512 at 4x4 weight grad 107 → 97 ms unfolded, hence the 64 pixels |
-//! | `positions` (`positions.rs`) | all three | f32 on AVX-512, bf16 on AVX512-BF16, where the taps in the padding save a tenth of the work and a tile's sum is long enough | against `unfold`/`transposed` (sessions 50–51, Zen 5): f32 forward 256 ch 8x8 24.0 → 20.7 ms, 512 ch 4x4 23.8 → 18.5 ms; bf16 backward 512 ch 4x4 30.1 → 20.2 ms; f32 backward 3x3 stride 2 128 ch 16x16 29.2 → 31.0 ms (left out) |
-//! | `panels` (`panels.rs`) | forward, input grad (`transposed`) | bf16 on AVX512-BF16 (its unfolding) | columns unfolded straight into the kernel's panels (session 43, Zen 5): bf16 step 604 → 586 ms |
-//! | `direct` (`direct.rs`) | forward, input grad (`transposed-direct`) | bf16 on AVX512-BF16, each panel of 32 output pixels in one image from column 0 (CIFAR's 3x3 padding 1 and 1x1 at 32, 16 and 8 pixels) | against `panels` (session 45, Zen 5): bf16 step 575 / 592 → 475 / 475 ms with the tap table kept |
+//! | `shifted` (`shifted/`) | all three (the input gradient's transposed convolution) | f32 on AVX2 + FMA without AVX-512, stride 1, output the size of the input; weight grad on planes of 64 pixels or more | against `unfold` (session 48, Zen 3): 64→64 3x3 at 32x32 forward / backward 57 / 119 → 39–46 / 85–90 ms; a 512-channel 4x4 backward 107 ms against 97 unfolded, hence the 64 pixels. Re-measured in one binary (session 49): even forward, backward 352 against 372 ms (medians), and it holds less (copies 3x the images where unfolding writes 9x) |
+//! | `positions` (`positions.rs`) | all three | f32 on AVX-512F, bf16 on AVX512-BF16, where the taps left out save a tenth of the work and a tile's sum is long enough | against the paths above (sessions 55–56, Zen 4): f32 forward 256 ch 8x8 24.0 → 20.7 ms, 512 ch 4x4 23.8 → 18.5; bf16 backward 512 ch 4x4 30.1 → 20.2; f32 backward 3x3 stride 2 128 ch 16x16 29.2 → 31.0 (left out: its sums are too short) |
+//! | `panels` (`panels.rs`) | forward, input grad (`transposed`) | bf16 on AVX512-BF16 where `direct` does not apply | columns unfolded straight into the kernel's panels, against plain columns packed (session 43, Zen 5): bf16 step 604 → 586 ms |
+//! | `direct` (`direct.rs`) | forward, input grad (`transposed-direct`) | bf16 on AVX512-BF16 where every panel of 32 output pixels lies in one image from column 0 and every tap's pixel in its phase plane (CIFAR's 3x3 and 1x1 at 32, 16 and 8 pixels out, stride 1 or 2) | against `panels` (sessions 45 and 58): bf16 step 575 / 592 → 475 / 475 ms (Zen 5); with the channel-paired copy, 3x3 64 ch 32x32 forward 16.1 → 13.1 ms and stride 2 from 32x32 12.5 → 8.2 ms (Zen 4) |
 //!
-//! Automatically: f64 takes `unfold` / `transposed` or `fold` / `unfold`. f32 (and f16 and bf16
-//! without the bf16 kernel, widened to f32) takes `shifted` on CPUs whose widest vectors are AVX2
-//! (it was measured only beside `gemm`'s AVX2 kernels), else `positions` where it pays, else the
-//! above. bf16 with the kernel takes `positions` where it pays, else `direct` where it applies,
-//! else `panels`; its weight gradient `unfold` (the kernel's product, summed in f32).
+//! Automatically, pass by pass: f32 (and f16 and bf16 without the bf16 kernel, widened to f32)
+//! takes `shifted` where it runs on CPUs whose widest vectors are AVX2 (it was measured only
+//! beside `gemm`'s AVX2 kernels), elsewhere `positions` where it pays; bf16 with the kernel takes
+//! `positions` where it pays, else `direct` where it applies, else `panels`. What is left: the
+//! input gradient `transposed` (in bf16 `transposed-direct` where `direct` applies) where it
+//! runs, else `fold`; the forward product and the weight gradient `unfold`. f64 takes only the
+//! `gemm` paths.
 //!
 //! `LOCKSTEP_CPU_CONV` (read once, by [`Override::from_env`]) forces paths, to measure one
 //! against another on any CPU: `auto` (the default), or a comma-separated list of `PATH`

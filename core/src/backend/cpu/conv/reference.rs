@@ -32,7 +32,7 @@ pub const STRIDED: Conv2dGeometry = Conv2dGeometry {
 };
 
 /// Stride 1, padding below and at `dilation·(k-1)`: the input gradient is the transposed
-/// convolution (`conv_data_grad`), its sum odd too (5·3·3).
+/// convolution (`conv::transposed`), its sum odd too (5·3·3).
 pub const UNSTRIDED: Conv2dGeometry = Conv2dGeometry {
     stride: [1, 1],
     padding: [1, 1],
@@ -41,7 +41,7 @@ pub const UNSTRIDED: Conv2dGeometry = Conv2dGeometry {
 };
 
 /// Stride 1, padding 1, 8x8 images: the forward product and the transposed input gradient
-/// read their vector side from the images in bf16 (`conv_direct`).
+/// read their vector side from the images in bf16 (`conv::direct`).
 pub const SAME_SIZE: Conv2dGeometry = Conv2dGeometry {
     n: 3,
     h: 8,
@@ -87,7 +87,7 @@ pub fn reference_with(pool: &Pool, g: Conv2dGeometry, o: usize) -> Reference {
 
 /// 30 images of 4x4 with 96 channels: where the CPU has the kernels, their input gradients
 /// (and, in bf16, their products) take tiles of one position in 32 images
-/// (`conv_positions`), the last lanes left empty.
+/// (`conv::positions`), the last lanes left empty.
 pub const POSITIONS: Conv2dGeometry = Conv2dGeometry {
     n: 30,
     c: 96,

@@ -43,7 +43,7 @@ fn f32_products_match_plain_loops() {
         ..SAME_SIZE
     };
     // And 8x8 at stride 2: on AVX-512 their input gradients take tiles of one position
-    // (`conv_positions`).
+    // (`conv::positions`).
     let strided = Conv2dGeometry {
         c: 16,
         h: 8,
