@@ -70,111 +70,96 @@ fn close(got: &HostVec, want: &[f64], dtype: DType) -> bool {
         })
 }
 
-/// The passes' paths each case and dtype ran, forced one pass at a time.
-#[derive(Default)]
-struct Ran {
-    forward: Vec<(DType, Forward)>,
-    input: Vec<(DType, InputGrad)>,
-    weight: Vec<(DType, WeightGrad)>,
+/// Each of `paths` forced through `force` where the planner takes it (`taken` reads the pass's
+/// path off a plan), `check` comparing what that plan computes; those that ran.
+fn each_forced<P: Copy + PartialEq>(
+    paths: impl IntoIterator<Item = P>,
+    force: impl Fn(P) -> Plan,
+    taken: impl Fn(&Plan) -> P,
+    check: impl Fn(&Plan),
+) -> Vec<P> {
+    let mut ran = Vec::new();
+    for path in paths {
+        let plan = force(path);
+        if taken(&plan) == path {
+            check(&plan);
+            ran.push(path);
+        }
+    }
+    ran
 }
 
 #[test]
 fn every_path_forced_through_the_planner_matches_the_f64_reference() {
     let (pool, cpu) = (Pool::default(), Cpu::this());
-    let mut ran = Ran::default();
+    // (dtype, pass, path) of every forced run.
+    let mut ran: Vec<(DType, &str, &str)> = Vec::new();
     for (g, o) in CASES {
         let r = reference_with(&pool, g, o);
         for dtype in [DType::F64, DType::F32, DType::BF16] {
             let (x, w, grad) = (narrow(&r.x, dtype), narrow(&r.w, dtype), narrow(&r.grad, dtype));
             let planned = |force: Override| plan(&g, o, dtype, &cpu, force).expect("a float dtype");
-            for path in Forward::ALL {
-                let plan = planned(Override {
-                    forward: Some(path),
-                    ..Override::default()
-                });
-                if plan.forward != path {
-                    continue;
-                }
-                let out = forward(&pool, &x, &w, &g, o, &plan).expect("one dtype");
-                assert!(close(&out, &r.forward, dtype), "forward {g:?} {dtype:?} ({plan})");
-                ran.forward.push((dtype, path));
-            }
-            for path in InputGrad::ALL {
-                let plan = planned(Override {
-                    input: Some(path),
-                    ..Override::default()
-                });
-                if plan.input != path {
-                    continue;
-                }
-                let (grad_x, _) = backward(&pool, &x, &w, &grad, &g, o, &plan).expect("one dtype");
-                assert!(close(&grad_x, &r.grad_x, dtype), "input grad {g:?} {dtype:?} ({plan})");
-                ran.input.push((dtype, path));
-            }
-            for path in WeightGrad::ALL {
-                let plan = planned(Override {
-                    weight: Some(path),
-                    ..Override::default()
-                });
-                if plan.weight != path {
-                    continue;
-                }
-                let (_, grad_w) = backward(&pool, &x, &w, &grad, &g, o, &plan).expect("one dtype");
-                assert!(close(&grad_w, &r.grad_w, dtype), "weight grad {g:?} {dtype:?} ({plan})");
-                ran.weight.push((dtype, path));
-            }
+            let forced = |forward, input, weight| planned(Override { forward, input, weight });
+            let gradients = |plan: &Plan| backward(&pool, &x, &w, &grad, &g, o, plan).expect("one dtype");
+            let forwards = each_forced(
+                Forward::ALL,
+                |p| forced(Some(p), None, None),
+                |p| p.forward,
+                |plan| {
+                    let out = forward(&pool, &x, &w, &g, o, plan).expect("one dtype");
+                    assert!(close(&out, &r.forward, dtype), "forward {g:?} {dtype:?} ({plan})");
+                },
+            );
+            let inputs = each_forced(
+                InputGrad::ALL,
+                |p| forced(None, Some(p), None),
+                |p| p.input,
+                |plan| {
+                    let (grad_x, _) = gradients(plan);
+                    assert!(close(&grad_x, &r.grad_x, dtype), "input grad {g:?} {dtype:?} ({plan})");
+                },
+            );
+            let weights = each_forced(
+                WeightGrad::ALL,
+                |p| forced(None, None, Some(p)),
+                |p| p.weight,
+                |plan| {
+                    let (_, grad_w) = gradients(plan);
+                    assert!(close(&grad_w, &r.grad_w, dtype), "weight grad {g:?} {dtype:?} ({plan})");
+                },
+            );
+            ran.extend(forwards.into_iter().map(|p| (dtype, "forward", p.name())));
+            ran.extend(inputs.into_iter().map(|p| (dtype, "input", p.name())));
+            ran.extend(weights.into_iter().map(|p| (dtype, "weight", p.name())));
         }
     }
     // Every path this CPU has the kernels for ran somewhere.
-    let wanted = |dtype: DType, needs: bool| needs.then_some(dtype);
-    for (dtype, path) in [
-        wanted(DType::F64, true).map(|d| (d, Forward::Unfold)),
-        wanted(DType::F32, true).map(|d| (d, Forward::Unfold)),
-        wanted(DType::F32, cpu.avx2_fma).map(|d| (d, Forward::Shifted)),
-        wanted(DType::F32, cpu.avx512f).map(|d| (d, Forward::Positions)),
-        wanted(DType::BF16, cpu.bf16).map(|d| (d, Forward::Panels)),
-        wanted(DType::BF16, cpu.bf16).map(|d| (d, Forward::Direct)),
-        wanted(DType::BF16, cpu.bf16).map(|d| (d, Forward::Positions)),
-    ]
-    .into_iter()
-    .flatten()
-    {
+    let wanted = [
+        (DType::F64, "forward", "unfold", true),
+        (DType::F32, "forward", "unfold", true),
+        (DType::F32, "forward", "shifted", cpu.avx2_fma),
+        (DType::F32, "forward", "positions", cpu.avx512f),
+        (DType::BF16, "forward", "panels", cpu.bf16),
+        (DType::BF16, "forward", "direct", cpu.bf16),
+        (DType::BF16, "forward", "positions", cpu.bf16),
+        (DType::F64, "input", "fold", true),
+        (DType::F64, "input", "transposed", true),
+        (DType::F32, "input", "shifted", cpu.avx2_fma),
+        (DType::F32, "input", "positions", cpu.avx512f),
+        (DType::BF16, "input", "fold", true),
+        (DType::BF16, "input", "transposed", true),
+        (DType::BF16, "input", "transposed-direct", cpu.bf16),
+        (DType::BF16, "input", "positions", cpu.bf16),
+        (DType::F64, "weight", "unfold", true),
+        (DType::F32, "weight", "shifted", cpu.avx2_fma),
+        (DType::F32, "weight", "positions", cpu.avx512f),
+        (DType::BF16, "weight", "unfold", true),
+        (DType::BF16, "weight", "positions", cpu.bf16),
+    ];
+    for (dtype, pass, path, runs_here) in wanted {
         assert!(
-            ran.forward.contains(&(dtype, path)),
-            "no case ran {dtype:?} forward {path}"
-        );
-    }
-    for (dtype, path) in [
-        wanted(DType::F64, true).map(|d| (d, InputGrad::Fold)),
-        wanted(DType::F64, true).map(|d| (d, InputGrad::Transposed)),
-        wanted(DType::F32, cpu.avx2_fma).map(|d| (d, InputGrad::Shifted)),
-        wanted(DType::F32, cpu.avx512f).map(|d| (d, InputGrad::Positions)),
-        wanted(DType::BF16, true).map(|d| (d, InputGrad::Fold)),
-        wanted(DType::BF16, true).map(|d| (d, InputGrad::Transposed)),
-        wanted(DType::BF16, cpu.bf16).map(|d| (d, InputGrad::TransposedDirect)),
-        wanted(DType::BF16, cpu.bf16).map(|d| (d, InputGrad::Positions)),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        assert!(
-            ran.input.contains(&(dtype, path)),
-            "no case ran {dtype:?} input grad {path}"
-        );
-    }
-    for (dtype, path) in [
-        wanted(DType::F64, true).map(|d| (d, WeightGrad::Unfold)),
-        wanted(DType::F32, cpu.avx2_fma).map(|d| (d, WeightGrad::Shifted)),
-        wanted(DType::F32, cpu.avx512f).map(|d| (d, WeightGrad::Positions)),
-        wanted(DType::BF16, true).map(|d| (d, WeightGrad::Unfold)),
-        wanted(DType::BF16, cpu.bf16).map(|d| (d, WeightGrad::Positions)),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        assert!(
-            ran.weight.contains(&(dtype, path)),
-            "no case ran {dtype:?} weight grad {path}"
+            !runs_here || ran.contains(&(dtype, pass, path)),
+            "no case ran {dtype:?} {pass} {path}"
         );
     }
 }
@@ -200,38 +185,48 @@ fn the_planner_takes_the_measured_paths() {
     let body_32 = square(64, 64, [32, 32], 3, 1, 1);
     let body_4 = square(64, 512, [4, 4], 3, 1, 1);
     let stem = square(64, 3, [32, 32], 3, 1, 1);
-    // AVX2: shifted copies for same-size stride-1 convolutions, but not a 4x4 weight gradient;
-    // bf16 widened to the same paths.
-    assert_eq!(at(&body_32, 64, DType::F32, &AVX2), "shifted / shifted / shifted");
-    assert_eq!(at(&body_4, 512, DType::F32, &AVX2), "shifted / shifted / unfold");
-    assert_eq!(
-        at(&body_32, 64, DType::BF16, &AVX2),
-        "shifted / shifted / shifted (widened to f32)"
-    );
-    // Three input channels: the input gradient folds columns back.
-    assert_eq!(at(&stem, 64, DType::F32, &AVX2), "shifted / fold / shifted");
-    // AVX-512: positions where enough taps read padding, else gemm; bf16 on its kernel.
-    assert_eq!(
-        at(&body_32, 64, DType::F32, &AVX512_BF16),
-        "unfold / transposed / unfold"
-    );
-    assert_eq!(
-        at(&body_4, 512, DType::F32, &AVX512_BF16),
-        "positions / positions / positions"
-    );
-    assert_eq!(
-        at(&body_32, 64, DType::BF16, &AVX512_BF16),
-        "direct / transposed-direct / unfold"
-    );
-    assert_eq!(
-        at(&body_4, 512, DType::BF16, &AVX512_BF16),
-        "positions / positions / positions"
-    );
-    // f64 takes gemm everywhere.
-    assert_eq!(
-        at(&body_4, 512, DType::F64, &AVX512_BF16),
-        "unfold / transposed / unfold"
-    );
+    let cases = [
+        // AVX2: shifted copies for same-size stride-1 convolutions, but not a 4x4 weight
+        // gradient; bf16 widened to the same paths; three input channels fold columns back.
+        (body_32, 64, DType::F32, AVX2, "shifted / shifted / shifted"),
+        (body_4, 512, DType::F32, AVX2, "shifted / shifted / unfold"),
+        (
+            body_32,
+            64,
+            DType::BF16,
+            AVX2,
+            "shifted / shifted / shifted (widened to f32)",
+        ),
+        (stem, 64, DType::F32, AVX2, "shifted / fold / shifted"),
+        // AVX-512: positions where enough taps read padding, else gemm; bf16 on its kernel;
+        // f64 on gemm everywhere.
+        (body_32, 64, DType::F32, AVX512_BF16, "unfold / transposed / unfold"),
+        (
+            body_4,
+            512,
+            DType::F32,
+            AVX512_BF16,
+            "positions / positions / positions",
+        ),
+        (
+            body_32,
+            64,
+            DType::BF16,
+            AVX512_BF16,
+            "direct / transposed-direct / unfold",
+        ),
+        (
+            body_4,
+            512,
+            DType::BF16,
+            AVX512_BF16,
+            "positions / positions / positions",
+        ),
+        (body_4, 512, DType::F64, AVX512_BF16, "unfold / transposed / unfold"),
+    ];
+    for (g, o, dtype, cpu, want) in cases {
+        assert_eq!(at(&g, o, dtype, &cpu), want, "{g:?} into {o}, {dtype:?} on {cpu:?}");
+    }
     assert_eq!(plan(&body_4, 512, DType::U32, &AVX2, auto), None);
 }
 
