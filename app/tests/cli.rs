@@ -277,8 +277,9 @@ fn an_unknown_device_is_named() {
     assert_fails_with(&out, &["unknown device `tpu:0`", "cpu", "lockstep devices"]);
 }
 
-/// The CPU's details say which kernels its numbers come from; `LOCKSTEP_CPU_CONV` picks the
-/// convolution path, and a value it does not know is said to be ignored.
+/// The CPU's details say which kernels its numbers come from, and which paths ResNet-18's
+/// convolutions take (one line per distinct layer, f32 and bf16); `LOCKSTEP_CPU_CONV` forces
+/// paths, and a value it does not know is said to be ignored.
 #[test]
 fn cpu_details_name_the_kernels_and_the_environment_picks_the_convolutions() {
     let details = |conv: Option<&str>| {
@@ -291,17 +292,34 @@ fn cpu_details_name_the_kernels_and_the_environment_picks_the_convolutions() {
         (String::from_utf8_lossy(&out.stdout).into_owned(), support::stderr(&out))
     };
     let (text, _) = details(None);
-    for needle in ["vector code", "bf16 products", "f32 stride-1 convolutions"] {
+    for needle in [
+        "vector code",
+        "bf16 products",
+        "ResNet-18 convolutions",
+        "3x3/1 3→64 32x32",
+        "3x3/2 64→128 32x32",
+        "1x1/2 256→512 8x8",
+        "3x3/1 512→512 4x4",
+    ] {
         assert!(text.contains(needle), "`devices --details` lacks `{needle}`:\n{text}");
     }
+    let layers = text
+        .lines()
+        .filter(|l| l.contains("f32 ") && l.contains(" · bf16 "))
+        .count();
+    assert_eq!(layers, 11, "one line per distinct convolution of ResNet-18:\n{text}");
     let (text, _) = details(Some("unfold"));
-    assert!(text.contains("unfolded (im2col + GEMM)"), "{text}");
+    let strided = text.lines().find(|l| l.contains("3x3/2 64→128 32x32"));
+    assert!(
+        strided.is_some_and(|l| l.contains("f32 unfold / fold / unfold")),
+        "{text}"
+    );
     let (text, warning) = details(Some("sideways"));
     assert!(
         warning.contains("LOCKSTEP_CPU_CONV=\"sideways\"") && warning.contains("ignored"),
         "{warning}"
     );
-    assert!(text.contains("f32 stride-1 convolutions"), "{text}");
+    assert!(text.contains("ResNet-18 convolutions"), "{text}");
 }
 
 /// `bench --kernels` is refused up front, before any measuring, where it cannot work.

@@ -127,3 +127,31 @@ fn wrong_inputs_are_errors_that_say_what_fits() {
     let err = net.forward(&x).err().unwrap().to_string();
     assert!(err.contains("3 channels") && err.contains("in_channels=1"), "{err}");
 }
+
+/// `conv_layers` lists every convolution the model has (each 4-d weight of its state dict, in
+/// order), with its shape, and the image sizes the stems and strides leave: 32px through the
+/// CIFAR stem to 4x4, 224px through ImageNet's stem and max-pool to 56 and then 7.
+#[test]
+fn conv_layers_are_the_models_convolutions_at_the_sizes_they_see() {
+    let dev = Device::cpu();
+    for (stem, image, first, last) in [(Stem::Cifar, 32, 32, 4), (Stem::ImageNet, 224, 224, 7)] {
+        for name in models::resnet::NAMES {
+            let config = ResNetConfig::named(name).unwrap().stem(stem);
+            let net = resnet(config, &dev, &Generator::new(0)).unwrap();
+            let weights: Vec<(String, Vec<usize>)> =
+                state_of(&net).into_iter().filter(|(_, dims)| dims.len() == 4).collect();
+            let layers = models::resnet::conv_layers(config, 8, [image, image]);
+            let listed: Vec<(String, Vec<usize>)> = layers
+                .iter()
+                .map(|l| {
+                    let g = l.geometry;
+                    (format!("{}.weight", l.name), vec![l.out_channels, g.c, g.kh, g.kw])
+                })
+                .collect();
+            assert_eq!(listed, weights, "{name} {stem:?}");
+            assert_eq!(layers[0].geometry.h, first);
+            let end = layers.last().unwrap().geometry;
+            assert_eq!((end.out_h(), end.n), (last, 8), "{name} {stem:?}");
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! The model is a named `Sequential` (its forward is a chain), so it also splits into pipeline
 //! stages; the residual blocks are modules of their own.
 
+use crate::backend::Conv2dGeometry;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::{
@@ -90,13 +91,170 @@ impl ResNetConfig {
     }
 }
 
-/// A convolution without bias (a batch norm follows each), initialised as torchvision does:
-/// kaiming-normal over fan-out for ReLU.
-fn conv(
+/// One of a ResNet's convolutions: square kernels, padded by half the kernel, no bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConvSpec {
     inputs: usize,
     outputs: usize,
     kernel: usize,
     stride: usize,
+}
+
+/// `(inputs, outputs, kernel, stride)` as a `ConvSpec`.
+const fn spec(inputs: usize, outputs: usize, kernel: usize, stride: usize) -> ConvSpec {
+    ConvSpec {
+        inputs,
+        outputs,
+        kernel,
+        stride,
+    }
+}
+
+impl ConvSpec {
+    /// Its geometry over `n` images of `h x w` pixels.
+    fn geometry(self, n: usize, [h, w]: [usize; 2]) -> Conv2dGeometry {
+        Conv2dGeometry {
+            n,
+            c: self.inputs,
+            h,
+            w,
+            kh: self.kernel,
+            kw: self.kernel,
+            stride: [self.stride; 2],
+            padding: [self.kernel / 2; 2],
+            dilation: [1, 1],
+        }
+    }
+}
+
+/// The stem's convolution.
+fn stem_conv(config: &ResNetConfig) -> ConvSpec {
+    match config.stem {
+        Stem::ImageNet => spec(config.in_channels, 64, 7, 2),
+        Stem::Cifar => spec(config.in_channels, 64, 3, 1),
+    }
+}
+
+/// ImageNet's max-pool after the stem.
+const STEM_POOL: Pool2dOptions = Pool2dOptions {
+    kernel: [3, 3],
+    stride: [2, 2],
+    padding: [1, 1],
+};
+
+/// One residual block's shape: its kind, the channels it takes, its width and its stride.
+#[derive(Clone, Copy, Debug)]
+struct BlockSpec {
+    kind: Block,
+    inplanes: usize,
+    planes: usize,
+    stride: usize,
+}
+
+impl BlockSpec {
+    /// Its convolutions in order (`conv1`, `conv2`, and a bottleneck's `conv3`).
+    fn convs(&self) -> Vec<ConvSpec> {
+        let (inplanes, planes, stride) = (self.inplanes, self.planes, self.stride);
+        match self.kind {
+            Block::Basic => vec![spec(inplanes, planes, 3, stride), spec(planes, planes, 3, 1)],
+            Block::Bottleneck => vec![
+                spec(inplanes, planes, 1, 1),
+                spec(planes, planes, 3, stride),
+                spec(planes, self.outplanes(), 1, 1),
+            ],
+        }
+    }
+
+    fn outplanes(&self) -> usize {
+        self.planes * self.kind.expansion()
+    }
+
+    /// The shortcut's 1x1 projection, where the stride or the width changes.
+    fn downsample(&self) -> Option<ConvSpec> {
+        (self.stride != 1 || self.inplanes != self.outplanes())
+            .then(|| spec(self.inplanes, self.outplanes(), 1, self.stride))
+    }
+}
+
+/// The blocks of each stage `layer1`..`layer4`.
+fn stages(config: &ResNetConfig) -> Vec<Vec<BlockSpec>> {
+    let mut inplanes = 64;
+    let mut stages = Vec::new();
+    for (stage, &blocks) in config.layers.iter().enumerate() {
+        let planes = 64 << stage;
+        let mut specs = Vec::new();
+        for b in 0..blocks {
+            let stride = if stage > 0 && b == 0 { 2 } else { 1 };
+            let block = BlockSpec {
+                kind: config.block,
+                inplanes,
+                planes,
+                stride,
+            };
+            inplanes = block.outplanes();
+            specs.push(block);
+        }
+        stages.push(specs);
+    }
+    stages
+}
+
+/// One convolution of a ResNet over a batch: its parameter's name (`layer2.0.conv1`), its
+/// geometry and its output channels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvLayer {
+    /// The module's name, as in the state dict (`conv1`, `layer2.0.downsample.0`).
+    pub name: String,
+    /// The convolution over the batch's images as they reach it.
+    pub geometry: Conv2dGeometry,
+    /// Output channels.
+    pub out_channels: usize,
+}
+
+/// The convolutions [`resnet`] builds for `config`, in order, over `batch` images of `image`
+/// (`[height, width]`) pixels: for reports of how a backend computes each (`lockstep check`).
+pub fn conv_layers(config: ResNetConfig, batch: usize, image: [usize; 2]) -> Vec<ConvLayer> {
+    let mut layers = Vec::new();
+    let mut push = |name: String, conv: ConvSpec, size: [usize; 2]| {
+        let geometry = conv.geometry(batch, size);
+        layers.push(ConvLayer {
+            name,
+            geometry,
+            out_channels: conv.outputs,
+        });
+        [geometry.out_h(), geometry.out_w()]
+    };
+    let mut size = push("conv1".into(), stem_conv(&config), image);
+    if config.stem == Stem::ImageNet {
+        let [h, w] = size;
+        let pooled =
+            |x: usize| (x + 2 * STEM_POOL.padding[0]).saturating_sub(STEM_POOL.kernel[0]) / STEM_POOL.stride[0] + 1;
+        size = [pooled(h), pooled(w)];
+    }
+    for (stage, blocks) in stages(&config).iter().enumerate() {
+        for (b, block) in blocks.iter().enumerate() {
+            let prefix = format!("layer{}.{b}", stage + 1);
+            let input = size;
+            for (i, conv) in block.convs().into_iter().enumerate() {
+                size = push(format!("{prefix}.conv{}", i + 1), conv, size);
+            }
+            if let Some(conv) = block.downsample() {
+                push(format!("{prefix}.downsample.0"), conv, input);
+            }
+        }
+    }
+    layers
+}
+
+/// A convolution without bias (a batch norm follows each), initialised as torchvision does:
+/// kaiming-normal over fan-out for ReLU.
+fn conv(
+    ConvSpec {
+        inputs,
+        outputs,
+        kernel,
+        stride,
+    }: ConvSpec,
     device: &Device,
     generator: &Generator,
 ) -> Result<Conv2d> {
@@ -122,32 +280,19 @@ pub fn resnet(config: ResNetConfig, device: &Device, generator: &Generator) -> R
             format!("input channels, classes and blocks per stage must be at least 1, got {config:?}"),
         ));
     }
-    let mut model = match config.stem {
-        Stem::ImageNet => Sequential::new()
-            .add_named("conv1", conv(config.in_channels, 64, 7, 2, device, generator)?)
-            .add_named("bn1", BatchNorm2d::new(64, device)?)
-            .add_named("relu", Relu)
-            .add_named(
-                "maxpool",
-                MaxPool2d::with_options(Pool2dOptions {
-                    kernel: [3, 3],
-                    stride: [2, 2],
-                    padding: [1, 1],
-                })?,
-            ),
-        Stem::Cifar => Sequential::new()
-            .add_named("conv1", conv(config.in_channels, 64, 3, 1, device, generator)?)
-            .add_named("bn1", BatchNorm2d::new(64, device)?)
-            .add_named("relu", Relu),
-    };
+    let mut model = Sequential::new()
+        .add_named("conv1", conv(stem_conv(&config), device, generator)?)
+        .add_named("bn1", BatchNorm2d::new(64, device)?)
+        .add_named("relu", Relu);
+    if config.stem == Stem::ImageNet {
+        model = model.add_named("maxpool", MaxPool2d::with_options(STEM_POOL)?);
+    }
     let mut inplanes = 64;
-    for (stage, &blocks) in config.layers.iter().enumerate() {
-        let planes = 64 << stage;
+    for (stage, blocks) in stages(&config).iter().enumerate() {
         let mut layer = Sequential::new();
-        for b in 0..blocks {
-            let stride = if stage > 0 && b == 0 { 2 } else { 1 };
-            layer.push(block(config.block, inplanes, planes, stride, device, generator)?);
-            inplanes = planes * config.block.expansion();
+        for spec in blocks {
+            layer.push(block(spec, device, generator)?);
+            inplanes = spec.outplanes();
         }
         model = model.add_named(format!("layer{}", stage + 1), layer);
     }
@@ -157,40 +302,34 @@ pub fn resnet(config: ResNetConfig, device: &Device, generator: &Generator) -> R
         .add_named("fc", Linear::new(inplanes, config.classes, true, device, generator)?))
 }
 
-/// One residual block from `inplanes` channels, with a 1x1 projection on the shortcut where the
-/// stride or the width changes.
-fn block(
-    kind: Block,
-    inplanes: usize,
-    planes: usize,
-    stride: usize,
-    device: &Device,
-    generator: &Generator,
-) -> Result<Box<dyn Module>> {
-    let outplanes = planes * kind.expansion();
-    let downsample = if stride != 1 || inplanes != outplanes {
-        Some(
+/// One residual block, with a 1x1 projection on the shortcut where the stride or the width
+/// changes.
+fn block(spec: &BlockSpec, device: &Device, generator: &Generator) -> Result<Box<dyn Module>> {
+    let (planes, outplanes) = (spec.planes, spec.outplanes());
+    let downsample = match spec.downsample() {
+        Some(projection) => Some(
             Sequential::new()
-                .add(conv(inplanes, outplanes, 1, stride, device, generator)?)
+                .add(conv(projection, device, generator)?)
                 .add(BatchNorm2d::new(outplanes, device)?),
-        )
-    } else {
-        None
+        ),
+        None => None,
     };
-    Ok(match kind {
+    let mut convs = spec.convs().into_iter().map(|c| conv(c, device, generator));
+    let mut next = || convs.next().expect("a block's convolutions");
+    Ok(match spec.kind {
         Block::Basic => Box::new(BasicBlock {
-            conv1: conv(inplanes, planes, 3, stride, device, generator)?,
+            conv1: next()?,
             bn1: BatchNorm2d::new(planes, device)?,
-            conv2: conv(planes, planes, 3, 1, device, generator)?,
+            conv2: next()?,
             bn2: BatchNorm2d::new(planes, device)?,
             downsample,
         }),
         Block::Bottleneck => Box::new(Bottleneck {
-            conv1: conv(inplanes, planes, 1, 1, device, generator)?,
+            conv1: next()?,
             bn1: BatchNorm2d::new(planes, device)?,
-            conv2: conv(planes, planes, 3, stride, device, generator)?,
+            conv2: next()?,
             bn2: BatchNorm2d::new(planes, device)?,
-            conv3: conv(planes, outplanes, 1, 1, device, generator)?,
+            conv3: next()?,
             bn3: BatchNorm2d::new(outplanes, device)?,
             downsample,
         }),

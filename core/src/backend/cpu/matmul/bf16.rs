@@ -162,7 +162,7 @@ impl Kernel for PackStrips<'_> {
 }
 
 /// The vector side of a product, panel by panel: packed (`PackedPanels`), or read from the
-/// images of a convolution as the kernel goes (`conv_direct`).
+/// images of a convolution as the kernel goes (`conv::direct`).
 pub trait VectorSide: Sync {
     type Panel<'a>: Panel
     where

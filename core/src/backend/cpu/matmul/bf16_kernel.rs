@@ -77,7 +77,7 @@ impl<P: Panel> Panel for &P {
 }
 
 /// A panel whose pairs lie `stride` words apart: `panel[p * stride + c]`, pair `p` of column
-/// `c` (a convolution's input interleaved channel pair by channel pair, `conv_positions`).
+/// `c` (a convolution's input interleaved channel pair by channel pair, `conv::positions`).
 pub struct StridedPanel {
     pub first: *const u32,
     pub stride: usize,

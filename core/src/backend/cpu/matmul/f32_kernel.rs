@@ -1,4 +1,4 @@
-//! An AVX-512 f32 micro-kernel for sums made of pieces (`conv_positions`): `MR` broadcast rows
+//! An AVX-512 f32 micro-kernel for sums made of pieces (`conv::positions`): `MR` broadcast rows
 //! by `NR` vector lanes, 24 accumulators in registers, one fused multiply-add per row and
 //! register for each term. The `gemm` crate's kernels run every other f32 product.
 

@@ -1,25 +1,27 @@
-//! The fused convolution (`conv_fused.rs`) for bf16 under autocast, on the bf16 dot-product
+//! The fused convolution (`conv::fused`) for bf16 under autocast, on the bf16 dot-product
 //! kernel, instead of the composed path's batch-wide bf16 columns and one large product. Each
 //! product's images are unfolded as bf16 (a copy) while in cache; products accumulate
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one
 //! large product does); the input gradient is rounded once from f32, out of the transposed
-//! convolution's accumulators or out of columns folded back in f32. Where enough taps read
-//! padding (8x8 and 4x4 images), the product and both gradients go by output position instead
-//! (`conv_positions`).
+//! convolution's accumulators or out of columns folded back in f32. The plan (`conv/mod.rs`)
+//! says where the product and the gradients go by output position instead (`positions`), and
+//! where the vector side is read from a copy of the images (`direct`) rather than unfolded
+//! into panels (`panels`).
 
 use half::bf16;
 use rayon::prelude::*;
 
-use super::conv::{Planes, col2im_images, im2col_images};
-use super::conv_data_grad::Transposed;
-use super::conv_fused::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
-use super::conv_panels::{LeftRows, PanelScratch, Unfolded};
-use super::conv_positions;
-use super::float::bf16_from_f32_slice;
-use super::matmul::bf16::{Dst, Side, product};
-use super::matmul::bf16_kernel;
-use super::pool::Pool;
+use super::panels::{LeftRows, PanelScratch, Unfolded};
+use super::positions;
+use super::ranges::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
+use super::transposed::Transposed;
+use super::unfold::{Planes, col2im_images, im2col_images};
+use super::{Forward, InputGrad, Plan, WeightGrad};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::float::bf16_from_f32_slice;
+use crate::backend::cpu::matmul::bf16::{Dst, Side, product};
+use crate::backend::cpu::matmul::bf16_kernel;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
 /// Whether this CPU has the kernel; the f32 fused path on widened copies runs where it has not. Where it has, the
@@ -109,8 +111,9 @@ fn turned_product(pool: &Pool, turned: &LeftRows, columns: &Unfolded, by_channel
     unsafe { columns.product(pool, Dst::Bf16(by_channel.as_mut_ptr()), inputs, turned, inputs) };
 }
 
-/// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]`; call only where `available()`.
-pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: usize) -> Vec<bf16> {
+/// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` on `plan`'s path; call only where
+/// `available()`.
+pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: usize, plan: &Plan) -> Vec<bf16> {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
     let mut out = pool.take::<bf16>(o * width);
@@ -118,17 +121,19 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
-    if conv_positions::forward(pool, x, weight, g, o, &mut out) {
+    if plan.forward == Forward::Positions {
+        positions::forward(pool, x, weight, g, o, &mut out);
         return out;
     }
+    let direct = plan.forward == Forward::Direct;
     let per = images_for_columns(g, MIN_COLUMNS);
     let dst = Columns(out.as_mut_ptr());
-    let weight = LeftRows::arrange(pool, g, weight);
+    let weight = LeftRows::arrange(pool, g, weight, direct);
     image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
-        let mut scratch = PanelScratch::take(pool, &Conv2dGeometry { n: per, ..*g });
+        let mut scratch = PanelScratch::take(pool, &Conv2dGeometry { n: per, ..*g }, direct);
         for (first, run) in products(images, per, g) {
             let columns = run.n * pixels;
             let unfolded = scratch.unfold(&x[first * plane..(first + run.n) * plane], Planes::nchw(&run), &run);
@@ -148,7 +153,8 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
 
 /// The product's gradients from `grad` `[o, n·oh·ow]`: the input's `[n, c, h, w]` and the
 /// weight's `[o, c·kh·kw]`, images in one contiguous range per thread, the ranges' f32 weight
-/// sums added in order (deterministic); call only where `available()`.
+/// sums added in order (deterministic); each gradient on `plan`'s path. Call only where
+/// `available()`.
 pub fn backward(
     pool: &Pool,
     x: &[bf16],
@@ -156,6 +162,7 @@ pub fn backward(
     grad: &[bf16],
     g: &Conv2dGeometry,
     o: usize,
+    plan: &Plan,
 ) -> (Vec<bf16>, Vec<bf16>) {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
@@ -166,22 +173,22 @@ pub fn backward(
         grad_w.fill(bf16::ZERO);
         return (grad_x, grad_w);
     }
-    // Where enough of the input gradient's taps read padding (or, strided, no pixel), it is one
-    // product of the whole batch by position after the weight gradient's runs.
-    let by_position = conv_positions::input_gradient::<bf16>(g, o);
+    // By position, the input gradient is one product of the whole batch after the weight
+    // gradient's runs.
+    let by_position = (plan.input == InputGrad::Positions).then(|| positions::InputGradient::new(g, o));
     let input_gradient = by_position.is_none();
-    let transposed = if input_gradient {
-        Transposed::plan(pool, g, o, weight)
-    } else {
-        None
+    let direct = plan.input == InputGrad::TransposedDirect;
+    let transposed = match plan.input {
+        InputGrad::Transposed | InputGrad::TransposedDirect => Transposed::plan(pool, g, o, weight),
+        _ => None,
     };
     // Its weight arranged for the products that read the output gradient.
     let turned = transposed
         .as_ref()
-        .map(|t| LeftRows::arrange(pool, t.geometry(), &t.weight));
+        .map(|t| LeftRows::arrange(pool, t.geometry(), &t.weight, direct));
     let transposed_product = transposed.as_ref().zip(turned.as_ref());
-    // And the weight gradient, tap by tap over the whole batch, where enough taps read padding.
-    let by_tap = conv_positions::weight_gradient::<bf16>(g);
+    // And the weight gradient, tap by tap over the whole batch.
+    let by_tap = (plan.weight == WeightGrad::Positions).then(|| positions::WeightGradient::new(g));
     let weight_gradient = by_tap.is_none();
     let per = images_for_columns(g, MIN_COLUMNS);
     let by_runs = |first, grad_x_range: &mut [bf16]| {
@@ -200,6 +207,7 @@ pub fn backward(
                     n: per,
                     ..*t.geometry()
                 },
+                direct,
             ),
             None => PanelScratch::default(),
         };
@@ -318,10 +326,11 @@ fn run_weight_gradient(
         );
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{POSITIONS, SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
+    use crate::backend::cpu::conv::reference::{POSITIONS, SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
     /// bf16). Only where the CPU has the kernel (it says so otherwise).
@@ -332,15 +341,25 @@ mod tests {
             return;
         }
         let pool = Pool::default();
-        assert!(super::super::conv_direct::applies(&SAME_SIZE));
-        assert!(conv_positions::Plan::forward(&POSITIONS).pays::<bf16>());
-        assert!(conv_positions::input_gradient::<bf16>(&POSITIONS, 97).is_some());
+        let plan = |g: &Conv2dGeometry, o| {
+            super::super::plan(
+                g,
+                o,
+                crate::dtype::DType::BF16,
+                &super::super::Cpu::this(),
+                Default::default(),
+            )
+            .unwrap()
+        };
+        assert_eq!(plan(&SAME_SIZE, 5).forward, Forward::Direct);
+        assert_eq!(plan(&POSITIONS, 5).forward, Forward::Positions);
+        assert_eq!(plan(&POSITIONS, 97).input, InputGrad::Positions);
         // A batch of 48: the weight gradient goes tap by tap as well, beside an input gradient
         // by runs (40 output channels) or by position (97).
         let batch = Conv2dGeometry { n: 48, ..POSITIONS };
-        assert!(conv_positions::weight_gradient::<bf16>(&batch).is_some());
-        assert!(conv_positions::weight_gradient::<bf16>(&POSITIONS).is_none());
-        assert!(conv_positions::input_gradient::<bf16>(&batch, 40).is_none());
+        assert_eq!(plan(&batch, 40).weight, WeightGrad::Positions);
+        assert_ne!(plan(&POSITIONS, 97).weight, WeightGrad::Positions);
+        assert_ne!(plan(&batch, 40).input, InputGrad::Positions);
         for (g, o) in [
             (STRIDED, 5),
             (UNSTRIDED, 5),
@@ -360,10 +379,14 @@ mod tests {
                         .zip(want)
                         .all(|(g, w)| (g.to_f64() - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-6)
             };
-            assert!(close(&forward(&pool, &x, &w, &r.g, r.o), &r.forward));
-            let (grad_x, grad_w) = backward(&pool, &x, &w, &grad, &r.g, r.o);
-            assert!(close(&grad_w, &r.grad_w), "{g:?}");
-            assert!(close(&grad_x, &r.grad_x), "{g:?}");
+            let plan = plan(&g, o);
+            assert!(
+                close(&forward(&pool, &x, &w, &r.g, r.o, &plan), &r.forward),
+                "{g:?} ({plan})"
+            );
+            let (grad_x, grad_w) = backward(&pool, &x, &w, &grad, &r.g, r.o, &plan);
+            assert!(close(&grad_w, &r.grad_w), "{g:?} ({plan})");
+            assert!(close(&grad_x, &r.grad_x), "{g:?} ({plan})");
         }
     }
 }

@@ -7,13 +7,13 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::super::conv::Planes;
-use super::super::conv_fused::{Columns, image_ranges};
-use super::super::pool::Pool;
+use super::super::ranges::{Columns, image_ranges};
+use super::super::unfold::Planes;
 #[cfg(target_arch = "x86_64")]
 use super::store_lanes;
 use super::{OVERRUN, Shifts};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
 /// Output channels a tile sums (weight rows broadcast one by one).
@@ -240,7 +240,7 @@ unsafe fn tile(
 mod tests {
     use super::super::available;
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, reference};
+    use crate::backend::cpu::conv::reference::{SAME_SIZE, reference};
 
     #[test]
     fn shifted_copies_sum_what_unfolding_does() {

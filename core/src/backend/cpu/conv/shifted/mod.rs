@@ -18,10 +18,9 @@ mod weight_grad;
 pub use product::{ShiftedConv, forward};
 pub use weight_grad::{Scratch, WeightGradient};
 
-use super::conv::Planes;
-use super::simd;
+use super::unfold::Planes;
 use crate::backend::Conv2dGeometry;
-use std::sync::OnceLock;
+use crate::backend::cpu::simd;
 
 /// Floats in a cache line, and the alignment of planes and copies.
 const LINE: usize = 16;
@@ -35,24 +34,8 @@ pub fn available() -> bool {
     simd::has_avx2_fma()
 }
 
-/// Whether convolutions should take these kernels: by default where the CPU has AVX2 but not
-/// AVX-512. With AVX-512, `gemm`'s 16-lane kernels (and the bf16 kernel) stay: these 8-lane ones
-/// were measured only beside `gemm`'s AVX2 kernels (Zen 3). `LOCKSTEP_CPU_CONV=shifted` or
-/// `=unfold` overrides that (read once), to measure one path against the other on any CPU.
-pub fn preferred() -> bool {
-    static PREFERRED: OnceLock<bool> = OnceLock::new();
-    *PREFERRED.get_or_init(|| match std::env::var("LOCKSTEP_CPU_CONV").as_deref() {
-        Ok("shifted") => available(),
-        Ok("unfold") => false,
-        Ok(other) => {
-            eprintln!("lockstep: LOCKSTEP_CPU_CONV={other:?} is neither \"shifted\" nor \"unfold\"; ignored");
-            simd::widest_is_avx2()
-        }
-        Err(_) => simd::widest_is_avx2(),
-    })
-}
-
-/// Whether `g` is a convolution these kernels sum: stride 1 and an output the size of its input.
+/// Whether `g` is a convolution these kernels sum: stride 1 and an output the size of its input
+/// (and the CPU has the kernels: the plans below rely on it).
 pub fn applies(g: &Conv2dGeometry) -> bool {
     g.stride == [1, 1] && (g.out_h(), g.out_w()) == (g.h, g.w) && g.h * g.w > 0 && g.c > 0 && available()
 }

@@ -21,12 +21,12 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::conv::Planes;
-use super::matmul::bf16::{VectorSide, join};
-use super::matmul::bf16_kernel::{NR, Panel};
-use super::pool::Pool;
-use super::simd::{Kernel, wide};
+use super::unfold::Planes;
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::matmul::bf16::{VectorSide, join};
+use crate::backend::cpu::matmul::bf16_kernel::{NR, Panel};
+use crate::backend::cpu::pool::Pool;
+use crate::backend::cpu::simd::{Kernel, wide};
 
 /// Where tap `k` of an axis reads: the phase (`k·dilation - padding` mod the stride) and the
 /// shift from an output position to its source within that phase's plane.

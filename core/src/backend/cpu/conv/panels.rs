@@ -3,20 +3,20 @@
 //! Unfolding into plain columns first and packing those wrote and read every column twice more:
 //! the two took a quarter of a bf16 ResNet-18 step. Here two taps at a time unfold into rows
 //! that stay in the L1 cache, and their pairs go straight into the panels. Where the kernel can
-//! read a copy of the images with their channels paired (`conv_direct`), nothing is unfolded,
+//! read a copy of the images with their channels paired (`direct`), nothing is unfolded,
 //! and the other operand's sum is put in that copy's order (`LeftRows`).
 
 use std::borrow::Cow;
 
 use half::bf16;
 
-use super::conv::{Planes, im2col_tap};
-use super::conv_direct::{Direct, Taps, applies, copy_len, paired_len, paired_rows};
-use super::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
-use super::matmul::bf16_kernel::NR;
-use super::pool::Pool;
-use super::simd::{Kernel, wide};
+use super::direct::{Direct, Taps, copy_len, paired_len, paired_rows};
+use super::unfold::{Planes, im2col_tap};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::matmul::bf16::{Dst, PackedPanels, Side, join, product_with};
+use crate::backend::cpu::matmul::bf16_kernel::NR;
+use crate::backend::cpu::pool::Pool;
+use crate::backend::cpu::simd::{Kernel, wide};
 use crate::dtype::HostVec;
 
 /// A task's panels and the two tap rows it unfolds through, or the copy of the images and the
@@ -27,6 +27,8 @@ pub struct PanelScratch {
     taps: Vec<bf16>,
     copy: Vec<u32>,
     table: Taps,
+    /// Whether the panels are read from the copy (`direct`), as the plan says.
+    direct: bool,
 }
 
 /// A convolution's vector side, ready for the product.
@@ -61,10 +63,10 @@ impl Unfolded<'_> {
 }
 
 impl PanelScratch {
-    /// For the unfoldings of up to `g.n` images of `g`.
-    pub fn take(pool: &Pool, g: &Conv2dGeometry) -> PanelScratch {
+    /// For the unfoldings of up to `g.n` images of `g`, read from a copy of the images where
+    /// `direct` (which must apply to `g`), else unfolded into panels.
+    pub fn take(pool: &Pool, g: &Conv2dGeometry, direct: bool) -> PanelScratch {
         let (taps, columns) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
-        let direct = applies(g);
         PanelScratch {
             panels: pool.take(if direct {
                 0
@@ -74,14 +76,15 @@ impl PanelScratch {
             taps: pool.take(if direct { 0 } else { 2 * columns }),
             copy: pool.take(if direct { copy_len(g) } else { 0 }),
             table: Taps::default(),
+            direct,
         }
     }
 
     /// The columns of `g.n` images of `src` (planes at `planes`) as the vector side of a
-    /// product with `g.n·oh·ow` rows: read from a copy of the images where the kernel can
-    /// (`conv_direct`), otherwise unfolded into panels.
+    /// product with `g.n·oh·ow` rows: read from a copy of the images where this scratch is
+    /// `direct`, otherwise unfolded into panels.
     pub fn unfold<'a>(&'a mut self, src: &'a [bf16], planes: Planes, g: &Conv2dGeometry) -> Unfolded<'a> {
-        if applies(g) {
+        if self.direct {
             return Unfolded::Direct(Direct::plan(&mut self.table, &mut self.copy, src, planes, g));
         }
         let taps = g.c * g.kh * g.kw;
@@ -126,7 +129,7 @@ impl PanelScratch {
 
 /// The other operand of a convolution's products, rows over `c·kh·kw` (a weight's
 /// `[rows, c, kh, kw]`), in the order the vector side sums: as given where the columns are
-/// unfolded, by channel pairs where they are read from a copy of the images (`conv_direct`).
+/// unfolded, by channel pairs where they are read from a copy of the images (`direct`).
 pub struct LeftRows<'a> {
     data: Cow<'a, [bf16]>,
     k: usize,
@@ -134,10 +137,11 @@ pub struct LeftRows<'a> {
 }
 
 impl<'a> LeftRows<'a> {
-    /// `rows` arranged for the products of geometry `g`.
-    pub fn arrange(pool: &Pool, g: &Conv2dGeometry, rows: &'a [bf16]) -> LeftRows<'a> {
+    /// `rows` arranged for the products of geometry `g`, their vector side read from a copy of
+    /// the images where `direct`.
+    pub fn arrange(pool: &Pool, g: &Conv2dGeometry, rows: &'a [bf16], direct: bool) -> LeftRows<'a> {
         let kernel = g.kh * g.kw;
-        if applies(g) {
+        if direct {
             return LeftRows {
                 data: Cow::Owned(paired_rows(pool, rows, g.c, kernel)),
                 k: paired_len(g.c, kernel),

@@ -1,11 +1,11 @@
-//! im2col / col2im (convolution as GEMM) and max pooling over contiguous NCHW tensors.
+//! im2col / col2im (convolution as GEMM) over contiguous NCHW tensors.
 
 use rayon::prelude::*;
 
-use super::float::CpuFloat;
-use super::pool::Pool;
-use super::simd::{Kernel, wide};
-use crate::backend::{Conv2dGeometry, Pool2dGeometry};
+use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::float::CpuFloat;
+use crate::backend::cpu::pool::Pool;
+use crate::backend::cpu::simd::{Kernel, wide};
 use crate::dtype::Element;
 
 /// Input row/column read by output position `o` and kernel tap `k`, or None where it is padding.
@@ -66,7 +66,7 @@ pub fn im2col_planes<T: Element>(src: &[T], planes: Planes, out: &mut [T], g: &C
 }
 
 /// Fills row `r` = (channel, ki, kj) of the columns for every image.
-pub(super) fn im2col_tap<T: Element>(src: &[T], planes: Planes, row: &mut [T], r: usize, g: &Conv2dGeometry) {
+pub fn im2col_tap<T: Element>(src: &[T], planes: Planes, row: &mut [T], r: usize, g: &Conv2dGeometry) {
     let zero = T::from_f64(0.0);
     let (oh, ow) = (g.out_h(), g.out_w());
     let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
@@ -247,51 +247,6 @@ fn col2im_plane<T: CpuFloat>(cols: &[T], img: &mut [T], n: usize, c: usize, g: &
                     }
                 }
             }
-        }
-    }
-}
-
-/// Max over each window; the index is the flat position `iy*w + ix` within the input plane.
-pub fn max_pool2d<T: CpuFloat>(pool: &Pool, src: &[T], g: &Pool2dGeometry) -> (Vec<T>, Vec<u32>) {
-    let (oh, ow) = (g.out_h(), g.out_w());
-    let plane = oh * ow;
-    let mut values = pool.take::<T>(g.n * g.c * plane);
-    let mut indices = pool.take::<u32>(g.n * g.c * plane);
-    if plane == 0 {
-        return (values, indices);
-    }
-    values
-        .par_chunks_mut(plane)
-        .zip(indices.par_chunks_mut(plane))
-        .enumerate()
-        .for_each(|(nc, (vals, idx))| max_pool_plane(&src[nc * g.h * g.w..(nc + 1) * g.h * g.w], vals, idx, g));
-    (values, indices)
-}
-
-/// Max over each window of one plane; padding never wins (it is -inf).
-fn max_pool_plane<T: CpuFloat>(img: &[T], vals: &mut [T], idx: &mut [u32], g: &Pool2dGeometry) {
-    let (oh, ow) = (g.out_h(), g.out_w());
-    for y in 0..oh {
-        // The window's rows and columns clipped to the image, computed once per output.
-        let y0 = (y * g.stride[0]).saturating_sub(g.padding[0]);
-        let y1 = (y * g.stride[0] + g.kernel[0]).saturating_sub(g.padding[0]).min(g.h);
-        for x in 0..ow {
-            let x0 = (x * g.stride[1]).saturating_sub(g.padding[1]);
-            let x1 = (x * g.stride[1] + g.kernel[1]).saturating_sub(g.padding[1]).min(g.w);
-            // Every window holds at least one input (padding is at most half the kernel).
-            let mut best = (y0 * g.w + x0, img[y0 * g.w + x0]);
-            for iy in y0..y1 {
-                for ix in x0..x1 {
-                    let v = img[iy * g.w + ix];
-                    // NaN propagates, as in PyTorch.
-                    if v > best.1 || (v.is_nan() && !best.1.is_nan()) {
-                        best = (iy * g.w + ix, v);
-                    }
-                }
-            }
-            let best = (best.0 as u32, best.1);
-            vals[y * ow + x] = best.1;
-            idx[y * ow + x] = best.0;
         }
     }
 }

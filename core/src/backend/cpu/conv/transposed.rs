@@ -5,14 +5,10 @@
 //! (`o`) into `c·kh·kw x pixels` columns folded back by `col2im`, which took 14% of a bf16
 //! ResNet-18 step.
 
-use super::conv::{Planes, im2col_planes};
-use super::pool::Pool;
+use super::unfold::{Planes, im2col_planes};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::Element;
-
-/// Input channels below which folding columns back is faster: the product's rows are the
-/// input channels.
-const MIN_CHANNELS: usize = 8;
 
 /// The transposed convolution that gives the input gradient of a stride-1 convolution.
 pub struct Transposed<T> {
@@ -25,29 +21,36 @@ pub struct Transposed<T> {
     image: Conv2dGeometry,
 }
 
+/// One image of the transposed convolution that gives `g`'s input gradient (`o` channels out):
+/// the gradient's `o` channels of `oh x ow` in, the input's `h x w` out. None where `g` strides
+/// (the gradient would need zeros between its pixels) or pads more than `dilation·(k-1)` (a
+/// negative padding).
+pub fn geometry(g: &Conv2dGeometry, o: usize) -> Option<Conv2dGeometry> {
+    let reach = |k: usize, dilation: usize| dilation * k.saturating_sub(1);
+    let (reach_h, reach_w) = (reach(g.kh, g.dilation[0]), reach(g.kw, g.dilation[1]));
+    if g.stride != [1, 1] || g.padding[0] > reach_h || g.padding[1] > reach_w {
+        return None;
+    }
+    let image = Conv2dGeometry {
+        n: 1,
+        c: o,
+        h: g.out_h(),
+        w: g.out_w(),
+        kh: g.kh,
+        kw: g.kw,
+        stride: [1, 1],
+        padding: [reach_h - g.padding[0], reach_w - g.padding[1]],
+        dilation: g.dilation,
+    };
+    debug_assert_eq!((image.out_h(), image.out_w()), (g.h, g.w));
+    Some(image)
+}
+
 impl<T: Element> Transposed<T> {
     /// The transposed convolution of `g` (`o` channels out, `weight` `[o, c, kh, kw]`), or None
-    /// where `g` strides (the gradient would need zeros between its pixels), pads more than
-    /// `dilation·(k-1)` (a negative padding) or has too few input channels to fill the
-    /// product's rows (a 3-channel stem's backward pass took 2.9x as long).
+    /// where it has none (see `geometry`).
     pub fn plan(pool: &Pool, g: &Conv2dGeometry, o: usize, weight: &[T]) -> Option<Transposed<T>> {
-        let reach = |k: usize, dilation: usize| dilation * k.saturating_sub(1);
-        let (reach_h, reach_w) = (reach(g.kh, g.dilation[0]), reach(g.kw, g.dilation[1]));
-        if g.stride != [1, 1] || g.padding[0] > reach_h || g.padding[1] > reach_w || g.c < MIN_CHANNELS {
-            return None;
-        }
-        let image = Conv2dGeometry {
-            n: 1,
-            c: o,
-            h: g.out_h(),
-            w: g.out_w(),
-            kh: g.kh,
-            kw: g.kw,
-            stride: [1, 1],
-            padding: [reach_h - g.padding[0], reach_w - g.padding[1]],
-            dilation: g.dilation,
-        };
-        debug_assert_eq!((image.out_h(), image.out_w()), (g.h, g.w));
+        let image = geometry(g, o)?;
         let kernel = g.kh * g.kw;
         let mut turned = pool.take::<T>(g.c * o * kernel);
         for (ci, row) in turned.chunks_exact_mut(o * kernel).enumerate() {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::backend::cpu::conv::im2col_tap;
+use crate::backend::cpu::conv::unfold::im2col_tap;
 use crate::backend::cpu::matmul::bf16_kernel;
 
 fn geometry(

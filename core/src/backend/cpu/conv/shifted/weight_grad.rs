@@ -6,7 +6,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::super::conv::Planes;
+use super::super::unfold::Planes;
 #[cfg(target_arch = "x86_64")]
 use super::store_lanes;
 use super::{LINE, Shifts};
@@ -19,9 +19,6 @@ const TR: usize = 6;
 /// Pixels per pass over an image: a tile's packed rows (16 KB for one image) stay in L1 while
 /// the terms pass.
 const QC: usize = 256;
-/// Planes below this many pixels unfold instead: a 4x4 layer's tiles sum 16 pixels an image
-/// between jumps (512 channels at batch 64: backward pass 107 ms, 97 unfolded).
-const MIN_PIXELS: usize = 64;
 /// Blocks of rows per group: their packed rows stay in L2 while every block of terms passes
 /// over them, and each block of terms (6 streams from the copies) stays in L1 across the group.
 const GROUP: usize = 8;
@@ -39,14 +36,9 @@ pub struct Scratch {
 }
 
 impl WeightGradient {
-    /// Whether `g` is a convolution the shifted kernels sum, its planes large enough for them.
-    pub fn applies(g: &Conv2dGeometry) -> bool {
-        g.h * g.w >= MIN_PIXELS && super::applies(g)
-    }
-
-    /// `None` where `g` is not one that `applies`.
+    /// `None` where `g` is not a convolution the shifted kernels sum (`super::applies`).
     pub fn plan(g: &Conv2dGeometry, rows: usize, per: usize) -> Option<WeightGradient> {
-        let shifts = Shifts::plan(g, per).filter(|_| g.h * g.w >= MIN_PIXELS)?;
+        let shifts = Shifts::plan(g, per)?;
         Some(WeightGradient { shifts, rows })
     }
 
@@ -218,7 +210,7 @@ unsafe fn tile(
 mod tests {
     use super::super::available;
     use super::*;
-    use crate::backend::cpu::conv_fused::tests::{SAME_SIZE, reference};
+    use crate::backend::cpu::conv::reference::{SAME_SIZE, reference};
     use crate::backend::cpu::pool::Pool;
 
     #[test]

@@ -3,79 +3,59 @@
 //! GEMM; here each thread unfolds one image (or, for small images, a few: see
 //! `images_per_product`) into columns that stay in its cache (2.3 MB for 64 channels of 32x32)
 //! and multiplies them at once, single-threaded, while the other threads do other images. The
-//! results are laid out as the composed path's: `[o, n·oh·ow]`. The input gradient of a
-//! stride-1 convolution is a transposed convolution (`conv_data_grad`). In f32 on AVX2, stride-1
-//! convolutions that keep their image size (ResNet's 3x3s) unfold nothing: their products sum
-//! shifted copies of the images (`conv_shifted`). In f32 on AVX-512, where enough taps read
-//! padding, the product and both gradients go by output position (`conv_positions`).
+//! results are laid out as the composed path's: `[o, n·oh·ow]`. The plan (`conv/mod.rs`) says
+//! which path each pass takes: these runs of unfolded images, or in f32 the shifted copies
+//! (`shifted`) or output positions (`positions`); the input gradient folded back, or as a
+//! transposed convolution (`transposed`).
 
 use rayon::prelude::*;
 
-use super::conv::{Planes, col2im_images, im2col_images};
-use super::conv_data_grad::Transposed;
-use super::conv_shifted::{self, Scratch, ShiftedConv, WeightGradient};
-use super::float::CpuFloat;
-use super::matmul::GemmElement;
-use super::pool::Pool;
+use super::ranges::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
+use super::shifted::{self, Scratch, ShiftedConv, WeightGradient};
+use super::transposed::Transposed;
+use super::unfold::{Planes, col2im_images, im2col_images};
+use super::{Forward, InputGrad, Plan, WeightGrad};
 use crate::backend::Conv2dGeometry;
+use crate::backend::cpu::float::CpuFloat;
+use crate::backend::cpu::matmul::GemmElement;
+use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
-/// f32 products, input gradients and weight gradients by output position (`conv_positions`),
-/// which need AVX-512; elsewhere none.
+/// f32 products, input gradients and weight gradients by output position (`positions`), which
+/// exist on x86-64 only; the planner never picks them elsewhere.
 #[cfg(target_arch = "x86_64")]
 mod by_position {
-    pub use super::super::conv_positions::{InputGradient, WeightGradient};
-    pub fn input_gradient(g: &super::Conv2dGeometry, o: usize) -> Option<InputGradient> {
-        super::super::conv_positions::input_gradient::<f32>(g, o)
-    }
-    pub fn forward(
-        pool: &super::Pool,
-        x: &[f32],
-        w: &[f32],
-        g: &super::Conv2dGeometry,
-        o: usize,
-        out: &mut [f32],
-    ) -> bool {
-        super::super::conv_positions::forward::<f32>(pool, x, w, g, o, out)
-    }
-    pub fn weight_gradient(g: &super::Conv2dGeometry) -> Option<WeightGradient> {
-        super::super::conv_positions::weight_gradient::<f32>(g)
+    pub use super::super::positions::{InputGradient, WeightGradient};
+    pub fn forward(pool: &super::Pool, x: &[f32], w: &[f32], g: &super::Conv2dGeometry, o: usize, out: &mut [f32]) {
+        super::super::positions::forward::<f32>(pool, x, w, g, o, out)
     }
 }
 #[cfg(not(target_arch = "x86_64"))]
 mod by_position {
     use super::{Conv2dGeometry, Pool};
+    const ABSENT: &str = "the positions path exists on x86-64 only";
     pub enum InputGradient {}
     impl InputGradient {
+        pub fn new(_: &Conv2dGeometry, _: usize) -> InputGradient {
+            unreachable!("{ABSENT}")
+        }
         pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: &mut [f32]) {
             match *self {}
         }
     }
-    pub fn input_gradient(_: &Conv2dGeometry, _: usize) -> Option<InputGradient> {
-        None
-    }
-    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) -> bool {
-        false
+    pub fn forward(_: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) {
+        unreachable!("{ABSENT}")
     }
     pub enum WeightGradient {}
     impl WeightGradient {
+        pub fn new(_: &Conv2dGeometry) -> WeightGradient {
+            unreachable!("{ABSENT}")
+        }
         pub fn run(&self, _: &Pool, _: &[f32], _: &[f32], _: &Conv2dGeometry, _: usize, _: &mut [f32]) {
             match *self {}
         }
     }
-    pub fn weight_gradient(_: &Conv2dGeometry) -> Option<WeightGradient> {
-        None
-    }
 }
-
-/// A pointer the image tasks share, each writing only its own columns of the output.
-#[derive(Clone, Copy)]
-pub(super) struct Columns<T>(pub(super) *mut T);
-// SAFETY: the tasks that receive it write disjoint elements (image i's columns i·p..(i+1)·p of
-// every row), and the buffer outlives them (the parallel loop ends before it is returned).
-unsafe impl<T: Send> Send for Columns<T> {}
-// SAFETY: as above; no element is read or written by two tasks.
-unsafe impl<T: Send> Sync for Columns<T> {}
 
 /// `dst = (accumulate ? dst : 0) + a @ b` on one thread, for an `m x k` by `k x n` product; each
 /// matrix given by its first element and its (row, column) strides in elements.
@@ -120,19 +100,6 @@ unsafe fn product<T: GemmElement>(
     }
 }
 
-/// Images per task: one contiguous range per thread, so each allocates its scratch once.
-pub(super) fn images_per_range(n: usize) -> usize {
-    n.div_ceil(rayon::current_num_threads()).max(1)
-}
-
-/// The batch's `n` images as one contiguous range per thread, in parallel.
-pub(super) fn image_ranges(n: usize) -> impl ParallelIterator<Item = std::ops::Range<usize>> {
-    let per_range = images_per_range(n);
-    (0..n.div_ceil(per_range))
-        .into_par_iter()
-        .map(move |r| r * per_range..((r + 1) * per_range).min(n))
-}
-
 /// Weights above this many elements (4 MiB in f32, beyond a core's L2 cache) are read by
 /// products of at least `WIDE_COLUMNS` columns; smaller ones by one product per image.
 const LARGE_WEIGHT: usize = 1 << 20;
@@ -153,52 +120,16 @@ fn images_per_product(g: &Conv2dGeometry, o: usize) -> usize {
     images_for_columns(g, if large { WIDE_COLUMNS } else { 1 })
 }
 
-/// The fewest images whose output pixels reach `columns`, within a thread's range.
-pub(super) fn images_for_columns(g: &Conv2dGeometry, columns: usize) -> usize {
-    columns
-        .div_ceil((g.out_h() * g.out_w()).max(1))
-        .clamp(1, images_per_range(g.n))
-}
-
-/// `range` cut into runs of at most `per` images, each with its geometry.
-pub(super) fn products(
-    range: std::ops::Range<usize>,
-    per: usize,
+/// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` (one group), on `plan`'s path.
+pub fn forward<T: GemmElement + CpuFloat>(
+    pool: &Pool,
+    x: &[T],
+    weight: &[T],
     g: &Conv2dGeometry,
-) -> impl Iterator<Item = (usize, Conv2dGeometry)> + '_ {
-    range.clone().step_by(per).map(move |first| {
-        let n = per.min(range.end - first);
-        (first, Conv2dGeometry { n, ..*g })
-    })
-}
-
-/// Scratch for the transposed input gradient's rows of a run of `per` images of `plane`
-/// elements, laid out image by image afterwards; none where runs are single images.
-pub(super) fn staging_len(per: usize, plane: usize) -> usize {
-    if per > 1 { per * plane } else { 0 }
-}
-
-/// The backward passes' split: `grad_x` (`n` images of `plane` elements) cut into one
-/// contiguous range of images per thread, `range(first_image, its_grad_x)` filling its part and
-/// returning its partial weight gradient; the partials in range order, so summing them in order
-/// does not depend on scheduling.
-pub(super) fn per_image_range<T: Send, P: Send>(
-    grad_x: &mut [T],
-    n: usize,
-    plane: usize,
-    range: impl Fn(usize, &mut [T]) -> P + Sync,
-) -> Vec<P> {
-    let per_range = images_per_range(n);
-    grad_x
-        .par_chunks_mut(per_range * plane)
-        .enumerate()
-        .map(|(r, grad_x_range)| range(r * per_range, grad_x_range))
-        .collect()
-}
-
-/// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` (one group).
-pub fn forward<T: GemmElement + CpuFloat>(pool: &Pool, x: &[T], weight: &[T], g: &Conv2dGeometry, o: usize) -> Vec<T> {
-    forward_in_runs(pool, x, weight, g, o, images_per_product(g, o))
+    o: usize,
+    plan: &Plan,
+) -> Vec<T> {
+    forward_in_runs(pool, x, weight, g, o, images_per_product(g, o), plan)
 }
 
 /// `forward` with products of `per` images.
@@ -209,6 +140,7 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
     per: usize,
+    plan: &Plan,
 ) -> Vec<T> {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
@@ -217,23 +149,16 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
         out.fill(T::zero());
         return out;
     }
-    if let (true, Some(x), Some(weight), Some(out32)) = (
-        conv_shifted::preferred(),
-        T::as_f32(x),
-        T::as_f32(weight),
-        T::as_f32_mut(&mut out),
-    ) && conv_shifted::forward(pool, x, weight, g, o, per, out32)
+    if let (Forward::Shifted, Some(x), Some(weight), Some(out32)) =
+        (plan.forward, T::as_f32(x), T::as_f32(weight), T::as_f32_mut(&mut out))
+        && shifted::forward(pool, x, weight, g, o, per, out32)
     {
         return out;
     }
-    // Else, where enough taps read padding, by output position (AVX-512).
-    if let (false, Some(x), Some(weight), Some(out32)) = (
-        conv_shifted::preferred(),
-        T::as_f32(x),
-        T::as_f32(weight),
-        T::as_f32_mut(&mut out),
-    ) && by_position::forward(pool, x, weight, g, o, out32)
+    if let (Forward::Positions, Some(x), Some(weight), Some(out32)) =
+        (plan.forward, T::as_f32(x), T::as_f32(weight), T::as_f32_mut(&mut out))
     {
+        by_position::forward(pool, x, weight, g, o, out32);
         return out;
     }
     let dst = Columns(out.as_mut_ptr());
@@ -269,7 +194,7 @@ fn forward_in_runs<T: GemmElement + CpuFloat>(
 /// The product's gradients from `grad` `[o, n·oh·ow]`: the input's `[n, c, h, w]` and the
 /// weight's `[o, c·kh·kw]`. Images are split into one contiguous range per thread; each range
 /// sums its own weight gradient, and the ranges' sums are added in order, so the result does
-/// not depend on scheduling.
+/// not depend on scheduling. Each gradient on `plan`'s path.
 pub fn backward<T: GemmElement + CpuFloat>(
     pool: &Pool,
     x: &[T],
@@ -277,15 +202,17 @@ pub fn backward<T: GemmElement + CpuFloat>(
     grad: &[T],
     g: &Conv2dGeometry,
     o: usize,
+    plan: &Plan,
 ) -> (Vec<T>, Vec<T>) {
-    let per = match T::as_f32(x).is_some() && conv_shifted::preferred() && WeightGradient::applies(g) {
+    let per = match T::as_f32(x).is_some() && plan.weight == WeightGrad::Shifted {
         true => images_for_columns(g, SHIFTED_COLUMNS),
         false => images_per_product(g, o),
     };
-    backward_in_runs(pool, x, weight, grad, g, o, per)
+    backward_in_runs(pool, x, weight, grad, g, o, per, plan)
 }
 
 /// `backward` with products of `per` images.
+#[allow(clippy::too_many_arguments)] // the operands, their geometry, the runs and the plan
 fn backward_in_runs<T: GemmElement + CpuFloat>(
     pool: &Pool,
     x: &[T],
@@ -294,6 +221,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     g: &Conv2dGeometry,
     o: usize,
     per: usize,
+    plan: &Plan,
 ) -> (Vec<T>, Vec<T>) {
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
@@ -306,7 +234,7 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     }
     // The weight gradient summed from shifted copies of the images (f32, AVX2).
     let by_shifts = T::as_f32(x)
-        .filter(|_| conv_shifted::preferred())
+        .filter(|_| plan.weight == WeightGrad::Shifted)
         .and_then(|_| WeightGradient::plan(g, o, per));
     let partial_layout = match by_shifts {
         Some(_) => PartialLayout::ColumnMajor,
@@ -314,22 +242,25 @@ fn backward_in_runs<T: GemmElement + CpuFloat>(
     };
     // By output position (f32, AVX-512): the input gradient after the weight gradient's runs,
     // and the weight gradient tap by tap over the whole batch.
-    let positions = T::as_f32(x).is_some() && !conv_shifted::preferred();
-    let by_position = positions.then(|| by_position::input_gradient(g, o)).flatten();
-    let by_tap = positions.then(|| by_position::weight_gradient(g)).flatten();
+    let f32 = T::as_f32(x).is_some();
+    let by_position = (f32 && plan.input == InputGrad::Positions).then(|| by_position::InputGradient::new(g, o));
+    let by_tap = (f32 && plan.weight == WeightGrad::Positions).then(|| by_position::WeightGradient::new(g));
     let weight_gradient = by_tap.is_none();
     if weight_gradient {
         // The runs' partial sums are added into it; tap by tap, every element is written.
         grad_w.fill(T::zero());
     }
-    let transposed = match by_position {
-        Some(_) => None,
-        None => Transposed::plan(pool, g, o, weight),
+    let transposed = match plan.input {
+        InputGrad::Transposed | InputGrad::Shifted => Transposed::plan(pool, g, o, weight),
+        _ => None,
     };
     // The transposed convolution summed from shifted copies of the gradient (f32, AVX2).
-    let shifted = transposed.as_ref().filter(|_| conv_shifted::preferred()).and_then(|t| {
-        T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
-    });
+    let shifted = transposed
+        .as_ref()
+        .filter(|_| plan.input == InputGrad::Shifted)
+        .and_then(|t| {
+            T::as_f32(&t.weight).and_then(|turned| ShiftedConv::plan(pool, turned, t.geometry(), t.channels(), per))
+        });
     let by_runs = |first, grad_x_range: &mut [T]| {
         // Written whole by the range's first product (no accumulation), then summed into.
         let mut partial = pool.take::<T>(if weight_gradient { o * taps } else { 0 });
@@ -590,213 +521,4 @@ impl PartialLayout {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use super::*;
-
-    /// A convolution's inputs and its results by plain loops in f64, for the fused paths to
-    /// match: strides, padding, dilation, an odd tap count (81) and a batch that does not divide
-    /// among the threads. The values are multiples of 1/8 in [-1, 1], exact in bf16 too.
-    pub struct Reference {
-        pub g: Conv2dGeometry,
-        pub o: usize,
-        pub x: Vec<f64>,
-        pub w: Vec<f64>,
-        pub grad: Vec<f64>,
-        pub forward: Vec<f64>,
-        pub grad_x: Vec<f64>,
-        pub grad_w: Vec<f64>,
-    }
-
-    /// Strides 2 x 1: the input gradient folds columns back (`col2im`).
-    pub const STRIDED: Conv2dGeometry = Conv2dGeometry {
-        n: 5,
-        c: 9,
-        h: 7,
-        w: 6,
-        kh: 3,
-        kw: 3,
-        stride: [2, 1],
-        padding: [1, 1],
-        dilation: [1, 2],
-    };
-
-    /// Stride 1, padding below and at `dilation·(k-1)`: the input gradient is the transposed
-    /// convolution (`conv_data_grad`), its sum odd too (5·3·3).
-    pub const UNSTRIDED: Conv2dGeometry = Conv2dGeometry {
-        stride: [1, 1],
-        padding: [1, 1],
-        dilation: [2, 1],
-        ..STRIDED
-    };
-
-    /// Stride 1, padding 1, 8x8 images: the forward product and the transposed input gradient
-    /// read their vector side from the images in bf16 (`conv_direct`).
-    pub const SAME_SIZE: Conv2dGeometry = Conv2dGeometry {
-        n: 3,
-        h: 8,
-        w: 8,
-        stride: [1, 1],
-        padding: [1, 1],
-        dilation: [1, 1],
-        ..STRIDED
-    };
-
-    pub fn reference(pool: &Pool, g: Conv2dGeometry) -> Reference {
-        reference_with(pool, g, 5)
-    }
-
-    /// `reference` with `o` output channels.
-    pub fn reference_with(pool: &Pool, g: Conv2dGeometry, o: usize) -> Reference {
-        let (taps, width) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
-        let value = |i: usize, salt: usize| ((i * 7 + salt * 13) % 17) as f64 / 8.0 - 1.0;
-        let x: Vec<f64> = (0..g.n * g.c * g.h * g.w).map(|i| value(i, 1)).collect();
-        let w: Vec<f64> = (0..o * taps).map(|i| value(i, 2)).collect();
-        let grad: Vec<f64> = (0..o * width).map(|i| value(i, 3)).collect();
-        let cols = super::super::conv::im2col(pool, &x, &g);
-        let matmul = |a: &dyn Fn(usize, usize) -> f64, b: &dyn Fn(usize, usize) -> f64, m, k, n| {
-            (0..m * n)
-                .map(|e| (0..k).map(|t| a(e / n, t) * b(t, e % n)).sum::<f64>())
-                .collect::<Vec<f64>>()
-        };
-        let forward = matmul(&|r, t| w[r * taps + t], &|t, p| cols[t * width + p], o, taps, width);
-        let grad_w = matmul(&|r, p| grad[r * width + p], &|p, t| cols[t * width + p], o, width, taps);
-        let grad_cols = matmul(&|t, r| w[r * taps + t], &|r, p| grad[r * width + p], taps, o, width);
-        let grad_x = super::super::conv::col2im(pool, &grad_cols, &g);
-        Reference {
-            g,
-            o,
-            x,
-            w,
-            grad,
-            forward,
-            grad_x,
-            grad_w,
-        }
-    }
-
-    /// 30 images of 4x4 with 96 channels: where the CPU has the kernels, their input gradients
-    /// (and, in bf16, their products) take tiles of one position in 32 images
-    /// (`conv_positions`), the last lanes left empty.
-    pub const POSITIONS: Conv2dGeometry = Conv2dGeometry {
-        n: 30,
-        c: 96,
-        h: 4,
-        w: 4,
-        ..SAME_SIZE
-    };
-
-    /// Output images of 16x16, for the column-major weight gradient (`PartialLayout`).
-    pub const WIDE: Conv2dGeometry = Conv2dGeometry {
-        n: 2,
-        h: 16,
-        w: 16,
-        padding: [2, 1],
-        ..UNSTRIDED
-    };
-
-    #[test]
-    fn the_fused_product_and_its_gradients_match_plain_loops() {
-        let pool = Pool::default();
-        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9) && a.len() == b.len();
-        for g in [STRIDED, UNSTRIDED, WIDE, SAME_SIZE] {
-            let r = reference(&pool, g);
-            // One image a product, and runs of 2 and 3 (a weight too large for one image).
-            for per in [1, 2, 3] {
-                let forward = forward_in_runs(&pool, &r.x, &r.w, &r.g, r.o, per);
-                assert!(close(&forward, &r.forward), "{g:?}, {per} a product");
-                let (grad_x, grad_w) = backward_in_runs(&pool, &r.x, &r.w, &r.grad, &r.g, r.o, per);
-                assert!(close(&grad_w, &r.grad_w), "{g:?}, {per} a product");
-                assert!(close(&grad_x, &r.grad_x), "{g:?}, {per} a product");
-            }
-        }
-        assert_eq!(PartialLayout::for_product(5, 81, 256), PartialLayout::ColumnMajor);
-    }
-
-    /// In f32 a same-size stride-1 convolution's products sum shifted copies of their images on
-    /// AVX2 without AVX-512 (`conv_shifted`), else unfold; the values are exact in f32 either way.
-    #[test]
-    fn f32_products_match_plain_loops() {
-        let pool = Pool::default();
-        let narrow = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-        let exact = |a: &[f32], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| f64::from(x) == y);
-        // Planes of 17x17: more pixels than one pass of the weight gradient, and a last tile
-        // that overruns the plane.
-        let large = Conv2dGeometry {
-            n: 2,
-            h: 17,
-            w: 17,
-            ..SAME_SIZE
-        };
-        // And 8x8 at stride 2: on AVX-512 their input gradients take tiles of one position
-        // (`conv_positions`).
-        let strided = Conv2dGeometry {
-            c: 16,
-            h: 8,
-            w: 8,
-            stride: [2, 2],
-            ..POSITIONS
-        };
-        // And 128 channels: the product goes by position too (a sum long enough); and a batch of
-        // 72: the weight gradient goes tap by tap.
-        let deep = Conv2dGeometry { c: 128, ..POSITIONS };
-        let batch = Conv2dGeometry {
-            n: 72,
-            c: 32,
-            ..POSITIONS
-        };
-        #[cfg(target_arch = "x86_64")]
-        if super::super::matmul::f32_kernel::available() {
-            assert!(by_position::input_gradient(&POSITIONS, 128).is_some());
-            assert!(by_position::input_gradient(&strided, 416).is_some());
-            let r = reference_with(&pool, deep, 40);
-            let mut out = vec![0.0; r.forward.len()];
-            assert!(by_position::forward(
-                &pool,
-                &narrow(&r.x),
-                &narrow(&r.w),
-                &deep,
-                40,
-                &mut out
-            ));
-            assert!(exact(&out, &r.forward));
-            assert!(by_position::weight_gradient(&batch).is_some());
-            assert!(by_position::weight_gradient(&POSITIONS).is_none());
-        }
-        for (g, o) in [
-            (SAME_SIZE, 5),
-            (WIDE, 5),
-            (large, 5),
-            (STRIDED, 5),
-            (POSITIONS, 128),
-            (strided, 416),
-            (deep, 40),
-            (batch, 8),
-            (batch, 128),
-        ] {
-            let r = reference_with(&pool, g, o);
-            let (x, w, grad) = (narrow(&r.x), narrow(&r.w), narrow(&r.grad));
-            for per in [1, 2] {
-                assert!(
-                    exact(&forward_in_runs(&pool, &x, &w, &g, r.o, per), &r.forward),
-                    "{g:?}, {per} a product"
-                );
-                let (grad_x, grad_w) = backward_in_runs(&pool, &x, &w, &grad, &g, r.o, per);
-                assert!(exact(&grad_w, &r.grad_w), "{g:?}, {per} a product");
-                assert!(exact(&grad_x, &r.grad_x), "{g:?}, {per} a product");
-            }
-        }
-    }
-
-    #[test]
-    fn only_unstrided_convolutions_take_the_transposed_input_gradient() {
-        let pool = Pool::default();
-        let plan = |g: &Conv2dGeometry| Transposed::plan(&pool, g, 5, &vec![0f32; 5 * g.c * g.kh * g.kw]).is_some();
-        assert!(plan(&UNSTRIDED));
-        assert!(!plan(&STRIDED));
-        // Padding past dilation·(k-1) would need a negative padding.
-        assert!(!plan(&Conv2dGeometry {
-            padding: [5, 1],
-            ..UNSTRIDED
-        }));
-    }
-}
+mod tests;

@@ -1,0 +1,101 @@
+//! The CPU backend's operations along a tensor's last axis (softmax, layer norm) and dropout.
+
+use super::float::ViaF32;
+use super::pool::Pool;
+use super::{CpuBackend, check_len, cpu, dropout, layer_norm, softmax};
+use crate::backend::BufferRef;
+use crate::dtype::HostVec;
+use crate::error::{Error, Result};
+use crate::{float_binary_dispatch, float_unary_dispatch};
+
+pub(super) fn softmax_last(dev: &CpuBackend, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+    let data = cpu("softmax", src)?.read();
+    check_len("softmax", &data, rows * cols)?;
+    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "softmax", &*data, |v| {
+        softmax::softmax(&dev.pool, v, cols)
+    })))
+}
+
+pub(super) fn log_softmax_last(dev: &CpuBackend, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
+    let data = cpu("log_softmax", src)?.read();
+    check_len("log_softmax", &data, rows * cols)?;
+    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "log_softmax", &*data, |v| {
+        softmax::log_softmax(&dev.pool, v, cols)
+    })))
+}
+
+pub(super) fn softmax_last_backward(
+    dev: &CpuBackend,
+    grad: &BufferRef,
+    out: &BufferRef,
+    rows: usize,
+    cols: usize,
+) -> Result<BufferRef> {
+    const OP: &str = "softmax_backward";
+    let (g, y) = (cpu(OP, grad)?.read(), cpu(OP, out)?.read());
+    check_len(OP, &g, rows * cols)?;
+    check_len(OP, &y, rows * cols)?;
+    Ok(dev.wrap(float_binary_dispatch!(&dev.pool, OP, &*g, &*y, |g, y| {
+        softmax::softmax_backward(&dev.pool, g, y, cols)
+    })))
+}
+
+pub(super) fn layer_norm_last(
+    dev: &CpuBackend,
+    src: &BufferRef,
+    rows: usize,
+    cols: usize,
+    eps: f64,
+) -> Result<BufferRef> {
+    let data = cpu("layer_norm", src)?.read();
+    check_len("layer_norm", &data, rows * cols)?;
+    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "layer_norm", &*data, |v| {
+        layer_norm::forward(&dev.pool, v, cols, eps)
+    })))
+}
+
+pub(super) fn layer_norm_last_backward(
+    dev: &CpuBackend,
+    grad: &BufferRef,
+    src: &BufferRef,
+    rows: usize,
+    cols: usize,
+    eps: f64,
+) -> Result<BufferRef> {
+    const OP: &str = "layer_norm_backward";
+    let (g, x) = (cpu(OP, grad)?.read(), cpu(OP, src)?.read());
+    check_len(OP, &g, rows * cols)?;
+    check_len(OP, &x, rows * cols)?;
+    Ok(dev.wrap(float_binary_dispatch!(&dev.pool, OP, &*g, &*x, |g, x| {
+        layer_norm::backward(&dev.pool, g, x, cols, eps)
+    })))
+}
+
+pub(super) fn dropout(
+    dev: &CpuBackend,
+    src: &BufferRef,
+    len: usize,
+    p: f64,
+    seed: u64,
+    counter: u64,
+) -> Result<BufferRef> {
+    let data = cpu("dropout", src)?.read();
+    check_len("dropout", &data, len)?;
+    let pool = &dev.pool;
+    let keep = 1.0 / (1.0 - p);
+    // 16-bit floats scaled in f32 and rounded once, as the f32 kernel then a cast would.
+    fn via_f32<T: ViaF32>(pool: &Pool, v: &[T], p: f64, seed: u64, counter: u64, keep: f32) -> Vec<T> {
+        dropout::dropout(pool, v, p, seed, counter, move |x, kept| {
+            T::from_f32(x.to_f32() * if kept { keep } else { 0.0 })
+        })
+    }
+    Ok(dev.wrap(match &*data {
+        HostVec::F64(v) => HostVec::F64(dropout::dropout(pool, v, p, seed, counter, move |x, kept| {
+            x * if kept { keep } else { 0.0 }
+        })),
+        HostVec::F32(v) => HostVec::F32(via_f32(pool, v, p, seed, counter, keep as f32)),
+        HostVec::BF16(v) => HostVec::BF16(via_f32(pool, v, p, seed, counter, keep as f32)),
+        HostVec::F16(v) => HostVec::F16(via_f32(pool, v, p, seed, counter, keep as f32)),
+        other => return Err(Error::dtype("dropout", other.dtype())),
+    }))
+}
