@@ -50,6 +50,48 @@ fn trained_checkpoint(dir: &TempDir) -> std::path::PathBuf {
     last
 }
 
+/// A batch past `--device-memory-limit` stops the run with an error that names the op, the
+/// sizes and what to try, and leaves the last checkpoint as it was.
+#[test]
+fn a_run_out_of_device_memory_says_what_to_try_and_keeps_the_checkpoint() {
+    let dir = TempDir::new("out-of-memory");
+    let last = trained_checkpoint(&dir);
+    let before = std::fs::read(&last).expect("the checkpoint");
+    let out = train(
+        &mnist_dir(),
+        &[
+            "--hidden",
+            "32",
+            "--batch-size",
+            "4096",
+            "--max-steps",
+            "3",
+            "--device-memory-limit",
+            "4",
+            "--checkpoint-dir",
+            path_str(dir.path()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a 4096-image batch fit in 4 MiB?\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for part in [
+        "cpu:0: ",
+        " asks for ",
+        " in use, more than the 4.00 MiB the device may hold",
+        "--accumulate",
+        "--activation-checkpointing",
+        "--zero 2",
+        "bf16-mixed",
+    ] {
+        assert!(stderr.contains(part), "the error lacks `{part}`:\n{stderr}");
+    }
+    assert!(
+        std::fs::read(&last).expect("the checkpoint") == before,
+        "the checkpoint changed"
+    );
+}
+
 #[test]
 fn a_missing_idx_file_is_named() {
     let data = data_dir_with(&ALL[..3]);

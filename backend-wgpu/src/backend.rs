@@ -125,11 +125,11 @@ impl WgpuBackend {
         self.reclaim()
     }
 
-    /// An uninitialised device buffer for `len` elements of `dtype`.
-    pub(crate) fn alloc(&self, dtype: DType, len: usize) -> Result<Arc<WgpuBuffer>> {
+    /// An uninitialised device buffer for `len` elements of `dtype`, for `op`'s output.
+    pub(crate) fn alloc(&self, op: &'static str, dtype: DType, len: usize) -> Result<Arc<WgpuBuffer>> {
         self.gpu.check()?;
         let bytes = ((len * dtype.size_in_bytes()) as u64).next_multiple_of(4);
-        let (raw, last_batch) = self.pool.take(&self.gpu, bytes, || self.reclaim())?;
+        let (raw, last_batch) = self.pool.take(&self.gpu, op, bytes, || self.reclaim())?;
         Ok(Arc::new(WgpuBuffer::new(
             raw,
             last_batch,

@@ -20,6 +20,10 @@ impl Backend for WgpuBackend {
     fn work_counters(&self) -> WorkCounters {
         self.recorded_work()
     }
+    fn set_memory_limit(&self, bytes: Option<u64>) -> Result<()> {
+        self.pool.set_limit(bytes);
+        Ok(())
+    }
     fn empty_cache(&self) -> Result<()> {
         self.release_cached()
     }

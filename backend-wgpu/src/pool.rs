@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use lockstep_core::{Error, Result};
 
@@ -47,6 +48,8 @@ impl State {
 #[derive(Default)]
 pub struct Pool {
     state: Mutex<State>,
+    /// `Backend::set_memory_limit`'s bytes for the buffers lent out; 0 for none.
+    limit: AtomicU64,
 }
 
 /// The byte size a request is rounded up to: at least 256, then four classes per power of two
@@ -93,10 +96,22 @@ impl Pool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A buffer of at least `bytes` (see `allocation_size`), and the last batch that used it (0
-    /// for a new one). Out of memory, it calls `reclaim` (submit recorded work and wait for it)
-    /// to get cached buffers freed before it tries again.
-    pub fn take(&self, gpu: &Gpu, bytes: u64, reclaim: impl FnOnce() -> Result<()>) -> Result<(wgpu::Buffer, u64)> {
+    /// Caps the bytes lent out at once (None: the device's memory alone).
+    pub fn set_limit(&self, limit: Option<u64>) {
+        self.limit.store(limit.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// A buffer of at least `bytes` (see `allocation_size`) for `op`'s output, and the last
+    /// batch that used it (0 for a new one). Past the limit it is an out-of-memory error naming
+    /// `op`; out of the device's memory, it calls `reclaim` (submit recorded work and wait for
+    /// it) to get cached buffers freed before it tries again.
+    pub fn take(
+        &self,
+        gpu: &Gpu,
+        op: &'static str,
+        bytes: u64,
+        reclaim: impl FnOnce() -> Result<()>,
+    ) -> Result<(wgpu::Buffer, u64)> {
         let (limit_name, limit) = tensor_limit(&gpu.limits);
         let size = allocation_size(bytes, limit).ok_or_else(|| {
             gpu.error(format!(
@@ -105,6 +120,16 @@ impl Pool {
                 gpu.info.name
             ))
         })?;
+        let (limit, in_use) = (self.limit.load(Ordering::Relaxed), self.state().allocated);
+        if limit > 0 && in_use + size > limit {
+            return Err(Error::OutOfMemory {
+                device: gpu.location.clone(),
+                op,
+                requested: size,
+                in_use,
+                capacity: limit,
+            });
+        }
         let reused = self
             .state()
             .free

@@ -29,7 +29,7 @@ impl WgpuBackend {
                 });
             }
         };
-        let buffer = self.alloc(data.dtype(), data.len())?;
+        let buffer = self.alloc("upload", data.dtype(), data.len())?;
         self.write(&buffer, bytes);
         Ok(buffer)
     }
@@ -84,7 +84,7 @@ impl WgpuBackend {
 
     /// A contiguous copy of the elements of `layout`.
     pub(crate) fn contiguous(&self, src: &WgpuBuffer, layout: &Layout) -> Result<std::sync::Arc<WgpuBuffer>> {
-        let out = self.alloc(src.dtype(), layout.elem_count())?;
+        let out = self.alloc("contiguous", src.dtype(), layout.elem_count())?;
         self.copy_between(src, layout, &out, &Layout::contiguous(layout.shape.clone()))?;
         Ok(out)
     }

@@ -108,3 +108,25 @@ fn empty_cache_hands_back_what_the_pool_keeps_and_leaves_live_tensors() {
         "the live tensor still reads"
     );
 }
+
+/// A device capped below what a product needs refuses the product's output with an
+/// out-of-memory error naming the op, the sizes and what to try; lifting the cap lets it run.
+#[test]
+fn a_memory_limit_refuses_the_op_past_it_naming_it() {
+    let Some((device, _)) = support::private_wgpu_device(wgpu::Limits::downlevel_defaults()) else {
+        return;
+    };
+    let g = Generator::new(0);
+    let a = Tensor::rand_normal([256, 256], 0.0, 1.0, DType::F32, &g, &device).unwrap();
+    // The operand holds 256 KiB; its 256 KiB product does not fit beside it under 384 KiB.
+    device.backend().set_memory_limit(Some(384 << 10)).unwrap();
+    let err = a.matmul(&a).unwrap_err().to_string();
+    for part in [
+        " matmul asks for 256 KiB, with 256 KiB in use, more than the 384 KiB",
+        "--accumulate",
+    ] {
+        assert!(err.contains(part), "{err} lacks `{part}`");
+    }
+    device.backend().set_memory_limit(None).unwrap();
+    a.matmul(&a).unwrap();
+}

@@ -127,10 +127,13 @@ pub enum Error {
         cause: std::io::Error,
     },
 
-    /// A tensor the device cannot hold: refused before allocating, since an allocation past the
-    /// machine's memory aborts the process or gets it killed part-way through.
+    /// A tensor the device cannot hold, past its memory or the limit set on it: refused (before
+    /// allocating where the size is known first, since an allocation past the machine's memory
+    /// aborts the process or gets it killed part-way through).
     #[error(
-        "{device}: {op} asks for {}, with {} in use, more than the device's {} of memory; try a smaller model or batch, --accumulate, or bf16-mixed",
+        "{device}: {op} asks for {}, with {} in use, more than the {} the device may hold; to fit, try a smaller \
+         --batch-size, --accumulate N (the same batch in N parts), --activation-checkpointing, --zero 2 (over \
+         several devices) or --precision bf16-mixed",
         gib(*requested), gib(*in_use), gib(*capacity)
     )]
     OutOfMemory {
@@ -160,11 +163,16 @@ pub enum Error {
 /// Bytes for a person: GiB with two decimals below 10 GiB, else whole (TB-sized asks read as
 /// thousands of GiB, which is the point).
 fn gib(bytes: u64) -> String {
-    let gib = bytes as f64 / (1u64 << 30) as f64;
-    if gib < 10.0 {
-        format!("{gib:.2} GiB")
+    // A limit of a few MiB (a test's, a small device's) reads in MiB, not as 0.00 GiB.
+    let (value, unit) = match bytes {
+        0..0x10_0000 => (bytes as f64 / 1024.0, "KiB"),
+        0x10_0000..0x4000_0000 => (bytes as f64 / f64::from(1 << 20), "MiB"),
+        _ => (bytes as f64 / f64::from(1 << 30), "GiB"),
+    };
+    if value < 10.0 {
+        format!("{value:.2} {unit}")
     } else {
-        format!("{gib:.0} GiB")
+        format!("{value:.0} {unit}")
     }
 }
 

@@ -30,6 +30,8 @@ pub const MOST_SECONDS: u64 = 7 * 24 * 3600;
 /// learns (a run at 1e10 diverges, and `--on-nan` handles it); what is refused is the value
 /// whose products overflow before the first step can say so (1e300, inf).
 pub const MOST_RATE: f64 = 1e12;
+/// The largest memory limit in MiB: 1 PiB, past any device.
+pub const MOST_MEMORY_MIB: u64 = 1 << 30;
 
 /// `value` of `flag` within `range`, else the one-line refusal.
 pub fn within<T: PartialOrd + Display>(flag: &str, value: T, range: RangeInclusive<T>) -> anyhow::Result<()> {

@@ -260,6 +260,11 @@ pub struct Args {
     /// ends the whole job (MPI_Abort), and mpirun names the ranks.
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     pub collective_timeout: u64,
+    /// Cap each training device's live tensors at MIB mebibytes (the CPU's, a wgpu device's),
+    /// as torch.cuda.set_per_process_memory_fraction: to share a device, or to rehearse a
+    /// smaller one; a tensor past it stops the run with an out-of-memory error naming the op.
+    #[arg(long, value_name = "MIB")]
+    pub device_memory_limit: Option<u64>,
     /// Pipeline parallel: split the model into P stages of even parameter counts, one on each of
     /// --devices (P devices), and run micro-batches through them at once.
     #[arg(long, value_name = "P", conflicts_with = "split")]
@@ -593,6 +598,9 @@ impl Args {
         positive("--bucket-cap-mb", self.bucket_cap_mb, MOST_BUCKET_MIB)?;
         positive("--first-bucket-mb", self.first_bucket_mb, MOST_BUCKET_MIB)?;
         within("--collective-timeout", self.collective_timeout, 1..=MOST_SECONDS)?;
+        if let Some(mib) = self.device_memory_limit {
+            within("--device-memory-limit", mib, 1..=MOST_MEMORY_MIB)?;
+        }
         within("--log-every", self.log_every, 1..=u64::MAX)?;
         positive("--lr", self.lr(), MOST_RATE)?;
         real("--momentum", self.momentum, 0.0..=1.0)?;

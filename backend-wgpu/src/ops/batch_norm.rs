@@ -68,12 +68,12 @@ impl WgpuBackend {
             self.operand(OP, weight, None)?,
             self.operand(OP, bias, None)?,
         );
-        let parts = self.alloc(DType::F32, 2 * plan.channels * plan.chunks)?;
+        let parts = self.alloc("batch_norm", DType::F32, 2 * plan.channels * plan.chunks)?;
         let (mean, var) = (
-            self.alloc(DType::F32, plan.channels)?,
-            self.alloc(DType::F32, plan.channels)?,
+            self.alloc("batch_norm", DType::F32, plan.channels)?,
+            self.alloc("batch_norm", DType::F32, plan.channels)?,
         );
-        let y = self.alloc(x.dtype(), plan.elements)?;
+        let y = self.alloc("batch_norm", x.dtype(), plan.elements)?;
         let entry = |name| Variant::new("batch_norm", name, &[t]);
         let p = &plan.params;
         self.launch(&entry("moments"), p, &[(1, x), (2, &parts)], plan.per_chunk(self, OP)?)?;
@@ -108,13 +108,13 @@ impl WgpuBackend {
             self.operand(OP, mean, None)?,
             self.operand(OP, var, None)?,
         );
-        let parts = self.alloc(DType::F32, 2 * plan.channels * plan.chunks)?;
+        let parts = self.alloc("batch_norm_backward", DType::F32, 2 * plan.channels * plan.chunks)?;
         let (dweight, dbias, coef) = (
-            self.alloc(DType::F32, plan.channels)?,
-            self.alloc(DType::F32, plan.channels)?,
-            self.alloc(DType::F32, 5 * plan.channels)?,
+            self.alloc("batch_norm_backward", DType::F32, plan.channels)?,
+            self.alloc("batch_norm_backward", DType::F32, plan.channels)?,
+            self.alloc("batch_norm_backward", DType::F32, 5 * plan.channels)?,
         );
-        let dx = self.alloc(x.dtype(), plan.elements)?;
+        let dx = self.alloc("batch_norm_backward", x.dtype(), plan.elements)?;
         let entry = |name| Variant::new("batch_norm", name, &[t]);
         let p = &plan.params;
         let sums = [(1, x), (8, grad), (3, mean), (4, var), (2, &parts)];

@@ -20,7 +20,7 @@ use crate::pipelines::Variant;
 impl WgpuBackend {
     /// An f32 copy of a bf16 buffer (exact).
     pub(crate) fn widen_bf16(&self, src: &WgpuBuffer) -> Result<Arc<WgpuBuffer>> {
-        let out = self.alloc(DType::F32, src.len())?;
+        let out = self.alloc("widen_bf16", DType::F32, src.len())?;
         self.launch(
             &Variant::new("bf16", "widen", &[]),
             &[to_u32("bf16", src.len())?],
@@ -43,7 +43,7 @@ impl WgpuBackend {
 
     /// A bf16 copy of an f32 buffer.
     pub(crate) fn narrow_bf16(&self, src: &WgpuBuffer) -> Result<Arc<WgpuBuffer>> {
-        let out = self.alloc(DType::BF16, src.len())?;
+        let out = self.alloc("narrow_bf16", DType::BF16, src.len())?;
         self.narrow_bf16_into(src, &out)?;
         Ok(out)
     }

@@ -43,7 +43,7 @@ impl WgpuBackend {
                 (op_index(&UnaryOp::ALL, UnaryOp::name, op.name()), p0, p1)
             }
         };
-        let out = self.alloc(x.dtype(), n)?;
+        let out = self.alloc("add_bias", x.dtype(), n)?;
         let params = [
             to_u32(OP, n)?,
             to_u32(OP, channels)?,

@@ -52,7 +52,7 @@ impl WgpuBackend {
             ));
         }
         let t = self.element_type(entry, src.dtype())?;
-        let out = self.alloc(src.dtype(), out_len)?;
+        let out = self.alloc("conv2d", src.dtype(), out_len)?;
         self.launch(
             &Variant::new("conv", entry, &[t]),
             &geometry_params(entry, out_len, g)?,
@@ -104,8 +104,8 @@ impl WgpuBackend {
         }
         let t = self.float_type(OP, src.dtype())?;
         let len = g.n * g.c * g.out_h() * g.out_w();
-        let values = self.alloc(src.dtype(), len)?;
-        let indices = self.alloc(DType::U32, len)?;
+        let values = self.alloc("max_pool2d", src.dtype(), len)?;
+        let indices = self.alloc("max_pool2d", DType::U32, len)?;
         self.launch(
             &Variant::new("conv", OP, &[t]),
             &geometry_params(OP, len, &conv)?,
@@ -139,7 +139,7 @@ impl WgpuBackend {
         }
         let t = self.float_type(OP, grad.dtype())?;
         let len = g.n * g.c * g.h * g.w;
-        let out = self.alloc(grad.dtype(), len)?;
+        let out = self.alloc("max_pool2d_backward", grad.dtype(), len)?;
         if len > 0 {
             self.launch(
                 &Variant::new("conv", OP, &[t]),

@@ -22,15 +22,15 @@ impl WgpuBackend {
         let x = self.operand(op, logits, Some(&Layout::contiguous([n])))?;
         let t = self.ids(op, targets, spec.rows)?;
         let ty = self.element_type(op, x.dtype())?;
-        let losses = self.alloc(DType::F32, spec.rows)?;
+        let losses = self.alloc("cross_entropy", DType::F32, spec.rows)?;
         // Without a gradient the shader writes none: a one-element stand-in fills its binding.
-        let out = self.alloc(x.dtype(), if spec.grad { n } else { 1 })?;
+        let out = self.alloc("cross_entropy", x.dtype(), if spec.grad { n } else { 1 })?;
         if n == 0 {
             return Ok((losses, spec.grad.then_some(out as BufferRef)));
         }
         // Every element's flat index must fit the shader's u32 arithmetic.
         to_u32(op, n)?;
-        let lse = self.alloc(DType::F32, spec.rows)?;
+        let lse = self.alloc("cross_entropy", DType::F32, spec.rows)?;
         let (group, workgroups) = self.row_groups(op, spec.rows, spec.classes)?;
         let params = [
             to_u32(op, spec.rows)?,
@@ -70,7 +70,7 @@ impl WgpuBackend {
         let g = self.operand(op, grad, Some(&Layout::contiguous([1])))?;
         CrossEntropy::check_upstream(g.dtype(), g.len())?;
         let ty = self.element_type(op, d.dtype())?;
-        let out = self.alloc(d.dtype(), n)?;
+        let out = self.alloc("cross_entropy_scaled", d.dtype(), n)?;
         if n == 0 {
             return Ok(out);
         }

@@ -26,7 +26,7 @@ impl WgpuBackend {
         let (p0, p1) = unary_params(op);
         let mut params = strided_params(name, &[layout])?;
         params.extend([(p0 as f32).to_bits(), (p1 as f32).to_bits()]);
-        let out = self.alloc(src.dtype(), layout.elem_count())?;
+        let out = self.alloc("unary", src.dtype(), layout.elem_count())?;
         let variant = Variant::new("unary", "unary", &[t]).constant("OP", op_index(&UnaryOp::ALL, UnaryOp::name, name));
         self.launch(
             &variant,
@@ -79,7 +79,7 @@ impl WgpuBackend {
         let name = op.name();
         let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
         let t = self.element_type(name, a.dtype())?;
-        let out = self.alloc(a.dtype(), ll.elem_count())?;
+        let out = self.alloc("binary", a.dtype(), ll.elem_count())?;
         let variant =
             Variant::new("binary", "binary", &[t]).constant("OP", op_index(&BinaryOp::ALL, BinaryOp::name, name));
         self.launch(
@@ -106,7 +106,7 @@ impl WgpuBackend {
             DType::I64 => ("u32", "compare_i64", [4, 5]),
             d => (self.value_type(name, d)?, "compare", [1, 2]),
         };
-        let out = self.alloc(DType::U32, ll.elem_count())?;
+        let out = self.alloc("compare", DType::U32, ll.elem_count())?;
         let variant = Variant::new("compare", entry, &[t]).constant("OP", op_index(&CmpOp::ALL, CmpOp::name, name));
         self.launch(
             &variant,
@@ -145,7 +145,7 @@ impl WgpuBackend {
             ));
         }
         let word = self.word_type(OP, t.dtype())?;
-        let out = self.alloc(t.dtype(), true_layout.elem_count())?;
+        let out = self.alloc("select", t.dtype(), true_layout.elem_count())?;
         self.launch(
             &Variant::new(OP, OP, &[word]),
             &strided_params(OP, &[cond_layout, true_layout, false_layout])?,

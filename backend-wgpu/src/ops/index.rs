@@ -76,7 +76,7 @@ impl WgpuBackend {
         let src = self.operand(OP, src, None)?;
         Self::check_len(OP, src, outer * dim * inner)?;
         let ids = self.ids(OP, ids, 0)?;
-        let out = self.alloc(src.dtype(), outer * ids.len() * inner)?;
+        let out = self.alloc("select_rows", src.dtype(), outer * ids.len() * inner)?;
         let out_dim = ids.len();
         self.index_dispatch(Indexing {
             entry: OP,
@@ -104,7 +104,7 @@ impl WgpuBackend {
         let src = self.operand(OP, src, None)?;
         Self::check_len(OP, src, outer * dim * inner)?;
         let ids = self.ids(OP, ids, outer * out_dim * inner)?;
-        let out = self.alloc(src.dtype(), outer * out_dim * inner)?;
+        let out = self.alloc("gather_along", src.dtype(), outer * out_dim * inner)?;
         self.index_dispatch(Indexing {
             entry: OP,
             src,
@@ -182,7 +182,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let first = self.fill(DType::U32, heads, f64::from(u32::MAX))?;
         let first = self.operand(add.op, &first, None)?;
-        let next = self.alloc(DType::U32, positions)?;
+        let next = self.alloc("add_linked", DType::U32, positions)?;
         let mut link_params = add.params.clone();
         link_params[0] = to_u32(add.op, positions)?;
         self.launch(

@@ -24,7 +24,7 @@ impl WgpuBackend {
         let layout = Layout::contiguous([rows, cols]);
         let src = self.operand(op, src, Some(&layout))?;
         let t = self.float_type(op, src.dtype())?;
-        let out = self.alloc(src.dtype(), rows * cols)?;
+        let out = self.alloc("layer_norm_rows", src.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(out);
         }

@@ -26,7 +26,7 @@ impl WgpuBackend {
             other => return Err(Error::dtype("full", other.dtype())),
         };
         let pattern: &[u32] = bytemuck::cast_slice(&bytes);
-        let out = self.alloc(dtype, len)?;
+        let out = self.alloc("full", dtype, len)?;
         let words = (len * dtype.size_in_bytes()).div_ceil(4);
         self.launch(
             &Variant::new("fill", "fill", &[]),
@@ -104,7 +104,7 @@ impl WgpuBackend {
         if src.dtype() == dtype {
             return self.contiguous(src, layout);
         }
-        let out = self.alloc(dtype, layout.elem_count())?;
+        let out = self.alloc("convert", dtype, layout.elem_count())?;
         let mut params = strided_params(OP, &[layout])?;
         let grid = self.grid(OP, layout.elem_count())?;
         let (variant, bindings) = match (src.dtype(), dtype) {
@@ -139,7 +139,7 @@ impl WgpuBackend {
             return Ok(self.narrow_bf16(crate::buffer::wgpu_buffer("rand", &wide)?)?);
         }
         let t = self.float_type("rand", dtype)?;
-        let out = self.alloc(dtype, len)?;
+        let out = self.alloc("rand", dtype, len)?;
         let (normal, a, b) = match dist {
             Distribution::Uniform { low, high } => (0, low, high - low),
             Distribution::Normal { mean, std } => (1, mean, std),
@@ -175,7 +175,7 @@ impl WgpuBackend {
         const OP: &str = "dropout";
         let src = self.operand(OP, src, Some(&Layout::contiguous([len])))?;
         let t = self.float_type(OP, src.dtype())?;
-        let out = self.alloc(src.dtype(), len)?;
+        let out = self.alloc("dropout_stream", src.dtype(), len)?;
         if len == 0 {
             return Ok(out);
         }

@@ -245,7 +245,7 @@ impl WgpuBackend {
             });
         }
         let t = self.element_type(OP, a.dtype())?;
-        let out = self.alloc(a.dtype(), batch * m * n)?;
+        let out = self.alloc("matmul", a.dtype(), batch * m * n)?;
         if batch * m * n == 0 {
             return Ok(out);
         }
@@ -302,7 +302,7 @@ impl WgpuBackend {
         // Each split's blocks write their f32 partial products, which one more pass adds up.
         let splits = k.div_ceil(chunk);
         let outputs = batch * m * n;
-        let partials = self.alloc(DType::F32, splits * outputs)?;
+        let partials = self.alloc("matmul", DType::F32, splits * outputs)?;
         self.launch(
             &product.variant(product.split, t),
             &params,

@@ -51,7 +51,7 @@ impl WgpuBackend {
         let a = self.operand(OP, lhs, Some(ll))?;
         let b = self.operand(OP, rhs, Some(rl))?;
         let t = self.element_type(OP, a.dtype())?;
-        let out = self.alloc(a.dtype(), batch * m * n)?;
+        let out = self.alloc("matmul", a.dtype(), batch * m * n)?;
         if batch * m * n == 0 {
             return Ok(out);
         }

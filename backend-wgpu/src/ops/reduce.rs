@@ -55,14 +55,17 @@ impl WgpuBackend {
         let (out_dtype, binding) = if argmax { (DType::U32, 3) } else { (src.dtype(), 2) };
         let kind_index = ReduceKind::ALL.iter().position(|k| *k == kind).expect("in ALL") as f64;
         let variant = |entry| Variant::new("reduce", entry, &[t]).constant("KIND", kind_index);
-        let out = self.alloc(out_dtype, n_out)?;
+        let out = self.alloc("reduce", out_dtype, n_out)?;
         if chunks <= 1 {
             let entry = if argmax { "argmax" } else { "reduce" };
             self.launch(&variant(entry), &params, &[(1, src), (binding, &out)], workgroups)?;
             return Ok(out);
         }
         let partials = n_out * chunks;
-        let (value, index) = (self.alloc(DType::F32, partials)?, self.alloc(DType::U32, partials)?);
+        let (value, index) = (
+            self.alloc("reduce", DType::F32, partials)?,
+            self.alloc("reduce", DType::U32, partials)?,
+        );
         self.launch(
             &variant("reduce_chunks"),
             &params,

@@ -19,7 +19,7 @@ impl WgpuBackend {
             ));
         }
         let t = self.float_type(op, src.dtype())?;
-        let out = self.alloc(src.dtype(), rows * cols)?;
+        let out = self.alloc("softmax_rows", src.dtype(), rows * cols)?;
         if cols == 0 {
             return Ok(out);
         }
@@ -48,7 +48,7 @@ impl WgpuBackend {
             self.operand(OP, out, Some(&layout))?,
         );
         let t = self.float_type(OP, y.dtype())?;
-        let dx = self.alloc(y.dtype(), rows * cols)?;
+        let dx = self.alloc("softmax_backward_rows", y.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(dx);
         }
@@ -75,7 +75,7 @@ impl WgpuBackend {
         let x = self.operand(op, scores, Some(&layout))?;
         let g = grad.map(|g| self.operand(op, g, Some(&layout))).transpose()?;
         let t = self.float_type(op, x.dtype())?;
-        let out = self.alloc(x.dtype(), spec.rows * spec.t)?;
+        let out = self.alloc("causal_softmax_rows", x.dtype(), spec.rows * spec.t)?;
         if spec.rows * spec.t == 0 {
             return Ok(out);
         }

@@ -305,6 +305,21 @@ enum Placement {
     Stages(StagePlan),
 }
 
+/// `--device-memory-limit` on every device of `placement`, before anything is allocated there.
+fn limit_memory(args: &Args, placement: &Placement) -> anyhow::Result<()> {
+    let Some(mib) = args.device_memory_limit else {
+        return Ok(());
+    };
+    let devices: Vec<&Device> = match placement {
+        Placement::Device(device) => vec![device],
+        Placement::Stages(stages) => stages.replicas.iter().flatten().collect(),
+    };
+    for device in devices {
+        device.backend().set_memory_limit(Some(mib << 20))?;
+    }
+    Ok(())
+}
+
 fn replica(
     args: &Args,
     placement: Placement,
@@ -316,6 +331,7 @@ fn replica(
     // A pipeline of processes: this one's stage. Every stage validates, tests and checkpoints
     // (its own layers); only the first reports.
     let stage = collectives.pipeline.as_ref().map(|p| (p.stage(), p.stages()));
+    limit_memory(args, &placement)?;
     let (location, mut setup) = match (&placement, stage) {
         (Placement::Device(device), Some((stage, stages))) => (
             device.location().to_string(),

@@ -111,12 +111,17 @@ impl CpuBackend {
         self.capacity.check(self.ordinal, op, dtype, len, in_use)
     }
 
-    fn wrap(&self, data: HostVec) -> BufferRef {
-        self.pool.note_alloc((data.len() * data.dtype().size_in_bytes()) as u64);
-        Arc::new(CpuBuffer {
+    /// `data`, which `op` made, as a new tensor's buffer: refused past the device's limit
+    /// (`Backend::set_memory_limit`), so a run over it stops with an error naming `op`.
+    fn wrap(&self, op: &'static str, data: HostVec) -> Result<BufferRef> {
+        let bytes = (data.len() * data.dtype().size_in_bytes()) as u64;
+        let in_use = self.pool.allocated_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        self.capacity.check_bytes(self.ordinal, op, bytes, in_use)?;
+        self.pool.note_alloc(bytes);
+        Ok(Arc::new(CpuBuffer {
             data: RwLock::new(data),
             pool: self.pool.clone(),
-        })
+        }))
     }
 }
 
@@ -134,6 +139,11 @@ impl Backend for CpuBackend {
             software: false,
             details: details::kernel_details(),
         }
+    }
+
+    fn set_memory_limit(&self, bytes: Option<u64>) -> Result<()> {
+        self.capacity.set_limit(bytes);
+        Ok(())
     }
 
     fn memory_stats(&self) -> MemoryStats {
@@ -218,7 +228,7 @@ impl Backend for CpuBackend {
         check_extent(op.name(), src, layout)?;
         let data = cpu(op.name(), src)?.read();
         let out = stored_unary_dispatch!(op.name(), &*data, |v| elementwise::unary(&self.pool, v, layout, op));
-        Ok(self.wrap(out))
+        self.wrap("unary", out)
     }
 
     fn bias_act(
@@ -249,7 +259,7 @@ impl Backend for CpuBackend {
             inner,
             act
         ));
-        Ok(self.wrap(out))
+        self.wrap("bias_act", out)
     }
 
     fn binary(
@@ -266,7 +276,7 @@ impl Backend for CpuBackend {
         let out = stored_binary_dispatch!(op.name(), &*a, &*b, |x, y| elementwise::binary(
             &self.pool, x, lhs_layout, y, rhs_layout, op
         ));
-        Ok(self.wrap(out))
+        self.wrap("binary", out)
     }
 
     fn compare(
@@ -283,7 +293,7 @@ impl Backend for CpuBackend {
         let out = same_dtype!(op.name(), &*a, &*b, |x, y| elementwise::compare(
             &self.pool, x, lhs_layout, y, rhs_layout, op
         ));
-        Ok(self.wrap(HostVec::U32(out)))
+        self.wrap("compare", HostVec::U32(out))
     }
 
     fn where_cond(
@@ -304,7 +314,7 @@ impl Backend for CpuBackend {
         let out = same_dtype!("where_cond", &*t, &*f, |x, y| Element::into_host(elementwise::select(
             &self.pool, c, cl, x, tl, y, fl
         )));
-        Ok(self.wrap(out))
+        self.wrap("where_cond", out)
     }
 
     fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef> {
@@ -322,10 +332,10 @@ impl Backend for CpuBackend {
                 HostVec::BF16(v) => reduce::argmax(&self.pool, &float::widen_bf16(&self.pool, v), layout, *axis),
                 other => return Err(Error::dtype("argmax", other.dtype())),
             };
-            return Ok(self.wrap(HostVec::U32(out)));
+            return self.wrap("reduce", HostVec::U32(out));
         }
         let out = stored_unary_dispatch!(op.name(), &*data, |v| reduce::reduce(&self.pool, op, v, layout, axes));
-        Ok(self.wrap(out))
+        self.wrap("reduce", out)
     }
 
     fn matmul(
@@ -352,12 +362,12 @@ impl Backend for CpuBackend {
         if let (HostVec::BF16(x), HostVec::BF16(y)) = (&*a, &*b)
             && let Some(out) = matmul::matmul_bf16(&self.pool, x, lhs_layout, y, rhs_layout, dims)
         {
-            return Ok(self.wrap(HostVec::BF16(out)));
+            return self.wrap("matmul", HostVec::BF16(out));
         }
         let out = float_binary_dispatch!(&self.pool, "matmul", &*a, &*b, |x, y| matmul::matmul(
             &self.pool, x, lhs_layout, y, rhs_layout, dims
         ));
-        Ok(self.wrap(out))
+        self.wrap("matmul", out)
     }
 
     fn softmax_last(&self, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {

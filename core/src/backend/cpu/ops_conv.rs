@@ -11,9 +11,12 @@ pub(super) fn im2col(dev: &CpuBackend, src: &BufferRef, geom: &Conv2dGeometry) -
     geom.validate("im2col")?;
     let data = cpu("im2col", src)?.read();
     check_len("im2col", &data, geom.n * geom.c * geom.h * geom.w)?;
-    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "im2col", &*data, |v| {
-        conv::unfold::im2col(&dev.pool, v, geom)
-    })))
+    dev.wrap(
+        "im2col",
+        float_unary_dispatch!(&dev.pool, "im2col", &*data, |v| {
+            conv::unfold::im2col(&dev.pool, v, geom)
+        }),
+    )
 }
 
 pub(super) fn col2im(dev: &CpuBackend, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
@@ -24,9 +27,12 @@ pub(super) fn col2im(dev: &CpuBackend, cols: &BufferRef, geom: &Conv2dGeometry) 
         &data,
         geom.n * geom.c * geom.kh * geom.kw * geom.out_h() * geom.out_w(),
     )?;
-    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "col2im", &*data, |v| {
-        conv::unfold::col2im(&dev.pool, v, geom)
-    })))
+    dev.wrap(
+        "col2im",
+        float_unary_dispatch!(&dev.pool, "col2im", &*data, |v| {
+            conv::unfold::col2im(&dev.pool, v, geom)
+        }),
+    )
 }
 
 pub(super) fn conv2d_product(
@@ -46,7 +52,9 @@ pub(super) fn conv2d_product(
         };
         Ok(conv::forward(&dev.pool, &x, &w, geom, out_channels, &plan))
     };
-    checked().map(|out| out.map(|out| dev.wrap(out))).transpose()
+    checked()
+        .and_then(|out| out.map(|out| dev.wrap("conv2d", out)).transpose())
+        .transpose()
 }
 
 pub(super) fn conv2d_product_backward(
@@ -80,8 +88,12 @@ pub(super) fn conv2d_product_backward(
         };
         Ok(conv::backward(&dev.pool, &x, &w, &g, geom, out_channels, &plan))
     };
+    const OP: &str = "conv2d backward";
     checked()
-        .map(|out| out.map(|(gx, gw)| (dev.wrap(gx), dev.wrap(gw))))
+        .and_then(|out| {
+            out.map(|(gx, gw)| Ok((dev.wrap(OP, gx)?, dev.wrap(OP, gw)?)))
+                .transpose()
+        })
         .transpose()
 }
 
@@ -95,5 +107,8 @@ pub(super) fn max_pool2d(dev: &CpuBackend, src: &BufferRef, geom: &Pool2dGeometr
         indices = idx;
         vals
     });
-    Ok((dev.wrap(values), dev.wrap(HostVec::U32(indices))))
+    Ok((
+        dev.wrap("max_pool2d", values)?,
+        dev.wrap("max_pool2d", HostVec::U32(indices))?,
+    ))
 }

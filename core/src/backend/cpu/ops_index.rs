@@ -20,7 +20,7 @@ pub(super) fn index_select(
     let ids = u32_ids("index_select", &ids)?;
     let out =
         map_host_vec!(&*data, v => Element::into_host(index::index_select(&dev.pool, v, outer, dim, inner, ids)?));
-    Ok(dev.wrap(out))
+    dev.wrap("index_select", out)
 }
 
 #[allow(clippy::too_many_arguments)] // `Backend::index_add`'s operands, and the device
@@ -74,7 +74,7 @@ pub(super) fn gather(
     }
     let out =
         map_host_vec!(&*data, v => Element::into_host(index::gather(&dev.pool, v, outer, dim, inner, ids, out_dim)?));
-    Ok(dev.wrap(out))
+    dev.wrap("gather", out)
 }
 
 #[allow(clippy::too_many_arguments)] // `Backend::scatter_add`'s operands, and the device

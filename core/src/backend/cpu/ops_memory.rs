@@ -21,7 +21,7 @@ pub(super) fn full(dev: &CpuBackend, dtype: DType, len: usize, value: f64) -> Re
         DType::I64 => typed_full::<i64>(dev, len, value),
         DType::U32 => typed_full::<u32>(dev, len, value),
     };
-    Ok(dev.wrap(data))
+    dev.wrap("full", data)
 }
 
 pub(super) fn from_host(dev: &CpuBackend, data: &HostVec) -> Result<BufferRef> {
@@ -30,7 +30,7 @@ pub(super) fn from_host(dev: &CpuBackend, data: &HostVec) -> Result<BufferRef> {
         out.copy_from_slice(v);
         Element::into_host(out)
     });
-    Ok(dev.wrap(copy))
+    dev.wrap("a copy to the device", copy)
 }
 
 pub(super) fn to_host(src: &BufferRef, layout: &Layout) -> Result<HostVec> {
@@ -65,24 +65,30 @@ pub(super) fn rand(
         }
         Distribution::Normal { mean, std } => crate::rng::normal_block(seed, counter, b).map(|n| mean + std * n),
     };
-    Ok(dev.wrap(match dtype {
-        DType::F32 => HostVec::F32(random_fill(&dev.pool, len, block)),
-        DType::F64 => HostVec::F64(random_fill(&dev.pool, len, block)),
-        DType::F16 => HostVec::F16(random_fill(&dev.pool, len, block)),
-        DType::BF16 => HostVec::BF16(random_fill(&dev.pool, len, block)),
-        other => return Err(Error::dtype("rand", other)),
-    }))
+    dev.wrap(
+        "rand",
+        match dtype {
+            DType::F32 => HostVec::F32(random_fill(&dev.pool, len, block)),
+            DType::F64 => HostVec::F64(random_fill(&dev.pool, len, block)),
+            DType::F16 => HostVec::F16(random_fill(&dev.pool, len, block)),
+            DType::BF16 => HostVec::BF16(random_fill(&dev.pool, len, block)),
+            other => return Err(Error::dtype("rand", other)),
+        },
+    )
 }
 
 pub(super) fn contiguous(dev: &CpuBackend, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
     check_extent("contiguous", src, layout)?;
     let data = cpu("contiguous", src)?.read();
     // From the pool and gathered into: no zeroing pass over a buffer about to be overwritten.
-    Ok(dev.wrap(map_host_vec!(&*data, v => {
-        let mut out = dev.pool.take(layout.elem_count());
-        strided::gather(v, layout, &mut out);
-        Element::into_host(out)
-    })))
+    dev.wrap(
+        "contiguous",
+        map_host_vec!(&*data, v => {
+            let mut out = dev.pool.take(layout.elem_count());
+            strided::gather(v, layout, &mut out);
+            Element::into_host(out)
+        }),
+    )
 }
 
 pub(super) fn cast(dev: &CpuBackend, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
@@ -100,7 +106,7 @@ pub(super) fn cast(dev: &CpuBackend, src: &BufferRef, layout: &Layout, dtype: DT
             _ => None,
         };
         if let Some(out) = fast {
-            return Ok(dev.wrap(out));
+            return dev.wrap("cast", out);
         }
     }
     // Through f64, which holds every value of every dtype here exactly (i64 up to 2^53), so
@@ -116,7 +122,7 @@ pub(super) fn cast(dev: &CpuBackend, src: &BufferRef, layout: &Layout, dtype: DT
         DType::I64 => HostVec::I64(convert(&dev.pool, v, layout)),
         DType::U32 => HostVec::U32(convert(&dev.pool, v, layout)),
     });
-    Ok(dev.wrap(out))
+    dev.wrap("convert", out)
 }
 
 fn typed_full<T: Element>(dev: &CpuBackend, len: usize, value: f64) -> HostVec {

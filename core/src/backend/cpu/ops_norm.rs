@@ -30,8 +30,8 @@ pub(super) fn batch_norm(
             // f64 (the conformance reference) keeps the composed ops.
             _ => return Ok(None),
         };
-        let [mean, var] = stats.map(|v| dev.wrap(HostVec::F32(v)));
-        Ok(Some([dev.wrap(y), mean, var]))
+        let [mean, var] = stats.map(|v| dev.wrap("batch_norm", HostVec::F32(v)));
+        Ok(Some([dev.wrap("batch_norm", y)?, mean?, var?]))
     };
     checked().transpose()
 }
@@ -62,8 +62,8 @@ pub(super) fn batch_norm_backward(
             (HostVec::F16(g), HostVec::F16(x)) => in_host_vec(batch_norm::backward(&dev.pool, g, x, w, [m, v], spec)),
             _ => return Ok(None),
         };
-        let [dweight, dbias] = grads.map(|v| dev.wrap(HostVec::F32(v)));
-        Ok(Some([dev.wrap(dx), dweight, dbias]))
+        let [dweight, dbias] = grads.map(|v| dev.wrap("batch_norm_backward", HostVec::F32(v)));
+        Ok(Some([dev.wrap("batch_norm_backward", dx)?, dweight?, dbias?]))
     };
     checked().transpose()
 }
@@ -81,7 +81,9 @@ pub(super) fn causal_softmax(dev: &CpuBackend, scores: &BufferRef, spec: &Causal
             _ => None,
         })
     };
-    checked().map(|out| out.map(|out| dev.wrap(out))).transpose()
+    checked()
+        .and_then(|out| out.map(|out| dev.wrap("causal_softmax", out)).transpose())
+        .transpose()
 }
 
 pub(super) fn causal_softmax_backward(
@@ -103,7 +105,9 @@ pub(super) fn causal_softmax_backward(
             _ => None,
         })
     };
-    checked().map(|out| out.map(|out| dev.wrap(out))).transpose()
+    checked()
+        .and_then(|out| out.map(|out| dev.wrap("causal_softmax_backward", out)).transpose())
+        .transpose()
 }
 
 pub(super) fn cross_entropy(
@@ -125,9 +129,9 @@ pub(super) fn cross_entropy(
         }
         index::check(OP, t, spec.classes)?;
         Ok(match &*x {
-            HostVec::F32(x) => Some(cross_entropy_rows(dev, x, t, spec)),
-            HostVec::BF16(x) => Some(cross_entropy_rows(dev, x, t, spec)),
-            HostVec::F16(x) => Some(cross_entropy_rows(dev, x, t, spec)),
+            HostVec::F32(x) => Some(cross_entropy_rows(dev, x, t, spec)?),
+            HostVec::BF16(x) => Some(cross_entropy_rows(dev, x, t, spec)?),
+            HostVec::F16(x) => Some(cross_entropy_rows(dev, x, t, spec)?),
             // f64 (the conformance reference) keeps the composed ops.
             _ => None,
         })
@@ -153,9 +157,11 @@ pub(super) fn cross_entropy_backward(
         let d = cpu(OP, dlogits)?.read();
         check_len(OP, &d, spec.rows * spec.classes)?;
         Ok(match &*d {
-            HostVec::F32(d) => Some(dev.wrap(HostVec::F32(cross_entropy_scaled(dev, d, g)))),
-            HostVec::BF16(d) => Some(dev.wrap(HostVec::BF16(cross_entropy_scaled(dev, d, g)))),
-            HostVec::F16(d) => Some(dev.wrap(HostVec::F16(cross_entropy_scaled(dev, d, g)))),
+            HostVec::F32(d) => Some(dev.wrap("cross_entropy_backward", HostVec::F32(cross_entropy_scaled(dev, d, g)))?),
+            HostVec::BF16(d) => {
+                Some(dev.wrap("cross_entropy_backward", HostVec::BF16(cross_entropy_scaled(dev, d, g)))?)
+            }
+            HostVec::F16(d) => Some(dev.wrap("cross_entropy_backward", HostVec::F16(cross_entropy_scaled(dev, d, g)))?),
             _ => None,
         })
     };
@@ -168,12 +174,12 @@ fn cross_entropy_rows<T: ViaF32>(
     x: &[T],
     targets: &[u32],
     spec: &CrossEntropy,
-) -> (BufferRef, Option<BufferRef>) {
+) -> Result<(BufferRef, Option<BufferRef>)> {
     let mut losses = dev.pool.take::<f32>(spec.rows);
     let mut grad = spec.grad.then(|| dev.pool.take::<T>(x.len()));
     cross_entropy::forward(x, targets, &mut losses, grad.as_deref_mut(), spec);
-    let grad = grad.map(|g| dev.wrap(T::into_host(g)));
-    (dev.wrap(HostVec::F32(losses)), grad)
+    let grad = grad.map(|g| dev.wrap("cross_entropy", T::into_host(g))).transpose()?;
+    Ok((dev.wrap("cross_entropy", HostVec::F32(losses))?, grad))
 }
 
 /// The saved gradient `d` of `cross_entropy` times the loss' gradient `g`.

@@ -11,17 +11,23 @@ use crate::{float_binary_dispatch, float_unary_dispatch};
 pub(super) fn softmax_last(dev: &CpuBackend, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
     let data = cpu("softmax", src)?.read();
     check_len("softmax", &data, rows * cols)?;
-    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "softmax", &*data, |v| {
-        softmax::softmax(&dev.pool, v, cols)
-    })))
+    dev.wrap(
+        "softmax_last",
+        float_unary_dispatch!(&dev.pool, "softmax", &*data, |v| {
+            softmax::softmax(&dev.pool, v, cols)
+        }),
+    )
 }
 
 pub(super) fn log_softmax_last(dev: &CpuBackend, src: &BufferRef, rows: usize, cols: usize) -> Result<BufferRef> {
     let data = cpu("log_softmax", src)?.read();
     check_len("log_softmax", &data, rows * cols)?;
-    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "log_softmax", &*data, |v| {
-        softmax::log_softmax(&dev.pool, v, cols)
-    })))
+    dev.wrap(
+        "log_softmax_last",
+        float_unary_dispatch!(&dev.pool, "log_softmax", &*data, |v| {
+            softmax::log_softmax(&dev.pool, v, cols)
+        }),
+    )
 }
 
 pub(super) fn softmax_last_backward(
@@ -35,9 +41,12 @@ pub(super) fn softmax_last_backward(
     let (g, y) = (cpu(OP, grad)?.read(), cpu(OP, out)?.read());
     check_len(OP, &g, rows * cols)?;
     check_len(OP, &y, rows * cols)?;
-    Ok(dev.wrap(float_binary_dispatch!(&dev.pool, OP, &*g, &*y, |g, y| {
-        softmax::softmax_backward(&dev.pool, g, y, cols)
-    })))
+    dev.wrap(
+        "softmax_last_backward",
+        float_binary_dispatch!(&dev.pool, OP, &*g, &*y, |g, y| {
+            softmax::softmax_backward(&dev.pool, g, y, cols)
+        }),
+    )
 }
 
 pub(super) fn layer_norm_last(
@@ -49,9 +58,12 @@ pub(super) fn layer_norm_last(
 ) -> Result<BufferRef> {
     let data = cpu("layer_norm", src)?.read();
     check_len("layer_norm", &data, rows * cols)?;
-    Ok(dev.wrap(float_unary_dispatch!(&dev.pool, "layer_norm", &*data, |v| {
-        layer_norm::forward(&dev.pool, v, cols, eps)
-    })))
+    dev.wrap(
+        "layer_norm_last",
+        float_unary_dispatch!(&dev.pool, "layer_norm", &*data, |v| {
+            layer_norm::forward(&dev.pool, v, cols, eps)
+        }),
+    )
 }
 
 pub(super) fn layer_norm_last_backward(
@@ -66,9 +78,12 @@ pub(super) fn layer_norm_last_backward(
     let (g, x) = (cpu(OP, grad)?.read(), cpu(OP, src)?.read());
     check_len(OP, &g, rows * cols)?;
     check_len(OP, &x, rows * cols)?;
-    Ok(dev.wrap(float_binary_dispatch!(&dev.pool, OP, &*g, &*x, |g, x| {
-        layer_norm::backward(&dev.pool, g, x, cols, eps)
-    })))
+    dev.wrap(
+        "layer_norm_last_backward",
+        float_binary_dispatch!(&dev.pool, OP, &*g, &*x, |g, x| {
+            layer_norm::backward(&dev.pool, g, x, cols, eps)
+        }),
+    )
 }
 
 pub(super) fn dropout(
@@ -89,13 +104,16 @@ pub(super) fn dropout(
             T::from_f32(x.to_f32() * if kept { keep } else { 0.0 })
         })
     }
-    Ok(dev.wrap(match &*data {
-        HostVec::F64(v) => HostVec::F64(dropout::dropout(pool, v, p, seed, counter, move |x, kept| {
-            x * if kept { keep } else { 0.0 }
-        })),
-        HostVec::F32(v) => HostVec::F32(via_f32(pool, v, p, seed, counter, keep as f32)),
-        HostVec::BF16(v) => HostVec::BF16(via_f32(pool, v, p, seed, counter, keep as f32)),
-        HostVec::F16(v) => HostVec::F16(via_f32(pool, v, p, seed, counter, keep as f32)),
-        other => return Err(Error::dtype("dropout", other.dtype())),
-    }))
+    dev.wrap(
+        "dropout",
+        match &*data {
+            HostVec::F64(v) => HostVec::F64(dropout::dropout(pool, v, p, seed, counter, move |x, kept| {
+                x * if kept { keep } else { 0.0 }
+            })),
+            HostVec::F32(v) => HostVec::F32(via_f32(pool, v, p, seed, counter, keep as f32)),
+            HostVec::BF16(v) => HostVec::BF16(via_f32(pool, v, p, seed, counter, keep as f32)),
+            HostVec::F16(v) => HostVec::F16(via_f32(pool, v, p, seed, counter, keep as f32)),
+            other => return Err(Error::dtype("dropout", other.dtype())),
+        },
+    )
 }
