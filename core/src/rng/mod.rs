@@ -5,6 +5,7 @@
 use std::sync::Mutex;
 
 mod batch_window;
+pub(crate) mod replay;
 
 pub use batch_window::{BatchWindow, BatchWindowGuard, StreamPlace};
 
@@ -166,12 +167,15 @@ impl Generator {
     pub fn restore(&self, seed: u64, counter: u64) {
         *self.lock() = (seed, counter);
     }
-    /// Reserves the counters for `len` values and returns the first.
+    /// Reserves the counters for `len` values and returns the first (inside a checkpoint's
+    /// recompute: the counter the same draw took in the first forward).
     pub fn advance(&self, len: usize) -> u64 {
-        let mut state = self.lock();
-        let start = state.1;
-        state.1 += len.div_ceil(4) as u64;
-        start
+        replay::draw(self, len, || {
+            let mut state = self.lock();
+            let start = state.1;
+            state.1 += len.div_ceil(4) as u64;
+            start
+        })
     }
     /// A host-side uniform integer in `[0, bound)` (for shuffles), from the same stream.
     pub fn next_below(&self, bound: u64) -> u64 {
