@@ -9,13 +9,17 @@ use std::sync::{Arc, Mutex};
 use lockstep_core::backend::Communicator;
 use lockstep_core::distributed::{Reducer, ReducerConfig};
 use lockstep_core::models::{Gpt, GptConfig, ResNetConfig, Stem, gpt, resnet};
-use lockstep_core::nn::{Module, ModuleExt};
+use lockstep_core::nn::{Module, ModuleExt, Sequential, StagedModel};
 use lockstep_core::optim::{Optimizer, Sgd, SgdConfig};
 use lockstep_core::rng::BatchWindow;
+use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
+use lockstep_core::train::{MicroBatch, StepTimes, Strategy, TrainerConfig};
 use lockstep_core::{DType, Device, Generator, Tensor};
 
 mod parallel_support;
+mod replica_support;
 use parallel_support::on_cpu_ranks;
+use replica_support::setup_with;
 
 const STEPS: usize = 3;
 
@@ -87,9 +91,8 @@ fn a_checkpointed_gpt_with_dropout_trains_bit_for_bit_as_the_plain_one() {
     );
 }
 
-/// Per step: loss and gradients; then the BatchNorm buffers after the last step.
-fn train_resnet(checkpointing: bool) -> (Trace, Vec<Vec<u32>>) {
-    let (device, g) = (Device::cpu(), Generator::new(6));
+/// A ResNet of one block per stage for 8x8 images in 5 classes.
+fn small_resnet(checkpointing: bool, device: &Device) -> Sequential {
     let config = ResNetConfig::named("resnet18")
         .unwrap()
         .stem(Stem::Cifar)
@@ -99,7 +102,13 @@ fn train_resnet(checkpointing: bool) -> (Trace, Vec<Vec<u32>>) {
         layers: [1, 1, 1, 1],
         ..config
     };
-    let net = resnet(config, &device, &g).unwrap();
+    resnet(config, device, &Generator::new(6)).unwrap()
+}
+
+/// Per step: loss and gradients; then the BatchNorm buffers after the last step.
+fn train_resnet(checkpointing: bool) -> (Trace, Vec<Vec<u32>>) {
+    let (device, g) = (Device::cpu(), Generator::new(6));
+    let net = small_resnet(checkpointing, &device);
     let mut opt = Sgd::new(net.parameters(), SgdConfig::new(0.05).momentum(0.9)).unwrap();
     let x = Tensor::rand_normal([4, 3, 8, 8], 0.0, 1.0, DType::F32, &g, &device).unwrap();
     let y = Tensor::from_vec(vec![0u32, 3, 1, 4], [4], &device).unwrap();
@@ -222,4 +231,35 @@ fn a_checkpointed_gpt_of_several_layers_peaks_lower_in_memory() {
         (checkpointed as f64) < 0.6 * plain as f64,
         "peak above the parameters: {checkpointed} bytes checkpointed, {plain} plain"
     );
+}
+
+/// One step of a two-stage 1F1B pipeline (cpu:2, cpu:3) over two micro-batches: each
+/// parameter's gradient and each buffer, as bits.
+fn pipelined_resnet(checkpointing: bool) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let devices = [Device::parse("cpu:2").unwrap(), Device::parse("cpu:3").unwrap()];
+    let staged = StagedModel::split(small_resnet(checkpointing, &Device::cpu()), &[5, 5], &devices).unwrap();
+    let g = Generator::new(8);
+    let x = Tensor::rand_normal([4, 3, 8, 8], 0.0, 1.0, DType::F32, &g, &devices[0]).unwrap();
+    let y = Tensor::from_vec(vec![0u32, 3, 1, 4], [4], &devices[1]).unwrap();
+    let setup = setup_with(Box::new(staged), &devices[0]);
+    let mut strategy = Pipeline::new(ScheduleKind::OneFOneB, 2);
+    strategy.setup(&setup, &TrainerConfig::default()).unwrap();
+    let tensors = [x, y];
+    strategy
+        .forward_backward(&setup, &MicroBatch::whole(&tensors), &mut StepTimes::default())
+        .unwrap();
+    let cpu = |t: &Tensor| bits(&t.to_device(&Device::cpu()).unwrap().to_dtype(DType::F32).unwrap());
+    let grads = setup
+        .model
+        .parameters()
+        .iter()
+        .map(|p| cpu(&p.grad().unwrap()))
+        .collect();
+    let buffers = setup.model.named_buffers().iter().map(|(_, t)| cpu(t)).collect();
+    (grads, buffers)
+}
+
+#[test]
+fn checkpointed_blocks_in_pipeline_stages_give_the_plain_pipelines_gradients() {
+    assert_eq!(pipelined_resnet(true), pipelined_resnet(false));
 }
