@@ -31,7 +31,7 @@ pub struct GptConfig {
     pub n_embd: usize,
     /// Probability of every dropout layer (embeddings, attention weights, residual outputs); 0 disables them.
     pub dropout: f64,
-    /// Whether each transformer block is checkpointed ([`crate::nn::checkpoint`]): its
+    /// Whether each transformer block is checkpointed ([`crate::nn::checkpoint()`]): its
     /// activations recomputed in backward instead of kept.
     #[serde(default)]
     pub activation_checkpointing: bool,

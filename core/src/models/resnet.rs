@@ -55,7 +55,7 @@ pub struct ResNetConfig {
     pub in_channels: usize,
     /// Outputs of the final `fc` layer.
     pub classes: usize,
-    /// Whether each residual block is checkpointed ([`crate::nn::checkpoint`]): its activations
+    /// Whether each residual block is checkpointed ([`crate::nn::checkpoint()`]): its activations
     /// recomputed in backward instead of kept.
     pub activation_checkpointing: bool,
 }
