@@ -383,6 +383,18 @@ fn an_unknown_model_is_named() {
 }
 
 #[test]
+fn activation_checkpointing_is_refused_for_a_model_without_blocks() {
+    let out = train(
+        &mnist_dir(),
+        &["--max-steps", "1", "--model", "mlp", "--activation-checkpointing"],
+    );
+    assert_fails_with(
+        &out,
+        &["--activation-checkpointing checkpoints the blocks of the ResNets and GPTs; --model mlp has none"],
+    );
+}
+
+#[test]
 fn batch_size_zero_is_refused() {
     let out = train(&mnist_dir(), &["--max-steps", "1", "--batch-size", "0"]);
     assert_fails_with(&out, &["--batch-size 0 is out of range: give 1 to"]);

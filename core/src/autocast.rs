@@ -64,6 +64,18 @@ impl Drop for AutocastGuard {
     }
 }
 
+/// Puts this thread in the autocast state `dtype` (None: off) until dropped, with a cache of
+/// its own: a checkpoint's recompute runs in the state its first forward ran in.
+pub(crate) fn enter(dtype: Option<DType>) -> AutocastGuard {
+    let region = dtype.map(|dtype| Region {
+        dtype,
+        cache: HashMap::new(),
+    });
+    AutocastGuard {
+        previous: REGION.with(|r| std::mem::replace(&mut *r.borrow_mut(), region)),
+    }
+}
+
 /// Runs `f` with autocast to `dtype`.
 pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> Result<R>) -> Result<R> {
     let _guard = AutocastGuard::new(dtype)?;
@@ -76,7 +88,7 @@ pub(crate) fn lower(t: &Tensor) -> Result<Tensor> {
     if t.dtype() != DType::F32 {
         return Ok(t.clone());
     }
-    let cacheable = t.is_leaf() && t.tracks_grad();
+    let cacheable = t.is_leaf() && t.tracks_grad() && !crate::autograd::capture::is_capturing();
     if cacheable
         && let Some(cast) = REGION.with(|r| {
             r.borrow()

@@ -7,7 +7,8 @@
 //!   `name.0`, `name.1`, … as a `ModuleList`) or an `Option` of one;
 //! - `#[module(skip)]` leaves a field out (configuration, caches: it must hold no tensors);
 //! - `#[module(rename = "c_attn")]` registers a field under another name;
-//! - `#[module(training)]` on a `bool` field: `set_training` stores the mode there.
+//! - `#[module(training)]` on a `bool` field: `set_training` stores the mode there;
+//! - `#[module(kind = "Sequential")]` on the struct: the class name `describe` prints.
 //!
 //! `forward` calls the struct's own inherent `fn forward(&self, x: &Tensor) -> Result<Tensor>`;
 //! without one the impl does not compile ("function cannot return without recursing", pointing
@@ -61,9 +62,9 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         ));
     };
     let fields = named.named.iter().map(field).collect::<syn::Result<Vec<_>>>()?;
-    let several_inputs = takes_several_inputs(input)?;
+    let (several_inputs, kind) = struct_options(input)?;
     let ty = &input.ident;
-    let kind = ty.to_string();
+    let kind = kind.unwrap_or_else(|| ty.to_string());
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
 
     let of = |role: fn(&Role) -> bool| fields.iter().filter(move |f| role(&f.role));
@@ -180,20 +181,24 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     })
 }
 
-/// Whether the struct says `#[module(inputs)]`: its forward takes `&[Tensor]`.
-fn takes_several_inputs(input: &DeriveInput) -> syn::Result<bool> {
-    let mut several = false;
+/// What the struct says in `#[module(...)]`: `inputs` (its forward takes `&[Tensor]`) and
+/// `kind = "Sequential"` (the class name `describe` prints, when not the struct's own).
+fn struct_options(input: &DeriveInput) -> syn::Result<(bool, Option<String>)> {
+    let (mut several, mut kind) = (false, None);
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("module")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("inputs") {
                 several = true;
                 Ok(())
+            } else if meta.path.is_ident("kind") {
+                kind = Some(meta.value()?.parse::<LitStr>()?.value());
+                Ok(())
             } else {
-                Err(meta.error("on a struct, expected `inputs` (its forward takes `&[Tensor]`)"))
+                Err(meta.error("on a struct, expected `inputs` (its forward takes `&[Tensor]`) or `kind = \"Name\"`"))
             }
         })?;
     }
-    Ok(several)
+    Ok((several, kind))
 }
 
 /// One statement per field of `list`, made from its identifier and registered name.

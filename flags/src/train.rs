@@ -158,6 +158,11 @@ pub struct Args {
     /// GPT: dropout on embeddings, attention weights and residual branches (default: the preset's).
     #[arg(long)]
     pub dropout: Option<f64>,
+    /// ResNets and GPTs: keep only each residual or transformer block's input for backward and
+    /// recompute the rest there (torch.utils.checkpoint): less memory for one more forward pass
+    /// per block; the results are the same bit for bit.
+    #[arg(long)]
+    pub activation_checkpointing: bool,
     /// Optimizer steps of linear learning-rate warm-up before --lr-schedule (default: 0; for
     /// the GPTs a tenth of the run up to 100, for the ResNets a fifth up to 200).
     #[arg(long, value_name = "STEPS")]
@@ -504,6 +509,12 @@ impl Args {
             ),
             _ => {}
         }
+        let blocks = self.gpt_recipe() || lockstep_core::models::resnet::NAMES.contains(&self.model.as_str());
+        anyhow::ensure!(
+            !self.activation_checkpointing || blocks,
+            "--activation-checkpointing checkpoints the blocks of the ResNets and GPTs; --model {} has none",
+            self.model
+        );
         let pipelined = self.pipeline_stages.is_some() || self.split.is_some() || self.place.is_some();
         let replicas = match self.pipeline_stages {
             Some(stages) if stages > 0 => (self.devices.len() / stages).max(1),

@@ -15,12 +15,35 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+pub(crate) mod capture;
+mod gradients;
 mod pending;
+pub(crate) use gradients::gradients;
 use pending::Pending;
 pub(crate) use pending::Window;
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static RECOMPUTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is re-running a checkpointed block's forward during backward. A layer
+/// with side effects in its forward skips them then (BatchNorm's running statistics already
+/// took this batch in the first forward).
+pub fn is_recomputing() -> bool {
+    RECOMPUTING.with(|r| r.get())
+}
+
+/// Runs `f` as a checkpoint's recompute (see [`is_recomputing`]).
+pub(crate) fn recomputing<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RECOMPUTING.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(RECOMPUTING.with(|r| r.replace(true)));
+    f()
 }
 
 /// Whether operations on this thread record the graph.
@@ -31,6 +54,16 @@ pub fn is_grad_enabled() -> bool {
 /// Runs `f` without recording the graph (evaluation, optimizer updates, metrics).
 pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
     let _guard = NoGradGuard::new();
+    f()
+}
+
+/// Runs `f` recording the graph, whatever the caller's setting (a checkpoint's recompute, which
+/// runs inside the backward walk).
+pub(crate) fn with_grad<R>(f: impl FnOnce() -> R) -> R {
+    // A NoGradGuard puts back whatever setting it found, here the caller's.
+    let _restore = NoGradGuard {
+        previous: GRAD_ENABLED.with(|g| g.replace(true)),
+    };
     f()
 }
 
@@ -101,6 +134,10 @@ impl Node {
             state: Mutex::new(Some(NodeState { edges, backward })),
         })
     }
+    /// The id the next recorded node gets: nodes recorded from now on have this id or a greater one.
+    pub(crate) fn next_id() -> u64 {
+        NEXT_NODE.load(Ordering::Relaxed)
+    }
     /// The operation's name (`conv2d`, `gather`, …), which a tensor's `Debug` output shows as `grad_fn=`.
     pub fn name(&self) -> &'static str {
         self.name
@@ -132,14 +169,16 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// Nodes reachable from `root`, parents before children, with each node's number of consumers.
-fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
+/// Nodes reachable from `root` without entering nodes recorded before `first` (an outer graph's),
+/// parents before children.
+fn topological_order(root: &Arc<Node>, first: u64) -> Vec<Arc<Node>> {
+    let inner_children = |n: &Arc<Node>| n.children().into_iter().filter(|c| c.id >= first);
     let mut consumers: HashMap<u64, usize> = HashMap::new();
     let mut seen: HashMap<u64, Arc<Node>> = HashMap::new();
     let mut stack = vec![root.clone()];
     seen.insert(root.id, root.clone());
     while let Some(n) = stack.pop() {
-        for c in n.children() {
+        for c in inner_children(&n) {
             *consumers.entry(c.id).or_default() += 1;
             if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(c.id) {
                 e.insert(c.clone());
@@ -151,7 +190,7 @@ fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
     let mut order = Vec::with_capacity(seen.len());
     let mut ready = vec![root.clone()];
     while let Some(n) = ready.pop() {
-        for c in n.children() {
+        for c in inner_children(&n) {
             let left = consumers.get_mut(&c.id).expect("counted above");
             *left -= 1;
             if *left == 0 {
@@ -163,25 +202,68 @@ fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
     order
 }
 
+/// Where the walk's gradients end: what it does with a leaf's gradient and with one for a node
+/// recorded before `first` (which it does not enter).
+trait Ends {
+    /// Nodes with smaller ids belong to an outer graph: the walk stops at them.
+    fn first(&self) -> u64;
+    /// Every node the walk will visit, before it starts.
+    fn start(&mut self, order: &[Arc<Node>]);
+    /// One edge into `leaf` is done, with its gradient or none.
+    fn leaf(&mut self, leaf: &Tensor, grad: Option<Tensor>) -> Result<()>;
+    /// A gradient for a node of the outer graph.
+    fn outer(&mut self, node: &Arc<Node>, grad: Tensor) -> Result<()>;
+}
+
 /// Back-propagates from `root` (whose gradient is `seed`) into the leaves' `.grad`. A leaf's
 /// grad-ready hooks run as soon as the last edge into it has delivered (or skipped) its gradient,
 /// while the rest of the walk continues: a data-parallel reducer starts communicating there.
 pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
-    let _no_grad = NoGradGuard::new();
-    let order = topological_order(root);
-    let mut pending: HashMap<u64, usize> = HashMap::new();
-    for node in &order {
-        for leaf in node.leaf_edges() {
-            *pending.entry(leaf.id()).or_default() += 1;
+    walk(root, seed, &mut IntoLeaves::default())
+}
+
+/// `backward`'s ends: gradients accumulate in the leaves, whose hooks run when their last edge is done.
+#[derive(Default)]
+struct IntoLeaves {
+    /// Edges into each leaf not yet done.
+    pending: HashMap<u64, usize>,
+}
+
+impl Ends for IntoLeaves {
+    fn first(&self) -> u64 {
+        0
+    }
+    fn start(&mut self, order: &[Arc<Node>]) {
+        for node in order {
+            for leaf in node.leaf_edges() {
+                *self.pending.entry(leaf.id()).or_default() += 1;
+            }
         }
     }
+    fn leaf(&mut self, leaf: &Tensor, grad: Option<Tensor>) -> Result<()> {
+        if let Some(g) = &grad {
+            leaf.accumulate_grad(g)?;
+        }
+        count_down(&mut self.pending, leaf)
+    }
+    fn outer(&mut self, node: &Arc<Node>, _grad: Tensor) -> Result<()> {
+        Err(Error::Autograd(format!("`{}` lies outside the whole graph", node.name)))
+    }
+}
+
+/// The walk from `root` in reverse topological order, handing what reaches the ends to `ends`.
+fn walk(root: &Arc<Node>, seed: Tensor, ends: &mut dyn Ends) -> Result<()> {
+    let _no_grad = NoGradGuard::new();
+    let first = ends.first();
+    let order = topological_order(root, first);
+    ends.start(&order);
     let mut grads: HashMap<u64, Pending> = HashMap::new();
     grads.insert(root.id, Pending::Whole(seed));
     for node in order {
         let Some(arrived) = grads.remove(&node.id) else {
             // No gradient reached this node: its leaves expect nothing more from it.
             for leaf in node.leaf_edges() {
-                count_down(&mut pending, &leaf)?;
+                ends.leaf(&leaf, None)?;
             }
             continue;
         };
@@ -191,7 +273,9 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                 node.name
             ))
         })?;
-        if let (Some(window), [Edge::Node(input)]) = (&node.window, state.edges.as_slice()) {
+        if let (Some(window), [Edge::Node(input)]) = (&node.window, state.edges.as_slice())
+            && input.id >= first
+        {
             let delivered = Pending::add_piece(grads.remove(&input.id), window, arrived.into_tensor()?)?;
             grads.insert(input.id, delivered);
             continue;
@@ -209,16 +293,12 @@ pub(crate) fn backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
         }
         for (edge, g) in state.edges.into_iter().zip(input_grads) {
             match (edge, g) {
+                (Edge::Node(n), Some(g)) if n.id < first => ends.outer(&n, g)?,
                 (Edge::Node(n), Some(g)) => {
                     let delivered = Pending::add_whole(grads.remove(&n.id), g)?;
                     grads.insert(n.id, delivered);
                 }
-                (Edge::Leaf(leaf), g) => {
-                    if let Some(g) = &g {
-                        leaf.accumulate_grad(g)?;
-                    }
-                    count_down(&mut pending, &leaf)?;
-                }
+                (Edge::Leaf(leaf), g) => ends.leaf(&leaf, g)?,
                 _ => {}
             }
         }

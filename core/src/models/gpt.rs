@@ -10,7 +10,9 @@ use crate::backend::UnaryOp;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::nn::{CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, describe_tree, remap};
+use crate::nn::{
+    CausalSelfAttention, Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, describe_tree, remap,
+};
 use crate::rng::Generator;
 use crate::tensor::Tensor;
 
@@ -29,6 +31,10 @@ pub struct GptConfig {
     pub n_embd: usize,
     /// Probability of every dropout layer (embeddings, attention weights, residual outputs); 0 disables them.
     pub dropout: f64,
+    /// Whether each transformer block is checkpointed ([`crate::nn::checkpoint()`]): its
+    /// activations recomputed in backward instead of kept.
+    #[serde(default)]
+    pub activation_checkpointing: bool,
 }
 
 /// The names `GptConfig::named` knows.
@@ -52,6 +58,7 @@ impl GptConfig {
             n_head,
             n_embd,
             dropout,
+            activation_checkpointing: false,
         })
     }
     /// Sets the vocabulary size, usually the data set's.
@@ -75,6 +82,13 @@ impl GptConfig {
     pub fn dropout(self, dropout: f64) -> Self {
         GptConfig { dropout, ..self }
     }
+    /// Checkpoints every transformer block (or none).
+    pub fn activation_checkpointing(self, activation_checkpointing: bool) -> Self {
+        GptConfig {
+            activation_checkpointing,
+            ..self
+        }
+    }
 
     fn check(&self) -> Result<()> {
         let sizes = [self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd];
@@ -89,7 +103,7 @@ impl GptConfig {
 }
 
 /// The feed-forward half of a block: widen 4x, GELU, project back.
-#[derive(Module)]
+#[derive(Module, Clone)]
 pub struct Mlp {
     /// Widening projection, `n_embd` to `4 * n_embd`, with the GELU fused into its output.
     pub c_fc: Linear,
@@ -108,7 +122,7 @@ impl Mlp {
 }
 
 /// One pre-norm transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
-#[derive(Module)]
+#[derive(Module, Clone)]
 pub struct Block {
     /// LayerNorm applied before attention.
     pub ln_1: LayerNorm,
@@ -137,8 +151,9 @@ pub struct Transformer {
     pub wpe: Embedding,
     /// Dropout on the sum of token and position embeddings.
     pub drop: Dropout,
-    /// The `n_layer` blocks in order (`transformer.h.0`, `transformer.h.1`, …).
-    pub h: Vec<Block>,
+    /// The `n_layer` blocks in order (`transformer.h.0`, `transformer.h.1`, …), each checkpointed
+    /// when the config says so.
+    pub h: Vec<Checkpointed<Block>>,
     /// Final LayerNorm before the head.
     pub ln_f: LayerNorm,
 }
@@ -161,7 +176,7 @@ impl Transformer {
             .drop
             .forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&positions)?)?)?;
         for block in &self.h {
-            x = block.forward(&x)?;
+            x = Module::forward(block, &x)?;
         }
         self.ln_f.forward(&x)
     }
@@ -252,11 +267,11 @@ pub fn gpt(config: GptConfig, device: &Device, generator: &Generator) -> Result<
     };
     let (wte, wpe) = (embedding(config.vocab_size)?, embedding(config.block_size)?);
     let h = (0..config.n_layer)
-        .map(|_| -> Result<Block> {
+        .map(|_| -> Result<Checkpointed<Block>> {
             let mut attn = CausalSelfAttention::new(c, config.n_head, p, device, generator, &stream)?;
             attn.c_attn = linear(c, 3 * c, STD, device, generator)?;
             attn.c_proj = linear(c, c, residual_std, device, generator)?;
-            Ok(Block {
+            let block = Block {
                 ln_1: LayerNorm::new(c, device)?,
                 attn,
                 ln_2: LayerNorm::new(c, device)?,
@@ -265,7 +280,8 @@ pub fn gpt(config: GptConfig, device: &Device, generator: &Generator) -> Result<
                     c_proj: linear(4 * c, c, residual_std, device, generator)?,
                     dropout: Dropout::new(p, stream.clone())?,
                 },
-            })
+            };
+            Ok(Checkpointed::new(block, config.activation_checkpointing))
         })
         .collect::<Result<_>>()?;
     Ok(Gpt {

@@ -124,6 +124,25 @@ pub fn build_for(
     device: &Device,
     generator: &Generator,
 ) -> Result<Sequential> {
+    build_checkpointed(name, hidden, input, false, device, generator)
+}
+
+/// [`build_for`], with every residual block checkpointed when `activation_checkpointing`
+/// ([`ResNetConfig::activation_checkpointing`]); the other models have no blocks and refuse it.
+pub fn build_checkpointed(
+    name: &str,
+    hidden: &[usize],
+    input: Input,
+    activation_checkpointing: bool,
+    device: &Device,
+    generator: &Generator,
+) -> Result<Sequential> {
+    if activation_checkpointing && ResNetConfig::named(name).is_none() {
+        return Err(Error::invalid(
+            "model",
+            format!("activation checkpointing checkpoints residual blocks, which {name} has none of"),
+        ));
+    }
     let mnist_only = |model: &str| {
         if input == Input::MNIST {
             Ok(())
@@ -150,7 +169,11 @@ pub fn build_for(
                 } else {
                     Stem::ImageNet
                 };
-                let config = config.stem(stem).in_channels(input.image[0]).classes(input.classes);
+                let config = config
+                    .stem(stem)
+                    .in_channels(input.image[0])
+                    .classes(input.classes)
+                    .activation_checkpointing(activation_checkpointing);
                 resnet(config, device, generator)
             }
             None => Err(Error::invalid(

@@ -10,7 +10,8 @@ use crate::backend::Conv2dGeometry;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::{
-    AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, Relu, Sequential, init,
+    AdaptiveAvgPool2d, BatchNorm2d, Checkpointed, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, Relu,
+    Sequential, init,
 };
 use crate::rng::Generator;
 use crate::tensor::{Pool2dOptions, Tensor};
@@ -55,6 +56,9 @@ pub struct ResNetConfig {
     pub in_channels: usize,
     /// Outputs of the final `fc` layer.
     pub classes: usize,
+    /// Whether each residual block is checkpointed ([`crate::nn::checkpoint()`]): its activations
+    /// recomputed in backward instead of kept.
+    pub activation_checkpointing: bool,
 }
 
 /// The names `ResNetConfig::named` knows.
@@ -75,6 +79,7 @@ impl ResNetConfig {
             stem: Stem::ImageNet,
             in_channels: 3,
             classes: 1000,
+            activation_checkpointing: false,
         })
     }
     /// Swaps the stem, e.g. to [`Stem::Cifar`] for 32px images.
@@ -88,6 +93,13 @@ impl ResNetConfig {
     /// Sets the number of classes (`fc`'s outputs).
     pub fn classes(self, classes: usize) -> Self {
         ResNetConfig { classes, ..self }
+    }
+    /// Checkpoints every residual block (or none).
+    pub fn activation_checkpointing(self, activation_checkpointing: bool) -> Self {
+        ResNetConfig {
+            activation_checkpointing,
+            ..self
+        }
     }
 }
 
@@ -291,7 +303,7 @@ pub fn resnet(config: ResNetConfig, device: &Device, generator: &Generator) -> R
     for (stage, blocks) in stages(&config).iter().enumerate() {
         let mut layer = Sequential::new();
         for spec in blocks {
-            layer.push(block(spec, device, generator)?);
+            layer.push(block(spec, device, generator)?.checkpointed(config.activation_checkpointing));
             inplanes = spec.outplanes();
         }
         model = model.add_named(format!("layer{}", stage + 1), layer);
@@ -302,29 +314,50 @@ pub fn resnet(config: ResNetConfig, device: &Device, generator: &Generator) -> R
         .add_named("fc", Linear::new(inplanes, config.classes, true, device, generator)?))
 }
 
+/// A residual block of either kind.
+enum AnyBlock {
+    Basic(BasicBlock),
+    Bottleneck(Bottleneck),
+}
+
+impl AnyBlock {
+    /// The block as a layer, checkpointed or not.
+    fn checkpointed(self, enabled: bool) -> Box<dyn Module> {
+        fn boxed<M: Module + Clone + 'static>(block: M, enabled: bool) -> Box<dyn Module> {
+            match enabled {
+                true => Box::new(Checkpointed::new(block, true)),
+                false => Box::new(block),
+            }
+        }
+        match self {
+            AnyBlock::Basic(b) => boxed(b, enabled),
+            AnyBlock::Bottleneck(b) => boxed(b, enabled),
+        }
+    }
+}
+
 /// One residual block, with a 1x1 projection on the shortcut where the stride or the width
 /// changes.
-fn block(spec: &BlockSpec, device: &Device, generator: &Generator) -> Result<Box<dyn Module>> {
+fn block(spec: &BlockSpec, device: &Device, generator: &Generator) -> Result<AnyBlock> {
     let (planes, outplanes) = (spec.planes, spec.outplanes());
     let downsample = match spec.downsample() {
-        Some(projection) => Some(
-            Sequential::new()
-                .add(conv(projection, device, generator)?)
-                .add(BatchNorm2d::new(outplanes, device)?),
-        ),
+        Some(projection) => Some(Downsample {
+            conv: conv(projection, device, generator)?,
+            bn: BatchNorm2d::new(outplanes, device)?,
+        }),
         None => None,
     };
     let mut convs = spec.convs().into_iter().map(|c| conv(c, device, generator));
     let mut next = || convs.next().expect("a block's convolutions");
     Ok(match spec.kind {
-        Block::Basic => Box::new(BasicBlock {
+        Block::Basic => AnyBlock::Basic(BasicBlock {
             conv1: next()?,
             bn1: BatchNorm2d::new(planes, device)?,
             conv2: next()?,
             bn2: BatchNorm2d::new(planes, device)?,
             downsample,
         }),
-        Block::Bottleneck => Box::new(Bottleneck {
+        Block::Bottleneck => AnyBlock::Bottleneck(Bottleneck {
             conv1: next()?,
             bn1: BatchNorm2d::new(planes, device)?,
             conv2: next()?,
@@ -336,8 +369,28 @@ fn block(spec: &BlockSpec, device: &Device, generator: &Generator) -> Result<Box
     })
 }
 
+/// The shortcut's projection where the stride or the width changes: a 1x1 strided convolution
+/// and a batch norm (torchvision's `downsample`, a `Sequential`, whose names and printing it keeps).
+#[derive(Module, Clone)]
+#[module(kind = "Sequential")]
+pub struct Downsample {
+    /// 1x1 convolution carrying the block's stride and width.
+    #[module(rename = "0")]
+    pub conv: Conv2d,
+    /// Batch norm of the projection.
+    #[module(rename = "1")]
+    pub bn: BatchNorm2d,
+}
+
+impl Downsample {
+    /// NCHW to the block's output shape.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.bn.forward(&self.conv.forward(x)?)
+    }
+}
+
 /// The shortcut: the input itself, or its projection.
-fn shortcut(downsample: &Option<Sequential>, x: &Tensor) -> Result<Tensor> {
+fn shortcut(downsample: &Option<Downsample>, x: &Tensor) -> Result<Tensor> {
     match downsample {
         Some(projection) => projection.forward(x),
         None => Ok(x.clone()),
@@ -345,7 +398,7 @@ fn shortcut(downsample: &Option<Sequential>, x: &Tensor) -> Result<Tensor> {
 }
 
 /// relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
-#[derive(Module)]
+#[derive(Module, Clone)]
 pub struct BasicBlock {
     /// 3x3 convolution carrying the block's stride.
     pub conv1: Conv2d,
@@ -357,7 +410,7 @@ pub struct BasicBlock {
     pub bn2: BatchNorm2d,
     /// Projection of the shortcut (1x1 strided convolution, batch norm) when the stride or width changes;
     /// `None` for the identity.
-    pub downsample: Option<Sequential>,
+    pub downsample: Option<Downsample>,
 }
 
 impl BasicBlock {
@@ -370,7 +423,7 @@ impl BasicBlock {
 }
 
 /// relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x)).
-#[derive(Module)]
+#[derive(Module, Clone)]
 pub struct Bottleneck {
     /// 1x1 convolution narrowing to `planes` channels.
     pub conv1: Conv2d,
@@ -386,7 +439,7 @@ pub struct Bottleneck {
     pub bn3: BatchNorm2d,
     /// Projection of the shortcut to `4 * planes` channels (1x1 convolution, batch norm) when the stride or width
     /// changes; `None` for the identity.
-    pub downsample: Option<Sequential>,
+    pub downsample: Option<Downsample>,
 }
 
 impl Bottleneck {

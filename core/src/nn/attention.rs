@@ -11,7 +11,8 @@ use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 /// Causal multi-head self-attention as GPT-2 and nanoGPT build it: `[batch, t, n_embd]` in and out.
-#[derive(Module)]
+/// A clone shares the parameters and the dropout stream.
+#[derive(Module, Clone)]
 pub struct CausalSelfAttention {
     /// Joint query/key/value projection, `n_embd` to `3 * n_embd` (q, k, v concatenated on the last axis).
     pub c_attn: Linear,

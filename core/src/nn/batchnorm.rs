@@ -48,7 +48,9 @@ impl Kind {
 
 /// Training normalises with the batch statistics and updates the running ones (momentum 0.1,
 /// unbiased variance); evaluation normalises with the running statistics. Synchronised (SyncBatchNorm),
-/// training takes the statistics over every replica's batch; evaluation never communicates.
+/// training takes the statistics over every replica's batch; evaluation never communicates. A clone
+/// shares the parameters and the running statistics (tensors are handles).
+#[derive(Clone)]
 pub struct BatchNorm {
     kind: Kind,
     /// Scale (ones), absent when not affine.
@@ -74,6 +76,7 @@ pub struct BatchNorm {
 macro_rules! batch_norm_class {
     ($(#[$doc:meta])* $class:ident, $kind:expr) => {
         $(#[$doc])*
+        #[derive(Clone)]
         pub struct $class(BatchNorm);
 
         impl $class {
@@ -216,6 +219,10 @@ impl BatchNorm {
     /// float-only, so the count goes through f64 (exact to 2^53), or f32 (exact to 2^24
     /// batches) on a backend without f64.
     fn count_batch(&self) -> Result<()> {
+        if crate::autograd::is_recomputing() {
+            // A checkpoint's recompute: the first forward counted this batch.
+            return Ok(());
+        }
         no_grad(|| {
             let count = &self.num_batches_tracked;
             let wide = count.to_dtype(DType::F64).or_else(|_| count.to_dtype(DType::F32))?;

@@ -106,6 +106,8 @@ impl Conv2dConfig {
 }
 
 /// 2-D convolution over NCHW batches or single CHW images, as `torch.nn.Conv2d` with zero padding.
+/// A clone shares the parameters (tensors are handles).
+#[derive(Clone)]
 pub struct Conv2d {
     /// `[out_channels, in_channels / groups, kh, kw]`, kaiming-uniform(a=sqrt(5)) initialised as in PyTorch.
     pub weight: Tensor,

@@ -8,7 +8,8 @@ use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 /// Zeroes each element with probability `p` in training and scales the rest by `1/(1-p)`, as `torch.nn.Dropout`;
-/// the identity in evaluation.
+/// the identity in evaluation. A clone shares the stream.
+#[derive(Clone)]
 pub struct Dropout {
     p: f64,
     training: bool,

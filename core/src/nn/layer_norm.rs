@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// Normalises over the last axis, then scales and shifts, as `torch.nn.LayerNorm(features)`.
-#[derive(Module)]
+/// A clone shares the parameters (tensors are handles).
+#[derive(Module, Clone)]
 pub struct LayerNorm {
     /// Per-feature scale `[features]`, initialised to 1.
     pub weight: Tensor,

@@ -10,6 +10,8 @@ use crate::rng::Generator;
 use crate::tensor::Tensor;
 
 /// Fully connected layer `y = x @ weight^T + bias` over the input's last axis, as `torch.nn.Linear`.
+/// A clone shares the parameters (tensors are handles), as a checkpoint's recompute needs.
+#[derive(Clone)]
 pub struct Linear {
     /// `[out_features, in_features]`, kaiming-uniform(a=sqrt(5)) initialised as in PyTorch.
     pub weight: Tensor,

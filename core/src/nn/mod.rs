@@ -46,6 +46,7 @@
 mod activation;
 mod attention;
 mod batchnorm;
+pub mod checkpoint;
 pub(crate) mod child;
 mod conv;
 mod dropout;
@@ -67,6 +68,7 @@ mod weights;
 pub use activation::{Gelu, Relu};
 pub use attention::CausalSelfAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
+pub use checkpoint::{Checkpointed, checkpoint, checkpoint_inputs};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use embedding::Embedding;

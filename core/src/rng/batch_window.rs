@@ -33,6 +33,14 @@ impl BatchWindow {
         }
     }
 
+    /// Puts this thread in `window` (None: in none) until the guard drops: a checkpoint's
+    /// recompute draws in the window its first forward drew in.
+    pub(crate) fn restore(window: Option<BatchWindow>) -> BatchWindowGuard {
+        BatchWindowGuard {
+            previous: WINDOW.with(|w| w.replace(window)),
+        }
+    }
+
     /// The window this thread is in; none outside a data-parallel forward pass.
     pub fn current() -> Option<BatchWindow> {
         WINDOW.with(Cell::get)

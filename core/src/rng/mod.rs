@@ -5,8 +5,13 @@
 use std::sync::Mutex;
 
 mod batch_window;
+pub(crate) mod replay;
 
-pub(crate) use batch_window::{BatchWindow, StreamPlace};
+pub(crate) use batch_window::StreamPlace;
+/// Data parallel's place of a replica's samples in the global batch; for tests that drive
+/// replicas by hand.
+#[doc(hidden)]
+pub use batch_window::{BatchWindow, BatchWindowGuard};
 
 const PHILOX_M0: u32 = 0xD251_1F53;
 const PHILOX_M1: u32 = 0xCD9E_8D57;
@@ -166,12 +171,15 @@ impl Generator {
     pub fn restore(&self, seed: u64, counter: u64) {
         *self.lock() = (seed, counter);
     }
-    /// Reserves the counters for `len` values and returns the first.
+    /// Reserves the counters for `len` values and returns the first (inside a checkpoint's
+    /// recompute: the counter the same draw took in the first forward).
     pub fn advance(&self, len: usize) -> u64 {
-        let mut state = self.lock();
-        let start = state.1;
-        state.1 += len.div_ceil(4) as u64;
-        start
+        replay::draw(self, len, || {
+            let mut state = self.lock();
+            let start = state.1;
+            state.1 += len.div_ceil(4) as u64;
+            start
+        })
     }
     /// A host-side uniform integer in `[0, bound)` (for shuffles), from the same stream.
     pub fn next_below(&self, bound: u64) -> u64 {

@@ -357,6 +357,10 @@ impl Tensor {
     pub fn is_leaf(&self) -> bool {
         self.0.grad_fn.is_none()
     }
+    /// The recorded operation that produced this tensor, if any.
+    pub(crate) fn node(&self) -> Option<&Arc<Node>> {
+        self.0.grad_fn.as_ref()
+    }
     /// The same storage, cut from the graph.
     pub fn detach(&self) -> Tensor {
         self.view(self.0.layout.clone())
@@ -483,7 +487,11 @@ impl Tensor {
         window: Option<Window>,
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
-        if !autograd::is_grad_enabled() || !inputs.iter().any(|t| t.0.requires_grad) {
+        if !autograd::is_grad_enabled() {
+            autograd::capture::note(inputs);
+            return self;
+        }
+        if !inputs.iter().any(|t| t.0.requires_grad) {
             return self;
         }
         let edges = inputs

@@ -481,6 +481,10 @@ pub(super) fn update_running_stats(
     count: usize,
     momentum: f64,
 ) -> Result<()> {
+    if crate::autograd::is_recomputing() {
+        // A checkpoint's recompute: the first forward already blended this batch in.
+        return Ok(());
+    }
     let c = mean.elem_count();
     crate::autograd::no_grad(|| -> Result<()> {
         let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?.reshape([c])?;

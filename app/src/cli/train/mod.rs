@@ -229,7 +229,8 @@ struct Finished {
 impl Finished {
     fn summarize(mut self, args: &Args) -> anyhow::Result<()> {
         self.report.samples_per_sec = self.samples_per_sec;
-        let summary = summary::Summary::new(args, &self.device, &self.report, &self.result);
+        let peaks = summary::peaks(&setup::devices(args)?);
+        let summary = summary::Summary::new(args, &self.device, &self.report, &self.result, peaks);
         summary.print();
         if let Some(path) = &args.summary_out {
             summary.write(path)?;

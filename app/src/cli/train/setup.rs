@@ -54,6 +54,7 @@ pub fn gpt_config(args: &Args, preset: GptConfig, vocab_size: usize) -> GptConfi
             args.n_embd.unwrap_or(preset.n_embd),
         )
         .dropout(args.dropout.unwrap_or(preset.dropout))
+        .activation_checkpointing(args.activation_checkpointing)
 }
 
 /// The model as a chain of layers, for the pipeline's stages.
@@ -64,7 +65,15 @@ pub fn build_sequential(args: &Args, device: &Device) -> anyhow::Result<Sequenti
         args.model
     );
     let init = Generator::new(args.seed);
-    let model = models::build_for(&args.model, &args.hidden, super::data::input(args)?, device, &init)?;
+    let input = super::data::input(args)?;
+    let model = models::build_checkpointed(
+        &args.model,
+        &args.hidden,
+        input,
+        args.activation_checkpointing,
+        device,
+        &init,
+    )?;
     load_init_weights(args, &model)?;
     Ok(model)
 }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use lockstep_core::Device;
 use lockstep_core::train::{EvalMetrics, FitReport};
 use serde::Serialize;
 
@@ -30,6 +31,26 @@ pub struct Summary {
     /// The bytes of optimizer state each replica held at the end, by rank as far as this
     /// process knows them (with --zero each holds its share).
     pub optimizer_state_bytes: Vec<u64>,
+    /// Each of this process's devices' peak allocation over the run.
+    pub peak_memory: Vec<DevicePeak>,
+}
+
+#[derive(Serialize)]
+pub struct DevicePeak {
+    pub device: String,
+    /// The most bytes live tensors held at once (the allocator's peak since the device opened).
+    pub bytes: u64,
+}
+
+/// The peak allocation of each of `devices`, as their allocators count it.
+pub fn peaks(devices: &[Device]) -> Vec<DevicePeak> {
+    devices
+        .iter()
+        .map(|d| DevicePeak {
+            device: d.to_string(),
+            bytes: d.backend().memory_stats().peak_allocated_bytes,
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -55,7 +76,13 @@ fn device_shares(args: &Args, shares: &[usize]) -> Vec<DeviceShare> {
 }
 
 impl Summary {
-    pub fn new(args: &Args, device: &str, report: &FitReport, test: &EvalMetrics) -> Summary {
+    pub fn new(
+        args: &Args,
+        device: &str,
+        report: &FitReport,
+        test: &EvalMetrics,
+        peak_memory: Vec<DevicePeak>,
+    ) -> Summary {
         Summary {
             model: args.model.clone(),
             device: device.to_string(),
@@ -71,6 +98,7 @@ impl Summary {
             skipped_steps: report.skipped_steps,
             shares: device_shares(args, &report.shares),
             optimizer_state_bytes: report.optimizer_state_bytes.clone(),
+            peak_memory,
         }
     }
     pub fn print(&self) {
@@ -81,12 +109,17 @@ impl Summary {
                 format!(" | shares: {}", each.join(", "))
             }
         };
+        let peaks: Vec<String> = self
+            .peak_memory
+            .iter()
+            .map(|p| format!("{} {:.1} MiB", p.device, p.bytes as f64 / (1u64 << 20) as f64))
+            .collect();
         let skipped = match self.skipped_steps {
             0 => String::new(),
             n => format!(", {n} skipped for inf/NaN"),
         };
         println!(
-            "{} on {}: test accuracy {:.2}%, test loss {:.4} | {} steps{skipped}, {} epochs in {:.1} s ({:.0} samples/s, {:.2} s waiting for data; stopped: {}){shares}",
+            "{} on {}: test accuracy {:.2}%, test loss {:.4} | {} steps{skipped}, {} epochs in {:.1} s ({:.0} samples/s, {:.2} s waiting for data; stopped: {}) | peak memory: {}{shares}",
             self.model,
             self.device,
             self.test_accuracy * 100.0,
@@ -96,7 +129,8 @@ impl Summary {
             self.train_seconds,
             self.samples_per_sec,
             self.data_wait_seconds,
-            self.stop_reason
+            self.stop_reason,
+            peaks.join(", ")
         );
         if let Some(line) = self.optimizer_state_line() {
             println!("{line}");
@@ -162,6 +196,7 @@ mod tests {
             data_wait_seconds: 0.0,
             stop_reason: "max_epochs".into(),
             skipped_steps: 0,
+            peak_memory: Vec::new(),
             shares: shares
                 .iter()
                 .map(|&(device, samples)| DeviceShare {
