@@ -775,3 +775,59 @@ fn ctrl_c_stops_a_data_parallel_run_after_its_step_and_saves_the_checkpoint() {
     );
     assert!(dir.join("last.safetensors").is_file(), "the stop saved the checkpoint");
 }
+
+#[test]
+fn estimate_memory_prints_each_ranks_parts_and_trains_nothing() {
+    let dir = TempDir::new("estimate-memory");
+    let metrics = dir.join("metrics.jsonl");
+    let one = train(
+        &mnist_dir(),
+        &[
+            "--estimate-memory",
+            "--batch-size",
+            "32",
+            "--metrics-out",
+            path_str(&metrics),
+        ],
+    );
+    assert_succeeds(&one);
+    let stdout = String::from_utf8_lossy(&one.stdout);
+    let parts = [
+        "parameters",
+        "gradients",
+        "optimizer state",
+        "buckets",
+        "activations",
+        "total",
+    ];
+    for expected in parts.iter().chain(&[
+        "model mlp",
+        "batch per rank 32",
+        "precision 32",
+        "world size 1",
+        "ZeRO off",
+        "MiB",
+    ]) {
+        assert!(stdout.contains(expected), "no `{expected}` in:\n{stdout}");
+    }
+    assert!(!stdout.contains("accuracy"), "it trained:\n{stdout}");
+    assert!(!metrics.exists(), "a run that only estimates writes no metrics");
+
+    let sharded = train(
+        &mnist_dir(),
+        &[
+            "--estimate-memory",
+            "--batch-size",
+            "32",
+            "--devices",
+            "cpu:0,cpu:1",
+            "--zero",
+            "1",
+        ],
+    );
+    assert_succeeds(&sharded);
+    let stdout = String::from_utf8_lossy(&sharded.stdout);
+    for expected in ["batch per rank 16", "world size 2", "ZeRO stage 1", "rank 1"] {
+        assert!(stdout.contains(expected), "no `{expected}` in:\n{stdout}");
+    }
+}

@@ -253,6 +253,12 @@ pub struct Args {
     /// threads (--devices) or processes over MPI (not yet NCCL processes).
     #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub zero: Option<u8>,
+    /// Print each rank's memory at its peak for this run (parameters, gradients, optimizer
+    /// state, the data-parallel buckets, activations: for this model, --batch-size, --precision,
+    /// --devices and --zero), measured with a few small forward and backward passes on the CPU
+    /// and scaled to the batch, and exit without training.
+    #[arg(long)]
+    pub estimate_memory: bool,
     /// Data parallel: capacity of the gradient buckets after the first, in MiB (PyTorch's
     /// bucket_cap_mb); each full bucket is all-reduced while backward goes on.
     #[arg(long, default_value_t = 25.0)]
@@ -545,6 +551,10 @@ impl Args {
             );
         }
         if pipelined {
+            anyhow::ensure!(
+                !self.estimate_memory,
+                "--estimate-memory covers one device and data parallel (--devices), not pipeline stages"
+            );
             anyhow::ensure!(
                 !self.sync_batchnorm && !self.balance,
                 "--sync-batchnorm and --balance are for data-parallel replicas, not pipeline stages"

@@ -30,3 +30,4 @@ pub use replica_check::{OnDrift, ReplicaCheck};
 pub use sync_batchnorm::all_reduce_sum;
 pub(crate) use sync_batchnorm::synced_batch_stats;
 pub use zero::{ShardedOptimizer, ZeroStage, state_bytes};
+pub(crate) use zero::{owners, parameter_index};

@@ -4,6 +4,7 @@ mod balance;
 mod dashboard;
 mod data;
 mod download;
+mod memory_estimate;
 mod pipeline;
 mod process_group;
 mod setup;
@@ -71,6 +72,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// several devices on threads of this process, one device), then rank 0's summary.
 fn train(args: Args, hooks: Hooks) -> anyhow::Result<()> {
     let (train_set, test_set) = data::load(&args)?;
+    if args.estimate_memory {
+        return memory_estimate::print(&args, train_set.as_ref());
+    }
     let finished = match WorldEnv::from_env()? {
         Some(world) => process_group::train(&args, &world, train_set, test_set, &hooks)?,
         None => {

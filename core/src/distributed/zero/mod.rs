@@ -292,7 +292,7 @@ impl ShardedOptimizer {
 }
 
 /// The parameter a `state.{i}.…` entry belongs to; `None` for hyper-parameters.
-fn parameter_index(name: &str) -> Option<usize> {
+pub(crate) fn parameter_index(name: &str) -> Option<usize> {
     name.strip_prefix("state.")?.split('.').next()?.parse().ok()
 }
 
