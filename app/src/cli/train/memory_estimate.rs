@@ -18,9 +18,8 @@ pub fn print(args: &Args, train_set: &dyn Dataset) -> anyhow::Result<()> {
         precision: Precision::parse(&args.precision)?,
         world_size: world,
         zero: args.trainer_config().zero,
-        // This build has no --activation-checkpointing flag yet: set this from it when it lands
-        // (the probe measures the model as `setup::build` makes it).
-        activation_checkpointing: false,
+        // The probe measures the model as `setup::build` makes it, checkpointed or not.
+        activation_checkpointing: args.activation_checkpointing,
     };
     let build = |device: &Device| {
         super::setup::build(args, device.clone()).map_err(|e| Error::invalid("lockstep train", format!("{e:#}")))
