@@ -136,8 +136,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Caps the bytes this device's live tensors may hold (`None`: its own memory), as
     /// `torch.cuda.set_per_process_memory_fraction` does: a tensor past it is an
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the op, for sharing a device
-    /// or rehearsing a smaller one. A backend without such a limit refuses.
+    /// [`Error::OutOfMemory`] naming the op, for sharing a device or rehearsing a smaller one.
+    /// A backend without such a limit refuses.
     fn set_memory_limit(&self, _bytes: Option<u64>) -> Result<()> {
         Err(crate::error::Error::invalid(
             "set_memory_limit",
