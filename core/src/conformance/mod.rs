@@ -38,6 +38,7 @@ pub const NON_OP_METHODS: &[&str] = &[
     "kernel_times",
     "synchronize",
     "empty_cache",
+    "set_memory_limit",
 ];
 
 /// Every case of the suite, in a fixed order.
