@@ -43,6 +43,9 @@ fn the_printed_config_reads_back_to_itself_and_the_command_line_wins() {
         text.contains("# max_steps = (not set)"),
         "unset flags are listed:\n{text}"
     );
+    // Like --print-config, --estimate-memory is what a command does, not a setting of the run:
+    // a saved config must not turn every later run into an estimate.
+    assert!(!text.contains("estimate_memory"), "{text}");
     let file = dir.join("run.toml");
     std::fs::write(&file, &text).unwrap();
     assert_eq!(

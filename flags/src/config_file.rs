@@ -8,8 +8,9 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
-/// The flags that configure the file itself, never keys in it.
-const OWN_FLAGS: [&str; 2] = ["config", "print_config"];
+/// The flags that configure the file itself, or say what the command does instead of training
+/// (--estimate-memory): never keys in it, so a saved config never turns a run into an estimate.
+const OWN_FLAGS: [&str; 3] = ["config", "print_config", "estimate_memory"];
 
 /// How a config file's text is read: `read` on a real run, the fuzzer's bytes under fuzzing.
 pub type Reader<'a> = &'a dyn Fn(&Path) -> anyhow::Result<String>;
