@@ -276,7 +276,13 @@ impl Trainer {
             progress.stop_wish |= action == CallbackAction::Stop;
             let agreed = logged && self.strategy.any_stops(setup, progress.stop_wish)?;
             if agreed && !progress.stop_wish {
-                progress.report.stop_reason = "stopped by another replica".into();
+                // A request shared by the workers (Ctrl-C) that arrived while their wishes were
+                // gathered is this worker's own, though another saw it first.
+                progress.report.stop_reason = match self.stop.load(Ordering::Relaxed) {
+                    true => "stopped by request",
+                    false => "stopped by another replica",
+                }
+                .into();
             }
             return Ok(agreed);
         }
