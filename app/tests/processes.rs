@@ -10,112 +10,22 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lockstep_core::train::checkpoint::load_tensors;
+use support::mpi::{
+    ROOT_ENV, bits, checkpoint_tensors, logged_losses, mpirun, mpirun_available, path_str, pids_with, set_flag,
+    train_args, wait_at_most, weights,
+};
 use support::{TempDir, assert_succeeds, checkpoint_step, lockstep, mnist_dir, run};
 
 /// One job at a time: two jobs' ranks fighting for 2 cores turn seconds into minutes.
 static ONE_JOB: Mutex<()> = Mutex::new(());
-
-/// OpenMPI refuses to run as root without both (containers, CI).
-const ROOT_ENV: [(&str, &str); 2] = [("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")];
-
-/// 20 steps of a small MLP, global batch 64, one compute thread per process.
-fn train_args(data: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "train",
-        "--data",
-        data.to_str().expect("a UTF-8 path"),
-        "--device",
-        "cpu",
-        "--hidden",
-        "32",
-        "--batch-size",
-        "64",
-        "--max-steps",
-        "20",
-        "--seed",
-        "3",
-        "--threads",
-        "1",
-        "--workers",
-        "1",
-        "--no-val",
-        "--headless",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
-
-/// Sets `flag`'s value in `args`, replacing the one there (clap refuses a flag given twice).
-fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
-    match args.iter().position(|a| a == flag) {
-        Some(i) => args[i + 1] = value.to_string(),
-        None => args.extend([flag.to_string(), value.to_string()]),
-    }
-}
-
-fn mpirun_available() -> bool {
-    if Command::new("mpirun").arg("--version").output().is_ok() {
-        return true;
-    }
-    if std::env::var("LOCKSTEP_SKIP_MPI").as_deref() == Ok("1") {
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n**** SKIPPED: mpirun not found and LOCKSTEP_SKIP_MPI=1: the process tests did not run ****\n"
-        );
-        return false;
-    }
-    panic!(
-        "mpirun not found on PATH: install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev), \
-         or set LOCKSTEP_SKIP_MPI=1 to skip these tests"
-    );
-}
-
-/// `mpirun -np <ranks> lockstep <args>`, as a test on 2 cores must run it (more ranks than cores,
-/// no pinning, as root in containers), ended by mpirun itself if it hangs.
-fn mpirun(ranks: usize, args: &[String]) -> Output {
-    Command::new("mpirun")
-        .args([
-            "-np",
-            &ranks.to_string(),
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "--timeout",
-            "240",
-        ])
-        .arg(env!("CARGO_BIN_EXE_lockstep"))
-        .args(args)
-        .envs(ROOT_ENV)
-        .output()
-        .expect("mpirun starts")
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 temp path")
-}
-
-/// Every tensor of DIR/rank<R>.safetensors by name, as f64 (exact for f32 and the i64 counters).
-fn weights(dir: &Path, rank: usize) -> Vec<(String, Vec<f64>)> {
-    checkpoint_tensors(&dir.join(format!("rank{rank}.safetensors")))
-}
-
-fn bits(w: &[(String, Vec<f64>)]) -> Vec<(String, Vec<u64>)> {
-    w.iter()
-        .map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect()))
-        .collect()
-}
 
 /// Equal to f32 rounding: the sums run in another order.
 fn assert_close(ranks: &[(String, Vec<f64>)], one: &[(String, Vec<f64>)]) {
@@ -189,18 +99,6 @@ fn processes_match_one_device(ranks: usize) {
     assert_close(&rank0, &weights(one_dir.path(), 0));
 }
 
-/// Every tensor of a safetensors file by name, as f64, sorted by name.
-fn checkpoint_tensors(path: &Path) -> Vec<(String, Vec<f64>)> {
-    let file = load_tensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut tensors: Vec<(String, Vec<f64>)> = file
-        .tensors
-        .into_iter()
-        .map(|(name, t)| (name, t.data.to_f64_vec()))
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    tensors
-}
-
 /// ZeRO over `ranks` processes beside plain data parallel over as many: the weights end equal
 /// (to the clipping norm's summation order), every rank's alike, and rank 0's checkpoint holds
 /// the whole optimizer state, each share sent by its owner while rank 0 saves.
@@ -268,17 +166,6 @@ fn two_processes_match_one_device_with_the_global_batch() {
 #[test]
 fn four_processes_match_one_device_with_the_global_batch() {
     processes_match_one_device(4);
-}
-
-/// The step losses a run's metrics log recorded, in order.
-fn logged_losses(path: &Path) -> Vec<f64> {
-    std::fs::read_to_string(path)
-        .expect("rank 0 wrote the metrics log")
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON lines"))
-        .filter(|v| v["event"] == "step")
-        .map(|v| v["loss"].as_f64().expect("a step's loss"))
-        .collect()
 }
 
 /// The "test accuracy …" part of a run's summary line.
@@ -442,34 +329,6 @@ impl Drop for Job {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }
-}
-
-/// The processes whose environment holds every one of `vars` (NAME=value).
-fn pids_with(vars: &[&str]) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-                return false;
-            };
-            let environ: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
-            vars.iter().all(|v| environ.contains(&v.as_bytes()))
-        })
-        .collect()
-}
-
-fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 /// Starts a long 2-rank job under `lockstep launch` with `extra` train flags, sends rank 1

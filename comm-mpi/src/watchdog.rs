@@ -17,6 +17,10 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 /// The exit code of an aborted job (as NCCL's watchdog, a plain failure).
 const ABORT_CODE: i32 = 1;
 
+/// How long MPI_Abort has to end this rank. It asks mpirun to end the job, and a rank whose
+/// machine has lost its link to mpirun would wait on it forever: then the rank ends itself.
+const ABORT_GRACE: Duration = Duration::from_secs(10);
+
 /// The collective a communicator is in, if any.
 #[derive(Default)]
 pub struct InFlight {
@@ -65,6 +69,7 @@ pub fn watch(calls: Weak<InFlight>, rank: usize, timeout: Duration, finalized: i
                     waited.as_secs_f64(),
                     timeout.as_secs_f64()
                 );
+                end_if_abort_hangs(rank);
                 SimpleCommunicator::world().abort(ABORT_CODE);
             }
             drop(calls);
@@ -74,6 +79,19 @@ pub fn watch(calls: Weak<InFlight>, rank: usize, timeout: Duration, finalized: i
     if let Err(e) = spawned {
         eprintln!("lockstep: rank {rank}: no MPI collective timeout (cannot start its thread: {e})");
     }
+}
+
+/// Ends this process ABORT_GRACE from now, in case MPI_Abort cannot reach mpirun.
+fn end_if_abort_hangs(rank: usize) {
+    let _ = thread::Builder::new().name("mpi-abort-grace".into()).spawn(move || {
+        thread::sleep(ABORT_GRACE);
+        eprintln!(
+            "lockstep: rank {rank}: MPI_Abort did not end the job within {}s (mpirun is out of reach: this \
+             machine's link is down?); this rank ends itself",
+            ABORT_GRACE.as_secs()
+        );
+        std::process::exit(ABORT_CODE);
+    });
 }
 
 /// One watched communicator's share: the calls in flight, kept alive by the communicator.

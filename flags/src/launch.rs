@@ -16,7 +16,9 @@ pub const MOST_TOKEN_BYTES: usize = lockstep_core::distributed::rendezvous::wire
     lockstep launch --nproc-per-node 2 -- train --device cpu        (runs mpirun -np 2 …)\n\n\
     Two machines, four GPUs each (the same --token on both; rank 0 lives on node 0):\n  \
     node0$ lockstep launch --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr node0 --token T -- train …\n  \
-    node1$ lockstep launch --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr node0 --token T -- train …")]
+    node1$ lockstep launch --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr node0 --token T -- train …\n\n\
+    For CPU and wgpu devices node 0's launcher runs one mpirun over every machine, which starts\n\
+    their ranks through ssh (or OMPI_MCA_plm_rsh_agent); the others' launchers wait for the end.")]
 pub struct Args {
     /// Processes to start on this machine: one per GPU for CUDA devices (process i uses
     /// cuda:LOCAL_RANK with `--device cuda`).

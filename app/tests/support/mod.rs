@@ -5,6 +5,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod http;
+pub mod mpi;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -6,6 +6,7 @@
 //! launcher can start: for them `launch` hands the job to mpirun (`plan.rs`).
 
 mod mpirun;
+mod nodes;
 mod plan;
 mod supervise;
 
@@ -33,10 +34,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              restarted job trains from the beginning"
         );
     }
+    // An MPI job on several machines: node 0's mpirun starts every rank; the others wait.
+    let several = engine == plan::Engine::Mpirun && args.nnodes > 1;
+    let silence = plan::collective_timeout(&args.command);
+    if several && args.node_rank > 0 {
+        return nodes::follow(&args, silence);
+    }
+    let cluster = several.then(|| nodes::Cluster::gather(&args)).transpose()?;
+    let ended = run_with_restarts(&args, engine, &exe, cluster.as_ref().map(|c| (c, silence)), interrupted);
+    if let Some(cluster) = &cluster {
+        cluster.finish(&ended);
+    }
+    ended
+}
+
+/// Runs the job, and again after a failure while --max-restarts allows (not after Ctrl-C, and
+/// not without a machine that is gone).
+fn run_with_restarts(
+    args: &Args,
+    engine: plan::Engine,
+    exe: &std::path::Path,
+    cluster: Option<(&nodes::Cluster, std::time::Duration)>,
+    interrupted: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+) -> anyhow::Result<()> {
     let mut restarts = 0;
     loop {
         let ended = match engine {
-            plan::Engine::Mpirun => mpirun::run(&exe, &args),
+            plan::Engine::Mpirun => mpirun::run(exe, args, cluster),
             plan::Engine::Processes => {
                 let token = args.token.clone().unwrap_or_else(random_token);
                 let ranks = (0..args.nproc_per_node)
@@ -47,17 +71,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         )
                     })
                     .collect();
-                supervise::run_ranks(&exe, &args.command, ranks)
+                supervise::run_ranks(exe, &args.command, ranks)
             }
         };
         let stopped_by_user = interrupted.as_ref().is_some_and(|flag| flag.load(Ordering::SeqCst));
+        let gone = match (&ended, cluster) {
+            (Err(_), Some((cluster, _))) => cluster.gone_after_failure(),
+            _ => None,
+        };
         match ended {
+            Err(failure) if let Some(gone) = gone => {
+                return Err(failure.context(format!("{gone}; the job is not restarted without it")));
+            }
             Err(failure) if restarts < args.max_restarts && !stopped_by_user => {
                 restarts += 1;
-                eprintln_whole!(
-                    "lockstep launch: {failure}; restarting the job ({restarts} of --max-restarts {})",
+                let note = format!(
+                    "{failure}; restarting the job ({restarts} of --max-restarts {})",
                     args.max_restarts
                 );
+                eprintln_whole!("lockstep launch: {note}");
+                if let Some((cluster, _)) = cluster {
+                    cluster.tell(&note);
+                }
             }
             Err(failure) if restarts > 0 => return Err(failure.context(format!("after {restarts} restart(s)"))),
             ended => return ended,

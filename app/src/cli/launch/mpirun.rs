@@ -3,38 +3,46 @@
 //! the others and names the rank.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use super::Args;
+use super::nodes::Cluster;
 use super::supervise::describe;
 use crate::cli::train;
 use lockstep_flags::world;
 
-pub fn run(exe: &Path, args: &Args) -> anyhow::Result<()> {
+/// Runs the job under mpirun on this machine, or on every machine of `cluster` (node 0's
+/// launcher, the others joined): then a machine that falls silent for `silence` stops mpirun,
+/// which would otherwise wait on it.
+pub fn run(exe: &Path, args: &Args, cluster: Option<(&Cluster, Duration)>) -> anyhow::Result<()> {
     anyhow::ensure!(
         cfg!(feature = "mpi"),
         "CPU and wgpu devices talk across processes through MPI, but {}",
         train::NO_MPI
     );
-    anyhow::ensure!(
-        args.nnodes == 1,
-        "CPU and wgpu devices talk across processes through MPI, and across machines MPI's own launcher must start \
-         every process: run `mpirun -np {} --host … lockstep {}` (or srun) instead of `lockstep launch`",
-        args.world_size(),
-        args.command.join(" ")
-    );
-    let mut mpirun = command(exe, args);
+    let mut mpirun = command(exe, args, cluster.map(|(c, _)| c.hosts(args)));
     eprintln_whole!(
         "lockstep launch: CPU and wgpu devices talk through MPI, so mpirun starts the processes: {}",
         shown(&mpirun)
     );
-    let status = mpirun.status().map_err(|e| match e.kind() {
+    let mut child = mpirun.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => anyhow::anyhow!(
             "CPU and wgpu devices talk across processes through MPI, and its launcher `mpirun` is not on PATH: \
              install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin), or use CUDA devices (NCCL)"
         ),
         _ => anyhow::anyhow!("cannot start mpirun: {e}"),
     })?;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if cluster.is_some_and(|(c, silence)| c.lost(silence).is_some()) {
+            stop(&mut child);
+            anyhow::bail!("mpirun was stopped: a machine fell silent");
+        }
+        std::thread::sleep(POLL);
+    };
     anyhow::ensure!(
         status.success(),
         "mpirun {}: its messages above name the rank that failed",
@@ -43,18 +51,51 @@ pub fn run(exe: &Path, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn command(exe: &Path, args: &Args) -> Command {
+/// How often mpirun and the other machines are looked at.
+const POLL: Duration = Duration::from_millis(100);
+/// How long mpirun has to end its ranks after SIGTERM.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// SIGTERM (mpirun then ends the ranks it reaches), SIGKILL if it lingers.
+fn stop(child: &mut Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + GRACE;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `mpirun -np N` on this executable; with `hosts` (`addr:slots,…`), over those machines.
+fn command(exe: &Path, args: &Args, hosts: Option<String>) -> Command {
     let mut cmd = Command::new("mpirun");
     // More ranks than cores is allowed, and each rank runs its own threads: no pinning.
     cmd.args([
         "-np",
-        &args.nproc_per_node.to_string(),
+        &args.world_size().to_string(),
         "--oversubscribe",
         "--bind-to",
         "none",
-    ])
-    .arg(exe)
-    .args(&args.command);
+    ]);
+    if let Some(hosts) = hosts {
+        cmd.args(["--host", &hosts]);
+        // A remote shell carries no environment: Lockstep's own variables go along by name.
+        let mut ours: Vec<String> = std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .filter(|name| name.starts_with("LOCKSTEP_"))
+            .collect();
+        ours.sort();
+        for name in ours {
+            cmd.args(["-x", &name]);
+        }
+    }
+    cmd.arg(exe).args(&args.command);
     // torchrun's variables (from a launcher around this one) would outrank MPI's in the children.
     for name in [
         world::RANK,
@@ -85,7 +126,7 @@ mod tests {
     #[test]
     fn mpirun_runs_this_executable_once_per_process() {
         let args = Args::parse_from(["launch", "--nproc-per-node", "3", "--", "train", "--device", "cpu"]);
-        let cmd = command(Path::new("/bin/lockstep"), &args);
+        let cmd = command(Path::new("/bin/lockstep"), &args, None);
         assert_eq!(
             shown(&cmd),
             "mpirun -np 3 --oversubscribe --bind-to none /bin/lockstep train --device cpu"
@@ -95,7 +136,7 @@ mod tests {
     }
 
     #[test]
-    fn several_machines_are_refused_with_what_to_do() {
+    fn several_machines_run_under_one_mpirun_over_their_hosts() {
         let args = Args::parse_from([
             "launch",
             "--nproc-per-node",
@@ -109,12 +150,12 @@ mod tests {
             "--device",
             "cpu",
         ]);
-        let msg = run(Path::new("/bin/lockstep"), &args).unwrap_err().to_string();
-        let expected = if cfg!(feature = "mpi") {
-            "mpirun -np 4 --host"
-        } else {
-            "built without MPI"
-        };
-        assert!(msg.contains(expected), "{msg}");
+        let cmd = command(Path::new("/bin/lockstep"), &args, Some("10.0.0.1:2,10.0.0.2:2".into()));
+        let shown = shown(&cmd);
+        assert!(
+            shown.starts_with("mpirun -np 4 --oversubscribe --bind-to none --host 10.0.0.1:2,10.0.0.2:2 "),
+            "{shown}"
+        );
+        assert!(shown.ends_with(" /bin/lockstep train --device cpu"), "{shown}");
     }
 }

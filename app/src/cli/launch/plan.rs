@@ -34,6 +34,15 @@ pub fn engine(command: &[String]) -> anyhow::Result<Engine> {
     Ok(choose(&args.device, cuda_gpus, lockstep_cuda::probe::nccl_present()))
 }
 
+/// How long a rank of `command` waits in a collective before it ends the job: node 0's
+/// launcher waits as long on a machine gone silent. A command that is not `train` gets
+/// train's default.
+pub fn collective_timeout(command: &[String]) -> std::time::Duration {
+    train::Args::try_parse_from(command)
+        .unwrap_or_else(|_| train::Args::parse_from(["train"]))
+        .collective_timeout()
+}
+
 /// `auto` finds out whether there is a CUDA GPU only when it has to.
 fn choose(device: &str, cuda_gpus: impl FnOnce() -> bool, nccl: bool) -> Engine {
     let cuda = device == "cuda" || device.starts_with("cuda:") || (device == "auto" && cuda_gpus());
@@ -65,6 +74,13 @@ mod tests {
         );
         assert_eq!(choose("cpu", || panic!("not asked"), true), Engine::Mpirun);
         assert_eq!(choose("wgpu:0", || true, true), Engine::Mpirun);
+    }
+
+    #[test]
+    fn the_collective_timeout_comes_from_the_train_command() {
+        let timeout = collective_timeout(&command(&["train", "--collective-timeout", "7"]));
+        assert_eq!(timeout.as_secs(), 7);
+        assert_eq!(collective_timeout(&command(&["devices"])).as_secs(), 600);
     }
 
     #[test]
