@@ -3,20 +3,17 @@
 //! and together they train, report and validate as the same pipeline in one process.
 
 mod replica_support;
+mod stage_processes_support;
 
 use std::sync::Arc;
 
-use lockstep_core::backend::{Communicator, LocalCommunicator};
 use lockstep_core::data::{DataLoader, DataLoaderConfig};
 use lockstep_core::nn::{Flatten, Linear, Relu, Sequential, StagedModel};
-use lockstep_core::train::pipeline::{Pipeline, ProcessStages, ScheduleKind};
+use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
 use lockstep_core::train::{ChannelListener, Event, FitReport, GradientClip, Trainer, TrainerConfig};
 use lockstep_core::{Device, Generator, Result};
 use replica_support::{Points, SEED, assert_close, config, points_model, setup_with, weights};
-
-fn cpu(i: usize) -> Device {
-    Device::parse(&format!("cpu:{i}")).unwrap()
-}
+use stage_processes_support::cpu;
 
 fn loader() -> DataLoader {
     let loader_config = DataLoaderConfig {
@@ -64,11 +61,13 @@ fn fit(trainer: Trainer, setup: &mut lockstep_core::train::TrainingSetup) -> Res
 }
 
 /// The stages as threads of one process (the reference).
-fn in_one_process(kind: ScheduleKind, sizes: &[usize], build: Build) -> Run {
+fn in_one_process(kind: ScheduleKind, sizes: &[usize], build: Build, trainer_config: TrainerConfig) -> Run {
     let devices: Vec<Device> = (0..sizes.len()).map(cpu).collect();
     let model = StagedModel::place(sizes, &devices, build).unwrap();
     let mut setup = setup_with(Box::new(model), &devices[0]);
-    let trainer = Trainer::new(config(1)).unwrap().with_strategy(Pipeline::new(kind, 4));
+    let trainer = Trainer::new(trainer_config)
+        .unwrap()
+        .with_strategy(Pipeline::new(kind, 4));
     let (losses, report) = fit(trainer, &mut setup).unwrap();
     Run {
         weights: weights(&setup),
@@ -77,44 +76,21 @@ fn in_one_process(kind: ScheduleKind, sizes: &[usize], build: Build) -> Run {
     }
 }
 
-/// `LocalCommunicator` groups over one device per stage: the world, then two per boundary.
-fn stage_comms(stages: usize) -> Vec<Vec<LocalCommunicator>> {
-    let mut per_stage: Vec<Vec<LocalCommunicator>> = (0..stages).map(|_| Vec::new()).collect();
-    for _ in 0..1 + 2 * (stages - 1) {
-        let group = LocalCommunicator::group((0..stages).map(|s| cpu(s).backend().clone()).collect());
-        for (stage, comm) in group.into_iter().enumerate() {
-            per_stage[stage].push(comm);
-        }
-    }
-    per_stage
-}
-
 /// Each stage in a "process" of its own; `trainer_config` for every stage.
 fn in_processes(kind: ScheduleKind, sizes: &[usize], build: Build, trainer_config: TrainerConfig) -> Vec<Result<Run>> {
     let sizes = sizes.to_vec();
-    let threads: Vec<_> = stage_comms(sizes.len())
-        .into_iter()
-        .enumerate()
-        .map(|(stage, comms)| {
-            let (sizes, trainer_config) = (sizes.clone(), trainer_config.clone());
-            std::thread::spawn(move || -> Result<Run> {
-                let mut comms = comms.into_iter().map(|c| Box::new(c) as Box<dyn Communicator>);
-                let world: Arc<dyn Communicator> = Arc::from(comms.next().unwrap());
-                let processes = ProcessStages::new(world, || Ok(comms.next().unwrap()))?;
-                let model = StagedModel::place_one(&sizes, stage, &cpu(stage), build)?;
-                let mut setup = setup_with(Box::new(model), &cpu(stage));
-                let strategy = Pipeline::new(kind, 4).across_processes(processes);
-                let trainer = Trainer::new(trainer_config)?.with_strategy(strategy);
-                let (losses, report) = fit(trainer, &mut setup)?;
-                Ok(Run {
-                    weights: weights(&setup),
-                    losses,
-                    report,
-                })
-            })
+    stage_processes_support::in_processes(sizes.len(), move |stage, processes| {
+        let model = StagedModel::place_one(&sizes, stage, &cpu(stage), build)?;
+        let mut setup = setup_with(Box::new(model), &cpu(stage));
+        let strategy = Pipeline::new(kind, 4).across_processes(processes);
+        let trainer = Trainer::new(trainer_config.clone())?.with_strategy(strategy);
+        let (losses, report) = fit(trainer, &mut setup)?;
+        Ok(Run {
+            weights: weights(&setup),
+            losses,
+            report,
         })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
 }
 
 #[test]
@@ -127,7 +103,7 @@ fn stages_in_processes_train_validate_and_report_as_in_one_process() {
         (ScheduleKind::OneFOneB, vec![2, 2, 2], three_linears),
     ] {
         let label = format!("{} {sizes:?}", kind.name());
-        let want = in_one_process(kind, &sizes, build);
+        let want = in_one_process(kind, &sizes, build, config(1));
         let runs: Vec<Run> = in_processes(kind, &sizes, build, config(1))
             .into_iter()
             .collect::<Result<_>>()
@@ -158,17 +134,26 @@ fn stages_in_processes_train_validate_and_report_as_in_one_process() {
     }
 }
 
+/// Clipping by the global gradient norm: each stage's squared norm summed over the stages'
+/// processes, so every stage scales by the coefficient of the pipeline in one process.
 #[test]
-fn what_stages_in_processes_cannot_do_yet_is_refused_before_training() {
+fn stages_in_processes_clip_by_the_norm_of_every_stage_s_gradients() {
     let clipped = TrainerConfig {
-        gradient_clip: Some(GradientClip::Norm(1.0)),
+        gradient_clip: Some(GradientClip::Norm(0.1)),
         ..config(1)
     };
-    for result in in_processes(ScheduleKind::GPipe, &[2, 2], points_model, clipped) {
-        let err = result
-            .err()
-            .expect("clipping by norm across processes is refused")
-            .to_string();
-        assert!(err.contains("clipping by the total gradient norm"), "{err}");
-    }
+    let sizes = [2, 2, 2];
+    let want = in_one_process(ScheduleKind::OneFOneB, &sizes, three_linears, clipped.clone());
+    let unclipped = in_one_process(ScheduleKind::OneFOneB, &sizes, three_linears, config(1));
+    assert!(
+        want.weights != unclipped.weights,
+        "the norm never reached 0.1: nothing was clipped"
+    );
+    let runs: Vec<Run> = in_processes(ScheduleKind::OneFOneB, &sizes, three_linears, clipped)
+        .into_iter()
+        .collect::<Result<_>>()
+        .unwrap();
+    let got: Vec<Vec<f32>> = runs.iter().flat_map(|r| r.weights.clone()).collect();
+    assert_eq!(got.len(), want.weights.len());
+    assert_close(&got, &want.weights);
 }

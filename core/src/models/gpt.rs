@@ -161,25 +161,37 @@ pub struct Transformer {
 impl Transformer {
     /// Token ids `[batch, t]` (`1 <= t <= block_size`) to normalised states `[batch, t, n_embd]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (t, block_size) = (ids.dims().last().copied().unwrap_or(0), self.wpe.weight.dims()[0]);
-        if ids.rank() != 2 || t == 0 || t > block_size {
-            return Err(Error::invalid(
-                "gpt",
-                format!(
-                    "expects token ids [batch, t] with 1 <= t <= block_size {block_size}, got shape {}",
-                    ids.shape()
-                ),
-            ));
-        }
-        let positions = Tensor::arange(0, t as i64, DType::U32, ids.device())?;
-        let mut x = self
-            .drop
-            .forward(&self.wte.forward(ids)?.add(&self.wpe.forward(&positions)?)?)?;
+        let mut x = embed(&self.wte, &self.wpe, &self.drop, ids)?;
         for block in &self.h {
             x = Module::forward(block, &x)?;
         }
         self.ln_f.forward(&x)
     }
+}
+
+/// Token ids `[batch, t]` (`1 <= t <= block_size`) to `drop(wte(ids) + wpe(positions))`, the
+/// input of the first block.
+pub(super) fn embed(wte: &Embedding, wpe: &Embedding, drop: &Dropout, ids: &Tensor) -> Result<Tensor> {
+    let (t, block_size) = (ids.dims().last().copied().unwrap_or(0), wpe.weight.dims()[0]);
+    if ids.rank() != 2 || t == 0 || t > block_size {
+        return Err(Error::invalid(
+            "gpt",
+            format!(
+                "expects token ids [batch, t] with 1 <= t <= block_size {block_size}, got shape {}",
+                ids.shape()
+            ),
+        ));
+    }
+    let positions = Tensor::arange(0, t as i64, DType::U32, ids.device())?;
+    drop.forward(&wte.forward(ids)?.add(&wpe.forward(&positions)?)?)
+}
+
+/// The tied head: states `[batch, t, n_embd]` times the token embedding `weight`ᵀ, logits
+/// `[batch, t, vocab_size]`.
+pub(super) fn head_logits(states: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    // Cast before the transpose, as Linear does: once per autocast region, contiguously.
+    let head = crate::autocast::lower(weight)?;
+    states.matmul(&head.t()?)
 }
 
 /// The model: the transformer and a bias-free head that shares `transformer.wte.weight`.
@@ -193,10 +205,7 @@ pub struct Gpt {
 impl Gpt {
     /// Logits `[batch, t, vocab_size]` for token ids `[batch, t]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let states = self.transformer.forward(ids)?;
-        // Cast before the transpose, as Linear does: once per autocast region, contiguously.
-        let head = crate::autocast::lower(&self.transformer.wte.weight)?;
-        states.matmul(&head.t()?)
+        head_logits(&self.transformer.forward(ids)?, &self.transformer.wte.weight)
     }
 }
 

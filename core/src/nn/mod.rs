@@ -63,6 +63,7 @@ mod sequential;
 mod spatial;
 mod staged;
 mod state_dict;
+mod tie;
 mod weights;
 
 pub use activation::{Gelu, Relu};
@@ -83,4 +84,5 @@ pub use pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
 pub use recurrent::{CellKind, Recurrent, RecurrentConfig, RecurrentLayer, RecurrentState, gru, lstm, rnn};
 pub use sequential::Sequential;
 pub use staged::{StagedModel, layer_times, sizes_by_cost, sizes_by_parameters};
+pub use tie::TiedWeight;
 pub use weights::{LoadReport, load_weights};

@@ -182,10 +182,16 @@ pub trait ModuleExt: Module {
         out
     }
 
-    /// Named parameters in registration order.
+    /// Named parameters in registration order; a tensor two layers hold (a tied weight) comes
+    /// once, under its first name, as PyTorch's `named_parameters` leaves out duplicates.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
-        self.visit_parameters("", &mut |n, t| out.push((n, t.clone())));
+        let mut seen = std::collections::HashSet::new();
+        self.visit_parameters("", &mut |n, t| {
+            if seen.insert(t.id()) {
+                out.push((n, t.clone()))
+            }
+        });
         out
     }
     /// The trainable parameters in registration order, without names (what an optimizer takes).
@@ -253,16 +259,23 @@ pub trait ModuleExt: Module {
         self.parameters().iter().for_each(Tensor::zero_grad)
     }
     /// Moves every parameter and buffer to `device` (PyTorch's `module.to(device)`); parameters
-    /// stay leaves that require grad. Build the optimizer after moving: it holds the tensors.
+    /// stay leaves that require grad, and a tensor two layers hold (a tied weight) stays one
+    /// tensor. Build the optimizer after moving: it holds the tensors.
     fn to_device(&mut self, device: &Device) -> Result<()> {
+        let mut moved_before: std::collections::HashMap<u64, Tensor> = std::collections::HashMap::new();
         no_grad(|| {
             self.map_tensors(&mut |t| {
+                if let Some(moved) = moved_before.get(&t.id()) {
+                    return Ok(moved.clone());
+                }
                 let moved = t.to_device(device)?.detach();
-                Ok(if t.tracks_grad() {
+                let moved = if t.tracks_grad() {
                     moved.requires_grad(true)
                 } else {
                     moved
-                })
+                };
+                moved_before.insert(t.id(), moved.clone());
+                Ok(moved)
             })
         })?;
         match self.state_dict().into_iter().find(|(_, t)| t.device() != device) {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::module::{Module, ModuleExt};
 use super::sequential::Sequential;
+use super::tie::{TiedWeight, untie};
 use crate::backend::Communicator;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -19,6 +20,8 @@ use crate::tensor::Tensor;
 pub struct StagedModel {
     stages: Vec<Sequential>,
     devices: Vec<Device>,
+    /// Weights two stages hold a copy each, whose gradients the pipeline sums.
+    ties: Vec<TiedWeight>,
 }
 
 impl StagedModel {
@@ -39,7 +42,11 @@ impl StagedModel {
             }
         }
         let (stages, devices) = stages.into_iter().unzip();
-        Ok(StagedModel { stages, devices })
+        Ok(StagedModel {
+            stages,
+            devices,
+            ties: Vec::new(),
+        })
     }
 
     /// `model` cut into `sizes[i]` consecutive layers, each part moved to `devices[i]` (as
@@ -51,12 +58,17 @@ impl StagedModel {
                 format!("{} stage sizes for {} devices", sizes.len(), devices.len()),
             ));
         }
+        let mut parts = model.split(sizes)?;
+        let ties = untie(&mut parts)?;
         let mut stages = Vec::with_capacity(sizes.len());
-        for (mut part, device) in model.split(sizes)?.into_iter().zip(devices) {
+        for (mut part, device) in parts.into_iter().zip(devices) {
             part.to_device(device)?;
             stages.push((part, device.clone()));
         }
-        StagedModel::new(stages)
+        Ok(StagedModel {
+            ties,
+            ..StagedModel::new(stages)?
+        })
     }
 
     /// `split` of the model `build` makes in host memory (so no device ever holds all of it).
@@ -78,6 +90,7 @@ impl StagedModel {
         build: impl FnOnce(&Device) -> std::result::Result<Sequential, E>,
     ) -> std::result::Result<StagedModel, E> {
         let mut parts = build(&Device::cpu())?.split(sizes)?;
+        let ties = untie(&mut parts)?;
         if stage >= parts.len() {
             return Err(Error::invalid(
                 "StagedModel::place_one",
@@ -87,7 +100,10 @@ impl StagedModel {
         }
         let mut part = parts.swap_remove(stage);
         part.to_device(device)?;
-        Ok(StagedModel::new(vec![(part, device.clone())])?)
+        Ok(StagedModel {
+            ties: ties.into_iter().filter(|t| t.name_in(stage).is_some()).collect(),
+            ..StagedModel::new(vec![(part, device.clone())])?
+        })
     }
 
     /// The stages in order; each names its layers by their index in the whole model.
@@ -98,6 +114,12 @@ impl StagedModel {
     /// The device each stage's tensors live on, parallel to [`StagedModel::stages`].
     pub fn devices(&self) -> &[Device] {
         &self.devices
+    }
+
+    /// The weights two stages hold a copy each (the stages counted in the whole pipeline; with
+    /// `place_one`, those this stage takes part in).
+    pub fn ties(&self) -> &[TiedWeight] {
+        &self.ties
     }
 }
 

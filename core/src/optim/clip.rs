@@ -120,8 +120,20 @@ pub fn clip_grad_norm_of_shards(
     max_norm: f64,
     total_over_ranks: &dyn Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
+    clip_grad_norm_of_parts(params, params, max_norm, total_over_ranks)
+}
+
+/// [`clip_grad_norm_of_shards`] whose norm counts the gradients of `counted` alone (`params`
+/// less the copies of a weight that another of them holds, as a pipeline's tied embedding on
+/// its last stage) and scales those of every one of `params`.
+pub fn clip_grad_norm_of_parts(
+    params: &[Tensor],
+    counted: &[Tensor],
+    max_norm: f64,
+    total_over_ranks: &dyn Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     check_max_norm(max_norm)?;
-    let mine = no_grad(|| sum_of_powers(params, 2.0)?.to_dtype(DType::F32))?;
+    let mine = no_grad(|| sum_of_powers(counted, 2.0)?.to_dtype(DType::F32))?;
     let total = root(total_over_ranks(&mine)?, 2.0)?;
     scale_to(params, max_norm, total)
 }

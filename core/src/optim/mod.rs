@@ -12,7 +12,10 @@ mod sgd;
 mod state_reader;
 
 pub use adam::{Adam, AdamConfig};
-pub use clip::{clip_grad_norm, clip_grad_norm_of_shards, clip_grad_norm_with_type, clip_grad_value, grad_norm};
+pub use clip::{
+    clip_grad_norm, clip_grad_norm_of_parts, clip_grad_norm_of_shards, clip_grad_norm_with_type, clip_grad_value,
+    grad_norm,
+};
 pub use compose::{ChainedLR, SequentialLR};
 pub use grad_scaler::{GradScaler, grads_finite, non_finite_elements};
 pub use lr_scheduler::{LrSchedule, LrScheduler, SchedulerState};

@@ -166,7 +166,7 @@ impl Trainer {
             }
             let micro_batches_in_step = micro as u64 + 1;
             micro = 0;
-            self.strategy.finish_gradients(&mut progress.times)?;
+            self.strategy.finish_gradients(setup, &mut progress.times)?;
             let phase = Instant::now();
             let stepped = step::optimizer_step(&self.config, &mut self.state, setup, self.strategy.as_ref())?;
             progress.times.optimizer += phase.elapsed().as_secs_f64();

@@ -14,7 +14,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{
-    GradScaler, clip_grad_norm, clip_grad_norm_of_shards, clip_grad_value, grads_finite, non_finite_elements,
+    GradScaler, clip_grad_norm, clip_grad_norm_of_parts, clip_grad_value, grads_finite, non_finite_elements,
 };
 use crate::tensor::Tensor;
 
@@ -85,8 +85,9 @@ pub(crate) fn forward_backward(
 
 /// Unscale (mixed precision), clip, step (unless a gradient is inf/NaN), zero the gradients,
 /// advance the per-step scheduler; false when the step was skipped. Where `strategy` shards the
-/// gradients (ZeRO stage 2) each worker holds only its share, so the verdict on inf/NaN and the
-/// clipping norm are totalled over the workers.
+/// gradients (ZeRO stage 2, pipeline stages in processes) each worker holds only its share, so
+/// the verdict on inf/NaN and the clipping norm are totalled over the workers; a tied weight's
+/// copies count once in the norm.
 pub fn optimizer_step(
     config: &TrainerConfig,
     state: &mut TrainerState,
@@ -94,7 +95,8 @@ pub fn optimizer_step(
     strategy: &dyn Strategy,
 ) -> Result<bool> {
     let sharded = strategy.gradients_sharded();
-    let total = |part: &Tensor| strategy.sum_over_workers(setup, part);
+    let total = |part: &Tensor| strategy.sum_over_gradient_shards(setup, part);
+    let copies = strategy.tied_copies(setup)?;
     let params = setup.optimizer.parameters();
     // Unscaled once per optimizer step, before clipping; with DDP the gradients are already
     // averaged, so every rank reaches the same verdict.
@@ -113,8 +115,13 @@ pub fn optimizer_step(
     if finite {
         no_grad(|| -> Result<()> {
             match config.gradient_clip {
-                Some(GradientClip::Norm(max)) if sharded => {
-                    clip_grad_norm_of_shards(params, max, &total)?;
+                Some(GradientClip::Norm(max)) if sharded || !copies.is_empty() => {
+                    let counted: Vec<Tensor> = params
+                        .iter()
+                        .filter(|p| !copies.iter().any(|c| c.id() == p.id()))
+                        .cloned()
+                        .collect();
+                    clip_grad_norm_of_parts(params, &counted, max, &total)?;
                 }
                 Some(GradientClip::Norm(max)) => {
                     clip_grad_norm(params, max)?;

@@ -83,6 +83,7 @@ impl StagePlan {
         let model = StagedModel::place(&self.sizes, self.devices(), |d| setup::build_sequential(args, d))
             .with_context(|| format!("cannot place the model's stages ({:?} layers)", self.sizes))?;
         let mut setup = setup::build_with(args, Box::new(model), self.devices()[0].clone())?;
+        setup.hparams.extend(setup::model_hparams(args)?);
         setup.hparams.extend(hparams(args, &self.sizes));
         Ok(setup)
     }
@@ -144,6 +145,7 @@ pub fn process_stage_setup(args: &Args, stage: usize, stages: usize, device: &De
     let model = StagedModel::place_one(&sizes, stage, device, |d| setup::build_sequential(args, d))
         .with_context(|| format!("cannot place stage {stage} of the model ({sizes:?} layers)"))?;
     let mut setup = setup::build_with(args, Box::new(model), device.clone())?;
+    setup.hparams.extend(setup::model_hparams(args)?);
     setup.hparams.extend(hparams(args, &sizes));
     Ok(setup)
 }

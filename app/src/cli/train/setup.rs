@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use lockstep_core::data::reversal;
-use lockstep_core::models::GptConfig;
+use lockstep_core::models::{Gpt, GptConfig};
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{
     Adam, AdamConfig, CosineAnnealingLR, LinearLR, LrSchedule as Schedule, LrScheduler, Optimizer, SequentialLR, Sgd,
@@ -34,13 +34,32 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
         let model = build_sequential(args, &device)?;
         return build_with(args, Box::new(model), device);
     };
-    let vocab = text_vocabulary(args)?;
-    let config = gpt_config(args, preset, vocab.size());
-    let model = models::gpt(config, &device, &Generator::new(args.seed))?;
+    let (model, hparams) = build_gpt(args, preset, &device)?;
     load_init_weights(args, &model)?;
     let mut setup = build_with(args, Box::new(model), device)?;
-    setup.hparams.extend(gpt_hparams(&config, &vocab));
+    setup.hparams.extend(hparams);
     Ok(setup)
+}
+
+/// The GPT recipe `preset` sized by the flags and its text's vocabulary, with what a checkpoint
+/// records of it for `lockstep sample`.
+fn build_gpt(args: &Args, preset: GptConfig, device: &Device) -> anyhow::Result<(Gpt, Vec<(String, String)>)> {
+    let vocab = text_vocabulary(args)?;
+    let config = gpt_config(args, preset, vocab.size());
+    let model = models::gpt(config, device, &Generator::new(args.seed))?;
+    Ok((model, gpt_hparams(&config, &vocab)))
+}
+
+/// What a checkpoint records of the model besides the run's settings: a GPT's sizes and
+/// vocabulary (nothing for the other models).
+pub fn model_hparams(args: &Args) -> anyhow::Result<Vec<(String, String)>> {
+    match GptConfig::named(&args.model) {
+        Some(preset) => {
+            let vocab = text_vocabulary(args)?;
+            Ok(gpt_hparams(&gpt_config(args, preset, vocab.size()), &vocab))
+        }
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The GPT `preset`, sized by the flags and a vocabulary of `vocab_size`.
@@ -57,13 +76,14 @@ pub fn gpt_config(args: &Args, preset: GptConfig, vocab_size: usize) -> GptConfi
         .activation_checkpointing(args.activation_checkpointing)
 }
 
-/// The model as a chain of layers, for the pipeline's stages.
+/// The model as a chain of layers, for the pipeline's stages; a GPT's head shares its token
+/// embedding until the stages are cut (`nn::TiedWeight`).
 pub fn build_sequential(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
-    anyhow::ensure!(
-        !args.gpt_recipe(),
-        "{} cannot be split into pipeline stages yet (its head shares the token embedding); train it data parallel with --devices",
-        args.model
-    );
+    if let Some(preset) = GptConfig::named(&args.model) {
+        let model = build_gpt(args, preset, device)?.0.into_sequential();
+        load_init_weights(args, &model)?;
+        return Ok(model);
+    }
     let init = Generator::new(args.seed);
     let input = super::data::input(args)?;
     let model = models::build_checkpointed(

@@ -154,7 +154,7 @@ impl Strategy for DataParallel {
         Ok(sum)
     }
 
-    fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
+    fn finish_gradients(&mut self, _setup: &TrainingSetup, times: &mut StepTimes) -> Result<()> {
         finish_timed(&self.reducer, times)
     }
 

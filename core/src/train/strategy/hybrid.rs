@@ -82,9 +82,14 @@ impl Strategy for Hybrid {
         self.pipeline.run(setup, micro, times, &self.reducers)
     }
 
-    fn finish_gradients(&mut self, times: &mut StepTimes) -> Result<()> {
+    /// Each stage's gradients averaged over the replicas, then its tied weights' summed.
+    fn finish_gradients(&mut self, setup: &TrainingSetup, times: &mut StepTimes) -> Result<()> {
         self.reducers.iter().try_for_each(|r| finish_timed(r, times))?;
-        self.pipeline.finish_gradients(times)
+        self.pipeline.finish_gradients(setup, times)
+    }
+
+    fn tied_copies(&self, setup: &TrainingSetup) -> Result<Vec<Tensor>> {
+        self.pipeline.tied_copies(setup)
     }
 
     /// Each stage's copies are compared over that stage's group, stage after stage.

@@ -64,8 +64,22 @@ pub trait Strategy: Send {
     }
 
     /// After the step's last micro-batch, before the optimizer: the gradients are final.
-    fn finish_gradients(&mut self, _times: &mut StepTimes) -> Result<()> {
+    fn finish_gradients(&mut self, _setup: &TrainingSetup, _times: &mut StepTimes) -> Result<()> {
         Ok(())
+    }
+
+    /// The sum over the workers that each hold a share of the step's gradients
+    /// (`gradients_sharded`) of `part`, one scalar from each: the squared norm of its share,
+    /// or whether it saw an inf/NaN. Every such worker takes part.
+    fn sum_over_gradient_shards(&self, setup: &TrainingSetup, part: &Tensor) -> Result<Tensor> {
+        self.sum_over_workers(setup, part)
+    }
+
+    /// Parameters that are this worker's copies of a weight another parameter of the step also
+    /// holds (a pipeline's tied weight on its later stage): the same gradient, counted once in
+    /// the clipping norm, so these are left out of it.
+    fn tied_copies(&self, _setup: &TrainingSetup) -> Result<Vec<Tensor>> {
+        Ok(Vec::new())
     }
 
     /// The loss and correct-prediction sums of one evaluation batch (on the setup's device),
@@ -112,8 +126,8 @@ pub trait Strategy: Send {
     }
 
     /// Whether each worker holds the gradients of only its share of the parameters when the
-    /// optimizer steps (ZeRO stage 2): inf/NaN verdicts and clipping norms are then totalled
-    /// with `sum_over_workers`.
+    /// optimizer steps (ZeRO stage 2, pipeline stages in processes of their own): inf/NaN
+    /// verdicts and clipping norms are then totalled with `sum_over_gradient_shards`.
     fn gradients_sharded(&self) -> bool {
         false
     }

@@ -7,6 +7,7 @@ mod executor;
 mod processes;
 mod schedule;
 mod strategy;
+mod ties;
 mod timeline;
 
 pub use executor::{StageCompute, StepProfile};

@@ -6,13 +6,15 @@
 use super::executor::{StepProfile, run_step};
 use super::processes::ProcessStages;
 use super::schedule::{Schedule, ScheduleKind};
+use super::ties;
+use crate::backend::ReduceOp;
 use crate::data::Batch;
 use crate::distributed::{Reducer, all_gather_strings};
 use crate::error::{Error, Result};
 use crate::nn::StagedModel;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
-use crate::train::config::{GradientClip, OnNan, Precision, TrainerConfig};
+use crate::train::config::{OnNan, Precision, TrainerConfig};
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
 use crate::train::strategy::data_parallel::any_wishes;
@@ -162,11 +164,6 @@ fn check_across_processes(model: &StagedModel, config: &TrainerConfig) -> Result
             "f16 loss scaling would need every stage to agree on overflow, which is not built yet: use bf16 mixed precision, or run the stages in one process",
         );
     }
-    if matches!(config.gradient_clip, Some(GradientClip::Norm(_))) {
-        return refuse(
-            "clipping by the total gradient norm needs every stage's gradients, which is not built yet: clip by value, or run the stages in one process",
-        );
-    }
     if config.on_nan == OnNan::Skip {
         return refuse(
             "skipping a step with a non-finite gradient needs every stage to agree, which is not built yet: use on_nan Stop",
@@ -234,9 +231,29 @@ impl Strategy for Pipeline {
         self.run(setup, micro, times, &[])
     }
 
-    fn finish_gradients(&mut self, _times: &mut StepTimes) -> Result<()> {
+    /// Each tied weight's copies get the sum of their gradients.
+    fn finish_gradients(&mut self, setup: &TrainingSetup, _times: &mut StepTimes) -> Result<()> {
         self.steps_summed += 1;
-        Ok(())
+        ties::sum_tied_gradients(staged(setup)?, self.processes.as_ref())
+    }
+
+    /// Across processes each stage holds its own layers' gradients: the inf/NaN verdict and the
+    /// clipping norm are totalled over the stages.
+    fn gradients_sharded(&self) -> bool {
+        self.processes.is_some()
+    }
+
+    fn sum_over_gradient_shards(&self, setup: &TrainingSetup, part: &Tensor) -> Result<Tensor> {
+        let Some(p) = &self.processes else {
+            return Ok(part.clone());
+        };
+        let sum = part.to_device(&staged(setup)?.devices()[0])?.deep_copy()?;
+        p.world().all_reduce(sum.buffer(), ReduceOp::Sum)?;
+        Ok(sum)
+    }
+
+    fn tied_copies(&self, setup: &TrainingSetup) -> Result<Vec<Tensor>> {
+        ties::copies(staged(setup)?, self.processes.as_ref())
     }
 
     /// Across processes, the batch goes forward stage by stage and the last stage's sums
