@@ -1,13 +1,15 @@
 //! `lockstep train --dataset text` and `lockstep sample` end to end: a GPT trains on a text the
 //! test writes, its checkpoint samples the same text for the same seed (and other text for
 //! another), and the wrong pairings are refused with the way out: a language model on images,
-//! text for an image model, a prompt outside the vocabulary, sampling an image model.
+//! text for an image model, a prompt outside the vocabulary, sampling an image model. With
+//! `--tokenizer gpt2` the text is tokenized once into a cache beside it, reused, remade when the
+//! text changes, and `sample` decodes GPT-2 tokens.
 
 mod support;
 
 use std::path::Path;
 
-use support::{TempDir, assert_fails_with, assert_succeeds, lockstep, run};
+use support::{TempDir, assert_fails_with, assert_succeeds, lockstep, run, stderr};
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("scratch paths are UTF-8")
@@ -121,4 +123,93 @@ fn language_models_and_text_pair_only_with_each_other_and_sampling_needs_a_langu
         "cpu",
     ]));
     assert_fails_with(&out, &["holds mlp, not a language model", "gpt-tiny"]);
+}
+
+/// `lockstep train` of the smallest GPT on `text` with GPT-2's tokenizer, for `steps` steps;
+/// its stderr.
+fn train_gpt2(text: &Path, steps: &str, extra: &[&str]) -> String {
+    #[rustfmt::skip]
+    let mut args = vec![
+        "train", "--headless", "--threads", "2", "--device", "cpu",
+        "--model", "gpt-tiny", "--dataset", "text", "--data", path_str(text), "--tokenizer", "gpt2",
+        "--block-size", "16", "--n-layer", "1", "--n-head", "1", "--n-embd", "8",
+        "--batch-size", "4", "--max-steps", steps,
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&mut lockstep(&args));
+    assert_succeeds(&out);
+    stderr(&out)
+}
+
+#[test]
+fn a_gpt_trains_on_gpt2_tokens_cached_beside_its_text_and_samples_decoded_text() {
+    let dir = TempDir::new("gpt2-text");
+    let text = write_text(&dir);
+    let cache = dir.join("story.txt.gpt2.bin");
+    let checkpoints = dir.join("ckpt");
+    let first = train_gpt2(&text, "3", &["--checkpoint-dir", path_str(&checkpoints)]);
+    assert!(
+        first.contains("tokenized") && first.contains("story.txt.gpt2.bin"),
+        "{first}"
+    );
+    let made = std::fs::metadata(&cache).expect("the cache beside the text");
+    // The 32-byte header, then u16 ids: far fewer than the text's characters.
+    let tokens = (made.len() - 32) / 2;
+    assert!(first.contains(&format!("{tokens} tokens")), "{first}");
+    assert!(
+        tokens > 100 && tokens < std::fs::metadata(&text).unwrap().len() / 2,
+        "{tokens}"
+    );
+
+    let second = train_gpt2(&text, "1", &["--no-val"]);
+    assert!(
+        !second.contains("tokenized") && second.contains("GPT-2 tokens of"),
+        "{second}"
+    );
+    let reused = std::fs::metadata(&cache).unwrap();
+    assert_eq!(
+        reused.modified().unwrap(),
+        made.modified().unwrap(),
+        "the cache was reused, not rewritten"
+    );
+
+    // Another text: the stale cache is made again.
+    std::fs::write(
+        &text,
+        "A different story, told in different words, again and again. ".repeat(30),
+    )
+    .unwrap();
+    let third = train_gpt2(&text, "1", &["--no-val"]);
+    assert!(third.contains("again") && third.contains("the text changed"), "{third}");
+    assert_ne!(std::fs::metadata(&cache).unwrap().len(), made.len());
+
+    let last = checkpoints.join("last.safetensors");
+    let args = ["--prompt", "The quick brown", "--tokens", "12", "--seed", "3"];
+    let sampled = sample(&last, &args);
+    let generated = sampled
+        .trim_end_matches('\n')
+        .strip_prefix("The quick brown")
+        .expect("the prompt first");
+    assert!(!generated.is_empty(), "{sampled:?}");
+    assert_eq!(sample(&last, &args), sampled, "one seed, one text");
+
+    let out = run(&mut lockstep(&[
+        "train",
+        "--model",
+        "gpt-tiny",
+        "--dataset",
+        "text",
+        "--data",
+        path_str(&text),
+        "--tokenizer",
+        "gpt2",
+        "--vocab-size",
+        "65",
+    ]));
+    assert_fails_with(
+        &out,
+        &["GPT-2's 50257 ids", "--vocab-size 65", "leave --vocab-size out"],
+    );
+    let out = run(&mut lockstep(&["train", "--tokenizer", "gpt2"]));
+    assert_fails_with(&out, &["--tokenizer is for --dataset text"]);
 }

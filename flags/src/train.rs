@@ -28,9 +28,9 @@ pub enum DatasetKind {
     /// A folder of PNG/JPEG images, one subdirectory per class (torchvision's ImageFolder), or
     /// train/ and val/ (or test/) folders of that layout.
     Folder,
-    /// Text for the GPTs: a UTF-8 file (its characters are the tokens; 90% trains, 10%
-    /// validates), or a directory with nanoGPT's train.bin and val.bin (u16 token ids, with
-    /// --vocab-size).
+    /// Text for the GPTs: a UTF-8 file (its characters, or with --tokenizer gpt2 its GPT-2
+    /// tokens; 90% trains, 10% validates), or a directory with nanoGPT's train.bin and val.bin
+    /// (u16 token ids, with --tokenizer gpt2 or --vocab-size).
     Text,
 }
 
@@ -45,6 +45,15 @@ impl DatasetKind {
             DatasetKind::Text => "text",
         }
     }
+}
+
+/// What the tokens of `--dataset text` are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TokenizerKind {
+    /// The file's characters, over its own sorted character set (nanoGPT's shakespeare_char).
+    Char,
+    /// GPT-2's byte-pair encoding (tiktoken's `gpt2`, 50257 ids).
+    Gpt2,
 }
 
 /// What --on-nan does with an inf or NaN step.
@@ -143,9 +152,14 @@ pub struct Args {
     #[arg(long, value_name = "TOKENS")]
     pub block_size: Option<usize>,
     /// --dataset text from train.bin/val.bin: the tokenizer's vocabulary size (GPT-2's is
-    /// 50257); a character file's vocabulary is its characters.
+    /// 50257); a character file's vocabulary is its characters, --tokenizer gpt2's is GPT-2's.
     #[arg(long)]
     pub vocab_size: Option<usize>,
+    /// --dataset text: char (a file's characters are its tokens; the default for a file) or
+    /// gpt2 (GPT-2's BPE: a file is tokenized once into FILE.gpt2.bin beside it, remade when the
+    /// file changes; train.bin/val.bin are taken as GPT-2 ids, so `lockstep sample` decodes).
+    #[arg(long, value_enum)]
+    pub tokenizer: Option<TokenizerKind>,
     /// GPT: transformer blocks (default: the preset's).
     #[arg(long)]
     pub n_layer: Option<usize>,
@@ -515,6 +529,11 @@ impl Args {
             ),
             _ => {}
         }
+        anyhow::ensure!(
+            self.tokenizer.is_none() || self.dataset == DatasetKind::Text,
+            "--tokenizer is for --dataset text; leave it out for --dataset {}",
+            format!("{:?}", self.dataset).to_lowercase()
+        );
         let blocks = self.gpt_recipe() || lockstep_core::models::resnet::NAMES.contains(&self.model.as_str());
         anyhow::ensure!(
             !self.activation_checkpointing || blocks,

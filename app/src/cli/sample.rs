@@ -1,9 +1,11 @@
 //! `lockstep sample`: text from a language model that `lockstep train --dataset text` saved,
-//! continuing a prompt token by token (nanoGPT's sample.py).
+//! continuing a prompt token by token (nanoGPT's sample.py), in the characters or GPT-2 tokens
+//! it was trained on.
 
 use std::collections::BTreeMap;
 
 use anyhow::Context;
+use lockstep_core::data::gpt2::{self, Gpt2Tokenizer};
 use lockstep_core::data::text::CharVocab;
 use lockstep_core::models::{GptConfig, Sampling, gpt};
 use lockstep_core::nn::ModuleExt;
@@ -19,6 +21,44 @@ fn size(hparams: &BTreeMap<String, String>, key: &str, what: &str) -> anyhow::Re
         .with_context(|| format!("{what} has no readable `{key}` among its hyperparameters"))
 }
 
+/// What a checkpoint's token ids stand for.
+enum Vocabulary {
+    Chars(CharVocab),
+    Gpt2(Gpt2Tokenizer),
+}
+
+impl Vocabulary {
+    /// The vocabulary `lockstep train` recorded in the hyperparameters of `what`.
+    fn of(hparams: &BTreeMap<String, String>, what: &str) -> anyhow::Result<Vocabulary> {
+        match (hparams.get("tokenizer").map(String::as_str), hparams.get("vocab_chars")) {
+            (Some(gpt2::NAME), _) => Ok(Vocabulary::Gpt2(Gpt2Tokenizer::new())),
+            (Some(other), _) => anyhow::bail!(
+                "{what} was trained with tokenizer {other:?}, which this lockstep does not know (it knows {}): sample it with the lockstep that trained it",
+                gpt2::NAME
+            ),
+            (None, Some(chars)) => Ok(Vocabulary::Chars(CharVocab::from_chars(chars))),
+            (None, None) => anyhow::bail!(
+                "{what} was trained on token ids (train.bin) of a tokenizer it does not name, so there is nothing to decode them with; \
+                 train with --tokenizer gpt2 if they are GPT-2's, or sample it with its tokenizer from the library"
+            ),
+        }
+    }
+    fn encode(&self, prompt: &str, what: &str) -> anyhow::Result<Vec<u32>> {
+        match self {
+            Vocabulary::Chars(vocab) => vocab
+                .encode(prompt)
+                .with_context(|| format!("the prompt does not fit {what}'s vocabulary: {:?}", vocab.chars())),
+            Vocabulary::Gpt2(gpt2) => gpt2.encode(prompt).context("cannot encode the prompt"),
+        }
+    }
+    fn decode(&self, ids: &[u32]) -> anyhow::Result<String> {
+        Ok(match self {
+            Vocabulary::Chars(vocab) => vocab.decode(ids)?,
+            Vocabulary::Gpt2(gpt2) => gpt2.decode(ids)?,
+        })
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let what = args.checkpoint.display().to_string();
     let hparams = checkpoint::hparams(&args.checkpoint).with_context(|| format!("cannot sample from {what}"))?;
@@ -29,12 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             lockstep_core::models::gpt::NAMES.join(", ")
         );
     };
-    let Some(chars) = hparams.get("vocab_chars") else {
-        anyhow::bail!(
-            "{what} was trained on token ids (train.bin), so there are no characters to decode; sample it with its tokenizer from the library"
-        );
-    };
-    let vocab = CharVocab::from_chars(chars);
+    let vocab = Vocabulary::of(&hparams, &what)?;
     let config = preset
         .vocab_size(size(&hparams, "vocab_size", &what)?)
         .block_size(size(&hparams, "block_size", &what)?)
@@ -51,9 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     net.load(&args.checkpoint)
         .with_context(|| format!("cannot load the weights of {what}"))?;
     net.eval();
-    let prompt = vocab
-        .encode(&args.prompt)
-        .with_context(|| format!("the prompt does not fit {what}'s vocabulary: {:?}", vocab.chars()))?;
+    let prompt = vocab.encode(&args.prompt, &what)?;
     let sampling = Sampling {
         temperature: args.temperature,
         top_k: args.top_k,

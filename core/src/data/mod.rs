@@ -1,14 +1,18 @@
 //! Data loading: datasets, samplers (sequential, random, distributed), batch samplers (a
 //! heterogeneous run's per-rank shares of each global batch), a multi-worker loader that
 //! delivers batches in order, the MNIST IDX and CIFAR readers, folders of images, image
-//! classification with augmentation, text for language models, and the generated
-//! digit-reversal task.
+//! classification with augmentation, text for language models (characters, GPT-2's BPE, token
+//! files memory-mapped), and the generated digit-reversal task.
 
 pub mod augment;
 mod batch;
 mod batch_sampler;
 pub mod cifar;
 mod dataset;
+#[cfg(feature = "gpt2")]
+pub mod gpt2;
+#[cfg(feature = "gpt2")]
+pub mod gpt2_text;
 pub mod home;
 mod image;
 pub mod image_folder;
@@ -19,6 +23,7 @@ mod sampler;
 mod sharded_batches;
 mod tensor_dataset;
 pub mod text;
+pub mod token_file;
 
 pub use batch::{Batch, HostTensor, collate};
 pub use batch_sampler::BatchSampler;

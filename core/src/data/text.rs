@@ -1,7 +1,8 @@
 //! Text for language models, read as nanoGPT reads it. A UTF-8 file becomes character ids
 //! over its own sorted character set (nanoGPT's shakespeare_char), split 90/10 into training
 //! and validation tokens; or nanoGPT's pre-tokenized `train.bin` / `val.bin` (little-endian
-//! u16 ids, e.g. GPT-2's tokenizer) are read as they are. A sample is a window of `block`
+//! u16 ids, e.g. GPT-2's tokenizer) are memory-mapped as they are (`gpt2_text` tokenizes a
+//! text with GPT-2's BPE into such a file). A sample is a window of `block`
 //! tokens and the same window shifted by one as its targets (nanoGPT's `get_batch`); every
 //! window start is a sample, so a shuffling sampler draws random windows, seeded and resumable.
 
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use super::batch::{Batch, HostTensor};
 use super::dataset::{Dataset, Sample};
+use super::token_file::{self, MappedTokens};
 use crate::dtype::HostVec;
 use crate::error::{Error, Result};
 
@@ -75,11 +77,33 @@ impl CharVocab {
     }
 }
 
+/// A token stream: ids in memory, or u16 ids in a memory-mapped file.
+#[derive(Clone)]
+enum Tokens {
+    Ids(Arc<Vec<u32>>),
+    Mapped(MappedTokens),
+}
+
+impl Tokens {
+    fn len(&self) -> usize {
+        match self {
+            Tokens::Ids(ids) => ids.len(),
+            Tokens::Mapped(mapped) => mapped.len(),
+        }
+    }
+    fn extend(&self, range: std::ops::Range<usize>, out: &mut Vec<u32>) {
+        match self {
+            Tokens::Ids(ids) => out.extend_from_slice(&ids[range]),
+            Tokens::Mapped(mapped) => mapped.extend(range, out),
+        }
+    }
+}
+
 /// Windows of `block` tokens of a token stream, with their next-token targets: every window
 /// (for training), or windows that tile the stream (`tiled`, for validation: each token is
 /// predicted once, in a full context, instead of `block` times).
 pub struct TokenWindows {
-    tokens: Arc<Vec<u32>>,
+    tokens: Tokens,
     block: usize,
     /// Tokens between the starts of consecutive windows.
     stride: usize,
@@ -88,6 +112,14 @@ pub struct TokenWindows {
 impl TokenWindows {
     /// Windows of `block` over `tokens` (named `what` in errors); needs at least `block + 1`.
     pub fn new(tokens: Vec<u32>, block: usize, what: &str) -> Result<TokenWindows> {
+        TokenWindows::over(Tokens::Ids(Arc::new(tokens)), block, what)
+    }
+    /// Windows of `block` over ids in a memory-mapped file (named `what` in errors), read from
+    /// the map window by window; needs at least `block + 1` ids.
+    pub fn mapped(tokens: MappedTokens, block: usize, what: &str) -> Result<TokenWindows> {
+        TokenWindows::over(Tokens::Mapped(tokens), block, what)
+    }
+    fn over(tokens: Tokens, block: usize, what: &str) -> Result<TokenWindows> {
         if block == 0 {
             return Err(Error::invalid(
                 "TokenWindows",
@@ -104,7 +136,7 @@ impl TokenWindows {
             ));
         }
         Ok(TokenWindows {
-            tokens: Arc::new(tokens),
+            tokens,
             block,
             stride: 1,
         })
@@ -116,9 +148,11 @@ impl TokenWindows {
             ..self
         }
     }
-    /// The whole token stream the windows are cut from.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+    /// The whole token stream the windows are cut from, copied (a mapped file's ids widened).
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.tokens.len());
+        self.tokens.extend(0..self.tokens.len(), &mut out);
+        out
     }
     /// Tokens per window: the context length (nanoGPT's `block_size`).
     pub fn block(&self) -> usize {
@@ -146,8 +180,8 @@ impl Dataset for TokenWindows {
                     format!("out of range: the text has {} windows of {block} tokens", self.len()),
                 ));
             }
-            inputs.extend_from_slice(&self.tokens[start..start + block]);
-            targets.extend_from_slice(&self.tokens[start + 1..start + 1 + block]);
+            self.tokens.extend(start..start + block, &mut inputs);
+            self.tokens.extend(start + 1..start + 1 + block, &mut targets);
         }
         Ok(Batch {
             fields: vec![
@@ -162,8 +196,6 @@ impl Dataset for TokenWindows {
 /// Bytes in memory per byte of a character file while it becomes windows: the text, its ids
 /// (u32), and the training and validation copies of them.
 const CHAR_TEXT_EXPANSION: u64 = 1 + 4 + 4;
-/// Per byte of a `.bin` file: the bytes and their ids (u32, one per two bytes).
-const TOKEN_BIN_EXPANSION: u64 = 1 + 2;
 
 /// The text of a UTF-8 file; a file that is empty or not UTF-8, or too large for this machine's
 /// memory, is an error saying so.
@@ -171,7 +203,7 @@ pub fn read_text(path: &Path) -> Result<String> {
     let bytes = crate::limits::read_file_that_fits(
         path,
         CHAR_TEXT_EXPANSION,
-        "train on a part of it, or tokenize it into nanoGPT's train.bin and val.bin (u16 ids, a third the memory)",
+        "train on a part of it, or tokenize it into nanoGPT's train.bin and val.bin (u16 ids, memory-mapped)",
     )?;
     parse_text(bytes, &path.display().to_string())
 }
@@ -224,42 +256,24 @@ pub fn char_windows(text: &str, what: &str, block: usize) -> Result<(CharVocab, 
 }
 
 /// nanoGPT's pre-tokenized `train.bin` and `val.bin` in `dir`: little-endian u16 ids, each
-/// below `vocab_size`.
+/// below `vocab_size`, memory-mapped.
 pub fn token_bins(dir: &Path, block: usize, vocab_size: usize) -> Result<(TokenWindows, TokenWindows)> {
-    let read = |name: &str| -> Result<TokenWindows> {
+    let open = |name: &str| -> Result<TokenWindows> {
         let path = dir.join(name);
-        let bytes = crate::limits::read_file_that_fits(
-            &path,
-            TOKEN_BIN_EXPANSION,
-            "train on a part of it on this machine, or on a machine with more memory",
-        )?;
-        token_windows(&bytes, &path.display().to_string(), block, vocab_size)
+        let what = path.display().to_string();
+        TokenWindows::mapped(MappedTokens::open(&path, 0, vocab_size, &what)?, block, &what)
     };
-    Ok((read("train.bin")?, read("val.bin")?.tiled()))
+    Ok((open("train.bin")?, open("val.bin")?.tiled()))
 }
 
-/// The windows of `block` tokens over the contents of one of nanoGPT's `.bin` files (named
-/// `what` in errors), as [`token_bins`] reads them: little-endian u16 ids, each below
-/// `vocab_size`.
+/// The windows of `block` tokens over the contents of a `.bin` file already in memory (named
+/// `what` in errors), checked as [`token_bins`] checks a file: little-endian u16 ids, each
+/// below `vocab_size`.
 pub fn token_windows(bytes: &[u8], what: &str, block: usize, vocab_size: usize) -> Result<TokenWindows> {
-    if !bytes.len().is_multiple_of(2) {
-        return Err(Error::data(
-            what,
-            format!(
-                "{} bytes is not a whole number of u16 token ids: truncated?",
-                bytes.len()
-            ),
-        ));
-    }
-    let ids: Vec<u32> = bytes
+    token_file::check_ids(bytes, vocab_size, what)?;
+    let ids = bytes
         .chunks_exact(2)
         .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
         .collect();
-    if let Some(at) = ids.iter().position(|&id| id as usize >= vocab_size) {
-        return Err(Error::data(
-            what,
-            format!("token {at} is id {}, past --vocab-size {vocab_size}", ids[at]),
-        ));
-    }
     TokenWindows::new(ids, block, what)
 }

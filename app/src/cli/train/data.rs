@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use lockstep_core::data::augment::{Augment, Normalize};
 use lockstep_core::data::cifar::{self, Cifar};
+use lockstep_core::data::gpt2;
+use lockstep_core::data::gpt2_text::{self, CacheUse};
 use lockstep_core::data::image_folder::{self, IMAGENET_MEAN_STD, ImageFolder};
 use lockstep_core::data::mnist::{self, Mnist, Split};
 use lockstep_core::data::reversal::Reversal;
@@ -16,7 +18,7 @@ use lockstep_core::data::{Dataset, Head, ImageClassification, ImageSource};
 use lockstep_core::models::Input;
 
 use super::download;
-use lockstep_flags::train::{Args, DatasetKind};
+use lockstep_flags::train::{Args, DatasetKind, TokenizerKind};
 
 /// Sequences per epoch and in the test set of `--model seq2seq` (other seeds, other samples).
 const REVERSAL_TRAIN: usize = 100_000;
@@ -64,9 +66,11 @@ pub fn input(args: &Args) -> anyhow::Result<Input> {
     })
 }
 
-/// What the tokens of `--dataset text` are: a file's characters, or ids below --vocab-size.
+/// What the tokens of `--dataset text` are: a file's characters, GPT-2's BPE ids, or ids
+/// below --vocab-size of a tokenizer the run does not name.
 pub enum TextVocabulary {
     Chars(CharVocab),
+    Gpt2,
     Ids(usize),
 }
 
@@ -74,6 +78,7 @@ impl TextVocabulary {
     pub fn size(&self) -> usize {
         match self {
             TextVocabulary::Chars(chars) => chars.len(),
+            TextVocabulary::Gpt2 => gpt2::VOCAB_SIZE,
             TextVocabulary::Ids(size) => *size,
         }
     }
@@ -97,19 +102,35 @@ fn text_source(args: &Args) -> anyhow::Result<(std::path::PathBuf, bool)> {
     Ok((path, false))
 }
 
-/// The vocabulary of `--dataset text`: the file's characters, sorted, or --vocab-size ids.
+/// The vocabulary of `--dataset text`: the file's characters, sorted, GPT-2's (--tokenizer
+/// gpt2), or --vocab-size ids.
 pub fn text_vocabulary(args: &Args) -> anyhow::Result<TextVocabulary> {
     let (path, bins) = text_source(args)?;
-    if bins {
-        let Some(size) = args.vocab_size else {
-            anyhow::bail!(
-                "{} holds token ids: give their tokenizer's --vocab-size (GPT-2's is 50257)",
-                path.display()
-            );
-        };
-        return Ok(TextVocabulary::Ids(size));
+    match (args.tokenizer, bins) {
+        (Some(TokenizerKind::Gpt2), _) => {
+            if let Some(size) = args.vocab_size.filter(|&size| size != gpt2::VOCAB_SIZE) {
+                anyhow::bail!(
+                    "--tokenizer gpt2 has GPT-2's {} ids, not --vocab-size {size}: leave --vocab-size out",
+                    gpt2::VOCAB_SIZE
+                );
+            }
+            Ok(TextVocabulary::Gpt2)
+        }
+        (Some(TokenizerKind::Char), true) => anyhow::bail!(
+            "{} holds token ids, not characters: give --tokenizer gpt2 if they are GPT-2's, else leave --tokenizer out and give --vocab-size",
+            path.display()
+        ),
+        (_, true) => {
+            let Some(size) = args.vocab_size else {
+                anyhow::bail!(
+                    "{} holds token ids: give their tokenizer's --vocab-size (GPT-2's is 50257), or --tokenizer gpt2",
+                    path.display()
+                );
+            };
+            Ok(TextVocabulary::Ids(size))
+        }
+        (_, false) => Ok(TextVocabulary::Chars(CharVocab::of(&text::read_text(&path)?))),
     }
-    Ok(TextVocabulary::Chars(CharVocab::of(&text::read_text(&path)?)))
 }
 
 /// Training and validation windows of --block-size tokens (the model's context by default).
@@ -118,13 +139,32 @@ fn load_text(args: &Args) -> anyhow::Result<(Arc<dyn Dataset>, Arc<dyn Dataset>)
     let preset = lockstep_core::models::GptConfig::named(&args.model);
     let block = preset.map_or(64, |p| super::setup::gpt_config(args, p, 1).block_size);
     let (path, bins) = text_source(args)?;
-    let (train, val) = if bins {
-        text::token_bins(&path, block, text_vocabulary(args)?.size())?
-    } else {
-        let (_, train, val) = text::char_text(&path, block)?;
-        (train, val)
+    let vocab = text_vocabulary(args)?;
+    let (train, val) = match vocab {
+        _ if bins => text::token_bins(&path, block, vocab.size())?,
+        TextVocabulary::Gpt2 => {
+            let text = gpt2_text::gpt2_text(&path, block)?;
+            say_how_tokenized(&path, &text);
+            (text.train, text.val)
+        }
+        _ => {
+            let (_, train, val) = text::char_text(&path, block)?;
+            (train, val)
+        }
     };
     Ok((Arc::new(train), Arc::new(val)))
+}
+
+/// One line on where a text's GPT-2 ids came from: tokenized now (and why), or its cache.
+fn say_how_tokenized(path: &Path, text: &gpt2_text::Gpt2Text) {
+    let (path, cache, tokens) = (path.display(), text.cache.display(), text.tokens);
+    match &text.cache_use {
+        CacheUse::Reused => eprintln_whole!("{tokens} GPT-2 tokens of {path}, from {cache}"),
+        CacheUse::Made => eprintln_whole!("tokenized {path} with GPT-2's BPE: {tokens} tokens, cached in {cache}"),
+        CacheUse::Remade(why) => {
+            eprintln_whole!("tokenized {path} with GPT-2's BPE again ({cache}: {why}): {tokens} tokens")
+        }
+    }
 }
 
 /// The training and validation folders: DIR/train and DIR/val (or DIR/test) when DIR has a

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use lockstep_core::data::reversal;
+use lockstep_core::data::{gpt2, reversal};
 use lockstep_core::models::{Gpt, GptConfig};
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{
@@ -202,8 +202,8 @@ pub fn build_with(args: &Args, model: Box<dyn Module>, device: Device) -> anyhow
     })
 }
 
-/// What `lockstep sample` needs to rebuild a GPT from its checkpoint: its sizes and, for a
-/// character model, the characters its ids stand for.
+/// What `lockstep sample` needs to rebuild a GPT from its checkpoint: its sizes and what its
+/// ids stand for: a character model's characters, or the tokenizer's name.
 fn gpt_hparams(config: &GptConfig, vocab: &TextVocabulary) -> Vec<(String, String)> {
     let mut out = vec![
         ("vocab_size".to_string(), config.vocab_size.to_string()),
@@ -213,8 +213,10 @@ fn gpt_hparams(config: &GptConfig, vocab: &TextVocabulary) -> Vec<(String, Strin
         ("n_embd".to_string(), config.n_embd.to_string()),
         ("dropout".to_string(), config.dropout.to_string()),
     ];
-    if let TextVocabulary::Chars(chars) = vocab {
-        out.push(("vocab_chars".to_string(), chars.chars()));
+    match vocab {
+        TextVocabulary::Chars(chars) => out.push(("vocab_chars".to_string(), chars.chars())),
+        TextVocabulary::Gpt2 => out.push(("tokenizer".to_string(), gpt2::NAME.to_string())),
+        TextVocabulary::Ids(_) => {}
     }
     out
 }

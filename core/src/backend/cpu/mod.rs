@@ -17,6 +17,7 @@ mod fast_math;
 pub(crate) mod float;
 mod index;
 mod layer_norm;
+pub(crate) mod mapped_file;
 mod matmul;
 mod max_pool;
 mod ops_conv;
