@@ -34,6 +34,22 @@ pub enum GeluApproximate {
     Tanh,
 }
 
+impl GeluApproximate {
+    /// `exact` or `tanh`, as a checkpoint's hyperparameters and the serde form spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GeluApproximate::Exact => "exact",
+            GeluApproximate::Tanh => "tanh",
+        }
+    }
+    /// The variant `name` names, if it is one.
+    pub fn from_name(name: &str) -> Option<GeluApproximate> {
+        [GeluApproximate::Exact, GeluApproximate::Tanh]
+            .into_iter()
+            .find(|g| g.name() == name)
+    }
+}
+
 /// GELU with the exact erf form, PyTorch's `nn.GELU(approximate='none')`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Gelu;

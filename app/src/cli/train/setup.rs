@@ -4,12 +4,15 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use lockstep_core::data::reversal;
-use lockstep_core::models::GptConfig;
+use std::path::Path;
+
+use lockstep_core::models::{GptConfig, GptLayout};
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{
     Adam, AdamConfig, CosineAnnealingLR, LinearLR, LrSchedule as Schedule, LrScheduler, Optimizer, SequentialLR, Sgd,
     SgdConfig,
 };
+use lockstep_core::train::checkpoint::{TensorFile, load_tensors};
 use lockstep_core::train::{Classification, LanguageModeling, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
 
@@ -35,12 +38,43 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
         return build_with(args, Box::new(model), device);
     };
     let vocab = text_vocabulary(args)?;
-    let config = gpt_config(args, preset, vocab.size());
+    let init = args.init_weights.as_deref().map(read_init_weights).transpose()?;
+    // transformers' GPT-2 was trained with the tanh GELU: its weights bring it along.
+    let layout = init
+        .as_ref()
+        .map_or(GptLayout::NanoGpt, |(_, file)| GptLayout::of(file));
+    let config = gpt_config(args, preset, vocab.size()).gelu(layout.gelu());
     let model = models::gpt(config, &device, &Generator::new(args.seed))?;
-    load_init_weights(args, &model)?;
+    if let Some((path, file)) = &init {
+        model.load_pretrained(file).with_context(|| {
+            let hint = flags_for(layout);
+            format!(
+                "--init-weights {} does not fit model {}{hint}",
+                path.display(),
+                args.model
+            )
+        })?;
+    }
     let mut setup = build_with(args, Box::new(model), device)?;
     setup.hparams.extend(gpt_hparams(&config, &vocab));
     Ok(setup)
+}
+
+/// The --init-weights file, read whole (a GPT's layout is told from its names and shapes).
+fn read_init_weights(path: &Path) -> anyhow::Result<(&Path, TensorFile)> {
+    let file = load_tensors(path).with_context(|| format!("cannot read --init-weights {}", path.display()))?;
+    Ok((path, file))
+}
+
+/// For a transformers GPT-2 file: the flags that size the model as the file is.
+fn flags_for(layout: GptLayout) -> String {
+    match layout {
+        GptLayout::NanoGpt => String::new(),
+        GptLayout::HuggingFace(s) => format!(
+            " (train it with --n-layer {} --n-embd {} --block-size {} --vocab-size {} and the --n-head of its config.json)",
+            s.n_layer, s.n_embd, s.block_size, s.vocab_size
+        ),
+    }
 }
 
 /// The GPT `preset`, sized by the flags and a vocabulary of `vocab_size`.
@@ -192,6 +226,7 @@ fn gpt_hparams(config: &GptConfig, vocab: &TextVocabulary) -> Vec<(String, Strin
         ("n_head".to_string(), config.n_head.to_string()),
         ("n_embd".to_string(), config.n_embd.to_string()),
         ("dropout".to_string(), config.dropout.to_string()),
+        ("gelu".to_string(), config.gelu.name().to_string()),
     ];
     if let TextVocabulary::Chars(chars) = vocab {
         out.push(("vocab_chars".to_string(), chars.chars()));
