@@ -3,6 +3,8 @@
 //! embedding. Parameter names are nanoGPT's (`transformer.wte.weight`, `transformer.h.0.ln_1.weight`,
 //! `transformer.h.0.attn.c_attn.weight`, …, `lm_head.weight`), so state dicts move both ways,
 //! and so is its initialisation: normal(0, 0.02), residual projections 0.02/sqrt(2·n_layer).
+//! `Gpt::load_pretrained` (gpt_weights.rs) also reads Hugging Face transformers' GPT-2 files,
+//! which need `GptConfig::gelu(GeluApproximate::Tanh)`.
 
 use std::sync::Arc;
 
