@@ -213,3 +213,72 @@ fn a_gpt_trains_on_gpt2_tokens_cached_beside_its_text_and_samples_decoded_text()
     let out = run(&mut lockstep(&["train", "--tokenizer", "gpt2"]));
     assert_fails_with(&out, &["--tokenizer is for --dataset text"]);
 }
+
+/// `lockstep train --init-weights` takes a Hugging Face transformers GPT-2 file
+/// (testdata/hf-gpt2, written by scripts/hf_gpt2_fixture.py) when the flags give its sizes,
+/// trains from its weights with the tanh GELU (kept in the checkpoint), and otherwise says
+/// which flags fit it.
+#[test]
+fn a_gpt_starts_from_hugging_face_gpt2_weights_sized_by_the_flags() {
+    let dir = TempDir::new("gpt-hf");
+    // nanoGPT's token files: little-endian u16 ids below the file's vocabulary of 65.
+    let ids: Vec<u8> = (0..2000u32)
+        .flat_map(|i| ((i * 7919 % 65) as u16).to_le_bytes())
+        .collect();
+    for bin in ["train.bin", "val.bin"] {
+        std::fs::write(dir.join(bin), &ids).unwrap();
+    }
+    let weights = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/hf-gpt2/model.safetensors");
+    let checkpoints = dir.join("ckpt");
+    let train = |n_layer: &str| {
+        #[rustfmt::skip]
+        let args = [
+            "train", "--headless", "--threads", "2", "--device", "cpu", "--no-val",
+            "--model", "gpt-tiny", "--dataset", "text", "--data", path_str(dir.path()), "--vocab-size", "65",
+            "--block-size", "16", "--n-layer", n_layer, "--n-head", "2", "--n-embd", "16",
+            "--batch-size", "4", "--max-steps", "1", "--init-weights", path_str(&weights),
+            "--checkpoint-dir", path_str(&checkpoints),
+        ];
+        run(&mut lockstep(&args))
+    };
+    assert_succeeds(&train("2"));
+    let last = checkpoints.join("last.safetensors");
+    let hparams = lockstep_core::train::checkpoint::hparams(&last).unwrap();
+    assert_eq!(hparams.get("gelu").map(String::as_str), Some("tanh"));
+    // One AdamW step (lr 1e-3) away from the file's weights, Conv1D [in, out] turned [out, in]
+    // (a fresh model's would be ~0.02 wide, the file's ~0.3).
+    let f32s = |file: &lockstep_core::train::checkpoint::TensorFile, name: &str| match &file.get(name).unwrap().data {
+        lockstep_core::HostVec::F32(v) => v.clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    let load = lockstep_core::train::checkpoint::load_tensors;
+    let (ours, theirs) = (load(&last).unwrap(), load(&weights).unwrap());
+    let name = "transformer.h.0.attn.c_attn.weight";
+    let (ours, theirs) = (f32s(&ours, name), f32s(&theirs, name));
+    for (o, row) in ours.chunks_exact(16).enumerate() {
+        for (i, value) in row.iter().enumerate() {
+            assert!((value - theirs[i * 48 + o]).abs() < 2e-3, "{name}[{o}, {i}]");
+        }
+    }
+
+    // Resumed without the file, the model would fall back to the exact GELU: refused.
+    #[rustfmt::skip]
+    let resumed = [
+        "train", "--headless", "--threads", "2", "--device", "cpu", "--no-val",
+        "--model", "gpt-tiny", "--dataset", "text", "--data", path_str(dir.path()), "--vocab-size", "65",
+        "--block-size", "16", "--n-layer", "2", "--n-head", "2", "--n-embd", "16",
+        "--batch-size", "4", "--max-steps", "2", "--checkpoint-dir", path_str(&checkpoints), "--resume", "last",
+    ];
+    let out = run(&mut lockstep(&resumed));
+    assert_fails_with(&out, &["was trained with gelu \"tanh\"", "\"exact\"", "--init-weights"]);
+
+    let out = train("3");
+    assert_fails_with(
+        &out,
+        &[
+            "does not fit model gpt-tiny",
+            "missing: transformer.h.2.ln_1.weight",
+            "--n-layer 2 --n-embd 16 --block-size 16 --vocab-size 65",
+        ],
+    );
+}

@@ -160,6 +160,34 @@ fn gelu_and_flatten_match_pytorch() {
 }
 
 #[test]
+fn gelu_tanh_is_the_tanh_approximation_with_its_derivative() {
+    let dev = Device::cpu();
+    let xs = [-4.0, -1.5, -0.3, 0.0, 0.2, 1.0, 2.5, 6.0];
+    let x = Tensor::from_host(lockstep_core::HostVec::F64(xs.to_vec()), [xs.len()], &dev)
+        .unwrap()
+        .requires_grad(true);
+    let y = x.gelu_tanh().unwrap();
+    y.sum(&[0], false).unwrap().backward().unwrap();
+    let (y, dy) = (y.to_vec::<f64>().unwrap(), x.grad().unwrap().to_vec::<f64>().unwrap());
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let f = |x: f64| 0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh());
+    for (i, &x) in xs.iter().enumerate() {
+        let h = 1e-6;
+        let slope = (f(x + h) - f(x - h)) / (2.0 * h);
+        assert!((y[i] - f(x)).abs() < 1e-12, "gelu_tanh({x}) = {} not {}", y[i], f(x));
+        assert!((dy[i] - slope).abs() < 1e-7, "d gelu_tanh({x}) = {} not {slope}", dy[i]);
+    }
+    // Nor is it the exact GELU: near x = 2.5 they differ by ~2e-4.
+    let exact = x.detach().gelu().unwrap().to_vec::<f64>().unwrap();
+    assert!(
+        (exact[6] - y[6]).abs() > 1e-4,
+        "{} against the exact {}",
+        y[6],
+        exact[6]
+    );
+}
+
+#[test]
 fn dropout_drops_with_probability_p_scales_the_rest_and_replays_from_generator_state() {
     let dev = Device::cpu();
     let x = Tensor::ones([20_000], lockstep_core::DType::F32, &dev).unwrap();

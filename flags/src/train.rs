@@ -397,7 +397,8 @@ pub struct Args {
     /// it, --resume refuses a run that differs from the checkpoint's in any of them, naming each.
     #[arg(long, value_name = "SETTING,…|all", value_delimiter = ',')]
     pub resume_override: Vec<String>,
-    /// Load PyTorch-named weights (safetensors) before training.
+    /// Load PyTorch-named weights (safetensors) before training; the GPTs also take a Hugging
+    /// Face transformers GPT-2 (its model.safetensors, sized with --n-layer, --n-embd, …).
     #[arg(long)]
     pub init_weights: Option<PathBuf>,
     /// No progress bar; one line per epoch (for logs and CI).

@@ -8,7 +8,7 @@ use anyhow::Context;
 use lockstep_core::data::gpt2::{self, Gpt2Tokenizer};
 use lockstep_core::data::text::CharVocab;
 use lockstep_core::models::{GptConfig, Sampling, gpt};
-use lockstep_core::nn::ModuleExt;
+use lockstep_core::nn::{GeluApproximate, ModuleExt};
 use lockstep_core::train::checkpoint;
 use lockstep_core::{Device, Generator};
 pub use lockstep_flags::sample::Args;
@@ -59,6 +59,16 @@ impl Vocabulary {
     }
 }
 
+/// The checkpoint's GELU; exact when it names none (checkpoints from before transformers' GPT-2).
+fn gelu(hparams: &BTreeMap<String, String>, what: &str) -> anyhow::Result<GeluApproximate> {
+    let Some(name) = hparams.get("gelu") else {
+        return Ok(GeluApproximate::Exact);
+    };
+    GeluApproximate::from_name(name).with_context(|| {
+        format!("{what} names gelu `{name}`, neither exact nor tanh: it was written by a newer Lockstep")
+    })
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let what = args.checkpoint.display().to_string();
     let hparams = checkpoint::hparams(&args.checkpoint).with_context(|| format!("cannot sample from {what}"))?;
@@ -77,7 +87,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             size(&hparams, "n_layer", &what)?,
             size(&hparams, "n_head", &what)?,
             size(&hparams, "n_embd", &what)?,
-        );
+        )
+        .gelu(gelu(&hparams, &what)?);
     let device = match args.device.as_str() {
         "auto" => lockstep_core::device::best_available()?,
         name => Device::parse(name)?,

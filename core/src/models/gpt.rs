@@ -3,6 +3,8 @@
 //! embedding. Parameter names are nanoGPT's (`transformer.wte.weight`, `transformer.h.0.ln_1.weight`,
 //! `transformer.h.0.attn.c_attn.weight`, …, `lm_head.weight`), so state dicts move both ways,
 //! and so is its initialisation: normal(0, 0.02), residual projections 0.02/sqrt(2·n_layer).
+//! `Gpt::load_pretrained` (gpt_weights.rs) also reads Hugging Face transformers' GPT-2 files,
+//! which need `GptConfig::gelu(GeluApproximate::Tanh)`.
 
 use std::sync::Arc;
 
@@ -11,7 +13,8 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::nn::{
-    CausalSelfAttention, Checkpointed, Dropout, Embedding, LayerNorm, Linear, Module, describe_tree, remap,
+    CausalSelfAttention, Checkpointed, Dropout, Embedding, GeluApproximate, LayerNorm, Linear, Module, describe_tree,
+    remap,
 };
 use crate::rng::Generator;
 use crate::tensor::Tensor;
@@ -35,6 +38,10 @@ pub struct GptConfig {
     /// activations recomputed in backward instead of kept.
     #[serde(default)]
     pub activation_checkpointing: bool,
+    /// The MLP's GELU: exact as nanoGPT's (the default), or tanh-approximated as transformers'
+    /// GPT-2, whose weights need it.
+    #[serde(default)]
+    pub gelu: GeluApproximate,
 }
 
 /// The names `GptConfig::named` knows.
@@ -59,6 +66,7 @@ impl GptConfig {
             n_embd,
             dropout,
             activation_checkpointing: false,
+            gelu: GeluApproximate::Exact,
         })
     }
     /// Sets the vocabulary size, usually the data set's.
@@ -90,6 +98,11 @@ impl GptConfig {
         }
     }
 
+    /// Sets the MLP's GELU (`Tanh` for transformers' GPT-2 weights).
+    pub fn gelu(self, gelu: GeluApproximate) -> Self {
+        GptConfig { gelu, ..self }
+    }
+
     fn check(&self) -> Result<()> {
         let sizes = [self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd];
         if sizes.contains(&0) || !self.n_embd.is_multiple_of(self.n_head) {
@@ -111,12 +124,18 @@ pub struct Mlp {
     pub c_proj: Linear,
     /// Dropout on the MLP's output.
     pub dropout: Dropout,
+    /// Which GELU follows `c_fc`.
+    #[module(skip)]
+    pub gelu: GeluApproximate,
 }
 
 impl Mlp {
     /// `[batch, t, n_embd]` to the same shape.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let hidden = self.c_fc.forward_act(x, Some(UnaryOp::Gelu))?;
+        let hidden = match self.gelu {
+            GeluApproximate::Exact => self.c_fc.forward_act(x, Some(UnaryOp::Gelu))?,
+            GeluApproximate::Tanh => self.c_fc.forward(x)?.gelu_tanh()?,
+        };
         self.dropout.forward(&self.c_proj.forward(&hidden)?)
     }
 }
@@ -288,6 +307,7 @@ pub fn gpt(config: GptConfig, device: &Device, generator: &Generator) -> Result<
                     c_fc: linear(c, 4 * c, STD, device, generator)?,
                     c_proj: linear(4 * c, c, residual_std, device, generator)?,
                     dropout: Dropout::new(p, stream.clone())?,
+                    gelu: config.gelu,
                 },
             };
             Ok(Checkpointed::new(block, config.activation_checkpointing))

@@ -10,12 +10,14 @@ use crate::rng::Generator;
 pub mod gpt;
 mod gpt_generate;
 mod gpt_layers;
+mod gpt_weights;
 pub mod resnet;
 mod seq2seq;
 
 pub use gpt::{Gpt, GptConfig, gpt};
 pub use gpt_generate::Sampling;
 pub use gpt_layers::{GptEmbedding, GptHead};
+pub use gpt_weights::{GptLayout, GptSizes};
 pub use resnet::{ResNetConfig, Stem, resnet};
 pub use seq2seq::{Decoder, Encoder, seq2seq};
 

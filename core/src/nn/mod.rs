@@ -66,7 +66,7 @@ mod state_dict;
 mod tie;
 mod weights;
 
-pub use activation::{Gelu, Relu};
+pub use activation::{Gelu, GeluApproximate, Relu};
 pub use attention::CausalSelfAttention;
 pub use batchnorm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use checkpoint::{Checkpointed, checkpoint, checkpoint_inputs};

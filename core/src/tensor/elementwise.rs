@@ -155,6 +155,15 @@ impl Tensor {
     pub fn gelu(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Gelu)
     }
+    /// GELU's tanh approximation, elementwise, as `torch.nn.functional.gelu` with
+    /// `approximate="tanh"` (GPT-2's "gelu_new"): `x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`.
+    /// Composed of elementwise ops (no kernel of its own), so every backend and the backward have it.
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        // k * (x + 0.044715 x^3) as x * (k + 0.044715 k x^2): one product fewer than the cube.
+        let inner = self.mul(&self.mul(self)?.affine(0.044_715 * k, k)?)?;
+        self.mul(&inner.tanh()?.affine(0.5, 0.5)?)
+    }
     /// `self ^ exponent` for a scalar exponent.
     pub fn powf(&self, exponent: f64) -> Result<Tensor> {
         self.unary(UnaryOp::Powf(exponent))

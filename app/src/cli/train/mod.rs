@@ -425,6 +425,7 @@ fn replica(
     }
     match args.resume_from(stage)? {
         Some(path) => {
+            same_model_as(&setup.hparams, &path)?;
             // The trainer's progress lines say where it resumed from (epoch and step), once
             // `fit` has checked that this run continues the checkpoint's.
             trainer
@@ -450,4 +451,25 @@ fn replica(
         EvalMetrics::default()
     };
     Ok((location, report, result))
+}
+
+/// A GPT resumed as another model would compute something else with the same weights: a GELU
+/// (from Hugging Face weights) or a tokenizer that differs from the checkpoint's is refused. The
+/// sizes need no check here: loading the weights refuses a shape that differs.
+fn same_model_as(hparams: &std::collections::BTreeMap<String, String>, path: &std::path::Path) -> anyhow::Result<()> {
+    let Ok(recorded) = lockstep_core::train::checkpoint::hparams(path) else {
+        return Ok(());
+    };
+    for key in ["gelu", "tokenizer"] {
+        let (was, now) = (recorded.get(key), hparams.get(key));
+        anyhow::ensure!(
+            was.is_none() || was == now,
+            "{} was trained with {key} {:?}, this run would go on with {:?}: resume with the flags it was started \
+             with (its GELU comes from --init-weights, its tokenizer from --tokenizer)",
+            path.display(),
+            was.map_or("none", String::as_str),
+            now.map_or("none", String::as_str)
+        );
+    }
+    Ok(())
 }

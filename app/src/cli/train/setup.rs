@@ -4,14 +4,16 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use lockstep_core::data::{gpt2, reversal};
-use lockstep_core::models::{Gpt, GptConfig};
+use lockstep_core::models::{Gpt, GptConfig, GptLayout};
 use lockstep_core::nn::{Module, ModuleExt, Sequential};
 use lockstep_core::optim::{
     Adam, AdamConfig, CosineAnnealingLR, LinearLR, LrSchedule as Schedule, LrScheduler, Optimizer, SequentialLR, Sgd,
     SgdConfig,
 };
+use lockstep_core::train::checkpoint::{TensorFile, load_tensors};
 use lockstep_core::train::{Classification, LanguageModeling, Seq2SeqTask, Task, TrainingSetup};
 use lockstep_core::{Device, Generator, models};
+use std::path::Path;
 
 use super::data::{TextVocabulary, text_vocabulary};
 use lockstep_flags::train::{Args, LrSchedule, OptimizerKind};
@@ -35,30 +37,71 @@ pub fn build(args: &Args, device: Device) -> anyhow::Result<TrainingSetup> {
         return build_with(args, Box::new(model), device);
     };
     let (model, hparams) = build_gpt(args, preset, &device)?;
-    load_init_weights(args, &model)?;
     let mut setup = build_with(args, Box::new(model), device)?;
     setup.hparams.extend(hparams);
     Ok(setup)
 }
 
-/// The GPT recipe `preset` sized by the flags and its text's vocabulary, with what a checkpoint
-/// records of it for `lockstep sample`.
+/// The GPT recipe `preset` sized by the flags and its text's vocabulary, started from
+/// --init-weights when given (transformers' GPT-2 brings its tanh GELU along), with what a
+/// checkpoint records of it for `lockstep sample`.
 fn build_gpt(args: &Args, preset: GptConfig, device: &Device) -> anyhow::Result<(Gpt, Vec<(String, String)>)> {
-    let vocab = text_vocabulary(args)?;
-    let config = gpt_config(args, preset, vocab.size());
+    let (config, vocab, init) = gpt_recipe(args, preset)?;
     let model = models::gpt(config, device, &Generator::new(args.seed))?;
+    if let Some((path, file)) = &init {
+        model.load_pretrained(file).with_context(|| {
+            let hint = flags_for(GptLayout::of(file));
+            format!(
+                "--init-weights {} does not fit model {}{hint}",
+                path.display(),
+                args.model
+            )
+        })?;
+    }
     Ok((model, gpt_hparams(&config, &vocab)))
 }
 
-/// What a checkpoint records of the model besides the run's settings: a GPT's sizes and
+/// The GPT's sizes, its vocabulary and the --init-weights file read whole (its layout is told
+/// from its names and shapes).
+fn gpt_recipe(
+    args: &Args,
+    preset: GptConfig,
+) -> anyhow::Result<(GptConfig, TextVocabulary, Option<(&Path, TensorFile)>)> {
+    let vocab = text_vocabulary(args)?;
+    let init = args.init_weights.as_deref().map(read_init_weights).transpose()?;
+    let layout = init
+        .as_ref()
+        .map_or(GptLayout::NanoGpt, |(_, file)| GptLayout::of(file));
+    let config = gpt_config(args, preset, vocab.size()).gelu(layout.gelu());
+    Ok((config, vocab, init))
+}
+
+/// What a checkpoint records of the model besides the run's settings: a GPT's sizes, GELU and
 /// vocabulary (nothing for the other models).
 pub fn model_hparams(args: &Args) -> anyhow::Result<Vec<(String, String)>> {
     match GptConfig::named(&args.model) {
         Some(preset) => {
-            let vocab = text_vocabulary(args)?;
-            Ok(gpt_hparams(&gpt_config(args, preset, vocab.size()), &vocab))
+            let (config, vocab, _) = gpt_recipe(args, preset)?;
+            Ok(gpt_hparams(&config, &vocab))
         }
         None => Ok(Vec::new()),
+    }
+}
+
+/// The --init-weights file, read whole.
+fn read_init_weights(path: &Path) -> anyhow::Result<(&Path, TensorFile)> {
+    let file = load_tensors(path).with_context(|| format!("cannot read --init-weights {}", path.display()))?;
+    Ok((path, file))
+}
+
+/// For a transformers GPT-2 file: the flags that size the model as the file is.
+fn flags_for(layout: GptLayout) -> String {
+    match layout {
+        GptLayout::NanoGpt => String::new(),
+        GptLayout::HuggingFace(s) => format!(
+            " (train it with --n-layer {} --n-embd {} --block-size {} --vocab-size {} and the --n-head of its config.json)",
+            s.n_layer, s.n_embd, s.block_size, s.vocab_size
+        ),
     }
 }
 
@@ -80,9 +123,7 @@ pub fn gpt_config(args: &Args, preset: GptConfig, vocab_size: usize) -> GptConfi
 /// embedding until the stages are cut (`nn::TiedWeight`).
 pub fn build_sequential(args: &Args, device: &Device) -> anyhow::Result<Sequential> {
     if let Some(preset) = GptConfig::named(&args.model) {
-        let model = build_gpt(args, preset, device)?.0.into_sequential();
-        load_init_weights(args, &model)?;
-        return Ok(model);
+        return Ok(build_gpt(args, preset, device)?.0.into_sequential());
     }
     let init = Generator::new(args.seed);
     let input = super::data::input(args)?;
@@ -212,6 +253,7 @@ fn gpt_hparams(config: &GptConfig, vocab: &TextVocabulary) -> Vec<(String, Strin
         ("n_head".to_string(), config.n_head.to_string()),
         ("n_embd".to_string(), config.n_embd.to_string()),
         ("dropout".to_string(), config.dropout.to_string()),
+        ("gelu".to_string(), config.gelu.name().to_string()),
     ];
     match vocab {
         TextVocabulary::Chars(chars) => out.push(("vocab_chars".to_string(), chars.chars())),

@@ -67,10 +67,12 @@ fn from_bytes(what: &str, dtype: Dtype, bytes: &[u8]) -> Result<HostVec> {
         Dtype::F64 => HostVec::F64(read(bytes)),
         Dtype::I64 => HostVec::I64(read(bytes)),
         Dtype::U32 => HostVec::U32(read(bytes)),
+        // Masks (transformers' causal-mask buffers) come as bytes: widened, they stay exact.
+        Dtype::U8 | Dtype::BOOL => HostVec::U32(bytes.iter().map(|&b| u32::from(b)).collect()),
         other => {
             return Err(Error::data(
                 what.to_string(),
-                format!("dtype {other:?} is not supported (use f32, f16, bf16, f64, i64 or u32)"),
+                format!("dtype {other:?} is not supported (use f32, f16, bf16, f64, i64, u32, u8 or bool)"),
             ));
         }
     })
