@@ -6,12 +6,8 @@ mod support;
 
 use std::path::Path;
 
-use lockstep_core::train::checkpoint::load_tensors;
+use support::mpi::{checkpoint_tensors, path_str};
 use support::{TempDir, assert_succeeds, lockstep, run};
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("scratch paths are UTF-8")
-}
 
 /// The weights (by name) after 20 steps of a one-layer gpt-tiny without dropout, with `extra`.
 fn weights(dir: &TempDir, text: &Path, name: &str, extra: &[&str]) -> Vec<(String, Vec<f64>)> {
@@ -25,14 +21,7 @@ fn weights(dir: &TempDir, text: &Path, name: &str, extra: &[&str]) -> Vec<(Strin
     ];
     args.extend_from_slice(extra);
     assert_succeeds(&run(&mut lockstep(&args)));
-    let file = load_tensors(&out.join("rank0.safetensors")).expect("the dumped weights");
-    let mut tensors: Vec<(String, Vec<f64>)> = file
-        .tensors
-        .into_iter()
-        .map(|(name, t)| (name, t.data.to_f64_vec()))
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    tensors
+    checkpoint_tensors(&out.join("rank0.safetensors"))
 }
 
 #[test]

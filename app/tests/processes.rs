@@ -19,8 +19,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::mpi::{
-    ROOT_ENV, bits, checkpoint_tensors, logged_losses, mpirun, mpirun_available, path_str, pids_with, set_flag,
-    train_args, wait_at_most, weights,
+    ROOT_ENV, bits, checkpoint_tensors, logged_losses, make_restartable, mpirun, mpirun_available, path_str, pids_with,
+    set_flag, train_args, wait_at_most, weights,
 };
 use support::{TempDir, assert_succeeds, checkpoint_step, lockstep, mnist_dir, run};
 
@@ -518,23 +518,9 @@ fn restarted_job_matches_an_uninterrupted_one(kill_at: KillAt, hidden: &str) {
     let _one = ONE_JOB.lock().unwrap_or_else(PoisonError::into_inner);
     let data = mnist_dir();
     let job_args = |dir: &TempDir| {
-        let mut args = train_args(
-            &data,
-            &[
-                "--limit-train-batches",
-                "8",
-                "--epochs",
-                "6",
-                "--checkpoint-dir",
-                path_str(&dir.join("checkpoints")),
-                "--resume",
-                "last",
-                "--dump-weights",
-                path_str(dir.path()),
-            ],
-        );
+        let mut args = train_args(&data, &["--dump-weights", path_str(dir.path())]);
         set_flag(&mut args, "--hidden", hidden);
-        set_flag(&mut args, "--max-steps", "48");
+        make_restartable(&mut args, dir.path());
         args
     };
     let (calm, restarted) = (TempDir::new("uninterrupted"), TempDir::new("restarted"));

@@ -25,7 +25,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::mpi::{
-    ROOT_ENV, bits, logged_losses, mpirun, mpirun_available, path_str, set_flag, train_args, wait_at_most, weights,
+    ROOT_ENV, bits, logged_losses, make_restartable, mpirun, mpirun_available, path_str, set_flag, train_args,
+    wait_at_most, weights,
 };
 use support::{TempDir, checkpoint_step, mnist_dir};
 
@@ -309,20 +310,8 @@ fn a_node_whose_ranks_are_killed_is_named_and_the_job_restarts_from_its_last_che
     };
     let (calm, restarted) = (TempDir::new("uninterrupted"), TempDir::new("restarted"));
     let resumable = |dir: &TempDir| {
-        let mut args = job(
-            dir.path(),
-            &[
-                "--limit-train-batches",
-                "8",
-                "--epochs",
-                "6",
-                "--checkpoint-dir",
-                path_str(&dir.join("checkpoints")),
-                "--resume",
-                "last",
-            ],
-        );
-        set_flag(&mut args, "--max-steps", "48");
+        let mut args = job(dir.path(), &[]);
+        make_restartable(&mut args, dir.path());
         args
     };
     let out = mpirun(4, &resumable(&calm));

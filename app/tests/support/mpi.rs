@@ -42,6 +42,25 @@ pub fn train_args(data: &Path, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// Makes `args` a job that can be killed and restarted: 48 steps in 6 epochs of 8, a checkpoint
+/// at each epoch's end in DIR/checkpoints, resumed from the last one when there is one.
+pub fn make_restartable(args: &mut Vec<String>, dir: &Path) {
+    let checkpoints = dir.join("checkpoints");
+    for flag in [
+        "--limit-train-batches",
+        "8",
+        "--epochs",
+        "6",
+        "--checkpoint-dir",
+        path_str(&checkpoints),
+        "--resume",
+        "last",
+    ] {
+        args.push(flag.to_string());
+    }
+    set_flag(args, "--max-steps", "48");
+}
+
 /// Sets `flag`'s value in `args`, replacing the one there (clap refuses a flag given twice).
 pub fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
     match args.iter().position(|a| a == flag) {
