@@ -2,7 +2,7 @@
 //! the plumbing every op shares (allocation, launching a shader variant, element types); the
 //! ops themselves live in `ops/`, one file per shader family.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use lockstep_core::backend::gpu_plan::group_len;
@@ -34,6 +34,8 @@ pub struct WgpuBackend {
     /// The cooperative-matrix tier once the self-test let it on (`settle_products`); unset
     /// before, so the self-test's own reference product runs on the SIMT kernel.
     cooperative: OnceLock<Option<Cooperative>>,
+    /// Whether causal attention runs the fused kernels where they apply (`ops/attention.rs`).
+    attention_fused: AtomicBool,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -60,7 +62,20 @@ impl WgpuBackend {
             meter,
             info,
             cooperative: OnceLock::new(),
+            attention_fused: AtomicBool::new(crate::ops::attention_fused_by_default()),
         }
+    }
+
+    /// Whether causal attention runs the fused kernels where they apply.
+    pub(crate) fn attention_fused(&self) -> bool {
+        self.attention_fused.load(Ordering::Relaxed)
+    }
+
+    /// Runs causal attention fused (the default, unless `LOCKSTEP_WGPU_ATTENTION=composed`) or
+    /// composed from products and `causal_softmax` on this device from now on, so a test or
+    /// benchmark can compare the two in one process.
+    pub fn set_attention_fused(&self, fused: bool) {
+        self.attention_fused.store(fused, Ordering::Relaxed);
     }
 
     /// The cooperative-matrix tier products may use, if the self-test passed.
@@ -290,6 +305,10 @@ impl WgpuBackend {
         info.details.retain(|(label, _)| label != "matrix products");
         info.details
             .push(("matrix products".into(), self.products_description()));
+        info.details.push((
+            "attention".into(),
+            crate::ops::attention_plan(self.attention_fused()).into(),
+        ));
         info
     }
 

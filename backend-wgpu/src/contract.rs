@@ -1,9 +1,9 @@
 //! `impl Backend for WgpuBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
-    CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep,
-    UnaryOp, WorkCounters,
+    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
+    Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry,
+    ReduceKind, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -157,6 +157,19 @@ impl Backend for WgpuBackend {
         spec: &CrossEntropy,
     ) -> Option<Result<BufferRef>> {
         Some(self.cross_entropy_scaled(dlogits, grad, spec))
+    }
+    fn causal_attention(&self, qkv: &BufferRef, spec: &CausalAttention) -> Option<Result<(BufferRef, BufferRef)>> {
+        self.causal_attention_fused(qkv, spec)
+    }
+    fn causal_attention_backward(
+        &self,
+        qkv: &BufferRef,
+        y: &BufferRef,
+        lse: &BufferRef,
+        dy: &BufferRef,
+        spec: &CausalAttention,
+    ) -> Option<Result<BufferRef>> {
+        self.causal_attention_backward_fused([qkv, y, lse, dy], spec)
     }
     fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {
         Some(self.in_f32("causal_softmax", [scores], |[scores]| {

@@ -1,6 +1,7 @@
 //! A small GPT on wgpu gives the CPU's logits, loss and every gradient: embeddings, LayerNorm,
-//! causal attention (its weights one fused dispatch each way) and the tied head, end to end on
-//! the adapter (lavapipe in CI).
+//! causal attention (fused: one dispatch forward, two backward) and the tied head, end to end on
+//! the adapter (lavapipe in CI); the fused attention steps as the composed one, with the same bits
+//! every run.
 
 mod support;
 
@@ -46,6 +47,42 @@ fn a_gpt_on_wgpu_follows_the_cpu() {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "tensor {i}: wgpu {x}, cpu {y}");
         }
     }
+}
+
+/// Dispatches recorded on `device` while `f` runs.
+fn dispatches<T>(device: &Device, f: impl FnOnce() -> T) -> (T, u64) {
+    let count = || {
+        device
+            .backend()
+            .work_counters()
+            .kernels
+            .expect("wgpu counts dispatches")
+    };
+    let before = count();
+    let out = f();
+    (out, count() - before)
+}
+
+#[test]
+fn fused_attention_steps_as_the_composed_one_with_the_same_bits_every_run() {
+    let Some((device, backend)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let first = run(&device);
+    let (fused, fused_dispatches) = dispatches(&device, || run(&device));
+    assert!(first == fused, "two fused steps differ");
+    backend.set_attention_fused(false);
+    let (composed, composed_dispatches) = dispatches(&device, || run(&device));
+    eprintln!("dispatches per step: fused attention {fused_dispatches}, composed {composed_dispatches}");
+    for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "tensor {i}: fused {x}, composed {y}"
+            );
+        }
+    }
+    assert!(fused_dispatches < composed_dispatches);
 }
 
 /// Attention's weights with dropout and their gradient on `device`, as f32.

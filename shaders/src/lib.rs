@@ -103,6 +103,12 @@ pub const SHADERS: &[Shader] = &[
     ),
     shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
     shader!(
+        "attention",
+        &["T"],
+        PACKED_FLOATS,
+        ["causal_attention", "causal_attention_dq", "causal_attention_dkdv"]
+    ),
+    shader!(
         "batch_norm",
         &["T"],
         PACKED_FLOATS,

@@ -2,6 +2,7 @@
 //! copy_strided.wgsl, cast.wgsl and rand.wgsl; the others share their shader's name; `bf16.rs`
 //! runs any of them on bf16 tensors).
 
+mod attention;
 mod batch_norm;
 mod bf16;
 mod bias_act;
@@ -17,6 +18,7 @@ mod optim;
 mod reduce;
 mod softmax;
 
+pub(crate) use attention::{attention_plan, fused_by_default as attention_fused_by_default};
 use lockstep_core::Result;
 use lockstep_core::shape::{Layout, MergedDims};
 
