@@ -26,11 +26,18 @@ fn the_attention_cases_run_the_fused_kernels_and_pass() {
     if timed {
         backend.profile_kernels(true).unwrap();
     }
+    // The suite runs them all (conformance_wgpu.rs); here those of one head dim, to stay quick
+    // on lavapipe, which compiles each head dim's kernels anew: one token, one tile and two.
+    let picked = ["_1x1x3x1x64", "_2x17x3x3x64", "_1x128x3x1x64", "nan_1x17x3x1x64"];
     let cases: Vec<_> = all_cases()
         .into_iter()
-        .filter(|c| c.name.starts_with("causal_attention/"))
+        .filter(|c| c.name.starts_with("causal_attention/") && picked.iter().any(|p| c.name.ends_with(p)))
         .collect();
-    assert!(cases.len() >= 10, "only {} attention cases", cases.len());
+    assert_eq!(
+        cases.len(),
+        picked.len(),
+        "the suite's attention cases changed their names"
+    );
     let mut failed = Vec::new();
     for dtype in dtypes() {
         for case in &cases {
