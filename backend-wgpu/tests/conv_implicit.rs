@@ -159,6 +159,23 @@ fn implicit_and_im2col_agree_within_rounding_on_reals() {
 }
 
 #[test]
+fn empty_images_and_batches_give_what_im2col_gives() {
+    let Some(device) = support::wgpu_device() else { return };
+    // Images of no rows, all padding (a 2x5 output of zeros); and a batch of no images, whose
+    // weight gradient sums nothing (zeros).
+    for g in [
+        geometry([2, 3, 0, 4], [1, 3], [1, 1], [1, 1], [1, 1]),
+        geometry([0, 3, 5, 4], [3, 3], [1, 1], [1, 1], [1, 1]),
+    ] {
+        let ops = operands(&g, 2, integers, DType::F32, &device);
+        let (mine, theirs) = (implicit(&ops, &g, 2), composed(&ops, &g, 2));
+        for ((a, b), name) in mine.iter().zip(&theirs).zip(NAMES) {
+            assert_eq!((a.dims(), values(a)), (b.dims(), values(b)), "{g:?} {name}");
+        }
+    }
+}
+
+#[test]
 fn two_runs_are_bit_identical_split_weight_gradient_included() {
     let Some(device) = support::wgpu_device() else { return };
     // 2048 pixels: the weight gradient's k splits in two, summed in split order.

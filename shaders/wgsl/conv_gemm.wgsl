@@ -19,6 +19,11 @@
 // divisions of decoding it from scratch.
 // bf16 is read from its packed words and written two columns a word: the host sends bf16 here
 // only where a pair never straddles two rows (n even; for INPUT_GRAD, h*w even).
+// The module is compiled *unchecked*, as matmul.wgsl is (pipelines.rs, SELF_BOUNDED): every read
+// of lhs and rhs is clamped into the operand by min (what lies outside is masked to 0; the host
+// never dispatches with an empty operand or k), workgroup-memory and register indices are in
+// range by construction, every divisor is a size the host validated nonzero, and each write is
+// guarded by the output's shape.
 // params: [m, n, k, k chunk, images, c, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h,
 //          dil_w, oh, ow]
 
@@ -77,27 +82,38 @@ struct Step {
     inside: bool,
 }
 
+// (x / d, x % d) by one division: integer division is the costliest step of decoding an index
+// (a CPU adapter such as lavapipe has no vector form of it).
+fn divide(x: u32, d: u32) -> vec2<u32> {
+    let q = x / d;
+    return vec2<u32>(q, x - q * d);
+}
+
+// (t / kw, t % kw) of tap t scaled by the dilation: the tap's (dy, dx).
+fn tap_offset(t: u32, g: Geometry) -> vec2<i32> {
+    let at = divide(t, g.kw);
+    return vec2<i32>(at * g.dil);
+}
+
 fn column(col: u32, g: Geometry) -> Column {
     let at = min(col, params[1] - 1u);
     let inside = col < params[1];
     if (PRODUCT == FORWARD) {
         // (image, oy, ox): the image's first pixel, the window's top left corner.
-        let plane = g.oh * g.ow;
-        let p = at % plane;
-        return Column((at / plane) * g.c * g.h * g.w, i32((p / g.ow) * g.stride.x) - i32(g.pad.x),
-            i32((p % g.ow) * g.stride.y) - i32(g.pad.y), inside);
+        let p = divide(at, g.oh * g.ow);
+        let corner = vec2<i32>(divide(p.y, g.ow) * g.stride) - vec2<i32>(g.pad);
+        return Column(p.x * g.c * g.h * g.w, corner.x, corner.y, inside);
     }
     if (PRODUCT == INPUT_GRAD) {
         // (image, y, x): the image's first gradient pixel, the pixel padded.
-        let plane = g.h * g.w;
-        let p = at % plane;
-        return Column((at / plane) * g.oh * g.ow, i32(p / g.w + g.pad.x), i32(p % g.w + g.pad.y), inside);
+        let p = divide(at, g.h * g.w);
+        let padded = vec2<i32>(divide(p.y, g.w) + g.pad);
+        return Column(p.x * g.oh * g.ow, padded.x, padded.y, inside);
     }
     // WEIGHT_GRAD, (channel, ki, kj): the channel's plane, the tap's offset from a window's corner.
-    let taps = g.kh * g.kw;
-    let t = at % taps;
-    return Column((at / taps) * g.h * g.w, i32((t / g.kw) * g.dil.x) - i32(g.pad.x),
-        i32((t % g.kw) * g.dil.y) - i32(g.pad.y), inside);
+    let t = divide(at, g.kh * g.kw);
+    let reach = tap_offset(t.y, g) - vec2<i32>(g.pad);
+    return Column(t.x * g.h * g.w, reach.x, reach.y, inside);
 }
 
 fn step(kk: u32, k_end: u32, g: Geometry) -> Step {
@@ -106,20 +122,20 @@ fn step(kk: u32, k_end: u32, g: Geometry) -> Step {
     let taps = g.kh * g.kw;
     if (PRODUCT == FORWARD) {
         // (channel, ki, kj)
-        let t = at % taps;
-        return Step(at, (at / taps) * g.h * g.w, i32((t / g.kw) * g.dil.x), i32((t % g.kw) * g.dil.y), inside);
+        let t = divide(at, taps);
+        let d = tap_offset(t.y, g);
+        return Step(at, t.x * g.h * g.w, d.x, d.y, inside);
     }
     if (PRODUCT == INPUT_GRAD) {
         // (o, ki, kj): weight [o, c, kh, kw] read as [c, o*kh*kw]; the tap's reach back from a pixel.
-        let o = at / taps;
-        let t = at % taps;
-        return Step(o * g.c * taps + t, o * g.images * g.oh * g.ow, -i32((t / g.kw) * g.dil.x),
-            -i32((t % g.kw) * g.dil.y), inside);
+        let t = divide(at, taps);
+        let d = tap_offset(t.y, g);
+        return Step(t.x * g.c * taps + t.y, t.x * g.images * g.oh * g.ow, -d.x, -d.y, inside);
     }
     // WEIGHT_GRAD, (image, oy, ox)
-    let plane = g.oh * g.ow;
-    let p = at % plane;
-    return Step(at, (at / plane) * g.c * g.h * g.w, i32((p / g.ow) * g.stride.x), i32((p % g.ow) * g.stride.y), inside);
+    let p = divide(at, g.oh * g.ow);
+    let d = vec2<i32>(divide(p.y, g.ow) * g.stride);
+    return Step(at, p.x * g.c * g.h * g.w, d.x, d.y, inside);
 }
 
 // The stride of lhs' rows: k, but kh*kw for INPUT_GRAD (whose rows are the weight's channels).
@@ -135,8 +151,12 @@ fn lhs_value(i: u32) -> f32 {
 }
 
 // The output row (column) whose tap at offset t from its origin reaches this pixel: t / stride
-// where the stride divides t and the row exists, else -1.
+// where the stride divides t and the row exists, else -1. Stride 1, the common case, needs no
+// division.
 fn tap_source(t: i32, stride: u32, count: u32) -> i32 {
+    if (stride == 1u) {
+        return select(-1, t, t >= 0 && t < i32(count));
+    }
     let q = t / i32(stride);
     return select(-1, q, t >= 0 && q * i32(stride) == t && q < i32(count));
 }

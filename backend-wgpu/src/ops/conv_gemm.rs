@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use lockstep_core::backend::{BufferRef, Conv2dGeometry, MatmulDims};
+use lockstep_core::backend::{Backend, BufferRef, Conv2dGeometry, MatmulDims};
 use lockstep_core::{DType, Error, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
@@ -217,6 +217,11 @@ impl WgpuBackend {
         let (a, b) = (self.operand(op, lhs, None)?, self.operand(op, rhs, None)?);
         let t = self.element_type(op, a.dtype())?;
         let MatmulDims { m, n, k, .. } = dims;
+        if k == 0 || a.len() == 0 || b.len() == 0 {
+            // Nothing to sum (no channels or images, or an image of no pixels, all padding): the
+            // shader, which runs unchecked, clamps its reads into operands it assumes not empty.
+            return Backend::zeros(self, a.dtype(), m * n);
+        }
         let out = self.alloc(op, a.dtype(), m * n)?;
         if m * n == 0 {
             return Ok(out);
