@@ -292,6 +292,25 @@ impl Backend for WgpuBackend {
     fn col2im(&self, cols: &BufferRef, geom: &Conv2dGeometry) -> Result<BufferRef> {
         self.fold(cols, geom)
     }
+    fn conv2d_product(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        geom: &Conv2dGeometry,
+        out_channels: usize,
+    ) -> Option<Result<BufferRef>> {
+        self.conv_implicit(x, weight, geom, out_channels)
+    }
+    fn conv2d_product_backward(
+        &self,
+        x: &BufferRef,
+        weight: &BufferRef,
+        grad: &BufferRef,
+        geom: &Conv2dGeometry,
+        out_channels: usize,
+    ) -> Option<Result<(BufferRef, BufferRef)>> {
+        self.conv_implicit_backward(x, weight, grad, geom, out_channels)
+    }
     fn max_pool2d(&self, src: &BufferRef, geom: &Pool2dGeometry) -> Result<(BufferRef, BufferRef)> {
         if src.dtype() != DType::BF16 {
             return self.pool_max(src, geom);

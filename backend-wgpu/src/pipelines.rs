@@ -194,7 +194,7 @@ impl Pipelines {
 /// The shaders that bound every index themselves: the products, whose inner loops wgpu's
 /// index clamps and loop bounding would otherwise slow. `LOCKSTEP_WGPU_CHECKS=all` (read once)
 /// keeps wgpu's checks on them too, to rule them out when a result looks wrong.
-const SELF_BOUNDED: [&str; 2] = ["matmul", "matmul_coop"];
+const SELF_BOUNDED: [&str; 3] = ["matmul", "matmul_coop", "conv_gemm"];
 
 fn runs_unchecked(shader: &str) -> bool {
     static ALL_CHECKED: OnceLock<bool> = OnceLock::new();

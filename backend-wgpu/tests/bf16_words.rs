@@ -99,7 +99,7 @@ fn bf16_products_read_and_write_packed_words() {
 }
 
 /// A bf16 convolution with batch norm, a relu and elementwise ops after it, forward and backward,
-/// takes the dispatches an f32 one does: its unfoldings, products, copies, normalisation and
+/// takes the dispatches an f32 one does: its products (implicit GEMM), copies, normalisation and
 /// elementwise ops read and write the packed words, with no f32 copy around any of them (every product here has an even
 /// n: the weight gradient's is 2 channels x 3 x 3). A bias would add its gradient's sum, a
 /// reduction, which still runs on an f32 copy.
@@ -148,7 +148,10 @@ fn a_bf16_convolution_takes_no_f32_copies() {
         taken
     };
     let (f32_dispatches, bf16_dispatches) = (dispatches(DType::F32), dispatches(DType::BF16));
-    assert!(f32_dispatches >= 5, "im2col, products, col2im: {f32_dispatches}");
+    assert!(
+        f32_dispatches >= 5,
+        "the convolution, batch norm and their gradients: {f32_dispatches}"
+    );
     assert_eq!(
         bf16_dispatches, f32_dispatches,
         "dispatches of a bf16 convolution against f32's"

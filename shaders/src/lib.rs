@@ -133,6 +133,7 @@ pub const SHADERS: &[Shader] = &[
         PACKED_FLOATS,
         ["im2col", "col2im", "max_pool2d", "max_pool2d_backward"]
     ),
+    shader!("conv_gemm", &["T"], PACKED_FLOATS, ["conv_gemm", "conv_gemm_split"]),
     shader!(
         "optim",
         &[],

@@ -41,7 +41,7 @@ const MIN_SPLIT_K: usize = 1024;
 /// half a million pixels would otherwise run on one workgroup); None where one pass pays.
 /// It depends on the shape alone (64x64 blocks whichever kernel runs), so a product sums in the
 /// same order on every device and with every kernel.
-fn split_k_chunk(dims: MatmulDims) -> Option<usize> {
+pub(crate) fn split_k_chunk(dims: MatmulDims) -> Option<usize> {
     let blocks = dims.batch * dims.m.div_ceil(TILE) * dims.n.div_ceil(TILE);
     let splits = SPLIT_TARGET_WORKGROUPS
         .div_ceil(blocks.max(1))

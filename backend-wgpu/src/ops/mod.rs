@@ -7,6 +7,7 @@ mod batch_norm;
 mod bf16;
 mod bias_act;
 mod conv;
+mod conv_gemm;
 mod cross_entropy;
 mod elementwise;
 mod index;

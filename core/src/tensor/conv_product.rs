@@ -3,7 +3,8 @@
 //! columns are kh·kw times the input (9x for a 3x3 convolution): a ResNet-18 step at batch 64
 //! would otherwise hold about a gigabyte of them between forward and backward. The backward
 //! unfolds them again, which costs one memory-bound pass beside two GEMMs. Backends with a
-//! fused kernel (`Backend::conv2d_product`, the CPU's) do all of it a few images at a time instead.
+//! fused kernel (`Backend::conv2d_product`) do all of it without columns: the CPU a few images at a
+//! time, wgpu as implicit GEMM.
 
 use super::Tensor;
 use crate::autograd::no_grad;

@@ -100,6 +100,36 @@ fn conv_cases() -> Vec<Case> {
             opts: o([2, 2], [0, 0], [1, 1], 1),
             bias: false,
         },
+        // ResNet's stem: 7x7, stride 2, padding 3, over odd sizes.
+        Conv {
+            label: "7x7_stride2_stem",
+            x: [2, 3, 13, 11],
+            w: [5, 3, 7, 7],
+            opts: o([2, 2], [3, 3], [1, 1], 1),
+            bias: false,
+        },
+        Conv {
+            label: "3x3_stride2_odd",
+            x: [3, 5, 9, 7],
+            w: [6, 5, 3, 3],
+            opts: o([2, 2], [1, 1], [1, 1], 1),
+            bias: true,
+        },
+        Conv {
+            label: "1x1",
+            x: [2, 6, 5, 3],
+            w: [7, 6, 1, 1],
+            opts: o([1, 1], [0, 0], [1, 1], 1),
+            bias: false,
+        },
+        // More than one 64-row block in each product (output channels, then input channels).
+        Conv {
+            label: "many_channels",
+            x: [1, 66, 3, 3],
+            w: [65, 66, 3, 3],
+            opts: o([1, 1], [1, 1], [1, 1], 1),
+            bias: false,
+        },
         Conv {
             label: "kernel_fills_input",
             x: [3, 1, 4, 4],
