@@ -106,9 +106,14 @@ if [ -n "$wgpu" ]; then
         done
         step bench-gemm-wgpu-f32-checked 300 env LOCKSTEP_WGPU_CHECKS=all "$bin" bench gemm --device "$wgpu" --sizes 4096,8192 --json "$out/bench-gemm-wgpu-f32-checked.json"
         step bench-resnet-wgpu 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu.json" --kernels 25
+        # The same step with session 62's implicit-GEMM convolutions turned off (im2col, GEMM,
+        # col2im), to decide LOCKSTEP_WGPU_CONV's default from a GPU's numbers.
+        step bench-resnet-wgpu-im2col 600 env LOCKSTEP_WGPU_CONV=im2col "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu-im2col.json"
         step bench-resnet-wgpu-f32 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision 32 --json "$out/bench-resnet-wgpu-f32.json"
         step bench-resnet-cuda-f32 600 "$bin" bench resnet --device cuda:0 --batch 512 --precision 32 --json "$out/bench-resnet-cuda-f32.json"
         step bench-gpt2-wgpu 600 "$bin" bench gpt --device "$wgpu" --model gpt2 --batch 16 --precision bf16-mixed --kernels 30 --json "$out/bench-gpt2-wgpu.json"
+        # And with the fused attention turned off (composed products and causal_softmax).
+        step bench-gpt2-wgpu-composed 600 env LOCKSTEP_WGPU_ATTENTION=composed "$bin" bench gpt --device "$wgpu" --model gpt2 --batch 16 --precision bf16-mixed --json "$out/bench-gpt2-wgpu-composed.json"
     fi
 else
     echo "no wgpu adapter on an NVIDIA GPU: $("$bin" devices 2>&1 | tr '\n' ' ')" >"$out/logs/wgpu-absent.log"
