@@ -2,6 +2,7 @@
 //! cores, the `gemm` crate for matrix products, a caching buffer pool). Several independent
 //! instances (`cpu:0`, `cpu:1`, …) let multi-device code run and be tested without a GPU.
 
+mod attention;
 mod batch_norm;
 mod bias;
 mod buffer;
@@ -20,6 +21,7 @@ mod layer_norm;
 pub(crate) mod mapped_file;
 mod matmul;
 mod max_pool;
+mod ops_attention;
 mod ops_conv;
 mod ops_index;
 mod ops_memory;
@@ -43,8 +45,9 @@ pub use details::conv_plans;
 
 use self::pool::Pool;
 use super::{
-    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalSoftmax, CmpOp, Conv2dGeometry,
-    CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
+    Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
+    SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -60,6 +63,7 @@ pub struct CpuBackend {
     pool: Arc<Pool>,
     busy: busy::BusyMeter,
     capacity: capacity::Capacity,
+    attention: attention::Switch,
 }
 
 /// Matches two `HostVec`s of the same dtype, binding both inner slices, for kernels that work on
@@ -93,7 +97,15 @@ impl CpuBackend {
             pool: Arc::new(Pool::default()),
             busy: busy::BusyMeter::new(),
             capacity: capacity::Capacity::of_this_machine(),
+            attention: attention::Switch::from_env(),
         }
+    }
+
+    /// Turns fused causal attention (`Backend::causal_attention`, flash-style, no `t × t`
+    /// scores) on or off for this device; off, callers compose it from products and
+    /// `causal_softmax`. The default is on unless `LOCKSTEP_CPU_ATTENTION=composed`.
+    pub fn set_attention_fused(&self, fused: bool) {
+        self.attention.set(fused);
     }
 
     /// The paths this process takes for a convolution of geometry `g` into `out_channels`
@@ -415,6 +427,21 @@ impl Backend for CpuBackend {
         spec: &CausalSoftmax,
     ) -> Option<Result<BufferRef>> {
         ops_norm::causal_softmax_backward(self, grad, scores, spec)
+    }
+
+    fn causal_attention(&self, qkv: &BufferRef, spec: &CausalAttention) -> Option<Result<(BufferRef, BufferRef)>> {
+        ops_attention::causal_attention(self, qkv, spec)
+    }
+
+    fn causal_attention_backward(
+        &self,
+        qkv: &BufferRef,
+        y: &BufferRef,
+        lse: &BufferRef,
+        dy: &BufferRef,
+        spec: &CausalAttention,
+    ) -> Option<Result<BufferRef>> {
+        ops_attention::causal_attention_backward(self, [qkv, y, lse, dy], spec)
     }
 
     fn cross_entropy(

@@ -1,0 +1,437 @@
+//! Causal attention in blocks (flash attention) on f32: `softmax(q·kᵀ·scale, future masked)·v`
+//! for every head of a `[batch, t, 3, heads, head_dim]` projection without the `t × t` scores.
+//! A task takes one sequence's block of `BLOCK` positions, all heads; the block products run
+//! on `gemm` (one thread each), the softmax online per query row (running maximum and sum in
+//! f32). Memory is a few `BLOCK × BLOCK` and `BLOCK × head_dim` scratch blocks per task.
+//!
+//! Each output element is computed by one task, its sums over key (or query) blocks in block
+//! order, so results do not depend on the thread count and repeat bit for bit.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::fast_math::exp_nonpositive;
+use super::pool::Pool;
+use crate::backend::CausalAttention;
+
+/// Positions per block, for queries and keys alike: a 64 × 64 block of scores and 64-row blocks
+/// of q, k, v (at head dims up to 128) stay in the L2 cache.
+const BLOCK: usize = 64;
+
+/// Whether attention fuses by default, from `LOCKSTEP_CPU_ATTENTION` (read once): `composed`
+/// turns it off, `fused` or unset leaves it on.
+pub fn fused_by_default() -> bool {
+    static FUSED: OnceLock<bool> = OnceLock::new();
+    *FUSED.get_or_init(|| match std::env::var("LOCKSTEP_CPU_ATTENTION").as_deref() {
+        Ok("composed") => false,
+        Ok("fused") | Err(_) => true,
+        Ok(other) => {
+            eprintln!("lockstep: LOCKSTEP_CPU_ATTENTION={other:?} is neither \"composed\" nor \"fused\"; ignored");
+            true
+        }
+    })
+}
+
+/// One device's switch between the fused and the composed path (`CpuBackend::set_attention_fused`).
+#[derive(Debug)]
+pub struct Switch(AtomicBool);
+
+impl Switch {
+    /// The process default, `fused_by_default`.
+    pub fn from_env() -> Switch {
+        Switch(AtomicBool::new(fused_by_default()))
+    }
+    /// Whether the fused path serves this device.
+    pub fn fused(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+    /// Turns the fused path on or off.
+    pub fn set(&self, fused: bool) {
+        self.0.store(fused, Ordering::Relaxed);
+    }
+}
+
+/// A strided f32 matrix inside a slice: element `(r, c)` at `offset + r * rs + c * cs`.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    offset: usize,
+    rs: usize,
+    cs: usize,
+}
+
+/// `dst (m × n, row stride n) = [dst +] lhs (m × k) · rhs (k × n)` on one thread.
+fn product(dst: &mut [f32], (m, n, k): (usize, usize, usize), lhs: Mat, rhs: Mat, accumulate: bool) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let last = |a: &Mat, rows: usize, cols: usize| a.offset + (rows - 1) * a.rs + (cols - 1) * a.cs;
+    assert!(dst.len() >= m * n && last(&lhs, m, k) < lhs.data.len() && last(&rhs, k, n) < rhs.data.len());
+    // SAFETY: the assert above bounds the largest index gemm forms from each operand's offset,
+    // extent and strides (all non-negative), and `dst` is an exclusively borrowed m × n block
+    // with row stride n and column stride 1, disjoint from the shared operands.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.data.as_ptr().add(lhs.offset),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr().add(rhs.offset),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// Where things are in the buffers for one spec.
+#[derive(Clone, Copy)]
+struct Geometry {
+    t: usize,
+    heads: usize,
+    d: usize,
+    scale: f32,
+}
+
+impl Geometry {
+    fn of(spec: &CausalAttention) -> Geometry {
+        Geometry {
+            t: spec.t,
+            heads: spec.heads,
+            d: spec.head_dim,
+            scale: spec.scale as f32,
+        }
+    }
+    /// Rows `first..` of slot `slot` (0 q, 1 k, 2 v) of head `h` of sequence `b` in `qkv`.
+    fn qkv<'a>(&self, qkv: &'a [f32], b: usize, first: usize, slot: usize, h: usize) -> Mat<'a> {
+        let row = 3 * self.heads * self.d;
+        Mat {
+            data: qkv,
+            offset: (b * self.t + first) * row + (slot * self.heads + h) * self.d,
+            rs: row,
+            cs: 1,
+        }
+    }
+    /// Rows `first..` of head `h` of sequence `b` in a `[batch, t, heads, d]` buffer.
+    fn out<'a>(&self, y: &'a [f32], b: usize, first: usize, h: usize) -> Mat<'a> {
+        let row = self.heads * self.d;
+        Mat {
+            data: y,
+            offset: (b * self.t + first) * row + h * self.d,
+            rs: row,
+            cs: 1,
+        }
+    }
+    /// Positions `first..` of block `block` (at most `BLOCK`, fewer at the sequence's end).
+    fn block(&self, block: usize) -> (usize, usize) {
+        let first = block * BLOCK;
+        (first, BLOCK.min(self.t - first))
+    }
+    /// The index in `lse` `[batch, heads, t]` of query `i` of head `h` of sequence `b`.
+    fn row(&self, b: usize, h: usize, i: usize) -> usize {
+        (b * self.heads + h) * self.t + i
+    }
+}
+
+/// A matrix's transpose as a view (no copy).
+fn transposed(a: Mat) -> Mat {
+    Mat {
+        rs: a.cs,
+        cs: a.rs,
+        ..a
+    }
+}
+
+/// A local row-major `rows × cols` block as a matrix.
+fn local(data: &[f32], cols: usize) -> Mat<'_> {
+    Mat {
+        data,
+        offset: 0,
+        rs: cols,
+        cs: 1,
+    }
+}
+
+/// The forward pass: `y` `[batch, t, heads, d]` and `lse` `[batch, heads, t]`.
+pub fn forward(pool: &Pool, qkv: &[f32], spec: &CausalAttention) -> (Vec<f32>, Vec<f32>) {
+    let g = Geometry::of(spec);
+    let width = g.heads * g.d;
+    let mut y = pool.take::<f32>(spec.out_len());
+    // Each task's lse in [batch, t, heads] (its rows contiguous), reordered below.
+    let mut lse_by_position = pool.take::<f32>(spec.rows());
+    if width == 0 || g.t == 0 {
+        return (y, lse_by_position);
+    }
+    // Per sequence, then per block of it: a block never straddles two sequences.
+    y.par_chunks_mut(g.t * width)
+        .zip(lse_by_position.par_chunks_mut(g.t * g.heads))
+        .enumerate()
+        .for_each(|(b, (y, lse))| {
+            y.par_chunks_mut(BLOCK * width)
+                .zip(lse.par_chunks_mut(BLOCK * g.heads))
+                .enumerate()
+                .for_each(|(block, (y, lse))| forward_block(&g, qkv, b, block, y, lse));
+        });
+    let mut lse = pool.take::<f32>(spec.rows());
+    for b in 0..spec.batch {
+        for i in 0..g.t {
+            for h in 0..g.heads {
+                lse[g.row(b, h, i)] = lse_by_position[(b * g.t + i) * g.heads + h];
+            }
+        }
+    }
+    pool.recycle(crate::dtype::HostVec::F32(lse_by_position));
+    (y, lse)
+}
+
+/// Queries of block `block` of sequence `b`, every head: their rows of `y` and of `lse` (by
+/// position, then head).
+fn forward_block(g: &Geometry, qkv: &[f32], b: usize, block: usize, y: &mut [f32], lse: &mut [f32]) {
+    let (first, rows) = g.block(block);
+    let d = g.d;
+    let (mut s, mut acc) = (vec![0f32; BLOCK * BLOCK], vec![0f32; BLOCK * d]);
+    let (mut max, mut sum, mut poisoned) = ([0f32; BLOCK], [0f32; BLOCK], [false; BLOCK]);
+    for h in 0..g.heads {
+        let q = g.qkv(qkv, b, first, 0, h);
+        acc.fill(0.0);
+        max.fill(f32::NEG_INFINITY);
+        sum.fill(0.0);
+        poisoned.fill(false);
+        for key_block in 0..=block {
+            let (keys_first, keys) = g.block(key_block);
+            let k = g.qkv(qkv, b, keys_first, 1, h);
+            product(&mut s, (rows, keys, d), q, transposed(k), false);
+            for r in 0..rows {
+                let row = &mut s[r * keys..(r + 1) * keys];
+                let seen = (first + r + 1).saturating_sub(keys_first).min(keys);
+                let correction = online_softmax_row(row, seen, g.scale, &mut max[r], &mut sum[r], &mut poisoned[r]);
+                if correction != 1.0 {
+                    acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= correction);
+                }
+            }
+            let v = g.qkv(qkv, b, keys_first, 2, h);
+            product(&mut acc, (rows, d, keys), local(&s, keys), v, true);
+        }
+        for r in 0..rows {
+            let out = &mut y[r * g.heads * d + h * d..][..d];
+            let (l, m) = (sum[r], max[r]);
+            let nan = poisoned[r] || !m.is_finite();
+            for (o, &a) in out.iter_mut().zip(&acc[r * d..(r + 1) * d]) {
+                *o = if nan { f32::NAN } else { a / l };
+            }
+            lse[r * g.heads + h] = if nan { f32::NAN } else { m + l.ln() };
+        }
+    }
+}
+
+/// One query row's scores against a block of keys, `seen` of them unmasked, turned in place
+/// into `exp(score·scale − max)` (0 where masked) as the running `max` and `sum` take them in;
+/// returns the factor the row's accumulated values must be multiplied by (the old maximum's
+/// weights rescaled to the new). A NaN or +inf score poisons the row.
+#[inline]
+fn online_softmax_row(
+    row: &mut [f32],
+    seen: usize,
+    scale: f32,
+    max: &mut f32,
+    sum: &mut f32,
+    poisoned: &mut bool,
+) -> f32 {
+    let (row_seen, row_future) = row.split_at_mut(seen);
+    row_future.fill(0.0);
+    let mut block_max = f32::NEG_INFINITY;
+    for x in row_seen.iter_mut() {
+        *x *= scale;
+        if x.is_nan() || *x == f32::INFINITY {
+            *poisoned = true;
+        }
+        block_max = block_max.max(*x);
+    }
+    let new_max = max.max(block_max);
+    if *poisoned || new_max == f32::NEG_INFINITY {
+        // Nothing finite seen yet (or never will matter): the row adds nothing.
+        row_seen.fill(0.0);
+        return 1.0;
+    }
+    let correction = exp_nonpositive(*max - new_max);
+    let mut block_sum = 0.0f32;
+    for x in row_seen.iter_mut() {
+        *x = exp_nonpositive(*x - new_max);
+        block_sum += *x;
+    }
+    *sum = *sum * correction + block_sum;
+    *max = new_max;
+    correction
+}
+
+/// The backward pass: `dqkv` `[batch, t, 3, heads, d]` from `qkv`, `y`, `lse` and `dy`.
+pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttention) -> Vec<f32> {
+    let g = Geometry::of(spec);
+    let width = g.heads * g.d;
+    let mut dqkv = pool.take::<f32>(spec.qkv_len());
+    if width == 0 || g.t == 0 {
+        return dqkv;
+    }
+    // D = rowsum(dy ∘ y) per (position, head): the softmax backward's dot.
+    let mut dots = pool.take::<f32>(spec.rows());
+    dots.par_chunks_mut(g.heads)
+        .zip(dy.par_chunks(width).zip(y.par_chunks(width)))
+        .for_each(|(dots, (dy, y))| {
+            for (h, dot) in dots.iter_mut().enumerate() {
+                let (dy, y) = (&dy[h * g.d..(h + 1) * g.d], &y[h * g.d..(h + 1) * g.d]);
+                *dot = dy.iter().zip(y).fold(0.0, |acc, (&a, &b)| acc + a * b);
+            }
+        });
+    // The block's keys gather from the queries after them, its queries from the keys before:
+    // the two halves of one task's work add up to about the same for every block.
+    dqkv.par_chunks_mut(g.t * 3 * width).enumerate().for_each(|(b, dqkv)| {
+        dqkv.par_chunks_mut(BLOCK * 3 * width)
+            .enumerate()
+            .for_each(|(block, dqkv)| backward_block(&g, [qkv, dy], lse, &dots, b, block, dqkv));
+    });
+    pool.recycle(crate::dtype::HostVec::F32(dots));
+    dqkv
+}
+
+/// Block `block` of sequence `b`, every head: the queries' dq, the keys' dk and dv, into the
+/// block's rows of `dqkv`.
+#[allow(clippy::too_many_arguments)]
+fn backward_block(
+    g: &Geometry,
+    [qkv, dy]: [&[f32]; 2],
+    lse: &[f32],
+    dots: &[f32],
+    b: usize,
+    block: usize,
+    dqkv: &mut [f32],
+) {
+    let (first, rows) = g.block(block);
+    let (d, blocks, row_width) = (g.d, g.t.div_ceil(BLOCK), 3 * g.heads * g.d);
+    let mut p = vec![0f32; BLOCK * BLOCK];
+    let mut ds = vec![0f32; BLOCK * BLOCK];
+    let (mut dq, mut dk, mut dv) = (vec![0f32; BLOCK * d], vec![0f32; BLOCK * d], vec![0f32; BLOCK * d]);
+    for h in 0..g.heads {
+        // This block as queries: dq = scale · Σ over key blocks of ds · k.
+        for key_block in 0..=block {
+            let (keys_first, keys) = g.block(key_block);
+            let tile = Tile {
+                first,
+                rows,
+                keys_first,
+                keys,
+            };
+            tile.weights_and_grads(g, [qkv, dy], lse, dots, b, h, &mut p, &mut ds);
+            product(
+                &mut dq,
+                (rows, d, keys),
+                local(&ds, keys),
+                g.qkv(qkv, b, keys_first, 1, h),
+                key_block > 0,
+            );
+        }
+        // This block as keys: dv = Σ pᵀ · dy, dk = scale · Σ dsᵀ · q over query blocks.
+        let (keys_first, keys) = (first, rows);
+        for query_block in block..blocks {
+            let (queries_first, queries) = g.block(query_block);
+            let tile = Tile {
+                first: queries_first,
+                rows: queries,
+                keys_first,
+                keys,
+            };
+            tile.weights_and_grads(g, [qkv, dy], lse, dots, b, h, &mut p, &mut ds);
+            let accumulate = query_block > block;
+            let dy_rows = g.out(dy, b, queries_first, h);
+            product(
+                &mut dv,
+                (keys, d, queries),
+                transposed(local(&p, keys)),
+                dy_rows,
+                accumulate,
+            );
+            let q_rows = g.qkv(qkv, b, queries_first, 0, h);
+            product(
+                &mut dk,
+                (keys, d, queries),
+                transposed(local(&ds, keys)),
+                q_rows,
+                accumulate,
+            );
+        }
+        for r in 0..rows {
+            let out = &mut dqkv[r * row_width..(r + 1) * row_width];
+            for (slot, src, scale) in [(0, &dq, g.scale), (1, &dk, g.scale), (2, &dv, 1.0)] {
+                let dst = &mut out[(slot * g.heads + h) * d..][..d];
+                for (o, &x) in dst.iter_mut().zip(&src[r * d..(r + 1) * d]) {
+                    *o = x * scale;
+                }
+            }
+        }
+    }
+}
+
+/// One block of scores: queries `first..first + rows` against keys `keys_first..+ keys`.
+struct Tile {
+    first: usize,
+    rows: usize,
+    keys_first: usize,
+    keys: usize,
+}
+
+impl Tile {
+    /// The weights `p = exp(score·scale − lse)` (0 where masked) and `ds = p ∘ (dy·vᵀ − D)`,
+    /// each `rows × keys`, row-major.
+    #[allow(clippy::too_many_arguments)]
+    fn weights_and_grads(
+        &self,
+        g: &Geometry,
+        [qkv, dy]: [&[f32]; 2],
+        lse: &[f32],
+        dots: &[f32],
+        b: usize,
+        h: usize,
+        p: &mut [f32],
+        ds: &mut [f32],
+    ) {
+        let (rows, keys, d) = (self.rows, self.keys, g.d);
+        let q = g.qkv(qkv, b, self.first, 0, h);
+        let k = g.qkv(qkv, b, self.keys_first, 1, h);
+        let v = g.qkv(qkv, b, self.keys_first, 2, h);
+        product(p, (rows, keys, d), q, transposed(k), false);
+        product(ds, (rows, keys, d), g.out(dy, b, self.first, h), transposed(v), false);
+        for r in 0..rows {
+            let i = self.first + r;
+            let seen = (i + 1).saturating_sub(self.keys_first).min(keys);
+            let (row_lse, dot) = (lse[g.row(b, h, i)], dots[(b * g.t + i) * g.heads + h]);
+            let (p, ds) = (&mut p[r * keys..(r + 1) * keys], &mut ds[r * keys..(r + 1) * keys]);
+            for (p, ds) in p[..seen].iter_mut().zip(ds[..seen].iter_mut()) {
+                let x = *p * g.scale - row_lse;
+                // Rounding may leave the row's largest score a hair above its lse.
+                *p = exp_nonpositive(if x > 0.0 { 0.0 } else { x });
+                *ds = *p * (*ds - dot);
+            }
+            p[seen..].fill(0.0);
+            ds[seen..].fill(0.0);
+        }
+    }
+}
