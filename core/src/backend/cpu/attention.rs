@@ -35,6 +35,15 @@ pub fn fused_by_default() -> bool {
     })
 }
 
+/// The attention path a CPU device takes by default, as `devices --details` prints it.
+pub fn plan() -> &'static str {
+    if fused_by_default() {
+        "fused, flash-style in blocks of 64 (LOCKSTEP_CPU_ATTENTION=composed turns it off)"
+    } else {
+        "composed from products and causal_softmax (LOCKSTEP_CPU_ATTENTION=composed)"
+    }
+}
+
 /// One device's switch between the fused and the composed path (`CpuBackend::set_attention_fused`).
 #[derive(Debug)]
 pub struct Switch(AtomicBool);
@@ -299,7 +308,8 @@ pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttent
         .for_each(|(dots, (dy, y))| {
             for (h, dot) in dots.iter_mut().enumerate() {
                 let (dy, y) = (&dy[h * g.d..(h + 1) * g.d], &y[h * g.d..(h + 1) * g.d]);
-                *dot = dy.iter().zip(y).fold(0.0, |acc, (&a, &b)| acc + a * b);
+                // In f64, as the composed softmax backward takes its dot.
+                *dot = dy.iter().zip(y).fold(0.0f64, |acc, (&a, &b)| acc + a as f64 * b as f64) as f32;
             }
         });
     // The block's keys gather from the queries after them, its queries from the keys before:

@@ -1,7 +1,7 @@
 //! What the CPU device says about itself beyond its name: which kernels its numbers come from
 //! (`lockstep devices --details`, `lockstep check`, benchmark records).
 
-use super::{conv, matmul, simd};
+use super::{attention, conv, matmul, simd};
 use crate::backend::Conv2dGeometry;
 use crate::dtype::DType;
 use crate::models::resnet::{ResNetConfig, Stem, conv_layers};
@@ -26,9 +26,13 @@ pub(super) fn kernel_details() -> Vec<(String, String)> {
         true => "AVX512-BF16 dot products",
         false => "widened to f32",
     };
-    let mut details: Vec<(String, String)> = [("vector code", simd::level_name()), ("bf16 products", bf16)]
-        .map(|(label, value)| (label.to_string(), value.to_string()))
-        .into();
+    let mut details: Vec<(String, String)> = [
+        ("vector code", simd::level_name()),
+        ("bf16 products", bf16),
+        ("attention", attention::plan()),
+    ]
+    .map(|(label, value)| (label.to_string(), value.to_string()))
+    .into();
     let resnet18 = ResNetConfig::named("resnet18")
         .expect("resnet18 is a known name")
         .stem(Stem::Cifar);
