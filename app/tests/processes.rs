@@ -159,6 +159,11 @@ fn zero_1_over_four_processes_in_bf16_mixed_matches_data_parallel() {
 }
 
 #[test]
+fn zero_2_over_four_processes_in_16_mixed_matches_data_parallel() {
+    zero_across_processes_matches_data_parallel(4, "2", "16-mixed");
+}
+
+#[test]
 fn two_processes_match_one_device_with_the_global_batch() {
     processes_match_one_device(2);
 }

@@ -402,6 +402,30 @@ impl Communicator for NcclCommunicator {
         })
     }
 
+    fn reduce(&self, buf: &BufferRef, root: usize, op: ReduceOp) -> Result<()> {
+        if root >= self.state.world {
+            return Err(self
+                .state
+                .err("reduce", format!("root {root} is not a rank of {}", self.state.world)));
+        }
+        let b = self.buffer("reduce", buf)?;
+        let t = nccl_type(b.dtype());
+        // SAFETY: in place over the buffer's `len` elements of type `t`, on the comm stream;
+        // NCCL writes the result on root only.
+        self.enqueue("reduce", &[b], |comm, stream| unsafe {
+            result::reduce(
+                b.ptr as *const _,
+                b.ptr as *mut _,
+                b.len(),
+                t,
+                nccl_op(op),
+                root as i32,
+                comm,
+                stream,
+            )
+        })
+    }
+
     fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
         if root >= self.state.world {
             return Err(self.state.err(

@@ -155,6 +155,7 @@ impl<'a> Checks<'a> {
             self.broadcast(dtype);
             self.all_gather(dtype);
             self.reduce_scatter(dtype);
+            self.reduce_to_each_root(dtype);
             self.identical_bits(dtype);
         }
         self.all_reduce(DType::F32, 0);
@@ -267,6 +268,35 @@ impl<'a> Checks<'a> {
             let want = HostVec::from_f64(dtype, &want);
             self.check(format!("reduce_scatter {op:?} {dtype}"), got, &output, &want);
         }
+    }
+
+    /// `reduce` to each root in turn gives that root the bits `all_reduce` gives every rank
+    /// (inexact values, so a different order of sums would show); a root past the group is
+    /// refused on every rank.
+    fn reduce_to_each_root(&mut self, dtype: DType) {
+        let len = 11;
+        let mine: Vec<f64> = (0..len)
+            .map(|i| (self.rank + 1) as f64 / 3.0 + i as f64 * 0.1)
+            .collect();
+        let everywhere = self.buffer(&HostVec::from_f64(dtype, &mine));
+        if let Err(e) = self.comm.all_reduce(&everywhere, ReduceOp::Mean) {
+            self.failures.push(format!("reduce {dtype}: all_reduce: {e}"));
+            return;
+        }
+        let want = self.read(&everywhere);
+        for root in 0..self.world {
+            let buf = self.buffer(&HostVec::from_f64(dtype, &mine));
+            let got = self.comm.reduce(&buf, root, ReduceOp::Mean);
+            if self.rank == root {
+                self.check(format!("reduce Mean {dtype} to root {root}"), got, &buf, &want);
+            } else if let Err(e) = got {
+                self.failures.push(format!("reduce Mean {dtype} to root {root}: {e}"));
+            }
+        }
+        let buf = self.buffer(&HostVec::from_f64(dtype, &mine));
+        let root = self.world;
+        let got = self.comm.reduce(&buf, root, ReduceOp::Sum);
+        self.check_error(&format!("reduce {dtype} to root {root}"), got, &["reduce", "root"]);
     }
 
     /// Inexact values (thirds, tenths): every rank must still end with the same bits, and

@@ -22,7 +22,7 @@ use lockstep_core::dtype::{DType, HostVec};
 use lockstep_core::error::{Error, Result};
 use lockstep_core::map_host_vec;
 
-use crate::header::{Call, HEADER, op_code};
+use crate::header::{Call, HEADER, op_code, rooted_op_code};
 use crate::host::{bytes, bytes_mut, reduce_chunk, zeros};
 use crate::watchdog::{self, InFlight};
 
@@ -228,6 +228,20 @@ impl MpiCommunicator {
         write_whole(self.backend.as_ref(), buf, data)
     }
 
+    /// An error unless `root` is a rank of this communicator.
+    fn root_of(&self, op: &'static str, root: usize) -> Result<()> {
+        if root < self.world {
+            return Ok(());
+        }
+        Err(self.err(
+            op,
+            format!(
+                "root {root} is not a rank of a group of {}: pass 0..{}",
+                self.world, self.world
+            ),
+        ))
+    }
+
     /// MPI counts are C ints: `count` (elements reduced, or bytes moved) must fit one.
     fn fits(&self, op: &'static str, dtype: DType, len: usize, count: usize) -> Result<()> {
         if count > i32::MAX as usize {
@@ -276,26 +290,55 @@ impl Communicator for MpiCommunicator {
         self.write(buf, &reduced)
     }
 
+    /// All-reduce's reduce-scatter, then a gather of the reduced chunks to root alone: root
+    /// holds all-reduce's bits, and the other ranks receive nothing.
+    fn reduce(&self, buf: &BufferRef, root: usize, op: ReduceOp) -> Result<()> {
+        let name = "reduce";
+        let world = self.world;
+        let padded = buf.len().div_ceil(world) * world;
+        let prepared = self.root_of(name, root).and_then(|()| {
+            self.fits(
+                name,
+                buf.dtype(),
+                buf.len(),
+                padded.saturating_mul(buf.dtype().size_in_bytes()),
+            )?;
+            self.read(buf)
+        });
+        let call = Call {
+            aux: rooted_op_code(root, op),
+            ..Call::new(name, buf.dtype(), buf.len())
+        };
+        let reduced = self.collective(call, prepared, |comm, mut host| {
+            map_host_vec!(&mut host, v => v.resize(padded, Default::default()));
+            let chunk = reduce_chunk(comm, &host, op, world);
+            let at_root = comm.process_at_rank(root as i32);
+            if self.rank != root {
+                at_root.gather_into(bytes(&chunk));
+                return Ok(None);
+            }
+            let mut all = zeros(chunk.dtype(), padded);
+            at_root.gather_into_root(bytes(&chunk), bytes_mut(&mut all));
+            map_host_vec!(&mut all, v => v.truncate(buf.len()));
+            Ok(Some(all))
+        })?;
+        match reduced {
+            Some(all) => self.write(buf, &all),
+            None => Ok(()),
+        }
+    }
+
     fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()> {
         let name = "broadcast";
-        let prepared = if root >= self.world {
-            Err(self.err(
-                name,
-                format!(
-                    "root {root} is not a rank of a group of {}: pass 0..{}",
-                    self.world, self.world
-                ),
-            ))
-        } else {
+        let prepared = self.root_of(name, root).and_then(|()| {
             let size = buf.len().saturating_mul(buf.dtype().size_in_bytes());
-            self.fits(name, buf.dtype(), buf.len(), size).and_then(|()| {
-                if self.rank == root {
-                    self.read(buf)
-                } else {
-                    Ok(zeros(buf.dtype(), buf.len()))
-                }
-            })
-        };
+            self.fits(name, buf.dtype(), buf.len(), size)?;
+            if self.rank == root {
+                self.read(buf)
+            } else {
+                Ok(zeros(buf.dtype(), buf.len()))
+            }
+        });
         let call = Call {
             aux: root,
             ..Call::new(name, buf.dtype(), buf.len())

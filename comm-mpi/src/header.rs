@@ -5,13 +5,14 @@
 use lockstep_core::backend::ReduceOp;
 use lockstep_core::dtype::DType;
 
-const OPS: [&str; 6] = [
+const OPS: [&str; 7] = [
     "all_reduce",
     "broadcast",
     "all_gather",
     "reduce_scatter",
     "barrier",
     "duplicate",
+    "reduce",
 ];
 pub(super) const HEADER: usize = 5;
 
@@ -65,15 +66,24 @@ pub(super) fn op_code(op: ReduceOp) -> usize {
     REDUCE_OPS.iter().position(|&o| o == op).unwrap_or(REDUCE_OPS.len())
 }
 
+/// `Call::aux` of a reduce to one root: the root and the op in one number.
+pub(super) fn rooted_op_code(root: usize, op: ReduceOp) -> usize {
+    root * (REDUCE_OPS.len() + 1) + op_code(op)
+}
+
 /// `Call::aux` in words, for the message that says how two ranks differ.
 fn describe_aux(op: &str, aux: u64) -> String {
-    if op == "broadcast" {
-        format!("broadcasts from root {aux}")
-    } else {
-        match REDUCE_OPS.get(aux as usize) {
-            Some(o) => format!("reduces with {o:?}"),
-            None => format!("reduces with op {aux}"),
+    let reduces = |code: u64| match REDUCE_OPS.get(code as usize) {
+        Some(o) => format!("reduces with {o:?}"),
+        None => format!("reduces with op {code}"),
+    };
+    match op {
+        "broadcast" => format!("broadcasts from root {aux}"),
+        "reduce" => {
+            let codes = REDUCE_OPS.len() as u64 + 1;
+            format!("{} to root {}", reduces(aux % codes), aux / codes)
         }
+        _ => reduces(aux),
     }
 }
 

@@ -88,6 +88,10 @@ fn collectives_compute_the_right_values_on_every_rank() {
             .unwrap();
         out.push(read(b, &chunk));
         c.barrier().unwrap();
+        // Reduce to rank 1: it alone ends with the sum, all-reduce's bits.
+        let buf = buffer(b, DType::F32, &mine);
+        c.reduce(&buf, 1, ReduceOp::Sum).unwrap();
+        out.push(if rank == 1 { read(b, &buf) } else { Vec::new() });
         // f16 buffers reduce too (in f64, rounded once).
         let half = buffer(b, DType::F16, &[0.5 * rank as f64, 1.0]);
         c.all_reduce(&half, ReduceOp::Sum).unwrap();
@@ -104,8 +108,11 @@ fn collectives_compute_the_right_values_on_every_rank() {
             .map(|j| (0..WORLD).map(|q| (q * 10 + rank * 2 + j) as f64).sum())
             .collect();
         assert_eq!(r[5], expected, "reduce_scatter on rank {rank}");
+        if rank == 1 {
+            assert_eq!(r[6], sum, "reduce to rank 1");
+        }
         assert_eq!(
-            r[6],
+            r[7],
             vec![0.5 * (0..WORLD).sum::<usize>() as f64, WORLD as f64],
             "f16 all_reduce on rank {rank}"
         );
@@ -188,6 +195,14 @@ fn mismatched_calls_are_errors() {
             .unwrap_err()
             .to_string();
         let root = c.broadcast(&buffer(b, DType::F32, &[1.0]), 5).unwrap_err().to_string();
+        let reduce_root = c
+            .reduce(&buffer(b, DType::F32, &[1.0]), 2, ReduceOp::Sum)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            reduce_root.contains("reduce") && reduce_root.contains('2'),
+            "{reduce_root}"
+        );
         let gather = c
             .all_gather(&buffer(b, DType::F32, &[1.0]), &b.zeros(DType::F32, 3).unwrap())
             .unwrap_err()

@@ -11,7 +11,7 @@ use lockstep_core::nn::{BatchNorm1d, Linear, Module, ModuleExt, Sequential};
 use lockstep_core::{DType, Device, Generator, Result, Tensor};
 
 mod parallel_support;
-use parallel_support::{Intercepted, on_cpu_ranks};
+use parallel_support::{Intercepted, on_cpu_ranks, on_fresh_cpu_ranks};
 
 /// Runs `body(rank, device, comm)` on two threads, one per CPU virtual device.
 fn on_two_ranks<T: Send + 'static>(
@@ -212,5 +212,58 @@ fn a_communicator_that_times_its_collectives_on_the_device_is_believed() {
     for times in results {
         // The host timed enqueues of microseconds; the device's 7 s is what is reported.
         assert_eq!(times.all_reduce, 7.0, "{times:?}");
+    }
+}
+
+/// Parameter i of `three_params` belongs to rank `OWNERS[i]` under ZeRO stage 2.
+const OWNERS: [usize; 3] = [0, 1, 0];
+
+#[test]
+fn sharded_gradients_reach_their_owner_alone_with_data_parallels_bits() {
+    let results = on_fresh_cpu_ranks(2, |device, comm| {
+        let rank = comm.rank();
+        let comm: Arc<dyn Communicator> = Arc::new(comm);
+        let x = Tensor::full([16], 1.0 + rank as f64, DType::F32, &device).unwrap();
+        let plain = three_params(&device);
+        let reducer = Reducer::new(&plain, comm.clone(), ONE_EACH).unwrap();
+        forward_backward(&plain, &x);
+        reducer.finish().unwrap();
+        let sharded = three_params(&device);
+        let in_use = || device.backend().memory_stats().allocated_bytes;
+        let before = in_use();
+        let zero = Reducer::new(&sharded, comm, ONE_EACH).unwrap();
+        zero.shard_gradients(OWNERS.to_vec()).unwrap();
+        let mut grown = Vec::new();
+        for _ in 0..2 {
+            forward_backward(&sharded, &x);
+            zero.finish().unwrap();
+            grown.push(in_use() - before);
+            let grads: Vec<Option<Vec<f32>>> = sharded.iter().map(|p| p.grad().map(|g| g.to_vec().unwrap())).collect();
+            for (i, g) in grads.iter().enumerate() {
+                if OWNERS[i] == rank {
+                    assert_eq!(
+                        g.as_ref(),
+                        Some(&plain[i].grad().unwrap().to_vec::<f32>().unwrap()),
+                        "parameter {i}"
+                    );
+                } else {
+                    assert!(g.is_none(), "rank {rank} keeps no gradient of parameter {i}");
+                }
+            }
+            sharded.iter().for_each(Tensor::zero_grad);
+        }
+        (zero.buckets(), grown)
+    });
+    for (rank, (buckets, grown)) in results.iter().enumerate() {
+        for b in buckets {
+            assert!(
+                b.iter().all(|&i| OWNERS[i] == OWNERS[b[0]]),
+                "one owner a bucket: {buckets:?}"
+            );
+        }
+        // After the step a rank holds its own averaged gradients (64 bytes each) and nothing
+        // else: no bucket, no copy of the other rank's gradients.
+        let owned = OWNERS.iter().filter(|&&o| o == rank).count() as u64 * 64;
+        assert_eq!(grown, &vec![owned; 2], "rank {rank}");
     }
 }

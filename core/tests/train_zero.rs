@@ -13,7 +13,7 @@ use std::sync::Arc;
 use lockstep_core::data::{DataLoader, DataLoaderConfig};
 use lockstep_core::distributed::{ZeroStage, state_bytes};
 use lockstep_core::nn::ModuleExt;
-use lockstep_core::optim::{Adam, AdamConfig, DecayScope};
+use lockstep_core::optim::{Adam, AdamConfig, DecayScope, GradScaler};
 use lockstep_core::train::{
     ChannelListener, Event, FitReport, GradientClip, ModelCheckpoint, Precision, ResumeSetting, Trainer, TrainerConfig,
     TrainingSetup,
@@ -41,6 +41,8 @@ fn config(precision: Precision, zero: Option<ZeroStage>, steps: u64) -> TrainerC
         precision,
         zero,
         log_every_n_steps: 10,
+        // 16-mixed: a scale high enough that the first steps overflow and are skipped.
+        grad_scaler: Some(GradScaler::new(2f64.powi(24), 2.0, 0.5, 2000).unwrap()),
         ..Default::default()
     }
 }
@@ -82,15 +84,20 @@ fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], rel: f32, what: &str) {
 }
 
 #[test]
-fn zero_1_and_2_end_with_data_parallels_weights_on_2_and_4_replicas_in_f32_and_bf16_mixed() {
-    for precision in [Precision::Full, Precision::MixedBf16] {
+fn zero_1_and_2_end_with_data_parallels_weights_on_2_and_4_replicas_in_f32_bf16_and_f16_mixed() {
+    for precision in [Precision::Full, Precision::MixedBf16, Precision::Mixed16] {
         for world in [2, 4] {
-            let (plain, _) = run(world, precision, None);
+            let (plain, plain_report) = run(world, precision, None);
             let plain = weights(&plain);
             for stage in [ZeroStage::OptimizerState, ZeroStage::Gradients] {
                 let (sharded, report) = run(world, precision, Some(stage));
                 assert_eq!(report.steps, STEPS);
                 let what = format!("ZeRO-{} on {world} replicas, {precision:?}", stage.number());
+                // 16-mixed: the loss scaler's overflow verdict is agreed across the shards.
+                assert_eq!(report.skipped_steps, plain_report.skipped_steps, "{what}");
+                if precision == Precision::Mixed16 {
+                    assert!(report.skipped_steps > 0, "{what}: no step overflowed, nothing agreed");
+                }
                 assert_close(&weights(&sharded), &plain, 1e-5, &what);
                 assert_ne!(
                     weights(&sharded),

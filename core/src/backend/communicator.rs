@@ -30,6 +30,19 @@ pub trait Communicator: Send + Sync {
     fn world_size(&self) -> usize;
     /// Reduces `buf` across ranks, in place; every rank ends with the same bits.
     fn all_reduce(&self, buf: &BufferRef, op: ReduceOp) -> Result<()>;
+    /// Reduces `buf` across ranks into root's `buf`; the other ranks' `buf` is left unspecified
+    /// (as `MPI_Reduce`, `ncclReduce`). In-process and MPI groups give root the bits `all_reduce`
+    /// would. ZeRO stage 2 sends each gradient only to the rank that steps it so. The default
+    /// all-reduces: right everywhere, at all-reduce's cost.
+    fn reduce(&self, buf: &BufferRef, root: usize, op: ReduceOp) -> Result<()> {
+        if root >= self.world_size() {
+            return Err(Error::invalid(
+                "reduce",
+                format!("root {root} is not a rank of a group of {}", self.world_size()),
+            ));
+        }
+        self.all_reduce(buf, op)
+    }
     /// Overwrites `buf` on every rank with root's.
     fn broadcast(&self, buf: &BufferRef, root: usize) -> Result<()>;
     /// `output` (world_size × input length) receives every rank's `input`, in rank order.
@@ -314,6 +327,23 @@ impl Communicator for LocalCommunicator {
                 self.backend
                     .copy_strided(&staged, &Layout::contiguous([range.len()]), buf, &target)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Every rank's data reaches root, which reduces the whole buffer as `all_reduce`'s chunks
+    /// would (the same elementwise order over ranks), so root holds all-reduce's bits.
+    fn reduce(&self, buf: &BufferRef, root: usize, op: ReduceOp) -> Result<()> {
+        if root >= self.world_size() {
+            return Err(self.err(
+                "reduce",
+                format!("root {root} is not a rank of a group of {}", self.world_size()),
+            ));
+        }
+        let all = self.exchange("reduce", self.read(buf)?)?;
+        self.check_len("reduce", &all, buf.len())?;
+        if self.rank == root {
+            self.write(buf, &reduce_host(&all, op, 0..buf.len()))?;
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! The reducer's communication thread: it all-reduces buckets one after another, in the order
-//! they are queued, while the training thread goes on with backward. Queue order is the same on
+//! The reducer's communication thread: it reduces buckets one after another (to every rank, or
+//! to the one that owns them), in the order they are queued, while the training thread goes on with backward. Queue order is the same on
 //! every rank (buckets are launched strictly in index order), so collectives match up.
 
 use std::sync::mpsc::{Sender, channel};
@@ -9,8 +9,19 @@ use std::time::{Duration, Instant};
 use crate::backend::{BufferRef, Communicator, ReduceOp};
 use crate::error::{Error, Result};
 
+/// Where a bucket's reduction goes.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Collective {
+    /// To every rank (data parallel).
+    AllReduce,
+    /// To `root` alone (ZeRO stage 2's owner of the bucket).
+    Reduce { root: usize },
+}
+
 struct Job {
+    /// Dropped when the job is done: the last reference to a bucket this rank does not keep.
     flat: BufferRef,
+    collective: Collective,
     op: ReduceOp,
 }
 
@@ -49,15 +60,21 @@ impl CommWorker {
         std::thread::Builder::new()
             .name(format!("lockstep-comm-{}", worker_comm.rank()))
             .spawn(move || {
-                for job in jobs {
+                for Job { flat, collective, op } in jobs {
                     let (lock, wake) = &*shared;
                     let failed = lock.lock().unwrap_or_else(|e| e.into_inner()).failed;
                     let started = Instant::now();
                     let outcome = if failed {
                         Ok(())
                     } else {
-                        worker_comm.all_reduce(&job.flat, job.op)
+                        match collective {
+                            Collective::AllReduce => worker_comm.all_reduce(&flat, op),
+                            Collective::Reduce { root } => worker_comm.reduce(&flat, root, op),
+                        }
                     };
+                    // Let go of the bucket before the job counts as done, so a rank that does
+                    // not keep it holds no copy once `wait_all` returns.
+                    drop(flat);
                     let mut p = lock.lock().unwrap_or_else(|e| e.into_inner());
                     p.busy += started.elapsed();
                     if let Err(e) = outcome {
@@ -77,9 +94,9 @@ impl CommWorker {
         })
     }
 
-    /// Queues an in-place all-reduce of `flat`; it starts once the jobs before it are done.
-    pub fn launch(&mut self, flat: BufferRef, op: ReduceOp) -> Result<()> {
-        if self.queue.send(Job { flat, op }).is_err() {
+    /// Queues an in-place reduction of `flat`; it starts once the jobs before it are done.
+    pub fn launch(&mut self, flat: BufferRef, collective: Collective, op: ReduceOp) -> Result<()> {
+        if self.queue.send(Job { flat, collective, op }).is_err() {
             return Err(Error::invalid("Reducer", "the communication thread has stopped"));
         }
         self.queued += 1;

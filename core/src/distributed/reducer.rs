@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use super::buckets::{Bucket, assign};
-use super::comm_worker::CommWorker;
+use super::buckets::{Bucket, assign, assign_by_owner};
+use super::comm_worker::{Collective, CommWorker};
 use super::verify_same_model;
 use crate::backend::{Communicator, ReduceOp};
 use crate::dtype::HostVec;
@@ -81,9 +81,10 @@ struct State {
     worker: CommWorker,
     comm: Arc<dyn Communicator>,
     last: CommTimes,
-    /// ZeRO stage 2: which parameters (by registration index) keep their averaged gradient;
-    /// the others' gradients are dropped once copied into their bucket.
-    keep: Option<Vec<bool>>,
+    /// ZeRO stage 2: the rank that steps each parameter (by registration index), the only one
+    /// its averaged gradient is reduced to and kept on; the others drop it once it is in its
+    /// bucket.
+    owners: Option<Vec<usize>>,
 }
 
 /// Averages gradients across data-parallel replicas as backward produces them, bucket by bucket,
@@ -117,7 +118,7 @@ impl Reducer {
             comm.broadcast(p.buffer(), 0)?;
         }
         let reverse: Vec<usize> = (0..params.len()).rev().collect();
-        let (buckets, index) = build_buckets(params, &reverse, config)?;
+        let (buckets, index) = build_buckets(params, &reverse, config, None)?;
         let state = Arc::new(Mutex::new(State {
             params: params.to_vec(),
             buckets,
@@ -129,7 +130,7 @@ impl Reducer {
             worker: CommWorker::spawn(comm.clone())?,
             comm,
             last: CommTimes::default(),
-            keep: None,
+            owners: None,
         }));
         for p in params {
             // Weak: the parameters outlive the reducer; its hooks then do nothing.
@@ -147,16 +148,30 @@ impl Reducer {
         self.lock().sync = sync;
     }
 
-    /// ZeRO stage 2: after each synchronised backward only the parameters marked in `keep` (by
-    /// registration index) hold a gradient, the averaged one; every other gradient is dropped
-    /// as soon as it is in its bucket.
-    pub fn keep_only(&self, keep: Vec<bool>) {
-        self.lock().keep = Some(keep);
+    /// ZeRO stage 2: `owners[i]` is the rank that steps parameter `i` (by registration index).
+    /// The buckets are rebuilt to hold one owner's parameters each and are reduced to that rank
+    /// alone; after each synchronised backward a rank holds the averaged gradients of its own
+    /// parameters only, and no lasting copy of the others' (their buckets are let go once
+    /// reduced).
+    pub fn shard_gradients(&self, owners: Vec<usize>) -> Result<()> {
+        let mut st = self.lock();
+        if owners.len() != st.params.len() {
+            return Err(Error::invalid(
+                "Reducer",
+                format!("{} owners given for {} parameters", owners.len(), st.params.len()),
+            ));
+        }
+        st.owners = Some(owners);
+        let reverse: Vec<usize> = (0..st.params.len()).rev().collect();
+        let (buckets, index) = build_buckets(&st.params, &reverse, st.config, st.owners.as_deref())?;
+        st.buckets = buckets;
+        st.index = index;
+        Ok(())
     }
 
-    /// Whether `keep_only` dropped some parameters' gradients.
-    pub fn keeps_only_some(&self) -> bool {
-        self.lock().keep.as_ref().is_some_and(|k| k.contains(&false))
+    /// Whether `shard_gradients` applies: the same answer on every rank.
+    pub fn shards_gradients(&self) -> bool {
+        self.lock().owners.is_some()
     }
 
     /// The parameters (registration indices) of each bucket, in reduction order.
@@ -202,14 +217,22 @@ impl Reducer {
             all_reduce: drained.busy.as_secs_f64(),
             exposed: drained.waited.as_secs_f64(),
         };
-        for b in &st.buckets {
+        let rank = st.comm.rank();
+        let State { buckets, params, .. } = &mut *st;
+        for b in buckets.iter_mut() {
+            if b.owner.is_some_and(|owner| owner != rank) {
+                continue;
+            }
+            let Some(flat) = &b.flat else {
+                return Err(Error::Autograd("a reduced gradient bucket holds no buffer".into()));
+            };
             for (s, slot) in b.slots.iter().enumerate() {
-                if st.keep.as_ref().is_some_and(|keep| !keep[slot.param]) {
-                    continue;
-                }
-                let param = &st.params[slot.param];
+                let param = &params[slot.param];
                 // A copy, not a view: in-place writers (clipping, unscaling) must not reach the bucket.
-                param.set_grad(Some(b.flat.view(b.view_of(s, param)).deep_copy()?));
+                param.set_grad(Some(flat.view(b.view_of(s, param)).deep_copy()?));
+            }
+            if b.owner.is_some() {
+                b.flat = None;
             }
         }
         if let Some(arrivals) = st.arrivals.take() {
@@ -250,13 +273,23 @@ fn require_dense(p: &Tensor) -> Result<()> {
 
 type Buckets = (Vec<Bucket>, HashMap<u64, (usize, usize)>);
 
-/// Buckets over `params` taken in `order`, and where each parameter landed.
-fn build_buckets(params: &[Tensor], order: &[usize], config: ReducerConfig) -> Result<Buckets> {
+/// Buckets over `params` taken in `order`, each of one owner's parameters where `owners` are
+/// given, and where each parameter landed.
+fn build_buckets(
+    params: &[Tensor],
+    order: &[usize],
+    config: ReducerConfig,
+    owners: Option<&[usize]>,
+) -> Result<Buckets> {
     let bytes = |i: usize| params[i].elem_count() * params[i].dtype().size_in_bytes();
-    let groups = assign(order, bytes, config.first_bucket_bytes, config.bucket_bytes);
+    let (first, cap) = (config.first_bucket_bytes, config.bucket_bytes);
+    let groups = match owners {
+        Some(owners) => assign_by_owner(order, bytes, |i| owners[i], first, cap),
+        None => assign(order, bytes, first, cap),
+    };
     let buckets = groups
         .iter()
-        .map(|members| Bucket::new(members, params))
+        .map(|members| Bucket::new(members, params, owners.map(|o| o[members[0]])))
         .collect::<Result<Vec<_>>>()?;
     let mut index = HashMap::new();
     for (b, bucket) in buckets.iter().enumerate() {
@@ -286,7 +319,7 @@ fn rebuild_in_arrival_order(st: &mut State, arrivals: Vec<usize>) -> Result<()> 
             "rank 0's gradient order is not a permutation of this rank's parameters: do all ranks build the same model?",
         ));
     }
-    let (buckets, index) = build_buckets(&st.params, &order, st.config)?;
+    let (buckets, index) = build_buckets(&st.params, &order, st.config, st.owners.as_deref())?;
     st.buckets = buckets;
     st.index = index;
     Ok(())
@@ -315,21 +348,31 @@ fn on_ready(state: &Weak<Mutex<State>>, param: &Tensor) -> Result<()> {
         Some(g) => g,
         None => param.detach().zeros_like()?,
     };
-    grad.backend().copy_strided(
-        grad.buffer(),
-        grad.layout(),
-        bucket.flat.buffer(),
-        &bucket.view_of(s, param),
-    )?;
+    let target = bucket.view_of(s, param);
+    let flat = bucket.storage(param)?;
+    grad.backend()
+        .copy_strided(grad.buffer(), grad.layout(), flat.buffer(), &target)?;
     bucket.ready += 1;
-    if st.keep.is_some() {
+    if st.owners.is_some() {
         // `finish` writes the averaged gradient back where it is kept.
         param.set_grad(None);
     }
     let st = &mut *st;
+    let rank = st.comm.rank();
     while st.next_bucket < st.buckets.len() && st.buckets[st.next_bucket].is_full() {
-        let flat = st.buckets[st.next_bucket].flat.buffer().clone();
-        st.worker.launch(flat, ReduceOp::Mean)?;
+        let bucket = &mut st.buckets[st.next_bucket];
+        let collective = match bucket.owner {
+            None => Collective::AllReduce,
+            Some(root) => Collective::Reduce { root },
+        };
+        // Another rank's bucket goes to the communication thread alone, and is let go there
+        // once reduced.
+        let flat = match bucket.owner {
+            Some(owner) if owner != rank => bucket.flat.take(),
+            _ => bucket.flat.clone(),
+        };
+        let flat = flat.ok_or_else(|| Error::Autograd("a full gradient bucket holds no buffer".into()))?;
+        st.worker.launch(flat.buffer().clone(), collective, ReduceOp::Mean)?;
         st.next_bucket += 1;
     }
     Ok(())

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockstep_core::backend::cpu::CpuBackend;
 use lockstep_core::backend::{BufferRef, Communicator, LocalCommunicator, ReduceOp};
 use lockstep_core::{Device, Result};
 
@@ -26,6 +27,26 @@ pub fn on_cpu_ranks_with_timeout<T: Send + 'static>(
     let devices: Vec<Device> = (0..world)
         .map(|i| Device::parse(&format!("cpu:{i}")).unwrap())
         .collect();
+    on_ranks_of(devices, timeout, body)
+}
+
+/// `on_cpu_ranks` on CPU devices of their own, whose memory counts only this test's tensors
+/// (`cpu:N` is shared by the tests running beside it).
+pub fn on_fresh_cpu_ranks<T: Send + 'static>(
+    world: usize,
+    body: impl Fn(Device, LocalCommunicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let devices = (0..world)
+        .map(|i| Device::from_backend(Arc::new(CpuBackend::new(i))))
+        .collect();
+    on_ranks_of(devices, Duration::from_secs(600), body)
+}
+
+fn on_ranks_of<T: Send + 'static>(
+    devices: Vec<Device>,
+    timeout: Duration,
+    body: impl Fn(Device, LocalCommunicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let comms = LocalCommunicator::group_with_timeout(devices.iter().map(|d| d.backend().clone()).collect(), timeout);
     let body = Arc::new(body);
     let threads: Vec<_> = comms

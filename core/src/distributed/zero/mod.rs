@@ -1,7 +1,9 @@
 //! ZeRO (Rajbhandari et al., 2020) as an option of data parallel: each replica keeps the
 //! optimizer state of only its share of the parameters (stage 1), and with stage 2 keeps only
-//! that share's gradients once they are averaged. Every replica still computes every gradient
-//! and holds every weight; after the step each parameter is broadcast from the replica that
+//! that share's gradients: the reducer's buckets each hold one owner's parameters and are
+//! reduced to that owner alone, and the other ranks let them go once sent (no lasting copy of
+//! gradients they do not step). Every replica still computes every gradient and holds every
+//! weight; after the step each parameter is broadcast from the replica that
 //! updated it, so the weights end as plain data parallel's, bit for bit.
 //!
 //! The shares are whole parameters, balanced by size (PyTorch's `ZeroRedundancyOptimizer`

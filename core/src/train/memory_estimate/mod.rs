@@ -70,7 +70,9 @@ pub struct RankMemory {
     pub gradients: u64,
     /// The optimizer's state (momentum, Adam's moments; its share under ZeRO).
     pub optimizer_state: u64,
-    /// The reducer's flat buffers, a copy of every gradient, kept for the run (data parallel).
+    /// The reducer's flat buffers: a copy of every gradient, kept for the run (data parallel);
+    /// under ZeRO stage 2 those of the rank's own share, until the step (the others' are let
+    /// go as they are reduced).
     pub buckets: u64,
     /// The batch, what autograd saves for backward and the largest transient, at this batch;
     /// less, where every gradient is kept, what of the gradients is not yet live at that peak.
@@ -146,7 +148,11 @@ pub fn estimate_memory(
             parameters: all_parameters + model.buffers,
             gradients: share(rank, &model.parameters, zero >= Some(ZeroStage::Gradients)),
             optimizer_state: share(rank, &model.optimizer_state, zero.is_some()),
-            buckets: if world > 1 { all_parameters } else { 0 },
+            buckets: match zero {
+                _ if world == 1 => 0,
+                Some(ZeroStage::Gradients) => share(rank, &model.parameters, true),
+                _ => all_parameters,
+            },
             activations,
         })
         .collect();

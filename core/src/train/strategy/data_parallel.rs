@@ -113,8 +113,7 @@ impl Strategy for DataParallel {
         if let Some(stage) = config.zero.filter(|_| comm.world_size() > 1) {
             let sharded = ShardedOptimizer::shard(&mut setup.optimizer, comm.clone())?;
             if stage >= ZeroStage::Gradients {
-                let owned = (0..sharded.owners().len()).map(|i| sharded.owns(i)).collect();
-                self.reducer.keep_only(owned);
+                self.reducer.shard_gradients(sharded.owners().to_vec())?;
             }
             self.sharded = Some(sharded);
         }
@@ -201,7 +200,7 @@ impl Strategy for DataParallel {
     }
 
     fn gradients_sharded(&self) -> bool {
-        self.reducer.keeps_only_some()
+        self.reducer.shards_gradients()
     }
 
     fn optimizer_state_bytes(&self, setup: &TrainingSetup) -> u64 {
