@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use lockstep_core::backend::CausalAttention;
 use lockstep_core::backend::cpu::CpuBackend;
+use lockstep_core::conformance::check_attention_memory_is_linear;
 use lockstep_core::models::{GptConfig, gpt};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::{DType, Device, Generator, Tensor};
@@ -39,43 +40,15 @@ fn the_fused_op_serves_f32_and_declines_when_switched_off() {
     }
 }
 
-/// Peak pool bytes of one forward and backward pass of attention over `t` tokens (2 heads of
-/// 16) on a fresh device, so nothing else counts.
-fn peak_bytes(ordinal: usize, t: usize, fused: bool) -> u64 {
-    let device = private_cpu(ordinal, fused);
-    let host = Tensor::rand_normal(
-        [1, t, 3, 2, 16],
-        0.0,
-        1.0,
-        DType::F32,
-        &Generator::new(1),
-        &Device::cpu(),
-    )
-    .unwrap();
-    let qkv = host.to_device(&device).unwrap().requires_grad(true);
-    let y = qkv.causal_self_attention(None).unwrap();
-    y.sum_all().unwrap().backward().unwrap();
-    assert!(
-        qkv.grad()
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .all(|g| g.is_finite())
-    );
-    device.backend().memory_stats().peak_allocated_bytes
-}
-
 #[test]
 fn fused_attention_memory_grows_linearly_with_t() {
-    let growth = |fused: bool, ordinal: usize| {
-        peak_bytes(ordinal, 512, fused) as f64 / peak_bytes(ordinal + 1, 256, fused) as f64
-    };
-    let (fused, composed) = (growth(true, 50), growth(false, 52));
-    eprintln!("peak bytes from t = 256 to 512: fused x{fused:.2}, composed x{composed:.2}");
-    assert!(fused <= 2.5, "the fused peak grew x{fused:.2} from t = 256 to 512");
-    // The composed path's t × t scores make the same measure fail.
-    assert!(composed >= 3.0, "the composed peak grew only x{composed:.2}");
+    let mut ordinal = 50;
+    let summary = check_attention_memory_is_linear(&mut |fused, _| {
+        ordinal += 1;
+        Ok(private_cpu(ordinal, fused))
+    })
+    .unwrap();
+    eprintln!("{summary}");
 }
 
 /// The loss and every parameter's gradient of one step of a small GPT (no dropout, 80 tokens:

@@ -15,6 +15,7 @@
 //! oracles written with index arithmetic (`run_oracles`), gradients against finite differences
 //! (`gradcheck`).
 
+mod attention_memory;
 mod case;
 mod cases;
 mod gradcheck;
@@ -24,6 +25,7 @@ mod tolerance;
 
 use std::collections::BTreeSet;
 
+pub use attention_memory::{attention_peak_bytes, check_attention_memory_is_linear};
 pub use case::{Case, Ctx, Forward, Input, Kind, Values, View};
 pub use gradcheck::{GradcheckReport, gradcheck, gradcheck_all};
 pub use runner::{CaseReport, Outcome, format_table, run_case, run_oracles, run_suite};
