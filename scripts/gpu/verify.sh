@@ -63,6 +63,12 @@ step train-mixed-precision 300 "$bin" train --device cuda:0 --model mlp --precis
 step train-cuda-cpu 300 "$bin" train --devices cuda:0,cpu:0 --no-balance --model mlp --max-steps 60 --no-shuffle --no-val --data "$data" --headless --summary-out "$out/train-cuda-cpu.json"
 step train-one-device 300 "$bin" train --device cpu:0 --model mlp --max-steps 60 --no-shuffle --no-val --data "$data" --headless --summary-out "$out/train-one-device.json"
 step launch-one-rank 300 "$bin" launch --nproc-per-node 1 -- train --device cuda --model mlp --epochs 1 --data "$data" --headless --summary-out "$out/train-launch.json"
+# Issue 51's GPU rows: ZeRO-2 with a CUDA replica (beside the CPU, as above: each bucket reduced
+# to its owner), a batch past the GPU's memory that explains itself and keeps the checkpoint,
+# and device memory flat over 1000 steps.
+step train-zero2-cuda-cpu 300 "$bin" train --devices cuda:0,cpu:0 --no-balance --zero 2 --model mlp --max-steps 60 --no-shuffle --no-val --data "$data" --headless --summary-out "$out/train-zero2-cuda-cpu.json"
+step out-of-memory-cuda 300 bash "$here/out_of_memory.sh" "$bin" cuda:0 "$out/out-of-memory" gpt2 2048
+step flat-memory-cuda 300 bash -c '"$1" train --device cuda:0 --model mlp --max-steps 1000 --log-every 50 --no-val --data "$2" --headless --metrics-out "$3" && "$4" "$5" "$3"' flat "$bin" "$data" "$out/flat-memory.jsonl" "$python" "$here/flat_memory.py"
 
 if [ "$quick" = 0 ]; then
     for dtype in f32 tf32 f16 bf16; do
