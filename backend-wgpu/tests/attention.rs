@@ -4,9 +4,9 @@
 
 mod support;
 
+use lockstep_core::DType;
 use lockstep_core::backend::Backend;
 use lockstep_core::conformance::{Outcome, all_cases, check_attention_memory_is_linear, run_case};
-use lockstep_core::DType;
 
 /// The dtypes the first adapter computes in.
 fn dtypes() -> Vec<DType> {

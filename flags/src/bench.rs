@@ -101,6 +101,10 @@ pub struct Args {
     /// `bench gpt`: the preset to measure (gpt-tiny, gpt-char, gpt2).
     #[arg(long, default_value = "gpt-char")]
     pub model: String,
+    /// `bench gpt`: the context length T, tokens a sequence (default: the preset's; e.g. 2048
+    /// with gpt2 to see attention's memory grow with T).
+    #[arg(long)]
+    pub block_size: Option<usize>,
     /// `bench resnet` and `bench gpt`: after each precision, one more step with every kernel
     /// timed alone (wgpu devices with timestamp queries), and its N longest kernels listed.
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -127,6 +131,9 @@ impl Args {
         positive("--first-bucket-mb", self.first_bucket_mb, MOST_BUCKET_MIB)?;
         positive("--bucket-mb", self.bucket_mb, MOST_BUCKET_MIB)?;
         within("--depth", self.depth, 1..=MOST_LAYERS)?;
+        if let Some(block) = self.block_size {
+            within("--block-size", block, 1..=MOST_TOKENS)?;
+        }
         within("--width", self.width, 1..=MOST_GEMM)?;
         within("--micro-batches", self.micro_batches, 1..=MOST_PARTS)?;
         within("--kernels", self.kernels, 0..=MOST_PARTS)?;

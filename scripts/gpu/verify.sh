@@ -88,6 +88,11 @@ if [ "$quick" = 0 ]; then
     # GPT-2 124M, bf16-mixed, batch 16 x 1024 tokens, beside PyTorch eager and torch.compile
     # (SDPA flash attention, fused AdamW): tokens/s, peak device memory, launches per step.
     step bench-gpt2 600 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --peer pytorch --json "$out/bench-gpt2.json"
+    # Attention's memory against T (issue 50): the same batch at T = 1024 and 2048; the fused
+    # kernels keep no T x T matrix, so the peak should about double, not quadruple.
+    for block in 1024 2048; do
+        step "bench-gpt2-memory-t$block" 300 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 4 --block-size "$block" --precision bf16-mixed --json "$out/bench-gpt2-memory-t$block.json"
+    done
     if command -v ncu >/dev/null; then
         step profile-gpt2 300 ncu --metrics gpu__time_duration.sum --launch-skip 4000 --launch-count 2500 --csv --log-file "$out/profile-gpt2.csv" "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed
     fi

@@ -94,7 +94,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     other => vec![other.to_string()],
                 };
                 let plan = gpt::GptPlan::new(&args.model, args.batch.unwrap_or(GPT_BATCH), precisions)?;
+                let config = match args.block_size {
+                    Some(block) => plan.config.block_size(block),
+                    None => plan.config,
+                };
                 anyhow::Ok(gpt::GptPlan {
+                    config,
                     kernel_profile: args.kernels,
                     compile: args.device.starts_with("cuda"),
                     ..plan
