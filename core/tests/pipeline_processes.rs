@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use lockstep_core::data::{DataLoader, DataLoaderConfig};
 use lockstep_core::nn::{Flatten, Linear, Relu, Sequential, StagedModel};
+use lockstep_core::optim::GradScaler;
 use lockstep_core::train::pipeline::{Pipeline, ScheduleKind};
-use lockstep_core::train::{ChannelListener, Event, FitReport, GradientClip, Trainer, TrainerConfig};
+use lockstep_core::train::{ChannelListener, Event, FitReport, GradientClip, Precision, Trainer, TrainerConfig};
 use lockstep_core::{Device, Generator, Result};
 use replica_support::{Points, SEED, assert_close, config, points_model, setup_with, weights};
 use stage_processes_support::cpu;
@@ -155,5 +156,29 @@ fn stages_in_processes_clip_by_the_norm_of_every_stage_s_gradients() {
         .unwrap();
     let got: Vec<Vec<f32>> = runs.iter().flat_map(|r| r.weights.clone()).collect();
     assert_eq!(got.len(), want.weights.len());
+    assert_close(&got, &want.weights);
+}
+
+/// 16-mixed: the last stage scales the loss, every stage unscales its own gradients, and the
+/// stages agree on overflow (a scale high enough that the first steps overflow), so they skip
+/// the steps the pipeline in one process skips and end with its weights.
+#[test]
+fn stages_in_processes_agree_on_f16_overflow() {
+    let scaled = TrainerConfig {
+        precision: Precision::Mixed16,
+        grad_scaler: Some(GradScaler::new(2f64.powi(24), 2.0, 0.5, 2000).unwrap()),
+        ..config(1)
+    };
+    let sizes = [2, 2, 2];
+    let want = in_one_process(ScheduleKind::OneFOneB, &sizes, three_linears, scaled.clone());
+    assert!(want.report.skipped_steps > 0, "no step overflowed: nothing to agree on");
+    let runs: Vec<Run> = in_processes(ScheduleKind::OneFOneB, &sizes, three_linears, scaled)
+        .into_iter()
+        .collect::<Result<_>>()
+        .unwrap();
+    for (stage, run) in runs.iter().enumerate() {
+        assert_eq!(run.report.skipped_steps, want.report.skipped_steps, "stage {stage}");
+    }
+    let got: Vec<Vec<f32>> = runs.iter().flat_map(|r| r.weights.clone()).collect();
     assert_close(&got, &want.weights);
 }

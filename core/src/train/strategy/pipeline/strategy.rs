@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::nn::StagedModel;
 use crate::tensor::Tensor;
 use crate::train::TrainingSetup;
-use crate::train::config::{OnNan, Precision, TrainerConfig};
+use crate::train::config::{OnNan, TrainerConfig};
 use crate::train::events::StepTimes;
 use crate::train::step::{self, MicroBatch};
 use crate::train::strategy::data_parallel::any_wishes;
@@ -159,11 +159,7 @@ fn check_across_processes(model: &StagedModel, config: &TrainerConfig) -> Result
             "each process holds only its own stage: make the model with StagedModel::place_one (this one has several stages)",
         );
     }
-    if config.precision == Precision::Mixed16 || config.grad_scaler.is_some() {
-        return refuse(
-            "f16 loss scaling would need every stage to agree on overflow, which is not built yet: use bf16 mixed precision, or run the stages in one process",
-        );
-    }
+    // f16 loss scaling works: the stages agree on overflow through `sum_over_gradient_shards`.
     if config.on_nan == OnNan::Skip {
         return refuse(
             "skipping a step with a non-finite gradient needs every stage to agree, which is not built yet: use on_nan Stop",
