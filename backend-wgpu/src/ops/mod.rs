@@ -15,6 +15,7 @@ mod layer_norm;
 mod layout;
 pub(crate) mod matmul;
 mod matmul_coop;
+mod multi_tensor;
 mod optim;
 mod reduce;
 mod softmax;

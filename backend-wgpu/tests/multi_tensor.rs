@@ -1,0 +1,83 @@
+//! The multi-tensor ops on wgpu: the conformance cases on wgpu:0 (the adapter's own limits: up
+//! to eight tensors a dispatch) and on a device with WebGPU's default limits (eight storage
+//! buffers: Adam's four a tensor leave it one tensor a dispatch, so it loops), and the
+//! dispatches a call records.
+
+mod support;
+
+use lockstep_core::backend::{AdamOperands, AdamStep, BufferRef};
+use lockstep_core::conformance::{all_cases, format_table, run_case};
+use lockstep_core::{DType, Device, HostVec};
+
+fn cases_pass_on(device: &Device) {
+    let ops = ["adam_steps", "sgd_steps", "sum_of_squares", "scaled_copies"];
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| ops.contains(&c.ops[0].as_str()))
+        .collect();
+    assert_eq!(cases.len(), 5, "the multi-tensor cases");
+    let reports: Vec<_> = [DType::F32, DType::BF16]
+        .iter()
+        .flat_map(|&dtype| cases.iter().filter_map(move |c| run_case(c, device, dtype)))
+        .collect();
+    println!("{}", format_table(&reports));
+    assert!(reports.iter().all(|r| r.passed()), "{}", format_table(&reports));
+}
+
+#[test]
+fn multi_tensor_cases_pass_with_the_adapters_limits_and_with_webgpus_defaults() {
+    let Some(device) = support::wgpu_device() else { return };
+    cases_pass_on(&device);
+    let Some((small, _)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    cases_pass_on(&small);
+}
+
+/// `n` values of tensor `k` on `device`.
+fn buffer(device: &Device, k: usize, n: usize) -> BufferRef {
+    let v: Vec<f32> = (0..n).map(|i| ((i * 31 + k * 7) % 17) as f32 / 8.0 - 1.0).collect();
+    device.backend().from_host(&HostVec::F32(v)).unwrap()
+}
+
+#[test]
+fn adam_over_twenty_parameters_is_three_dispatches() {
+    if support::wgpu_device().is_none() {
+        return;
+    }
+    let limits = lockstep_wgpu::adapter(0).expect("the first adapter").limits();
+    if limits.max_storage_buffers_per_shader_stage < 33 {
+        eprintln!("*** SKIPPED: the adapter binds fewer than 33 storage buffers a shader ***");
+        return;
+    }
+    // A device of its own, so no other test's work lands in its counters.
+    let Some((device, _)) = support::private_wgpu_device(limits) else {
+        return;
+    };
+    let sets: Vec<[BufferRef; 4]> = (0..20)
+        .map(|k| std::array::from_fn(|r| buffer(&device, 4 * k + r, 1 + 37 * k)))
+        .collect();
+    let step = AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        decoupled: true,
+        step: 1,
+    };
+    let items: Vec<AdamOperands> = sets
+        .iter()
+        .map(|[p, g, m, v]| AdamOperands {
+            param: p,
+            grad: g,
+            exp_avg: m,
+            exp_avg_sq: v,
+            step,
+        })
+        .collect();
+    let before = device.backend().work_counters().kernels.unwrap();
+    device.backend().adam_steps(&items).unwrap();
+    let dispatches = device.backend().work_counters().kernels.unwrap() - before;
+    assert_eq!(dispatches, 3, "eight tensors a dispatch");
+}
