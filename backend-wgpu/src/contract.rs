@@ -3,7 +3,7 @@
 use lockstep_core::backend::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
     CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry,
-    ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    ReduceKind, SgdOperands, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -362,6 +362,9 @@ impl Backend for WgpuBackend {
     }
     fn adam_steps(&self, items: &[AdamOperands<'_>]) -> Result<()> {
         self.adam_steps_batched(items)
+    }
+    fn sgd_steps(&self, items: &[SgdOperands<'_>]) -> Result<()> {
+        self.sgd_steps_batched(items)
     }
     fn sum_of_squares(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
         self.sum_of_squares_batched(bufs)

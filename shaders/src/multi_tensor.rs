@@ -7,7 +7,12 @@
 use crate::COMMON;
 
 /// The ops generated, with the storage buffers each slot binds.
-pub const MULTI_TENSOR_OPS: [(&str, usize); 3] = [("adam_steps", 4), ("sum_of_squares", 1), ("scaled_copies", 2)];
+pub const MULTI_TENSOR_OPS: [(&str, usize); 4] = [
+    ("adam_steps", 4),
+    ("sgd_steps", 3),
+    ("sum_of_squares", 1),
+    ("scaled_copies", 2),
+];
 
 /// Words of params per slot: first workgroup, length, nine constants.
 pub const SLOT_WORDS: usize = 11;
@@ -19,7 +24,7 @@ pub const SUM_CHUNK: usize = 4096;
 /// of `sum_of_squares`, the factor of `scaled_copies`.
 pub fn extra_bindings(op: &str) -> usize {
     match op {
-        "adam_steps" => 0,
+        "adam_steps" | "sgd_steps" => 0,
         _ => 1,
     }
 }
@@ -32,6 +37,7 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
     src += &slot_search();
     src += match op {
         "adam_steps" => ADAM,
+        "sgd_steps" => SGD,
         "sum_of_squares" => SUM_OF_SQUARES,
         _ => SCALED_COPIES,
     };
@@ -53,6 +59,20 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
                 b + 1,
                 b + 2,
                 b + 3,
+                slot_base + 1,
+                slot_base + 2
+            ),
+            "sgd_steps" => format!(
+                "@group(0) @binding({}) var<storage, read_write> p{j}: array<f32>;\n\
+                 @group(0) @binding({}) var<storage, read> g{j}: array<f32>;\n\
+                 @group(0) @binding({}) var<storage, read_write> b{j}: array<f32>;\n\
+                 fn slot{j}(i: u32) {{\n\
+                 \x20   if (i >= params[{}u]) {{ return; }}\n\
+                 \x20   let r = sgd_update({}u, p{j}[i], g{j}[i], b{j}[i]);\n\
+                 \x20   b{j}[i] = r.y;\n    p{j}[i] = r.x;\n}}\n",
+                b,
+                b + 1,
+                b + 2,
                 slot_base + 1,
                 slot_base + 2
             ),
@@ -128,6 +148,18 @@ fn adam_update(at: u32, p_in: f32, g_in: f32, m_in: f32, v_in: f32) -> vec3<f32>
     let m = param_f32(at + 2u) * m_in + param_f32(at + 3u) * g;
     let v = param_f32(at + 4u) * v_in + param_f32(at + 5u) * g * g;
     return vec3<f32>(p - param_f32(at + 6u) * m / (sqrt(v) / param_f32(at + 7u) + param_f32(at + 8u)), m, v);
+}
+";
+
+/// One element's SGD update with momentum from the slot's constants at `params[at..]` (as
+/// `sgd_momentum_step` in optim.wgsl: lr, weight_decay, keep, take, momentum, nesterov as 0 or
+/// 1): (param, momentum buffer).
+const SGD: &str = "
+fn sgd_update(at: u32, p: f32, g: f32, b_in: f32) -> vec2<f32> {
+    let d = g + param_f32(at + 1u) * p;
+    let b = param_f32(at + 2u) * b_in + param_f32(at + 3u) * d;
+    let update = select(b, d + param_f32(at + 4u) * b, param_f32(at + 5u) != 0.0);
+    return vec2<f32>(p - param_f32(at) * update, b);
 }
 ";
 

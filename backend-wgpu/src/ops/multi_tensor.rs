@@ -1,12 +1,13 @@
-//! The multi-tensor ops on wgpu: up to `MAX_SLOTS` f32 tensors a dispatch through shaders
+//! The multi-tensor ops on wgpu (SGD with momentum buffers only): up to `MAX_SLOTS` f32 tensors a dispatch through shaders
 //! generated with a binding set per tensor (lockstep_shaders::compose_multi_tensor), as many
 //! as the adapter's storage-buffer limit allows. Other dtypes, and adapters that cannot bind
 //! two tensors' buffers at once, take the trait's per-tensor defaults.
 
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_factor, check_written_once, scaled_copies_composed, sum_of_squares_composed,
+    adam_steps_one_by_one, check_factor, check_written_once, scaled_copies_composed, sgd_steps_one_by_one,
+    sum_of_squares_composed,
 };
-use lockstep_core::backend::{AdamOperands, Backend, BufferRef, ReduceKind};
+use lockstep_core::backend::{AdamOperands, Backend, BufferRef, ReduceKind, SgdOperands};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 use lockstep_shaders::multi_tensor::{MULTI_TENSOR_OPS, SLOT_WORDS, SUM_CHUNK, extra_bindings};
@@ -121,6 +122,59 @@ impl WgpuBackend {
                     buffers,
                     n: it.param.len(),
                     consts: consts.map(|c| c as f32),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.dispatch_slots(OP, &slots, WORKGROUP as usize, None)?;
+        Ok(())
+    }
+
+    /// `Backend::sgd_steps`: f32 parameters with momentum `slots_for` at a time, the rest (no
+    /// momentum, other dtypes) one by one.
+    pub(crate) fn sgd_steps_batched(&self, items: &[SgdOperands<'_>]) -> Result<()> {
+        const OP: &str = "sgd_steps";
+        check_written_once(
+            OP,
+            items
+                .iter()
+                .flat_map(|it| std::iter::once(it.param).chain(it.momentum_buf)),
+            items.iter().map(|it| it.grad),
+        )?;
+        let batchable = |it: &SgdOperands| {
+            it.momentum_buf.is_some_and(|b| {
+                [it.param, it.grad, b]
+                    .iter()
+                    .all(|x| x.dtype() == DType::F32 && x.len() == it.param.len())
+            })
+        };
+        let (batched, single): (Vec<SgdOperands>, Vec<SgdOperands>) = items
+            .iter()
+            .filter(|it| !it.param.is_empty())
+            .partition(|it| self.slots_for(OP) >= 2 && batchable(it));
+        sgd_steps_one_by_one(self, &single)?;
+        let slots = batched
+            .iter()
+            .map(|it| {
+                let momentum = it.momentum_buf.expect("partitioned on a momentum buffer");
+                let buffers = [it.param, it.grad, momentum]
+                    .iter()
+                    .map(|b| self.operand(OP, b, None))
+                    .collect::<Result<Vec<_>>>()?;
+                let s = &it.step;
+                // As `sgd` folds them for sgd_momentum_step (ops/optim.rs).
+                let (keep, take) = if s.first_step {
+                    (0.0, 1.0)
+                } else {
+                    (s.momentum, 1.0 - s.dampening)
+                };
+                let nesterov = f64::from(u8::from(s.nesterov));
+                let mut consts = [0.0; 9];
+                consts[..6]
+                    .copy_from_slice(&[s.lr, s.weight_decay, keep, take, s.momentum, nesterov].map(|c| c as f32));
+                Ok(Slot {
+                    buffers,
+                    n: it.param.len(),
+                    consts,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
