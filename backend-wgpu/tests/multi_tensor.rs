@@ -1,7 +1,7 @@
-//! The multi-tensor ops on wgpu: the conformance cases on wgpu:0 (the adapter's own limits: up
-//! to eight tensors a dispatch) and on a device with WebGPU's default limits (eight storage
-//! buffers: Adam's four a tensor leave it one tensor a dispatch, so it loops), and the
-//! dispatches a call records.
+//! The multi-tensor ops on wgpu, turned on (software adapters such as lavapipe have them off by
+//! default): the conformance cases with the adapter's own limits (up to eight tensors a
+//! dispatch) and with WebGPU's default limits (eight storage buffers: Adam's four a tensor
+//! leave it one tensor a dispatch, so it loops), and the dispatches a call records.
 
 mod support;
 
@@ -26,12 +26,17 @@ fn cases_pass_on(device: &Device) {
 
 #[test]
 fn multi_tensor_cases_pass_with_the_adapters_limits_and_with_webgpus_defaults() {
-    let Some(device) = support::wgpu_device() else { return };
-    cases_pass_on(&device);
-    let Some((small, _)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+    if support::wgpu_device().is_none() {
         return;
-    };
-    cases_pass_on(&small);
+    }
+    let adapter = lockstep_wgpu::adapter(0).expect("the first adapter").limits();
+    for limits in [adapter, wgpu::Limits::default()] {
+        let Some((device, backend)) = support::private_wgpu_device(limits) else {
+            return;
+        };
+        backend.set_multi_tensor(true);
+        cases_pass_on(&device);
+    }
 }
 
 /// `n` values of tensor `k` on `device`.
@@ -60,9 +65,10 @@ fn twenty_parameters_take_as_many_dispatches_as_the_binding_limit_requires() {
         return;
     }
     // A device of its own, so no other test's work lands in its counters.
-    let Some((device, _)) = support::private_wgpu_device(limits) else {
+    let Some((device, device_backend)) = support::private_wgpu_device(limits) else {
         return;
     };
+    device_backend.set_multi_tensor(true);
     let sets: Vec<[BufferRef; 4]> = (0..20)
         .map(|k| std::array::from_fn(|r| buffer(&device, 4 * k + r, 1 + 37 * k)))
         .collect();
@@ -110,5 +116,11 @@ fn twenty_parameters_take_as_many_dispatches_as_the_binding_limit_requires() {
     assert_eq!(
         dispatches(&device, || backend.sgd_steps(&sgd_items).unwrap()),
         20u64.div_ceil(slots(3))
+    );
+    device_backend.set_multi_tensor(false);
+    assert_eq!(
+        dispatches(&device, || backend.adam_steps(&adam_items).unwrap()),
+        20,
+        "off: one a tensor"
     );
 }

@@ -1,7 +1,11 @@
-//! The multi-tensor ops on wgpu (SGD with momentum buffers only): up to `MAX_SLOTS` f32 tensors a dispatch through shaders
-//! generated with a binding set per tensor (lockstep_shaders::compose_multi_tensor), as many
-//! as the adapter's storage-buffer limit allows. Other dtypes, and adapters that cannot bind
-//! two tensors' buffers at once, take the trait's per-tensor defaults.
+//! The multi-tensor ops on wgpu (SGD with momentum buffers only): up to `MAX_SLOTS` f32 tensors
+//! a dispatch through shaders generated with a binding set per tensor
+//! (lockstep_shaders::compose_multi_tensor), as many as the adapter's storage-buffer limit
+//! allows. Other dtypes, adapters that cannot bind two
+//! tensors' buffers at once, and devices with the shaders turned off (software adapters by
+//! default: see `WgpuBackend::set_multi_tensor`) take the trait's per-tensor defaults.
+
+use std::sync::OnceLock;
 
 use lockstep_core::backend::multi_tensor::{
     adam_steps_one_by_one, check_factor, check_written_once, scaled_copies_composed, sgd_steps_one_by_one,
@@ -20,6 +24,32 @@ use crate::pipelines::Variant;
 const MAX_SLOTS: usize = 8;
 const SLOT_NAMES: [&str; MAX_SLOTS] = ["1", "2", "3", "4", "5", "6", "7", "8"];
 
+/// Whether a new device runs the multi-tensor shaders: `LOCKSTEP_WGPU_MULTI_TENSOR` (`on`,
+/// `off`, read once), else on for a GPU and off for a software adapter (see
+/// `WgpuBackend::set_multi_tensor`).
+pub(crate) fn by_default(software: bool) -> bool {
+    static CHOSEN: OnceLock<Option<bool>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| match std::env::var("LOCKSTEP_WGPU_MULTI_TENSOR").as_deref() {
+        Ok("on") => Some(true),
+        Ok("off") => Some(false),
+        Err(_) => None,
+        Ok(other) => {
+            eprintln!("lockstep: LOCKSTEP_WGPU_MULTI_TENSOR={other:?} is neither \"on\" nor \"off\"; ignored");
+            None
+        }
+    });
+    chosen.unwrap_or(!software)
+}
+
+/// The optimizer and clipping path as `devices --details` prints it.
+pub(crate) fn plan(on: bool) -> &'static str {
+    if on {
+        "multi-tensor, up to 8 f32 tensors a dispatch (LOCKSTEP_WGPU_MULTI_TENSOR=off: one a dispatch)"
+    } else {
+        "one tensor a dispatch (LOCKSTEP_WGPU_MULTI_TENSOR=on: up to 8 f32 tensors a dispatch)"
+    }
+}
+
 /// One tensor of a dispatch: its buffers (bound in order), length and constants.
 struct Slot<'a> {
     buffers: Vec<&'a WgpuBuffer>,
@@ -30,6 +60,9 @@ struct Slot<'a> {
 impl WgpuBackend {
     /// Tensors a dispatch of `op` can take on this adapter (below 2: not worth a dispatch).
     fn slots_for(&self, op: &str) -> usize {
+        if !self.multi_tensor() {
+            return 0;
+        }
         let per_slot = MULTI_TENSOR_OPS
             .iter()
             .find(|(o, _)| *o == op)
@@ -49,7 +82,8 @@ impl WgpuBackend {
         per_group: usize,
         extra: Option<&WgpuBuffer>,
     ) -> Result<usize> {
-        let k_max = self.slots_for(op);
+        // Callers send nothing here where a dispatch cannot take two tensors.
+        let k_max = self.slots_for(op).max(1);
         let mut done = 0usize;
         for group in slots.chunks(k_max) {
             let mut params = vec![to_u32(op, done)?, 0];
