@@ -1,7 +1,8 @@
 //! The multi-tensor ops on wgpu, turned on (software adapters such as lavapipe have them off by
 //! default): the conformance cases with the adapter's own limits (up to eight tensors a
 //! dispatch) and with WebGPU's default limits (eight storage buffers: Adam's four a tensor
-//! leave it one tensor a dispatch, so it loops), and the dispatches a call records.
+//! leave it one tensor a dispatch, so it loops), and turned off (the per-tensor defaults), and
+//! the dispatches a call records.
 
 mod support;
 
@@ -25,16 +26,20 @@ fn cases_pass_on(device: &Device) {
 }
 
 #[test]
-fn multi_tensor_cases_pass_with_the_adapters_limits_and_with_webgpus_defaults() {
+fn multi_tensor_cases_pass_with_either_limits_and_turned_off() {
     if support::wgpu_device().is_none() {
         return;
     }
     let adapter = lockstep_wgpu::adapter(0).expect("the first adapter").limits();
-    for limits in [adapter, wgpu::Limits::default()] {
+    for (limits, on) in [
+        (adapter.clone(), true),
+        (wgpu::Limits::default(), true),
+        (adapter, false),
+    ] {
         let Some((device, backend)) = support::private_wgpu_device(limits) else {
             return;
         };
-        backend.set_multi_tensor(true);
+        backend.set_multi_tensor(on);
         cases_pass_on(&device);
     }
 }
