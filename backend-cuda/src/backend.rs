@@ -19,6 +19,8 @@ pub struct CudaBackend {
     utilization: Utilization,
     /// The fused attention's start-up verdicts by (dtype, head dim) (ops/attention_check.rs).
     pub(crate) attention_checks: Mutex<HashMap<(DType, usize), bool>>,
+    /// The multi-tensor kernels' start-up verdicts by dtype (ops/multi_tensor_check.rs).
+    pub(crate) multi_tensor_checks: Mutex<HashMap<DType, bool>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -35,6 +37,7 @@ impl CudaBackend {
             info,
             utilization,
             attention_checks: Mutex::default(),
+            multi_tensor_checks: Mutex::default(),
         }
     }
 

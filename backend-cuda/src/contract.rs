@@ -1,9 +1,9 @@
 //! `impl Backend for CudaBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
-    Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    SgdStep, UnaryOp, WorkCounters,
+    AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
+    SgdOperands, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -290,5 +290,17 @@ impl Backend for CudaBackend {
         step: &AdamStep,
     ) -> Result<()> {
         self.adam(param, grad, exp_avg, exp_avg_sq, step)
+    }
+    fn adam_steps(&self, items: &[AdamOperands<'_>]) -> Result<()> {
+        self.adam_steps_grouped(items)
+    }
+    fn sgd_steps(&self, items: &[SgdOperands<'_>]) -> Result<()> {
+        self.sgd_steps_grouped(items)
+    }
+    fn sum_of_squares(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        self.sum_of_squares_grouped(bufs)
+    }
+    fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
+        self.scaled_copies_grouped(bufs, factor)
     }
 }

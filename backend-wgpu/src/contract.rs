@@ -1,9 +1,9 @@
 //! `impl Backend for WgpuBackend`: the core contract, each method handing off to its op file.
 
 use lockstep_core::backend::{
-    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
-    Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry,
-    ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry,
+    ReduceKind, SgdOperands, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -359,5 +359,17 @@ impl Backend for WgpuBackend {
             [grad],
             |[param, exp_avg, exp_avg_sq], [grad]| self.adam(param, grad, exp_avg, exp_avg_sq, step),
         )
+    }
+    fn adam_steps(&self, items: &[AdamOperands<'_>]) -> Result<()> {
+        self.adam_steps_batched(items)
+    }
+    fn sgd_steps(&self, items: &[SgdOperands<'_>]) -> Result<()> {
+        self.sgd_steps_batched(items)
+    }
+    fn sum_of_squares(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        self.sum_of_squares_batched(bufs)
+    }
+    fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
+        self.scaled_copies_batched(bufs, factor)
     }
 }

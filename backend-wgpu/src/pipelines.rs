@@ -151,14 +151,17 @@ impl Pipelines {
         if let Some(m) = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(m.clone());
         }
-        let source = match (variant.shader, gpu.cooperative) {
-            ("matmul_coop", Some(shape)) => {
+        let source = match (variant.shader, gpu.cooperative, multi_tensor_source(variant)) {
+            (_, _, Some(source)) => source,
+            ("matmul_coop", Some(shape), None) => {
                 // The variant's types: the element type, then the subgroup grid's name.
                 let grid = Cooperative::grid_of(variant.types.get(1).copied().unwrap_or_default());
                 lockstep_shaders::compose_cooperative(shape.edge, grid, &variant.types[..1])
             }
-            ("matmul_coop", None) => return Err(gpu.error("this device was opened without cooperative matrices")),
-            (name, _) => {
+            ("matmul_coop", None, None) => {
+                return Err(gpu.error("this device was opened without cooperative matrices"));
+            }
+            (name, _, None) => {
                 let shader =
                     lockstep_shaders::shader(name).ok_or_else(|| gpu.error(format!("no shader named {name}")))?;
                 lockstep_shaders::compose(shader, &variant.types)
@@ -189,6 +192,13 @@ impl Pipelines {
             .insert(key, module.clone());
         Ok(module)
     }
+}
+
+/// The source of a multi-tensor shader (lockstep_shaders::multi_tensor), whose variant's one
+/// type names the tensors a dispatch takes; `None` for the other shaders.
+fn multi_tensor_source(variant: &Variant) -> Option<String> {
+    let k = variant.types.first()?.parse().ok()?;
+    lockstep_shaders::multi_tensor::compose_multi_tensor(variant.shader, k)
 }
 
 /// The shaders that bound every index themselves: the products, whose inner loops wgpu's

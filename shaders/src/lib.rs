@@ -9,6 +9,7 @@
 //! element type with naga, so a broken shader fails `cargo test` on a machine with no GPU at all.
 
 pub mod elements;
+pub mod multi_tensor;
 
 /// One shader file.
 #[derive(Clone, Copy, Debug)]

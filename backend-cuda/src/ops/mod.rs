@@ -14,6 +14,8 @@ mod index;
 mod layer_norm;
 mod layout;
 mod matmul;
+mod multi_tensor;
+mod multi_tensor_check;
 mod optim;
 mod reduce;
 mod softmax;

@@ -15,6 +15,7 @@ mod layer_norm;
 mod layout;
 pub(crate) mod matmul;
 mod matmul_coop;
+mod multi_tensor;
 mod optim;
 mod reduce;
 mod softmax;
@@ -22,6 +23,7 @@ mod softmax;
 pub(crate) use attention::{attention_plan, fused_by_default as attention_fused_by_default};
 use lockstep_core::Result;
 use lockstep_core::shape::{Layout, MergedDims};
+pub(crate) use multi_tensor::{by_default as multi_tensor_by_default, plan as multi_tensor_plan};
 
 use crate::backend::to_u32;
 

@@ -10,6 +10,8 @@ mod communicator;
 pub mod cpu;
 #[doc(hidden)]
 pub mod gpu_plan;
+#[doc(hidden)]
+pub mod multi_tensor;
 mod ops;
 
 use std::any::Any;
@@ -17,6 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
+pub use multi_tensor::{AdamOperands, SgdOperands};
 pub use ops::{
     AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp, Conv2dGeometry,
     CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
@@ -501,4 +504,36 @@ pub trait Backend: Send + Sync + fmt::Debug {
         exp_avg_sq: &BufferRef,
         step: &AdamStep,
     ) -> Result<()>;
+
+    // --- multi-tensor updates (one launch for many parameters where the backend has a kernel) ---
+    /// `adam_step` for every item, each with its own step count and weight decay, as one pass
+    /// where the backend can: bit for bit what one `adam_step` per item gives. Items may differ
+    /// in dtype (a backend groups them); a buffer updated by two items, or updated by one and
+    /// read as another's gradient, is refused. By default one `adam_step` per item.
+    fn adam_steps(&self, items: &[AdamOperands<'_>]) -> Result<()> {
+        multi_tensor::adam_steps_one_by_one(self, items)
+    }
+    /// `sgd_step` for every item, as `adam_steps` is to `adam_step`.
+    fn sgd_steps(&self, items: &[SgdOperands<'_>]) -> Result<()> {
+        multi_tensor::sgd_steps_one_by_one(self, items)
+    }
+    /// The sum of the squares of every element of `bufs` (contiguous floats of any dtypes,
+    /// empty ones allowed), as a one-element buffer: f64 when a buffer is f64, else f32 (f16
+    /// and bf16 squared in f32, so large gradients do not overflow). Deterministic whatever
+    /// the thread count: each buffer is cut into chunks of a fixed length, each chunk summed
+    /// in a fixed order of the backend's, and the chunk sums, listed by buffer then chunk,
+    /// added in a fixed order (the CPU: 8192-element chunks in 32 f64 lanes, their sums added
+    /// one after another in f64; CUDA: 32768-element chunks, each thread's share in f32 then a
+    /// tree in f64, the chunk sums by a fixed tree in f64). By default composed from `cast`,
+    /// `binary` and `reduce`, one buffer after another, the sums added in order.
+    fn sum_of_squares(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        multi_tensor::sum_of_squares_composed(self, bufs)
+    }
+    /// New contiguous buffers `bufs[i] * factor`, `factor` one float element read on the device
+    /// (never on the host), converted to each buffer's dtype and the product rounded once, as
+    /// `binary`'s `Mul` with it broadcast. Gradient clipping's scaling: copies, not in place,
+    /// since two parameters can share one gradient buffer. By default one `binary` per buffer.
+    fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
+        multi_tensor::scaled_copies_composed(self, bufs, factor)
+    }
 }

@@ -1,9 +1,11 @@
 //! Adam and AdamW (decoupled weight decay) with PyTorch's defaults, through the fused
-//! `adam_step` backend op. Each parameter keeps its own moments and step count, as in PyTorch.
+//! `adam_steps` backend op (one call per device for all parameters). Each parameter keeps its own
+//! moments and step count, as in PyTorch.
 
+use super::by_device::by_device;
 use super::optimizer::{DecayScope, Optimizer, OptimizerState, check_parameters};
 use super::state_reader::{StateReader, group_key, param_key};
-use crate::backend::AdamStep;
+use crate::backend::{AdamOperands, AdamStep};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -107,8 +109,8 @@ struct Moments {
     step: u64,
 }
 
-/// `torch.optim.Adam` and `AdamW`: one fused in-place update per parameter with a gradient, each
-/// parameter keeping its own moments and step count.
+/// `torch.optim.Adam` and `AdamW`: a fused in-place update of every parameter with a gradient,
+/// one multi-tensor call per device, each parameter keeping its own moments and step count.
 pub struct Adam {
     params: Vec<Tensor>,
     config: AdamConfig,
@@ -169,7 +171,10 @@ impl Optimizer for Adam {
     }
     fn step(&mut self) -> Result<()> {
         let c = self.config;
-        for (p, slot) in self.params.iter().zip(self.state.iter_mut()) {
+        // Each parameter with a gradient: its index, the gradient (dense: the kernel reads one
+        // buffer; a user-set view is copied) and its update, counted as it is prepared.
+        let mut updates = Vec::new();
+        for (i, (p, slot)) in self.params.iter().zip(self.state.iter_mut()).enumerate() {
             let Some(g) = p.grad() else { continue };
             let g = g.contiguous()?;
             let m = match slot {
@@ -190,9 +195,25 @@ impl Optimizer for Adam {
                 decoupled: c.decoupled,
                 step: m.step,
             };
-            p.device()
-                .backend()
-                .adam_step(p.buffer(), g.buffer(), m.exp_avg.buffer(), m.exp_avg_sq.buffer(), &step)?;
+            updates.push((i, g, step));
+        }
+        // One multi-tensor call per device.
+        let operands = updates.iter().map(|(i, g, step)| {
+            let m = self.state[*i].as_ref().expect("moments were created above");
+            let p = &self.params[*i];
+            (
+                p.device().clone(),
+                AdamOperands {
+                    param: p.buffer(),
+                    grad: g.buffer(),
+                    exp_avg: m.exp_avg.buffer(),
+                    exp_avg_sq: m.exp_avg_sq.buffer(),
+                    step: *step,
+                },
+            )
+        });
+        for (device, items) in by_device(operands) {
+            device.backend().adam_steps(&items)?;
         }
         Ok(())
     }

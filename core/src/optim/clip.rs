@@ -1,7 +1,10 @@
 //! Gradient clipping with PyTorch's semantics. Norm clipping never reads a value back: the
-//! coefficient is computed on the device and every gradient is always multiplied by it.
+//! coefficient is computed on the device and every gradient is always multiplied by it. The
+//! 2-norm's squares and the scaling are multi-tensor backend calls, one per device.
 
+use super::by_device::by_device;
 use crate::autograd::no_grad;
+use crate::backend::BufferRef;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -17,7 +20,8 @@ fn grads(params: &[Tensor]) -> Vec<Tensor> {
 
 /// Replaces each existing gradient with `f(grad)`. Not in place: two leaves can share one
 /// gradient buffer (both operands of a same-shape `add` receive the same tensor), and an
-/// in-place write would then scale that buffer twice.
+/// in-place write would then scale that buffer twice; a gradient may also be a tensor the
+/// caller still holds (the one passed to `backward_with`).
 fn map_grads(params: &[Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<()> {
     no_grad(|| {
         for p in params {
@@ -67,6 +71,9 @@ fn sum_of_powers(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
                 .map_or_else(crate::device::Device::cpu, |p| p.device().clone());
             return Tensor::zeros(Shape::scalar(), DType::F32, &device);
         };
+        if norm_type == 2.0 {
+            return sum_of_squares(&grads)?.to_dtype(first.dtype());
+        }
         let mut total: Option<Tensor> = None;
         for g in &grads {
             // Model-parallel gradients live on several devices: bring each partial to the first.
@@ -81,6 +88,25 @@ fn sum_of_powers(params: &[Tensor], norm_type: f64) -> Result<Tensor> {
         }
         total.ok_or_else(|| Error::invalid("grad_norm", "no gradients"))
     })
+}
+
+/// `sum g^2` over every gradient of `grads` (not empty): one `sum_of_squares` call per device
+/// (a launch or two, not several per gradient), the devices' sums added on the first
+/// gradient's device in f32 (f64 where a gradient is f64).
+fn sum_of_squares(grads: &[Tensor]) -> Result<Tensor> {
+    let dense = grads.iter().map(Tensor::contiguous).collect::<Result<Vec<_>>>()?;
+    let home = grads[0].device();
+    let mut total: Option<Tensor> = None;
+    for (device, bufs) in by_device(dense.iter().map(|g| (g.device().clone(), g.buffer()))) {
+        let sum = device.backend().sum_of_squares(&bufs)?;
+        let part = Tensor::from_buffer(sum, Shape::scalar(), &device).to_device(home)?;
+        total = Some(match total {
+            None => part,
+            Some(t) if t.dtype() == part.dtype() => t.add(&part)?,
+            Some(t) => t.to_dtype(DType::F64)?.add(&part.to_dtype(DType::F64)?)?,
+        });
+    }
+    total.ok_or_else(|| Error::invalid("grad_norm", "no gradients"))
 }
 
 /// The norm from `sum_of_powers`' total.
@@ -148,13 +174,26 @@ fn check_max_norm(max_norm: f64) -> Result<()> {
     Ok(())
 }
 
-/// Scales every gradient by `min(1, max_norm / (total + 1e-6))`; returns `total`.
+/// Scales every gradient by `min(1, max_norm / (total + 1e-6))`; returns `total`. Each
+/// `.grad` is replaced (see `map_grads`), one `scaled_copies` call per device.
 fn scale_to(params: &[Tensor], max_norm: f64, total: Tensor) -> Result<Tensor> {
-    let coef = no_grad(|| {
+    no_grad(|| -> Result<()> {
         let max = Tensor::full(Shape::scalar(), max_norm, total.dtype(), total.device())?;
-        max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)
+        let coef = max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)?;
+        let with_grads = params
+            .iter()
+            .filter_map(|p| p.grad().map(|g| Ok((p, g.contiguous()?))))
+            .collect::<Result<Vec<_>>>()?;
+        for (device, group) in by_device(with_grads.iter().map(|(p, g)| (g.device().clone(), (*p, g)))) {
+            let coef = coef.to_device(&device)?.contiguous()?;
+            let bufs: Vec<&BufferRef> = group.iter().map(|(_, g)| g.buffer()).collect();
+            let scaled = device.backend().scaled_copies(&bufs, coef.buffer())?;
+            for ((p, g), buf) in group.iter().zip(scaled) {
+                p.set_grad(Some(Tensor::from_buffer(buf, g.shape().clone(), &device)));
+            }
+        }
+        Ok(())
     })?;
-    map_grads(params, |g| g.mul(&coef.to_device(g.device())?.to_dtype(g.dtype())?))?;
     Ok(total)
 }
 

@@ -2,6 +2,7 @@
 //! gradient clipping, with PyTorch's semantics.
 
 mod adam;
+mod by_device;
 mod clip;
 mod compose;
 mod grad_scaler;

@@ -1,8 +1,9 @@
 //! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay (PyTorch's SGD).
 
+use super::by_device::by_device;
 use super::optimizer::{DecayScope, Optimizer, OptimizerState, check_parameters};
 use super::state_reader::{StateReader, group_key, param_key};
-use crate::backend::SgdStep;
+use crate::backend::{SgdOperands, SgdStep};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -76,8 +77,8 @@ impl SgdConfig {
     }
 }
 
-/// `torch.optim.SGD`: one fused in-place update per parameter with a gradient, with momentum
-/// buffers created on a parameter's first update.
+/// `torch.optim.SGD`: a fused in-place update of every parameter with a gradient, one
+/// multi-tensor call per device, with momentum buffers created on a parameter's first update.
 pub struct Sgd {
     params: Vec<Tensor>,
     config: SgdConfig,
@@ -114,9 +115,11 @@ impl Optimizer for Sgd {
     }
     fn step(&mut self) -> Result<()> {
         let c = self.config;
-        for (p, slot) in self.params.iter().zip(self.momentum.iter_mut()) {
+        // Each parameter with a gradient: its index, the gradient (dense: the kernel reads one
+        // buffer; a user-set view is copied) and its update.
+        let mut updates = Vec::new();
+        for (i, (p, slot)) in self.params.iter().zip(self.momentum.iter_mut()).enumerate() {
             let Some(g) = p.grad() else { continue };
-            // The kernel reads the gradient as one dense buffer; a user-set view is copied.
             let g = g.contiguous()?;
             let first_step = c.momentum != 0.0 && slot.is_none();
             if first_step {
@@ -130,12 +133,28 @@ impl Optimizer for Sgd {
                 nesterov: c.nesterov,
                 first_step,
             };
-            let buf = if c.momentum != 0.0 {
-                slot.as_ref().map(Tensor::buffer)
+            updates.push((i, g, step));
+        }
+        // One multi-tensor call per device.
+        let operands = updates.iter().map(|(i, g, step)| {
+            let p = &self.params[*i];
+            let momentum_buf = if c.momentum != 0.0 {
+                self.momentum[*i].as_ref().map(Tensor::buffer)
             } else {
                 None
             };
-            p.device().backend().sgd_step(p.buffer(), g.buffer(), buf, &step)?;
+            (
+                p.device().clone(),
+                SgdOperands {
+                    param: p.buffer(),
+                    grad: g.buffer(),
+                    momentum_buf,
+                    step: *step,
+                },
+            )
+        });
+        for (device, items) in by_device(operands) {
+            device.backend().sgd_steps(&items)?;
         }
         Ok(())
     }

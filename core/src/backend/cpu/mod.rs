@@ -25,6 +25,7 @@ mod ops_attention;
 mod ops_conv;
 mod ops_index;
 mod ops_memory;
+mod ops_multi_tensor;
 mod ops_norm;
 mod ops_optim;
 mod ops_rows;
@@ -45,9 +46,9 @@ pub use details::conv_plans;
 
 use self::pool::Pool;
 use super::{
-    AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
-    Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    SgdStep, UnaryOp,
+    AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
+    SgdOperands, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -586,5 +587,21 @@ impl Backend for CpuBackend {
         step: &AdamStep,
     ) -> Result<()> {
         ops_optim::adam_step(param, grad, exp_avg, exp_avg_sq, step)
+    }
+
+    fn adam_steps(&self, items: &[AdamOperands<'_>]) -> Result<()> {
+        ops_multi_tensor::adam_steps(items)
+    }
+
+    fn sgd_steps(&self, items: &[SgdOperands<'_>]) -> Result<()> {
+        ops_multi_tensor::sgd_steps(items)
+    }
+
+    fn sum_of_squares(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        ops_multi_tensor::sum_of_squares(self, bufs)
+    }
+
+    fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
+        ops_multi_tensor::scaled_copies(self, bufs, factor)
     }
 }

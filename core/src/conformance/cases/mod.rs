@@ -6,6 +6,7 @@ mod elementwise;
 mod linalg;
 mod nn;
 mod optim;
+mod optim_multi;
 mod reduce;
 mod shape;
 mod special;
@@ -22,6 +23,7 @@ pub fn all() -> Vec<Case> {
     all.extend(nn::cases());
     all.extend(cross_entropy::cases());
     all.extend(optim::cases());
+    all.extend(optim_multi::cases());
     all.extend(special::cases());
     all.extend(transformer::cases());
     all

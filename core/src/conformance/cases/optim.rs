@@ -6,16 +6,16 @@ use crate::conformance::case::{Case, Input, Values};
 use crate::conformance::host::HostTensor;
 use crate::dtype::DType;
 
-fn u() -> Values {
+pub(super) fn u() -> Values {
     Values::Uniform { low: -2.0, high: 2.0 }
 }
 
 /// Optimizer steps are documented for f32 state; f64 is the reference.
-const DTYPES: &[DType] = &[DType::F32, DType::F64];
+pub(super) const DTYPES: &[DType] = &[DType::F32, DType::F64];
 
 /// PyTorch's SGD: `g = grad + wd*p`; `buf = g` on the first step else
 /// `buf = momentum*buf + (1-dampening)*g`; `g = nesterov ? g + momentum*buf : buf`; `p -= lr*g`.
-fn sgd_ref(p: &HostTensor, g: &HostTensor, buf: Option<&HostTensor>, s: SgdStep) -> Vec<HostTensor> {
+pub(super) fn sgd_ref(p: &HostTensor, g: &HostTensor, buf: Option<&HostTensor>, s: SgdStep) -> Vec<HostTensor> {
     let mut p = p.clone();
     let mut buf = buf.cloned();
     for i in 0..p.len() {
@@ -42,7 +42,7 @@ fn sgd_ref(p: &HostTensor, g: &HostTensor, buf: Option<&HostTensor>, s: SgdStep)
 /// PyTorch's Adam/AdamW (step counted from 1): L2 decay adds `wd*p` to the gradient, decoupled
 /// decay multiplies `p` by `1 - lr*wd`; `m = b1*m + (1-b1)*g`; `v = b2*v + (1-b2)*g^2`;
 /// `p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)`.
-fn adam_ref(x: &[HostTensor], s: AdamStep) -> Vec<HostTensor> {
+pub(super) fn adam_ref(x: &[HostTensor], s: AdamStep) -> Vec<HostTensor> {
     let (mut p, g, mut m, mut v) = (x[0].clone(), &x[1], x[2].clone(), x[3].clone());
     let t = s.step as i32;
     for i in 0..p.len() {

@@ -1,0 +1,179 @@
+//! Cases for the multi-tensor ops `adam_steps`, `sgd_steps`, `sum_of_squares` and
+//! `scaled_copies`: several tensors of odd lengths (an empty one, a single element, one longer
+//! than a CPU chunk), each parameter with its own step count and weight decay, checked against
+//! the per-tensor oracles.
+
+use super::optim::{DTYPES, adam_ref, sgd_ref, u};
+use crate::backend::{AdamOperands, AdamStep, SgdOperands, SgdStep};
+use crate::conformance::case::{Case, Input, Values};
+use crate::conformance::host::HostTensor;
+use crate::dtype::DType;
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// The tensors' lengths: empty, one element, odd, and past one chunk of the CPU's updates
+/// (16384) and sums (8192) and of a CUDA block.
+const LENS: [usize; 5] = [7, 0, 1, 301, 16_411];
+
+/// Parameter `k`'s Adam update: its own step count and weight decay.
+fn adam_step_of(k: usize, decoupled: bool) -> AdamStep {
+    AdamStep {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.02 * k as f64,
+        decoupled,
+        step: 1 + 3 * k as u64,
+    }
+}
+
+fn adam_steps_case(decoupled: bool) -> Case {
+    let label = if decoupled { "adamw" } else { "adam" };
+    let mut case = Case::new(format!("adam_steps/{label}"), &["adam_steps"], move |ctx, x| {
+        let items: Vec<AdamOperands> = x
+            .chunks(4)
+            .enumerate()
+            .map(|(k, t)| AdamOperands {
+                param: t[0].buffer(),
+                grad: t[1].buffer(),
+                exp_avg: t[2].buffer(),
+                exp_avg_sq: t[3].buffer(),
+                step: adam_step_of(k, decoupled),
+            })
+            .collect();
+        ctx.device.backend().adam_steps(&items)?;
+        Ok(x.chunks(4)
+            .flat_map(|t| [t[0].clone(), t[2].clone(), t[3].clone()])
+            .collect())
+    });
+    for n in LENS {
+        case = case
+            .input(Input::float("param", [n], u()))
+            .input(Input::float("grad", [n], u()))
+            .input(Input::float("exp_avg", [n], Values::Uniform { low: -0.5, high: 0.5 }))
+            .input(Input::float(
+                "exp_avg_sq",
+                [n],
+                Values::Uniform { low: 0.01, high: 1.0 },
+            ));
+    }
+    case.forward_only().dtypes(DTYPES).oracle(move |x| {
+        x.chunks(4)
+            .enumerate()
+            .flat_map(|(k, t)| adam_ref(t, adam_step_of(k, decoupled)))
+            .collect()
+    })
+}
+
+/// Parameter `k`'s SGD update; even parameters have a momentum buffer (on its first step for
+/// the first of them), odd ones none.
+fn sgd_step_of(k: usize) -> (SgdStep, bool) {
+    let momentum = k.is_multiple_of(2);
+    let step = SgdStep {
+        lr: 0.05,
+        momentum: if momentum { 0.9 } else { 0.0 },
+        dampening: if k == 2 { 0.3 } else { 0.0 },
+        weight_decay: 0.01 * k as f64,
+        nesterov: k == 4,
+        first_step: k == 0,
+    };
+    (step, momentum)
+}
+
+fn sgd_steps_case() -> Case {
+    let mut case = Case::new("sgd_steps", &["sgd_steps"], |ctx, x| {
+        let items: Vec<SgdOperands> = x
+            .chunks(3)
+            .enumerate()
+            .map(|(k, t)| {
+                let (step, momentum) = sgd_step_of(k);
+                SgdOperands {
+                    param: t[0].buffer(),
+                    grad: t[1].buffer(),
+                    momentum_buf: momentum.then(|| t[2].buffer()),
+                    step,
+                }
+            })
+            .collect();
+        ctx.device.backend().sgd_steps(&items)?;
+        Ok(x.chunks(3).flat_map(|t| [t[0].clone(), t[2].clone()]).collect())
+    });
+    for n in LENS {
+        case = case
+            .input(Input::float("param", [n], u()))
+            .input(Input::float("grad", [n], u()))
+            .input(Input::float("momentum_buf", [n], u()));
+    }
+    case.forward_only().dtypes(DTYPES).oracle(|x| {
+        x.chunks(3)
+            .enumerate()
+            .flat_map(|(k, t)| {
+                let (step, momentum) = sgd_step_of(k);
+                let mut out = sgd_ref(&t[0], &t[1], momentum.then_some(&t[2]), step);
+                // A parameter without momentum leaves its would-be buffer alone.
+                if !momentum {
+                    out.push(t[2].clone());
+                }
+                out
+            })
+            .collect()
+    })
+}
+
+/// The squares of every input, the first one counted twice: two parameters sharing one
+/// gradient buffer each count it, as PyTorch's norm over their `.grad`s does.
+fn sum_of_squares_case() -> Case {
+    let mut case = Case::new("sum_of_squares", &["sum_of_squares"], |ctx, x| {
+        let mut bufs: Vec<_> = x.iter().map(Tensor::buffer).collect();
+        bufs.push(x[0].buffer());
+        let sum = ctx.device.backend().sum_of_squares(&bufs)?;
+        Ok(vec![Tensor::from_buffer(sum, Shape::new([1]), ctx.device)])
+    });
+    for n in LENS {
+        case = case.input(Input::float("grad", [n], u()));
+    }
+    case.forward_only().oracle(|x| {
+        let squares = |t: &HostTensor| t.values.iter().map(|v| v * v).sum::<f64>();
+        let total = x.iter().map(squares).sum::<f64>() + squares(&x[0]);
+        vec![HostTensor::new([1], vec![total])]
+    })
+}
+
+/// Every input times a factor held as f32 (clipping's coefficient), for gradients of any
+/// float dtype.
+fn scaled_copies_case() -> Case {
+    let mut case = Case::new("scaled_copies", &["scaled_copies"], |ctx, x| {
+        let (grads, factor) = x.split_at(x.len() - 1);
+        let factor = match ctx.dtype {
+            DType::F64 => factor[0].clone(),
+            _ => factor[0].to_dtype(DType::F32)?,
+        };
+        let bufs: Vec<_> = grads.iter().map(Tensor::buffer).collect();
+        let out = ctx.device.backend().scaled_copies(&bufs, factor.buffer())?;
+        Ok(out
+            .into_iter()
+            .zip(grads)
+            .map(|(b, g)| Tensor::from_buffer(b, g.shape().clone(), ctx.device))
+            .collect())
+    });
+    for n in LENS {
+        case = case.input(Input::float("grad", [n], u()));
+    }
+    case.input(Input::float("factor", [1], Values::Uniform { low: 0.1, high: 1.0 }))
+        .forward_only()
+        .oracle(|x| {
+            let (grads, factor) = x.split_at(x.len() - 1);
+            grads.iter().map(|g| g.map(|v| v * factor[0].values[0])).collect()
+        })
+}
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        adam_steps_case(false),
+        adam_steps_case(true),
+        sgd_steps_case(),
+        sum_of_squares_case(),
+        scaled_copies_case(),
+    ]
+}
