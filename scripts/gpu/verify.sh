@@ -120,6 +120,8 @@ if [ -n "$wgpu" ]; then
         # The same step with session 62's implicit-GEMM convolutions turned off (im2col, GEMM,
         # col2im), to decide LOCKSTEP_WGPU_CONV's default from a GPU's numbers.
         step bench-resnet-wgpu-im2col 600 env LOCKSTEP_WGPU_CONV=im2col "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu-im2col.json"
+        # And with session 63's multi-tensor optimizer shaders off (one dispatch a parameter).
+        step bench-resnet-wgpu-per-tensor 600 env LOCKSTEP_WGPU_MULTI_TENSOR=off "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu-per-tensor.json"
         step bench-resnet-wgpu-f32 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision 32 --json "$out/bench-resnet-wgpu-f32.json"
         step bench-resnet-cuda-f32 600 "$bin" bench resnet --device cuda:0 --batch 512 --precision 32 --json "$out/bench-resnet-cuda-f32.json"
         step bench-gpt2-wgpu 600 "$bin" bench gpt --device "$wgpu" --model gpt2 --batch 16 --precision bf16-mixed --kernels 30 --json "$out/bench-gpt2-wgpu.json"
