@@ -7,8 +7,8 @@
 
 use cudarc::driver::LaunchConfig;
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_factor, check_written_once, scaled_copies_composed, sgd_steps_one_by_one,
-    sum_of_squares_composed,
+    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, scaled_copies_composed,
+    sgd_steps_one_by_one, sum_of_squares_composed,
 };
 use lockstep_core::backend::{AdamOperands, Backend, BackendBuffer, BufferRef, SgdOperands};
 use lockstep_core::shape::Layout;
@@ -94,11 +94,7 @@ impl CudaBackend {
 
     /// `Backend::adam_steps`.
     pub(crate) fn adam_steps_grouped(&self, items: &[AdamOperands<'_>]) -> Result<()> {
-        check_written_once(
-            "adam_steps",
-            items.iter().flat_map(|it| [it.param, it.exp_avg, it.exp_avg_sq]),
-            items.iter().map(|it| it.grad),
-        )?;
+        check_adam_items(items)?;
         for (dtype, at) in Self::by_dtype(items.iter().map(|it| it.param.dtype())) {
             let group: Vec<AdamOperands> = at.iter().map(|&i| items[i]).collect();
             if self.fused_for(dtype) {
@@ -113,44 +109,25 @@ impl CudaBackend {
     /// One `adam_steps` launch for `items`, all of `dtype`.
     pub(crate) fn adam_steps_fused(&self, dtype: DType, items: &[AdamOperands<'_>]) -> Result<()> {
         const OP: &str = "adam_steps";
+        check_adam_items(items)?;
         let entries = items
             .iter()
             .map(|it| {
                 let n = it.param.len();
                 let s = &it.step;
-                if s.step == 0 {
-                    return Err(Error::invalid(
-                        OP,
-                        "step counts from 1 (bias correction divides by 1 - beta^step)",
-                    ));
-                }
                 let mut ptr = [0; 4];
                 for (p, b) in ptr.iter_mut().zip([it.param, it.grad, it.exp_avg, it.exp_avg_sq]) {
                     *p = self.pointer(OP, b, dtype, n)?;
                 }
-                // The constants as `adam` folds them for adam_step (ops/optim.rs).
-                let t = s.step as i32;
-                let (decay, l2) = if s.decoupled {
-                    (1.0 - s.lr * s.weight_decay, 0.0)
-                } else {
-                    (1.0, s.weight_decay)
-                };
-                let k = [
-                    decay,
-                    l2,
-                    s.beta1,
-                    1.0 - s.beta1,
-                    s.beta2,
-                    1.0 - s.beta2,
-                    s.lr / (1.0 - s.beta1.powi(t)),
-                    (1.0 - s.beta2.powi(t)).sqrt(),
-                    s.eps,
-                    0.0,
-                ];
+                // The constants adam_step takes, in its order; the tenth slot stays 0.
+                let mut k = [0.0f32; 10];
+                for (slot, c) in k.iter_mut().zip(s.constants().in_kernel_order()) {
+                    *slot = c as f32;
+                }
                 Ok(Entry {
                     ptr,
                     n: to_u32(OP, n)?,
-                    k: k.map(|x| x as f32),
+                    k,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -159,13 +136,7 @@ impl CudaBackend {
 
     /// `Backend::sgd_steps`.
     pub(crate) fn sgd_steps_grouped(&self, items: &[SgdOperands<'_>]) -> Result<()> {
-        check_written_once(
-            "sgd_steps",
-            items
-                .iter()
-                .flat_map(|it| std::iter::once(it.param).chain(it.momentum_buf)),
-            items.iter().map(|it| it.grad),
-        )?;
+        check_sgd_items(items)?;
         for (dtype, at) in Self::by_dtype(items.iter().map(|it| it.param.dtype())) {
             let group: Vec<SgdOperands> = at.iter().map(|&i| items[i]).collect();
             if self.fused_for(dtype) {

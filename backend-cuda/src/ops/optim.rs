@@ -79,18 +79,11 @@ impl CudaBackend {
         s: &AdamStep,
     ) -> Result<()> {
         let (b, suffix, n) = self.update_operands("adam_step", &[param, grad, m, v])?;
-        let t = s.step as i32;
-        let (decay, l2) = if s.decoupled {
-            (1.0 - s.lr * s.weight_decay, 0.0)
-        } else {
-            (1.0, s.weight_decay)
-        };
-        let f = |x: f64| x as f32;
+        let k = s.constants().in_kernel_order().map(|x| x as f32);
         if n > 0 {
             launch!(&self.gpu, lockstep_kernels::OPTIM, format!("adam_step_{suffix}"), self.gpu.grid(n as usize);
-                &b[0].ptr, &b[1].ptr, &b[2].ptr, &b[3].ptr, &n, &f(decay), &f(l2), &f(s.beta1), &f(1.0 - s.beta1),
-                &f(s.beta2), &f(1.0 - s.beta2), &f(s.lr / (1.0 - s.beta1.powi(t))), &f((1.0 - s.beta2.powi(t)).sqrt()),
-                &f(s.eps));
+                &b[0].ptr, &b[1].ptr, &b[2].ptr, &b[3].ptr, &n, &k[0], &k[1], &k[2], &k[3], &k[4], &k[5], &k[6],
+                &k[7], &k[8]);
         }
         Ok(())
     }

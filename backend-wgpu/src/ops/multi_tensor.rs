@@ -8,8 +8,8 @@
 use std::sync::OnceLock;
 
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_factor, check_written_once, scaled_copies_composed, sgd_steps_one_by_one,
-    sum_of_squares_composed,
+    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, scaled_copies_composed,
+    sgd_steps_one_by_one, sum_of_squares_composed,
 };
 use lockstep_core::backend::{AdamOperands, Backend, BufferRef, ReduceKind, SgdOperands};
 use lockstep_core::shape::Layout;
@@ -111,11 +111,7 @@ impl WgpuBackend {
     /// `Backend::adam_steps`: f32 parameters `slots_for` at a time, the rest one by one.
     pub(crate) fn adam_steps_batched(&self, items: &[AdamOperands<'_>]) -> Result<()> {
         const OP: &str = "adam_steps";
-        check_written_once(
-            OP,
-            items.iter().flat_map(|it| [it.param, it.exp_avg, it.exp_avg_sq]),
-            items.iter().map(|it| it.grad),
-        )?;
+        check_adam_items(items)?;
         let all_f32 = |it: &AdamOperands| {
             [it.param, it.grad, it.exp_avg, it.exp_avg_sq]
                 .iter()
@@ -133,29 +129,10 @@ impl WgpuBackend {
                     .iter()
                     .map(|b| self.operand(OP, b, None))
                     .collect::<Result<Vec<_>>>()?;
-                let s = &it.step;
-                let t = s.step as i32;
-                // As `adam` folds them for adam_step (ops/optim.rs).
-                let (decay, l2) = if s.decoupled {
-                    (1.0 - s.lr * s.weight_decay, 0.0)
-                } else {
-                    (1.0, s.weight_decay)
-                };
-                let consts = [
-                    decay,
-                    l2,
-                    s.beta1,
-                    1.0 - s.beta1,
-                    s.beta2,
-                    1.0 - s.beta2,
-                    s.lr / (1.0 - s.beta1.powi(t)),
-                    (1.0 - s.beta2.powi(t)).sqrt(),
-                    s.eps,
-                ];
                 Ok(Slot {
                     buffers,
                     n: it.param.len(),
-                    consts: consts.map(|c| c as f32),
+                    consts: it.step.constants().in_kernel_order().map(|c| c as f32),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -167,13 +144,7 @@ impl WgpuBackend {
     /// momentum, other dtypes) one by one.
     pub(crate) fn sgd_steps_batched(&self, items: &[SgdOperands<'_>]) -> Result<()> {
         const OP: &str = "sgd_steps";
-        check_written_once(
-            OP,
-            items
-                .iter()
-                .flat_map(|it| std::iter::once(it.param).chain(it.momentum_buf)),
-            items.iter().map(|it| it.grad),
-        )?;
+        check_sgd_items(items)?;
         let batchable = |it: &SgdOperands| {
             it.momentum_buf.is_some_and(|b| {
                 [it.param, it.grad, b]

@@ -93,24 +93,8 @@ impl WgpuBackend {
         s: &AdamStep,
     ) -> Result<()> {
         let b = self.f32_operands("adam_step", &[param, grad, m, v])?;
-        let t = s.step as i32;
-        let (decay, l2) = if s.decoupled {
-            (1.0 - s.lr * s.weight_decay, 0.0)
-        } else {
-            (1.0, s.weight_decay)
-        };
-        let params = vec![
-            to_u32("adam_step", b[0].len())?,
-            bits(decay),
-            bits(l2),
-            bits(s.beta1),
-            bits(1.0 - s.beta1),
-            bits(s.beta2),
-            bits(1.0 - s.beta2),
-            bits(s.lr / (1.0 - s.beta1.powi(t))),
-            bits((1.0 - s.beta2.powi(t)).sqrt()),
-            bits(s.eps),
-        ];
+        let mut params = vec![to_u32("adam_step", b[0].len())?];
+        params.extend(s.constants().in_kernel_order().map(bits));
         self.update("adam_step", params, &b)
     }
 }

@@ -21,8 +21,9 @@ use std::sync::Arc;
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use multi_tensor::{AdamOperands, SgdOperands};
 pub use ops::{
-    AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp, Conv2dGeometry,
-    CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
+    AdamConstants, AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp,
+    Conv2dGeometry, CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
+    split_axes,
 };
 
 use crate::dtype::{DType, HostVec};

@@ -45,9 +45,37 @@ pub fn sum_of_squares_dtype(bufs: &[&BufferRef]) -> DType {
     }
 }
 
+/// Refuses `adam_steps` items that no backend can take: a buffer updated twice or also read as
+/// a gradient, or a step count of 0.
+pub fn check_adam_items(items: &[AdamOperands<'_>]) -> Result<()> {
+    check_written_once(
+        "adam_steps",
+        items.iter().flat_map(|it| [it.param, it.exp_avg, it.exp_avg_sq]),
+        items.iter().map(|it| it.grad),
+    )?;
+    if items.iter().any(|it| it.step.step == 0) {
+        return Err(Error::invalid(
+            "adam_steps",
+            "step counts from 1 (bias correction divides by 1 - beta^step)",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `sgd_steps` items that update a buffer twice or also read it as a gradient.
+pub fn check_sgd_items(items: &[SgdOperands<'_>]) -> Result<()> {
+    check_written_once(
+        "sgd_steps",
+        items
+            .iter()
+            .flat_map(|it| std::iter::once(it.param).chain(it.momentum_buf)),
+        items.iter().map(|it| it.grad),
+    )
+}
+
 /// Refuses a parameter, moment or momentum buffer named twice among `items`' written buffers
 /// (it would be updated twice), or also passed as a gradient (read while written).
-pub fn check_written_once<'a>(
+fn check_written_once<'a>(
     op: &'static str,
     written: impl Iterator<Item = &'a BufferRef>,
     read: impl Iterator<Item = &'a BufferRef>,

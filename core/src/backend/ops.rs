@@ -568,6 +568,71 @@ pub struct AdamStep {
     pub step: u64,
 }
 
+/// An [`AdamStep`]'s constants folded in f64 on the host, once, so every backend updates with
+/// the same numbers (each rounds them to its element type).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConstants {
+    /// Multiplies the weight first: `1 - lr * weight_decay` for AdamW, 1 for Adam.
+    pub decay: f64,
+    /// Added to the gradient times the weight: Adam's L2 `weight_decay`, 0 for AdamW.
+    pub l2: f64,
+    /// The first moment's decay rate.
+    pub beta1: f64,
+    /// `1 - beta1`.
+    pub one_minus_beta1: f64,
+    /// The second moment's decay rate.
+    pub beta2: f64,
+    /// `1 - beta2`.
+    pub one_minus_beta2: f64,
+    /// `lr / (1 - beta1^step)`: the step size with the first moment's bias correction.
+    pub step_size: f64,
+    /// `sqrt(1 - beta2^step)`: the second moment's bias correction under the root.
+    pub bias2_sqrt: f64,
+    /// Added to the corrected root.
+    pub eps: f64,
+}
+
+impl AdamConstants {
+    /// The constants in the order the CUDA and WGSL kernels take them.
+    pub fn in_kernel_order(&self) -> [f64; 9] {
+        [
+            self.decay,
+            self.l2,
+            self.beta1,
+            self.one_minus_beta1,
+            self.beta2,
+            self.one_minus_beta2,
+            self.step_size,
+            self.bias2_sqrt,
+            self.eps,
+        ]
+    }
+}
+
+impl AdamStep {
+    /// This update's constants: AdamW decays the weight itself, Adam adds the decay to the
+    /// gradient (L2).
+    pub fn constants(&self) -> AdamConstants {
+        let t = self.step as i32;
+        let (decay, l2) = if self.decoupled {
+            (1.0 - self.lr * self.weight_decay, 0.0)
+        } else {
+            (1.0, self.weight_decay)
+        };
+        AdamConstants {
+            decay,
+            l2,
+            beta1: self.beta1,
+            one_minus_beta1: 1.0 - self.beta1,
+            beta2: self.beta2,
+            one_minus_beta2: 1.0 - self.beta2,
+            step_size: self.lr / (1.0 - self.beta1.powi(t)),
+            bias2_sqrt: (1.0 - self.beta2.powi(t)).sqrt(),
+            eps: self.eps,
+        }
+    }
+}
+
 /// Batch normalisation in training of `[outer, channels, inner]` f32 data with its own batch
 /// statistics, for `Backend::batch_norm`: per channel, over `outer · inner` values.
 #[derive(Clone, Copy, Debug, PartialEq)]

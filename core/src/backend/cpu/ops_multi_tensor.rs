@@ -12,7 +12,7 @@ use super::optim::{AdamConsts, CHUNK, SgdConsts};
 use super::reduce::lane_sum;
 use super::stored::Stored;
 use super::{CpuBackend, cpu};
-use crate::backend::multi_tensor::{check_factor, check_written_once, sum_of_squares_dtype};
+use crate::backend::multi_tensor::{check_adam_items, check_factor, check_sgd_items, sum_of_squares_dtype};
 use crate::backend::{AdamOperands, BufferRef, SgdOperands};
 use crate::dtype::{DType, HostVec};
 use crate::error::{Error, Result};
@@ -74,17 +74,7 @@ fn adam_jobs<'a, T: CpuFloat>(
 
 pub(super) fn adam_steps(items: &[AdamOperands<'_>]) -> Result<()> {
     const OP: &str = "adam_steps";
-    check_written_once(
-        OP,
-        items.iter().flat_map(|it| [it.param, it.exp_avg, it.exp_avg_sq]),
-        items.iter().map(|it| it.grad),
-    )?;
-    if items.iter().any(|it| it.step.step == 0) {
-        return Err(Error::invalid(
-            OP,
-            "step counts from 1 (bias correction divides by 1 - beta^step)",
-        ));
-    }
+    check_adam_items(items)?;
     let grads: Vec<&BufferRef> = items.iter().map(|it| it.grad).collect();
     let (reads, read_at) = read_all(OP, &grads)?;
     let mut writes = items
@@ -151,13 +141,7 @@ fn sgd_jobs<'a, T: CpuFloat>(
 
 pub(super) fn sgd_steps(items: &[SgdOperands<'_>]) -> Result<()> {
     const OP: &str = "sgd_steps";
-    check_written_once(
-        OP,
-        items
-            .iter()
-            .flat_map(|it| std::iter::once(it.param).chain(it.momentum_buf)),
-        items.iter().map(|it| it.grad),
-    )?;
+    check_sgd_items(items)?;
     let grads: Vec<&BufferRef> = items.iter().map(|it| it.grad).collect();
     let (reads, read_at) = read_all(OP, &grads)?;
     let mut writes = items

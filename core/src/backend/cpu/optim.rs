@@ -123,23 +123,17 @@ pub struct AdamConsts<T> {
 
 impl<T: CpuFloat> AdamConsts<T> {
     pub fn new(s: &AdamStep) -> Self {
-        let t = s.step as i32;
-        // AdamW decays the weight itself; Adam adds the decay to the gradient (L2).
-        let (decay, l2) = if s.decoupled {
-            (T::of(1.0 - s.lr * s.weight_decay), T::zero())
-        } else {
-            (T::one(), T::of(s.weight_decay))
-        };
+        let c = s.constants();
         AdamConsts {
-            b1: T::of(s.beta1),
-            b2: T::of(s.beta2),
-            one_b1: T::of(1.0 - s.beta1),
-            one_b2: T::of(1.0 - s.beta2),
-            bias2_sqrt: T::of((1.0 - s.beta2.powi(t)).sqrt()),
-            step_size: T::of(s.lr / (1.0 - s.beta1.powi(t))),
-            eps: T::of(s.eps),
-            decay,
-            l2,
+            b1: T::of(c.beta1),
+            b2: T::of(c.beta2),
+            one_b1: T::of(c.one_minus_beta1),
+            one_b2: T::of(c.one_minus_beta2),
+            bias2_sqrt: T::of(c.bias2_sqrt),
+            step_size: T::of(c.step_size),
+            eps: T::of(c.eps),
+            decay: T::of(c.decay),
+            l2: T::of(c.l2),
         }
     }
 
