@@ -3,7 +3,7 @@
 use lockstep_core::backend::{
     AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
     Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    SgdStep, UnaryOp, WorkCounters,
+    RunningStatsSpec, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -175,6 +175,15 @@ impl Backend for CudaBackend {
         }
         self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
             .transpose()
+    }
+    fn batch_norm_running(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
+        self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.layer_norm_rows(src, None, rows, cols, eps)

@@ -3,7 +3,7 @@
 use lockstep_core::backend::{
     AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
     Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry,
-    ReduceKind, SgdStep, UnaryOp, WorkCounters,
+    ReduceKind, RunningStatsSpec, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -195,9 +195,6 @@ impl Backend for WgpuBackend {
         bias: &BufferRef,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
-            return None;
-        }
         self.batch_norm_fused(x, [weight, bias], spec).transpose()
     }
     fn batch_norm_backward(
@@ -208,11 +205,17 @@ impl Backend for WgpuBackend {
         [mean, var]: [&BufferRef; 2],
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
-            return None;
-        }
         self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
             .transpose()
+    }
+    fn batch_norm_running(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
+        self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.in_f32("layer_norm", [src], |[src]| {

@@ -1,10 +1,11 @@
 //! Training-mode batch normalisation and its gradient (batch_norm.wgsl) over a contiguous
 //! `[outer, channels, inner]` with f32 weight, bias and statistics: three dispatches each way,
 //! where the composed ops take about twenty and read the input as many times. A bf16 input and
-//! its result stay in their packed words.
+//! its result stay in their packed words. The input may come channel-major (a convolution's
+//! product), read where it lies; the running statistics are blended in one more dispatch.
 
 use lockstep_core::backend::gpu_plan::chunk_len;
-use lockstep_core::backend::{BatchNormSpec, BufferRef};
+use lockstep_core::backend::{BatchNormSpec, BufferRef, RunningStatsSpec};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
@@ -14,7 +15,7 @@ use crate::pipelines::Variant;
 /// How the dispatches see a batch norm: the shape, each channel's values cut into chunks (from
 /// the shape alone, so every device sums in the same order), and eps.
 struct Plan {
-    params: [u32; 7],
+    params: [u32; 8],
     elements: usize,
     channels: usize,
     chunks: usize,
@@ -39,6 +40,7 @@ impl Plan {
             to_u32(op, len)?,
             to_u32(op, chunks)?,
             (spec.eps as f32).to_bits(),
+            spec.channel_major as u32,
         ];
         Ok(Plan {
             params,
@@ -137,6 +139,55 @@ impl WgpuBackend {
             self.word_grid(OP, dtype, plan.elements)?,
         )?;
         Ok(Some([dx, dweight, dbias]))
+    }
+
+    /// `Backend::batch_norm_running` in one dispatch; `None` where an operand is not f32 (the
+    /// statistics) or I64 (the count): the caller composes those.
+    pub(crate) fn batch_norm_running_pass(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Result<Option<()>> {
+        const OP: &str = "batch_norm_running";
+        let [keep, take, unbias] = spec.factors(OP)?;
+        let mut roles = vec![running[0], running[1], batch[0], batch[1]];
+        roles.extend(batches);
+        if (1..roles.len()).any(|i| roles[..i].iter().any(|r| std::sync::Arc::ptr_eq(r, roles[i]))) {
+            return Err(lockstep_core::Error::invalid(
+                OP,
+                "the same buffer was passed in two roles; pass distinct buffers",
+            ));
+        }
+        let channels = Layout::contiguous([spec.channels]);
+        let [running_mean, running_var, mean, var] =
+            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));
+        let stats = [running_mean?, running_var?, mean?, var?];
+        let batches = batches
+            .map(|b| self.operand(OP, b, Some(&Layout::contiguous([1]))))
+            .transpose()?;
+        if stats.iter().any(|b| b.dtype() != DType::F32) || batches.is_some_and(|b| b.dtype() != DType::I64) {
+            return Ok(None);
+        }
+        let params = [
+            to_u32(OP, spec.channels)?,
+            keep.to_bits(),
+            take.to_bits(),
+            unbias.to_bits(),
+        ];
+        let [running_mean, running_var, mean, var] = stats;
+        let mut bindings = vec![(3, mean), (4, var), (12, running_mean), (13, running_var)];
+        let name = match batches {
+            Some(batches) => {
+                bindings.push((14, batches));
+                "running_counted"
+            }
+            None => "running",
+        };
+        let variant = Variant::new("batch_norm", name, &["f32"]);
+        self.launch(&variant, &params, &bindings, self.grid(OP, spec.channels)?)?;
+        Ok(Some(()))
     }
 
     /// The whole-input operands' dtype (f32, f16 or bf16, one for all) and the shaders' element

@@ -19,7 +19,8 @@ use std::sync::Arc;
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
 pub use ops::{
     AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp, Conv2dGeometry,
-    CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp, split_axes,
+    CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdStep,
+    UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -348,6 +349,22 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _stats: [&BufferRef; 2],
         _spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        None
+    }
+    /// A training batch's bookkeeping in one pass, in place: the f32 `[channels]` running
+    /// statistics `[running_mean, running_var]` become `running * (1 - momentum) + batch *
+    /// momentum` from the batch's `[mean, var]` (biased; made unbiased first as `var * (count /
+    /// (count - 1))`), each factor rounded to f32 and each op in f32 in that order, as the
+    /// composed element ops compute it; the I64 scalar `batches`, when given, gains 1 (a layer's
+    /// `num_batches_tracked`). Nothing is read back to the host. `None` where the backend has no
+    /// such kernel for the operands: the caller then composes it from element ops.
+    fn batch_norm_running(
+        &self,
+        _running: [&BufferRef; 2],
+        _batch: [&BufferRef; 2],
+        _batches: Option<&BufferRef>,
+        _spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
         None
     }
     /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +

@@ -3,7 +3,7 @@
 //! backward, where the composed ops (`batch_norm_with`) make about twenty.
 
 use super::Tensor;
-use super::nn_ops::{BatchStatsFn, local_batch_stats, update_running_stats};
+use super::nn_ops::{BatchStatsFn, Running, local_batch_stats, update_running_stats};
 use crate::backend::BatchNormSpec;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -14,11 +14,9 @@ impl Tensor {
     /// fused where the backend can, otherwise composed by `batch_norm_with`.
     pub(crate) fn batch_norm_local(
         &self,
-        running_mean: &Tensor,
-        running_var: &Tensor,
+        running: &Running<'_>,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
-        momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
         let channels = self.dims().get(1).copied().unwrap_or(0);
@@ -26,13 +24,13 @@ impl Tensor {
         if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1)
             && let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps)?
         {
-            update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
+            update_running_stats(running, &mean, &var, count)?;
             return Ok(y);
         }
         // Also where the composed path has the clear error for a bad input, and where autocast's
         // half-precision input is normalised in f32 and returned in its own dtype.
         let stats: &BatchStatsFn<'_> = &local_batch_stats;
-        self.batch_norm_with(running_mean, running_var, weight, bias, Some(stats), momentum, eps)
+        self.batch_norm_with(running, weight, bias, Some(stats), eps)
     }
 
     /// `(y, mean, var)` of training-mode batch norm over axis 1 of this `[N, C, …]` tensor (biased

@@ -47,7 +47,7 @@ use self::pool::Pool;
 use super::{
     AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax, CmpOp,
     Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    SgdStep, UnaryOp,
+    RunningStatsSpec, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -414,6 +414,16 @@ impl Backend for CpuBackend {
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
         ops_norm::batch_norm_backward(self, grad, x, weight, [mean, var], spec)
+    }
+
+    fn batch_norm_running(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
+        ops_norm::batch_norm_running(running, batch, batches, spec)
     }
 
     fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {

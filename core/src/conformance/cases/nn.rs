@@ -372,6 +372,52 @@ fn loss_cases() -> Vec<Case> {
                 .map(|v| v / 15.0);
             vec![mean.map(|m| 0.75 * 0.5 + 0.25 * m), var.map(|v| 0.75 * 2.0 + 0.25 * v)]
         }),
+        // A layer's bookkeeping in one pass (`batch_norm_running`): blended statistics, and the
+        // batch count carried into its high word. In f32 only: the kernels take f32 running
+        // statistics, and the ops a half-precision layer composes count through f32 (exact to
+        // 2^24 batches, not to this count).
+        Case::new(
+            "batch_norm_running",
+            &[
+                "batch_norm_running",
+                "binary:add",
+                "unary:affine",
+                "copy_strided",
+                "cast",
+            ],
+            |ctx, x| {
+                use crate::dtype::HostVec;
+                use crate::tensor::{Running, Tensor};
+                let c = x[0].dims()[1];
+                let rm = Tensor::full([c], 0.5, ctx.dtype, ctx.device)?;
+                let rv = Tensor::full([c], 2.0, ctx.dtype, ctx.device)?;
+                let low_word_full = HostVec::I64(vec![u32::MAX as i64]);
+                let n = Tensor::from_host(low_word_full, crate::shape::Shape::scalar(), ctx.device)?;
+                let running = Running {
+                    mean: &rm,
+                    var: &rv,
+                    batches: Some(&n),
+                    momentum: 0.25,
+                };
+                x[0].batch_norm_local(&running, None, None, 1e-5)?;
+                Ok(vec![rm, rv, n])
+            },
+        )
+        .input(Input::float("x", [4, 3, 2, 2], u()))
+        .dtypes(&[crate::dtype::DType::F32])
+        .forward_only()
+        .oracle(|x| {
+            let mean = x[0].sum(&[0, 2, 3], false).map(|v| v / 16.0);
+            let var = x[0]
+                .zip(&x[0].sum(&[0, 2, 3], true).map(|v| v / 16.0), |a, m| (a - m) * (a - m))
+                .sum(&[0, 2, 3], false)
+                .map(|v| v / 15.0);
+            vec![
+                mean.map(|m| 0.75 * 0.5 + 0.25 * m),
+                var.map(|v| 0.75 * 2.0 + 0.25 * v),
+                HostTensor::new([], vec![u32::MAX as f64 + 1.0]),
+            ]
+        }),
     ]
 }
 
