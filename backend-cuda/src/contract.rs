@@ -157,7 +157,9 @@ impl Backend for CudaBackend {
         bias: &BufferRef,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
+        // Neither the channel-major layout nor the fused ReLU: the caller gathers, or applies
+        // the ReLU after.
+        if spec.channel_major || spec.relu {
             return None;
         }
         self.batch_norm_fused(x, [weight, bias], spec).transpose()
@@ -168,9 +170,10 @@ impl Backend for CudaBackend {
         x: &BufferRef,
         weight: &BufferRef,
         [mean, var]: [&BufferRef; 2],
+        _out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
+        if spec.channel_major || spec.relu {
             return None;
         }
         self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)

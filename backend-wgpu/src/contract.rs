@@ -203,9 +203,10 @@ impl Backend for WgpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         [mean, var]: [&BufferRef; 2],
+        out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
+        self.batch_norm_backward_fused([grad, x], [weight, mean, var], out, spec)
             .transpose()
     }
     fn batch_norm_running(

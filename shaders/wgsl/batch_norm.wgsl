@@ -9,7 +9,9 @@
 // With channel_major = 1 the input x and its gradient dx are laid out [channels, outer, inner],
 // as a convolution's product comes (read where it lies, no gather); y and its gradient g stay
 // [outer, channels, inner].
-// params: [len, channels, inner, count, chunk_len, chunks, eps (f32 bits), channel_major],
+// With relu = 1 the forward pass writes relu(y) and the backward pass masks g by that saved
+// output (g · [y > 0]): a following ReLU costs no pass of its own.
+// params: [len, channels, inner, count, chunk_len, chunks, eps (f32 bits), channel_major, relu],
 // except for the running-statistics entries (see `running`).
 
 @group(0) @binding(1) var<storage, read> x: array<T>;
@@ -27,6 +29,9 @@
 // Per channel, five words the input gradient reads: mean, denom, weight / denom, dbias / count,
 // dweight / count (one binding instead of six keeps the dispatch within 8 storage buffers).
 @group(0) @binding(11) var<storage, read_write> coef: array<f32>;
+
+// The forward pass's output, backward with relu = 1.
+@group(0) @binding(15) var<storage, read> saved_y: array<T>;
 
 // The running statistics a training batch is blended into, in place, and the I64 count of those
 // batches as (low, high) u32 words.
@@ -164,10 +169,27 @@ fn statistics(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     var_[c] = a.m2 / f32(count);
 }
 
+fn relu_fused() -> bool {
+    return params[8] != 0u;
+}
+
 fn normalized(i: u32) -> f32 {
     let at = from_output(i);
     let c = at.x;
-    return (T_load(x[T_word(at.y)], at.y) - mean[c]) / sqrt(var_[c] + param_f32(6u)) * weight[c] + bias[c];
+    let y = (T_load(x[T_word(at.y)], at.y) - mean[c]) / sqrt(var_[c] + param_f32(6u)) * weight[c] + bias[c];
+    if (relu_fused()) {
+        return max_nan(y, 0.0);
+    }
+    return y;
+}
+
+// Element i of the output's gradient, masked by a fused ReLU's saved output.
+fn output_grad(i: u32) -> f32 {
+    let g = T_load(grad[T_word(i)], i);
+    if (relu_fused() && !(T_load(saved_y[T_word(i)], i) > 0.0)) {
+        return 0.0;
+    }
+    return g;
 }
 
 // Pass 3 forward: y = (x - mean) / sqrt(var + eps) * weight + bias, a storage word of y per
@@ -202,8 +224,7 @@ fn grad_sums(
         let denom = sqrt(var_[at.x] + param_f32(6u));
         for (var r = at.z + lid; r < at.w; r += WG) {
             let o = channel_offset(r, at.x);
-            let og = image_major_offset(r, at.x);
-            let g = T_load(grad[T_word(og)], og);
+            let g = output_grad(image_major_offset(r, at.x));
             a += g;
             b += g * ((T_load(x[T_word(o)], o) - m) / denom);
         }
@@ -257,7 +278,7 @@ fn input_grad_at(i: u32) -> f32 {
     let at = from_input(i);
     let k = 5u * at.x;
     let x_hat = (T_load(x[T_word(i)], i) - coef[k]) / coef[k + 1u];
-    return coef[k + 2u] * (T_load(grad[T_word(at.y)], at.y) - coef[k + 3u] - x_hat * coef[k + 4u]);
+    return coef[k + 2u] * (output_grad(at.y) - coef[k + 3u] - x_hat * coef[k + 4u]);
 }
 
 // Pass 3 backward: dx = weight / denom · (g - dbias / count - x̂ · dweight / count), a storage

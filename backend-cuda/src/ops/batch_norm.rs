@@ -234,6 +234,7 @@ mod tests {
             inner,
             eps: 1e-5,
             channel_major: false,
+            relu: false,
         };
         Chunking::new("batch_norm", &spec).unwrap()
     }
@@ -269,6 +270,7 @@ mod tests {
             inner: 1,
             eps: 1e-5,
             channel_major: false,
+            relu: false,
         };
         let err = Chunking::new("batch_norm", &spec).err().expect("too many channels");
         assert!(err.to_string().contains("70000 channels"), "{err}");

@@ -15,7 +15,7 @@ use crate::pipelines::Variant;
 /// How the dispatches see a batch norm: the shape, each channel's values cut into chunks (from
 /// the shape alone, so every device sums in the same order), and eps.
 struct Plan {
-    params: [u32; 8],
+    params: [u32; 9],
     elements: usize,
     channels: usize,
     chunks: usize,
@@ -41,6 +41,7 @@ impl Plan {
             to_u32(op, chunks)?,
             (spec.eps as f32).to_bits(),
             spec.channel_major as u32,
+            spec.relu as u32,
         ];
         Ok(Plan {
             params,
@@ -96,13 +97,27 @@ impl WgpuBackend {
         &self,
         [grad, x]: [&BufferRef; 2],
         [weight, mean, var]: [&BufferRef; 3],
+        out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Result<Option<[BufferRef; 3]>> {
         const OP: &str = "batch_norm_backward";
         let Some((dtype, t)) = self.norm_types(OP, spec, [grad, x], [weight, mean, var])? else {
             return Ok(None);
         };
+        // A fused ReLU's mask: the forward pass's output, as long as the gradient. Without
+        // one the shaders never read it, but their layout holds the binding: the gradient fills it.
+        let saved_y = match (spec.relu, out) {
+            (false, _) => grad,
+            (true, Some(out)) if out.dtype() == dtype => out,
+            (true, _) => {
+                return Err(lockstep_core::Error::invalid(
+                    OP,
+                    "a fused ReLU's gradient needs the forward pass's output, in the input's dtype",
+                ));
+            }
+        };
         let plan = Plan::new(OP, spec)?;
+        let saved_y = self.operand(OP, saved_y, Some(&Layout::contiguous([grad.len()])))?;
         let (grad, x, weight, mean, var) = (
             self.operand(OP, grad, None)?,
             self.operand(OP, x, None)?,
@@ -119,7 +134,7 @@ impl WgpuBackend {
         let dx = self.alloc("batch_norm_backward", x.dtype(), plan.elements)?;
         let entry = |name| Variant::new("batch_norm", name, &[t]);
         let p = &plan.params;
-        let sums = [(1, x), (8, grad), (3, mean), (4, var), (2, &parts)];
+        let sums = [(1, x), (8, grad), (3, mean), (4, var), (2, &parts), (15, saved_y)];
         self.launch(&entry("grad_sums"), p, &sums, plan.per_chunk(self, OP)?)?;
         let totals = [
             (2, &*parts),
@@ -131,7 +146,7 @@ impl WgpuBackend {
             (11, &coef),
         ];
         self.launch(&entry("grad_totals"), p, &totals, self.grid(OP, plan.channels)?)?;
-        let input = [(1, x), (8, grad), (11, &coef), (7, &dx)];
+        let input = [(1, x), (8, grad), (11, &coef), (7, &dx), (15, saved_y)];
         self.launch(
             &entry("input_grad"),
             p,

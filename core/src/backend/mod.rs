@@ -324,7 +324,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
     /// Batch normalisation in training with the batch's own statistics: returns `y = (x - mean)
-    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32), and the
+    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32; then its ReLU
+    /// with `spec.relu`), and the
     /// per-channel `mean` and biased `var`, each `[channels]`. `x` and `y` share a dtype; weight,
     /// bias and the statistics are f32, also for an f16/bf16 `x` (autocast's mix). `None` where
     /// the backend has no such kernel for the dtypes: the caller then composes it from
@@ -339,14 +340,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
     /// The gradients of `batch_norm` for output gradient `grad`, from its input, weight and the
-    /// `mean` and `var` it returned: `[dx, dweight, dbias]`. `None` as for `batch_norm`, which a
-    /// backend implements together with this.
+    /// `mean` and `var` it returned: `[dx, dweight, dbias]`; with `spec.relu`, `out` is the
+    /// forward pass's output, whose positive elements let the gradient through (`None`
+    /// otherwise). `None` as for `batch_norm`, which a backend implements together with this.
     fn batch_norm_backward(
         &self,
         _grad: &BufferRef,
         _x: &BufferRef,
         _weight: &BufferRef,
         _stats: [&BufferRef; 2],
+        _out: Option<&BufferRef>,
         _spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
         None

@@ -584,6 +584,10 @@ pub struct BatchNormSpec {
     /// product leaves it; the output and its gradient stay `[outer, channels, inner]`. A backend
     /// without this layout answers `None` and is asked again with the input made contiguous.
     pub channel_major: bool,
+    /// ReLU applied to the output (`relu(y)`, as `max` with NaN kept), and its gradient masked
+    /// by the saved output (`g · [y > 0]`), as a layer followed by a ReLU wants it. A backend
+    /// without the fused activation answers `None` and is asked again without it.
+    pub relu: bool,
 }
 
 /// How `Backend::batch_norm_running` blends one training batch's statistics into the running

@@ -214,8 +214,15 @@ impl BatchNorm {
         self.sync.is_some()
     }
 
-    /// The layer's computation (`forward` marks its errors as this layer's).
-    fn normalise(&self, x: &Tensor) -> Result<Tensor> {
+    /// `relu(self.forward(x))`, as a block that follows its batch norm with a ReLU computes it:
+    /// in the normalising pass where the backend fuses the two (wgpu, in training), so the
+    /// activation costs no pass of its own either way.
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        raised_by(self.normalise(x, true), &self.running_mean)
+    }
+    /// The layer's computation, followed by a ReLU with `relu` (`forward` marks its errors as
+    /// this layer's).
+    fn normalise(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let name = self.kind.name();
         if !self.kind.accepts(x.rank()) {
             return Err(Error::invalid(
@@ -248,9 +255,10 @@ impl BatchNorm {
                 synced = |x: &Tensor, axes: &[isize]| synced_batch_stats(x, axes, comm);
                 Some(&synced)
             }
-            _ => return x.batch_norm_local(&running, w, b, self.eps),
+            _ => return x.batch_norm_local(&running, w, b, self.eps, relu),
         };
-        x.batch_norm_with(&running, w, b, stats, self.eps)
+        let y = x.batch_norm_with(&running, w, b, stats, self.eps)?;
+        if relu { y.relu() } else { Ok(y) }
     }
 }
 
@@ -263,7 +271,7 @@ impl Module for BatchNorm {
         remap(&mut self.num_batches_tracked, f)
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        raised_by(self.normalise(x), &self.running_mean)
+        raised_by(self.normalise(x, false), &self.running_mean)
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         if let (Some(w), Some(b)) = (&self.weight, &self.bias) {

@@ -11,18 +11,20 @@ use crate::shape::Shape;
 
 impl Tensor {
     /// Training-mode `batch_norm` with this batch's statistics (the running statistics updated):
-    /// fused where the backend can, otherwise composed by `batch_norm_with`.
+    /// fused where the backend can, otherwise composed by `batch_norm_with`. With `relu`, the
+    /// result's ReLU, in the same pass where the backend fuses it.
     pub(crate) fn batch_norm_local(
         &self,
         running: &Running<'_>,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         eps: f64,
+        relu: bool,
     ) -> Result<Tensor> {
         let channels = self.dims().get(1).copied().unwrap_or(0);
         let count = self.elem_count() / channels.max(1);
         if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1)
-            && let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps)?
+            && let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps, relu)?
         {
             update_running_stats(running, &mean, &var, count)?;
             return Ok(y);
@@ -30,14 +32,22 @@ impl Tensor {
         // Also where the composed path has the clear error for a bad input, and where autocast's
         // half-precision input is normalised in f32 and returned in its own dtype.
         let stats: &BatchStatsFn<'_> = &local_batch_stats;
-        self.batch_norm_with(running, weight, bias, Some(stats), eps)
+        let y = self.batch_norm_with(running, weight, bias, Some(stats), eps)?;
+        if relu { y.relu() } else { Ok(y) }
     }
 
     /// `(y, mean, var)` of training-mode batch norm over axis 1 of this `[N, C, …]` tensor (biased
     /// variance, each statistic `[C]`, f32) by the backend's fused op, `y` in this tensor's dtype:
-    /// f32, or f16/bf16 with f32 parameters (autocast's mix); `None` where the backend has no
-    /// kernel for this input (the caller composes it).
-    fn batch_norm_fused(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    /// f32, or f16/bf16 with f32 parameters (autocast's mix), and its ReLU with `relu` (fused
+    /// where the backend can, else applied after); `None` where the backend has no kernel for
+    /// this input (the caller composes it).
+    fn batch_norm_fused(
+        &self,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f64,
+        relu: bool,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         let c = self.dims()[1];
         let per_channel = |t: &Tensor| t.dtype() == DType::F32 && t.dims() == [c] && t.device() == self.device();
         if !matches!(self.dtype(), DType::F32 | DType::F16 | DType::BF16) || !per_channel(weight) || !per_channel(bias)
@@ -51,19 +61,32 @@ impl Tensor {
             inner: self.dims()[2..].iter().product(),
             eps,
             channel_major: false,
+            relu: false,
+        };
+        // The ReLU fused where the backend can, else applied after the kernel.
+        let activations: &[bool] = if relu { &[true, false] } else { &[false] };
+        let attempt = |x: &Tensor, channel_major: bool| -> Result<Option<(Tensor, Tensor, Tensor)>> {
+            for &fused in activations {
+                let spec = BatchNormSpec {
+                    channel_major,
+                    relu: fused,
+                    ..spec
+                };
+                if let Some((y, mean, var)) = x.batch_norm_kernel(&weight, &bias, spec)? {
+                    let y = if relu && !fused { y.relu()? } else { y };
+                    return Ok(Some((y, mean, var)));
+                }
+            }
+            Ok(None)
         };
         // A convolution's product comes channel-major: normalised where it lies, no gather,
         // where the backend reads that layout.
-        if is_channel_major(self) {
-            let spec = BatchNormSpec {
-                channel_major: true,
-                ..spec
-            };
-            if let Some(out) = self.batch_norm_kernel(&weight, &bias, spec)? {
-                return Ok(Some(out));
-            }
+        if is_channel_major(self)
+            && let Some(out) = attempt(self, true)?
+        {
+            return Ok(Some(out));
         }
-        self.contiguous()?.batch_norm_kernel(&weight, &bias, spec)
+        attempt(&self.contiguous()?, false)
     }
 
     /// `batch_norm_fused` by the backend's kernel on this tensor's buffer, laid out as `spec`
@@ -88,6 +111,8 @@ impl Tensor {
             Tensor::from_buffer(var, Shape::new(vec![c]), device),
         );
         let y = Tensor::from_buffer(y, x.shape().clone(), device);
+        // A fused ReLU's gradient is masked by the output (the next layer keeps it anyway).
+        let out = spec.relu.then(|| y.detach());
         let saved = (x.detach(), weight.detach(), mean.clone(), var.clone());
         let y = y.track("batch_norm", &[x, weight, bias], move |g| {
             let (x, weight, mean, var) = &saved;
@@ -100,6 +125,7 @@ impl Tensor {
                     x.buffer(),
                     weight.buffer(),
                     [mean.buffer(), var.buffer()],
+                    out.as_ref().map(Tensor::buffer),
                     &spec,
                 )
                 .ok_or_else(|| {

@@ -317,7 +317,7 @@ impl Tensor {
             momentum,
         };
         if training {
-            return self.batch_norm_local(&running, weight, bias, eps);
+            return self.batch_norm_local(&running, weight, bias, eps, false);
         }
         self.batch_norm_with(&running, weight, bias, None, eps)
     }

@@ -402,6 +402,10 @@ impl Backend for CpuBackend {
         bias: &BufferRef,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        // The fused ReLU is declined: the caller applies it after, as its own op.
+        if spec.relu {
+            return None;
+        }
         ops_norm::batch_norm(self, x, weight, bias, spec)
     }
 
@@ -411,8 +415,12 @@ impl Backend for CpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         [mean, var]: [&BufferRef; 2],
+        _out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        if spec.relu {
+            return None;
+        }
         ops_norm::batch_norm_backward(self, grad, x, weight, [mean, var], spec)
     }
 

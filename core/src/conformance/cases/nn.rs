@@ -351,6 +351,9 @@ fn loss_cases() -> Vec<Case> {
         training_batch_norm("batch_norm/training_affine", [4, 3, 5]),
         // Over a thousand values a channel: the CUDA kernels reduce a channel in several chunks.
         training_batch_norm("batch_norm/training_chunked", [6, 2, 20, 20]).no_gradcheck(),
+        // Followed by a ReLU, fused where the backend can (a ResNet block's bn -> relu).
+        training_batch_norm_then("batch_norm/training_relu", [4, 3, 5], true).no_gradcheck(),
+        training_batch_norm_then("batch_norm/training_relu_chunked", [6, 2, 20, 20], true).no_gradcheck(),
         Case::new(
             "binary:add/batch_norm_running_stats",
             &["binary:add", "reduce:sum", "unary:affine", "copy_strided"],
@@ -399,7 +402,7 @@ fn loss_cases() -> Vec<Case> {
                     batches: Some(&n),
                     momentum: 0.25,
                 };
-                x[0].batch_norm_local(&running, None, None, 1e-5)?;
+                x[0].batch_norm_local(&running, None, None, 1e-5, false)?;
                 Ok(vec![rm, rv, n])
             },
         )
@@ -519,6 +522,12 @@ pub fn cases() -> Vec<Case> {
 /// in their own case. One fused op each way where the backend has it (the CPU and CUDA in f32),
 /// else the composed ops.
 fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case {
+    training_batch_norm_then(name, dims, false)
+}
+
+/// `training_batch_norm`, followed by a ReLU with `relu`: one fused op each way where the
+/// backend fuses the activation (wgpu), else the batch norm's ops and the ReLU's.
+fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, relu: bool) -> Case {
     let dims: Vec<usize> = dims.into();
     let c = dims[1];
     let count = dims.iter().product::<usize>() as f64 / c as f64;
@@ -528,31 +537,35 @@ fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case 
         .enumerate()
         .map(|(a, &d)| if a == 1 { d } else { 1 })
         .collect();
-    Case::new(
-        name,
-        &[
-            "batch_norm",
-            "batch_norm_backward",
-            "binary:div",
-            "reduce:sum",
-            "binary:sub",
-            "unary:sqrt",
-        ],
-        |ctx, x| {
-            let c = x[0].dims()[1];
-            let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
-            let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
-            Ok(vec![x[0].batch_norm(
-                &rm,
-                &rv,
-                Some(&x[1]),
-                Some(&x[2]),
-                true,
-                0.1,
-                1e-5,
-            )?])
-        },
-    )
+    let mut ops = vec![
+        "batch_norm",
+        "batch_norm_backward",
+        "binary:div",
+        "reduce:sum",
+        "binary:sub",
+        "unary:sqrt",
+    ];
+    if relu {
+        ops.extend(["unary:relu", "binary:relu_grad"]);
+    }
+    Case::new(name, &ops, move |ctx, x| {
+        let c = x[0].dims()[1];
+        let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
+        let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
+        let running = crate::tensor::Running {
+            mean: &rm,
+            var: &rv,
+            batches: None,
+            momentum: 0.1,
+        };
+        Ok(vec![x[0].batch_norm_local(
+            &running,
+            Some(&x[1]),
+            Some(&x[2]),
+            1e-5,
+            relu,
+        )?])
+    })
     .input(Input::float("x", dims, u()))
     .input(Input::float("weight", [c], u()))
     .input(Input::float("bias", [c], u()))
@@ -562,9 +575,9 @@ fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case 
         let centered = x[0].zip(&mean, |a, m| a - m);
         let var = centered.map(|d| d * d).sum(&reduced, true).map(|v| v / count);
         let y = centered.zip(&var, |d, v| d / (v + 1e-5).sqrt());
-        vec![
-            y.zip(&x[1].reshape(per_channel.clone()), |a, w| a * w)
-                .zip(&x[2].reshape(per_channel.clone()), |a, b| a + b),
-        ]
+        let y = y
+            .zip(&x[1].reshape(per_channel.clone()), |a, w| a * w)
+            .zip(&x[2].reshape(per_channel.clone()), |a, b| a + b);
+        vec![if relu { y.map(|v| v.max(0.0)) } else { y }]
     })
 }
