@@ -155,11 +155,12 @@ impl Backend for CudaBackend {
         x: &BufferRef,
         weight: &BufferRef,
         bias: &BufferRef,
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        // Neither the channel-major layout nor the fused ReLU: the caller gathers, or applies
-        // the ReLU after.
-        if spec.channel_major || spec.relu {
+        // Neither the channel-major layout nor the fused residual and ReLU: the caller gathers,
+        // or applies them after.
+        if spec.channel_major || spec.relu || residual.is_some() {
             return None;
         }
         self.batch_norm_fused(x, [weight, bias], spec).transpose()

@@ -193,9 +193,10 @@ impl Backend for WgpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         bias: &BufferRef,
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        self.batch_norm_fused(x, [weight, bias], spec).transpose()
+        self.batch_norm_fused(x, [weight, bias], residual, spec).transpose()
     }
     fn batch_norm_backward(
         &self,

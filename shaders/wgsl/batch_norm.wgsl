@@ -10,8 +10,10 @@
 // as a convolution's product comes (read where it lies, no gather); y and its gradient g stay
 // [outer, channels, inner].
 // With relu = 1 the forward pass writes relu(y) and the backward pass masks g by that saved
-// output (g · [y > 0]): a following ReLU costs no pass of its own.
-// params: [len, channels, inner, count, chunk_len, chunks, eps (f32 bits), channel_major, relu],
+// output (g · [y > 0]): a following ReLU costs no pass of its own. With residual = 1 the forward
+// pass adds a residual block's shortcut (laid out as y) before the ReLU.
+// params: [len, channels, inner, count, chunk_len, chunks, eps (f32 bits), channel_major, relu,
+// residual],
 // except for the running-statistics entries (see `running`).
 
 @group(0) @binding(1) var<storage, read> x: array<T>;
@@ -30,6 +32,8 @@
 // dweight / count (one binding instead of six keeps the dispatch within 8 storage buffers).
 @group(0) @binding(11) var<storage, read_write> coef: array<f32>;
 
+// The shortcut added to y forward, with residual = 1.
+@group(0) @binding(16) var<storage, read> residual: array<T>;
 // The forward pass's output, backward with relu = 1.
 @group(0) @binding(15) var<storage, read> saved_y: array<T>;
 
@@ -176,7 +180,11 @@ fn relu_fused() -> bool {
 fn normalized(i: u32) -> f32 {
     let at = from_output(i);
     let c = at.x;
-    let y = (T_load(x[T_word(at.y)], at.y) - mean[c]) / sqrt(var_[c] + param_f32(6u)) * weight[c] + bias[c];
+    var y = (T_load(x[T_word(at.y)], at.y) - mean[c]) / sqrt(var_[c] + param_f32(6u)) * weight[c] + bias[c];
+    if (params[9] != 0u) {
+        // As the composed ops: y stored in T, then the sum rounded once (on the store).
+        y = T_load(T_pack(y, 0.0), 0u) + T_load(residual[T_word(i)], i);
+    }
     if (relu_fused()) {
         return max_nan(y, 0.0);
     }

@@ -15,7 +15,7 @@ use crate::pipelines::Variant;
 /// How the dispatches see a batch norm: the shape, each channel's values cut into chunks (from
 /// the shape alone, so every device sums in the same order), and eps.
 struct Plan {
-    params: [u32; 9],
+    params: [u32; 10],
     elements: usize,
     channels: usize,
     chunks: usize,
@@ -42,6 +42,8 @@ impl Plan {
             (spec.eps as f32).to_bits(),
             spec.channel_major as u32,
             spec.relu as u32,
+            // Whether a residual is added: `batch_norm_fused` sets it.
+            0,
         ];
         Ok(Plan {
             params,
@@ -59,13 +61,24 @@ impl WgpuBackend {
         &self,
         x: &BufferRef,
         [weight, bias]: [&BufferRef; 2],
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Result<Option<[BufferRef; 3]>> {
         const OP: &str = "batch_norm";
         let Some((dtype, t)) = self.norm_types(OP, spec, [x], [weight, bias])? else {
             return Ok(None);
         };
-        let plan = Plan::new(OP, spec)?;
+        let mut plan = Plan::new(OP, spec)?;
+        // Without a residual the shader never reads one, but its layout holds the binding: the
+        // input fills it.
+        let residual = match residual {
+            Some(r) if r.dtype() == dtype => {
+                plan.params[9] = 1;
+                self.operand(OP, r, Some(&Layout::contiguous([plan.elements])))?
+            }
+            Some(_) => return Ok(None),
+            None => self.operand(OP, x, None)?,
+        };
         let (x, weight, bias) = (
             self.operand(OP, x, None)?,
             self.operand(OP, weight, None)?,
@@ -82,7 +95,15 @@ impl WgpuBackend {
         self.launch(&entry("moments"), p, &[(1, x), (2, &parts)], plan.per_chunk(self, OP)?)?;
         let stats = [(2, &*parts), (3, &mean), (4, &var)];
         self.launch(&entry("statistics"), p, &stats, self.grid(OP, plan.channels)?)?;
-        let bindings = [(1, x), (3, &mean), (4, &var), (5, weight), (6, bias), (7, &y)];
+        let bindings = [
+            (1, x),
+            (3, &mean),
+            (4, &var),
+            (5, weight),
+            (6, bias),
+            (7, &y),
+            (16, residual),
+        ];
         self.launch(
             &entry("normalize"),
             p,

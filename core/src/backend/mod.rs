@@ -324,8 +324,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
     /// Batch normalisation in training with the batch's own statistics: returns `y = (x - mean)
-    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32; then its ReLU
-    /// with `spec.relu`), and the
+    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32; plus
+    /// `residual`, a contiguous `[outer, channels, inner]` of `x`'s dtype, where given, as a
+    /// residual block adds its shortcut, rounded to the dtype first; then its ReLU with
+    /// `spec.relu`), and the
     /// per-channel `mean` and biased `var`, each `[channels]`. `x` and `y` share a dtype; weight,
     /// bias and the statistics are f32, also for an f16/bf16 `x` (autocast's mix). `None` where
     /// the backend has no such kernel for the dtypes: the caller then composes it from
@@ -335,6 +337,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _x: &BufferRef,
         _weight: &BufferRef,
         _bias: &BufferRef,
+        _residual: Option<&BufferRef>,
         _spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
         None

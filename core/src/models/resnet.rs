@@ -417,8 +417,8 @@ impl BasicBlock {
     /// NCHW to NCHW with `planes` channels and the spatial size divided by the block's stride.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.bn1.forward_relu(&self.conv1.forward(x)?)?;
-        let h = self.bn2.forward(&self.conv2.forward(&h)?)?;
-        h.add(&shortcut(&self.downsample, x)?)?.relu()
+        let h = self.conv2.forward(&h)?;
+        self.bn2.forward_add_relu(&h, &shortcut(&self.downsample, x)?)
     }
 }
 
@@ -447,7 +447,7 @@ impl Bottleneck {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.bn1.forward_relu(&self.conv1.forward(x)?)?;
         let h = self.bn2.forward_relu(&self.conv2.forward(&h)?)?;
-        let h = self.bn3.forward(&self.conv3.forward(&h)?)?;
-        h.add(&shortcut(&self.downsample, x)?)?.relu()
+        let h = self.conv3.forward(&h)?;
+        self.bn3.forward_add_relu(&h, &shortcut(&self.downsample, x)?)
     }
 }

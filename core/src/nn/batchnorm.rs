@@ -13,7 +13,7 @@ use crate::distributed::synced_batch_stats;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
-use crate::tensor::{BatchStatsFn, Running, Tensor};
+use crate::tensor::{BatchStatsFn, Epilogue, Running, Tensor};
 
 /// Which PyTorch class a `BatchNorm` stands for: it fixes the accepted input ranks and the name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,11 +218,23 @@ impl BatchNorm {
     /// in the normalising pass where the backend fuses the two (wgpu, in training), so the
     /// activation costs no pass of its own either way.
     pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
-        raised_by(self.normalise(x, true), &self.running_mean)
+        let then = Epilogue {
+            residual: None,
+            relu: true,
+        };
+        raised_by(self.normalise(x, then), &self.running_mean)
     }
-    /// The layer's computation, followed by a ReLU with `relu` (`forward` marks its errors as
-    /// this layer's).
-    fn normalise(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+    /// `relu(self.forward(x) + shortcut)`, as a residual block ends: in the normalising pass
+    /// where the backend fuses them (wgpu, in training). `shortcut` has the output's shape.
+    pub fn forward_add_relu(&self, x: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
+        let then = Epilogue {
+            residual: Some(shortcut),
+            relu: true,
+        };
+        raised_by(self.normalise(x, then), &self.running_mean)
+    }
+    /// The layer's computation, followed by `then` (`forward` marks its errors as this layer's).
+    fn normalise(&self, x: &Tensor, then: Epilogue<'_>) -> Result<Tensor> {
         let name = self.kind.name();
         if !self.kind.accepts(x.rank()) {
             return Err(Error::invalid(
@@ -255,10 +267,9 @@ impl BatchNorm {
                 synced = |x: &Tensor, axes: &[isize]| synced_batch_stats(x, axes, comm);
                 Some(&synced)
             }
-            _ => return x.batch_norm_local(&running, w, b, self.eps, relu),
+            _ => return x.batch_norm_local(&running, w, b, self.eps, then),
         };
-        let y = x.batch_norm_with(&running, w, b, stats, self.eps)?;
-        if relu { y.relu() } else { Ok(y) }
+        then.apply(x.batch_norm_with(&running, w, b, stats, self.eps)?)
     }
 }
 
@@ -271,7 +282,7 @@ impl Module for BatchNorm {
         remap(&mut self.num_batches_tracked, f)
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        raised_by(self.normalise(x, false), &self.running_mean)
+        raised_by(self.normalise(x, Epilogue::default()), &self.running_mean)
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         if let (Some(w), Some(b)) = (&self.weight, &self.bias) {

@@ -9,22 +9,46 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 
+/// What a block does with a batch norm's output next, fused into the normalising pass where the
+/// backend can (wgpu), else applied after as its own ops: `relu(y + residual)`.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epilogue<'a> {
+    /// Added to the output (a residual block's shortcut), of its shape.
+    pub residual: Option<&'a Tensor>,
+    /// ReLU last.
+    pub relu: bool,
+}
+
+impl Epilogue<'_> {
+    /// The epilogue as its own ops.
+    pub(crate) fn apply(&self, y: Tensor) -> Result<Tensor> {
+        let y = match self.residual {
+            Some(r) => y.add(r)?,
+            None => y,
+        };
+        if self.relu { y.relu() } else { Ok(y) }
+    }
+    fn is_empty(&self) -> bool {
+        self.residual.is_none() && !self.relu
+    }
+}
+
 impl Tensor {
     /// Training-mode `batch_norm` with this batch's statistics (the running statistics updated):
-    /// fused where the backend can, otherwise composed by `batch_norm_with`. With `relu`, the
-    /// result's ReLU, in the same pass where the backend fuses it.
+    /// fused where the backend can, otherwise composed by `batch_norm_with`; then `then`, in
+    /// the same pass where the backend fuses it.
     pub(crate) fn batch_norm_local(
         &self,
         running: &Running<'_>,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         eps: f64,
-        relu: bool,
+        then: Epilogue<'_>,
     ) -> Result<Tensor> {
         let channels = self.dims().get(1).copied().unwrap_or(0);
         let count = self.elem_count() / channels.max(1);
         if let (Some(w), Some(b), true) = (weight, bias, self.rank() >= 2 && count > 1)
-            && let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps, relu)?
+            && let Some((y, mean, var)) = self.batch_norm_fused(w, b, eps, then)?
         {
             update_running_stats(running, &mean, &var, count)?;
             return Ok(y);
@@ -32,21 +56,20 @@ impl Tensor {
         // Also where the composed path has the clear error for a bad input, and where autocast's
         // half-precision input is normalised in f32 and returned in its own dtype.
         let stats: &BatchStatsFn<'_> = &local_batch_stats;
-        let y = self.batch_norm_with(running, weight, bias, Some(stats), eps)?;
-        if relu { y.relu() } else { Ok(y) }
+        then.apply(self.batch_norm_with(running, weight, bias, Some(stats), eps)?)
     }
 
     /// `(y, mean, var)` of training-mode batch norm over axis 1 of this `[N, C, …]` tensor (biased
     /// variance, each statistic `[C]`, f32) by the backend's fused op, `y` in this tensor's dtype:
-    /// f32, or f16/bf16 with f32 parameters (autocast's mix), and its ReLU with `relu` (fused
-    /// where the backend can, else applied after); `None` where the backend has no kernel for
-    /// this input (the caller composes it).
+    /// f32, or f16/bf16 with f32 parameters (autocast's mix), then `then` (fused where the
+    /// backend can, else applied after); `None` where the backend has no kernel for this input
+    /// (the caller composes it).
     fn batch_norm_fused(
         &self,
         weight: &Tensor,
         bias: &Tensor,
         eps: f64,
-        relu: bool,
+        then: Epilogue<'_>,
     ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         let c = self.dims()[1];
         let per_channel = |t: &Tensor| t.dtype() == DType::F32 && t.dims() == [c] && t.device() == self.device();
@@ -63,17 +86,28 @@ impl Tensor {
             channel_major: false,
             relu: false,
         };
-        // The ReLU fused where the backend can, else applied after the kernel.
-        let activations: &[bool] = if relu { &[true, false] } else { &[false] };
+        // The whole epilogue fused where the backend can (a residual read as the output is laid
+        // out), else none of it: the ops after the kernel.
+        let residual_fits = |r: &Tensor| {
+            r.shape() == self.shape()
+                && r.dtype() == self.dtype()
+                && r.device() == self.device()
+                && r.is_contiguous()
+                && r.layout().offset == 0
+        };
+        let mut epilogues = vec![Epilogue::default()];
+        if !then.is_empty() && then.residual.is_none_or(residual_fits) {
+            epilogues.insert(0, then);
+        }
         let attempt = |x: &Tensor, channel_major: bool| -> Result<Option<(Tensor, Tensor, Tensor)>> {
-            for &fused in activations {
+            for fused in &epilogues {
                 let spec = BatchNormSpec {
                     channel_major,
-                    relu: fused,
+                    relu: fused.relu,
                     ..spec
                 };
-                if let Some((y, mean, var)) = x.batch_norm_kernel(&weight, &bias, spec)? {
-                    let y = if relu && !fused { y.relu()? } else { y };
+                if let Some((y, mean, var)) = x.batch_norm_kernel(&weight, &bias, fused.residual, spec)? {
+                    let y = if fused.is_empty() { then.apply(y)? } else { y };
                     return Ok(Some((y, mean, var)));
                 }
             }
@@ -90,18 +124,23 @@ impl Tensor {
     }
 
     /// `batch_norm_fused` by the backend's kernel on this tensor's buffer, laid out as `spec`
-    /// says; `None` where the backend has no kernel for it.
+    /// says, with `residual` added (before the ReLU of `spec.relu`); `None` where the backend has
+    /// no kernel for it.
     fn batch_norm_kernel(
         &self,
         weight: &Tensor,
         bias: &Tensor,
+        residual: Option<&Tensor>,
         spec: BatchNormSpec,
     ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         let (x, c) = (self, spec.channels);
-        let Some(outputs) = x
-            .backend()
-            .batch_norm(x.buffer(), weight.buffer(), bias.buffer(), &spec)
-        else {
+        let Some(outputs) = x.backend().batch_norm(
+            x.buffer(),
+            weight.buffer(),
+            bias.buffer(),
+            residual.map(Tensor::buffer),
+            &spec,
+        ) else {
             return Ok(None);
         };
         let [y, mean, var] = outputs?;
@@ -114,10 +153,23 @@ impl Tensor {
         // A fused ReLU's gradient is masked by the output (the next layer keeps it anyway).
         let out = spec.relu.then(|| y.detach());
         let saved = (x.detach(), weight.detach(), mean.clone(), var.clone());
-        let y = y.track("batch_norm", &[x, weight, bias], move |g| {
+        let with_residual = residual.is_some();
+        let mut inputs = vec![x, weight, bias];
+        inputs.extend(residual);
+        let y = y.track("batch_norm", &inputs, move |g| {
             let (x, weight, mean, var) = &saved;
             // The output's gradient in the output's (the input's) dtype.
-            let g = g.to_dtype(x.dtype())?.contiguous()?;
+            let mut g = g.to_dtype(x.dtype())?.contiguous()?;
+            let mut spec = spec;
+            let mut out = out.clone();
+            if with_residual {
+                // The residual's gradient is the ReLU's masked one, which the batch norm's
+                // backward pass then takes as it is.
+                if let Some(y) = out.take() {
+                    g = g.relu_grad(&y)?;
+                }
+                spec.relu = false;
+            }
             let grads = x
                 .backend()
                 .batch_norm_backward(
@@ -147,11 +199,15 @@ impl Tensor {
                 }
                 false => Tensor::from_buffer(dx, x.shape().clone(), device),
             };
-            Ok(vec![
+            let mut grads = vec![
                 Some(dx),
                 Some(Tensor::from_buffer(dweight, Shape::new(vec![c]), device)),
                 Some(Tensor::from_buffer(dbias, Shape::new(vec![c]), device)),
-            ])
+            ];
+            if with_residual {
+                grads.push(Some(g));
+            }
+            Ok(grads)
         });
         Ok(Some((y, mean, var)))
     }

@@ -1,7 +1,7 @@
 //! Neural-network operations: softmax, convolution, pooling, normalisation, dropout and losses.
 //! Convolution and average pooling are built on the backend's im2col/col2im and matmul.
 
-use super::Tensor;
+use super::{Epilogue, Tensor};
 use crate::backend::{Conv2dGeometry, Pool2dGeometry, RunningStatsSpec, UnaryOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -317,7 +317,7 @@ impl Tensor {
             momentum,
         };
         if training {
-            return self.batch_norm_local(&running, weight, bias, eps, false);
+            return self.batch_norm_local(&running, weight, bias, eps, Epilogue::default());
         }
         self.batch_norm_with(&running, weight, bias, None, eps)
     }

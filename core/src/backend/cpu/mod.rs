@@ -400,10 +400,11 @@ impl Backend for CpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         bias: &BufferRef,
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        // The fused ReLU is declined: the caller applies it after, as its own op.
-        if spec.relu {
+        // The fused residual and ReLU are declined: the caller applies them after, as their ops.
+        if spec.relu || residual.is_some() {
             return None;
         }
         ops_norm::batch_norm(self, x, weight, bias, spec)

@@ -352,8 +352,10 @@ fn loss_cases() -> Vec<Case> {
         // Over a thousand values a channel: the CUDA kernels reduce a channel in several chunks.
         training_batch_norm("batch_norm/training_chunked", [6, 2, 20, 20]).no_gradcheck(),
         // Followed by a ReLU, fused where the backend can (a ResNet block's bn -> relu).
-        training_batch_norm_then("batch_norm/training_relu", [4, 3, 5], true).no_gradcheck(),
-        training_batch_norm_then("batch_norm/training_relu_chunked", [6, 2, 20, 20], true).no_gradcheck(),
+        training_batch_norm_then("batch_norm/training_relu", [4, 3, 5], true, false).no_gradcheck(),
+        training_batch_norm_then("batch_norm/training_relu_chunked", [6, 2, 20, 20], true, false).no_gradcheck(),
+        // A residual block's end: relu(bn(x) + shortcut), with the shortcut's gradient.
+        training_batch_norm_then("batch_norm/training_add_relu", [4, 3, 2, 3], true, true).no_gradcheck(),
         Case::new(
             "binary:add/batch_norm_running_stats",
             &["binary:add", "reduce:sum", "unary:affine", "copy_strided"],
@@ -402,7 +404,7 @@ fn loss_cases() -> Vec<Case> {
                     batches: Some(&n),
                     momentum: 0.25,
                 };
-                x[0].batch_norm_local(&running, None, None, 1e-5, false)?;
+                x[0].batch_norm_local(&running, None, None, 1e-5, Default::default())?;
                 Ok(vec![rm, rv, n])
             },
         )
@@ -522,12 +524,13 @@ pub fn cases() -> Vec<Case> {
 /// in their own case. One fused op each way where the backend has it (the CPU and CUDA in f32),
 /// else the composed ops.
 fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case {
-    training_batch_norm_then(name, dims, false)
+    training_batch_norm_then(name, dims, false, false)
 }
 
-/// `training_batch_norm`, followed by a ReLU with `relu`: one fused op each way where the
-/// backend fuses the activation (wgpu), else the batch norm's ops and the ReLU's.
-fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, relu: bool) -> Case {
+/// `training_batch_norm`, then a residual input added with `residual` and a ReLU with `relu`,
+/// as a residual block ends: fused into the batch norm's pass where the backend can (wgpu),
+/// else the batch norm's ops and the others'.
+fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, relu: bool, residual: bool) -> Case {
     let dims: Vec<usize> = dims.into();
     let c = dims[1];
     let count = dims.iter().product::<usize>() as f64 / c as f64;
@@ -548,7 +551,10 @@ fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, rel
     if relu {
         ops.extend(["unary:relu", "binary:relu_grad"]);
     }
-    Case::new(name, &ops, move |ctx, x| {
+    if residual {
+        ops.push("binary:add");
+    }
+    let case = Case::new(name, &ops, move |ctx, x| {
         let c = x[0].dims()[1];
         let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
         let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
@@ -558,19 +564,27 @@ fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, rel
             batches: None,
             momentum: 0.1,
         };
+        let then = crate::tensor::Epilogue {
+            residual: x.get(3),
+            relu,
+        };
         Ok(vec![x[0].batch_norm_local(
             &running,
             Some(&x[1]),
             Some(&x[2]),
             1e-5,
-            relu,
+            then,
         )?])
     })
-    .input(Input::float("x", dims, u()))
+    .input(Input::float("x", dims.clone(), u()))
     .input(Input::float("weight", [c], u()))
-    .input(Input::float("bias", [c], u()))
-    .tol_scale(2.0)
-    .oracle(move |x| {
+    .input(Input::float("bias", [c], u()));
+    let case = if residual {
+        case.input(Input::float("residual", dims, u()))
+    } else {
+        case
+    };
+    case.tol_scale(2.0).oracle(move |x| {
         let mean = x[0].sum(&reduced, true).map(|v| v / count);
         let centered = x[0].zip(&mean, |a, m| a - m);
         let var = centered.map(|d| d * d).sum(&reduced, true).map(|v| v / count);
@@ -578,6 +592,10 @@ fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, rel
         let y = y
             .zip(&x[1].reshape(per_channel.clone()), |a, w| a * w)
             .zip(&x[2].reshape(per_channel.clone()), |a, b| a + b);
+        let y = match x.get(3) {
+            Some(r) => y.zip(r, |a, b| a + b),
+            None => y,
+        };
         vec![if relu { y.map(|v| v.max(0.0)) } else { y }]
     })
 }
