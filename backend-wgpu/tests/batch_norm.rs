@@ -115,3 +115,45 @@ fn a_training_batch_norm_takes_the_fused_kernels() {
         assert_eq!(used, 4, "{used} dispatches: the composed path, or a gather first?");
     }
 }
+
+/// A layer's bookkeeping on wgpu (one dispatch a batch): after three training batches, its
+/// `num_batches_tracked` is exactly 3, an I64 as in PyTorch, and its running statistics are the
+/// CPU layer's; evaluation counts nothing.
+#[test]
+fn a_layer_counts_its_batches_and_keeps_the_cpus_running_statistics() {
+    use lockstep_core::nn::{BatchNorm2d, Module};
+
+    let Some((device, _)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let buffers = |device: &Device| {
+        let mut layer = BatchNorm2d::new(3, device).unwrap();
+        let g = Generator::new(11);
+        for _ in 0..3 {
+            let x = Tensor::rand_normal([2, 3, 4, 4], 1.0, 2.0, DType::F32, &g, &Device::cpu()).unwrap();
+            layer.forward(&x.to_device(device).unwrap()).unwrap();
+        }
+        layer.set_training(false);
+        layer
+            .forward(&Tensor::ones([2, 3, 4, 4], DType::F32, device).unwrap())
+            .unwrap();
+        let count = layer
+            .num_batches_tracked
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(layer.num_batches_tracked.dtype(), DType::I64);
+        let stats = [&layer.running_mean, &layer.running_var].map(|t| t.to_vec::<f32>().unwrap());
+        (count, stats)
+    };
+    let (gpu_count, gpu_stats) = buffers(&device);
+    let (cpu_count, cpu_stats) = buffers(&Device::cpu());
+    assert_eq!(gpu_count, [3.0]);
+    assert_eq!(cpu_count, [3.0]);
+    for (gpu, cpu) in gpu_stats.iter().zip(&cpu_stats) {
+        for (g, c) in gpu.iter().zip(cpu) {
+            assert!((g - c).abs() <= 1e-5 * (1.0 + c.abs()), "wgpu {g}, cpu {c}");
+        }
+    }
+}
