@@ -4,7 +4,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef, RunningStatsSpec};
+use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef, RunningStatsSpec, distinct_buffers};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -161,12 +161,7 @@ impl CudaBackend {
         let [keep, take, unbias] = spec.factors(OP)?;
         let mut roles = vec![running[0], running[1], batch[0], batch[1]];
         roles.extend(batches);
-        if (1..roles.len()).any(|i| roles[..i].iter().any(|r| std::sync::Arc::ptr_eq(r, roles[i]))) {
-            return Err(Error::invalid(
-                OP,
-                "the same buffer was passed in two roles; pass distinct buffers",
-            ));
-        }
+        distinct_buffers(OP, &roles)?;
         let channels = Layout::contiguous([spec.channels]);
         let [running_mean, running_var, mean, var] =
             [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));

@@ -5,7 +5,7 @@
 //! product), read where it lies; the running statistics are blended in one more dispatch.
 
 use lockstep_core::backend::gpu_plan::chunk_len;
-use lockstep_core::backend::{BatchNormSpec, BufferRef, RunningStatsSpec};
+use lockstep_core::backend::{BatchNormSpec, BufferRef, RunningStatsSpec, distinct_buffers};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
@@ -190,12 +190,7 @@ impl WgpuBackend {
         let [keep, take, unbias] = spec.factors(OP)?;
         let mut roles = vec![running[0], running[1], batch[0], batch[1]];
         roles.extend(batches);
-        if (1..roles.len()).any(|i| roles[..i].iter().any(|r| std::sync::Arc::ptr_eq(r, roles[i]))) {
-            return Err(lockstep_core::Error::invalid(
-                OP,
-                "the same buffer was passed in two roles; pass distinct buffers",
-            ));
-        }
+        distinct_buffers(OP, &roles)?;
         let channels = Layout::contiguous([spec.channels]);
         let [running_mean, running_var, mean, var] =
             [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));

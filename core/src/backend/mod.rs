@@ -44,6 +44,20 @@ pub trait BackendBuffer: Any + Send + Sync + fmt::Debug {
 /// A shared handle to a device allocation; a tensor and all views of its storage hold clones of one.
 pub type BufferRef = Arc<dyn BackendBuffer>;
 
+/// An error naming `op` unless `buffers` are distinct allocations: the check of every in-place
+/// op whose roles must not share a buffer (an optimizer step, a running-statistics update).
+pub fn distinct_buffers(op: &'static str, buffers: &[&BufferRef]) -> Result<()> {
+    for (i, a) in buffers.iter().enumerate() {
+        if buffers[i + 1..].iter().any(|b| Arc::ptr_eq(a, b)) {
+            return Err(Error::invalid(
+                op,
+                "the same buffer was passed in two roles; pass distinct buffers",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What a device reports about itself (shown by `lockstep devices`).
 #[derive(Clone, Debug, Default)]
 pub struct DeviceInfo {
