@@ -3,7 +3,7 @@
 use lockstep_core::backend::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
     CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    SgdOperands, SgdStep, UnaryOp, WorkCounters,
+    RunningStatsSpec, SgdOperands, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -155,9 +155,12 @@ impl Backend for CudaBackend {
         x: &BufferRef,
         weight: &BufferRef,
         bias: &BufferRef,
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
+        // Neither the channel-major layout nor the fused residual and ReLU: the caller gathers,
+        // or applies them after.
+        if spec.channel_major || spec.relu || residual.is_some() {
             return None;
         }
         self.batch_norm_fused(x, [weight, bias], spec).transpose()
@@ -168,13 +171,23 @@ impl Backend for CudaBackend {
         x: &BufferRef,
         weight: &BufferRef,
         [mean, var]: [&BufferRef; 2],
+        _out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
+        if spec.channel_major || spec.relu {
             return None;
         }
         self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
             .transpose()
+    }
+    fn batch_norm_running(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
+        self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.layer_norm_rows(src, None, rows, cols, eps)

@@ -3,7 +3,7 @@
 use lockstep_core::backend::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
     CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, MatmulDims, MemoryStats, Pool2dGeometry,
-    ReduceKind, SgdOperands, SgdStep, UnaryOp, WorkCounters,
+    ReduceKind, RunningStatsSpec, SgdOperands, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -193,12 +193,10 @@ impl Backend for WgpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         bias: &BufferRef,
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
-            return None;
-        }
-        self.batch_norm_fused(x, [weight, bias], spec).transpose()
+        self.batch_norm_fused(x, [weight, bias], residual, spec).transpose()
     }
     fn batch_norm_backward(
         &self,
@@ -206,13 +204,20 @@ impl Backend for WgpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         [mean, var]: [&BufferRef; 2],
+        out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
-        if spec.channel_major {
-            return None;
-        }
-        self.batch_norm_backward_fused([grad, x], [weight, mean, var], spec)
+        self.batch_norm_backward_fused([grad, x], [weight, mean, var], out, spec)
             .transpose()
+    }
+    fn batch_norm_running(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
+        self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
         self.in_f32("layer_norm", [src], |[src]| {

@@ -165,3 +165,52 @@ fn a_kernel_profile_books_each_dispatch_to_its_kernel() {
         .expect_err("the CPU has no kernel timer");
     assert!(refused.to_string().contains("cannot time its kernels"), "{refused}");
 }
+
+/// A ResNet basic block's training step (conv → bn → relu → conv → bn, + x, relu, and the
+/// backward pass) in a bounded number of dispatches: 24, of which each batch norm takes 4
+/// forward (moments, statistics, the normalisation with the shortcut and ReLU fused, the
+/// running statistics and count in one) and 3 backward, its input read where the convolution
+/// leaves it, and the final ReLU's gradient 1. Each batch norm took 14 more before (forward a
+/// gather, 9 element ops for the running statistics and 4 for the count; backward a
+/// transpose), bn1's ReLU 2 and the block's add and ReLU 2 more; a regression that brings back
+/// any of them fails here.
+#[test]
+fn a_residual_blocks_training_step_stays_within_its_dispatches() {
+    use lockstep_core::Generator;
+    use lockstep_core::models::resnet::BasicBlock;
+    use lockstep_core::nn::{BatchNorm2d, Conv2d, Conv2dConfig};
+
+    let Some((device, _)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let generator = Generator::new(3);
+    let conv = || {
+        let config = Conv2dConfig::new(4, 4, 3).padding(1).bias(false);
+        Conv2d::new(config, &device, &generator).unwrap()
+    };
+    let block = BasicBlock {
+        conv1: conv(),
+        bn1: BatchNorm2d::new(4, &device).unwrap(),
+        conv2: conv(),
+        bn2: BatchNorm2d::new(4, &device).unwrap(),
+        downsample: None,
+    };
+    // An input without a gradient: how a leaf's gradients accumulate is not the block's work.
+    let x = Tensor::rand_normal([2, 4, 6, 6], 0.0, 1.0, DType::F32, &generator, &device).unwrap();
+    let dispatches = || {
+        device
+            .backend()
+            .work_counters()
+            .kernels
+            .expect("wgpu counts dispatches")
+    };
+    let step = || {
+        let before = dispatches();
+        block.forward(&x).unwrap().sum_all().unwrap().backward().unwrap();
+        dispatches() - before
+    };
+    // The first step: the gradients are new tensors, not accumulated into old ones.
+    let used = step();
+    assert!(used <= 24, "a basic block's training step took {used} dispatches");
+    device.synchronize().unwrap();
+}

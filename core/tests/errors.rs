@@ -502,6 +502,26 @@ fn backend_misuse_returns_errors() {
         step: 1,
     };
     err_of("adam lengths", || b.adam_step(&f(6), &f(6), &f(6), &f(5), &adam));
+    let running = lockstep_core::backend::RunningStatsSpec {
+        channels: 6,
+        count: 4,
+        momentum: 0.1,
+    };
+    let running_err = |rm: &_, rv: &_, mean: &_, spec| {
+        b.batch_norm_running([rm, rv], [mean, &f(6)], None, spec)
+            .expect("the CPU has the kernel for f32")
+    };
+    let (rm, rv) = (f(6), f(6));
+    assert_mentions(
+        &err_of("batch_norm_running aliased", || running_err(&rm, &rm, &f(6), &running)),
+        &["batch_norm_running", "distinct"],
+    );
+    err_of("batch_norm_running lengths", || running_err(&rm, &rv, &f(5), &running));
+    let single = lockstep_core::backend::RunningStatsSpec { count: 1, ..running };
+    assert_mentions(
+        &err_of("batch_norm_running count", || running_err(&rm, &rv, &f(6), &single)),
+        &["batch_norm_running", "count of at least 2"],
+    );
     err_of("where_cond float mask", || {
         b.where_cond(
             &buf,

@@ -161,3 +161,17 @@ extern "C" __global__ void batch_norm_grad_totals_f32(float* dweight, float* dbi
         }                                                                                               \
     }
 FOR_FLOATS(INPUT_GRAD)
+
+// A training batch's bookkeeping in one launch: each channel's running statistics become
+// running * keep + batch * take (the variance made unbiased first), rounded op by op as the
+// composed element ops are (no fused multiply-add), and the I64 count, when given, gains 1.
+extern "C" __global__ void batch_norm_running_f32(float* running_mean, float* running_var, long long* batches,
+                                                  const float* mean, const float* var, u32 channels, float keep,
+                                                  float take, float unbias) {
+    u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < channels) {
+        running_mean[c] = __fadd_rn(__fmul_rn(running_mean[c], keep), __fmul_rn(mean[c], take));
+        running_var[c] = __fadd_rn(__fmul_rn(running_var[c], keep), __fmul_rn(__fmul_rn(var[c], unbias), take));
+    }
+    if (c == 0 && batches != nullptr) *batches += 1;
+}

@@ -119,7 +119,9 @@ pub const SHADERS: &[Shader] = &[
             "normalize",
             "grad_sums",
             "grad_totals",
-            "input_grad"
+            "input_grad",
+            "running",
+            "running_counted"
         ]
     ),
     shader!(

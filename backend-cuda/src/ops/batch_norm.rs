@@ -4,7 +4,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef};
+use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef, RunningStatsSpec, distinct_buffers};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -148,6 +148,44 @@ impl CudaBackend {
         Ok(Some([dx, dweight, dbias].map(|b| b as BufferRef)))
     }
 
+    /// `Backend::batch_norm_running` in one launch; `None` where an operand is not f32 (the
+    /// statistics) or I64 (the count): the caller composes those.
+    pub(crate) fn batch_norm_running_pass(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Result<Option<()>> {
+        const OP: &str = "batch_norm_running";
+        let [keep, take, unbias] = spec.factors(OP)?;
+        let mut roles = vec![running[0], running[1], batch[0], batch[1]];
+        roles.extend(batches);
+        distinct_buffers(OP, &roles)?;
+        let channels = Layout::contiguous([spec.channels]);
+        let [running_mean, running_var, mean, var] =
+            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));
+        let stats = [running_mean?, running_var?, mean?, var?];
+        let batches = batches
+            .map(|b| self.operand(OP, b, Some(&Layout::contiguous([1]))))
+            .transpose()?;
+        if stats.iter().any(|b| b.dtype() != DType::F32) || batches.is_some_and(|b| b.dtype() != DType::I64) {
+            return Ok(None);
+        }
+        let [running_mean, running_var, mean, var] = stats;
+        // No count: a null pointer, which the kernel checks.
+        let batches_ptr = batches.map_or(0, |b| b.ptr);
+        let n = to_u32(OP, spec.channels)?;
+        let per_channel = LaunchConfig {
+            grid_dim: (n.div_ceil(BLOCK).max(1), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_running_f32", per_channel;
+            &running_mean.ptr, &running_var.ptr, &batches_ptr, &mean.ptr, &var.ptr, &n, &keep, &take, &unbias);
+        Ok(Some(()))
+    }
+
     /// The whole-input operands, then the per-channel ones, each checked for its extent, and the
     /// whole-input dtype; `None` unless that is f32, f16 or bf16 for all of them and the
     /// per-channel ones are f32.
@@ -191,6 +229,7 @@ mod tests {
             inner,
             eps: 1e-5,
             channel_major: false,
+            relu: false,
         };
         Chunking::new("batch_norm", &spec).unwrap()
     }
@@ -226,6 +265,7 @@ mod tests {
             inner: 1,
             eps: 1e-5,
             channel_major: false,
+            relu: false,
         };
         let err = Chunking::new("batch_norm", &spec).err().expect("too many channels");
         assert!(err.to_string().contains("70000 channels"), "{err}");

@@ -1,10 +1,11 @@
 //! Training-mode batch normalisation and its gradient (batch_norm.wgsl) over a contiguous
 //! `[outer, channels, inner]` with f32 weight, bias and statistics: three dispatches each way,
 //! where the composed ops take about twenty and read the input as many times. A bf16 input and
-//! its result stay in their packed words.
+//! its result stay in their packed words. The input may come channel-major (a convolution's
+//! product), read where it lies; the running statistics are blended in one more dispatch.
 
 use lockstep_core::backend::gpu_plan::chunk_len;
-use lockstep_core::backend::{BatchNormSpec, BufferRef};
+use lockstep_core::backend::{BatchNormSpec, BufferRef, RunningStatsSpec, distinct_buffers};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
@@ -14,7 +15,7 @@ use crate::pipelines::Variant;
 /// How the dispatches see a batch norm: the shape, each channel's values cut into chunks (from
 /// the shape alone, so every device sums in the same order), and eps.
 struct Plan {
-    params: [u32; 7],
+    params: [u32; 10],
     elements: usize,
     channels: usize,
     chunks: usize,
@@ -39,6 +40,10 @@ impl Plan {
             to_u32(op, len)?,
             to_u32(op, chunks)?,
             (spec.eps as f32).to_bits(),
+            spec.channel_major as u32,
+            spec.relu as u32,
+            // Whether a residual is added: `batch_norm_fused` sets it.
+            0,
         ];
         Ok(Plan {
             params,
@@ -56,13 +61,24 @@ impl WgpuBackend {
         &self,
         x: &BufferRef,
         [weight, bias]: [&BufferRef; 2],
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Result<Option<[BufferRef; 3]>> {
         const OP: &str = "batch_norm";
         let Some((dtype, t)) = self.norm_types(OP, spec, [x], [weight, bias])? else {
             return Ok(None);
         };
-        let plan = Plan::new(OP, spec)?;
+        let mut plan = Plan::new(OP, spec)?;
+        // Without a residual the shader never reads one, but its layout holds the binding: the
+        // input fills it.
+        let residual = match residual {
+            Some(r) if r.dtype() == dtype => {
+                plan.params[9] = 1;
+                self.operand(OP, r, Some(&Layout::contiguous([plan.elements])))?
+            }
+            Some(_) => return Ok(None),
+            None => self.operand(OP, x, None)?,
+        };
         let (x, weight, bias) = (
             self.operand(OP, x, None)?,
             self.operand(OP, weight, None)?,
@@ -79,7 +95,15 @@ impl WgpuBackend {
         self.launch(&entry("moments"), p, &[(1, x), (2, &parts)], plan.per_chunk(self, OP)?)?;
         let stats = [(2, &*parts), (3, &mean), (4, &var)];
         self.launch(&entry("statistics"), p, &stats, self.grid(OP, plan.channels)?)?;
-        let bindings = [(1, x), (3, &mean), (4, &var), (5, weight), (6, bias), (7, &y)];
+        let bindings = [
+            (1, x),
+            (3, &mean),
+            (4, &var),
+            (5, weight),
+            (6, bias),
+            (7, &y),
+            (16, residual),
+        ];
         self.launch(
             &entry("normalize"),
             p,
@@ -94,13 +118,27 @@ impl WgpuBackend {
         &self,
         [grad, x]: [&BufferRef; 2],
         [weight, mean, var]: [&BufferRef; 3],
+        out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Result<Option<[BufferRef; 3]>> {
         const OP: &str = "batch_norm_backward";
         let Some((dtype, t)) = self.norm_types(OP, spec, [grad, x], [weight, mean, var])? else {
             return Ok(None);
         };
+        // A fused ReLU's mask: the forward pass's output, as long as the gradient. Without
+        // one the shaders never read it, but their layout holds the binding: the gradient fills it.
+        let saved_y = match (spec.relu, out) {
+            (false, _) => grad,
+            (true, Some(out)) if out.dtype() == dtype => out,
+            (true, _) => {
+                return Err(lockstep_core::Error::invalid(
+                    OP,
+                    "a fused ReLU's gradient needs the forward pass's output, in the input's dtype",
+                ));
+            }
+        };
         let plan = Plan::new(OP, spec)?;
+        let saved_y = self.operand(OP, saved_y, Some(&Layout::contiguous([grad.len()])))?;
         let (grad, x, weight, mean, var) = (
             self.operand(OP, grad, None)?,
             self.operand(OP, x, None)?,
@@ -117,7 +155,7 @@ impl WgpuBackend {
         let dx = self.alloc("batch_norm_backward", x.dtype(), plan.elements)?;
         let entry = |name| Variant::new("batch_norm", name, &[t]);
         let p = &plan.params;
-        let sums = [(1, x), (8, grad), (3, mean), (4, var), (2, &parts)];
+        let sums = [(1, x), (8, grad), (3, mean), (4, var), (2, &parts), (15, saved_y)];
         self.launch(&entry("grad_sums"), p, &sums, plan.per_chunk(self, OP)?)?;
         let totals = [
             (2, &*parts),
@@ -129,7 +167,7 @@ impl WgpuBackend {
             (11, &coef),
         ];
         self.launch(&entry("grad_totals"), p, &totals, self.grid(OP, plan.channels)?)?;
-        let input = [(1, x), (8, grad), (11, &coef), (7, &dx)];
+        let input = [(1, x), (8, grad), (11, &coef), (7, &dx), (15, saved_y)];
         self.launch(
             &entry("input_grad"),
             p,
@@ -137,6 +175,50 @@ impl WgpuBackend {
             self.word_grid(OP, dtype, plan.elements)?,
         )?;
         Ok(Some([dx, dweight, dbias]))
+    }
+
+    /// `Backend::batch_norm_running` in one dispatch; `None` where an operand is not f32 (the
+    /// statistics) or I64 (the count): the caller composes those.
+    pub(crate) fn batch_norm_running_pass(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Result<Option<()>> {
+        const OP: &str = "batch_norm_running";
+        let [keep, take, unbias] = spec.factors(OP)?;
+        let mut roles = vec![running[0], running[1], batch[0], batch[1]];
+        roles.extend(batches);
+        distinct_buffers(OP, &roles)?;
+        let channels = Layout::contiguous([spec.channels]);
+        let [running_mean, running_var, mean, var] =
+            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));
+        let stats = [running_mean?, running_var?, mean?, var?];
+        let batches = batches
+            .map(|b| self.operand(OP, b, Some(&Layout::contiguous([1]))))
+            .transpose()?;
+        if stats.iter().any(|b| b.dtype() != DType::F32) || batches.is_some_and(|b| b.dtype() != DType::I64) {
+            return Ok(None);
+        }
+        let params = [
+            to_u32(OP, spec.channels)?,
+            keep.to_bits(),
+            take.to_bits(),
+            unbias.to_bits(),
+        ];
+        let [running_mean, running_var, mean, var] = stats;
+        let mut bindings = vec![(3, mean), (4, var), (12, running_mean), (13, running_var)];
+        let name = match batches {
+            Some(batches) => {
+                bindings.push((14, batches));
+                "running_counted"
+            }
+            None => "running",
+        };
+        let variant = Variant::new("batch_norm", name, &["f32"]);
+        self.launch(&variant, &params, &bindings, self.grid(OP, spec.channels)?)?;
+        Ok(Some(()))
     }
 
     /// The whole-input operands' dtype (f32, f16 or bf16, one for all) and the shaders' element

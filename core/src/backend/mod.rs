@@ -22,8 +22,8 @@ pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, wr
 pub use multi_tensor::{AdamOperands, SgdOperands};
 pub use ops::{
     AdamConstants, AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp,
-    Conv2dGeometry, CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, SgdStep, UnaryOp,
-    split_axes,
+    Conv2dGeometry, CrossEntropy, Distribution, DropoutDraw, MatmulDims, Pool2dGeometry, ReduceKind, RunningStatsSpec,
+    SgdStep, UnaryOp, split_axes,
 };
 
 use crate::dtype::{DType, HostVec};
@@ -46,6 +46,20 @@ pub trait BackendBuffer: Any + Send + Sync + fmt::Debug {
 
 /// A shared handle to a device allocation; a tensor and all views of its storage hold clones of one.
 pub type BufferRef = Arc<dyn BackendBuffer>;
+
+/// An error naming `op` unless `buffers` are distinct allocations: the check of every in-place
+/// op whose roles must not share a buffer (an optimizer step, a running-statistics update).
+pub fn distinct_buffers(op: &'static str, buffers: &[&BufferRef]) -> Result<()> {
+    for (i, a) in buffers.iter().enumerate() {
+        if buffers[i + 1..].iter().any(|b| Arc::ptr_eq(a, b)) {
+            return Err(Error::invalid(
+                op,
+                "the same buffer was passed in two roles; pass distinct buffers",
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// What a device reports about itself (shown by `lockstep devices`).
 #[derive(Clone, Debug, Default)]
@@ -327,7 +341,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
     /// Batch normalisation in training with the batch's own statistics: returns `y = (x - mean)
-    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32), and the
+    /// / sqrt(var + eps) * weight + bias` (the element ops in that order, in f32; plus
+    /// `residual`, a contiguous `[outer, channels, inner]` of `x`'s dtype, where given, as a
+    /// residual block adds its shortcut, rounded to the dtype first; then its ReLU with
+    /// `spec.relu`), and the
     /// per-channel `mean` and biased `var`, each `[channels]`. `x` and `y` share a dtype; weight,
     /// bias and the statistics are f32, also for an f16/bf16 `x` (autocast's mix). `None` where
     /// the backend has no such kernel for the dtypes: the caller then composes it from
@@ -337,21 +354,40 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _x: &BufferRef,
         _weight: &BufferRef,
         _bias: &BufferRef,
+        _residual: Option<&BufferRef>,
         _spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
         None
     }
     /// The gradients of `batch_norm` for output gradient `grad`, from its input, weight and the
-    /// `mean` and `var` it returned: `[dx, dweight, dbias]`. `None` as for `batch_norm`, which a
-    /// backend implements together with this.
+    /// `mean` and `var` it returned: `[dx, dweight, dbias]`; with `spec.relu`, `out` is the
+    /// forward pass's output, whose positive elements let the gradient through (`None`
+    /// otherwise). `None` as for `batch_norm`, which a backend implements together with this.
     fn batch_norm_backward(
         &self,
         _grad: &BufferRef,
         _x: &BufferRef,
         _weight: &BufferRef,
         _stats: [&BufferRef; 2],
+        _out: Option<&BufferRef>,
         _spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        None
+    }
+    /// A training batch's bookkeeping in one pass, in place: the f32 `[channels]` running
+    /// statistics `[running_mean, running_var]` become `running * (1 - momentum) + batch *
+    /// momentum` from the batch's `[mean, var]` (biased; made unbiased first as `var * (count /
+    /// (count - 1))`), each factor rounded to f32 and each op in f32 in that order, as the
+    /// composed element ops compute it; the I64 scalar `batches`, when given, gains 1 (a layer's
+    /// `num_batches_tracked`). Nothing is read back to the host. `None` where the backend has no
+    /// such kernel for the operands: the caller then composes it from element ops.
+    fn batch_norm_running(
+        &self,
+        _running: [&BufferRef; 2],
+        _batch: [&BufferRef; 2],
+        _batches: Option<&BufferRef>,
+        _spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
         None
     }
     /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +

@@ -649,6 +649,42 @@ pub struct BatchNormSpec {
     /// product leaves it; the output and its gradient stay `[outer, channels, inner]`. A backend
     /// without this layout answers `None` and is asked again with the input made contiguous.
     pub channel_major: bool,
+    /// ReLU applied to the output (`relu(y)`, as `max` with NaN kept), and its gradient masked
+    /// by the saved output (`g · [y > 0]`), as a layer followed by a ReLU wants it. A backend
+    /// without the fused activation answers `None` and is asked again without it.
+    pub relu: bool,
+}
+
+/// How `Backend::batch_norm_running` blends one training batch's statistics into the running
+/// ones, as PyTorch keeps them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunningStatsSpec {
+    /// Per-channel statistics: the length of each buffer.
+    pub channels: usize,
+    /// Values per channel the batch's statistics cover (at least 2): its biased variance is
+    /// made unbiased by `count / (count - 1)`.
+    pub count: usize,
+    /// Weight of the batch's statistics, in [0, 1].
+    pub momentum: f64,
+}
+
+impl RunningStatsSpec {
+    /// The f32 factors every backend multiplies by, `[1 - momentum, momentum, count / (count -
+    /// 1)]`, each rounded once from f64 as the composed element ops round theirs; an error for
+    /// a count below 2 (no unbiased variance) or a momentum outside [0, 1].
+    pub fn factors(&self, op: &'static str) -> Result<[f32; 3]> {
+        if self.count < 2 || !(0.0..=1.0).contains(&self.momentum) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "running statistics need a count of at least 2 and a momentum in [0, 1], got {} and {}",
+                    self.count, self.momentum
+                ),
+            ));
+        }
+        let unbias = self.count as f64 / (self.count - 1) as f64;
+        Ok([(1.0 - self.momentum) as f32, self.momentum as f32, unbias as f32])
+    }
 }
 
 #[cfg(test)]

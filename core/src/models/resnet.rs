@@ -416,9 +416,9 @@ pub struct BasicBlock {
 impl BasicBlock {
     /// NCHW to NCHW with `planes` channels and the spatial size divided by the block's stride.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
-        let h = self.bn2.forward(&self.conv2.forward(&h)?)?;
-        h.add(&shortcut(&self.downsample, x)?)?.relu()
+        let h = self.bn1.forward_relu(&self.conv1.forward(x)?)?;
+        let h = self.conv2.forward(&h)?;
+        self.bn2.forward_add_relu(&h, &shortcut(&self.downsample, x)?)
     }
 }
 
@@ -445,9 +445,9 @@ pub struct Bottleneck {
 impl Bottleneck {
     /// NCHW to NCHW with `4 * planes` channels and the spatial size divided by the block's stride.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
-        let h = self.bn2.forward(&self.conv2.forward(&h)?)?.relu()?;
-        let h = self.bn3.forward(&self.conv3.forward(&h)?)?;
-        h.add(&shortcut(&self.downsample, x)?)?.relu()
+        let h = self.bn1.forward_relu(&self.conv1.forward(x)?)?;
+        let h = self.bn2.forward_relu(&self.conv2.forward(&h)?)?;
+        let h = self.conv3.forward(&h)?;
+        self.bn3.forward_add_relu(&h, &shortcut(&self.downsample, x)?)
     }
 }

@@ -7,14 +7,13 @@ use std::sync::Arc;
 
 use super::layer_error::raised_by;
 use super::module::{Module, join_name, remap, remap_opt};
-use crate::autograd::no_grad;
 use crate::backend::Communicator;
 use crate::device::Device;
 use crate::distributed::synced_batch_stats;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
-use crate::tensor::{BatchStatsFn, Tensor};
+use crate::tensor::{BatchStatsFn, Epilogue, Running, Tensor};
 
 /// Which PyTorch class a `BatchNorm` stands for: it fixes the accepted input ranks and the name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,22 +214,27 @@ impl BatchNorm {
         self.sync.is_some()
     }
 
-    /// `num_batches_tracked += 1` on the device, without reading it back. Tensor arithmetic is
-    /// float-only, so the count goes through f64 (exact to 2^53), or f32 (exact to 2^24
-    /// batches) on a backend without f64.
-    fn count_batch(&self) -> Result<()> {
-        if crate::autograd::is_recomputing() {
-            // A checkpoint's recompute: the first forward counted this batch.
-            return Ok(());
-        }
-        no_grad(|| {
-            let count = &self.num_batches_tracked;
-            let wide = count.to_dtype(DType::F64).or_else(|_| count.to_dtype(DType::F32))?;
-            count.assign(&wide.add_scalar(1.0)?.to_dtype(DType::I64)?)
-        })
+    /// `relu(self.forward(x))`, as a block that follows its batch norm with a ReLU computes it:
+    /// in the normalising pass where the backend fuses the two (wgpu, in training), so the
+    /// activation costs no pass of its own either way.
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        let then = Epilogue {
+            residual: None,
+            relu: true,
+        };
+        raised_by(self.normalise(x, then), &self.running_mean)
     }
-    /// The layer's computation (`forward` marks its errors as this layer's).
-    fn normalise(&self, x: &Tensor) -> Result<Tensor> {
+    /// `relu(self.forward(x) + shortcut)`, as a residual block ends: in the normalising pass
+    /// where the backend fuses them (wgpu, in training). `shortcut` has the output's shape.
+    pub fn forward_add_relu(&self, x: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
+        let then = Epilogue {
+            residual: Some(shortcut),
+            relu: true,
+        };
+        raised_by(self.normalise(x, then), &self.running_mean)
+    }
+    /// The layer's computation, followed by `then` (`forward` marks its errors as this layer's).
+    fn normalise(&self, x: &Tensor, then: Epilogue<'_>) -> Result<Tensor> {
         let name = self.kind.name();
         if !self.kind.accepts(x.rank()) {
             return Err(Error::invalid(
@@ -246,6 +250,15 @@ impl BatchNorm {
             );
             return Err(Error::shape(name, x.shape(), self.running_mean.shape(), hint));
         }
+        // Training blends the batch into the running statistics and counts it, in one pass
+        // where the backend can, with no read-back.
+        let running = Running {
+            mean: &self.running_mean,
+            var: &self.running_var,
+            batches: Some(&self.num_batches_tracked),
+            momentum: self.momentum,
+        };
+        let (w, b) = (self.weight.as_ref(), self.bias.as_ref());
         // As PyTorch: synchronise only when training over more than one replica.
         let synced;
         let stats: Option<&BatchStatsFn<'_>> = match &self.sync {
@@ -254,26 +267,9 @@ impl BatchNorm {
                 synced = |x: &Tensor, axes: &[isize]| synced_batch_stats(x, axes, comm);
                 Some(&synced)
             }
-            _ => {
-                let (w, b) = (self.weight.as_ref(), self.bias.as_ref());
-                let y = x.batch_norm_local(&self.running_mean, &self.running_var, w, b, self.momentum, self.eps)?;
-                self.count_batch()?;
-                return Ok(y);
-            }
+            _ => return x.batch_norm_local(&running, w, b, self.eps, then),
         };
-        let y = x.batch_norm_with(
-            &self.running_mean,
-            &self.running_var,
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            stats,
-            self.momentum,
-            self.eps,
-        )?;
-        if self.training {
-            self.count_batch()?;
-        }
-        Ok(y)
+        then.apply(x.batch_norm_with(&running, w, b, stats, self.eps)?)
     }
 }
 
@@ -286,7 +282,7 @@ impl Module for BatchNorm {
         remap(&mut self.num_batches_tracked, f)
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        raised_by(self.normalise(x), &self.running_mean)
+        raised_by(self.normalise(x, Epilogue::default()), &self.running_mean)
     }
     fn visit_parameters(&self, prefix: &str, f: &mut dyn FnMut(String, &Tensor)) {
         if let (Some(w), Some(b)) = (&self.weight, &self.bias) {

@@ -17,7 +17,8 @@ mod shape_ops;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub(crate) use nn_ops::{BatchStats, BatchStatsFn};
+pub(crate) use batch_norm::Epilogue;
+pub(crate) use nn_ops::{BatchStats, BatchStatsFn, Running};
 pub use nn_ops::{Conv2dOptions, Pool2dOptions};
 
 use crate::autograd::{self, BackwardFn, Edge, Node, Window};

@@ -1,8 +1,8 @@
 //! Neural-network operations: softmax, convolution, pooling, normalisation, dropout and losses.
 //! Convolution and average pooling are built on the backend's im2col/col2im and matmul.
 
-use super::Tensor;
-use crate::backend::{Conv2dGeometry, Pool2dGeometry, UnaryOp};
+use super::{Epilogue, Tensor};
+use crate::backend::{Conv2dGeometry, Pool2dGeometry, RunningStatsSpec, UnaryOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rng::{Generator, StreamPlace};
@@ -310,38 +310,33 @@ impl Tensor {
         momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
+        let running = Running {
+            mean: running_mean,
+            var: running_var,
+            batches: None,
+            momentum,
+        };
         if training {
-            return self.batch_norm_local(running_mean, running_var, weight, bias, momentum, eps);
+            return self.batch_norm_local(&running, weight, bias, eps, Epilogue::default());
         }
-        self.batch_norm_with(running_mean, running_var, weight, bias, None, momentum, eps)
+        self.batch_norm_with(&running, weight, bias, None, eps)
     }
 
     /// `batch_norm` whose training statistics come from `stats` (None: evaluation, which uses the
     /// running statistics). SyncBatchNorm passes statistics gathered across replicas; the input
     /// checks, autocast widening, running-statistics update and normalisation stay shared.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn batch_norm_with(
         &self,
-        running_mean: &Tensor,
-        running_var: &Tensor,
+        running: &Running<'_>,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         stats: Option<&BatchStatsFn<'_>>,
-        momentum: f64,
         eps: f64,
     ) -> Result<Tensor> {
         if crate::autocast::active().is_some() && matches!(self.dtype(), DType::F16 | DType::BF16) {
             // Computed in f32 (its statistics and parameters are f32); the result keeps the
             // input's dtype, as PyTorch's autocast (batch norm is not on its f32 list).
-            let y = crate::autocast::full(self)?.batch_norm_with(
-                running_mean,
-                running_var,
-                weight,
-                bias,
-                stats,
-                momentum,
-                eps,
-            )?;
+            let y = crate::autocast::full(self)?.batch_norm_with(running, weight, bias, stats, eps)?;
             return y.to_dtype(self.dtype());
         }
         self.float_only("batch_norm")?;
@@ -367,12 +362,12 @@ impl Tensor {
                         ),
                     ));
                 }
-                update_running_stats(running_mean, running_var, &mean, &var, count, momentum)?;
+                update_running_stats(running, &mean, &var, count)?;
                 (mean, var)
             }
             None => (
-                running_mean.reshape(bshape.clone())?,
-                running_var.reshape(bshape.clone())?,
+                running.mean.reshape(bshape.clone())?,
+                running.var.reshape(bshape.clone())?,
             ),
         };
         let mut y = self.sub(&mean)?.div(&var.add_scalar(eps)?.sqrt()?)?;
@@ -471,32 +466,89 @@ pub(crate) fn local_batch_stats(x: &Tensor, axes: &[isize]) -> Result<BatchStats
     Ok(BatchStats { mean, var, count })
 }
 
+/// The running statistics a training batch norm blends each batch into, in place, and the count
+/// of those batches (a layer's `num_batches_tracked`; the functional `Tensor::batch_norm` keeps
+/// none).
+pub(crate) struct Running<'a> {
+    pub mean: &'a Tensor,
+    pub var: &'a Tensor,
+    pub batches: Option<&'a Tensor>,
+    /// Weight of each new batch, in [0, 1].
+    pub momentum: f64,
+}
+
 /// `running = (1 - momentum) * running + momentum * batch`, in place and outside the graph, with
-/// the unbiased variance (`count / (count - 1)`) as PyTorch keeps it.
-pub(super) fn update_running_stats(
-    running_mean: &Tensor,
-    running_var: &Tensor,
-    mean: &Tensor,
-    var: &Tensor,
-    count: usize,
-    momentum: f64,
-) -> Result<()> {
+/// the unbiased variance (`count / (count - 1)`) as PyTorch keeps it, and the batch counted. One
+/// backend pass where the backend has it, else element ops; never a read-back.
+pub(super) fn update_running_stats(running: &Running<'_>, mean: &Tensor, var: &Tensor, count: usize) -> Result<()> {
     if crate::autograd::is_recomputing() {
-        // A checkpoint's recompute: the first forward already blended this batch in.
+        // A checkpoint's recompute: the first forward already blended and counted this batch.
         return Ok(());
     }
     let c = mean.elem_count();
     crate::autograd::no_grad(|| -> Result<()> {
-        let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?.reshape([c])?;
-        running_mean.assign(
-            &running_mean
+        let (mean, var) = (mean.reshape([c])?.contiguous()?, var.reshape([c])?.contiguous()?);
+        if update_in_one_pass(running, &mean, &var, count)? {
+            return Ok(());
+        }
+        let momentum = running.momentum;
+        let unbiased = var.affine(count as f64 / (count - 1) as f64, 0.0)?;
+        running.mean.assign(
+            &running
+                .mean
                 .affine(1.0 - momentum, 0.0)?
-                .add(&mean.reshape([c])?.affine(momentum, 0.0)?)?,
+                .add(&mean.affine(momentum, 0.0)?)?,
         )?;
-        running_var.assign(
-            &running_var
+        running.var.assign(
+            &running
+                .var
                 .affine(1.0 - momentum, 0.0)?
                 .add(&unbiased.affine(momentum, 0.0)?)?,
-        )
+        )?;
+        match running.batches {
+            Some(batches) => count_batch(batches),
+            None => Ok(()),
+        }
     })
+}
+
+/// `update_running_stats` by the backend's `batch_norm_running`, where every operand is a whole
+/// buffer of its own on one device (f32 statistics, an I64 count) and the backend has the
+/// kernel; false where it does nothing and the caller composes.
+fn update_in_one_pass(running: &Running<'_>, mean: &Tensor, var: &Tensor, count: usize) -> Result<bool> {
+    let whole = |t: &Tensor| t.is_contiguous() && t.layout().offset == 0 && t.buffer().len() == t.elem_count();
+    let f32_channels =
+        |t: &Tensor| t.dtype() == DType::F32 && t.elem_count() == mean.elem_count() && t.device() == mean.device();
+    let stats_apply = [running.mean, running.var, mean, var]
+        .iter()
+        .all(|t| f32_channels(t) && whole(t));
+    let count_applies = running
+        .batches
+        .is_none_or(|b| b.dtype() == DType::I64 && b.elem_count() == 1 && whole(b) && b.device() == mean.device());
+    let distinct = !running.mean.same_storage(running.var)
+        && running
+            .batches
+            .is_none_or(|b| !b.same_storage(running.mean) && !b.same_storage(running.var));
+    if !(stats_apply && count_applies && distinct && count > 1) {
+        return Ok(false);
+    }
+    let spec = RunningStatsSpec {
+        channels: mean.elem_count(),
+        count,
+        momentum: running.momentum,
+    };
+    let done = mean.backend().batch_norm_running(
+        [running.mean.buffer(), running.var.buffer()],
+        [mean.buffer(), var.buffer()],
+        running.batches.map(Tensor::buffer),
+        &spec,
+    );
+    done.transpose().map(|done| done.is_some())
+}
+
+/// `batches += 1` for an I64 count, in element ops: tensor arithmetic is float-only, so the count
+/// goes through f64 (exact to 2^53), or f32 (exact to 2^24 batches) on a backend without f64.
+fn count_batch(batches: &Tensor) -> Result<()> {
+    let wide = batches.to_dtype(DType::F64).or_else(|_| batches.to_dtype(DType::F32))?;
+    batches.assign(&wide.add_scalar(1.0)?.to_dtype(batches.dtype())?)
 }

@@ -75,19 +75,9 @@ pub(super) fn u32_ids<'a>(op: &'static str, ids: &'a HostVec) -> Result<&'a [u32
     }
 }
 
-/// In-place kernels lock the destination for writing and the sources for reading: the same
-/// buffer in two roles would deadlock, so it is refused.
-pub(super) fn distinct(op: &'static str, buffers: &[&BufferRef]) -> Result<()> {
-    for (i, a) in buffers.iter().enumerate() {
-        if buffers[i + 1..].iter().any(|b| Arc::ptr_eq(a, b)) {
-            return Err(Error::invalid(
-                op,
-                "the same buffer was passed in two roles; pass distinct buffers",
-            ));
-        }
-    }
-    Ok(())
-}
+// In-place kernels lock the destination for writing and the sources for reading: the same
+// buffer in two roles would deadlock, so it is refused.
+pub(super) use crate::backend::distinct_buffers as distinct;
 
 pub(super) fn check_len(op: &'static str, data: &HostVec, expected: usize) -> Result<()> {
     if data.len() != expected {

@@ -48,7 +48,7 @@ use self::pool::Pool;
 use super::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
     CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    SgdOperands, SgdStep, UnaryOp,
+    RunningStatsSpec, SgdOperands, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -401,8 +401,13 @@ impl Backend for CpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         bias: &BufferRef,
+        residual: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        // The fused residual and ReLU are declined: the caller applies them after, as their ops.
+        if spec.relu || residual.is_some() {
+            return None;
+        }
         ops_norm::batch_norm(self, x, weight, bias, spec)
     }
 
@@ -412,9 +417,23 @@ impl Backend for CpuBackend {
         x: &BufferRef,
         weight: &BufferRef,
         [mean, var]: [&BufferRef; 2],
+        _out: Option<&BufferRef>,
         spec: &BatchNormSpec,
     ) -> Option<Result<[BufferRef; 3]>> {
+        if spec.relu {
+            return None;
+        }
         ops_norm::batch_norm_backward(self, grad, x, weight, [mean, var], spec)
+    }
+
+    fn batch_norm_running(
+        &self,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+        spec: &RunningStatsSpec,
+    ) -> Option<Result<()>> {
+        ops_norm::batch_norm_running(running, batch, batches, spec)
     }
 
     fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {

@@ -2,8 +2,8 @@
 //! backend, in the element types they run in; f64 keeps the composed ops.
 
 use super::float::ViaF32;
-use super::{CpuBackend, batch_norm, causal_softmax, check_len, cpu, cross_entropy, index, u32_ids};
-use crate::backend::{BatchNormSpec, BufferRef, CausalSoftmax, CrossEntropy};
+use super::{CpuBackend, batch_norm, causal_softmax, check_len, cpu, cross_entropy, distinct, index, u32_ids};
+use crate::backend::{BatchNormSpec, BufferRef, CausalSoftmax, CrossEntropy, RunningStatsSpec};
 use crate::dtype::{Element, HostVec};
 use crate::error::{Error, Result};
 
@@ -64,6 +64,48 @@ pub(super) fn batch_norm_backward(
         };
         let [dweight, dbias] = grads.map(|v| dev.wrap("batch_norm_backward", HostVec::F32(v)));
         Ok(Some([dev.wrap("batch_norm_backward", dx)?, dweight?, dbias?]))
+    };
+    checked().transpose()
+}
+
+/// `Backend::batch_norm_running` on f32 statistics and an I64 count; `None` for other dtypes
+/// (the f64 conformance reference composes it).
+pub(super) fn batch_norm_running(
+    running: [&BufferRef; 2],
+    [mean, var]: [&BufferRef; 2],
+    batches: Option<&BufferRef>,
+    spec: &RunningStatsSpec,
+) -> Option<Result<()>> {
+    const OP: &str = "batch_norm_running";
+    let checked = || {
+        let [keep, take, unbias] = spec.factors(OP)?;
+        let mut roles = vec![running[0], running[1], mean, var];
+        roles.extend(batches);
+        distinct(OP, &roles)?;
+        let (m, v) = (cpu(OP, mean)?.read(), cpu(OP, var)?.read());
+        let (mut rm, mut rv) = (cpu(OP, running[0])?.write(), cpu(OP, running[1])?.write());
+        let mut count = batches.map(|b| cpu(OP, b).map(|b| b.write())).transpose()?;
+        for stat in [&*m, &*v, &*rm, &*rv] {
+            check_len(OP, stat, spec.channels)?;
+        }
+        let count = match count.as_deref_mut() {
+            None => None,
+            Some(HostVec::I64(n)) if n.len() == 1 => Some(n),
+            Some(_) => return Ok(None),
+        };
+        let (HostVec::F32(m), HostVec::F32(v), HostVec::F32(rm), HostVec::F32(rv)) = (&*m, &*v, &mut *rm, &mut *rv)
+        else {
+            return Ok(None);
+        };
+        // The composed ops' products and sum, in their order (no fused multiply-add).
+        for c in 0..spec.channels {
+            rm[c] = rm[c] * keep + m[c] * take;
+            rv[c] = rv[c] * keep + v[c] * unbias * take;
+        }
+        if let Some(n) = count {
+            n[0] = n[0].saturating_add(1);
+        }
+        Ok(Some(()))
     };
     checked().transpose()
 }

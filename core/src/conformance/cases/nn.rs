@@ -351,6 +351,11 @@ fn loss_cases() -> Vec<Case> {
         training_batch_norm("batch_norm/training_affine", [4, 3, 5]),
         // Over a thousand values a channel: the CUDA kernels reduce a channel in several chunks.
         training_batch_norm("batch_norm/training_chunked", [6, 2, 20, 20]).no_gradcheck(),
+        // Followed by a ReLU, fused where the backend can (a ResNet block's bn -> relu).
+        training_batch_norm_then("batch_norm/training_relu", [4, 3, 5], true, false).no_gradcheck(),
+        training_batch_norm_then("batch_norm/training_relu_chunked", [6, 2, 20, 20], true, false).no_gradcheck(),
+        // A residual block's end: relu(bn(x) + shortcut), with the shortcut's gradient.
+        training_batch_norm_then("batch_norm/training_add_relu", [4, 3, 2, 3], true, true).no_gradcheck(),
         Case::new(
             "binary:add/batch_norm_running_stats",
             &["binary:add", "reduce:sum", "unary:affine", "copy_strided"],
@@ -371,6 +376,52 @@ fn loss_cases() -> Vec<Case> {
                 .sum(&[0, 2, 3], false)
                 .map(|v| v / 15.0);
             vec![mean.map(|m| 0.75 * 0.5 + 0.25 * m), var.map(|v| 0.75 * 2.0 + 0.25 * v)]
+        }),
+        // A layer's bookkeeping in one pass (`batch_norm_running`): blended statistics, and the
+        // batch count carried into its high word. In f32 only: the kernels take f32 running
+        // statistics, and the ops a half-precision layer composes count through f32 (exact to
+        // 2^24 batches, not to this count).
+        Case::new(
+            "batch_norm_running",
+            &[
+                "batch_norm_running",
+                "binary:add",
+                "unary:affine",
+                "copy_strided",
+                "cast",
+            ],
+            |ctx, x| {
+                use crate::dtype::HostVec;
+                use crate::tensor::{Running, Tensor};
+                let c = x[0].dims()[1];
+                let rm = Tensor::full([c], 0.5, ctx.dtype, ctx.device)?;
+                let rv = Tensor::full([c], 2.0, ctx.dtype, ctx.device)?;
+                let low_word_full = HostVec::I64(vec![u32::MAX as i64]);
+                let n = Tensor::from_host(low_word_full, crate::shape::Shape::scalar(), ctx.device)?;
+                let running = Running {
+                    mean: &rm,
+                    var: &rv,
+                    batches: Some(&n),
+                    momentum: 0.25,
+                };
+                x[0].batch_norm_local(&running, None, None, 1e-5, Default::default())?;
+                Ok(vec![rm, rv, n])
+            },
+        )
+        .input(Input::float("x", [4, 3, 2, 2], u()))
+        .dtypes(&[crate::dtype::DType::F32])
+        .forward_only()
+        .oracle(|x| {
+            let mean = x[0].sum(&[0, 2, 3], false).map(|v| v / 16.0);
+            let var = x[0]
+                .zip(&x[0].sum(&[0, 2, 3], true).map(|v| v / 16.0), |a, m| (a - m) * (a - m))
+                .sum(&[0, 2, 3], false)
+                .map(|v| v / 15.0);
+            vec![
+                mean.map(|m| 0.75 * 0.5 + 0.25 * m),
+                var.map(|v| 0.75 * 2.0 + 0.25 * v),
+                HostTensor::new([], vec![u32::MAX as f64 + 1.0]),
+            ]
         }),
     ]
 }
@@ -473,6 +524,13 @@ pub fn cases() -> Vec<Case> {
 /// in their own case. One fused op each way where the backend has it (the CPU and CUDA in f32),
 /// else the composed ops.
 fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case {
+    training_batch_norm_then(name, dims, false, false)
+}
+
+/// `training_batch_norm`, then a residual input added with `residual` and a ReLU with `relu`,
+/// as a residual block ends: fused into the batch norm's pass where the backend can (wgpu),
+/// else the batch norm's ops and the others'.
+fn training_batch_norm_then(name: &'static str, dims: impl Into<Vec<usize>>, relu: bool, residual: bool) -> Case {
     let dims: Vec<usize> = dims.into();
     let c = dims[1];
     let count = dims.iter().product::<usize>() as f64 / c as f64;
@@ -482,43 +540,62 @@ fn training_batch_norm(name: &'static str, dims: impl Into<Vec<usize>>) -> Case 
         .enumerate()
         .map(|(a, &d)| if a == 1 { d } else { 1 })
         .collect();
-    Case::new(
-        name,
-        &[
-            "batch_norm",
-            "batch_norm_backward",
-            "binary:div",
-            "reduce:sum",
-            "binary:sub",
-            "unary:sqrt",
-        ],
-        |ctx, x| {
-            let c = x[0].dims()[1];
-            let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
-            let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
-            Ok(vec![x[0].batch_norm(
-                &rm,
-                &rv,
-                Some(&x[1]),
-                Some(&x[2]),
-                true,
-                0.1,
-                1e-5,
-            )?])
-        },
-    )
-    .input(Input::float("x", dims, u()))
+    let mut ops = vec![
+        "batch_norm",
+        "batch_norm_backward",
+        "binary:div",
+        "reduce:sum",
+        "binary:sub",
+        "unary:sqrt",
+    ];
+    if relu {
+        ops.extend(["unary:relu", "binary:relu_grad"]);
+    }
+    if residual {
+        ops.push("binary:add");
+    }
+    let case = Case::new(name, &ops, move |ctx, x| {
+        let c = x[0].dims()[1];
+        let rm = crate::tensor::Tensor::zeros([c], ctx.dtype, ctx.device)?;
+        let rv = crate::tensor::Tensor::ones([c], ctx.dtype, ctx.device)?;
+        let running = crate::tensor::Running {
+            mean: &rm,
+            var: &rv,
+            batches: None,
+            momentum: 0.1,
+        };
+        let then = crate::tensor::Epilogue {
+            residual: x.get(3),
+            relu,
+        };
+        Ok(vec![x[0].batch_norm_local(
+            &running,
+            Some(&x[1]),
+            Some(&x[2]),
+            1e-5,
+            then,
+        )?])
+    })
+    .input(Input::float("x", dims.clone(), u()))
     .input(Input::float("weight", [c], u()))
-    .input(Input::float("bias", [c], u()))
-    .tol_scale(2.0)
-    .oracle(move |x| {
+    .input(Input::float("bias", [c], u()));
+    let case = if residual {
+        case.input(Input::float("residual", dims, u()))
+    } else {
+        case
+    };
+    case.tol_scale(2.0).oracle(move |x| {
         let mean = x[0].sum(&reduced, true).map(|v| v / count);
         let centered = x[0].zip(&mean, |a, m| a - m);
         let var = centered.map(|d| d * d).sum(&reduced, true).map(|v| v / count);
         let y = centered.zip(&var, |d, v| d / (v + 1e-5).sqrt());
-        vec![
-            y.zip(&x[1].reshape(per_channel.clone()), |a, w| a * w)
-                .zip(&x[2].reshape(per_channel.clone()), |a, b| a + b),
-        ]
+        let y = y
+            .zip(&x[1].reshape(per_channel.clone()), |a, w| a * w)
+            .zip(&x[2].reshape(per_channel.clone()), |a, b| a + b);
+        let y = match x.get(3) {
+            Some(r) => y.zip(r, |a, b| a + b),
+            None => y,
+        };
+        vec![if relu { y.map(|v| v.max(0.0)) } else { y }]
     })
 }

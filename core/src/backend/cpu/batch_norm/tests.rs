@@ -9,6 +9,7 @@ fn spec(outer: usize, channels: usize, inner: usize) -> BatchNormSpec {
         inner,
         eps: 1e-5,
         channel_major: false,
+        relu: false,
     }
 }
 
