@@ -174,27 +174,54 @@ fn check_max_norm(max_norm: f64) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of gradients one `scaled_copies` call takes: a call's copies live beside the gradients
+/// they replace, so this bounds what clipping adds to the peak (a whole copy of the gradients in
+/// one call) while a large model still needs few calls.
+const SCALED_PER_CALL_BYTES: usize = 64 << 20;
+
 /// Scales every gradient by `min(1, max_norm / (total + 1e-6))`; returns `total`. Each
-/// `.grad` is replaced (see `map_grads`), one `scaled_copies` call per device.
+/// `.grad` is replaced (see `map_grads`), a `scaled_copies` call per device and per
+/// `SCALED_PER_CALL_BYTES` of gradients.
 fn scale_to(params: &[Tensor], max_norm: f64, total: Tensor) -> Result<Tensor> {
     no_grad(|| -> Result<()> {
         let max = Tensor::full(Shape::scalar(), max_norm, total.dtype(), total.device())?;
         let coef = max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)?;
-        let with_grads = params
-            .iter()
-            .filter_map(|p| p.grad().map(|g| Ok((p, g.contiguous()?))))
-            .collect::<Result<Vec<_>>>()?;
-        for (device, group) in by_device(with_grads.iter().map(|(p, g)| (g.device().clone(), (*p, g)))) {
+        let with_grads = params.iter().filter_map(|p| p.grad().map(|g| (g.device().clone(), p)));
+        for (device, group) in by_device(with_grads) {
             let coef = coef.to_device(&device)?.contiguous()?;
-            let bufs: Vec<&BufferRef> = group.iter().map(|(_, g)| g.buffer()).collect();
-            let scaled = device.backend().scaled_copies(&bufs, coef.buffer())?;
-            for ((p, g), buf) in group.iter().zip(scaled) {
-                p.set_grad(Some(Tensor::from_buffer(buf, g.shape().clone(), &device)));
+            for batch in in_batches(&group, SCALED_PER_CALL_BYTES) {
+                let grads = batch
+                    .iter()
+                    .filter_map(|p| p.grad().map(|g| Ok((*p, g.contiguous()?))))
+                    .collect::<Result<Vec<_>>>()?;
+                let bufs: Vec<&BufferRef> = grads.iter().map(|(_, g)| g.buffer()).collect();
+                let scaled = device.backend().scaled_copies(&bufs, coef.buffer())?;
+                for ((p, g), buf) in grads.iter().zip(scaled) {
+                    p.set_grad(Some(Tensor::from_buffer(buf, g.shape().clone(), &device)));
+                }
             }
         }
         Ok(())
     })?;
     Ok(total)
+}
+
+/// `params` in runs of at most `bytes` (a larger tensor alone), in order.
+fn in_batches<'a>(params: &'a [&'a Tensor], bytes: usize) -> Vec<&'a [&'a Tensor]> {
+    let mut runs = Vec::new();
+    let (mut start, mut filled) = (0, 0);
+    for (i, p) in params.iter().enumerate() {
+        let size = p.elem_count() * p.dtype().size_in_bytes();
+        if i > start && filled + size > bytes {
+            runs.push(&params[start..i]);
+            (start, filled) = (i, 0);
+        }
+        filled += size;
+    }
+    if start < params.len() {
+        runs.push(&params[start..]);
+    }
+    runs
 }
 
 /// Clamps every gradient element of `params` to `[-clip_value, clip_value]` (each `.grad` is
@@ -207,4 +234,24 @@ pub fn clip_grad_value(params: &[Tensor], clip_value: f64) -> Result<()> {
         ));
     }
     map_grads(params, |g| g.clamp(-clip_value, clip_value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_batches;
+    use crate::{DType, Device, Tensor};
+
+    #[test]
+    fn batches_stay_within_their_bytes_and_a_larger_tensor_goes_alone() {
+        let t = |n: usize| Tensor::zeros([n], DType::F32, &Device::cpu()).unwrap();
+        // 16, 16, 64 and 8 bytes against a 32-byte batch.
+        let params = [t(4), t(4), t(16), t(2)];
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let sizes: Vec<Vec<usize>> = in_batches(&refs, 32)
+            .iter()
+            .map(|run| run.iter().map(|p| p.elem_count()).collect())
+            .collect();
+        assert_eq!(sizes, vec![vec![4, 4], vec![16], vec![2]]);
+        assert!(in_batches(&[], 32).is_empty());
+    }
 }
