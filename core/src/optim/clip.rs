@@ -177,7 +177,7 @@ fn check_max_norm(max_norm: f64) -> Result<()> {
 /// Bytes of gradients one `scaled_copies` call takes: a call's copies live beside the gradients
 /// they replace, so this bounds what clipping adds to the peak (a whole copy of the gradients in
 /// one call) while a large model still needs few calls.
-const SCALED_PER_CALL_BYTES: usize = 64 << 20;
+const SCALED_PER_CALL_BYTES: usize = 16 << 20;
 
 /// Scales every gradient by `min(1, max_norm / (total + 1e-6))`; returns `total`. Each
 /// `.grad` is replaced (see `map_grads`), a `scaled_copies` call per device and per
