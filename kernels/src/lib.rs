@@ -8,6 +8,7 @@
 mod cache;
 mod compile;
 mod cubin;
+mod entry_points;
 
 pub use cache::{cache_dir, compile_cached};
 pub use compile::{CompileError, compile, nvrtc_present, nvrtc_version};
@@ -66,6 +67,13 @@ impl KernelSource {
     /// What NVRTC compiles: the prelude, then this file.
     pub fn program(&self) -> String {
         format!("{PRELUDE}\n// ---- {}.cu\n{}", self.name, self.code)
+    }
+
+    /// The names of the entry points (`extern "C" __global__` functions) this file defines, read
+    /// from its source with its macros expanded, no compiler needed; an error says which macro
+    /// call the reader could not expand.
+    pub fn entry_points(&self) -> Result<Vec<String>, String> {
+        entry_points::entry_points(&self.program())
     }
 }
 
