@@ -1,6 +1,7 @@
 //! One opened CUDA device: its context, a compute stream and its communicators' streams, the
-//! kernels compiled for its architecture (each file loaded once, on first use), cuBLAS, cuDNN, pinned
-//! staging memory for uploads, and device memory.
+//! kernels compiled for its architecture (each file loaded once, on first use, and each entry
+//! point kept in a slot that launches read without a lock), cuBLAS, cuDNN, pinned staging memory
+//! for uploads, and device memory.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +17,7 @@ use lockstep_kernels::KernelSource;
 use crate::blas::Blas;
 use crate::buffer::CudaBuffer;
 use crate::dnn::Dnn;
+use crate::entry_points::{self, EntryPoint};
 use crate::error::driver_error;
 use crate::memory::Memory;
 use crate::staging::Staging;
@@ -37,7 +39,9 @@ pub struct Gpu {
     /// Loaded kernel files by `KernelSource::name`: a file holds many entry points and is
     /// compiled (or read from the disk cache) and loaded once, not once per entry.
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Each entry point's function, in its `EntryPoint::slot`, loaded at its first launch. Per
+    /// device: a function belongs to the context that loaded it.
+    functions: Box<[OnceLock<CudaFunction>]>,
     pub(crate) memory: Arc<Memory>,
     pub(crate) blas: Blas,
     /// cuDNN, opened at the first convolution; `None` inside where it is absent or turned off.
@@ -72,7 +76,7 @@ impl Gpu {
             arch: format!("sm_{major}{minor}"),
             sm_count,
             modules: Mutex::default(),
-            functions: Mutex::default(),
+            functions: (0..entry_points::SLOTS).map(|_| OnceLock::new()).collect(),
             kernels_launched: AtomicU64::new(0),
             blas_calls: AtomicU64::new(0),
             memory,
@@ -114,26 +118,33 @@ impl Gpu {
         CudaBuffer::new(dtype, len, self.memory.clone(), self.compute.clone())
     }
 
-    /// The kernel `entry` of `kernel`, loading the file on first use of any of its entries.
-    pub(crate) fn function(&self, kernel: KernelSource, entry: &str) -> Result<CudaFunction> {
-        let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = functions.get(entry) {
-            return Ok(f.clone());
+    /// The function of `entry` on this device: after its first launch, one read of its slot
+    /// (no lock, no allocation).
+    pub(crate) fn function(&self, entry: EntryPoint) -> Result<&CudaFunction> {
+        let slot = &self.functions[entry.slot];
+        if let Some(f) = slot.get() {
+            return Ok(f);
         }
-        let module = self.module(kernel)?;
-        let f = module.load_function(entry).map_err(|e| {
+        let f = self.load(entry)?;
+        // Two threads may both have loaded it: the first to store wins, the other's copy is dropped.
+        Ok(slot.get_or_init(|| f))
+    }
+
+    /// Loads `entry`, compiling or loading its file on the first use of any of its entries.
+    #[cold]
+    fn load(&self, entry: EntryPoint) -> Result<CudaFunction> {
+        let module = self.module(entry.file)?;
+        module.load_function(entry.name).map_err(|e| {
             driver_error(
                 &self.location,
-                &format!("kernel {entry} is missing from kernels/{}.cu", kernel.name),
+                &format!("kernel {} is missing from kernels/{}.cu", entry.name, entry.file.name),
                 e,
             )
-        })?;
-        functions.insert(entry.to_string(), f.clone());
-        Ok(f)
+        })
     }
 
     /// The module of kernel file `kernel`, compiled (or read from the disk cache) and loaded on
-    /// first use. Called with `functions` locked; `modules` is only ever locked after it.
+    /// first use.
     fn module(&self, kernel: KernelSource) -> Result<Arc<CudaModule>> {
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(kernel.name) {
@@ -265,21 +276,21 @@ pub(crate) trait CollectiveWatch: Send + Sync {
     fn check(&self) -> Result<()>;
 }
 
-/// Launches `entry` of `kernel` on the compute stream with the given config and arguments
+/// Launches `entry` (an `EntryPoint`) on the compute stream with the given config and arguments
 /// (each pushed by reference, as cudarc's builder wants).
 macro_rules! launch {
-    ($gpu:expr, $kernel:expr, $entry:expr, $cfg:expr; $($arg:expr),+ $(,)?) => {{
+    ($gpu:expr, $entry:expr, $cfg:expr; $($arg:expr),+ $(,)?) => {{
         use cudarc::driver::PushKernelArg;
         let gpu: &$crate::gpu::Gpu = $gpu;
-        let entry: &str = &$entry;
-        let function = gpu.function($kernel, entry)?;
+        let entry: $crate::entry_points::EntryPoint = $entry;
+        let function = gpu.function(entry)?;
         // One expression, so temporaries among the arguments live until the launch is queued.
         // SAFETY: the arguments match the kernel's C signature in kernels/cuda (device pointers
         // as u64, counts as u32, views as the #[repr(C)] structs of views.rs); every pointer is
         // a live allocation of at least the extent the kernel indexes, checked by the caller;
         // the kernel runs on the compute stream, which orders it with every other use.
-        unsafe { gpu.compute.launch_builder(&function)$(.arg($arg))+.launch($cfg) }
-            .map_err(|e| gpu.launch_failed(entry, e))?;
+        unsafe { gpu.compute.launch_builder(function)$(.arg($arg))+.launch($cfg) }
+            .map_err(|e| gpu.launch_failed(entry.name, e))?;
         gpu.kernels_launched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }};
 }

@@ -14,6 +14,7 @@ mod blas;
 mod buffer;
 mod contract;
 mod dnn;
+mod entry_points;
 mod error;
 mod gpu;
 mod in_flight;

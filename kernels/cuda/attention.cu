@@ -425,7 +425,7 @@ __device__ __forceinline__ void attention_dkdv(T* dqkv, const T* qkv, const T* d
         attention_dkdv<T, D>(dqkv, qkv, dy, lse, dots, heads, t, scale);                          \
     }
 
-// The head dims the backend may launch (backend-cuda's ops/attention.rs HEAD_DIMS lists the same).
+// The head dims the backend may launch (backend-cuda's entry_points.rs ATTENTION_HEAD_DIMS lists the same).
 #define ATTENTION_HEADS(T, suffix)                                                                \
     ATTENTION_HEAD(T, suffix, 32) ATTENTION_HEAD(T, suffix, 64) ATTENTION_HEAD(T, suffix, 128)   \
     extern "C" __global__ void causal_attention_row_dot_##suffix(float* dot, const T* y, const T* dy, u32 rows, \

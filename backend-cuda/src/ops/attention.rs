@@ -1,6 +1,6 @@
 //! `causal_attention` and its backward pass (attention.cu): flash attention on tensor cores for
-//! bf16 and f16, head dims of `HEAD_DIMS`. f32 keeps the composed path (cuBLAS products and
-//! `causal_softmax`), as do other head dims and `LOCKSTEP_CUDA_ATTENTION=composed`.
+//! bf16 and f16, head dims of `ATTENTION_HEAD_DIMS`. f32 keeps the composed path (cuBLAS
+//! products and `causal_softmax`), as do other head dims and `LOCKSTEP_CUDA_ATTENTION=composed`.
 //!
 //! Backward: one pre-pass for each row's `dot = sum(dy · y)`, then one kernel over query blocks
 //! for dQ and one over key blocks for dK and dV, each writing its slots of the one dqkv buffer:
@@ -11,12 +11,11 @@ use lockstep_core::backend::{BackendBuffer, BufferRef, CausalAttention};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points::{self, ATTENTION_HEAD_DIMS};
 use crate::gpu::launch;
 use crate::views::to_u32;
 
-/// The head dims attention.cu instantiates (its ATTENTION_HEADS).
-const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 /// Rows a block owns and its threads (attention.cu's ATTENTION_ROWS, ATTENTION_WARPS · 32).
 const BLOCK_ROWS: usize = 64;
 const BLOCK_THREADS: u32 = 128;
@@ -59,7 +58,7 @@ pub(crate) fn attention_plan() -> &'static str {
 /// Whether the fused kernels take `dtype` and `spec` at all (before any start-up check).
 fn fused_attention_applies(dtype: DType, spec: &CausalAttention) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
-        && HEAD_DIMS.contains(&spec.head_dim)
+        && ATTENTION_HEAD_DIMS.contains(&spec.head_dim)
         && spec.batch * spec.heads <= u16::MAX as usize
         && spec.t <= u32::MAX as usize
 }
@@ -109,13 +108,12 @@ impl CudaBackend {
     pub(crate) fn attention_forward(&self, qkv: &BufferRef, spec: &CausalAttention) -> Result<(BufferRef, BufferRef)> {
         let op = CausalAttention::name(false);
         let x = self.operand(op, qkv, Some(&Layout::contiguous([spec.qkv_len()])))?;
-        let suffix = float_suffix(op, x.dtype())?;
+        let forward = entry_points::CAUSAL_ATTENTION.of(op, x.dtype(), spec.head_dim)?;
         let y = self.output(x.dtype(), spec.out_len())?;
         let lse = self.output(DType::F32, spec.rows())?;
         if spec.rows() > 0 {
             let (heads, t, scale) = (to_u32(op, spec.heads)?, to_u32(op, spec.t)?, spec.scale as f32);
-            launch!(&self.gpu, lockstep_kernels::ATTENTION, format!("causal_attention_{suffix}_d{}", spec.head_dim),
-                head_blocks(spec); &y.ptr, &lse.ptr, &x.ptr, &heads, &t, &scale);
+            launch!(&self.gpu, forward, head_blocks(spec); &y.ptr, &lse.ptr, &x.ptr, &heads, &t, &scale);
         }
         Ok((y, lse))
     }
@@ -134,7 +132,9 @@ impl CudaBackend {
             self.operand(op, dy, Some(&out_layout))?,
         );
         let lse = self.operand(op, lse, Some(&Layout::contiguous([spec.rows()])))?;
-        let suffix = float_suffix(op, x.dtype())?;
+        let row_dot = entry_points::CAUSAL_ATTENTION_ROW_DOT.of(op, x.dtype())?;
+        let dq = entry_points::CAUSAL_ATTENTION_DQ.of(op, x.dtype(), spec.head_dim)?;
+        let dkdv = entry_points::CAUSAL_ATTENTION_DKDV.of(op, x.dtype(), spec.head_dim)?;
         let dqkv = self.output(x.dtype(), spec.qkv_len())?;
         if spec.rows() == 0 {
             return Ok(dqkv);
@@ -143,12 +143,10 @@ impl CudaBackend {
         let (rows, heads, t) = (to_u32(op, spec.rows())?, to_u32(op, spec.heads)?, to_u32(op, spec.t)?);
         let (d, scale) = (to_u32(op, spec.head_dim)?, spec.scale as f32);
         // One warp a row.
-        launch!(&self.gpu, lockstep_kernels::ATTENTION, format!("causal_attention_row_dot_{suffix}"),
-            self.gpu.grid(spec.rows() * 32); &dots.ptr, &y.ptr, &dy.ptr, &rows, &heads, &t, &d);
+        launch!(&self.gpu, row_dot, self.gpu.grid(spec.rows() * 32); &dots.ptr, &y.ptr, &dy.ptr, &rows, &heads, &t, &d);
         let cfg = head_blocks(spec);
-        for pass in ["dq", "dkdv"] {
-            launch!(&self.gpu, lockstep_kernels::ATTENTION,
-                format!("causal_attention_{pass}_{suffix}_d{}", spec.head_dim), cfg;
+        for pass in [dq, dkdv] {
+            launch!(&self.gpu, pass, cfg;
                 &dqkv.ptr, &x.ptr, &dy.ptr, &lse.ptr, &dots.ptr, &heads, &t, &scale);
         }
         Ok(dqkv)

@@ -8,8 +8,9 @@ use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef, RunningSta
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
@@ -99,13 +100,11 @@ impl CudaBackend {
         let y = self.output(dtype, at.elements as usize)?;
         if at.elements > 0 {
             let eps = spec.eps as f32;
-            let suffix = float_suffix(OP, dtype)?;
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_moments_{suffix}"), at.per_chunk();
+            launch!(&self.gpu, entry_points::BATCH_NORM_MOMENTS.of(OP, dtype)?, at.per_chunk();
                 &part_mean.ptr, &part_m2.ptr, &x.ptr, &at.channels, &at.inner, &at.count, &at.len);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_statistics_f32", at.per_channel();
+            launch!(&self.gpu, entry_points::BATCH_NORM_STATISTICS.entry(), at.per_channel();
                 &mean.ptr, &var.ptr, &part_mean.ptr, &part_m2.ptr, &at.channels, &at.count, &at.len, &at.chunks);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_normalize_{suffix}"),
-                self.gpu.grid(at.elements as usize);
+            launch!(&self.gpu, entry_points::BATCH_NORM_NORMALIZE.of(OP, dtype)?, self.gpu.grid(at.elements as usize);
                 &y.ptr, &x.ptr, &mean.ptr, &var.ptr, &weight.ptr, &bias.ptr, &at.elements, &at.channels,
                 &at.inner, &eps);
         }
@@ -134,14 +133,12 @@ impl CudaBackend {
         let dx = self.output(dtype, at.elements as usize)?;
         if at.elements > 0 {
             let (eps, count) = (spec.eps as f32, at.count as f32);
-            let suffix = float_suffix(OP, dtype)?;
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_grad_sums_{suffix}"), at.per_chunk();
+            launch!(&self.gpu, entry_points::BATCH_NORM_GRAD_SUMS.of(OP, dtype)?, at.per_chunk();
                 &part_g.ptr, &part_gx.ptr, &g.ptr, &x.ptr, &mean.ptr, &var.ptr, &at.channels, &at.inner,
                 &at.count, &at.len, &eps);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_grad_totals_f32", at.per_channel();
+            launch!(&self.gpu, entry_points::BATCH_NORM_GRAD_TOTALS.entry(), at.per_channel();
                 &dweight.ptr, &dbias.ptr, &part_g.ptr, &part_gx.ptr, &at.channels, &at.chunks);
-            launch!(&self.gpu, lockstep_kernels::BATCH_NORM, format!("batch_norm_input_grad_{suffix}"),
-                self.gpu.grid(at.elements as usize);
+            launch!(&self.gpu, entry_points::BATCH_NORM_INPUT_GRAD.of(OP, dtype)?, self.gpu.grid(at.elements as usize);
                 &dx.ptr, &g.ptr, &x.ptr, &mean.ptr, &var.ptr, &weight.ptr, &dweight.ptr, &dbias.ptr,
                 &at.elements, &at.channels, &at.inner, &count, &eps);
         }
@@ -181,7 +178,7 @@ impl CudaBackend {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(&self.gpu, lockstep_kernels::BATCH_NORM, "batch_norm_running_f32", per_channel;
+        launch!(&self.gpu, entry_points::BATCH_NORM_RUNNING.entry(), per_channel;
             &running_mean.ptr, &running_var.ptr, &batches_ptr, &mean.ptr, &var.ptr, &n, &keep, &take, &unbias);
         Ok(Some(()))
     }

@@ -6,7 +6,8 @@ use lockstep_core::backend::{BackendBuffer, BufferRef, Conv2dGeometry, Pool2dGeo
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points;
 use crate::gpu::launch;
 use crate::views::to_u32;
 
@@ -50,13 +51,17 @@ fn geometry(op: &'static str, g: &Conv2dGeometry) -> Result<Geometry> {
 impl CudaBackend {
     /// im2col (`to_columns`) or col2im: one output element per thread.
     pub(crate) fn unfold_or_fold(&self, src: &BufferRef, g: &Conv2dGeometry, to_columns: bool) -> Result<BufferRef> {
-        let op = if to_columns { "im2col" } else { "col2im" };
+        let (op, kernel) = if to_columns {
+            ("im2col", entry_points::IM2COL)
+        } else {
+            ("col2im", entry_points::COL2IM)
+        };
         g.validate(op)?;
         let image = g.n * g.c * g.h * g.w;
         let columns = g.c * g.kh * g.kw * g.n * g.out_h() * g.out_w();
         let (src_len, out_len) = if to_columns { (image, columns) } else { (columns, image) };
         let s = self.operand(op, src, Some(&Layout::contiguous([src_len])))?;
-        let suffix = float_suffix(op, s.dtype())?;
+        let entry = kernel.of(op, s.dtype())?;
         let out = self.output(s.dtype(), out_len)?;
         if out_len > 0 {
             let (total, geom) = (to_u32(op, out_len)?, geometry(op, g)?);
@@ -65,7 +70,7 @@ impl CudaBackend {
             } else {
                 self.gpu.grid(out_len)
             };
-            launch!(&self.gpu, lockstep_kernels::CONV, format!("{op}_{suffix}"), cfg;
+            launch!(&self.gpu, entry, cfg;
                 &out.ptr, &s.ptr, &total, &geom);
         }
         Ok(out)
@@ -75,13 +80,13 @@ impl CudaBackend {
         const OP: &str = "max_pool2d";
         g.validate(OP)?;
         let s = self.operand(OP, src, Some(&Layout::contiguous([g.n * g.c * g.h * g.w])))?;
-        let suffix = float_suffix(OP, s.dtype())?;
+        let entry = entry_points::MAX_POOL2D.of(OP, s.dtype())?;
         let len = g.n * g.c * g.out_h() * g.out_w();
         let values = self.output(s.dtype(), len)?;
         let indices = self.output(DType::U32, len)?;
         if len > 0 {
             let (total, geom) = (to_u32(OP, len)?, geometry(OP, &g.as_conv())?);
-            launch!(&self.gpu, lockstep_kernels::CONV, format!("max_pool2d_{suffix}"), self.gpu.grid(len);
+            launch!(&self.gpu, entry, self.gpu.grid(len);
                 &values.ptr, &indices.ptr, &s.ptr, &total, &geom);
         }
         Ok((values, indices))
@@ -102,12 +107,12 @@ impl CudaBackend {
         if ids.dtype() != DType::U32 {
             return Err(Error::dtype(OP, ids.dtype()));
         }
-        let suffix = float_suffix(OP, gr.dtype())?;
+        let entry = entry_points::MAX_POOL2D_BACKWARD.of(OP, gr.dtype())?;
         let len = g.n * g.c * g.h * g.w;
         let out = self.output(gr.dtype(), len)?;
         if len > 0 {
             let (total, geom) = (to_u32(OP, len)?, geometry(OP, &g.as_conv())?);
-            launch!(&self.gpu, lockstep_kernels::CONV, format!("max_pool2d_backward_{suffix}"), self.gpu.grid(len);
+            launch!(&self.gpu, entry, self.gpu.grid(len);
                 &out.ptr, &gr.ptr, &ids.ptr, &total, &geom);
         }
         Ok(out)

@@ -6,7 +6,8 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
 use super::reduce::group_for;
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
@@ -21,7 +22,7 @@ impl CudaBackend {
         let op = CrossEntropy::name(false);
         let x = self.operand(op, logits, Some(&Layout::contiguous([spec.rows, spec.classes])))?;
         let t = self.ids(op, targets, spec.rows)?;
-        let suffix = float_suffix(op, x.dtype())?;
+        let entry = entry_points::CROSS_ENTROPY.of(op, x.dtype())?;
         let losses = self.output(DType::F32, spec.rows)?;
         let grad = spec.grad.then(|| self.output(x.dtype(), x.len())).transpose()?;
         if spec.rows * spec.classes == 0 {
@@ -35,7 +36,7 @@ impl CudaBackend {
         let (inv_rows, write_grad) = (spec.inv_rows(), u32::from(spec.grad));
         // Without a gradient the kernel writes none: the logits stand in for its pointer.
         let dlogits = grad.as_ref().map_or(x.ptr, |g| g.ptr);
-        launch!(&self.gpu, lockstep_kernels::CROSS_ENTROPY, format!("cross_entropy_{suffix}"), cfg;
+        launch!(&self.gpu, entry, cfg;
             &losses.ptr, &dlogits, &x.ptr, &t.ptr, &rows, &classes, &inv_rows, &write_grad, &group);
         Ok((losses, grad.map(|g| g as BufferRef)))
     }
@@ -52,13 +53,13 @@ impl CudaBackend {
         let d = self.operand(op, dlogits, Some(&Layout::contiguous([n])))?;
         let g = self.operand(op, grad, Some(&Layout::contiguous([1])))?;
         CrossEntropy::check_upstream(g.dtype(), g.len())?;
-        let suffix = float_suffix(op, d.dtype())?;
+        let entry = entry_points::CROSS_ENTROPY_BACKWARD.of(op, d.dtype())?;
         let out = self.output(d.dtype(), n)?;
         if n == 0 {
             return Ok(out);
         }
         let n32 = to_u32(op, n)?;
-        launch!(&self.gpu, lockstep_kernels::CROSS_ENTROPY, format!("cross_entropy_backward_{suffix}"),
+        launch!(&self.gpu, entry,
             self.gpu.grid(n); &out.ptr, &d.ptr, &g.ptr, &n32);
         Ok(out)
     }

@@ -5,8 +5,9 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
 use super::op_index;
-use crate::backend::{CudaBackend, float_suffix, value_suffix, width_suffix};
+use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::entry_points;
 use crate::gpu::launch;
 use crate::views::{strided, to_u32};
 
@@ -27,12 +28,12 @@ impl CudaBackend {
     pub(crate) fn map(&self, op: UnaryOp, src: &BufferRef, layout: &Layout) -> Result<BufferRef> {
         let name = op.name();
         let s = self.operand(name, src, Some(layout))?;
-        let suffix = float_suffix(name, s.dtype())?;
+        let entry = entry_points::UNARY.of(name, s.dtype())?;
         let out = self.output(s.dtype(), layout.elem_count())?;
         let (shape, views) = strided(name, &[layout])?;
         let (p0, p1) = unary_params(op);
         if shape.n > 0 {
-            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("unary_{suffix}"), self.gpu.grid(shape.n as usize);
+            launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
                 &out.ptr, &s.ptr, &shape, &views[0], &unary_index(op), &p0, &p1);
         }
         Ok(out)
@@ -70,12 +71,12 @@ impl CudaBackend {
     ) -> Result<BufferRef> {
         let name = op.name();
         let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
-        let suffix = float_suffix(name, a.dtype())?;
+        let entry = entry_points::BINARY.of(name, a.dtype())?;
         let out = self.output(a.dtype(), ll.elem_count())?;
         let (shape, views) = strided(name, &[ll, rl])?;
         let index = op_index(&BinaryOp::ALL, BinaryOp::name, name);
         if shape.n > 0 {
-            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("binary_{suffix}"), self.gpu.grid(shape.n as usize);
+            launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
                 &out.ptr, &a.ptr, &b.ptr, &shape, &views[0], &views[1], &index);
         }
         Ok(out)
@@ -92,7 +93,7 @@ impl CudaBackend {
         let n = g.outer * g.channels * g.inner;
         let s = self.operand(OP, src, Some(&Layout::contiguous([n])))?;
         let b = self.operand(OP, bias, Some(&Layout::contiguous([g.channels])))?;
-        let suffix = float_suffix(OP, self.same_dtype(OP, s, b)?)?;
+        let entry = entry_points::BIAS_ACT.of(OP, self.same_dtype(OP, s, b)?)?;
         let out = self.output(s.dtype(), n)?;
         let (act_index, (p0, p1)) = match act {
             Some(a) => (unary_index(a), unary_params(a)),
@@ -100,7 +101,7 @@ impl CudaBackend {
         };
         if n > 0 {
             let (n32, channels, inner) = (to_u32(OP, n)?, to_u32(OP, g.channels)?, to_u32(OP, g.inner.max(1))?);
-            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("bias_act_{suffix}"), self.gpu.grid(n);
+            launch!(&self.gpu, entry, self.gpu.grid(n);
                 &out.ptr, &s.ptr, &b.ptr, &n32, &channels, &inner, &act_index, &p0, &p1);
         }
         Ok(out)
@@ -116,12 +117,12 @@ impl CudaBackend {
     ) -> Result<BufferRef> {
         let name = op.name();
         let (a, b) = self.pair(name, lhs, ll, rhs, rl)?;
-        let suffix = value_suffix(name, a.dtype())?;
+        let entry = entry_points::COMPARE.of(name, a.dtype())?;
         let out = self.output(DType::U32, ll.elem_count())?;
         let (shape, views) = strided(name, &[ll, rl])?;
         let index = op_index(&CmpOp::ALL, CmpOp::name, name);
         if shape.n > 0 {
-            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("compare_{suffix}"), self.gpu.grid(shape.n as usize);
+            launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
                 &out.ptr, &a.ptr, &b.ptr, &shape, &views[0], &views[1], &index);
         }
         Ok(out)
@@ -149,11 +150,11 @@ impl CudaBackend {
         if cl.shape != tl.shape {
             return Err(Error::shape(OP, &cl.shape, &tl.shape, "condition and values differ"));
         }
-        let suffix = width_suffix(OP, t.dtype())?;
+        let entry = entry_points::WHERE_COND.of(OP, t.dtype())?;
         let out = self.output(t.dtype(), tl.elem_count())?;
         let (shape, views) = strided(OP, &[cl, tl, fl])?;
         if shape.n > 0 {
-            launch!(&self.gpu, lockstep_kernels::ELEMENTWISE, format!("where_cond_{suffix}"), self.gpu.grid(shape.n as usize);
+            launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
                 &out.ptr, &c.ptr, &t.ptr, &f.ptr, &shape, &views[0], &views[1], &views[2]);
         }
         Ok(out)

@@ -7,8 +7,9 @@ use lockstep_core::backend::{BackendBuffer, BufferRef};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
-use crate::backend::{CudaBackend, float_suffix, width_suffix};
+use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::entry_points;
 use crate::gpu::launch;
 use crate::views::to_u32;
 
@@ -41,17 +42,21 @@ impl CudaBackend {
         let s = self.operand(op, src, Some(&Layout::contiguous([outer * dim * inner])))?;
         let n = outer * out_dim * inner;
         let i = self.ids(op, ids, if per_element { n } else { out_dim })?;
-        let suffix = width_suffix(op, s.dtype())?;
+        let pick = if per_element {
+            entry_points::GATHER
+        } else {
+            entry_points::INDEX_SELECT
+        };
+        let entry = pick.of(op, s.dtype())?;
         let out = self.output(s.dtype(), n)?;
         if n > 0 {
-            let entry = if per_element { "gather" } else { "index_select" };
             let (n32, dim32, inner32, out_dim32) = (
                 to_u32(op, n)?,
                 to_u32(op, dim)?,
                 to_u32(op, inner)?,
                 to_u32(op, out_dim)?,
             );
-            launch!(&self.gpu, lockstep_kernels::INDEX, format!("{entry}_{suffix}"), self.gpu.grid(n);
+            launch!(&self.gpu, entry, self.gpu.grid(n);
                 &out.ptr, &s.ptr, &i.ptr, &n32, &dim32, &inner32, &out_dim32);
         }
         Ok(out)
@@ -74,7 +79,11 @@ impl CudaBackend {
         let d = self.operand(op, dst, Some(&Layout::contiguous([outer * dst_dim * inner])))?;
         let src_len = outer * src_dim * inner;
         let s = self.operand(op, src, Some(&Layout::contiguous([src_len])))?;
-        let suffix = float_suffix(op, self.same_dtype(op, d, s)?)?;
+        let dtype = self.same_dtype(op, d, s)?;
+        let (add_at, add_linked) = (
+            entry_points::ADD_AT.of(op, dtype)?,
+            entry_points::ADD_LINKED.of(op, dtype)?,
+        );
         let positions = if per_element { src_len } else { src_dim };
         let i = self.ids(op, ids, positions)?;
         let n = outer * dst_dim * inner;
@@ -89,7 +98,7 @@ impl CudaBackend {
         );
         let per = u32::from(per_element);
         if !linking_pays(n, src_dim, positions) {
-            launch!(&self.gpu, lockstep_kernels::INDEX, format!("add_at_{suffix}"), self.gpu.grid(n);
+            launch!(&self.gpu, add_at, self.gpu.grid(n);
                 &d.ptr, &s.ptr, &i.ptr, &n32, &src_dim32, &inner32, &dst_dim32, &per);
             return Ok(());
         }
@@ -98,9 +107,9 @@ impl CudaBackend {
         let first = self.operand(op, &first, None)?;
         let next = self.output(DType::U32, positions)?;
         let positions32 = to_u32(op, positions)?;
-        launch!(&self.gpu, lockstep_kernels::INDEX, "link_sources", self.gpu.grid(positions);
+        launch!(&self.gpu, entry_points::LINK_SOURCES.entry(), self.gpu.grid(positions);
             &first.ptr, &next.ptr, &i.ptr, &positions32, &src_dim32, &inner32, &dst_dim32, &per);
-        launch!(&self.gpu, lockstep_kernels::INDEX, format!("add_linked_{suffix}"), self.gpu.grid(n);
+        launch!(&self.gpu, add_linked, self.gpu.grid(n);
             &d.ptr, &s.ptr, &first.ptr, &next.ptr, &n32, &src_dim32, &inner32, &dst_dim32, &per);
         Ok(())
     }

@@ -6,7 +6,8 @@ use lockstep_core::backend::{BackendBuffer, BufferRef};
 use lockstep_core::shape::Layout;
 
 use super::reduce::group_for;
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
@@ -20,14 +21,14 @@ impl CudaBackend {
         cols: usize,
         eps: f64,
     ) -> Result<BufferRef> {
-        let op = if grad.is_some() {
-            "layer_norm_backward"
+        let (op, kernel) = if grad.is_some() {
+            ("layer_norm_backward", entry_points::LAYER_NORM_BACKWARD)
         } else {
-            "layer_norm"
+            ("layer_norm", entry_points::LAYER_NORM)
         };
         let layout = Layout::contiguous([rows, cols]);
         let s = self.operand(op, src, Some(&layout))?;
-        let suffix = float_suffix(op, s.dtype())?;
+        let entry = kernel.of(op, s.dtype())?;
         let out = self.output(s.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(out);
@@ -35,13 +36,12 @@ impl CudaBackend {
         let group = group_for(cols);
         let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
         let (rows32, cols32, eps32) = (to_u32(op, rows)?, to_u32(op, cols)?, eps as f32);
-        let name = format!("{op}_{suffix}");
         match grad {
-            None => launch!(&self.gpu, lockstep_kernels::LAYER_NORM, name, cfg;
+            None => launch!(&self.gpu, entry, cfg;
                 &out.ptr, &s.ptr, &rows32, &cols32, &eps32, &group),
             Some(grad) => {
                 let g = self.operand(op, grad, Some(&layout))?;
-                launch!(&self.gpu, lockstep_kernels::LAYER_NORM, name, cfg;
+                launch!(&self.gpu, entry, cfg;
                     &out.ptr, &g.ptr, &s.ptr, &rows32, &cols32, &eps32, &group)
             }
         }

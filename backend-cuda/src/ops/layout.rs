@@ -4,8 +4,9 @@ use lockstep_core::backend::{BackendBuffer, BufferRef};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
-use crate::backend::{CudaBackend, value_suffix, width_suffix};
+use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::entry_points;
 use crate::gpu::launch;
 use crate::views::strided;
 
@@ -49,12 +50,12 @@ impl CudaBackend {
         dst_layout: &Layout,
     ) -> Result<()> {
         const OP: &str = "copy_strided";
-        let suffix = width_suffix(OP, src.dtype())?;
+        let entry = entry_points::COPY_STRIDED.of(OP, src.dtype())?;
         let (shape, views) = strided(OP, &[src_layout, dst_layout])?;
         if shape.n == 0 {
             return Ok(());
         }
-        launch!(&self.gpu, lockstep_kernels::LAYOUT, format!("copy_strided_{suffix}"), self.gpu.grid(shape.n as usize);
+        launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
             &dst.ptr, &src.ptr, &shape, &views[0], &views[1]);
         Ok(())
     }
@@ -74,12 +75,11 @@ impl CudaBackend {
     pub(crate) fn convert(&self, src: &BufferRef, layout: &Layout, dtype: DType) -> Result<BufferRef> {
         const OP: &str = "cast";
         let s = self.operand(OP, src, Some(layout))?;
-        let from = value_suffix(OP, s.dtype())?;
-        let to = value_suffix(OP, dtype)?;
+        let cast = entry_points::cast(OP, s.dtype(), dtype)?;
         let out = self.output(dtype, layout.elem_count())?;
         let (shape, views) = strided(OP, &[layout])?;
         if shape.n > 0 {
-            launch!(&self.gpu, lockstep_kernels::LAYOUT, format!("cast_{from}_{to}"), self.gpu.grid(shape.n as usize);
+            launch!(&self.gpu, cast, self.gpu.grid(shape.n as usize);
                 &out.ptr, &s.ptr, &shape, &views[0]);
         }
         Ok(out)

@@ -9,9 +9,10 @@ use lockstep_core::backend::{BackendBuffer, BufferRef, MatmulDims};
 use lockstep_core::shape::Layout;
 use lockstep_core::{Error, Result, Shape};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
 use crate::blas::{Gemm, Operand};
 use crate::buffer::CudaBuffer;
+use crate::entry_points;
 
 /// How cuBLAS reads a row-major `rows x cols` matrix with strides (rs, cs) as its transpose
 /// (`cols x rows`, column-major): (transpose flag, leading dimension), or None if it cannot.
@@ -37,7 +38,8 @@ impl CudaBackend {
         const OP: &str = "matmul";
         let (a, b) = (self.operand(OP, lhs, Some(ll))?, self.operand(OP, rhs, Some(rl))?);
         let dtype = self.same_dtype(OP, a, b)?;
-        float_suffix(OP, dtype)?;
+        // cuBLAS takes the dtypes the kernels compute with.
+        entry_points::float_index(OP, dtype)?;
         let MatmulDims { batch, m, n, k } = dims;
         if ll.dims() != [batch, m, k] || rl.dims() != [batch, k, n] {
             return Err(Error::shape(

@@ -14,7 +14,8 @@ use lockstep_core::backend::{AdamOperands, Backend, BackendBuffer, BufferRef, Sg
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, HostVec, Result};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points::{self, Floats};
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
@@ -89,7 +90,7 @@ impl CudaBackend {
 
     /// Whether `dtype` runs the multi-tensor kernels: a CUDA float dtype whose check passed.
     fn fused_for(&self, dtype: DType) -> bool {
-        float_suffix("multi-tensor", dtype).is_ok() && self.multi_tensor_passes_check(dtype)
+        entry_points::float_index("multi-tensor", dtype).is_ok() && self.multi_tensor_passes_check(dtype)
     }
 
     /// `Backend::adam_steps`.
@@ -131,7 +132,7 @@ impl CudaBackend {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.launch_updates(OP, dtype, &entries)
+        self.launch_updates(OP, entry_points::ADAM_STEPS, dtype, &entries)
     }
 
     /// `Backend::sgd_steps`.
@@ -185,16 +186,16 @@ impl CudaBackend {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.launch_updates(OP, dtype, &entries)
+        self.launch_updates(OP, entry_points::SGD_STEPS, dtype, &entries)
     }
 
-    /// One launch of the update kernel `op` over `entries`.
-    fn launch_updates(&self, op: &'static str, dtype: DType, entries: &[Entry]) -> Result<()> {
+    /// One launch of the update kernel `kernel` (of `op`) over `entries`.
+    fn launch_updates(&self, op: &'static str, kernel: Floats, dtype: DType, entries: &[Entry]) -> Result<()> {
+        let entry = kernel.of(op, dtype)?;
         let Some(table) = self.table(entries)? else {
             return Ok(());
         };
-        let suffix = float_suffix(op, dtype)?;
-        launch!(&self.gpu, lockstep_kernels::OPTIM, format!("{op}_{suffix}"), chunk_grid(table.count);
+        launch!(&self.gpu, entry, chunk_grid(table.count);
             &table.tensors, &table.chunks, &CHUNK_LEN);
         // Freed in stream order: the pool hands it out again only to work queued after this launch.
         drop(table.buffer);
@@ -238,13 +239,12 @@ impl CudaBackend {
         let partials = self.output(DType::I64, chunks as usize)?;
         let mut first = 0u32;
         for (dtype, table) in &tables {
-            let suffix = float_suffix(OP, *dtype)?;
-            launch!(&self.gpu, lockstep_kernels::OPTIM, format!("{OP}_{suffix}"), chunk_grid(table.count);
+            launch!(&self.gpu, entry_points::SUM_OF_SQUARES.of(OP, *dtype)?, chunk_grid(table.count);
                 &table.tensors, &table.chunks, &CHUNK_LEN, &partials.ptr, &first);
             first += table.count;
         }
         let out = self.output(DType::F32, 1)?;
-        launch!(&self.gpu, lockstep_kernels::OPTIM, "sum_partials", chunk_grid(1);
+        launch!(&self.gpu, entry_points::SUM_PARTIALS.entry(), chunk_grid(1);
             &partials.ptr, &chunks, &out.ptr);
         Ok(out)
     }
@@ -281,8 +281,7 @@ impl CudaBackend {
                 outs[i] = Some(dst as BufferRef);
             }
             if let Some(table) = self.table(&entries)? {
-                let suffix = float_suffix(OP, dtype)?;
-                launch!(&self.gpu, lockstep_kernels::OPTIM, format!("{OP}_{suffix}"), chunk_grid(table.count);
+                launch!(&self.gpu, entry_points::SCALED_COPIES.of(OP, dtype)?, chunk_grid(table.count);
                     &table.tensors, &table.chunks, &CHUNK_LEN, &factor_ptr);
             }
         }

@@ -5,18 +5,21 @@ use lockstep_core::backend::{AdamStep, BackendBuffer, BufferRef, SgdStep};
 use lockstep_core::shape::Layout;
 use lockstep_core::{Error, Result};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
 use crate::buffer::CudaBuffer;
+use crate::entry_points::{self, EntryPoint, Floats};
 use crate::gpu::launch;
 use crate::views::to_u32;
 
 impl CudaBackend {
-    /// The operands of an update: same dtype and length as the first.
+    /// The operands of an update (same dtype and length as the first) and `kernel`'s entry
+    /// point for their dtype.
     fn update_operands<'a>(
         &self,
         op: &'static str,
+        kernel: Floats,
         bufs: &[&'a BufferRef],
-    ) -> Result<(Vec<&'a CudaBuffer>, &'static str, u32)> {
+    ) -> Result<(Vec<&'a CudaBuffer>, EntryPoint, u32)> {
         let first = self.operand(op, bufs[0], None)?;
         let layout = Layout::contiguous([first.len()]);
         let mut all = vec![first];
@@ -31,14 +34,13 @@ impl CudaBackend {
             }
             all.push(other);
         }
-        let suffix = float_suffix(op, first.dtype())?;
-        Ok((all, suffix, to_u32(op, first.len())?))
+        Ok((all, kernel.of(op, first.dtype())?, to_u32(op, first.len())?))
     }
 
     pub(crate) fn add_scaled(&self, dst: &BufferRef, src: &BufferRef, alpha: f64) -> Result<()> {
-        let (b, suffix, n) = self.update_operands("axpy", &[dst, src])?;
+        let (b, axpy, n) = self.update_operands("axpy", entry_points::AXPY, &[dst, src])?;
         if n > 0 {
-            launch!(&self.gpu, lockstep_kernels::OPTIM, format!("axpy_{suffix}"), self.gpu.grid(n as usize);
+            launch!(&self.gpu, axpy, self.gpu.grid(n as usize);
                 &b[0].ptr, &b[1].ptr, &n, &(alpha as f32));
         }
         Ok(())
@@ -53,7 +55,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let mut all = vec![param, grad];
         all.extend(momentum_buf);
-        let (b, suffix, n) = self.update_operands("sgd_step", &all)?;
+        let (b, sgd_step, n) = self.update_operands("sgd_step", entry_points::SGD_STEP, &all)?;
         let (keep, take) = if s.first_step {
             (0.0, 1.0)
         } else {
@@ -63,7 +65,7 @@ impl CudaBackend {
         let momentum_ptr: u64 = b.get(2).map_or(0, |m| m.ptr);
         let f = |x: f64| x as f32;
         if n > 0 {
-            launch!(&self.gpu, lockstep_kernels::OPTIM, format!("sgd_step_{suffix}"), self.gpu.grid(n as usize);
+            launch!(&self.gpu, sgd_step, self.gpu.grid(n as usize);
                 &b[0].ptr, &b[1].ptr, &momentum_ptr, &n, &f(s.lr), &f(s.weight_decay), &f(keep), &f(take),
                 &f(s.momentum), &u32::from(s.nesterov));
         }
@@ -78,10 +80,10 @@ impl CudaBackend {
         v: &BufferRef,
         s: &AdamStep,
     ) -> Result<()> {
-        let (b, suffix, n) = self.update_operands("adam_step", &[param, grad, m, v])?;
+        let (b, adam_step, n) = self.update_operands("adam_step", entry_points::ADAM_STEP, &[param, grad, m, v])?;
         let k = s.constants().in_kernel_order().map(|x| x as f32);
         if n > 0 {
-            launch!(&self.gpu, lockstep_kernels::OPTIM, format!("adam_step_{suffix}"), self.gpu.grid(n as usize);
+            launch!(&self.gpu, adam_step, self.gpu.grid(n as usize);
                 &b[0].ptr, &b[1].ptr, &b[2].ptr, &b[3].ptr, &n, &k[0], &k[1], &k[2], &k[3], &k[4], &k[5], &k[6],
                 &k[7], &k[8]);
         }

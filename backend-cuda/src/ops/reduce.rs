@@ -5,7 +5,8 @@ use lockstep_core::backend::{BackendBuffer, BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::{sub_shape, to_u32};
 
@@ -24,7 +25,10 @@ impl CudaBackend {
     ) -> Result<BufferRef> {
         let op = kind.name();
         let s = self.operand(op, src, Some(layout))?;
-        let suffix = float_suffix(op, s.dtype())?;
+        let (reduce, combine) = (
+            entry_points::REDUCE.of(op, s.dtype())?,
+            entry_points::COMBINE_CHUNKS.of(op, s.dtype())?,
+        );
         kind.check_axes(layout.shape.rank(), axes)?;
         let [kept, reduced] = split_axes(layout, axes);
         let n_out: usize = kept.0.iter().product();
@@ -57,13 +61,13 @@ impl CudaBackend {
         let (value, index) = partials.as_ref().map_or((out.ptr, out.ptr), |(v, i)| (v.ptr, i.ptr));
         let group = group_for(chunk_len);
         let cfg = self.gpu.blocks((n_out * chunks).div_ceil((BLOCK / group) as usize))?;
-        launch!(&self.gpu, lockstep_kernels::REDUCE, format!("reduce_{suffix}"), cfg;
+        launch!(&self.gpu, reduce, cfg;
             &out.ptr, &out.ptr, &value, &index, &s.ptr, &n_out32, &n_red32, &offset, &kept, &reduced,
             &kind_index, &group, &chunk_len32);
         if chunks > 1 {
             let group = group_for(chunks);
             let cfg = self.gpu.blocks(n_out.div_ceil((BLOCK / group) as usize))?;
-            launch!(&self.gpu, lockstep_kernels::REDUCE, format!("combine_chunks_{suffix}"), cfg;
+            launch!(&self.gpu, combine, cfg;
                 &out.ptr, &out.ptr, &value, &index, &n_out32, &chunks32, &kind_index, &group);
         }
         Ok(out)

@@ -6,7 +6,8 @@ use lockstep_core::backend::{BackendBuffer, BufferRef, CausalSoftmax};
 use lockstep_core::shape::Layout;
 
 use super::reduce::group_for;
-use crate::backend::{CudaBackend, float_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
@@ -14,7 +15,7 @@ impl CudaBackend {
     pub(crate) fn softmax_rows(&self, src: &BufferRef, rows: usize, cols: usize, log: bool) -> Result<BufferRef> {
         let op = if log { "log_softmax" } else { "softmax" };
         let s = self.operand(op, src, Some(&Layout::contiguous([rows, cols])))?;
-        let suffix = float_suffix(op, s.dtype())?;
+        let entry = entry_points::SOFTMAX.of(op, s.dtype())?;
         let out = self.output(s.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(out);
@@ -22,7 +23,7 @@ impl CudaBackend {
         let group = group_for(cols);
         let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
         let (rows32, cols32, log_form) = (to_u32(op, rows)?, to_u32(op, cols)?, u32::from(log));
-        launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("softmax_{suffix}"), cfg;
+        launch!(&self.gpu, entry, cfg;
             &out.ptr, &s.ptr, &rows32, &cols32, &log_form, &group);
         Ok(out)
     }
@@ -41,7 +42,7 @@ impl CudaBackend {
             self.operand(OP, grad, Some(&layout))?,
             self.operand(OP, out, Some(&layout))?,
         );
-        let suffix = float_suffix(OP, y.dtype())?;
+        let entry = entry_points::SOFTMAX_BACKWARD.of(OP, y.dtype())?;
         let dx = self.output(y.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(dx);
@@ -49,7 +50,7 @@ impl CudaBackend {
         let group = group_for(cols);
         let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
         let (rows32, cols32) = (to_u32(OP, rows)?, to_u32(OP, cols)?);
-        launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("softmax_backward_{suffix}"), cfg;
+        launch!(&self.gpu, entry, cfg;
             &dx.ptr, &g.ptr, &y.ptr, &rows32, &cols32, &group);
         Ok(dx)
     }
@@ -66,7 +67,11 @@ impl CudaBackend {
         let layout = Layout::contiguous([spec.rows, spec.t]);
         let x = self.operand(op, scores, Some(&layout))?;
         let g = grad.map(|g| self.operand(op, g, Some(&layout))).transpose()?;
-        let suffix = float_suffix(op, x.dtype())?;
+        let kernel = match grad {
+            None => entry_points::CAUSAL_SOFTMAX,
+            Some(_) => entry_points::CAUSAL_SOFTMAX_BACKWARD,
+        };
+        let entry = kernel.of(op, x.dtype())?;
         let out = self.output(x.dtype(), spec.rows * spec.t)?;
         if spec.rows * spec.t == 0 {
             return Ok(out);
@@ -78,9 +83,9 @@ impl CudaBackend {
         let (rows, t, scale) = (to_u32(op, spec.rows)?, to_u32(op, spec.t)?, spec.scale as f32);
         let (dropout, seed, counter, p, keep) = spec.kernel_dropout();
         match g {
-            None => launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("causal_softmax_{suffix}"), cfg;
+            None => launch!(&self.gpu, entry, cfg;
                 &out.ptr, &x.ptr, &rows, &t, &scale, &dropout, &seed, &counter, &p, &keep, &group),
-            Some(g) => launch!(&self.gpu, lockstep_kernels::SOFTMAX, format!("causal_softmax_backward_{suffix}"), cfg;
+            Some(g) => launch!(&self.gpu, entry, cfg;
                 &out.ptr, &g.ptr, &x.ptr, &rows, &t, &scale, &dropout, &seed, &counter, &p, &keep, &group),
         }
         Ok(out)

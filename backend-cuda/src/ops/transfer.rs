@@ -7,14 +7,16 @@ use lockstep_core::{DType, Error, HostVec, Result, map_host_vec};
 
 use cudarc::driver::result;
 
-use crate::backend::{CudaBackend, float_suffix, width_suffix};
+use crate::backend::CudaBackend;
+use crate::entry_points;
 use crate::error::driver_error;
 use crate::gpu::launch;
 use crate::views::to_u32;
 
 impl CudaBackend {
     pub(crate) fn upload(&self, data: &HostVec) -> Result<BufferRef> {
-        width_suffix("from_host", data.dtype())?;
+        // A dtype the copy kernels can move (all but f64).
+        entry_points::width_index("from_host", data.dtype())?;
         let out = self.output(data.dtype(), data.len())?;
         let bytes: &[u8] = map_host_vec!(data, v => bytemuck::cast_slice(v.as_slice()));
         if !bytes.is_empty() {
@@ -59,23 +61,23 @@ impl CudaBackend {
     /// zeros and full: `value` converted to `dtype` on the host, then one word per element.
     pub(crate) fn fill(&self, dtype: DType, len: usize, value: f64) -> Result<BufferRef> {
         let word = HostVec::from_f64(dtype, &[value]);
-        width_suffix("full", dtype)?;
+        let fill = entry_points::FILL.of("full", dtype)?;
         let out = self.output(dtype, len)?;
         let n = to_u32("full", len)?;
         let cfg = self.gpu.grid(len);
         match word {
             HostVec::F16(v) => {
-                launch!(&self.gpu, lockstep_kernels::FILL, "fill_u16", cfg; &out.ptr, &n, &v[0].to_bits())
+                launch!(&self.gpu, fill, cfg; &out.ptr, &n, &v[0].to_bits())
             }
             HostVec::BF16(v) => {
-                launch!(&self.gpu, lockstep_kernels::FILL, "fill_u16", cfg; &out.ptr, &n, &v[0].to_bits())
+                launch!(&self.gpu, fill, cfg; &out.ptr, &n, &v[0].to_bits())
             }
             HostVec::F32(v) => {
-                launch!(&self.gpu, lockstep_kernels::FILL, "fill_u32", cfg; &out.ptr, &n, &v[0].to_bits())
+                launch!(&self.gpu, fill, cfg; &out.ptr, &n, &v[0].to_bits())
             }
-            HostVec::U32(v) => launch!(&self.gpu, lockstep_kernels::FILL, "fill_u32", cfg; &out.ptr, &n, &v[0]),
+            HostVec::U32(v) => launch!(&self.gpu, fill, cfg; &out.ptr, &n, &v[0]),
             HostVec::I64(v) => {
-                launch!(&self.gpu, lockstep_kernels::FILL, "fill_u64", cfg; &out.ptr, &n, &(v[0] as u64))
+                launch!(&self.gpu, fill, cfg; &out.ptr, &n, &(v[0] as u64))
             }
             HostVec::F64(_) => return Err(Error::dtype("full", DType::F64)),
         }
@@ -90,14 +92,14 @@ impl CudaBackend {
         seed: u64,
         counter: u64,
     ) -> Result<BufferRef> {
-        let suffix = float_suffix("rand", dtype)?;
+        let rand = entry_points::RAND.of("rand", dtype)?;
         let out = self.output(dtype, len)?;
         let (normal, a, b) = match dist {
             Distribution::Uniform { low, high } => (0u32, low, high - low),
             Distribution::Normal { mean, std } => (1u32, mean, std),
         };
         let n = to_u32("rand", len)?;
-        launch!(&self.gpu, lockstep_kernels::RAND, format!("rand_{suffix}"), self.gpu.grid(len);
+        launch!(&self.gpu, rand, self.gpu.grid(len);
             &out.ptr, &n, &seed, &counter, &normal, &a, &b);
         Ok(out)
     }
@@ -113,13 +115,13 @@ impl CudaBackend {
     ) -> Result<BufferRef> {
         const OP: &str = "dropout";
         let s = self.operand(OP, src, Some(&Layout::contiguous([len])))?;
-        let suffix = float_suffix(OP, s.dtype())?;
+        let entry = entry_points::DROPOUT.of(OP, s.dtype())?;
         let out = self.output(s.dtype(), len)?;
         if len == 0 {
             return Ok(out);
         }
         let (n, p32, scale) = (to_u32(OP, len)?, p as f32, (1.0 / (1.0 - p)) as f32);
-        launch!(&self.gpu, lockstep_kernels::RAND, format!("dropout_{suffix}"), self.gpu.grid(len);
+        launch!(&self.gpu, entry, self.gpu.grid(len);
             &out.ptr, &s.ptr, &n, &seed, &counter, &p32, &scale);
         Ok(out)
     }
