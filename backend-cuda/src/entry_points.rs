@@ -47,58 +47,39 @@ impl Family {
     }
 }
 
-/// A single entry point (no dtype in its name, or one dtype only).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct One(Family);
-/// One entry point per float dtype the kernels compute with: `_f32`, `_f16`, `_bf16`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Floats(Family);
-/// One per element width, for kernels that only move bits: `_u16`, `_u32`, `_u64`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Widths(Family);
-/// One per dtype but f64, for kernels that read values: `_u32`, `_i64`, then the floats.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Values(Family);
-/// The fused attention kernels: one per half dtype and head dim, `_f16_d32` … `_bf16_d128`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HalfHeads(Family);
-/// One per half dtype: `_f16`, `_bf16`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Halves(Family);
+/// Declares each kind of family: a `Family` whose names follow the `names!` arm of its name.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $kind:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) struct $kind(Family);
+    )*};
+}
+
+kinds! {
+    /// A single entry point (no dtype in its name, or one dtype only).
+    One;
+    /// One entry point per float dtype the kernels compute with: `_f32`, `_f16`, `_bf16`.
+    Floats;
+    /// One per element width, for kernels that only move bits: `_u16`, `_u32`, `_u64`.
+    Widths;
+    /// One per dtype but f64, for kernels that read values: `_u32`, `_i64`, then the floats.
+    Values;
+    /// The fused attention kernels: one per half dtype and head dim, `_f16_d32` … `_bf16_d128`.
+    HalfHeads;
+    /// One per half dtype: `_f16`, `_bf16`.
+    Halves;
+}
 
 /// The names of a family of `kind` from `prefix`, in the order its `of` picks them.
 macro_rules! names {
-    (One, $p:literal) => {
-        [$p]
-    };
-    (Floats, $p:literal) => {
-        [concat!($p, "_f32"), concat!($p, "_f16"), concat!($p, "_bf16")]
-    };
-    (Widths, $p:literal) => {
-        [concat!($p, "_u16"), concat!($p, "_u32"), concat!($p, "_u64")]
-    };
-    (Values, $p:literal) => {
-        [
-            concat!($p, "_u32"),
-            concat!($p, "_i64"),
-            concat!($p, "_f32"),
-            concat!($p, "_f16"),
-            concat!($p, "_bf16"),
-        ]
-    };
-    (HalfHeads, $p:literal) => {
-        [
-            concat!($p, "_f16_d32"),
-            concat!($p, "_f16_d64"),
-            concat!($p, "_f16_d128"),
-            concat!($p, "_bf16_d32"),
-            concat!($p, "_bf16_d64"),
-            concat!($p, "_bf16_d128"),
-        ]
-    };
-    (Halves, $p:literal) => {
-        [concat!($p, "_f16"), concat!($p, "_bf16")]
-    };
+    (One, $p:literal) => { [$p] };
+    (Floats, $p:literal) => { names!($p; "_f32" "_f16" "_bf16") };
+    (Widths, $p:literal) => { names!($p; "_u16" "_u32" "_u64") };
+    (Values, $p:literal) => { names!($p; "_u32" "_i64" "_f32" "_f16" "_bf16") };
+    (HalfHeads, $p:literal) => { names!($p; "_f16_d32" "_f16_d64" "_f16_d128" "_bf16_d32" "_bf16_d64" "_bf16_d128") };
+    (Halves, $p:literal) => { names!($p; "_f16" "_bf16") };
+    ($p:literal; $($suffix:literal)*) => { [$(concat!($p, $suffix)),*] };
 }
 
 /// Declares each family as a const, its slots following the previous family's, then `SLOTS`
@@ -248,32 +229,23 @@ impl One {
     }
 }
 
-impl Floats {
-    /// The entry point for `dtype`, or the error `op` gives for a dtype the kernels lack.
-    pub(crate) fn of(&self, op: &'static str, dtype: DType) -> Result<EntryPoint> {
-        Ok(self.0.entry(float_index(op, dtype)?))
-    }
+/// `of(op, dtype)` for each kind picked by one dtype, through its index function.
+macro_rules! picked_by_dtype {
+    ($($kind:ident by $index:ident;)*) => {$(
+        impl $kind {
+            /// The entry point for `dtype`, or the error `op` gives for a dtype it lacks.
+            pub(crate) fn of(&self, op: &'static str, dtype: DType) -> Result<EntryPoint> {
+                Ok(self.0.entry($index(op, dtype)?))
+            }
+        }
+    )*};
 }
 
-impl Widths {
-    /// The entry point for `dtype`'s element width.
-    pub(crate) fn of(&self, op: &'static str, dtype: DType) -> Result<EntryPoint> {
-        Ok(self.0.entry(width_index(op, dtype)?))
-    }
-}
-
-impl Values {
-    /// The entry point for `dtype`.
-    pub(crate) fn of(&self, op: &'static str, dtype: DType) -> Result<EntryPoint> {
-        Ok(self.0.entry(value_index(op, dtype)?))
-    }
-}
-
-impl Halves {
-    /// The entry point for `dtype`, f16 or bf16.
-    pub(crate) fn of(&self, op: &'static str, dtype: DType) -> Result<EntryPoint> {
-        Ok(self.0.entry(half_index(op, dtype)?))
-    }
+picked_by_dtype! {
+    Floats by float_index;
+    Widths by width_index;
+    Values by value_index;
+    Halves by half_index;
 }
 
 impl HalfHeads {
