@@ -4,7 +4,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef, RunningStatsSpec, distinct_buffers};
+use lockstep_core::backend::{BackendBuffer, BatchNormSpec, BufferRef, RunningStatsSpec};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -155,21 +155,13 @@ impl CudaBackend {
         spec: &RunningStatsSpec,
     ) -> Result<Option<()>> {
         const OP: &str = "batch_norm_running";
-        let [keep, take, unbias] = spec.factors(OP)?;
-        let mut roles = vec![running[0], running[1], batch[0], batch[1]];
-        roles.extend(batches);
-        distinct_buffers(OP, &roles)?;
-        let channels = Layout::contiguous([spec.channels]);
-        let [running_mean, running_var, mean, var] =
-            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));
-        let stats = [running_mean?, running_var?, mean?, var?];
-        let batches = batches
-            .map(|b| self.operand(OP, b, Some(&Layout::contiguous([1]))))
-            .transpose()?;
-        if stats.iter().any(|b| b.dtype() != DType::F32) || batches.is_some_and(|b| b.dtype() != DType::I64) {
+        let Some([keep, take, unbias]) = spec.fused_factors(OP, running, batch, batches)? else {
             return Ok(None);
-        }
-        let [running_mean, running_var, mean, var] = stats;
+        };
+        let [running_mean, running_var, mean, var] =
+            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, None));
+        let [running_mean, running_var, mean, var] = [running_mean?, running_var?, mean?, var?];
+        let batches = batches.map(|b| self.operand(OP, b, None)).transpose()?;
         // No count: a null pointer, which the kernel checks.
         let batches_ptr = batches.map_or(0, |b| b.ptr);
         let n = to_u32(OP, spec.channels)?;

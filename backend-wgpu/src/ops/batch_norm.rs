@@ -5,7 +5,7 @@
 //! product), read where it lies; the running statistics are blended in one more dispatch.
 
 use lockstep_core::backend::gpu_plan::chunk_len;
-use lockstep_core::backend::{BatchNormSpec, BufferRef, RunningStatsSpec, distinct_buffers};
+use lockstep_core::backend::{BatchNormSpec, BufferRef, RunningStatsSpec};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
@@ -187,27 +187,19 @@ impl WgpuBackend {
         spec: &RunningStatsSpec,
     ) -> Result<Option<()>> {
         const OP: &str = "batch_norm_running";
-        let [keep, take, unbias] = spec.factors(OP)?;
-        let mut roles = vec![running[0], running[1], batch[0], batch[1]];
-        roles.extend(batches);
-        distinct_buffers(OP, &roles)?;
-        let channels = Layout::contiguous([spec.channels]);
-        let [running_mean, running_var, mean, var] =
-            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, Some(&channels)));
-        let stats = [running_mean?, running_var?, mean?, var?];
-        let batches = batches
-            .map(|b| self.operand(OP, b, Some(&Layout::contiguous([1]))))
-            .transpose()?;
-        if stats.iter().any(|b| b.dtype() != DType::F32) || batches.is_some_and(|b| b.dtype() != DType::I64) {
+        let Some([keep, take, unbias]) = spec.fused_factors(OP, running, batch, batches)? else {
             return Ok(None);
-        }
+        };
+        let [running_mean, running_var, mean, var] =
+            [running[0], running[1], batch[0], batch[1]].map(|b| self.operand(OP, b, None));
+        let [running_mean, running_var, mean, var] = [running_mean?, running_var?, mean?, var?];
+        let batches = batches.map(|b| self.operand(OP, b, None)).transpose()?;
         let params = [
             to_u32(OP, spec.channels)?,
             keep.to_bits(),
             take.to_bits(),
             unbias.to_bits(),
         ];
-        let [running_mean, running_var, mean, var] = stats;
         let mut bindings = vec![(3, mean), (4, var), (12, running_mean), (13, running_var)];
         let name = match batches {
             Some(batches) => {

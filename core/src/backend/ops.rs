@@ -1,5 +1,6 @@
 //! The operation vocabularies shared by every backend.
 
+use super::{BufferRef, distinct_buffers};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::{Layout, MergedDims, Shape};
@@ -685,6 +686,35 @@ impl RunningStatsSpec {
         let unbias = self.count as f64 / (self.count - 1) as f64;
         Ok([(1.0 - self.momentum) as f32, self.momentum as f32, unbias as f32])
     }
+
+    /// What a backend's own `batch_norm_running` checks before its kernel: the `factors`, the
+    /// operands distinct buffers (the running pair written, the rest read), each statistic
+    /// holding `channels` values and the count one. Then the factors, or `None` unless the
+    /// statistics are f32 and the count I64, the dtypes the kernels take (the caller composes
+    /// the others).
+    pub fn fused_factors(
+        &self,
+        op: &'static str,
+        running: [&BufferRef; 2],
+        batch: [&BufferRef; 2],
+        batches: Option<&BufferRef>,
+    ) -> Result<Option<[f32; 3]>> {
+        let factors = self.factors(op)?;
+        let stats = [running[0], running[1], batch[0], batch[1]];
+        let mut roles = stats.to_vec();
+        roles.extend(batches);
+        distinct_buffers(op, &roles)?;
+        let needed = stats.iter().map(|b| (*b, self.channels)).chain(batches.map(|b| (b, 1)));
+        for (b, len) in needed {
+            if b.len() < len {
+                let msg = format!("a statistic holds {} values where {len} are needed", b.len());
+                return Err(Error::invalid(op, msg));
+            }
+        }
+        let kernel_dtypes =
+            stats.iter().all(|b| b.dtype() == DType::F32) && batches.is_none_or(|b| b.dtype() == DType::I64);
+        Ok(kernel_dtypes.then_some(factors))
+    }
 }
 
 #[cfg(test)]
@@ -707,5 +737,33 @@ mod tests {
             split_axes(&permuted, &[0]),
             [(vec![3, 2], vec![4, 12]), (vec![4], vec![1])]
         );
+    }
+
+    #[test]
+    fn fused_running_stats_check_their_operands_and_leave_other_dtypes_to_the_caller() {
+        use crate::HostVec;
+        let b = crate::Device::parse("cpu:9").unwrap().backend().clone();
+        let buf = |v: HostVec| b.from_host(&v).unwrap();
+        let f32s = |n: usize| buf(HostVec::F32(vec![0.0; n]));
+        let spec = RunningStatsSpec {
+            channels: 3,
+            count: 4,
+            momentum: 0.25,
+        };
+        let (rm, rv, m, v) = (f32s(3), f32s(3), f32s(3), f32s(3));
+        let count = buf(HostVec::I64(vec![0]));
+        let fused =
+            |mean: &BufferRef, batches: Option<&BufferRef>| spec.fused_factors("t", [&rm, &rv], [mean, &v], batches);
+        assert_eq!(fused(&m, Some(&count)).unwrap(), Some(spec.factors("t").unwrap()));
+        assert_eq!(
+            fused(&buf(HostVec::F64(vec![0.0; 3])), None).unwrap(),
+            None,
+            "f64 statistics"
+        );
+        assert_eq!(fused(&m, Some(&f32s(1))).unwrap(), None, "an f32 count");
+        let error = |r: Result<Option<[f32; 3]>>| r.unwrap_err().to_string();
+        assert!(error(fused(&m, Some(&m))).contains("distinct buffers"));
+        assert!(error(fused(&f32s(2), None)).contains("holds 2 values where 3 are needed"));
+        assert!(error(fused(&m, Some(&buf(HostVec::I64(vec![]))))).contains("holds 0 values where 1"));
     }
 }

@@ -2,7 +2,7 @@
 //! backend, in the element types they run in; f64 keeps the composed ops.
 
 use super::float::ViaF32;
-use super::{CpuBackend, batch_norm, causal_softmax, check_len, cpu, cross_entropy, distinct, index, u32_ids};
+use super::{CpuBackend, batch_norm, causal_softmax, check_len, cpu, cross_entropy, index, u32_ids};
 use crate::backend::{BatchNormSpec, BufferRef, CausalSoftmax, CrossEntropy, RunningStatsSpec};
 use crate::dtype::{Element, HostVec};
 use crate::error::{Error, Result};
@@ -78,10 +78,9 @@ pub(super) fn batch_norm_running(
 ) -> Option<Result<()>> {
     const OP: &str = "batch_norm_running";
     let checked = || {
-        let [keep, take, unbias] = spec.factors(OP)?;
-        let mut roles = vec![running[0], running[1], mean, var];
-        roles.extend(batches);
-        distinct(OP, &roles)?;
+        let Some([keep, take, unbias]) = spec.fused_factors(OP, running, [mean, var], batches)? else {
+            return Ok(None);
+        };
         let (m, v) = (cpu(OP, mean)?.read(), cpu(OP, var)?.read());
         let (mut rm, mut rv) = (cpu(OP, running[0])?.write(), cpu(OP, running[1])?.write());
         let mut count = batches.map(|b| cpu(OP, b).map(|b| b.write())).transpose()?;
