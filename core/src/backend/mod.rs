@@ -50,15 +50,26 @@ pub type BufferRef = Arc<dyn BackendBuffer>;
 /// An error naming `op` unless `buffers` are distinct allocations: the check of every in-place
 /// op whose roles must not share a buffer (an optimizer step, a running-statistics update).
 pub fn distinct_buffers(op: &'static str, buffers: &[&BufferRef]) -> Result<()> {
-    for (i, a) in buffers.iter().enumerate() {
-        if buffers[i + 1..].iter().any(|b| Arc::ptr_eq(a, b)) {
-            return Err(Error::invalid(
-                op,
-                "the same buffer was passed in two roles; pass distinct buffers",
-            ));
-        }
+    if shares_a_buffer(buffers.iter().copied(), []) {
+        return Err(Error::invalid(
+            op,
+            "the same buffer was passed in two roles; pass distinct buffers",
+        ));
     }
     Ok(())
+}
+
+/// Whether an allocation stands twice among `written`, or among `written` and `read` both (a
+/// buffer may be read in several roles): what an in-place op must refuse.
+pub(crate) fn shares_a_buffer<'a>(
+    written: impl IntoIterator<Item = &'a BufferRef>,
+    read: impl IntoIterator<Item = &'a BufferRef>,
+) -> bool {
+    let address = |b: &BufferRef| Arc::as_ptr(b) as *const ();
+    let mut seen: Vec<*const ()> = written.into_iter().map(address).collect();
+    seen.sort_unstable();
+    let twice = seen.windows(2).any(|w| w[0] == w[1]);
+    twice || read.into_iter().any(|r| seen.binary_search(&address(r)).is_ok())
 }
 
 /// What a device reports about itself (shown by `lockstep devices`).
@@ -572,5 +583,26 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// since two parameters can share one gradient buffer. By default one `binary` per buffer.
     fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
         multi_tensor::scaled_copies_composed(self, bufs, factor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_may_be_read_twice_but_not_written_twice_or_written_and_read() {
+        let b = crate::Device::parse("cpu:9").unwrap().backend().clone();
+        let [x, y, z] = [1.0f32, 2.0, 3.0].map(|v| b.from_host(&crate::HostVec::F32(vec![v])).unwrap());
+        assert!(!shares_a_buffer([&x, &y], [&z, &z]));
+        assert!(shares_a_buffer([&x, &y, &x], []));
+        assert!(shares_a_buffer([&x], [&z, &x]));
+        assert!(distinct_buffers("t", &[&x, &y, &z]).is_ok());
+        assert!(
+            distinct_buffers("t", &[&x, &y, &y])
+                .unwrap_err()
+                .to_string()
+                .contains("two roles")
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! `sum_of_squares`, `scaled_copies`) and their default implementations, which loop over the
 //! per-tensor operations so every backend is correct before it has a kernel of its own.
 
-use super::{AdamStep, Backend, BinaryOp, BufferRef, ReduceKind, SgdStep};
+use super::{AdamStep, Backend, BinaryOp, BufferRef, ReduceKind, SgdStep, shares_a_buffer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::{Layout, Shape};
@@ -80,13 +80,7 @@ fn check_written_once<'a>(
     written: impl Iterator<Item = &'a BufferRef>,
     read: impl Iterator<Item = &'a BufferRef>,
 ) -> Result<()> {
-    let mut seen: Vec<*const ()> = written.map(|b| std::sync::Arc::as_ptr(b) as *const ()).collect();
-    seen.sort_unstable();
-    let duplicate = seen.windows(2).any(|w| w[0] == w[1]);
-    let overlap = read
-        .map(|b| std::sync::Arc::as_ptr(b) as *const ())
-        .any(|r| seen.binary_search(&r).is_ok());
-    if duplicate || overlap {
+    if shares_a_buffer(written, read) {
         return Err(Error::invalid(
             op,
             "a buffer is updated twice or is both updated and read as a gradient; pass each parameter and state \
