@@ -5,7 +5,7 @@
 mod support;
 
 use lockstep_core::backend::{LayerNormAffine, LayerNormSpec};
-use lockstep_core::{Device, Tensor};
+use lockstep_core::{DType, Device, Tensor};
 
 /// A `[rows, cols]` f32 tensor of fixed values, stride `k` through a short cycle.
 fn values(device: &Device, dims: &[usize], k: usize) -> Tensor {
@@ -88,4 +88,52 @@ fn one_dispatch_forward_and_two_backward() {
         .unwrap();
     assert_eq!(dispatched() - before, 1, "backward without an affine part");
     assert!(grads.weight.is_none() && grads.bias.is_none());
+}
+
+/// The backend's outputs for `x`, `g`, `w`, `b` (forward, dx, dw, db), as f32 values.
+fn backend_outputs(x: &Tensor, g: &Tensor, w: &Tensor, b: &Tensor, spec: &LayerNormSpec) -> Vec<Vec<f32>> {
+    let device = x.device();
+    let affine = LayerNormAffine {
+        weight: Some(w.buffer()),
+        bias: Some(b.buffer()),
+    };
+    let backend = device.backend();
+    let y = backend.layer_norm_last(x.buffer(), affine, spec).unwrap();
+    let grads = backend
+        .layer_norm_last_backward(g.buffer(), x.buffer(), affine, spec)
+        .unwrap();
+    let as_f32 = |buffer, dims: Vec<usize>| {
+        let t = Tensor::from_buffer(buffer, dims, device);
+        t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+    };
+    let (rows, cols) = (spec.rows, spec.cols);
+    vec![
+        as_f32(y, vec![rows, cols]),
+        as_f32(grads.input, vec![rows, cols]),
+        as_f32(grads.weight.unwrap(), vec![cols]),
+        as_f32(grads.bias.unwrap(), vec![cols]),
+    ]
+}
+
+#[test]
+fn bf16_runs_as_f32_on_the_same_values_rounded_once() {
+    let Some(device) = support::wgpu_device() else { return };
+    let spec = LayerNormSpec {
+        rows: 20,
+        cols: 33,
+        eps: 1e-5,
+    };
+    let bf16 = |dims: &[usize], k| values(&device, dims, k).to_dtype(DType::BF16).unwrap();
+    let narrow = [bf16(&[20, 33], 7), bf16(&[20, 33], 3), bf16(&[33], 5), bf16(&[33], 2)];
+    let wide = narrow.clone().map(|t| t.to_dtype(DType::F32).unwrap());
+    let [x, g, w, b] = &narrow;
+    let from_bf16 = backend_outputs(x, g, w, b, &spec);
+    let [x, g, w, b] = &wide;
+    let from_f32 = backend_outputs(x, g, w, b, &spec);
+    for (i, (narrow, wide)) in from_bf16.iter().zip(&from_f32).enumerate() {
+        let rounded = wide.iter().map(|v| half::bf16::from_f32(*v).to_f32());
+        for (a, b) in narrow.iter().zip(rounded) {
+            assert_eq!(a.to_bits(), b.to_bits(), "output {i}: bf16 {a}, f32 rounded {b}");
+        }
+    }
 }
