@@ -2,8 +2,8 @@
 
 use lockstep_core::backend::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
-    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    RunningStatsSpec, SgdOperands, SgdStep, UnaryOp, WorkCounters,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, LayerNormAffine, LayerNormGrads, LayerNormSpec,
+    MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdOperands, SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -189,18 +189,17 @@ impl Backend for CudaBackend {
     ) -> Option<Result<()>> {
         self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
-    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
-        self.layer_norm_rows(src, None, rows, cols, eps)
+    fn layer_norm_last(&self, src: &BufferRef, affine: LayerNormAffine<'_>, spec: &LayerNormSpec) -> Result<BufferRef> {
+        self.layer_norm_forward(src, affine, spec)
     }
     fn layer_norm_last_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,
-        rows: usize,
-        cols: usize,
-        eps: f64,
-    ) -> Result<BufferRef> {
-        self.layer_norm_rows(src, Some(grad), rows, cols, eps)
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        self.layer_norm_backward(grad, src, affine, spec)
     }
 
     fn index_select(

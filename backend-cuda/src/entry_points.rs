@@ -131,6 +131,7 @@ families! {
     CROSS_ENTROPY_BACKWARD: Floats = CROSS_ENTROPY "cross_entropy_backward";
     LAYER_NORM: Floats = LAYER_NORM "layer_norm";
     LAYER_NORM_BACKWARD: Floats = LAYER_NORM "layer_norm_backward";
+    LAYER_NORM_COLUMN_SUMS: Floats = LAYER_NORM "layer_norm_column_sums";
     BATCH_NORM_MOMENTS: Floats = BATCH_NORM "batch_norm_moments";
     BATCH_NORM_STATISTICS: One = BATCH_NORM "batch_norm_statistics_f32";
     BATCH_NORM_NORMALIZE: Floats = BATCH_NORM "batch_norm_normalize";

@@ -1,6 +1,15 @@
-// layer_norm_last over the last axis of a contiguous [rows, cols] and its gradient: a group of G
-// threads per row (as softmax.cu) combines the row's sums in shared memory. f32 math; the
-// backward pass recomputes the statistics instead of storing them.
+// layer_norm_last over the last axis of a contiguous [rows, cols] with its optional affine part,
+// and its gradients: a group of G threads per row (as softmax.cu) combines the row's sums in
+// shared memory. f32 math; the backward pass recomputes the statistics instead of storing them.
+// The weight's and bias's gradients are column sums over the rows in an order fixed by the shape:
+// each group sums its chunk of rows into `parts` in row order (each column of a chunk written by
+// the one thread that owns it, no atomics), then layer_norm_column_sums adds the chunks in order.
+// flags: LN_WEIGHT a weight, LN_BIAS a bias (an absent one's pointer is never read), LN_SUMS the
+// backward pass sums the columns into parts, [2, chunks, cols]: grad * normed, then grad.
+
+#define LN_WEIGHT 1u
+#define LN_BIAS 2u
+#define LN_SUMS 4u
 
 // The row's mean (x) and 1 / sqrt(var + eps) (y), biased variance, two passes.
 template <typename T>
@@ -17,38 +26,75 @@ __device__ __forceinline__ float2 row_statistics(float* scratch, const T* src, u
     return make_float2(mean, rsqrtf(combine(scratch, lane, group, squares, false) / cols + eps));
 }
 
+// The weight of column c, 1 without one.
+template <typename T>
+__device__ __forceinline__ float ln_scale(const T* weight, u32 flags, u32 c) {
+    return (flags & LN_WEIGHT) ? to_f32(weight[c]) : 1.0f;
+}
+
 #define LAYER_NORM(T, suffix)                                                                     \
-    extern "C" __global__ void layer_norm_##suffix(T* out, const T* src, u32 rows, u32 cols,      \
-                                                   float eps, u32 group) {                        \
+    extern "C" __global__ void layer_norm_##suffix(T* out, const T* src, const T* weight,         \
+                                                   const T* bias, u32 rows, u32 cols, float eps,  \
+                                                   u32 group, u32 flags) {                        \
         __shared__ float scratch[256];                                                            \
         u32 lane = threadIdx.x % group;                                                           \
         u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                        \
         u32 base = (row < rows ? row : rows - 1) * cols;                                          \
         float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);                    \
         if (row >= rows) return;                                                                  \
-        for (u32 c = lane; c < cols; c += group)                                                  \
-            out[base + c] = from_f32<T>((to_f32(src[base + c]) - s.x) * s.y);                     \
+        for (u32 c = lane; c < cols; c += group) {                                                \
+            float y = (to_f32(src[base + c]) - s.x) * s.y * ln_scale(weight, flags, c);           \
+            if (flags & LN_BIAS) y += to_f32(bias[c]);                                            \
+            out[base + c] = from_f32<T>(y);                                                       \
+        }                                                                                         \
     }                                                                                             \
-    extern "C" __global__ void layer_norm_backward_##suffix(T* out, const T* grad, const T* src,  \
-                                                            u32 rows, u32 cols, float eps,        \
-                                                            u32 group) {                          \
+    /* A group per chunk of chunk_rows rows, in order: every thread runs every row's combines   \
+       (their barriers), a row past the end writing nothing. */                                   \
+    extern "C" __global__ void layer_norm_backward_##suffix(                                      \
+        T* out, float* parts, const T* grad, const T* src, const T* weight, u32 rows, u32 cols,   \
+        float eps, u32 group, u32 flags, u32 chunk_rows, u32 chunks) {                            \
         __shared__ float scratch[256];                                                            \
         u32 lane = threadIdx.x % group;                                                           \
-        u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                        \
-        u32 base = (row < rows ? row : rows - 1) * cols;                                          \
-        float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);                    \
-        float local_g = 0.0f, local_gn = 0.0f;                                                    \
-        for (u32 c = lane; c < cols; c += group) {                                                \
-            float g = to_f32(grad[base + c]);                                                     \
-            local_g += g;                                                                         \
-            local_gn += g * (to_f32(src[base + c]) - s.x) * s.y;                                  \
+        u32 chunk = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                      \
+        for (u32 i = 0; i < chunk_rows; ++i) {                                                    \
+            u32 row = chunk * chunk_rows + i;                                                     \
+            u32 base = (row < rows ? row : rows - 1) * cols;                                      \
+            float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);                \
+            float local_gw = 0.0f, local_gwn = 0.0f;                                              \
+            for (u32 c = lane; c < cols; c += group) {                                            \
+                float gw = to_f32(grad[base + c]) * ln_scale(weight, flags, c);                   \
+                local_gw += gw;                                                                   \
+                local_gwn += gw * (to_f32(src[base + c]) - s.x) * s.y;                            \
+            }                                                                                     \
+            float gw_mean = combine(scratch, lane, group, local_gw, false) / cols;               \
+            float gwn_mean = combine(scratch, lane, group, local_gwn, false) / cols;             \
+            if (row >= rows) continue;                                                            \
+            for (u32 c = lane; c < cols; c += group) {                                            \
+                float g = to_f32(grad[base + c]);                                                 \
+                float normed = (to_f32(src[base + c]) - s.x) * s.y;                               \
+                float gw = g * ln_scale(weight, flags, c);                                        \
+                out[base + c] = from_f32<T>(s.y * (gw - gw_mean - normed * gwn_mean));            \
+                if (flags & LN_SUMS) {                                                            \
+                    /* The chunk's first row starts its sums. */                                  \
+                    u32 at = chunk * cols + c, at_bias = (chunks + chunk) * cols + c;             \
+                    parts[at] = (i ? parts[at] : 0.0f) + g * normed;                              \
+                    parts[at_bias] = (i ? parts[at_bias] : 0.0f) + g;                             \
+                }                                                                                 \
+            }                                                                                     \
         }                                                                                         \
-        float g_mean = combine(scratch, lane, group, local_g, false) / cols;                     \
-        float gn_mean = combine(scratch, lane, group, local_gn, false) / cols;                   \
-        if (row >= rows) return;                                                                  \
-        for (u32 c = lane; c < cols; c += group) {                                                \
-            float normed = (to_f32(src[base + c]) - s.x) * s.y;                                   \
-            out[base + c] = from_f32<T>(s.y * (to_f32(grad[base + c]) - g_mean - normed * gn_mean)); \
+    }                                                                                             \
+    /* A thread per column: the weight's and bias's gradients, the chunks added in order. */      \
+    extern "C" __global__ void layer_norm_column_sums_##suffix(T* dweight, T* dbias,              \
+                                                               const float* parts, u32 cols,      \
+                                                               u32 chunks) {                      \
+        u32 c = blockIdx.x * blockDim.x + threadIdx.x;                                            \
+        if (c >= cols) return;                                                                    \
+        float dw = 0.0f, db = 0.0f;                                                               \
+        for (u32 k = 0; k < chunks; ++k) {                                                        \
+            dw += parts[k * cols + c];                                                            \
+            db += parts[(chunks + k) * cols + c];                                                 \
         }                                                                                         \
+        dweight[c] = from_f32<T>(dw);                                                             \
+        dbias[c] = from_f32<T>(db);                                                               \
     }
 FOR_FLOATS(LAYER_NORM)

@@ -81,6 +81,9 @@ fn every_entry_point_the_backend_launches_is_defined() {
         (BATCH_NORM, "batch_norm_moments_f32"),
         (BATCH_NORM, "batch_norm_input_grad_f32"),
         (BATCH_NORM, "batch_norm_running_f32"),
+        (LAYER_NORM, "layer_norm_bf16"),
+        (LAYER_NORM, "layer_norm_backward_f16"),
+        (LAYER_NORM, "layer_norm_column_sums_f32"),
     ] {
         let cubin = compile(kernel.name, &kernel.program(), "sm_90").unwrap();
         assert!(

@@ -102,7 +102,12 @@ pub const SHADERS: &[Shader] = &[
             "causal_softmax_backward"
         ]
     ),
-    shader!("layer_norm", &["T"], FLOATS, ["layer_norm", "layer_norm_backward"]),
+    shader!(
+        "layer_norm",
+        &["T"],
+        FLOATS,
+        ["layer_norm", "layer_norm_backward", "layer_norm_column_sums"]
+    ),
     shader!(
         "attention",
         &["T"],

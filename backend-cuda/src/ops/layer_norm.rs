@@ -1,9 +1,13 @@
-//! layer_norm_last and its gradient (layer_norm.cu) over the last axis of a contiguous
-//! [rows, cols].
+//! layer_norm_last with its affine part and its gradients (layer_norm.cu) over the last axis of
+//! a contiguous [rows, cols]: a group of threads per row forward, one launch; backward a group per
+//! chunk of rows writes the input's gradient and the chunk's column sums, and with a weight or
+//! bias a second launch adds the chunks in order (`gpu_plan::rows_per_chunk`, so every GPU sums
+//! in the same order).
 
-use lockstep_core::Result;
-use lockstep_core::backend::{BackendBuffer, BufferRef};
+use lockstep_core::backend::gpu_plan::rows_per_chunk;
+use lockstep_core::backend::{BackendBuffer, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
 
 use super::reduce::group_for;
 use crate::backend::CudaBackend;
@@ -11,40 +15,107 @@ use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
+/// The kernels' flags.
+const LN_WEIGHT: u32 = 1;
+const LN_BIAS: u32 = 2;
+const LN_SUMS: u32 = 4;
+
+fn affine_flags(affine: &LayerNormAffine<'_>) -> u32 {
+    LN_WEIGHT * affine.weight.is_some() as u32 + LN_BIAS * affine.bias.is_some() as u32
+}
+
 impl CudaBackend {
-    /// The normalised rows of `src`, or (with `grad`) the gradient at `src`.
-    pub(crate) fn layer_norm_rows(
+    /// `Backend::layer_norm_last`.
+    pub(crate) fn layer_norm_forward(
         &self,
         src: &BufferRef,
-        grad: Option<&BufferRef>,
-        rows: usize,
-        cols: usize,
-        eps: f64,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
     ) -> Result<BufferRef> {
-        let (op, kernel) = if grad.is_some() {
-            ("layer_norm_backward", entry_points::LAYER_NORM_BACKWARD)
-        } else {
-            ("layer_norm", entry_points::LAYER_NORM)
-        };
-        let layout = Layout::contiguous([rows, cols]);
-        let s = self.operand(op, src, Some(&layout))?;
-        let entry = kernel.of(op, s.dtype())?;
+        const OP: &str = "layer_norm";
+        affine.check(OP, src, spec)?;
+        let (rows, cols) = (spec.rows, spec.cols);
+        let s = self.operand(OP, src, Some(&Layout::contiguous([rows, cols])))?;
+        let entry = entry_points::LAYER_NORM.of(OP, s.dtype())?;
         let out = self.output(s.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(out);
         }
+        to_u32(OP, rows * cols)?;
+        // An absent part's pointer is the input's, which the kernel then never reads.
+        let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
+        let bias = self.operand(OP, affine.bias.unwrap_or(src), None)?;
         let group = group_for(cols);
         let cfg = self.gpu.blocks(rows.div_ceil((BLOCK / group) as usize))?;
-        let (rows32, cols32, eps32) = (to_u32(op, rows)?, to_u32(op, cols)?, eps as f32);
-        match grad {
-            None => launch!(&self.gpu, entry, cfg;
-                &out.ptr, &s.ptr, &rows32, &cols32, &eps32, &group),
-            Some(grad) => {
-                let g = self.operand(op, grad, Some(&layout))?;
-                launch!(&self.gpu, entry, cfg;
-                    &out.ptr, &g.ptr, &s.ptr, &rows32, &cols32, &eps32, &group)
-            }
-        }
+        let (rows32, cols32, eps32, flags) = (
+            to_u32(OP, rows)?,
+            to_u32(OP, cols)?,
+            spec.eps as f32,
+            affine_flags(&affine),
+        );
+        launch!(&self.gpu, entry, cfg;
+            &out.ptr, &s.ptr, &weight.ptr, &bias.ptr, &rows32, &cols32, &eps32, &group, &flags);
         Ok(out)
+    }
+
+    /// `Backend::layer_norm_last_backward`.
+    pub(crate) fn layer_norm_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        const OP: &str = "layer_norm_backward";
+        affine.check(OP, src, spec)?;
+        if grad.dtype() != src.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                lhs: grad.dtype(),
+                rhs: src.dtype(),
+            });
+        }
+        let (rows, cols) = (spec.rows, spec.cols);
+        let layout = Layout::contiguous([rows, cols]);
+        let s = self.operand(OP, src, Some(&layout))?;
+        let g = self.operand(OP, grad, Some(&layout))?;
+        let entry = entry_points::LAYER_NORM_BACKWARD.of(OP, s.dtype())?;
+        let sums_entry = entry_points::LAYER_NORM_COLUMN_SUMS.of(OP, s.dtype())?;
+        let dx = self.output(s.dtype(), rows * cols)?;
+        let sums = affine.any();
+        let mut grads = LayerNormGrads {
+            input: dx.clone(),
+            weight: None,
+            bias: None,
+        };
+        if rows * cols == 0 {
+            let zeros = || self.fill(s.dtype(), cols, 0.0);
+            grads.weight = affine.weight.map(|_| zeros()).transpose()?;
+            grads.bias = affine.bias.map(|_| zeros()).transpose()?;
+            return Ok(grads);
+        }
+        to_u32(OP, rows * cols)?;
+        let chunk_rows = if sums { rows_per_chunk(rows) } else { 1 };
+        let chunks = rows.div_ceil(chunk_rows);
+        let parts = self.output(DType::F32, if sums { 2 * chunks * cols } else { 1 })?;
+        let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
+        let group = group_for(cols);
+        let cfg = self.gpu.blocks(chunks.div_ceil((BLOCK / group) as usize))?;
+        let (rows32, cols32, eps32) = (to_u32(OP, rows)?, to_u32(OP, cols)?, spec.eps as f32);
+        let flags = affine_flags(&affine) + LN_SUMS * sums as u32;
+        let (chunk_rows32, chunks32) = (to_u32(OP, chunk_rows)?, to_u32(OP, chunks)?);
+        launch!(&self.gpu, entry, cfg;
+            &dx.ptr, &parts.ptr, &g.ptr, &s.ptr, &weight.ptr, &rows32, &cols32, &eps32, &group, &flags,
+            &chunk_rows32, &chunks32);
+        if !sums {
+            return Ok(grads);
+        }
+        let (dweight, dbias) = (self.output(s.dtype(), cols)?, self.output(s.dtype(), cols)?);
+        let cfg = self.gpu.blocks(cols.div_ceil(BLOCK as usize))?;
+        launch!(&self.gpu, sums_entry, cfg;
+            &dweight.ptr, &dbias.ptr, &parts.ptr, &cols32, &chunks32);
+        grads.weight = affine.weight.map(|_| dweight as BufferRef);
+        grads.bias = affine.bias.map(|_| dbias as BufferRef);
+        Ok(grads)
     }
 }

@@ -1,44 +1,160 @@
-//! layer_norm_last and its gradient (layer_norm.wgsl): a group of invocations per row.
+//! layer_norm_last with its affine part and its gradients (layer_norm.wgsl): a group of
+//! invocations per row forward, one dispatch; backward a group per chunk of rows writes the
+//! input's gradient and the chunk's column sums, and with a weight or bias a second dispatch sums
+//! the chunks in order (`gpu_plan::rows_per_chunk`, so every GPU sums in the same order). bf16
+//! runs on f32 copies.
 
-use lockstep_core::Result;
-use lockstep_core::backend::BufferRef;
+use lockstep_core::backend::gpu_plan::rows_per_chunk;
+use lockstep_core::backend::{BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use lockstep_core::shape::Layout;
+use lockstep_core::{DType, Error, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
 
+/// The shader's flags (params[4]).
+const HAS_WEIGHT: u32 = 1;
+const HAS_BIAS: u32 = 2;
+const SUMS_COLUMNS: u32 = 4;
+
+/// The shader's params: `[rows, cols, eps (f32 bits), group, flags, rows per chunk, chunks]`.
+fn params(op: &'static str, spec: &LayerNormSpec, group: u32, flags: u32, chunk_rows: usize) -> Result<[u32; 7]> {
+    Ok([
+        to_u32(op, spec.rows)?,
+        to_u32(op, spec.cols)?,
+        (spec.eps as f32).to_bits(),
+        group,
+        flags,
+        to_u32(op, chunk_rows)?,
+        to_u32(op, spec.rows.div_ceil(chunk_rows))?,
+    ])
+}
+
+fn affine_flags(affine: &LayerNormAffine<'_>) -> u32 {
+    HAS_WEIGHT * affine.weight.is_some() as u32 + HAS_BIAS * affine.bias.is_some() as u32
+}
+
 impl WgpuBackend {
-    /// The normalised rows of `src`, or (with `grad`) the gradient at `src`.
-    pub(crate) fn layer_norm_rows(
+    /// `Backend::layer_norm_last`.
+    pub(crate) fn layer_norm_forward(
         &self,
         src: &BufferRef,
-        grad: Option<&BufferRef>,
-        rows: usize,
-        cols: usize,
-        eps: f64,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
     ) -> Result<BufferRef> {
-        let (op, entry) = match grad {
-            None => ("layer_norm_last", "layer_norm"),
-            Some(_) => ("layer_norm_last_backward", "layer_norm_backward"),
-        };
-        let layout = Layout::contiguous([rows, cols]);
-        let src = self.operand(op, src, Some(&layout))?;
-        let t = self.float_type(op, src.dtype())?;
-        let out = self.alloc("layer_norm_rows", src.dtype(), rows * cols)?;
+        const OP: &str = "layer_norm_last";
+        affine.check(OP, src, spec)?;
+        if src.dtype() == DType::BF16 {
+            let (src, weight, bias) = self.widened(OP, src, affine)?;
+            let wide = LayerNormAffine {
+                weight: weight.as_ref(),
+                bias: bias.as_ref(),
+            };
+            let out = self.layer_norm_forward(&src, wide, spec)?;
+            return self.rounded(OP, out);
+        }
+        let (rows, cols) = (spec.rows, spec.cols);
+        let x = self.operand(OP, src, Some(&Layout::contiguous([rows, cols])))?;
+        let t = self.float_type(OP, x.dtype())?;
+        let out = self.alloc(OP, x.dtype(), rows * cols)?;
         if rows * cols == 0 {
             return Ok(out);
         }
-        let (group, workgroups) = self.row_groups(op, rows, cols)?;
-        let params = [to_u32(op, rows)?, to_u32(op, cols)?, (eps as f32).to_bits(), group];
-        let variant = Variant::new("layer_norm", entry, &[t]);
-        match grad {
-            None => self.launch(&variant, &params, &[(1, src), (3, &out)], workgroups)?,
-            Some(grad) => {
-                let grad = self.operand(op, grad, Some(&layout))?;
-                let bindings = [(1, src), (2, grad), (3, &out)];
-                self.launch(&variant, &params, &bindings, workgroups)?
-            }
-        }
+        let (group, workgroups) = self.row_groups(OP, rows, cols)?;
+        let p = params(OP, spec, group, affine_flags(&affine), 1)?;
+        // An absent part's binding holds the input, which the shader then never reads.
+        let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
+        let bias = self.operand(OP, affine.bias.unwrap_or(src), None)?;
+        let bindings = [(1, x), (4, weight), (5, bias), (3, &out)];
+        self.launch(
+            &Variant::new("layer_norm", "layer_norm", &[t]),
+            &p,
+            &bindings,
+            workgroups,
+        )?;
         Ok(out as BufferRef)
+    }
+
+    /// `Backend::layer_norm_last_backward`.
+    pub(crate) fn layer_norm_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        const OP: &str = "layer_norm_last_backward";
+        affine.check(OP, src, spec)?;
+        if grad.dtype() != src.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                lhs: grad.dtype(),
+                rhs: src.dtype(),
+            });
+        }
+        if src.dtype() == DType::BF16 {
+            let (src, weight, bias) = self.widened(OP, src, affine)?;
+            let [grad] = self.widen_each(OP, [grad])?;
+            let wide = LayerNormAffine {
+                weight: weight.as_ref(),
+                bias: bias.as_ref(),
+            };
+            let grads = self.layer_norm_backward(&grad, &src, wide, spec)?;
+            let round = |b: Option<BufferRef>| b.map(|b| self.rounded(OP, b)).transpose();
+            return Ok(LayerNormGrads {
+                input: self.rounded(OP, grads.input)?,
+                weight: round(grads.weight)?,
+                bias: round(grads.bias)?,
+            });
+        }
+        let (rows, cols) = (spec.rows, spec.cols);
+        let layout = Layout::contiguous([rows, cols]);
+        let x = self.operand(OP, src, Some(&layout))?;
+        let g = self.operand(OP, grad, Some(&layout))?;
+        let t = self.float_type(OP, x.dtype())?;
+        let dx = self.alloc(OP, x.dtype(), rows * cols)?;
+        let sums = affine.any();
+        let mut grads = LayerNormGrads {
+            input: dx.clone(),
+            weight: None,
+            bias: None,
+        };
+        if rows * cols == 0 {
+            let zeros = || self.fill(x.dtype(), cols, 0.0);
+            grads.weight = affine.weight.map(|_| zeros()).transpose()?;
+            grads.bias = affine.bias.map(|_| zeros()).transpose()?;
+            return Ok(grads);
+        }
+        let chunk_rows = if sums { rows_per_chunk(rows) } else { 1 };
+        let chunks = rows.div_ceil(chunk_rows);
+        let (group, workgroups) = self.row_groups(OP, chunks, cols)?;
+        let flags = affine_flags(&affine) + SUMS_COLUMNS * sums as u32;
+        let p = params(OP, spec, group, flags, chunk_rows)?;
+        let parts = self.alloc(OP, DType::F32, if sums { 2 * chunks * cols } else { 1 })?;
+        let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
+        let entry = |name| Variant::new("layer_norm", name, &[t]);
+        let bindings = [(1, x), (2, g), (4, weight), (3, &*dx), (6, &*parts)];
+        self.launch(&entry("layer_norm_backward"), &p, &bindings, workgroups)?;
+        if !sums {
+            return Ok(grads);
+        }
+        let (dweight, dbias) = (self.alloc(OP, x.dtype(), cols)?, self.alloc(OP, x.dtype(), cols)?);
+        let bindings = [(6, &*parts), (7, &*dweight), (8, &*dbias)];
+        self.launch(&entry("layer_norm_column_sums"), &p, &bindings, self.grid(OP, cols)?)?;
+        grads.weight = affine.weight.map(|_| dweight as BufferRef);
+        grads.bias = affine.bias.map(|_| dbias as BufferRef);
+        Ok(grads)
+    }
+
+    /// f32 copies of a bf16 input and its affine part.
+    fn widened(
+        &self,
+        op: &'static str,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+    ) -> Result<(BufferRef, Option<BufferRef>, Option<BufferRef>)> {
+        let widen = |b: Option<&BufferRef>| b.map(|b| self.widen_each(op, [b]).map(|[w]| w)).transpose();
+        let [src] = self.widen_each(op, [src])?;
+        Ok((src, widen(affine.weight)?, widen(affine.bias)?))
     }
 }

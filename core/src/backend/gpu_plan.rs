@@ -30,6 +30,18 @@ pub fn group_len(len: usize, workgroup: usize) -> usize {
     len.div_ceil(PER_LANE).next_power_of_two().min(workgroup)
 }
 
+/// Row chunks a per-column sum over rows is cut into (layer norm's weight and bias gradients)
+/// number at most this many, so their partial sums `[chunks, cols]` stay small...
+const ROW_CHUNKS: usize = 1024;
+/// ...and hold at least this many rows each, so the partials stay a fraction of the input.
+const MIN_CHUNK_ROWS: usize = 8;
+
+/// Rows per chunk of a per-column sum over `rows` rows: a group sums its chunk's rows in order,
+/// then a second pass sums the chunks in order. From the shape alone, like `chunk_len`.
+pub fn rows_per_chunk(rows: usize) -> usize {
+    rows.div_ceil(ROW_CHUNKS).max(MIN_CHUNK_ROWS)
+}
+
 /// Whether linking sources into per-id lists costs fewer loop iterations than scanning every
 /// source for each of `dst_len` destination elements: each of `positions` sources searches forward
 /// for the next with its id (at worst to the end of its column: src_dim / 2 on average), then
@@ -62,6 +74,17 @@ mod tests {
         for len in 1..5000 {
             let group = group_len(len, 256);
             assert!(group.is_power_of_two() && len.div_ceil(group) <= PER_LANE.max(len / 256 + 1));
+        }
+    }
+
+    #[test]
+    fn row_chunks_are_few_and_never_tiny() {
+        assert_eq!(rows_per_chunk(0), 8);
+        assert_eq!(rows_per_chunk(45), 8);
+        assert_eq!(rows_per_chunk(16 * 1024), 16);
+        for rows in [1, 9, 8191, 8193, 1 << 20] {
+            let len = rows_per_chunk(rows);
+            assert!(len >= 8 && rows.div_ceil(len) <= 1024, "{rows} rows: {len} a chunk");
         }
     }
 

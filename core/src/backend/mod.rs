@@ -10,6 +10,7 @@ mod communicator;
 pub mod cpu;
 #[doc(hidden)]
 pub mod gpu_plan;
+mod layer_norm;
 #[doc(hidden)]
 pub mod multi_tensor;
 mod ops;
@@ -19,6 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
+pub use layer_norm::{LayerNormAffine, LayerNormGrads, LayerNormSpec};
 pub use multi_tensor::{AdamOperands, SgdOperands};
 pub use ops::{
     AdamConstants, AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp,
@@ -401,20 +403,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Option<Result<()>> {
         None
     }
-    /// Layer normalisation without its affine part, one pass per row: `(x - mean) / sqrt(var +
-    /// eps)` with the biased variance, statistics accumulated in f32 or wider.
-    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef>;
-    /// The gradient of `layer_norm_last` at `src` for the output gradient `grad`, one pass per
-    /// row (the statistics recomputed, not stored): with `n = (x - mean) * r` and
-    /// `r = 1 / sqrt(var + eps)`, `dx = r * (g - mean(g) - n * mean(g * n))`.
+    /// Layer normalisation of each row of a contiguous `[spec.rows, spec.cols]`, with its affine
+    /// part, in one pass: `y = (x - mean) * rstd * weight + bias` with `rstd = 1 / sqrt(var +
+    /// eps)` and the biased variance, the statistics accumulated in f32 or wider; an absent
+    /// weight scales by 1 and an absent bias adds 0.
+    fn layer_norm_last(&self, src: &BufferRef, affine: LayerNormAffine<'_>, spec: &LayerNormSpec) -> Result<BufferRef>;
+    /// The gradients of `layer_norm_last` at `src` for the output gradient `grad`, `affine` as
+    /// the forward pass had it (the bias's values are not read: given, its gradient is returned).
+    /// The statistics are recomputed, not stored. With `n = (x - mean) * rstd` and `gw = grad *
+    /// weight`: `dx = rstd * (gw - mean(gw) - n * mean(gw * n))` per row, and the column sums
+    /// `dweight = sum_r grad * n`, `dbias = sum_r grad`, summed in an order fixed by the shape
+    /// alone (partial sums over chunks of rows, then the chunks in order; no float atomics), so
+    /// two runs on one device give the same bits.
     fn layer_norm_last_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,
-        rows: usize,
-        cols: usize,
-        eps: f64,
-    ) -> Result<BufferRef>;
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads>;
 
     // --- indexing (contiguous `[outer, dim, inner]` views; indices U32) --------------------------
     /// `out[o, j, i] = src[o, ids[j], i]`, ids of length `out_dim`.

@@ -1,12 +1,15 @@
 //! Layer normalisation over the last axis (PyTorch's `F.layer_norm` with one normalised axis):
-//! the backend's fused `layer_norm_last` (one pass per row, and one for its gradient), then the
-//! affine part as elementwise ops, whose gradients give the weight's and bias's. Statistics are
-//! always taken in f32 or wider (in half precision `(var + eps)^-1.5` overflows); under autocast
-//! the result stays f32, as PyTorch's autocast lists it, otherwise it returns in the input's dtype.
+//! the backend's fused `layer_norm_last`, affine part included, one pass over the rows; its
+//! gradient is one backward call that returns the input's, the weight's and the bias's, from the
+//! saved input alone (nothing else the size of the activation is kept). Statistics are always
+//! taken in f32 or wider (in half precision `(var + eps)^-1.5` overflows); under autocast the
+//! result stays f32, as PyTorch's autocast lists it, otherwise it returns in the input's dtype.
 
 use super::Tensor;
+use crate::backend::{LayerNormAffine, LayerNormSpec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::shape::Shape;
 
 impl Tensor {
     /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis, with the biased
@@ -45,32 +48,68 @@ impl Tensor {
                 ));
             }
         }
-        let mut y = self.normalize_rows(features, eps)?;
-        if let Some(w) = weight {
-            y = y.mul(w)?;
+        for t in weight.iter().chain(bias.iter()) {
+            self.same_device("layer_norm", t)?;
+            self.same_dtype("layer_norm", t)?;
         }
-        if let Some(b) = bias {
-            y = y.add(b)?;
-        }
-        Ok(y)
+        self.normalize_rows(weight, bias, features, eps)
     }
 }
 
 impl Tensor {
-    /// `(x - mean) / sqrt(var + eps)` over rows of `features`, and its gradient, as one backend
-    /// pass each.
-    fn normalize_rows(&self, features: usize, eps: f64) -> Result<Tensor> {
+    /// `layer_norm` over rows of `features` by the backend, forward and backward one call each.
+    fn normalize_rows(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        features: usize,
+        eps: f64,
+    ) -> Result<Tensor> {
         let x = self.contiguous()?;
-        let rows = x.elem_count().checked_div(features).unwrap_or(0);
-        let buffer = x.backend().layer_norm_last(x.buffer(), rows, features, eps)?;
+        let (weight, bias) = (
+            weight.map(Tensor::contiguous).transpose()?,
+            bias.map(Tensor::contiguous).transpose()?,
+        );
+        let spec = LayerNormSpec {
+            rows: x.elem_count().checked_div(features).unwrap_or(0),
+            cols: features,
+            eps,
+        };
+        let buffer = x.backend().layer_norm_last(x.buffer(), affine(&weight, &bias), &spec)?;
         let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
-        let input = x.detach();
-        Ok(out.track("layer_norm", &[&x], move |g| {
+        let mut inputs = vec![&x];
+        inputs.extend(weight.as_ref());
+        inputs.extend(bias.as_ref());
+        // The input and the `[features]` parameters: the statistics are recomputed.
+        let saved = (
+            x.detach(),
+            weight.as_ref().map(Tensor::detach),
+            bias.as_ref().map(Tensor::detach),
+        );
+        Ok(out.track("layer_norm", &inputs, move |g| {
+            let (x, weight, bias) = &saved;
             let g = g.contiguous()?;
-            let dx = g
+            let grads = g
                 .backend()
-                .layer_norm_last_backward(g.buffer(), input.buffer(), rows, features, eps)?;
-            Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
+                .layer_norm_last_backward(g.buffer(), x.buffer(), affine(weight, bias), &spec)?;
+            let device = g.device();
+            let column = |b| Tensor::from_buffer(b, Shape::new(vec![features]), device);
+            let mut out = vec![Some(Tensor::from_buffer(grads.input, g.shape().clone(), device))];
+            if weight.is_some() {
+                out.push(grads.weight.map(column));
+            }
+            if bias.is_some() {
+                out.push(grads.bias.map(column));
+            }
+            Ok(out)
         }))
+    }
+}
+
+/// The backend's view of the affine parameters.
+fn affine<'a>(weight: &'a Option<Tensor>, bias: &'a Option<Tensor>) -> LayerNormAffine<'a> {
+    LayerNormAffine {
+        weight: weight.as_ref().map(Tensor::buffer),
+        bias: bias.as_ref().map(Tensor::buffer),
     }
 }

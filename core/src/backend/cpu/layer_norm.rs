@@ -1,13 +1,35 @@
-//! Layer normalisation over the last axis of a contiguous `[rows, cols]` tensor, forward and
-//! backward, each one pass per row with the row's statistics accumulated in f64.
+//! Layer normalisation over the last axis of a contiguous `[rows, cols]` tensor with its optional
+//! affine part, forward and backward, each one pass per row with the row's statistics in f64.
+//! The weight's and bias's gradients are summed over each chunk of rows in row order, then over
+//! the chunks in order: an order fixed by the shape, whatever the threads do.
 
 use rayon::prelude::*;
 
 use super::float::CpuFloat;
 use super::pool::Pool;
 
+/// Row chunks of the gradients' column sums number at most this many (partials of `2 * cols`
+/// f64 each)...
+const ROW_CHUNKS: usize = 64;
+/// ...and hold at least this many rows each.
+const MIN_CHUNK_ROWS: usize = 8;
+
 fn wide<T: CpuFloat>(v: T) -> f64 {
     crate::dtype::Element::to_f64(v)
+}
+
+/// The affine part, widened to f64: each `[cols]`, absent as a weight of 1 and a bias of 0.
+#[derive(Clone, Copy, Default)]
+pub struct Affine<'a> {
+    pub weight: Option<&'a [f64]>,
+    pub bias: Option<&'a [f64]>,
+}
+
+/// The column sums of the backward pass, in f64: `g * n` (the weight's gradient) and `g` (the
+/// bias's), each `[cols]`.
+pub struct ColumnSums {
+    pub weight: Vec<f64>,
+    pub bias: Vec<f64>,
 }
 
 /// The row's mean and `1 / sqrt(var + eps)` (biased variance), in f64.
@@ -18,46 +40,108 @@ fn statistics<T: CpuFloat>(x: &[T], eps: f64) -> (f64, f64) {
     (mean, 1.0 / (var + eps).sqrt())
 }
 
-/// Runs `row(out_row, input rows…)` over every row, in parallel when the tensor is large.
-fn by_rows<T: CpuFloat>(out: &mut [T], inputs: [&[T]; 2], cols: usize, row: impl Fn(&mut [T], &[T], &[T]) + Sync) {
-    let [a, b] = inputs;
+/// Runs `chunk(out_rows, grad_rows, src_rows)` over chunks of `rows_per_chunk` rows, in parallel
+/// when the tensor is large, and returns the results in chunk order.
+fn by_chunks<T: CpuFloat, R: Send>(
+    out: &mut [T],
+    [a, b]: [&[T]; 2],
+    chunk_len: usize,
+    chunk: impl Fn(&mut [T], &[T], &[T]) -> R + Sync,
+) -> Vec<R> {
     if out.len() >= super::elementwise::PAR_THRESHOLD {
-        out.par_chunks_mut(cols)
-            .zip(a.par_chunks(cols).zip(b.par_chunks(cols)))
-            .for_each(|(o, (a, b))| row(o, a, b));
+        out.par_chunks_mut(chunk_len)
+            .zip(a.par_chunks(chunk_len).zip(b.par_chunks(chunk_len)))
+            .map(|(o, (a, b))| chunk(o, a, b))
+            .collect()
     } else {
-        out.chunks_mut(cols)
-            .zip(a.chunks(cols).zip(b.chunks(cols)))
-            .for_each(|(o, (a, b))| row(o, a, b));
+        out.chunks_mut(chunk_len)
+            .zip(a.chunks(chunk_len).zip(b.chunks(chunk_len)))
+            .map(|(o, (a, b))| chunk(o, a, b))
+            .collect()
     }
 }
 
-pub fn forward<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize, eps: f64) -> Vec<T> {
+/// Rows per chunk: from the row count alone.
+fn rows_per_chunk(rows: usize) -> usize {
+    rows.div_ceil(ROW_CHUNKS).max(MIN_CHUNK_ROWS)
+}
+
+pub fn forward<T: CpuFloat>(pool: &Pool, src: &[T], affine: Affine<'_>, cols: usize, eps: f64) -> Vec<T> {
     let mut out = pool.take::<T>(src.len());
     if cols == 0 {
         return out;
     }
-    by_rows(&mut out, [src, src], cols, |o, x, _| {
-        let (mean, r) = statistics(x, eps);
-        o.iter_mut().zip(x).for_each(|(o, v)| *o = T::of((wide(*v) - mean) * r));
+    let chunk_len = rows_per_chunk(src.len() / cols) * cols;
+    by_chunks(&mut out, [src, src], chunk_len, |o, x, _| {
+        for (o, x) in o.chunks_mut(cols).zip(x.chunks(cols)) {
+            let (mean, r) = statistics(x, eps);
+            for (c, (o, v)) in o.iter_mut().zip(x).enumerate() {
+                let n = (wide(*v) - mean) * r;
+                let scaled = affine.weight.map_or(n, |w| n * w[c]);
+                *o = T::of(affine.bias.map_or(scaled, |b| scaled + b[c]));
+            }
+        }
     });
     out
 }
 
-pub fn backward<T: CpuFloat>(pool: &Pool, grad: &[T], src: &[T], cols: usize, eps: f64) -> Vec<T> {
+/// The input's gradient and, with `sums`, the column sums for the weight's and bias's.
+pub fn backward<T: CpuFloat>(
+    pool: &Pool,
+    grad: &[T],
+    src: &[T],
+    weight: Option<&[f64]>,
+    sums: bool,
+    cols: usize,
+    eps: f64,
+) -> (Vec<T>, Option<ColumnSums>) {
     let mut out = pool.take::<T>(src.len());
     if cols == 0 {
-        return out;
+        return (
+            out,
+            sums.then(|| ColumnSums {
+                weight: Vec::new(),
+                bias: Vec::new(),
+            }),
+        );
     }
-    by_rows(&mut out, [grad, src], cols, |o, g, x| {
-        let (mean, r) = statistics(x, eps);
-        let n = cols as f64;
-        let normed = |v: T| (wide(v) - mean) * r;
-        let g_mean = g.iter().map(|g| wide(*g)).sum::<f64>() / n;
-        let gn_mean = g.iter().zip(x).map(|(g, &v)| wide(*g) * normed(v)).sum::<f64>() / n;
-        o.iter_mut()
-            .zip(g.iter().zip(x))
-            .for_each(|(o, (g, &v))| *o = T::of(r * (wide(*g) - g_mean - normed(v) * gn_mean)));
+    let chunk_len = rows_per_chunk(src.len() / cols) * cols;
+    let partials = by_chunks(&mut out, [grad, src], chunk_len, |o, g, x| {
+        // [g * n, g] summed over this chunk's rows, in order.
+        let mut partial = vec![0.0f64; if sums { 2 * cols } else { 0 }];
+        for (o, (g, x)) in o.chunks_mut(cols).zip(g.chunks(cols).zip(x.chunks(cols))) {
+            backward_row(o, g, x, weight, eps, &mut partial);
+        }
+        partial
     });
-    out
+    let sums = sums.then(|| {
+        let mut total = vec![0.0f64; 2 * cols];
+        for partial in &partials {
+            total.iter_mut().zip(partial).for_each(|(t, p)| *t += p);
+        }
+        let bias = total.split_off(cols);
+        ColumnSums { weight: total, bias }
+    });
+    (out, sums)
+}
+
+/// One row of the input's gradient, `r * (gw - mean(gw) - n * mean(gw * n))` with `gw = g * w`,
+/// adding `g * n` and `g` to `partial`'s halves when it has them.
+fn backward_row<T: CpuFloat>(o: &mut [T], g: &[T], x: &[T], weight: Option<&[f64]>, eps: f64, partial: &mut [f64]) {
+    let cols = x.len();
+    let (mean, r) = statistics(x, eps);
+    let normed = |c: usize| (wide(x[c]) - mean) * r;
+    let scaled = |c: usize| weight.map_or(wide(g[c]), |w| wide(g[c]) * w[c]);
+    let gw_mean = (0..cols).map(scaled).sum::<f64>() / cols as f64;
+    let gwn_mean = (0..cols).map(|c| scaled(c) * normed(c)).sum::<f64>() / cols as f64;
+    for (c, o) in o.iter_mut().enumerate() {
+        *o = T::of(r * (scaled(c) - gw_mean - normed(c) * gwn_mean));
+    }
+    if !partial.is_empty() {
+        let (gn, gs) = partial.split_at_mut(cols);
+        for c in 0..cols {
+            gn[c] += wide(g[c]) * normed(c);
+            gs[c] += wide(g[c]);
+        }
+    }
 }

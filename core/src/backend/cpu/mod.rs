@@ -47,8 +47,8 @@ pub use details::conv_plans;
 use self::pool::Pool;
 use super::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
-    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind,
-    RunningStatsSpec, SgdOperands, SgdStep, UnaryOp,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, LayerNormAffine, LayerNormGrads, LayerNormSpec,
+    MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdOperands, SgdStep, UnaryOp,
 };
 use crate::dtype::{DType, Element, HostVec};
 use crate::error::{Error, Result};
@@ -486,19 +486,18 @@ impl Backend for CpuBackend {
         ops_rows::softmax_last_backward(self, grad, out, rows, cols)
     }
 
-    fn layer_norm_last(&self, src: &BufferRef, rows: usize, cols: usize, eps: f64) -> Result<BufferRef> {
-        ops_rows::layer_norm_last(self, src, rows, cols, eps)
+    fn layer_norm_last(&self, src: &BufferRef, affine: LayerNormAffine<'_>, spec: &LayerNormSpec) -> Result<BufferRef> {
+        ops_rows::layer_norm_last(self, src, affine, spec)
     }
 
     fn layer_norm_last_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,
-        rows: usize,
-        cols: usize,
-        eps: f64,
-    ) -> Result<BufferRef> {
-        ops_rows::layer_norm_last_backward(self, grad, src, rows, cols, eps)
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        ops_rows::layer_norm_last_backward(self, grad, src, affine, spec)
     }
 
     fn index_select(

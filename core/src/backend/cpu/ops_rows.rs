@@ -3,7 +3,7 @@
 use super::float::ViaF32;
 use super::pool::Pool;
 use super::{CpuBackend, check_len, cpu, dropout, layer_norm, softmax};
-use crate::backend::BufferRef;
+use crate::backend::{BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use crate::dtype::HostVec;
 use crate::error::{Error, Result};
 use crate::{float_binary_dispatch, float_unary_dispatch};
@@ -49,19 +49,30 @@ pub(super) fn softmax_last_backward(
     )
 }
 
+/// The affine part's values in f64, for the kernels.
+fn widened(op: &'static str, part: Option<&BufferRef>) -> Result<Option<Vec<f64>>> {
+    part.map(|p| Ok(cpu(op, p)?.read().to_f64_vec())).transpose()
+}
+
 pub(super) fn layer_norm_last(
     dev: &CpuBackend,
     src: &BufferRef,
-    rows: usize,
-    cols: usize,
-    eps: f64,
+    affine: LayerNormAffine<'_>,
+    spec: &LayerNormSpec,
 ) -> Result<BufferRef> {
-    let data = cpu("layer_norm", src)?.read();
-    check_len("layer_norm", &data, rows * cols)?;
+    const OP: &str = "layer_norm";
+    affine.check(OP, src, spec)?;
+    let (weight, bias) = (widened(OP, affine.weight)?, widened(OP, affine.bias)?);
+    let parts = layer_norm::Affine {
+        weight: weight.as_deref(),
+        bias: bias.as_deref(),
+    };
+    let data = cpu(OP, src)?.read();
+    check_len(OP, &data, spec.rows * spec.cols)?;
     dev.wrap(
         "layer_norm_last",
-        float_unary_dispatch!(&dev.pool, "layer_norm", &*data, |v| {
-            layer_norm::forward(&dev.pool, v, cols, eps)
+        float_unary_dispatch!(&dev.pool, OP, &*data, |v| {
+            layer_norm::forward(&dev.pool, v, parts, spec.cols, spec.eps)
         }),
     )
 }
@@ -70,20 +81,34 @@ pub(super) fn layer_norm_last_backward(
     dev: &CpuBackend,
     grad: &BufferRef,
     src: &BufferRef,
-    rows: usize,
-    cols: usize,
-    eps: f64,
-) -> Result<BufferRef> {
+    affine: LayerNormAffine<'_>,
+    spec: &LayerNormSpec,
+) -> Result<LayerNormGrads> {
     const OP: &str = "layer_norm_backward";
+    affine.check(OP, src, spec)?;
+    let weight = widened(OP, affine.weight)?;
     let (g, x) = (cpu(OP, grad)?.read(), cpu(OP, src)?.read());
-    check_len(OP, &g, rows * cols)?;
-    check_len(OP, &x, rows * cols)?;
-    dev.wrap(
-        "layer_norm_last_backward",
-        float_binary_dispatch!(&dev.pool, OP, &*g, &*x, |g, x| {
-            layer_norm::backward(&dev.pool, g, x, cols, eps)
-        }),
-    )
+    check_len(OP, &g, spec.rows * spec.cols)?;
+    check_len(OP, &x, spec.rows * spec.cols)?;
+    let mut sums = None;
+    let dx = float_binary_dispatch!(&dev.pool, OP, &*g, &*x, |g, x| {
+        let (dx, column_sums) =
+            layer_norm::backward(&dev.pool, g, x, weight.as_deref(), affine.any(), spec.cols, spec.eps);
+        sums = column_sums;
+        dx
+    });
+    let dtype = dx.dtype();
+    let mut grads = LayerNormGrads {
+        input: dev.wrap("layer_norm_last_backward", dx)?,
+        weight: None,
+        bias: None,
+    };
+    if let Some(sums) = sums {
+        let wrap = |values: &[f64]| dev.wrap("layer_norm_last_backward", HostVec::from_f64(dtype, values));
+        grads.weight = affine.weight.map(|_| wrap(&sums.weight)).transpose()?;
+        grads.bias = affine.bias.map(|_| wrap(&sums.bias)).transpose()?;
+    }
+    Ok(grads)
 }
 
 pub(super) fn dropout(

@@ -9,17 +9,22 @@ fn u() -> Values {
     Values::Uniform { low: -2.0, high: 2.0 }
 }
 
-/// `(x - mean) / sqrt(var + eps) * w + b` over the last axis, in f64.
-fn layer_norm(x: &HostTensor, w: &HostTensor, b: &HostTensor, eps: f64) -> HostTensor {
+/// `(x - mean) / sqrt(var + eps) * w + b` over the last axis, in f64 (an absent `w` scales by 1,
+/// an absent `b` adds 0).
+fn layer_norm(x: &HostTensor, w: Option<&HostTensor>, b: Option<&HostTensor>, eps: f64) -> HostTensor {
     let last = x.dims.len() - 1;
     let n = x.dims[last] as f64;
     let mean = x.sum(&[last], true).map(|v| v / n);
     let centred = x.zip(&mean, |a, m| a - m);
     let var = centred.map(|d| d * d).sum(&[last], true).map(|v| v / n);
-    centred
-        .zip(&var, |d, v| d / (v + eps).sqrt())
-        .zip(w, |a, w| a * w)
-        .zip(b, |a, b| a + b)
+    let mut y = centred.zip(&var, |d, v| d / (v + eps).sqrt());
+    if let Some(w) = w {
+        y = y.zip(w, |a, w| a * w);
+    }
+    if let Some(b) = b {
+        y = y.zip(b, |a, b| a + b);
+    }
+    y
 }
 
 /// softmax(q·kᵀ/sqrt(d) with the future masked)·v, for `[batch, heads, t, d]` inputs; with
@@ -112,6 +117,34 @@ fn fused_attention_cases() -> Vec<Case> {
     cases
 }
 
+/// `layer_norm_last/{label}`: `x` normalised over its last axis, with a weight and a bias where
+/// asked (inputs after `x`, in that order), compared with the oracle and finite differences.
+fn layer_norm_case(label: &str, input: Input, weight: bool, bias: bool) -> Case {
+    let features = *input.logical_shape().last().unwrap();
+    let mut case = Case::new(
+        format!("layer_norm_last/{label}"),
+        &["layer_norm_last", "layer_norm_last_backward"],
+        move |_, x| {
+            let w = weight.then(|| &x[1]);
+            let b = bias.then(|| &x[x.len() - 1]);
+            Ok(vec![x[0].layer_norm(w, b, 1e-5)?])
+        },
+    )
+    .input(input);
+    if weight {
+        case = case.input(Input::float("weight", [features], u()));
+    }
+    if bias {
+        case = case.input(Input::float("bias", [features], u()));
+    }
+    // Several roundings in the low dtypes (mean, centring, variance, scale, shift).
+    case.tol_scale(4.0).oracle(move |x| {
+        let w = weight.then(|| &x[1]);
+        let b = bias.then(|| &x[x.len() - 1]);
+        vec![layer_norm(&x[0], w, b, 1e-5)]
+    })
+}
+
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for (label, input) in [
@@ -120,26 +153,20 @@ pub fn cases() -> Vec<Case> {
         ("one_feature", Input::float("x", [4, 1], u())),
         // Rows long enough that a GPU combines each over several invocations.
         ("wide", Input::float("x", [6, 300], u())),
+        // Rows enough that the weight's and bias's gradients are summed over several chunks of
+        // rows on every backend (the last one partial), 300 columns not a multiple of a GPU's
+        // group of invocations.
+        ("many_rows", Input::float("x", [45, 300], u())),
     ] {
-        let features = *input.logical_shape().last().unwrap();
-        cases.push(
-            Case::new(
-                format!("layer_norm_last/{label}"),
-                &[
-                    "layer_norm_last",
-                    "layer_norm_last_backward",
-                    "binary:mul",
-                    "binary:add",
-                ],
-                |_, x| Ok(vec![x[0].layer_norm(Some(&x[1]), Some(&x[2]), 1e-5)?]),
-            )
-            .input(input)
-            .input(Input::float("weight", [features], u()))
-            .input(Input::float("bias", [features], u()))
-            // Several roundings in the low dtypes (mean, centring, variance, scale, shift).
-            .tol_scale(4.0)
-            .oracle(|x| vec![layer_norm(&x[0], &x[1], &x[2], 1e-5)]),
-        );
+        cases.push(layer_norm_case(label, input, true, true));
+    }
+    for (label, weight, bias) in [
+        ("weight_only", true, false),
+        ("bias_only", false, true),
+        ("plain", false, false),
+    ] {
+        let input = Input::float("x", [19, 37], u());
+        cases.push(layer_norm_case(label, input, weight, bias));
     }
     // A fresh generator per evaluation: the gradient check sees one mask throughout. 35
     // elements leave a partial Philox block at the end.

@@ -1,0 +1,65 @@
+//! The operands of `Backend::layer_norm_last` and its gradient: the shape, the optional affine
+//! weight and bias, and the gradients the backward pass returns.
+
+use super::BufferRef;
+use crate::error::{Error, Result};
+
+/// Layer normalisation of a contiguous `[rows, cols]` over each row, for
+/// `Backend::layer_norm_last` and `Backend::layer_norm_last_backward`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerNormSpec {
+    /// Rows normalised separately.
+    pub rows: usize,
+    /// The length of each row: the normalised axis.
+    pub cols: usize,
+    /// Added to the (biased) variance before its square root.
+    pub eps: f64,
+}
+
+/// The affine part of a layer normalisation, each part optional: `[cols]` buffers in the input's
+/// dtype, `y = n * weight + bias` for the normalised `n`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LayerNormAffine<'a> {
+    /// Scales each column of the normalised rows.
+    pub weight: Option<&'a BufferRef>,
+    /// Added to each column after the scale.
+    pub bias: Option<&'a BufferRef>,
+}
+
+/// What `Backend::layer_norm_last_backward` returns, each in the input's dtype.
+#[derive(Debug)]
+pub struct LayerNormGrads {
+    /// The input's gradient, `[rows, cols]`.
+    pub input: BufferRef,
+    /// The weight's gradient `[cols]`, `sum over rows of g * n`, when a weight was given.
+    pub weight: Option<BufferRef>,
+    /// The bias's gradient `[cols]`, `sum over rows of g`, when a bias was given.
+    pub bias: Option<BufferRef>,
+}
+
+impl LayerNormAffine<'_> {
+    /// Whether either part is given (the backward pass then sums its gradients over rows).
+    pub fn any(&self) -> bool {
+        self.weight.is_some() || self.bias.is_some()
+    }
+
+    /// Checks that each given part is `[spec.cols]` in `src`'s dtype, for backend `op`.
+    pub fn check(&self, op: &'static str, src: &BufferRef, spec: &LayerNormSpec) -> Result<()> {
+        for (what, part) in [("weight", self.weight), ("bias", self.bias)] {
+            let Some(part) = part else { continue };
+            if part.len() != spec.cols || part.dtype() != src.dtype() {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "the {what} is {} {} elements; it must be {} {} (one per column, in the input's dtype)",
+                        part.dtype(),
+                        part.len(),
+                        src.dtype(),
+                        spec.cols
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
