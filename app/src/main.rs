@@ -14,9 +14,11 @@ macro_rules! eprintln_whole {
     }};
 }
 
-mod allocator;
 mod cli;
 mod dashboard;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::process::ExitCode;
 
@@ -46,8 +48,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    // Before any thread starts: these set an allocator option and may set an environment variable.
-    allocator::keep_freed_memory();
+    // Before any thread starts: it may set an environment variable.
     lockstep_wgpu::quiet_display_probe_without_session();
     lockstep_wgpu::register();
     lockstep_cuda::register();
