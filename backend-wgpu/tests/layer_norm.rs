@@ -5,6 +5,7 @@
 mod support;
 
 use lockstep_core::backend::{LayerNormAffine, LayerNormSpec};
+use lockstep_core::conformance::layer_norm_gradient_bits;
 use lockstep_core::{DType, Device, Tensor};
 
 /// A `[rows, cols]` f32 tensor of fixed values, stride `k` through a short cycle.
@@ -14,35 +15,14 @@ fn values(device: &Device, dims: &[usize], k: usize) -> Tensor {
     Tensor::from_vec(v, dims.to_vec(), device).unwrap()
 }
 
-/// The bits of the input's, weight's and bias's gradients of `sum(layer_norm(x) * r)`.
-fn gradients(device: &Device, rows: usize, cols: usize) -> Vec<Vec<u32>> {
-    let x = values(device, &[rows, cols], 37).requires_grad(true);
-    let w = values(device, &[cols], 11).requires_grad(true);
-    let b = values(device, &[cols], 5).requires_grad(true);
-    let r = values(device, &[rows, cols], 13);
-    let y = x.layer_norm(Some(&w), Some(&b), 1e-5).unwrap();
-    y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
-    [x, w, b]
-        .iter()
-        .map(|t| {
-            t.grad()
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn the_weight_and_bias_gradients_have_the_same_bits_every_run() {
     let Some(device) = support::wgpu_device() else { return };
     // 75 chunks of 8 rows; 300 columns, not a multiple of a row's 16 invocations.
-    let first = gradients(&device, 600, 300);
-    assert!(first == gradients(&device, 600, 300), "two runs gave other bits");
-    let cpu = gradients(&Device::cpu(), 600, 300);
+    let first = layer_norm_gradient_bits(&device, 600, 300).unwrap();
+    let second = layer_norm_gradient_bits(&device, 600, 300).unwrap();
+    assert!(first == second, "two runs gave other bits");
+    let cpu = layer_norm_gradient_bits(&Device::cpu(), 600, 300).unwrap();
     for (gpu, cpu) in first.iter().zip(&cpu) {
         for (x, y) in gpu
             .iter()

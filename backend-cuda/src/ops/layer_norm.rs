@@ -7,7 +7,7 @@
 use lockstep_core::backend::gpu_plan::rows_per_chunk;
 use lockstep_core::backend::{BackendBuffer, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Error, Result};
+use lockstep_core::{DType, Result};
 
 use super::reduce::group_for;
 use crate::backend::CudaBackend;
@@ -67,14 +67,7 @@ impl CudaBackend {
         spec: &LayerNormSpec,
     ) -> Result<LayerNormGrads> {
         const OP: &str = "layer_norm_backward";
-        affine.check(OP, src, spec)?;
-        if grad.dtype() != src.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: OP,
-                lhs: grad.dtype(),
-                rhs: src.dtype(),
-            });
-        }
+        affine.check_backward(OP, grad, src, spec)?;
         let (rows, cols) = (spec.rows, spec.cols);
         let layout = Layout::contiguous([rows, cols]);
         let s = self.operand(OP, src, Some(&layout))?;

@@ -7,7 +7,7 @@
 use lockstep_core::backend::gpu_plan::rows_per_chunk;
 use lockstep_core::backend::{BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Error, Result};
+use lockstep_core::{DType, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
@@ -84,14 +84,7 @@ impl WgpuBackend {
         spec: &LayerNormSpec,
     ) -> Result<LayerNormGrads> {
         const OP: &str = "layer_norm_last_backward";
-        affine.check(OP, src, spec)?;
-        if grad.dtype() != src.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: OP,
-                lhs: grad.dtype(),
-                rhs: src.dtype(),
-            });
-        }
+        affine.check_backward(OP, grad, src, spec)?;
         if src.dtype() == DType::BF16 {
             let (src, weight, bias) = self.widened(OP, src, affine)?;
             let [grad] = self.widen_each(OP, [grad])?;

@@ -62,4 +62,23 @@ impl LayerNormAffine<'_> {
         }
         Ok(())
     }
+
+    /// `check`, and that the backward pass's `grad` has `src`'s dtype.
+    pub fn check_backward(
+        &self,
+        op: &'static str,
+        grad: &BufferRef,
+        src: &BufferRef,
+        spec: &LayerNormSpec,
+    ) -> Result<()> {
+        self.check(op, src, spec)?;
+        if grad.dtype() != src.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: grad.dtype(),
+                rhs: src.dtype(),
+            });
+        }
+        Ok(())
+    }
 }

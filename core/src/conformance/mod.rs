@@ -20,6 +20,7 @@ mod case;
 mod cases;
 mod gradcheck;
 pub(crate) mod host;
+mod layer_norm_bits;
 mod runner;
 mod tolerance;
 
@@ -28,6 +29,7 @@ use std::collections::BTreeSet;
 pub use attention_memory::{attention_peak_bytes, check_attention_memory_is_linear};
 pub use case::{Case, Ctx, Forward, Input, Kind, Values, View};
 pub use gradcheck::{GradcheckReport, gradcheck, gradcheck_all};
+pub use layer_norm_bits::layer_norm_gradient_bits;
 pub use runner::{CaseReport, Outcome, format_table, run_case, run_oracles, run_suite};
 pub use tolerance::Tolerance;
 

@@ -85,7 +85,7 @@ pub(super) fn layer_norm_last_backward(
     spec: &LayerNormSpec,
 ) -> Result<LayerNormGrads> {
     const OP: &str = "layer_norm_backward";
-    affine.check(OP, src, spec)?;
+    affine.check_backward(OP, grad, src, spec)?;
     let weight = widened(OP, affine.weight)?;
     let (g, x) = (cpu(OP, grad)?.read(), cpu(OP, src)?.read());
     check_len(OP, &g, spec.rows * spec.cols)?;
