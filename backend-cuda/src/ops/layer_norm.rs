@@ -82,10 +82,7 @@ impl CudaBackend {
             bias: None,
         };
         if rows * cols == 0 {
-            let zeros = || self.fill(s.dtype(), cols, 0.0);
-            grads.weight = affine.weight.map(|_| zeros()).transpose()?;
-            grads.bias = affine.bias.map(|_| zeros()).transpose()?;
-            return Ok(grads);
+            return LayerNormGrads::of_empty(dx, &affine, || self.fill(s.dtype(), cols, 0.0));
         }
         to_u32(OP, rows * cols)?;
         let chunk_rows = if sums { rows_per_chunk(rows) } else { 1 };

@@ -113,10 +113,7 @@ impl WgpuBackend {
             bias: None,
         };
         if rows * cols == 0 {
-            let zeros = || self.fill(x.dtype(), cols, 0.0);
-            grads.weight = affine.weight.map(|_| zeros()).transpose()?;
-            grads.bias = affine.bias.map(|_| zeros()).transpose()?;
-            return Ok(grads);
+            return LayerNormGrads::of_empty(dx, &affine, || self.fill(x.dtype(), cols, 0.0));
         }
         let chunk_rows = if sums { rows_per_chunk(rows) } else { 1 };
         let chunks = rows.div_ceil(chunk_rows);

@@ -37,6 +37,22 @@ pub struct LayerNormGrads {
     pub bias: Option<BufferRef>,
 }
 
+impl LayerNormGrads {
+    /// The gradients of an input with no rows or no columns: `input` (empty) and, for each part
+    /// `affine` gives, a `[cols]` buffer of zeros from `zeros` (nothing was summed into it).
+    pub fn of_empty(
+        input: BufferRef,
+        affine: &LayerNormAffine<'_>,
+        zeros: impl Fn() -> Result<BufferRef>,
+    ) -> Result<LayerNormGrads> {
+        Ok(LayerNormGrads {
+            input,
+            weight: affine.weight.map(|_| zeros()).transpose()?,
+            bias: affine.bias.map(|_| zeros()).transpose()?,
+        })
+    }
+}
+
 impl LayerNormAffine<'_> {
     /// Whether either part is given (the backward pass then sums its gradients over rows).
     pub fn any(&self) -> bool {
