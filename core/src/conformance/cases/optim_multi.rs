@@ -189,21 +189,28 @@ fn mixed_dtype(k: usize, under_test: DType) -> DType {
     [under_test, DType::BF16, DType::F32][k % 3]
 }
 
-/// The inf and NaN elements of inputs in mixed dtypes (one all finite, one empty, one a single
-/// NaN, one past a chunk), the first counted twice as a gradient two parameters share.
-fn non_finite_count_case() -> Case {
-    let mut case = Case::new("non_finite_count", &["non_finite_count"], |ctx, x| {
-        let mixed = x
+/// The inf and NaN elements of the inputs (one all finite, one empty, one a single inf, one
+/// past a chunk), the first counted twice as a gradient two parameters share; `mixed`: in
+/// turn in the dtype under test, bf16 and f32, else all in the dtype under test.
+fn non_finite_count_case(mixed: bool) -> Case {
+    let name = if mixed {
+        "non_finite_count/mixed"
+    } else {
+        "non_finite_count"
+    };
+    let mut case = Case::new(name, &["non_finite_count"], move |ctx, x| {
+        let inputs = x
             .iter()
             .enumerate()
             .map(|(k, t)| match ctx.dtype {
                 // The reference counts in f64 throughout.
                 DType::F64 => Ok(t.clone()),
-                _ => t.to_dtype(mixed_dtype(k, ctx.dtype)),
+                under_test if mixed => t.to_dtype(mixed_dtype(k, under_test)),
+                _ => Ok(t.clone()),
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let mut bufs: Vec<_> = mixed.iter().map(Tensor::buffer).collect();
-        bufs.push(mixed[0].buffer());
+        let mut bufs: Vec<_> = inputs.iter().map(Tensor::buffer).collect();
+        bufs.push(inputs[0].buffer());
         let count = ctx.device.backend().non_finite_count(&bufs)?;
         Ok(vec![Tensor::from_buffer(count, Shape::new([1]), ctx.device)])
     });
@@ -225,6 +232,7 @@ pub fn cases() -> Vec<Case> {
         sgd_steps_case(),
         sum_of_squares_case(),
         scaled_copies_case(),
-        non_finite_count_case(),
+        non_finite_count_case(false),
+        non_finite_count_case(true),
     ]
 }
