@@ -77,8 +77,22 @@ impl GradScaler {
         };
         // The reciprocal in f64, then f32, as PyTorch (exact for powers of two anyway).
         let inv = (1.0 / self.scale) as f32 as f64;
+        // `scaled_copies` rounds the factor to each gradient's dtype first: exact in f32 and
+        // f64, but 1/S underflows f16 past S = 2^24, so 16-bit gradients (never those of
+        // 16-mixed, whose parameters stay f32) keep one product in f32 each, as before.
+        let (narrow, wide): (Vec<Tensor>, Vec<Tensor>) = params
+            .iter()
+            .filter(|p| p.grad().is_some())
+            .cloned()
+            .partition(|p| p.grad().is_some_and(|g| matches!(g.dtype(), DType::F16 | DType::BF16)));
         let factor = Tensor::full(Shape::scalar(), inv, DType::F32, first.device())?;
-        scale_grads(params, &factor)?;
+        scale_grads(&wide, &factor)?;
+        no_grad(|| -> Result<()> {
+            for (p, g) in narrow.iter().filter_map(|p| p.grad().map(|g| (p, g))) {
+                p.set_grad(Some(g.affine(inv, 0.0)?));
+            }
+            Ok(())
+        })?;
         grads_finite(params)
     }
 
@@ -155,6 +169,21 @@ mod tests {
         let c = param_with_grad(&[f32::NAN]);
         assert!(!s.unscale(&[a.clone(), b]).unwrap());
         assert!(!s.unscale(&[c]).unwrap());
+    }
+
+    #[test]
+    fn f16_gradients_survive_a_scale_whose_reciprocal_f16_cannot_hold() {
+        // 1/2^25 is below f16's smallest subnormal: rounding the factor to f16 would zero it.
+        let s = GradScaler::new(2f64.powi(25), 2.0, 0.5, 3).unwrap();
+        let p = Tensor::zeros([1], DType::F16, &Device::cpu())
+            .unwrap()
+            .requires_grad(true);
+        p.set_grad(Some(Tensor::full([1], 32768.0, DType::F16, &Device::cpu()).unwrap()));
+        let q = param_with_grad(&[2f32.powi(20)]);
+        assert!(s.unscale(&[p.clone(), q.clone()]).unwrap());
+        let unscaled = p.grad().unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(unscaled, vec![2f32.powi(-10)]);
+        assert_eq!(q.grad().unwrap().to_vec::<f32>().unwrap(), vec![2f32.powi(-5)]);
     }
 
     #[test]
