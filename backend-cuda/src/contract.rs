@@ -315,4 +315,7 @@ impl Backend for CudaBackend {
     fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
         self.scaled_copies_grouped(bufs, factor)
     }
+    fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        self.non_finite_count_grouped(bufs)
+    }
 }

@@ -154,6 +154,7 @@ families! {
     ADAM_STEPS: Floats = OPTIM "adam_steps";
     SGD_STEPS: Floats = OPTIM "sgd_steps";
     SUM_OF_SQUARES: Floats = OPTIM "sum_of_squares";
+    NON_FINITE_COUNT: Floats = OPTIM "non_finite_count";
     SUM_PARTIALS: One = OPTIM "sum_partials";
     SCALED_COPIES: Floats = OPTIM "scaled_copies";
     CAUSAL_ATTENTION: HalfHeads = ATTENTION "causal_attention";

@@ -373,4 +373,7 @@ impl Backend for WgpuBackend {
     fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
         self.scaled_copies_batched(bufs, factor)
     }
+    fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        self.non_finite_count_batched(bufs)
+    }
 }

@@ -6,17 +6,24 @@
 
 mod support;
 
-use lockstep_core::backend::{AdamOperands, AdamStep, BufferRef, SgdOperands, SgdStep};
+use lockstep_core::backend::{AdamOperands, AdamStep, BufferRef, ReduceKind, SgdOperands, SgdStep};
 use lockstep_core::conformance::{all_cases, format_table, run_case};
+use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Device, HostVec};
 
 fn cases_pass_on(device: &Device) {
-    let ops = ["adam_steps", "sgd_steps", "sum_of_squares", "scaled_copies"];
+    let ops = [
+        "adam_steps",
+        "sgd_steps",
+        "sum_of_squares",
+        "scaled_copies",
+        "non_finite_count",
+    ];
     let cases: Vec<_> = all_cases()
         .into_iter()
         .filter(|c| ops.contains(&c.ops[0].as_str()))
         .collect();
-    assert_eq!(cases.len(), 5, "the multi-tensor cases");
+    assert_eq!(cases.len(), 7, "the multi-tensor cases");
     let reports: Vec<_> = [DType::F32, DType::BF16]
         .iter()
         .flat_map(|&dtype| cases.iter().filter_map(move |c| run_case(c, device, dtype)))
@@ -122,10 +129,31 @@ fn twenty_parameters_take_as_many_dispatches_as_the_binding_limit_requires() {
         dispatches(&device, || backend.sgd_steps(&sgd_items).unwrap()),
         20u64.div_ceil(slots(3))
     );
+    // A count per tensor (each under one workgroup's 4096 elements), then one reduce of them;
+    // a dispatch binds the counts besides the params and its tensors.
+    let grads: Vec<&BufferRef> = sets.iter().map(|[_, g, _, _]| g).collect();
+    let counts = buffer(&device, 0, 20);
+    let reduce = dispatches(&device, || {
+        backend
+            .reduce(ReduceKind::Sum, &counts, &Layout::contiguous([20]), &[0])
+            .unwrap();
+    });
+    assert_eq!(
+        dispatches(&device, || {
+            backend.non_finite_count(&grads).unwrap();
+        }),
+        20u64.div_ceil(u64::from(buffers - 2).min(8)) + reduce
+    );
     device_backend.set_multi_tensor(false);
     assert_eq!(
         dispatches(&device, || backend.adam_steps(&adam_items).unwrap()),
         20,
         "off: one a tensor"
+    );
+    assert!(
+        dispatches(&device, || {
+            backend.non_finite_count(&grads).unwrap();
+        }) >= 40,
+        "off: a count and a sum a tensor at least"
     );
 }

@@ -3,7 +3,8 @@
 //   axpy:      dst += alpha * src
 //   sgd_step:  with a momentum buffer when `momentum_buf` is non-null
 //   adam_step: exp_avg and exp_avg_sq as state
-//   adam_steps, sgd_steps, sum_of_squares, scaled_copies: many tensors in one launch (below)
+//   adam_steps, sgd_steps, sum_of_squares, non_finite_count, scaled_copies: many tensors in one
+//   launch (below)
 
 #define AXPY(T, suffix)                                                                           \
     extern "C" __global__ void axpy_##suffix(T* dst, const T* src, u32 n, float alpha) {          \
@@ -135,27 +136,39 @@ __device__ __forceinline__ double tree_sum(double* scratch, double v) {
     return scratch[0];
 }
 
-// The squares of each chunk (ptr[0]): every thread sums its elements in f32 in order, the block's
-// 256 sums are added in f64 by a fixed tree, and the chunk's sum lands in partials[first + b].
-// Blocks of 256 threads.
-#define SUM_OF_SQUARES(T, suffix)                                                                 \
-    extern "C" __global__ void sum_of_squares_##suffix(const TensorEntry* tensors, const ChunkEntry* chunks, \
-                                                       u32 chunk_len, double* partials, u32 first) { \
+// One element's share of sum_of_squares and of non_finite_count (1 for inf or NaN, by its bits).
+template <typename T>
+__device__ __forceinline__ float square_of(T v) {
+    float x = to_f32(v);
+    return x * x;
+}
+template <typename T>
+__device__ __forceinline__ float non_finite_of(T v) {
+    return is_finite(to_f32(v)) ? 0.0f : 1.0f;
+}
+
+// `term` summed over each chunk (ptr[0]): every thread sums its elements in f32 in order, the
+// block's 256 sums are added in f64 by a fixed tree, and the chunk's sum lands in
+// partials[first + b]. Blocks of 256 threads. A chunk's count of non-finite elements (at most
+// 32768) is exact in f32.
+#define CHUNK_SUM(name, term, T, suffix)                                                          \
+    extern "C" __global__ void name##_##suffix(const TensorEntry* tensors, const ChunkEntry* chunks, \
+                                               u32 chunk_len, double* partials, u32 first) {     \
         __shared__ double scratch[256];                                                           \
         u32 begin, end;                                                                           \
         const TensorEntry& e = chunk_of(tensors, chunks, chunk_len, &begin, &end);                \
         const T* src = (const T*)e.ptr[0];                                                        \
         float acc = 0.0f;                                                                         \
-        FOR_CHUNK(i, begin, end) {                                                                \
-            float x = to_f32(src[i]);                                                             \
-            acc += x * x;                                                                         \
-        }                                                                                         \
+        FOR_CHUNK(i, begin, end) { acc += term(src[i]); }                                         \
         double sum = tree_sum(scratch, (double)acc);                                              \
         if (threadIdx.x == 0) partials[first + blockIdx.x] = sum;                                 \
     }
+#define SUM_OF_SQUARES(T, suffix) CHUNK_SUM(sum_of_squares, square_of, T, suffix)
+#define NON_FINITE_COUNT(T, suffix) CHUNK_SUM(non_finite_count, non_finite_of, T, suffix)
 FOR_FLOATS(SUM_OF_SQUARES)
+FOR_FLOATS(NON_FINITE_COUNT)
 
-// The chunk sums of sum_of_squares added in f64 in a fixed order (one block of 256 threads: each
+// The chunk sums of sum_of_squares or non_finite_count added in f64 in a fixed order (one block of 256 threads: each
 // thread its strided share in order, then the tree), the total written as one f32.
 extern "C" __global__ void sum_partials(const double* partials, u32 n, float* out) {
     __shared__ double scratch[256];

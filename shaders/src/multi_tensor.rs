@@ -2,26 +2,29 @@
 //! with a run-time value, so each tensor (a "slot") has its own bindings and a function of its
 //! own, and a `switch` on the slot a workgroup belongs to picks it. The host lays the slots'
 //! workgroups end to end: params hold, per slot from word 2, its first workgroup, its length and
-//! its constants (`SLOT_WORDS` words). f32 tensors only.
+//! its constants (`SLOT_WORDS` words). f32 tensors only. `sum_of_squares` and
+//! `non_finite_count` share one reduction and differ in the `term` each element adds.
 
 use crate::COMMON;
 
 /// The ops generated, with the storage buffers each slot binds.
-pub const MULTI_TENSOR_OPS: [(&str, usize); 4] = [
+pub const MULTI_TENSOR_OPS: [(&str, usize); 5] = [
     ("adam_steps", 4),
     ("sgd_steps", 3),
     ("sum_of_squares", 1),
     ("scaled_copies", 2),
+    ("non_finite_count", 1),
 ];
 
 /// Words of params per slot: first workgroup, length, nine constants.
 pub const SLOT_WORDS: usize = 11;
 
-/// Elements one workgroup of `sum_of_squares` adds (256 invocations, 16 each).
+/// Elements one workgroup of `sum_of_squares` or `non_finite_count` adds (256 invocations, 16
+/// each).
 pub const SUM_CHUNK: usize = 4096;
 
 /// The bindings `op` takes besides its slots (and the params at binding 0): the partial sums
-/// of `sum_of_squares`, the factor of `scaled_copies`.
+/// of `sum_of_squares` and `non_finite_count`, the factor of `scaled_copies`.
 pub fn extra_bindings(op: &str) -> usize {
     match op {
         "adam_steps" | "sgd_steps" => 0,
@@ -36,9 +39,14 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
     let mut src = format!("{COMMON}\nconst K: u32 = {k}u;\nconst SLOT_WORDS: u32 = {SLOT_WORDS}u;\n");
     src += &slot_search();
     src += match op {
+        "sum_of_squares" => SQUARE,
+        "non_finite_count" => NON_FINITE,
+        _ => "",
+    };
+    src += match op {
         "adam_steps" => ADAM,
         "sgd_steps" => SGD,
-        "sum_of_squares" => SUM_OF_SQUARES,
+        "sum_of_squares" | "non_finite_count" => CHUNK_SUM,
         _ => SCALED_COPIES,
     };
     let mut cases = String::new();
@@ -76,12 +84,12 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
                 slot_base + 1,
                 slot_base + 2
             ),
-            "sum_of_squares" => format!(
+            "sum_of_squares" | "non_finite_count" => format!(
                 "@group(0) @binding({b}) var<storage, read> x{j}: array<f32>;\n\
                  fn slot{j}(base: u32, lid: u32) -> f32 {{\n\
                  \x20   let end = min(base + CHUNK, params[{}u]);\n\
                  \x20   var acc = 0.0;\n\
-                 \x20   for (var e = base + lid; e < end; e += WG) {{ acc += x{j}[e] * x{j}[e]; }}\n\
+                 \x20   for (var e = base + lid; e < end; e += WG) {{ acc += term(x{j}[e]); }}\n\
                  \x20   return acc;\n}}\n",
                 slot_base + 1
             ),
@@ -97,14 +105,14 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
             ),
         };
         cases += &match op {
-            "sum_of_squares" => format!("        case {j}u: {{ acc = slot{j}(base, lid); }}\n"),
+            "sum_of_squares" | "non_finite_count" => format!("        case {j}u: {{ acc = slot{j}(base, lid); }}\n"),
             _ => format!("        case {j}u: {{ slot{j}(i); }}\n"),
         };
     }
     src += &match op {
-        "sum_of_squares" => format!(
+        "sum_of_squares" | "non_finite_count" => format!(
             "@compute @workgroup_size(256)\n\
-             fn sum_of_squares(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,\n\
+             fn {op}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,\n\
              \x20                 @builtin(num_workgroups) groups: vec3<u32>) {{\n\
              \x20   let wg = wid.x + wid.y * groups.x;\n\
              \x20   let slot = slot_of(wg);\n\
@@ -163,10 +171,10 @@ fn sgd_update(at: u32, p: f32, g: f32, b_in: f32) -> vec2<f32> {
 }
 ";
 
-/// Each workgroup's sum of squares of its `CHUNK` elements: each invocation its strided share
+/// Each workgroup's sum of `term` over its `CHUNK` elements: each invocation its strided share
 /// in order, then a fixed tree; params[0] is where this dispatch's partials start, params[1]
 /// how many workgroups it has.
-const SUM_OF_SQUARES: &str = "
+const CHUNK_SUM: &str = "
 const CHUNK: u32 = 4096u;
 @group(0) @binding(1) var<storage, read_write> partials: array<f32>;
 var<workgroup> scratch: array<f32, 256>;
@@ -180,6 +188,15 @@ fn workgroup_sum(lid: u32, v: f32) -> f32 {
     return scratch[0];
 }
 ";
+
+/// What `sum_of_squares` adds per element.
+const SQUARE: &str = "fn term(x: f32) -> f32 { return x * x; }\n";
+
+/// What `non_finite_count` adds per element: 1 for inf or NaN, judged by the exponent bits (a
+/// compiler allowed to assume finite floats may fold `x != x` or `x * 0.0` away); a workgroup's
+/// count (at most 4096) and their sum (up to 2^24) are exact in f32.
+const NON_FINITE: &str =
+    "fn term(x: f32) -> f32 { return select(0.0, 1.0, (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u); }\n";
 
 /// `dst = src * factor[0]`, rounded once.
 const SCALED_COPIES: &str = "

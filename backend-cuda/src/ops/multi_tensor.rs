@@ -1,14 +1,14 @@
 //! The multi-tensor kernels of optim.cu (`adam_steps`, `sgd_steps`, `sum_of_squares`,
-//! `scaled_copies`), as apex's multi_tensor_apply: one launch per dtype for every tensor of a
-//! call. The host uploads one table per call (a pinned, stream-ordered copy, no launch): an
+//! `non_finite_count`, `scaled_copies`), as apex's multi_tensor_apply: one launch per dtype for
+//! every tensor of a call. The host uploads one table per call (a pinned, stream-ordered copy, no launch): an
 //! entry per tensor (its pointers, length and constants) and one per chunk of `CHUNK_LEN`
 //! elements, which one block works on. Each item's dtype is grouped; a dtype whose start-up
 //! check failed (multi_tensor_check.rs), and f64, take the trait's per-tensor loop.
 
 use cudarc::driver::LaunchConfig;
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, scaled_copies_composed,
-    sgd_steps_one_by_one, sum_of_squares_composed,
+    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, non_finite_count_composed,
+    scaled_copies_composed, sgd_steps_one_by_one, sum_of_squares_composed,
 };
 use lockstep_core::backend::{AdamOperands, Backend, BackendBuffer, BufferRef, SgdOperands};
 use lockstep_core::shape::Layout;
@@ -212,17 +212,36 @@ impl CudaBackend {
 
     /// `sum_of_squares` through the kernels, for CUDA float dtypes.
     pub(crate) fn sum_of_squares_fused(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
-        const OP: &str = "sum_of_squares";
+        self.chunk_sums("sum_of_squares", entry_points::SUM_OF_SQUARES, bufs)
+    }
+
+    /// `Backend::non_finite_count`: one launch per dtype writing each chunk's count, one adding
+    /// them.
+    pub(crate) fn non_finite_count_grouped(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        if bufs.iter().any(|b| !self.fused_for(b.dtype())) {
+            return non_finite_count_composed(self, bufs);
+        }
+        self.non_finite_count_fused(bufs)
+    }
+
+    /// `non_finite_count` through the kernels, for CUDA float dtypes.
+    pub(crate) fn non_finite_count_fused(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        self.chunk_sums("non_finite_count", entry_points::NON_FINITE_COUNT, bufs)
+    }
+
+    /// The total of `kernel`'s per-element term over `bufs` (one f32): per dtype a launch writing
+    /// each chunk's sum in f64, then `sum_partials` adding them in a fixed order.
+    fn chunk_sums(&self, op: &'static str, kernel: Floats, bufs: &[&BufferRef]) -> Result<BufferRef> {
         let groups = Self::by_dtype(bufs.iter().map(|b| b.dtype()));
         let mut tables = Vec::new();
         for (dtype, at) in &groups {
             let entries = at
                 .iter()
                 .map(|&i| {
-                    let b = self.operand(OP, bufs[i], None)?;
+                    let b = self.operand(op, bufs[i], None)?;
                     Ok(Entry {
                         ptr: [b.ptr, 0, 0, 0],
-                        n: to_u32(OP, b.len())?,
+                        n: to_u32(op, b.len())?,
                         ..Entry::default()
                     })
                 })
@@ -239,7 +258,7 @@ impl CudaBackend {
         let partials = self.output(DType::I64, chunks as usize)?;
         let mut first = 0u32;
         for (dtype, table) in &tables {
-            launch!(&self.gpu, entry_points::SUM_OF_SQUARES.of(OP, *dtype)?, chunk_grid(table.count);
+            launch!(&self.gpu, kernel.of(op, *dtype)?, chunk_grid(table.count);
                 &table.tensors, &table.chunks, &CHUNK_LEN, &partials.ptr, &first);
             first += table.count;
         }

@@ -1,15 +1,14 @@
 //! The multi-tensor ops on wgpu (SGD with momentum buffers only): up to `MAX_SLOTS` f32 tensors
 //! a dispatch through shaders generated with a binding set per tensor
 //! (lockstep_shaders::compose_multi_tensor), as many as the adapter's storage-buffer limit
-//! allows. Other dtypes, adapters that cannot bind two
-//! tensors' buffers at once, and devices with the shaders turned off (software adapters by
+//! allows. Other dtypes, adapters that cannot bind two tensors' buffers at once, and devices with the shaders turned off (software adapters by
 //! default: see `WgpuBackend::set_multi_tensor`) take the trait's per-tensor defaults.
 
 use std::sync::OnceLock;
 
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, scaled_copies_composed,
-    sgd_steps_one_by_one, sum_of_squares_composed,
+    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, non_finite_count_composed,
+    scaled_copies_composed, sgd_steps_one_by_one, sum_of_squares_composed,
 };
 use lockstep_core::backend::{AdamOperands, Backend, BufferRef, ReduceKind, SgdOperands};
 use lockstep_core::shape::Layout;
@@ -194,12 +193,28 @@ impl WgpuBackend {
         if self.slots_for(OP) < 2 || bufs.iter().any(|b| b.dtype() != DType::F32) {
             return sum_of_squares_composed(self, bufs);
         }
+        self.chunk_sums(OP, bufs)
+    }
+
+    /// `Backend::non_finite_count`: each workgroup's count over 4096 f32 elements, then one
+    /// `reduce` over the counts.
+    pub(crate) fn non_finite_count_batched(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        const OP: &str = "non_finite_count";
+        if self.slots_for(OP) < 2 || bufs.iter().any(|b| b.dtype() != DType::F32) {
+            return non_finite_count_composed(self, bufs);
+        }
+        self.chunk_sums(OP, bufs)
+    }
+
+    /// The total of `op`'s per-element term over the f32 `bufs`: a partial per workgroup of
+    /// `SUM_CHUNK` elements, the partials added by `reduce`.
+    fn chunk_sums(&self, op: &'static str, bufs: &[&BufferRef]) -> Result<BufferRef> {
         let slots = bufs
             .iter()
             .filter(|b| !b.is_empty())
             .map(|b| {
                 Ok(Slot {
-                    buffers: vec![self.operand(OP, b, None)?],
+                    buffers: vec![self.operand(op, b, None)?],
                     n: b.len(),
                     consts: [0.0; 9],
                 })
@@ -209,8 +224,8 @@ impl WgpuBackend {
         if total == 0 {
             return self.zeros(DType::F32, 1);
         }
-        let partials = self.alloc(OP, DType::F32, total)?;
-        self.dispatch_slots(OP, &slots, SUM_CHUNK, Some(&partials))?;
+        let partials = self.alloc(op, DType::F32, total)?;
+        self.dispatch_slots(op, &slots, SUM_CHUNK, Some(&partials))?;
         let partials: BufferRef = partials;
         self.reduce(ReduceKind::Sum, &partials, &Layout::contiguous([total]), &[0])
     }

@@ -591,6 +591,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
         multi_tensor::scaled_copies_composed(self, bufs, factor)
     }
+    /// How many elements of `bufs` (contiguous floats of any dtypes, empty ones allowed) are
+    /// inf or NaN, judged by their bits as `UnaryOp::NonFinite` does, as one f32 element on the
+    /// device: exact up to 2^24, which is all the loss scaler's "any?" needs. By default composed
+    /// from `unary`, `cast`, `reduce` and `binary`, one buffer after another.
+    fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        multi_tensor::non_finite_count_composed(self, bufs)
+    }
 }
 
 #[cfg(test)]

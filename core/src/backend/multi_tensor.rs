@@ -1,8 +1,8 @@
 //! The operands of the multi-tensor operations (`Backend::adam_steps`, `sgd_steps`,
-//! `sum_of_squares`, `scaled_copies`) and their default implementations, which loop over the
+//! `sum_of_squares`, `scaled_copies`, `non_finite_count`) and their default implementations, which loop over the
 //! per-tensor operations so every backend is correct before it has a kernel of its own.
 
-use super::{AdamStep, Backend, BinaryOp, BufferRef, ReduceKind, SgdStep, shares_a_buffer};
+use super::{AdamStep, Backend, BinaryOp, BufferRef, ReduceKind, SgdStep, UnaryOp, shares_a_buffer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::{Layout, Shape};
@@ -120,6 +120,26 @@ pub fn sum_of_squares_composed(dev: &(impl Backend + ?Sized), bufs: &[&BufferRef
         let squares = dev.binary(BinaryOp::Mul, &wide, &whole, &wide, &whole)?;
         let sum = dev.reduce(ReduceKind::Sum, &squares, &whole, &[0])?;
         total = dev.binary(BinaryOp::Add, &total, &one, &sum, &one)?;
+    }
+    Ok(total)
+}
+
+/// `non_finite_count` from per-tensor ops: each buffer's `NonFinite` flags widened to f32 and
+/// summed, the sums added in the order given.
+pub fn non_finite_count_composed(dev: &(impl Backend + ?Sized), bufs: &[&BufferRef]) -> Result<BufferRef> {
+    let mut total = dev.zeros(DType::F32, 1)?;
+    let one = Layout::contiguous([1]);
+    for b in bufs.iter().filter(|b| !b.is_empty()) {
+        let whole = Layout::contiguous([b.len()]);
+        let flags = dev.unary(UnaryOp::NonFinite, b, &whole)?;
+        // Summed in f32: a 16-bit dtype would stop counting at 256 (bf16) or 2048 (f16).
+        let flags = if flags.dtype() == DType::F32 {
+            flags
+        } else {
+            dev.cast(&flags, &whole, DType::F32)?
+        };
+        let count = dev.reduce(ReduceKind::Sum, &flags, &whole, &[0])?;
+        total = dev.binary(BinaryOp::Add, &total, &one, &count, &one)?;
     }
     Ok(total)
 }

@@ -3,8 +3,8 @@
 //! 2-norm's squares and the scaling are multi-tensor backend calls, one per device.
 
 use super::by_device::by_device;
+use super::scaled_grads::scale_grads;
 use crate::autograd::no_grad;
-use crate::backend::BufferRef;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -18,10 +18,7 @@ fn grads(params: &[Tensor]) -> Vec<Tensor> {
     params.iter().filter_map(Tensor::grad).collect()
 }
 
-/// Replaces each existing gradient with `f(grad)`. Not in place: two leaves can share one
-/// gradient buffer (both operands of a same-shape `add` receive the same tensor), and an
-/// in-place write would then scale that buffer twice; a gradient may also be a tensor the
-/// caller still holds (the one passed to `backward_with`).
+/// Replaces each existing gradient with `f(grad)`, not in place (see `scale_grads` for why).
 fn map_grads(params: &[Tensor], f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<()> {
     no_grad(|| {
         for p in params {
@@ -174,54 +171,15 @@ fn check_max_norm(max_norm: f64) -> Result<()> {
     Ok(())
 }
 
-/// Bytes of gradients one `scaled_copies` call takes: a call's copies live beside the gradients
-/// they replace, so this bounds what clipping adds to the peak (a whole copy of the gradients in
-/// one call) while a large model still needs few calls.
-const SCALED_PER_CALL_BYTES: usize = 16 << 20;
-
 /// Scales every gradient by `min(1, max_norm / (total + 1e-6))`; returns `total`. Each
-/// `.grad` is replaced (see `map_grads`), a `scaled_copies` call per device and per
-/// `SCALED_PER_CALL_BYTES` of gradients.
+/// `.grad` is replaced (see `scale_grads`).
 fn scale_to(params: &[Tensor], max_norm: f64, total: Tensor) -> Result<Tensor> {
-    no_grad(|| -> Result<()> {
+    let coef = no_grad(|| {
         let max = Tensor::full(Shape::scalar(), max_norm, total.dtype(), total.device())?;
-        let coef = max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)?;
-        let with_grads = params.iter().filter_map(|p| p.grad().map(|g| (g.device().clone(), p)));
-        for (device, group) in by_device(with_grads) {
-            let coef = coef.to_device(&device)?.contiguous()?;
-            for batch in in_batches(&group, SCALED_PER_CALL_BYTES) {
-                let grads = batch
-                    .iter()
-                    .filter_map(|p| p.grad().map(|g| Ok((*p, g.contiguous()?))))
-                    .collect::<Result<Vec<_>>>()?;
-                let bufs: Vec<&BufferRef> = grads.iter().map(|(_, g)| g.buffer()).collect();
-                let scaled = device.backend().scaled_copies(&bufs, coef.buffer())?;
-                for ((p, g), buf) in grads.iter().zip(scaled) {
-                    p.set_grad(Some(Tensor::from_buffer(buf, g.shape().clone(), &device)));
-                }
-            }
-        }
-        Ok(())
+        max.div(&total.add_scalar(NORM_EPS)?)?.clamp_max(1.0)
     })?;
+    scale_grads(params, &coef)?;
     Ok(total)
-}
-
-/// `params` in runs of at most `bytes` (a larger tensor alone), in order.
-fn in_batches<'a>(params: &'a [&'a Tensor], bytes: usize) -> Vec<&'a [&'a Tensor]> {
-    let mut runs = Vec::new();
-    let (mut start, mut filled) = (0, 0);
-    for (i, p) in params.iter().enumerate() {
-        let size = p.elem_count() * p.dtype().size_in_bytes();
-        if i > start && filled + size > bytes {
-            runs.push(&params[start..i]);
-            (start, filled) = (i, 0);
-        }
-        filled += size;
-    }
-    if start < params.len() {
-        runs.push(&params[start..]);
-    }
-    runs
 }
 
 /// Clamps every gradient element of `params` to `[-clip_value, clip_value]` (each `.grad` is
@@ -234,24 +192,4 @@ pub fn clip_grad_value(params: &[Tensor], clip_value: f64) -> Result<()> {
         ));
     }
     map_grads(params, |g| g.clamp(-clip_value, clip_value))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::in_batches;
-    use crate::{DType, Device, Tensor};
-
-    #[test]
-    fn batches_stay_within_their_bytes_and_a_larger_tensor_goes_alone() {
-        let t = |n: usize| Tensor::zeros([n], DType::F32, &Device::cpu()).unwrap();
-        // 16, 16, 64 and 8 bytes against a 32-byte batch.
-        let params = [t(4), t(4), t(16), t(2)];
-        let refs: Vec<&Tensor> = params.iter().collect();
-        let sizes: Vec<Vec<usize>> = in_batches(&refs, 32)
-            .iter()
-            .map(|run| run.iter().map(|p| p.elem_count()).collect())
-            .collect();
-        assert_eq!(sizes, vec![vec![4, 4], vec![16], vec![2]]);
-        assert!(in_batches(&[], 32).is_empty());
-    }
 }

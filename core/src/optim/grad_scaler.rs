@@ -6,9 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::by_device::by_device;
+use super::scaled_grads::scale_grads;
 use crate::autograd::no_grad;
-use crate::backend::UnaryOp;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::shape::Shape;
 use crate::tensor::Tensor;
 
 /// Dynamic loss scaling for `16-mixed` training (`torch.amp.GradScaler`), kept in checkpoints with
@@ -66,15 +69,27 @@ impl GradScaler {
     }
 
     /// Divides every gradient of `params` by the scale and returns whether all of them are
-    /// finite. Once per optimizer step, before clipping.
+    /// finite. Once per optimizer step, before clipping: a `scaled_copies` per device and 16 MiB
+    /// of gradients, then a `non_finite_count` per device.
     pub fn unscale(&self, params: &[Tensor]) -> Result<bool> {
+        let Some(first) = params.iter().find_map(Tensor::grad) else {
+            return Ok(true);
+        };
         // The reciprocal in f64, then f32, as PyTorch (exact for powers of two anyway).
         let inv = (1.0 / self.scale) as f32 as f64;
+        // `scaled_copies` rounds the factor to each gradient's dtype first: exact in f32 and
+        // f64, but 1/S underflows f16 past S = 2^24, so 16-bit gradients (never those of
+        // 16-mixed, whose parameters stay f32) keep one product in f32 each, as before.
+        let (narrow, wide): (Vec<Tensor>, Vec<Tensor>) = params
+            .iter()
+            .filter(|p| p.grad().is_some())
+            .cloned()
+            .partition(|p| p.grad().is_some_and(|g| matches!(g.dtype(), DType::F16 | DType::BF16)));
+        let factor = Tensor::full(Shape::scalar(), inv, DType::F32, first.device())?;
+        scale_grads(&wide, &factor)?;
         no_grad(|| -> Result<()> {
-            for p in params {
-                if let Some(g) = p.grad() {
-                    p.set_grad(Some(g.affine(inv, 0.0)?));
-                }
+            for (p, g) in narrow.iter().filter_map(|p| p.grad().map(|g| (p, g))) {
+                p.set_grad(Some(g.affine(inv, 0.0)?));
             }
             Ok(())
         })?;
@@ -97,25 +112,31 @@ impl GradScaler {
 }
 
 /// Whether every gradient of `params` is finite. Counts the elements that are inf or NaN (by
-/// their bits: `x * 0` would do it too, but a fast-math GPU compiler may fold that to 0): one
-/// count per gradient, one sum of counts, one read-back.
+/// their bits: `x * 0` would do it too, but a fast-math GPU compiler may fold that to 0) with
+/// one `non_finite_count` per device and one read-back.
 pub fn grads_finite(params: &[Tensor]) -> Result<bool> {
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
     Ok(non_finite_elements(&grads)? == 0)
 }
 
-/// How many elements of `tensors` are inf or NaN, read back once.
+/// How many elements of `tensors` are inf or NaN (exact up to 2^24), read back once: each
+/// device's count added on the first tensor's device.
 pub fn non_finite_elements(tensors: &[Tensor]) -> Result<u64> {
+    let Some(first) = tensors.first() else {
+        return Ok(0);
+    };
     no_grad(|| {
-        let mut poison: Option<Tensor> = None;
-        for t in tensors {
-            let part = t.unary(UnaryOp::NonFinite)?.sum_all()?.to_dtype(crate::DType::F32)?;
-            poison = Some(match poison {
+        let dense = tensors.iter().map(Tensor::contiguous).collect::<Result<Vec<_>>>()?;
+        let mut total: Option<Tensor> = None;
+        for (device, bufs) in by_device(dense.iter().map(|t| (t.device().clone(), t.buffer()))) {
+            let count = device.backend().non_finite_count(&bufs)?;
+            let part = Tensor::from_buffer(count, Shape::scalar(), &device).to_device(first.device())?;
+            total = Some(match total {
                 None => part,
-                Some(sum) => sum.add(&part.to_device(sum.device())?)?,
+                Some(sum) => sum.add(&part)?,
             });
         }
-        Ok(match poison {
+        Ok(match total {
             None => 0,
             Some(t) => t.item()? as u64,
         })
@@ -148,6 +169,21 @@ mod tests {
         let c = param_with_grad(&[f32::NAN]);
         assert!(!s.unscale(&[a.clone(), b]).unwrap());
         assert!(!s.unscale(&[c]).unwrap());
+    }
+
+    #[test]
+    fn f16_gradients_survive_a_scale_whose_reciprocal_f16_cannot_hold() {
+        // 1/2^25 is below f16's smallest subnormal: rounding the factor to f16 would zero it.
+        let s = GradScaler::new(2f64.powi(25), 2.0, 0.5, 3).unwrap();
+        let p = Tensor::zeros([1], DType::F16, &Device::cpu())
+            .unwrap()
+            .requires_grad(true);
+        p.set_grad(Some(Tensor::full([1], 32768.0, DType::F16, &Device::cpu()).unwrap()));
+        let q = param_with_grad(&[2f32.powi(20)]);
+        assert!(s.unscale(&[p.clone(), q.clone()]).unwrap());
+        let unscaled = p.grad().unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(unscaled, vec![2f32.powi(-10)]);
+        assert_eq!(q.grad().unwrap().to_vec::<f32>().unwrap(), vec![2f32.powi(-5)]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod compose;
 mod grad_scaler;
 mod lr_scheduler;
 mod optimizer;
+mod scaled_grads;
 mod schedules;
 mod sgd;
 mod state_reader;

@@ -622,4 +622,8 @@ impl Backend for CpuBackend {
     fn scaled_copies(&self, bufs: &[&BufferRef], factor: &BufferRef) -> Result<Vec<BufferRef>> {
         ops_multi_tensor::scaled_copies(self, bufs, factor)
     }
+
+    fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
+        ops_multi_tensor::non_finite_count(self, bufs)
+    }
 }

@@ -1,6 +1,6 @@
-//! The CPU's multi-tensor operations: every parameter's update, or every gradient's squares,
-//! cut into chunks that run in parallel together, so a step over many small tensors keeps all
-//! threads busy. Each chunk computes what the per-tensor op computes on it, so the results are
+//! The CPU's multi-tensor operations: every parameter's update, or every gradient's squares or
+//! non-finite elements, cut into chunks that run in parallel together, so a step over many small
+//! tensors keeps all threads busy. Each chunk computes what the per-tensor op computes on it, so the results are
 //! those of one call per tensor, whatever the thread count.
 
 use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
@@ -177,16 +177,35 @@ pub(super) fn sgd_steps(items: &[SgdOperands<'_>]) -> Result<()> {
     Ok(())
 }
 
-/// The squares of one chunk, summed in f64 lanes (a fixed order).
-fn chunk_squares<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64 {
-    lane_sum(run.len(), |i| {
-        let x = run[i].load().to_f64();
-        x * x
-    })
+/// What a chunk of `sum_of_squares` or `non_finite_count` adds up, in f64.
+trait ChunkSum {
+    fn of<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64;
+}
+
+/// The squares of a chunk, summed in f64 lanes (a fixed order).
+struct Squares;
+
+impl ChunkSum for Squares {
+    fn of<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64 {
+        lane_sum(run.len(), |i| {
+            let x = run[i].load().to_f64();
+            x * x
+        })
+    }
+}
+
+/// How many elements of a chunk are inf or NaN (widening keeps both, so `is_finite` on the
+/// loaded value judges the stored bits).
+struct NonFinite;
+
+impl ChunkSum for NonFinite {
+    fn of<S: Stored<T>, T: CpuFloat>(run: &[S]) -> f64 {
+        run.iter().filter(|x| !x.load().is_finite()).count() as f64
+    }
 }
 
 /// The chunk sums of one buffer, appended to `out` as closures over its chunks.
-fn square_jobs<'a>(
+fn chunk_jobs<'a, K: ChunkSum>(
     op: &'static str,
     data: &'a HostVec,
     out: &mut Vec<Box<dyn Fn() -> f64 + Send + Sync + 'a>>,
@@ -195,7 +214,7 @@ fn square_jobs<'a>(
         ($v:expr, $t:ty) => {
             out.extend(
                 $v.chunks(SUM_CHUNK)
-                    .map(|c| Box::new(move || chunk_squares::<_, $t>(c)) as Box<dyn Fn() -> f64 + Send + Sync>),
+                    .map(|c| Box::new(move || K::of::<_, $t>(c)) as Box<dyn Fn() -> f64 + Send + Sync>),
             )
         };
     }
@@ -215,21 +234,32 @@ fn square_jobs<'a>(
     Ok(())
 }
 
-pub(super) fn sum_of_squares(dev: &CpuBackend, bufs: &[&BufferRef]) -> Result<BufferRef> {
-    const OP: &str = "sum_of_squares";
-    let (reads, read_at) = read_all(OP, bufs)?;
+/// Every chunk sum of `bufs` in parallel, added in order: the same total for any number of
+/// threads.
+fn total_of<K: ChunkSum>(op: &'static str, bufs: &[&BufferRef]) -> Result<f64> {
+    let (reads, read_at) = read_all(op, bufs)?;
     let mut jobs = Vec::new();
     for &at in &read_at {
-        square_jobs(OP, &reads[at], &mut jobs)?;
+        chunk_jobs::<K>(op, &reads[at], &mut jobs)?;
     }
-    // Chunk sums in parallel, added in order: the same total for any number of threads.
     let sums: Vec<f64> = jobs.par_iter().map(|job| job()).collect();
-    let total: f64 = sums.iter().fold(0.0, |acc, s| acc + s);
+    Ok(sums.iter().fold(0.0, |acc, s| acc + s))
+}
+
+pub(super) fn sum_of_squares(dev: &CpuBackend, bufs: &[&BufferRef]) -> Result<BufferRef> {
+    const OP: &str = "sum_of_squares";
+    let total = total_of::<Squares>(OP, bufs)?;
     let data = match sum_of_squares_dtype(bufs) {
         DType::F64 => HostVec::F64(vec![total]),
         _ => HostVec::F32(vec![total as f32]),
     };
     dev.wrap(OP, data)
+}
+
+pub(super) fn non_finite_count(dev: &CpuBackend, bufs: &[&BufferRef]) -> Result<BufferRef> {
+    const OP: &str = "non_finite_count";
+    let total = total_of::<NonFinite>(OP, bufs)?;
+    dev.wrap(OP, HostVec::F32(vec![total as f32]))
 }
 
 /// `src * factor` rounded once into a new vector of `src`'s type.

@@ -1,5 +1,5 @@
-//! Cases for the multi-tensor ops `adam_steps`, `sgd_steps`, `sum_of_squares` and
-//! `scaled_copies`: several tensors of odd lengths (an empty one, a single element, one longer
+//! Cases for the multi-tensor ops `adam_steps`, `sgd_steps`, `sum_of_squares`,
+//! `scaled_copies` and `non_finite_count`: several tensors of odd lengths (an empty one, a single element, one longer
 //! than a CPU chunk), each parameter with its own step count and weight decay, checked against
 //! the per-tensor oracles.
 
@@ -168,6 +168,63 @@ fn scaled_copies_case() -> Case {
         })
 }
 
+/// `n` small finite values with inf, -inf and NaN in turn every `every` elements from
+/// `k % every` on (none for `every == 0`).
+fn poisoned(k: usize, n: usize, every: usize) -> Values {
+    let poison = [f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    Values::Given(
+        (0..n)
+            .map(|i| match every {
+                0 => (i % 17) as f64 / 4.0 - 2.0,
+                _ if i % every == k % every => poison[i / every % 3],
+                _ => (i % 17) as f64 / 4.0 - 2.0,
+            })
+            .collect(),
+    )
+}
+
+/// The dtype input `k` is counted in: the one under test, bf16 or f32 in turn, so a call mixes
+/// 16- and 32-bit buffers (f16 too where f16 is under test).
+fn mixed_dtype(k: usize, under_test: DType) -> DType {
+    [under_test, DType::BF16, DType::F32][k % 3]
+}
+
+/// The inf and NaN elements of the inputs (one all finite, one empty, one a single inf, one
+/// past a chunk), the first counted twice as a gradient two parameters share; `mixed`: in
+/// turn in the dtype under test, bf16 and f32, else all in the dtype under test.
+fn non_finite_count_case(mixed: bool) -> Case {
+    let name = if mixed {
+        "non_finite_count/mixed"
+    } else {
+        "non_finite_count"
+    };
+    let mut case = Case::new(name, &["non_finite_count"], move |ctx, x| {
+        let inputs = x
+            .iter()
+            .enumerate()
+            .map(|(k, t)| match ctx.dtype {
+                // The reference counts in f64 throughout.
+                DType::F64 => Ok(t.clone()),
+                under_test if mixed => t.to_dtype(mixed_dtype(k, under_test)),
+                _ => Ok(t.clone()),
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let mut bufs: Vec<_> = inputs.iter().map(Tensor::buffer).collect();
+        bufs.push(inputs[0].buffer());
+        let count = ctx.device.backend().non_finite_count(&bufs)?;
+        Ok(vec![Tensor::from_buffer(count, Shape::new([1]), ctx.device)])
+    });
+    for (k, (n, every)) in LENS.into_iter().zip([3, 0, 1, 50, 997]).enumerate() {
+        case = case.input(Input::float("grad", [n], poisoned(k, n, every)));
+    }
+    case = case.input(Input::float("clean", [301], poisoned(0, 301, 0)));
+    case.forward_only().oracle(|x| {
+        let count = |t: &HostTensor| t.values.iter().filter(|v| !v.is_finite()).count() as f64;
+        let total = x.iter().map(count).sum::<f64>() + count(&x[0]);
+        vec![HostTensor::new([1], vec![total])]
+    })
+}
+
 pub fn cases() -> Vec<Case> {
     vec![
         adam_steps_case(false),
@@ -175,5 +232,7 @@ pub fn cases() -> Vec<Case> {
         sgd_steps_case(),
         sum_of_squares_case(),
         scaled_copies_case(),
+        non_finite_count_case(false),
+        non_finite_count_case(true),
     ]
 }
