@@ -2,7 +2,8 @@
 //! (tensors of 0, 1, 300 and `CHUNK_LEN + 5` elements: an empty table entry, a partial block
 //! and two chunks of one tensor) runs through them and through the per-tensor kernels. The
 //! updates and the scaled copies must equal the per-tensor results bit for bit, the sum of
-//! squares the host's f64 sum within f32 rounding. A mismatch or a failed launch prints one
+//! squares the host's f64 sum within f32 rounding, the count of inf and NaN elements the four
+//! planted. A mismatch or a failed launch prints one
 //! line and that dtype takes the per-tensor loop from then on, as the fused attention does.
 
 use lockstep_core::backend::{AdamOperands, AdamStep, BinaryOp, BufferRef, SgdOperands, SgdStep};
@@ -37,6 +38,7 @@ impl CudaBackend {
         self.check_adam(dtype)?;
         self.check_sgd(dtype)?;
         self.check_sum_of_squares(dtype)?;
+        self.check_non_finite_count(dtype)?;
         self.check_scaled_copies(dtype)
     }
 
@@ -157,6 +159,30 @@ impl CudaBackend {
             )));
         }
         Ok(())
+    }
+
+    /// Four non-finite elements (inf and NaN in the 300-element tensor, -inf and NaN in the two
+    /// chunks of the last, one in each chunk) among finite ones: the count must be 4.
+    fn check_non_finite_count(&self, dtype: DType) -> Result<()> {
+        let poisoned = [(2, 17, f64::INFINITY), (2, 200, f64::NAN), (3, 5, f64::NAN)]
+            .into_iter()
+            .chain([(3, CHUNK_LEN as usize + 2, f64::NEG_INFINITY)]);
+        let mut values: Vec<Vec<f64>> = LENS.iter().map(|&n| vec![1.5; n]).collect();
+        for (tensor, at, value) in poisoned {
+            values[tensor][at] = value;
+        }
+        let bufs = values
+            .iter()
+            .map(|v| self.upload(&HostVec::from_f64(dtype, v)))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&BufferRef> = bufs.iter().collect();
+        let got = self.download(&self.non_finite_count_fused(&refs)?, &Layout::contiguous([1]))?;
+        match got.to_f64_vec()[0] {
+            4.0 => Ok(()),
+            other => Err(mismatch(format!(
+                "non_finite_count counts {other} inf or NaN elements where there are 4"
+            ))),
+        }
     }
 
     fn check_scaled_copies(&self, dtype: DType) -> Result<()> {
