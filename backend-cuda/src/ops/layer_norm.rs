@@ -1,10 +1,10 @@
 //! layer_norm_last with its affine part and its gradients (layer_norm.cu) over the last axis of
 //! a contiguous [rows, cols]: a group of threads per row forward, one launch; backward a group per
 //! chunk of rows writes the input's gradient and the chunk's column sums, and with a weight or
-//! bias a second launch adds the chunks in order (`gpu_plan::rows_per_chunk`, so every GPU sums
+//! bias a second launch adds the chunks in order (`gpu_plan::layer_norm_chunk_rows`, so every GPU sums
 //! in the same order).
 
-use lockstep_core::backend::gpu_plan::rows_per_chunk;
+use lockstep_core::backend::gpu_plan::{layer_norm_chunk_rows, layer_norm_flags};
 use lockstep_core::backend::{BackendBuffer, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
@@ -14,15 +14,6 @@ use crate::backend::CudaBackend;
 use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
-
-/// The kernels' flags.
-const LN_WEIGHT: u32 = 1;
-const LN_BIAS: u32 = 2;
-const LN_SUMS: u32 = 4;
-
-fn affine_flags(affine: &LayerNormAffine<'_>) -> u32 {
-    LN_WEIGHT * affine.weight.is_some() as u32 + LN_BIAS * affine.bias.is_some() as u32
-}
 
 impl CudaBackend {
     /// `Backend::layer_norm_last`.
@@ -51,7 +42,7 @@ impl CudaBackend {
             to_u32(OP, rows)?,
             to_u32(OP, cols)?,
             spec.eps as f32,
-            affine_flags(&affine),
+            layer_norm_flags(&affine, false),
         );
         launch!(&self.gpu, entry, cfg;
             &out.ptr, &s.ptr, &weight.ptr, &bias.ptr, &rows32, &cols32, &eps32, &group, &flags);
@@ -85,14 +76,14 @@ impl CudaBackend {
             return LayerNormGrads::of_empty(dx, &affine, || self.fill(s.dtype(), cols, 0.0));
         }
         to_u32(OP, rows * cols)?;
-        let chunk_rows = if sums { rows_per_chunk(rows) } else { 1 };
+        let chunk_rows = layer_norm_chunk_rows(&affine, rows);
         let chunks = rows.div_ceil(chunk_rows);
         let parts = self.output(DType::F32, if sums { 2 * chunks * cols } else { 1 })?;
         let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
         let group = group_for(cols);
         let cfg = self.gpu.blocks(chunks.div_ceil((BLOCK / group) as usize))?;
         let (rows32, cols32, eps32) = (to_u32(OP, rows)?, to_u32(OP, cols)?, spec.eps as f32);
-        let flags = affine_flags(&affine) + LN_SUMS * sums as u32;
+        let flags = layer_norm_flags(&affine, true);
         let (chunk_rows32, chunks32) = (to_u32(OP, chunk_rows)?, to_u32(OP, chunks)?);
         launch!(&self.gpu, entry, cfg;
             &dx.ptr, &parts.ptr, &g.ptr, &s.ptr, &weight.ptr, &rows32, &cols32, &eps32, &group, &flags,

@@ -1,21 +1,16 @@
 //! layer_norm_last with its affine part and its gradients (layer_norm.wgsl): a group of
 //! invocations per row forward, one dispatch; backward a group per chunk of rows writes the
 //! input's gradient and the chunk's column sums, and with a weight or bias a second dispatch sums
-//! the chunks in order (`gpu_plan::rows_per_chunk`, so every GPU sums in the same order). bf16
+//! the chunks in order (`gpu_plan::layer_norm_chunk_rows`, so every GPU sums in the same order). bf16
 //! runs on f32 copies.
 
-use lockstep_core::backend::gpu_plan::rows_per_chunk;
+use lockstep_core::backend::gpu_plan::{layer_norm_chunk_rows, layer_norm_flags};
 use lockstep_core::backend::{BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
-
-/// The shader's flags (params[4]).
-const HAS_WEIGHT: u32 = 1;
-const HAS_BIAS: u32 = 2;
-const SUMS_COLUMNS: u32 = 4;
 
 /// The shader's params: `[rows, cols, eps (f32 bits), group, flags, rows per chunk, chunks]`.
 fn params(op: &'static str, spec: &LayerNormSpec, group: u32, flags: u32, chunk_rows: usize) -> Result<[u32; 7]> {
@@ -28,10 +23,6 @@ fn params(op: &'static str, spec: &LayerNormSpec, group: u32, flags: u32, chunk_
         to_u32(op, chunk_rows)?,
         to_u32(op, spec.rows.div_ceil(chunk_rows))?,
     ])
-}
-
-fn affine_flags(affine: &LayerNormAffine<'_>) -> u32 {
-    HAS_WEIGHT * affine.weight.is_some() as u32 + HAS_BIAS * affine.bias.is_some() as u32
 }
 
 impl WgpuBackend {
@@ -61,7 +52,7 @@ impl WgpuBackend {
             return Ok(out);
         }
         let (group, workgroups) = self.row_groups(OP, rows, cols)?;
-        let p = params(OP, spec, group, affine_flags(&affine), 1)?;
+        let p = params(OP, spec, group, layer_norm_flags(&affine, false), 1)?;
         // An absent part's binding holds the input, which the shader then never reads.
         let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
         let bias = self.operand(OP, affine.bias.unwrap_or(src), None)?;
@@ -115,10 +106,10 @@ impl WgpuBackend {
         if rows * cols == 0 {
             return LayerNormGrads::of_empty(dx, &affine, || self.fill(x.dtype(), cols, 0.0));
         }
-        let chunk_rows = if sums { rows_per_chunk(rows) } else { 1 };
+        let chunk_rows = layer_norm_chunk_rows(&affine, rows);
         let chunks = rows.div_ceil(chunk_rows);
         let (group, workgroups) = self.row_groups(OP, chunks, cols)?;
-        let flags = affine_flags(&affine) + SUMS_COLUMNS * sums as u32;
+        let flags = layer_norm_flags(&affine, true);
         let p = params(OP, spec, group, flags, chunk_rows)?;
         let parts = self.alloc(OP, DType::F32, if sums { 2 * chunks * cols } else { 1 })?;
         let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;

@@ -1,6 +1,8 @@
 //! How the GPU backends (wgpu and CUDA alike) lay out work whose result must not depend on the
 //! device: decided from shapes alone, in one place, so every GPU sums in the same order.
 
+use super::LayerNormAffine;
+
 /// Below this many outputs a reduction splits each output's reduced elements into chunks: a
 /// workgroup per output would leave most of a large GPU idle (`sum_all` ran on 1 of 132 SMs).
 const FEW_OUTPUTS: usize = 1024;
@@ -40,6 +42,20 @@ const MIN_CHUNK_ROWS: usize = 8;
 /// then a second pass sums the chunks in order. From the shape alone, like `chunk_len`.
 pub fn rows_per_chunk(rows: usize) -> usize {
     rows.div_ceil(ROW_CHUNKS).max(MIN_CHUNK_ROWS)
+}
+
+/// Rows each group of LayerNorm's backward pass takes: a chunk of `rows_per_chunk` rows when it
+/// sums the weight's and bias's gradients over the columns, else one row.
+pub fn layer_norm_chunk_rows(affine: &LayerNormAffine<'_>, rows: usize) -> usize {
+    if affine.any() { rows_per_chunk(rows) } else { 1 }
+}
+
+/// The flags word LayerNorm's GPU kernels read (layer_norm.wgsl and layer_norm.cu alike): 1 a
+/// weight, 2 a bias, 4 the backward pass sums the columns (there is a weight or a bias).
+pub fn layer_norm_flags(affine: &LayerNormAffine<'_>, backward: bool) -> u32 {
+    u32::from(affine.weight.is_some())
+        | u32::from(affine.bias.is_some()) << 1
+        | u32::from(backward && affine.any()) << 2
 }
 
 /// Whether linking sources into per-id lists costs fewer loop iterations than scanning every
