@@ -21,11 +21,17 @@ if [ ! -e "$root/.lockstep-ready" ]; then
     }
     rm -rf "$root"
     mkdir -p "$root"
-    debootstrap --variant=minbase --include=libvulkan1 trixie "$root" "$mirror" >/dev/null
+    debootstrap --variant=minbase --include=libvulkan1,spirv-tools trixie "$root" "$mirror" >/dev/null
     echo "deb $mirror trixie-backports main" >"$root/etc/apt/sources.list.d/backports.list"
     chroot "$root" apt-get update -qq
     chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t trixie-backports mesa-vulkan-drivers >/dev/null
     touch "$root/.lockstep-ready"
+fi
+# spirv-val for the tier's own SPIR-V (Debian 12's is too old for cooperative matrices); a root
+# made before it was needed gets it here.
+if ! chroot "$root" sh -c 'command -v spirv-val' >/dev/null; then
+    chroot "$root" apt-get update -qq
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spirv-tools >/dev/null
 fi
 echo "Mesa in the root: $(chroot "$root" dpkg-query -W -f='${Version}' mesa-vulkan-drivers)"
 

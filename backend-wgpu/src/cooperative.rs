@@ -7,6 +7,11 @@
 //! the tier also has to pass a self-test when the device opens (`WgpuBackend::settle_products`):
 //! one product whose every sum is exact in f32, compared bit for bit with the SIMT kernel's.
 //!
+//! Who translates the shader (`LOCKSTEP_WGPU_COOP_SPIRV`, read once): on Vulkan, by default, we
+//! do (`cooperative_spirv`: naga's SPIR-V with its workgroup-memory accesses made non-private,
+//! handed to the driver as passthrough SPIR-V); `wgpu` leaves it to wgpu, as on every other
+//! backend (Metal's simdgroup matrices).
+//!
 //! Which products take it (`LOCKSTEP_WGPU_COOP`, read once): f16 products by default, exact
 //! apart from the order of the f32 sums; `bf16` also bf16 products, rounded to f16 on the way in
 //! (f16 holds bf16's 8 bits of mantissa but not its range: magnitudes past 65504 or below 6e-8
@@ -25,6 +30,45 @@ pub struct Cooperative {
     pub subgroup: u32,
     /// A workgroup holds `grid` x `grid` subgroups (`E_GRID`).
     pub grid: u32,
+    pub translation: Translation,
+}
+
+/// Who turns matmul_coop.wgsl into the driver's shader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Translation {
+    /// wgpu, as every other shader.
+    Wgpu,
+    /// `cooperative_spirv`, as passthrough SPIR-V (Vulkan).
+    OwnSpirv,
+}
+
+impl Translation {
+    /// `OwnSpirv` on Vulkan adapters with passthrough shaders unless `LOCKSTEP_WGPU_COOP_SPIRV=wgpu`.
+    fn of(adapter: &wgpu::Adapter) -> Translation {
+        static WGPU_ASKED: OnceLock<bool> = OnceLock::new();
+        let wgpu_asked = *WGPU_ASKED.get_or_init(|| match std::env::var("LOCKSTEP_WGPU_COOP_SPIRV").as_deref() {
+            Ok("wgpu") => true,
+            Ok("own") | Err(_) => false,
+            Ok(other) => {
+                eprintln!("lockstep: LOCKSTEP_WGPU_COOP_SPIRV={other:?} is not own or wgpu; ignored");
+                false
+            }
+        });
+        let vulkan = adapter.get_info().backend == wgpu::Backend::Vulkan;
+        if vulkan && !wgpu_asked && adapter.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+            Translation::OwnSpirv
+        } else {
+            Translation::Wgpu
+        }
+    }
+
+    /// The device features this translation needs.
+    pub fn features(&self) -> wgpu::Features {
+        match self {
+            Translation::Wgpu => wgpu::Features::empty(),
+            Translation::OwnSpirv => wgpu::Features::PASSTHROUGH_SHADERS,
+        }
+    }
 }
 
 /// The workgroup grids the self-test tries, in order: the first that computes right is used.
@@ -56,6 +100,7 @@ impl Cooperative {
                 edge,
                 subgroup: info.subgroup_min_size,
                 grid: GRIDS[0],
+                translation: Translation::of(adapter),
             })
     }
 
@@ -77,10 +122,14 @@ impl Cooperative {
         if name == "grid1" { 1 } else { 2 }
     }
 
-    /// `16x16x16 f16->f32, 2x2 subgroups of 32`.
+    /// `16x16x16 f16->f32, 2x2 subgroups of 32, our SPIR-V`.
     pub fn describe(&self) -> String {
         let (e, g) = (self.edge, self.grid);
-        format!("{e}x{e}x{e} f16->f32, {g}x{g} subgroups of {}", self.subgroup)
+        let by = match self.translation {
+            Translation::Wgpu => "wgpu's translation",
+            Translation::OwnSpirv => "our SPIR-V",
+        };
+        format!("{e}x{e}x{e} f16->f32, {g}x{g} subgroups of {}, {by}", self.subgroup)
     }
 }
 

@@ -62,9 +62,9 @@ impl Gpu {
         // refuses them still opens without.
         let mut cooperative = Cooperative::of(adapter);
         let opened = match cooperative {
-            Some(_) => request(
+            Some(tier) => request(
                 adapter,
-                features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+                features | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | tier.translation.features(),
                 &limits,
             )
             .or_else(|_| {

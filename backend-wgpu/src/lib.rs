@@ -16,6 +16,7 @@ mod bind_layout;
 mod buffer;
 mod contract;
 mod cooperative;
+mod cooperative_spirv;
 mod fault;
 mod gpu;
 mod headless;
@@ -27,9 +28,16 @@ mod pipelines;
 mod pool;
 mod provider;
 mod scope;
+mod spirv_memory_model;
 mod transfer;
 
 pub use backend::WgpuBackend;
+/// The cooperative-matrix product's translation for Vulkan (naga, then its workgroup-memory
+/// accesses made non-private), for probes that compare it with wgpu's.
+#[doc(hidden)]
+pub use cooperative::Translation;
+#[doc(hidden)]
+pub use cooperative_spirv::translate as translate_to_vulkan_spirv;
 #[doc(hidden)]
 pub use fault::Fault;
 pub use headless::quiet_display_probe_without_session;

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use lockstep_core::Result;
 
 use crate::bind_layout::{self, StorageBindings};
-use crate::cooperative::Cooperative;
+use crate::cooperative::{Cooperative, Translation};
+use crate::cooperative_spirv;
 use crate::gpu::Gpu;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -57,6 +58,9 @@ type ModuleKey = (&'static str, Vec<&'static str>);
 struct Module {
     compiled: wgpu::ShaderModule,
     source: String,
+    /// Whether its pipeline constants were fixed when it was compiled (passthrough SPIR-V takes
+    /// none from the pipeline).
+    constants_fixed: bool,
 }
 
 /// The layouts of pipelines that bind the same buffers the same way.
@@ -88,7 +92,10 @@ impl Pipelines {
             return Ok(p.clone());
         }
         let module = self.module(gpu, variant)?;
-        let constants: Vec<(&str, f64)> = variant.constants.iter().map(|&(n, v)| (n, f64::from_bits(v))).collect();
+        let constants: Vec<(&str, f64)> = match module.constants_fixed {
+            true => vec![],
+            false => variant.constants.iter().map(|&(n, v)| (n, f64::from_bits(v))).collect(),
+        };
         let what = format!(
             "building the {}/{} pipeline for {:?} on this driver",
             variant.shader, variant.entry, variant.types
@@ -156,6 +163,10 @@ impl Pipelines {
             ("matmul_coop", Some(shape), None) => {
                 // The variant's types: the element type, then the subgroup grid's name.
                 let grid = Cooperative::grid_of(variant.types.get(1).copied().unwrap_or_default());
+                let shape = Cooperative { grid, ..shape };
+                if shape.translation == Translation::OwnSpirv {
+                    return Ok(self.insert(key, Self::own_spirv(gpu, shape, &variant.types[..1])?));
+                }
                 lockstep_shaders::compose_cooperative(shape.edge, grid, &variant.types[..1])
             }
             ("matmul_coop", None, None) => {
@@ -185,12 +196,53 @@ impl Pipelines {
                 gpu.device.create_shader_module(descriptor)
             }
         })?;
-        let module = Arc::new(Module { compiled, source });
+        let module = Module {
+            compiled,
+            source,
+            constants_fixed: false,
+        };
+        Ok(self.insert(key, module))
+    }
+
+    fn insert(&self, key: ModuleKey, module: Module) -> Arc<Module> {
+        let module = Arc::new(module);
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, module.clone());
-        Ok(module)
+        module
+    }
+
+    /// matmul_coop.wgsl on `shape` as our SPIR-V (`cooperative_spirv`), handed to the driver as is.
+    /// wgpu adds no runtime checks to it, whatever `LOCKSTEP_WGPU_CHECKS` says.
+    fn own_spirv(gpu: &Gpu, shape: Cooperative, types: &[&'static str]) -> Result<Module> {
+        let what = format!("compiling matmul_coop.wgsl for {types:?} to SPIR-V");
+        let words = cooperative_spirv::compile(shape, types).map_err(|e| gpu.error(format!("{what}: {e}")))?;
+        let compiled = gpu.scoped(&what, || {
+            // SAFETY: the words are naga's own translation of a validated WGSL module (its
+            // bindings, which the explicit layout matches, and its workgroup size fixed for this
+            // adapter's subgroup), changed only in the memory operands of its workgroup-memory
+            // accesses; the shader clamps every index it reads, like the modules `runs_unchecked`
+            // names.
+            unsafe {
+                gpu.device
+                    .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                        label: Some("matmul_coop"),
+                        entry_points: vec![wgpu::PassthroughShaderEntryPoint {
+                            name: cooperative_spirv::ENTRY.into(),
+                            workgroup_size: (shape.grid * shape.grid * shape.subgroup, 1, 1),
+                        }]
+                        .into(),
+                        spirv: Some(words.into()),
+                        ..Default::default()
+                    })
+            }
+        })?;
+        Ok(Module {
+            compiled,
+            source: lockstep_shaders::compose_cooperative(shape.edge, shape.grid, types),
+            constants_fixed: true,
+        })
     }
 }
 

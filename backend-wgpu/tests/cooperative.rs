@@ -92,4 +92,59 @@ fn the_tier_is_named_with_its_shape() {
     let products = products(&device);
     assert!(products.contains("f16->f32"), "{products}");
     assert!(products.contains("x8x8") || products.contains("x16x16"), "{products}");
+    // On Vulkan the tier runs our SPIR-V unless told otherwise (LOCKSTEP_WGPU_COOP_SPIRV=wgpu).
+    let backend = lockstep_wgpu::backend_of(&device).expect("wgpu:0 is a wgpu backend");
+    let vulkan = backend.gpu().info.backend == wgpu::Backend::Vulkan;
+    let asked_for_wgpu = std::env::var("LOCKSTEP_WGPU_COOP_SPIRV").as_deref() == Ok("wgpu");
+    if vulkan && !asked_for_wgpu {
+        assert!(products.contains("our SPIR-V"), "{products}");
+    } else {
+        assert!(products.contains("wgpu's translation"), "{products}");
+    }
+}
+
+/// The tier's own SPIR-V (every edge, grid and element type) passes `spirv-val` for Vulkan 1.3.
+/// Debian 12's spirv-tools predate cooperative matrices, so CI runs this in the Debian 13 root,
+/// where `LOCKSTEP_EXPECT_COOP=1` turns a missing `spirv-val` into a failure.
+#[test]
+fn our_spirv_passes_the_validator() {
+    let version = std::process::Command::new("spirv-val").arg("--version").output();
+    let knows_cooperative_matrices = version.is_ok_and(|v| {
+        let text = String::from_utf8_lossy(&v.stdout).to_string();
+        // `SPIRV-Tools v2025.1 ...`; Debian 12's v2023.1 rejects cooperative matrices.
+        let year = text.split(['v', '.']).find_map(|w| w.parse::<u32>().ok());
+        year.is_some_and(|y| y >= 2024)
+    });
+    if !knows_cooperative_matrices {
+        assert!(
+            std::env::var("LOCKSTEP_EXPECT_COOP").as_deref() != Ok("1"),
+            "LOCKSTEP_EXPECT_COOP=1 but no spirv-val that knows cooperative matrices is on PATH"
+        );
+        eprintln!("\n*** SKIPPED: no spirv-val from 2024 or later on PATH ***\n");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lockstep-spirv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (edge, subgroup) in [(16u32, 32.0), (8, 8.0)] {
+        for grid in [1, 2] {
+            for t in ["f32", "f16", "bf16"] {
+                let source = lockstep_shaders::compose_cooperative(edge, grid, &[t]);
+                let words = lockstep_wgpu::translate_to_vulkan_spirv(&source, "matmul_coop", &[("SUBGROUP", subgroup)])
+                    .unwrap_or_else(|e| panic!("edge {edge} grid {grid} {t}: {e}"));
+                let file = dir.join(format!("matmul_coop_{edge}_{grid}_{t}.spv"));
+                std::fs::write(&file, bytemuck::cast_slice(&words)).unwrap();
+                let out = std::process::Command::new("spirv-val")
+                    .args(["--target-env", "vulkan1.3"])
+                    .arg(&file)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "edge {edge} grid {grid} {t}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

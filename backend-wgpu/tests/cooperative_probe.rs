@@ -1,12 +1,16 @@
 //! What an adapter's cooperative matrices do with the few ways matmul_coop.wgsl could use them:
 //! one E x E x E product (E the adapter's edge) by one subgroup, operands loaded from a storage
 //! buffer or from workgroup memory, row- or column-major, the sums started from storage or from
-//! workgroup memory. Each probe's worst error against the CPU is printed; the test asserts the
-//! ones the tier relies on. On a GPU where the tier's self-test fails, this says which step
-//! differs. Skips (loudly) without cooperative matrices; CI runs it on Mesa 26's lavapipe.
+//! workgroup memory. Each probe runs twice: translated by wgpu, and as the tier's own SPIR-V on
+//! Vulkan (naga's, with its workgroup-memory accesses made non-private, which wgpu's translation
+//! leaves private under the Vulkan memory model). How many outputs each got wrong is printed;
+//! the test asserts the ones the tier relies on, in the translation the tier uses. On a GPU
+//! where the tier's self-test fails, this says which step and which translation differ. Skips
+//! (loudly) without cooperative matrices; CI runs it on Mesa 26's lavapipe.
 
 mod support;
 
+use lockstep_wgpu::Translation;
 use wgpu::util::DeviceExt;
 
 /// A probe: its name, the body of its entry point, and whether the tier relies on it.
@@ -91,22 +95,68 @@ fn probe(@builtin(local_invocation_index) lid: u32) {{
     )
 }
 
+/// The probe as the device's shader: wgpu's translation, or our SPIR-V (passthrough).
+fn module(device: &wgpu::Device, source: &str, own_spirv: bool, subgroup: u32) -> wgpu::ShaderModule {
+    if !own_spirv {
+        return device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("cooperative probe"),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+    }
+    let words = lockstep_wgpu::translate_to_vulkan_spirv(source, "probe", &[]).expect("the probe translates");
+    // SAFETY: naga's translation of the probe, validated, its bindings those of `layout`; the
+    // probe reads and writes only inside its E x E arrays.
+    unsafe {
+        device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some("cooperative probe, our SPIR-V"),
+            entry_points: vec![wgpu::PassthroughShaderEntryPoint {
+                name: "probe".into(),
+                workgroup_size: (subgroup, 1, 1),
+            }]
+            .into(),
+            spirv: Some(words.into()),
+            ..Default::default()
+        })
+    }
+}
+
+/// The probe's bindings: two operands read, the sums read and written.
+fn layout(device: &wgpu::Device) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+    let entry = |binding, read_only| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: None,
+        entries: &[entry(0, true), entry(1, true), entry(2, false)],
+    });
+    let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: None,
+        bind_group_layouts: &[Some(&group)],
+        immediate_size: 0,
+    });
+    (group, pipeline)
+}
+
 /// The probe's `E x E` sums (started from `start`) on the device.
 fn run(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
-    source: &str,
+    module: &wgpu::ShaderModule,
     operands: [&[half::f16]; 2],
     start: &[f32],
 ) -> Vec<f32> {
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("cooperative probe"),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
+    let (group_layout, pipeline_layout) = layout(device);
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: None,
-        layout: None,
-        module: &module,
+        layout: Some(&pipeline_layout),
+        module,
         entry_point: Some("probe"),
         compilation_options: Default::default(),
         cache: None,
@@ -133,7 +183,7 @@ fn run(
     });
     let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
-        layout: &pipeline.get_bind_group_layout(0),
+        layout: &group_layout,
         entries: &[
             wgpu::BindGroupEntry {
                 binding: 0,
@@ -193,6 +243,11 @@ fn each_way_of_using_the_cooperative_matrices_matches_the_cpu() {
     let halves = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>();
     let (lhs16, rhs16) = (halves(&lhs), halves(&rhs));
     let mut relied_on_failed = Vec::new();
+    // Our SPIR-V where the device could take it (the tier's default on Vulkan).
+    let translations: &[Translation] = match gpu.features.contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+        true => &[Translation::Wgpu, Translation::OwnSpirv],
+        false => &[Translation::Wgpu],
+    };
     for probe in PROBES {
         let want: Vec<f32> = (0..e * e)
             .map(|ij| {
@@ -208,17 +263,21 @@ fn each_way_of_using_the_cooperative_matrices_matches_the_cpu() {
             })
             .collect();
         let source = shader(shape.edge, shape.subgroup, probe.body);
-        let got = run(&gpu.device, &gpu.queue, &source, [&lhs16, &rhs16], &start);
-        let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
-        eprintln!(
-            "probe {}: {wrong} of {} wrong; first outputs {:?}, expected {:?}",
-            probe.name,
-            want.len(),
-            &got[..4.min(got.len())],
-            &want[..4]
-        );
-        if wrong > 0 && probe.relied_on {
-            relied_on_failed.push(probe.name);
+        for &translation in translations {
+            let own_spirv = translation == Translation::OwnSpirv;
+            let module = module(&gpu.device, &source, own_spirv, shape.subgroup);
+            let got = run(&gpu.device, &gpu.queue, &module, [&lhs16, &rhs16], &start);
+            let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            eprintln!(
+                "probe {} ({translation:?}): {wrong} of {} wrong; first outputs {:?}, expected {:?}",
+                probe.name,
+                want.len(),
+                &got[..4.min(got.len())],
+                &want[..4]
+            );
+            if wrong > 0 && probe.relied_on && translation == shape.translation {
+                relied_on_failed.push(probe.name);
+            }
         }
     }
     assert!(relied_on_failed.is_empty(), "the tier relies on: {relied_on_failed:?}");

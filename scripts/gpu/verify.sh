@@ -115,6 +115,9 @@ if [ -n "$wgpu" ]; then
         for dtype in f32 f16 bf16; do
             step "bench-gemm-wgpu-$dtype" 300 "$bin" bench gemm --device "$wgpu" --gemm-dtype "$dtype" --sizes 4096,8192 --json "$out/bench-gemm-wgpu-$dtype.json"
         done
+        # The cooperative tier's f16 products translated by wgpu instead of our SPIR-V (whose
+        # workgroup-memory accesses are non-private): the self-test decides whether each runs.
+        step bench-gemm-wgpu-f16-wgpu-translation 300 env LOCKSTEP_WGPU_COOP_SPIRV=wgpu "$bin" bench gemm --device "$wgpu" --gemm-dtype f16 --sizes 4096,8192 --json "$out/bench-gemm-wgpu-f16-wgpu-translation.json"
         step bench-gemm-wgpu-f32-checked 300 env LOCKSTEP_WGPU_CHECKS=all "$bin" bench gemm --device "$wgpu" --sizes 4096,8192 --json "$out/bench-gemm-wgpu-f32-checked.json"
         step bench-resnet-wgpu 600 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --json "$out/bench-resnet-wgpu.json" --kernels 25
         # The same step with session 62's implicit-GEMM convolutions turned off (im2col, GEMM,
