@@ -12,10 +12,12 @@
 //! handed to the driver as passthrough SPIR-V); `wgpu` leaves it to wgpu, as on every other
 //! backend (Metal's simdgroup matrices).
 //!
-//! Which products take it (`LOCKSTEP_WGPU_COOP`, read once): f16 products by default, exact
-//! apart from the order of the f32 sums; `bf16` also bf16 products, rounded to f16 on the way in
-//! (f16 holds bf16's 8 bits of mantissa but not its range: magnitudes past 65504 or below 6e-8
-//! are lost, so it is not the default); `off` none.
+//! Which products take it (`LOCKSTEP_WGPU_COOP`, read once): f16 and bf16 products by default
+//! (`bf16`), `f16` only f16 ones, `off` none. Each row of lhs and column of rhs is scaled by a
+//! power of two into f16's range on the way in and back on the way out (coop_scales.wgsl), so
+//! bf16's range is kept: f16 holds bf16's 8 bits of mantissa, and every product is exact and
+//! summed in f32, like the SIMT kernel's; a bf16 element below 2^-33 of its row's (column's)
+//! largest magnitude rounds to f16's subnormal steps.
 
 use std::sync::OnceLock;
 
@@ -146,11 +148,11 @@ impl Policy {
         static POLICY: OnceLock<Policy> = OnceLock::new();
         *POLICY.get_or_init(|| match std::env::var("LOCKSTEP_WGPU_COOP").as_deref() {
             Ok("off") => Policy::Off,
-            Ok("bf16") => Policy::F16AndBf16,
-            Ok("f16") | Err(_) => Policy::F16,
+            Ok("f16") => Policy::F16,
+            Ok("bf16") | Err(_) => Policy::F16AndBf16,
             Ok(other) => {
                 eprintln!("lockstep: LOCKSTEP_WGPU_COOP={other:?} is not off, f16 or bf16; ignored");
-                Policy::F16
+                Policy::F16AndBf16
             }
         })
     }
@@ -168,8 +170,8 @@ impl Policy {
     pub fn describe(&self) -> &'static str {
         match self {
             Policy::Off => "off (LOCKSTEP_WGPU_COOP=off)",
-            Policy::F16 => "f16 products (LOCKSTEP_WGPU_COOP=bf16 adds bf16, rounded to f16)",
-            Policy::F16AndBf16 => "f16 and bf16 products, bf16 rounded to f16 (LOCKSTEP_WGPU_COOP=bf16)",
+            Policy::F16 => "f16 products (LOCKSTEP_WGPU_COOP=f16; bf16 products stay on the SIMT kernel)",
+            Policy::F16AndBf16 => "f16 and bf16 products, each row and column scaled into f16's range",
         }
     }
 }

@@ -86,6 +86,60 @@ fn f16_products_on_the_tier_match_the_cpu() {
     }
 }
 
+/// bf16 rows and columns far outside f16's range (1e-12 to 1e12) keep their values on the tier:
+/// each is scaled into f16's range on the way in and back on the way out.
+#[test]
+fn bf16_products_on_the_tier_keep_bf16s_range() {
+    let Some(device) = tier_device() else { return };
+    assert!(products(&device).contains("bf16 products"), "{}", products(&device));
+    let (m, k, n) = (4, 24, 6);
+    let row_magnitude = [1e-12f32, 1e-3, 1.0, 1e9];
+    let column_magnitude = [1e-9f32, 1e-2, 1.0, 1e4, 1e12, 3e-7];
+    let normal = |len: usize, seed: u64| {
+        Tensor::rand_normal([len], 0.0, 1.0, DType::F32, &Generator::new(seed), &Device::cpu())
+            .and_then(|t| t.to_vec::<f32>())
+            .unwrap()
+    };
+    let lhs: Vec<f32> = normal(m * k, 7)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * row_magnitude[i / k])
+        .collect();
+    let rhs: Vec<f32> = normal(k * n, 8)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * column_magnitude[i % n])
+        .collect();
+    let bf16 = |v: &[f32], dims: [usize; 2]| {
+        Tensor::from_vec(v.to_vec(), dims, &Device::cpu())
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .unwrap()
+    };
+    let (a, b) = (bf16(&lhs, [m, k]), bf16(&rhs, [k, n]));
+    let exact_a = a.to_dtype(DType::F32).and_then(|t| t.to_vec::<f32>()).unwrap();
+    let exact_b = b.to_dtype(DType::F32).and_then(|t| t.to_vec::<f32>()).unwrap();
+    let got = a
+        .to_device(&device)
+        .and_then(|a| a.matmul(&b.to_device(&device)?))
+        .and_then(|c| c.to_dtype(DType::F32))
+        .and_then(|c| c.to_vec::<f32>())
+        .unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let terms = (0..k).map(|p| exact_a[i * k + p] as f64 * exact_b[p * n + j] as f64);
+            let (sum, size): (f64, f64) = terms.fold((0.0, 0.0), |(s, z), t| (s + t, z + t.abs()));
+            // One bf16 rounding of the sum (2^-9 relative) plus f32 summation, against the sum
+            // of the terms' magnitudes, so cancellation cannot inflate it.
+            let error = (got[i * n + j] as f64 - sum).abs();
+            assert!(
+                error <= size * 2f64.powi(-8),
+                "[{i}, {j}]: {} for {sum} (terms' magnitudes sum to {size})",
+                got[i * n + j]
+            );
+        }
+    }
+}
+
 #[test]
 fn the_tier_is_named_with_its_shape() {
     let Some(device) = tier_device() else { return };

@@ -142,6 +142,7 @@ pub const SHADERS: &[Shader] = &[
         ["im2col", "col2im", "max_pool2d", "max_pool2d_backward"]
     ),
     shader!("conv_gemm", &["T"], PACKED_FLOATS, ["conv_gemm", "conv_gemm_split"]),
+    shader!("coop_scales", &["T"], PACKED_FLOATS, ["coop_scales"]),
     shader!(
         "optim",
         &[],

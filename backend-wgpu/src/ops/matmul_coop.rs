@@ -1,11 +1,14 @@
 //! Matrix products on the cooperative-matrix tier (matmul_coop.wgsl; see `cooperative` for which
 //! adapters and products), and the self-test that lets the tier on when the device opens.
 
+use std::sync::Arc;
+
 use lockstep_core::backend::{BufferRef, MatmulDims};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
 
 use crate::backend::WgpuBackend;
+use crate::buffer::WgpuBuffer;
 use crate::cooperative::{Cooperative, GRIDS, Policy, self_test_operands, self_test_shapes};
 use crate::ops::matmul::product_params;
 use crate::pipelines::Variant;
@@ -56,6 +59,7 @@ impl WgpuBackend {
             return Ok(out);
         }
         let params = product_params(ll, rl, dims)?;
+        let scales = self.cooperative_scales(t, &params, a, b, dims)?;
         let block = tier.block();
         let blocks = batch * m.div_ceil(block) * n.div_ceil(block);
         let variant = Variant::new("matmul_coop", "matmul_coop", &[t, tier.grid_name()])
@@ -63,10 +67,35 @@ impl WgpuBackend {
         self.launch(
             &variant,
             &params,
-            &[(1, a), (2, b), (3, &out)],
+            &[(1, a), (2, b), (3, &out), (4, &scales)],
             self.groups(OP, blocks)?,
         )?;
         Ok(out)
+    }
+
+    /// The power-of-two scales (and their inverses) of lhs's rows and rhs's columns that bring
+    /// each into f16's range on the tier (coop_scales.wgsl): `2 (batch m + batch n)` f32s.
+    fn cooperative_scales(
+        &self,
+        t: &'static str,
+        params: &[u32],
+        lhs: &WgpuBuffer,
+        rhs: &WgpuBuffer,
+        dims: MatmulDims,
+    ) -> Result<Arc<WgpuBuffer>> {
+        let MatmulDims { batch, m, n, k } = dims;
+        let lines = batch * (m + n);
+        let scales = self.alloc("matmul", DType::F32, 2 * lines)?;
+        let (group, groups) = self.row_groups(OP, lines, k)?;
+        let mut params = params.to_vec();
+        params.push(group);
+        self.launch(
+            &Variant::new("coop_scales", "coop_scales", &[t]),
+            &params,
+            &[(1, lhs), (2, rhs), (3, &scales)],
+            groups,
+        )?;
+        Ok(scales)
     }
 
     /// Decides once, when the device opens, whether products may use the cooperative tier: where

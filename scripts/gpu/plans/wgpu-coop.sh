@@ -14,10 +14,13 @@ fi
 for spirv in own wgpu; do
     step "gemm-f16-coop-$spirv" 60 env LOCKSTEP_WGPU_COOP_SPIRV=$spirv "$bin" bench gemm --device "$wgpu" --gemm-dtype f16 --sizes 4096,8192 --json "$out/gemm-f16-coop-$spirv.json"
 done
-step gemm-bf16-coop 60 env LOCKSTEP_WGPU_COOP=bf16 "$bin" bench gemm --device "$wgpu" --gemm-dtype bf16 --sizes 4096,8192 --json "$out/gemm-bf16-coop.json"
+# bf16 on the tier by default (rows and columns scaled into f16's range); =f16 keeps it on SIMT.
+for coop in bf16 f16; do
+    step "gemm-bf16-coop-$coop" 60 env LOCKSTEP_WGPU_COOP=$coop "$bin" bench gemm --device "$wgpu" --gemm-dtype bf16 --sizes 4096,8192 --json "$out/gemm-bf16-coop-$coop.json"
+done
 step gemm-cuda-f16 60 "$bin" bench gemm --device cuda:0 --gemm-dtype f16 --sizes 4096,8192 --json "$out/gemm-cuda-f16.json"
-step check-wgpu-coop-bf16 150 env LOCKSTEP_WGPU_COOP=bf16 "$bin" check --device "$wgpu" --failures-only
-step resnet-bf16-coop 90 env LOCKSTEP_WGPU_COOP=bf16 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --kernels 14
+step check-wgpu 150 "$bin" check --device "$wgpu" --failures-only
+step resnet-bf16-coop 90 "$bin" bench resnet --device "$wgpu" --batch 512 --precision bf16-mixed --kernels 14
 step resnet-cuda-bf16 90 "$bin" bench resnet --device cuda:0 --batch 512 --precision bf16-mixed
-step gpt2-wgpu-b8-coop 90 env LOCKSTEP_WGPU_COOP=bf16 "$bin" bench gpt --device "$wgpu" --model gpt2 --batch 8 --precision bf16-mixed --kernels 10
+step gpt2-wgpu-b8-coop 90 "$bin" bench gpt --device "$wgpu" --model gpt2 --batch 8 --precision bf16-mixed --kernels 10
 step gpt2-cuda-b8 90 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 8 --precision bf16-mixed
