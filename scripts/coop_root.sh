@@ -45,5 +45,7 @@ for m in proc dev; do
     fi
 done
 cp "$binary" "$root/tmp/lockstep-test"
+# The tier's switches (LOCKSTEP_WGPU_COOP*) pass through; nothing else of this environment does.
+mapfile -t switches < <(env | grep '^LOCKSTEP_WGPU_COOP' || true)
 chroot "$root" env -i PATH=/usr/bin:/bin HOME=/tmp XDG_RUNTIME_DIR=/tmp LOCKSTEP_EXPECT_WGPU=1 LOCKSTEP_EXPECT_COOP=1 \
-    /tmp/lockstep-test "$@"
+    "${switches[@]}" /tmp/lockstep-test "$@"

@@ -30,9 +30,61 @@ pub struct Cooperative {
     pub edge: u32,
     /// The adapter's one subgroup size.
     pub subgroup: u32,
-    /// A workgroup holds `grid` x `grid` subgroups (`E_GRID`).
-    pub grid: u32,
+    pub tile: Tile,
     pub translation: Translation,
+}
+
+/// How a workgroup shares its output block: `grid` x `grid` subgroups (`E_GRID`), each owning
+/// `frags` x `frags` matrices of it (`E_FRAGS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    /// The shader variant's second type, which selects the composed module.
+    pub name: &'static str,
+    pub grid: u32,
+    pub frags: u32,
+}
+
+/// The tiles the self-test tries, in order (`LOCKSTEP_WGPU_COOP_TILE` names one to try alone):
+/// the first whose workgroup memory fits and that computes right is used. More fragments a
+/// subgroup load fewer matrices and stage fewer elements per product.
+pub const TILES: [Tile; 3] = [
+    Tile {
+        name: "g2f4",
+        grid: 2,
+        frags: 4,
+    },
+    Tile {
+        name: "g2f2",
+        grid: 2,
+        frags: 2,
+    },
+    Tile {
+        name: "g1f2",
+        grid: 1,
+        frags: 2,
+    },
+];
+
+impl Tile {
+    /// The tile a variant's second type names.
+    pub fn named(name: &str) -> Option<Tile> {
+        TILES.into_iter().find(|t| t.name == name)
+    }
+
+    /// The tiles to try: all of `TILES`, or the one `LOCKSTEP_WGPU_COOP_TILE` names (read once).
+    pub fn candidates() -> Vec<Tile> {
+        static CHOSEN: OnceLock<Option<Tile>> = OnceLock::new();
+        let chosen = *CHOSEN.get_or_init(|| {
+            let name = std::env::var("LOCKSTEP_WGPU_COOP_TILE").ok()?;
+            let tile = Tile::named(&name);
+            if tile.is_none() {
+                let names: Vec<_> = TILES.iter().map(|t| t.name).collect();
+                eprintln!("lockstep: LOCKSTEP_WGPU_COOP_TILE={name:?} is not one of {names:?}; ignored");
+            }
+            tile
+        });
+        chosen.map_or(TILES.to_vec(), |t| vec![t])
+    }
 }
 
 /// Who turns matmul_coop.wgsl into the driver's shader.
@@ -73,9 +125,6 @@ impl Translation {
     }
 }
 
-/// The workgroup grids the self-test tries, in order: the first that computes right is used.
-pub const GRIDS: [u32; 2] = [2, 1];
-
 impl Cooperative {
     /// The shape the tier would use on `adapter`, if it lists one.
     pub fn of(adapter: &wgpu::Adapter) -> Option<Cooperative> {
@@ -101,37 +150,40 @@ impl Cooperative {
             .map(|edge| Cooperative {
                 edge,
                 subgroup: info.subgroup_min_size,
-                grid: GRIDS[0],
+                tile: TILES[0],
                 translation: Translation::of(adapter),
             })
     }
 
     /// The output rows and columns of one workgroup (`BLOCK` in matmul_coop.wgsl).
     pub fn block(&self) -> usize {
-        (2 * self.grid * self.edge) as usize
+        (self.tile.frags * self.tile.grid * self.edge) as usize
     }
 
-    /// The grid as the shader variant's second type, which selects the composed module.
-    pub fn grid_name(&self) -> &'static str {
-        match self.grid {
-            1 => "grid1",
-            _ => "grid2",
-        }
+    /// The invocations of one workgroup.
+    pub fn invocations(&self) -> u32 {
+        self.tile.grid * self.tile.grid * self.subgroup
     }
 
-    /// The grid a variant's second type names (`grid_name`).
-    pub fn grid_of(name: &str) -> u32 {
-        if name == "grid1" { 1 } else { 2 }
+    /// The workgroup memory matmul_coop.wgsl declares: the staged f16 operands (`2 BLOCK DEPTH`),
+    /// a fragment of f32 sums per subgroup, the rows' and columns' scales, and k.
+    pub fn workgroup_bytes(&self) -> u64 {
+        let (block, edge) = (self.block() as u64, u64::from(self.edge));
+        let subgroups = u64::from(self.tile.grid * self.tile.grid);
+        2 * block * 2 * edge * 2 + subgroups * edge * edge * 4 + 2 * block * 8 + 4
     }
 
-    /// `16x16x16 f16->f32, 2x2 subgroups of 32, our SPIR-V`.
+    /// `16x16x16 f16->f32, 2x2 subgroups of 32 with 4x4 matrices each, our SPIR-V`.
     pub fn describe(&self) -> String {
-        let (e, g) = (self.edge, self.grid);
+        let (e, g, f) = (self.edge, self.tile.grid, self.tile.frags);
         let by = match self.translation {
             Translation::Wgpu => "wgpu's translation",
             Translation::OwnSpirv => "our SPIR-V",
         };
-        format!("{e}x{e}x{e} f16->f32, {g}x{g} subgroups of {}, {by}", self.subgroup)
+        format!(
+            "{e}x{e}x{e} f16->f32, {g}x{g} subgroups of {} with {f}x{f} matrices each, {by}",
+            self.subgroup
+        )
     }
 }
 

@@ -14,7 +14,7 @@ pub const ENTRY: &str = "matmul_coop";
 /// The SPIR-V of matmul_coop.wgsl on `shape` for elements `types`, its subgroup size fixed (a
 /// passthrough module has no pipeline constants).
 pub fn compile(shape: Cooperative, types: &[&str]) -> Result<Vec<u32>, String> {
-    let source = lockstep_shaders::compose_cooperative(shape.edge, shape.grid, types);
+    let source = lockstep_shaders::compose_cooperative(shape.edge, shape.tile.grid, shape.tile.frags, types);
     translate(&source, ENTRY, &[("SUBGROUP", f64::from(shape.subgroup))])
 }
 
@@ -61,7 +61,7 @@ pub fn translate(source: &str, entry: &str, constants: &[(&str, f64)]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cooperative::Translation;
+    use crate::cooperative::{TILES, Translation};
 
     /// `OpLoad`, `OpStore` and the cooperative loads and stores: (opcode, whether the access
     /// carries NonPrivatePointer) for each, in order.
@@ -89,21 +89,22 @@ mod tests {
     #[test]
     fn every_shape_compiles_and_its_workgroup_accesses_become_non_private() {
         for (edge, subgroup) in [(16, 32), (8, 8)] {
-            for grid in crate::cooperative::GRIDS {
+            for tile in TILES {
                 for t in ["f32", "f16", "bf16"] {
                     let shape = Cooperative {
                         edge,
                         subgroup,
-                        grid,
+                        tile,
                         translation: Translation::OwnSpirv,
                     };
                     let words = compile(shape, &[t]).unwrap_or_else(|e| panic!("{shape:?} {t}: {e}"));
                     let found = accesses(&words);
                     let cooperative = |op| found.iter().filter(|&&(o, _)| o == op).collect::<Vec<_>>();
-                    // Four operand loads a step and the sums' load from workgroup memory, four
-                    // stores of the sums into it: every one of them non-private.
-                    assert_eq!(cooperative(4457).len(), 5, "{shape:?} {t}");
-                    assert_eq!(cooperative(4458).len(), 4, "{shape:?} {t}");
+                    // A matrix of each operand per fragment row (column) a step, a store of each
+                    // accumulator through workgroup memory: every one of them non-private.
+                    let frags = tile.frags as usize;
+                    assert_eq!(cooperative(4457).len(), 2 * frags, "{shape:?} {t}");
+                    assert_eq!(cooperative(4458).len(), frags * frags, "{shape:?} {t}");
                     assert!(cooperative(4457).iter().chain(&cooperative(4458)).all(|&&(_, np)| np));
                     // Plain loads and stores: the workgroup ones changed, the storage and
                     // function-local ones not.
@@ -120,7 +121,7 @@ mod tests {
         let shape = Cooperative {
             edge: 16,
             subgroup: 32,
-            grid: 2,
+            tile: TILES[0],
             translation: Translation::OwnSpirv,
         };
         let words = compile(shape, &["f16"]).unwrap();

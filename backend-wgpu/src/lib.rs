@@ -35,7 +35,7 @@ pub use backend::WgpuBackend;
 /// The cooperative-matrix product's translation for Vulkan (naga, then its workgroup-memory
 /// accesses made non-private), for probes that compare it with wgpu's.
 #[doc(hidden)]
-pub use cooperative::Translation;
+pub use cooperative::{TILES as COOPERATIVE_TILES, Translation};
 #[doc(hidden)]
 pub use cooperative_spirv::translate as translate_to_vulkan_spirv;
 #[doc(hidden)]

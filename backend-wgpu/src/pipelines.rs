@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use lockstep_core::Result;
 
 use crate::bind_layout::{self, StorageBindings};
-use crate::cooperative::{Cooperative, Translation};
+use crate::cooperative::{Cooperative, Tile, Translation};
 use crate::cooperative_spirv;
 use crate::gpu::Gpu;
 
@@ -161,13 +161,14 @@ impl Pipelines {
         let source = match (variant.shader, gpu.cooperative, multi_tensor_source(variant)) {
             (_, _, Some(source)) => source,
             ("matmul_coop", Some(shape), None) => {
-                // The variant's types: the element type, then the subgroup grid's name.
-                let grid = Cooperative::grid_of(variant.types.get(1).copied().unwrap_or_default());
-                let shape = Cooperative { grid, ..shape };
+                // The variant's types: the element type, then the tile's name.
+                let name = variant.types.get(1).copied().unwrap_or_default();
+                let tile = Tile::named(name).ok_or_else(|| gpu.error(format!("no cooperative tile {name:?}")))?;
+                let shape = Cooperative { tile, ..shape };
                 if shape.translation == Translation::OwnSpirv {
                     return Ok(self.insert(key, Self::own_spirv(gpu, shape, &variant.types[..1])?));
                 }
-                lockstep_shaders::compose_cooperative(shape.edge, grid, &variant.types[..1])
+                lockstep_shaders::compose_cooperative(shape.edge, tile.grid, tile.frags, &variant.types[..1])
             }
             ("matmul_coop", None, None) => {
                 return Err(gpu.error("this device was opened without cooperative matrices"));
@@ -230,7 +231,7 @@ impl Pipelines {
                         label: Some("matmul_coop"),
                         entry_points: vec![wgpu::PassthroughShaderEntryPoint {
                             name: cooperative_spirv::ENTRY.into(),
-                            workgroup_size: (shape.grid * shape.grid * shape.subgroup, 1, 1),
+                            workgroup_size: (shape.invocations(), 1, 1),
                         }]
                         .into(),
                         spirv: Some(words.into()),
@@ -240,7 +241,7 @@ impl Pipelines {
         })?;
         Ok(Module {
             compiled,
-            source: lockstep_shaders::compose_cooperative(shape.edge, shape.grid, types),
+            source: lockstep_shaders::compose_cooperative(shape.edge, shape.tile.grid, shape.tile.frags, types),
             constants_fixed: true,
         })
     }

@@ -146,6 +146,16 @@ fn the_tier_is_named_with_its_shape() {
     let products = products(&device);
     assert!(products.contains("f16->f32"), "{products}");
     assert!(products.contains("x8x8") || products.contains("x16x16"), "{products}");
+    // A tile named by LOCKSTEP_WGPU_COOP_TILE is the one that runs (CI runs this file once a tile).
+    if let Ok(name) = std::env::var("LOCKSTEP_WGPU_COOP_TILE") {
+        let tile = lockstep_wgpu::COOPERATIVE_TILES
+            .into_iter()
+            .find(|t| t.name == name)
+            .expect("a known tile");
+        let (g, f) = (tile.grid, tile.frags);
+        assert!(products.contains(&format!("{g}x{g} subgroups")), "{products}");
+        assert!(products.contains(&format!("with {f}x{f} matrices each")), "{products}");
+    }
     // On Vulkan the tier runs our SPIR-V unless told otherwise (LOCKSTEP_WGPU_COOP_SPIRV=wgpu).
     let backend = lockstep_wgpu::backend_of(&device).expect("wgpu:0 is a wgpu backend");
     let vulkan = backend.gpu().info.backend == wgpu::Backend::Vulkan;
@@ -180,12 +190,13 @@ fn our_spirv_passes_the_validator() {
     let dir = std::env::temp_dir().join(format!("lockstep-spirv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for (edge, subgroup) in [(16u32, 32.0), (8, 8.0)] {
-        for grid in [1, 2] {
+        for tile in lockstep_wgpu::COOPERATIVE_TILES {
+            let (grid, frags) = (tile.grid, tile.frags);
             for t in ["f32", "f16", "bf16"] {
-                let source = lockstep_shaders::compose_cooperative(edge, grid, &[t]);
+                let source = lockstep_shaders::compose_cooperative(edge, grid, frags, &[t]);
                 let words = lockstep_wgpu::translate_to_vulkan_spirv(&source, "matmul_coop", &[("SUBGROUP", subgroup)])
-                    .unwrap_or_else(|e| panic!("edge {edge} grid {grid} {t}: {e}"));
-                let file = dir.join(format!("matmul_coop_{edge}_{grid}_{t}.spv"));
+                    .unwrap_or_else(|e| panic!("edge {edge} {tile:?} {t}: {e}"));
+                let file = dir.join(format!("matmul_coop_{edge}_{}_{t}.spv", tile.name));
                 std::fs::write(&file, bytemuck::cast_slice(&words)).unwrap();
                 let out = std::process::Command::new("spirv-val")
                     .args(["--target-env", "vulkan1.3"])
@@ -194,7 +205,7 @@ fn our_spirv_passes_the_validator() {
                     .unwrap();
                 assert!(
                     out.status.success(),
-                    "edge {edge} grid {grid} {t}: {}",
+                    "edge {edge} {tile:?} {t}: {}",
                     String::from_utf8_lossy(&out.stderr)
                 );
             }

@@ -167,17 +167,38 @@ pub fn compose(shader: &Shader, types: &[&str]) -> String {
 }
 
 /// `matmul_coop` on square cooperative matrices of `edge` (8 or 16) with `grid` x `grid`
-/// subgroups a workgroup: `E_EDGE`, `E_GRID` and the matrix aliases `E_A`, `E_B` (f16 operands)
-/// and `E_C` (f32 sums), then elements of `types`.
-pub fn compose_cooperative(edge: u32, grid: u32, types: &[&str]) -> String {
+/// subgroups a workgroup, each owning `frags` x `frags` matrices of the output block: `E_EDGE`,
+/// `E_GRID`, `E_FRAGS`, the matrix aliases `E_A`, `E_B` (f16 operands) and `E_C` (f32 sums), the
+/// lines that name each accumulator, then elements of `types`.
+pub fn compose_cooperative(edge: u32, grid: u32, frags: u32, types: &[&str]) -> String {
     let matrix = |role: &str, scalar: &str| format!("alias E_{role} = coop_mat{edge}x{edge}<{scalar}, {role}>;\n");
     let header = format!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\nconst E_EDGE: u32 = {edge}u;\nconst E_GRID: u32 = {grid}u;\n{}{}{}",
+        "enable f16;\nenable wgpu_cooperative_matrix;\nconst E_EDGE: u32 = {edge}u;\nconst E_GRID: u32 = {grid}u;\nconst E_FRAGS: u32 = {frags}u;\n{}{}{}",
         matrix("A", "f16"),
         matrix("B", "f16"),
         matrix("C", "f32")
     );
-    compose_after(header, &MATMUL_COOP, types)
+    let source = compose_after(header, &MATMUL_COOP, types);
+    let pairs = || (0..frags).flat_map(|i| (0..frags).map(move |j| (i, j)));
+    let accumulators: String = pairs().map(|(i, j)| format!("var c_{i}_{j} = E_C();\n")).collect();
+    let mut products = String::new();
+    for i in 0..frags {
+        products += &format!("let a_{i} = coopLoadT<E_A>(&lhs_tile[(wm + {i}u * E_EDGE) * DEPTH + kk], DEPTH);\n");
+        products += &format!("let b_{i} = coopLoadT<E_B>(&rhs_tile[kk * BLOCK + wn + {i}u * E_EDGE], BLOCK);\n");
+    }
+    products.extend(pairs().map(|(i, j)| format!("c_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, c_{i}_{j});\n")));
+    let stores: String = pairs()
+        .map(|(i, j)| {
+            format!(
+                "coopStoreT(c_{i}_{j}, &fragments[warp * FRAGMENT], E_EDGE);\nworkgroupBarrier();\n\
+                 write_fragment(f, wm + {i}u * E_EDGE, wn + {j}u * E_EDGE);\nworkgroupBarrier();\n"
+            )
+        })
+        .collect();
+    source
+        .replace("//@accumulators", &accumulators)
+        .replace("//@products", &products)
+        .replace("//@stores", &stores)
 }
 
 fn compose_after(mut header: String, shader: &Shader, types: &[&str]) -> String {

@@ -97,15 +97,19 @@ fn half_precision_needs_the_capability() {
 fn the_cooperative_product_validates_for_each_edge_and_element_type() {
     let capabilities = Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
     let mut failures = Vec::new();
-    for (edge, grid) in [(8, 1), (8, 2), (16, 1), (16, 2)] {
-        for types in instantiations(&MATMUL_COOP) {
-            match validate_with(&compose_cooperative(edge, grid, &types), capabilities) {
-                Ok(module) => assert_eq!(module.entry_points[0].name, "matmul_coop"),
-                Err(e) => failures.push(format!("edge {edge}, grid {grid}, {types:?}:\n{e}")),
+    for edge in [8, 16] {
+        for (grid, frags) in [(1, 2), (2, 2), (2, 4)] {
+            for types in instantiations(&MATMUL_COOP) {
+                let source = compose_cooperative(edge, grid, frags, &types);
+                assert!(!source.contains("//@"), "a placeholder left in the composed source");
+                match validate_with(&source, capabilities) {
+                    Ok(module) => assert_eq!(module.entry_points[0].name, "matmul_coop"),
+                    Err(e) => failures.push(format!("edge {edge}, grid {grid}, frags {frags}, {types:?}:\n{e}")),
+                }
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     // Without the capability naga refuses it: the test above is not passing vacuously.
-    assert!(validate(&compose_cooperative(16, 2, &["f16"])).is_err());
+    assert!(validate(&compose_cooperative(16, 2, 2, &["f16"])).is_err());
 }

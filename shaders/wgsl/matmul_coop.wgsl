@@ -4,12 +4,15 @@
 // Each row of lhs and column of rhs is multiplied on the way in by its power-of-two scale from
 // coop_scales.wgsl (into f16's range) and each sum by both inverses on the way out.
 //
-// The host composes it with the matrix edge `E_EDGE` (16 on NVIDIA, 8 on lavapipe and Apple), the
-// `E_A`/`E_B`/`E_C` matrix aliases and `E_GRID`, and sets `SUBGROUP` to the adapter's one subgroup
-// size. A workgroup of E_GRID x E_GRID subgroups computes a BLOCK x BLOCK output block (BLOCK =
-// 2 E_GRID E_EDGE); each subgroup owns 2x2 matrices of E_EDGE of it. Invocations `SUBGROUP * w ..`
-// form subgroup w: drivers fill subgroups in invocation order, and the backend's self-test at
-// device open tries each grid and turns this tier off where none computes right.
+// The host composes it (`compose_cooperative`) with the matrix edge `E_EDGE` (16 on NVIDIA, 8 on
+// lavapipe and Apple), the `E_A`/`E_B`/`E_C` matrix aliases, `E_GRID` and `E_FRAGS`, and the lines
+// that name each subgroup's E_FRAGS x E_FRAGS accumulators in place of the three marked with
+// two slashes and an at sign (WGSL has no arrays of cooperative matrices); it sets `SUBGROUP` to
+// the adapter's one subgroup size. A workgroup of E_GRID x E_GRID subgroups computes a BLOCK x BLOCK output
+// block (BLOCK = E_FRAGS E_GRID E_EDGE); each subgroup owns E_FRAGS x E_FRAGS matrices of it, so
+// more fragments load fewer matrices per product. Invocations `SUBGROUP * w ..` form subgroup w:
+// drivers fill subgroups in invocation order, and the backend's self-test at device open tries
+// each tile and turns this tier off where none computes right.
 //
 // Every index read is clamped into its operand and every write guarded by the output's shape, so
 // the module runs without wgpu's runtime checks, like matmul.wgsl.
@@ -23,14 +26,15 @@
 
 override SUBGROUP: u32 = 32u;
 
-const BLOCK: u32 = 2u * E_GRID * E_EDGE;
+const BLOCK: u32 = E_FRAGS * E_GRID * E_EDGE;
 // k staged per round: two matrix steps between barriers.
 const DEPTH: u32 = 2u * E_EDGE;
+const FRAGMENT: u32 = E_EDGE * E_EDGE;
 
 var<workgroup> lhs_tile: array<f16, BLOCK * DEPTH>; // row-major [BLOCK][DEPTH]
 var<workgroup> rhs_tile: array<f16, BLOCK * DEPTH>; // row-major [DEPTH][BLOCK]
-// The block's sums, row-major: zeros to start the accumulators from, then the result.
-var<workgroup> out_tile: array<f32, BLOCK * BLOCK>;
+// One finished fragment of each subgroup's sums, row-major, on its way out.
+var<workgroup> fragments: array<f32, E_GRID * E_GRID * FRAGMENT>;
 // The scales of the block's rows and columns.
 var<workgroup> row_scales: array<vec2<f32>, BLOCK>;
 var<workgroup> column_scales: array<vec2<f32>, BLOCK>;
@@ -50,10 +54,36 @@ fn rhs_element(b: u32, row: u32, col: u32, scale: f32) -> f16 {
     return select(f16(0.0), f16(T_load(rhs[T_word(i)], i) * scale), inside);
 }
 
-// Element i of the block's sums, unscaled: one rounding (the product of two powers of two is
-// exact wherever the result is not out of f32's range anyway).
-fn unscaled(i: u32) -> f32 {
-    return out_tile[i] * (row_scales[i / BLOCK].y * column_scales[i % BLOCK].y);
+// Where a subgroup's finished fragment goes: the block, the batch, the fragment's first row and
+// column in the block, and the invocation's lane in its subgroup.
+struct Fragment {
+    b: u32,
+    row0: u32,
+    col0: u32,
+    writes: bool,
+    warp: u32,
+    lane: u32,
+}
+
+// Writes the fragment in `fragments` of subgroup `f.warp` at (`row`, `col`) of the block, unscaled
+// (one rounding: the product of two powers of two is exact wherever the result is not out of
+// f32's range anyway), a word of out at a time: for bf16 two neighbouring columns (the host sends
+// bf16 here only for an even n, so a pair never straddles two rows).
+fn write_fragment(f: Fragment, row: u32, col: u32) {
+    let m = params[0];
+    let n = params[1];
+    let base = f.warp * FRAGMENT;
+    for (var e = f.lane * T_PER_WORD; e < FRAGMENT; e += SUBGROUP * T_PER_WORD) {
+        let r = row + e / E_EDGE;
+        let c = col + e % E_EDGE;
+        if (f.writes && f.row0 + r < m && f.col0 + c < n) {
+            let unscale = row_scales[r].y;
+            let first = fragments[base + e] * (unscale * column_scales[c].y);
+            let next = min(c + 1u, BLOCK - 1u);
+            let second = fragments[base + min(e + 1u, FRAGMENT - 1u)] * (unscale * column_scales[next].y);
+            out[T_word((f.b * m + f.row0 + r) * n + f.col0 + c)] = T_pack(first, second);
+        }
+    }
 }
 
 struct Invocation {
@@ -84,21 +114,15 @@ fn matmul_coop(at: Invocation) {
     let row0 = block % (blocks_n * blocks_m) / blocks_n * BLOCK;
     let col0 = block % blocks_n * BLOCK;
     let warp = at.flat / SUBGROUP;
-    let wm = warp / E_GRID * 2u * E_EDGE;
-    let wn = warp % E_GRID * 2u * E_EDGE;
+    let wm = warp / E_GRID * E_FRAGS * E_EDGE;
+    let wn = warp % E_GRID * E_FRAGS * E_EDGE;
 
-    for (var i = at.flat; i < BLOCK * BLOCK; i += threads) {
-        out_tile[i] = 0.0;
-    }
     for (var i = at.flat; i < BLOCK; i += threads) {
         row_scales[i] = scales[b * m + min(row0 + i, m - 1u)];
         column_scales[i] = scales[params[11] * m + b * n + min(col0 + i, n - 1u)];
     }
     workgroupBarrier();
-    var c00 = coopLoadT<E_C>(&out_tile[0], BLOCK);
-    var c01 = c00;
-    var c10 = c00;
-    var c11 = c00;
+    //@accumulators
 
     for (var k0 = 0u; k0 < k_uniform; k0 += DEPTH) {
         // Neighbouring invocations read neighbouring k of lhs and neighbouring columns of rhs.
@@ -108,31 +132,13 @@ fn matmul_coop(at: Invocation) {
         }
         workgroupBarrier();
         for (var kk = 0u; kk < DEPTH; kk += E_EDGE) {
-            let a0 = coopLoadT<E_A>(&lhs_tile[wm * DEPTH + kk], DEPTH);
-            let a1 = coopLoadT<E_A>(&lhs_tile[(wm + E_EDGE) * DEPTH + kk], DEPTH);
-            let b0 = coopLoadT<E_B>(&rhs_tile[kk * BLOCK + wn], BLOCK);
-            let b1 = coopLoadT<E_B>(&rhs_tile[kk * BLOCK + wn + E_EDGE], BLOCK);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
+            //@products
         }
         workgroupBarrier();
     }
 
-    coopStoreT(c00, &out_tile[wm * BLOCK + wn], BLOCK);
-    coopStoreT(c01, &out_tile[wm * BLOCK + wn + E_EDGE], BLOCK);
-    coopStoreT(c10, &out_tile[(wm + E_EDGE) * BLOCK + wn], BLOCK);
-    coopStoreT(c11, &out_tile[(wm + E_EDGE) * BLOCK + wn + E_EDGE], BLOCK);
-    workgroupBarrier();
-    // A word of out at a time: for bf16 two neighbouring columns (the host sends bf16 here only
-    // for an even n, so a pair never straddles two rows).
-    for (var i = at.flat * T_PER_WORD; i < BLOCK * BLOCK; i += threads * T_PER_WORD) {
-        let row = row0 + i / BLOCK;
-        let col = col0 + i % BLOCK;
-        if (writes && row < m && col < n) {
-            let second = unscaled(min(i + 1u, BLOCK * BLOCK - 1u));
-            out[T_word((b * m + row) * n + col)] = T_pack(unscaled(i), second);
-        }
-    }
+    // Each fragment through workgroup memory in turn: every subgroup stores its own, then its
+    // lanes write it out (the same sequence in every subgroup, so the barriers are uniform).
+    let f = Fragment(b, row0, col0, writes, warp, at.flat % SUBGROUP);
+    //@stores
 }

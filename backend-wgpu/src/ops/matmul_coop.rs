@@ -9,7 +9,7 @@ use lockstep_core::{DType, HostVec, Result};
 
 use crate::backend::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::cooperative::{Cooperative, GRIDS, Policy, self_test_operands, self_test_shapes};
+use crate::cooperative::{Cooperative, Policy, Tile, self_test_operands, self_test_shapes};
 use crate::ops::matmul::product_params;
 use crate::pipelines::Variant;
 
@@ -62,8 +62,8 @@ impl WgpuBackend {
         let scales = self.cooperative_scales(t, &params, a, b, dims)?;
         let block = tier.block();
         let blocks = batch * m.div_ceil(block) * n.div_ceil(block);
-        let variant = Variant::new("matmul_coop", "matmul_coop", &[t, tier.grid_name()])
-            .constant("SUBGROUP", tier.subgroup as f64);
+        let variant =
+            Variant::new("matmul_coop", "matmul_coop", &[t, tier.tile.name]).constant("SUBGROUP", tier.subgroup as f64);
         self.launch(
             &variant,
             &params,
@@ -99,16 +99,30 @@ impl WgpuBackend {
     }
 
     /// Decides once, when the device opens, whether products may use the cooperative tier: where
-    /// the adapter offers it and the policy is not off, the first subgroup grid whose product on
-    /// the tier equals the SIMT kernel's bit for bit; else the tier steps aside, saying on stderr
-    /// how each grid went.
+    /// the adapter offers it and the policy is not off, the first tile that fits the device's
+    /// workgroup limits and whose product on the tier equals the SIMT kernel's bit for bit; else
+    /// the tier steps aside, saying on stderr how each tile went.
     pub(crate) fn settle_products(&self) {
         let Some(shape) = self.gpu.cooperative.filter(|_| Policy::from_env() != Policy::Off) else {
             return self.set_cooperative_tier(None);
         };
+        let limits = &self.gpu.limits;
         let mut failures = Vec::new();
-        for grid in GRIDS {
-            let tier = Cooperative { grid, ..shape };
+        for tile in Tile::candidates() {
+            let tier = Cooperative { tile, ..shape };
+            let memory = tier.workgroup_bytes();
+            if memory > u64::from(limits.max_compute_workgroup_storage_size)
+                || tier.invocations() > limits.max_compute_invocations_per_workgroup
+            {
+                failures.push(format!(
+                    "{}: needs {memory} bytes of workgroup memory and {} invocations (the device allows {} and {})",
+                    tier.describe(),
+                    tier.invocations(),
+                    limits.max_compute_workgroup_storage_size,
+                    limits.max_compute_invocations_per_workgroup
+                ));
+                continue;
+            }
             match self.cooperative_self_test(tier) {
                 Ok(None) => return self.set_cooperative_tier(Some(tier)),
                 Ok(Some(mismatch)) => failures.push(format!("{}: {mismatch}", tier.describe())),
