@@ -21,6 +21,8 @@ pub struct CudaBackend {
     pub(crate) attention_checks: Mutex<HashMap<(DType, usize), bool>>,
     /// The multi-tensor kernels' start-up verdicts by dtype (ops/multi_tensor_check.rs).
     pub(crate) multi_tensor_checks: Mutex<HashMap<DType, bool>>,
+    /// The column reduction's start-up verdicts by dtype (ops/reduce_check.rs).
+    pub(crate) column_reduce_checks: Mutex<HashMap<DType, bool>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -38,6 +40,7 @@ impl CudaBackend {
             utilization,
             attention_checks: Mutex::default(),
             multi_tensor_checks: Mutex::default(),
+            column_reduce_checks: Mutex::default(),
         }
     }
 

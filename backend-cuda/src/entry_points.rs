@@ -123,6 +123,7 @@ families! {
     WHERE_COND: Widths = ELEMENTWISE "where_cond";
     REDUCE: Floats = REDUCE "reduce";
     COMBINE_CHUNKS: Floats = REDUCE "combine_chunks";
+    REDUCE_COLUMNS: Floats = REDUCE "reduce_columns";
     SOFTMAX: Floats = SOFTMAX "softmax";
     SOFTMAX_BACKWARD: Floats = SOFTMAX "softmax_backward";
     CAUSAL_SOFTMAX: Floats = SOFTMAX "causal_softmax";

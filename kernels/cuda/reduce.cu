@@ -125,6 +125,35 @@ __device__ __forceinline__ Acc combine(u32 kind, Acc a, u32 lane, u32 group, flo
     }
 FOR_FLOATS(REDUCE)
 
+// Column reductions, where the kept elements are one contiguous run (stride 1): thread o of the
+// grid's x reads output o's column, so a warp reads 32 neighbouring elements a step instead of 32
+// elements a row apart (a bias gradient: [tokens, features] summed over tokens). Block row y takes
+// chunk y of the reduced elements, in order; with one chunk it writes the output, else the
+// chunk's partial at [o * chunks + y] for combine_chunks, as reduce does.
+#define REDUCE_COLUMNS(T, suffix)                                                                 \
+    extern "C" __global__ void reduce_columns_##suffix(T* out, u32* out_index, float* chunk_value, \
+                                                       u32* chunk_index, const T* src, u32 n_out, \
+                                                       u32 n_red, u32 offset, SubShape red,       \
+                                                       u32 kind, u32 chunk_len) {                 \
+        u32 o = blockIdx.x * blockDim.x + threadIdx.x;                                            \
+        u32 chunks = gridDim.y, c = blockIdx.y;                                                   \
+        if (o >= n_out) return;                                                                   \
+        Acc a = empty_acc(kind);                                                                  \
+        u32 start = c * chunk_len, end = min(start + chunk_len, n_red);                           \
+        for (u32 r = start; r < end; ++r) {                                                       \
+            a = take(kind, a, to_f32(src[offset + o + sub_offset(r, red)]), r);                   \
+        }                                                                                         \
+        if (chunks > 1) {                                                                         \
+            chunk_value[o * chunks + c] = a.value;                                                \
+            chunk_index[o * chunks + c] = a.index;                                                \
+        } else if (kind == KIND_ARGMAX) {                                                         \
+            out_index[o] = a.index;                                                               \
+        } else {                                                                                  \
+            out[o] = from_f32<T>(a.value);                                                        \
+        }                                                                                         \
+    }
+FOR_FLOATS(REDUCE_COLUMNS)
+
 // Pass 2 of a split reduction: each group folds one output's `chunks` partials in order.
 #define COMBINE_CHUNKS(T, suffix)                                                                 \
     extern "C" __global__ void combine_chunks_##suffix(T* out, u32* out_index,                    \

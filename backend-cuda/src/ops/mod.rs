@@ -18,6 +18,7 @@ mod multi_tensor;
 mod multi_tensor_check;
 mod optim;
 mod reduce;
+mod reduce_check;
 mod softmax;
 mod transfer;
 

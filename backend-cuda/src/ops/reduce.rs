@@ -1,18 +1,48 @@
 //! reduce (reduce.cu): sum, max, min and argmax over any set of axes of a strided tensor.
 
+use std::sync::Arc;
+
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::CUdeviceptr;
 use lockstep_core::backend::gpu_plan::chunk_len;
 use lockstep_core::backend::{BackendBuffer, BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
 use crate::backend::CudaBackend;
+use crate::buffer::CudaBuffer;
 use crate::entry_points;
 use crate::gpu::{BLOCK, launch};
-use crate::views::{sub_shape, to_u32};
+use crate::views::{SubShape, sub_shape, to_u32};
 
 /// Threads that share one output (or chunk of one): a warp for short reductions, a block for long ones.
 pub(crate) fn group_for(len: usize) -> u32 {
     if len <= 1024 { 32 } else { BLOCK }
+}
+
+/// Threads the column kernel aims to keep busy (about two H100s' worth of resident threads):
+/// its chunks follow from the shape alone, so every GPU sums in the same order.
+const COLUMN_THREADS: usize = 1 << 18;
+
+/// The reduced elements one column thread runs through, for `n_out` columns of `n_red`: enough
+/// chunks to reach `COLUMN_THREADS`, at least 16 elements each, at most 65535 chunks (grid y).
+pub(crate) fn column_chunk_len(n_out: usize, n_red: usize) -> usize {
+    let chunks = (COLUMN_THREADS / n_out.max(1)).clamp(1, n_red.div_ceil(16).max(1));
+    n_red.div_ceil(chunks).max(n_red.div_ceil(65535)).max(1)
+}
+
+/// One reduction, its shapes worked out once for either kernel.
+pub(crate) struct Reduction<'a> {
+    op: &'static str,
+    kind: ReduceKind,
+    src: &'a CudaBuffer,
+    offset: u32,
+    n_out: usize,
+    n_red: usize,
+    /// The kept elements as one run of stride 1, where they are.
+    columns: bool,
+    kept: SubShape,
+    reduced: SubShape,
 }
 
 impl CudaBackend {
@@ -23,53 +53,161 @@ impl CudaBackend {
         layout: &Layout,
         axes: &[usize],
     ) -> Result<BufferRef> {
+        let r = self.reduction(kind, src, layout, axes)?;
+        // A warp's worth of columns at least, and a kernel that passed its start-up check.
+        if r.columns && r.n_out >= 32 && self.column_reduce_passes_check(r.src.dtype()) {
+            self.reduce_by_columns(&r)
+        } else {
+            self.reduce_by_groups(&r)
+        }
+    }
+
+    pub(crate) fn reduction<'a>(
+        &'a self,
+        kind: ReduceKind,
+        src: &'a BufferRef,
+        layout: &Layout,
+        axes: &[usize],
+    ) -> Result<Reduction<'a>> {
         let op = kind.name();
-        let s = self.operand(op, src, Some(layout))?;
-        let (reduce, combine) = (
-            entry_points::REDUCE.of(op, s.dtype())?,
-            entry_points::COMBINE_CHUNKS.of(op, s.dtype())?,
-        );
+        let src = self.operand(op, src, Some(layout))?;
         kind.check_axes(layout.shape.rank(), axes)?;
         let [kept, reduced] = split_axes(layout, axes);
-        let n_out: usize = kept.0.iter().product();
-        let n_red: usize = reduced.0.iter().product();
-        let out_dtype = if kind == ReduceKind::ArgMax {
+        Ok(Reduction {
+            op,
+            kind,
+            src,
+            offset: to_u32(op, layout.offset)?,
+            n_out: kept.0.iter().product(),
+            n_red: reduced.0.iter().product(),
+            columns: kept.1 == [1],
+            kept: sub_shape(op, &kept.0, &kept.1)?,
+            reduced: sub_shape(op, &reduced.0, &reduced.1)?,
+        })
+    }
+
+    /// The output, and (where the reduction is split into chunks) the chunks' partial values and
+    /// indices; without chunks the output's pointer stands in for them (never written).
+    fn reduce_outputs(&self, r: &Reduction, chunks: usize) -> Result<(Arc<CudaBuffer>, Partials)> {
+        let out_dtype = if r.kind == ReduceKind::ArgMax {
             DType::U32
         } else {
-            s.dtype()
+            r.src.dtype()
         };
-        let out = self.output(out_dtype, n_out)?;
-        if n_out == 0 {
+        let out = self.output(out_dtype, r.n_out)?;
+        let partials = if chunks > 1 && r.n_out > 0 {
+            let (value, index) = (
+                self.output(DType::F32, r.n_out * chunks)?,
+                self.output(DType::U32, r.n_out * chunks)?,
+            );
+            Partials {
+                value: value.ptr,
+                index: index.ptr,
+                _kept: Some([value, index]),
+            }
+        } else {
+            Partials {
+                value: out.ptr,
+                index: out.ptr,
+                _kept: None,
+            }
+        };
+        Ok((out, partials))
+    }
+
+    /// Groups of threads per output (or chunk of one), combined in shared memory: any layout.
+    pub(crate) fn reduce_by_groups(&self, r: &Reduction) -> Result<BufferRef> {
+        let reduce = entry_points::REDUCE.of(r.op, r.src.dtype())?;
+        let chunk_len = chunk_len(r.n_out, r.n_red);
+        let chunks = r.n_red.div_ceil(chunk_len).max(1);
+        let (out, partials) = self.reduce_outputs(r, chunks)?;
+        if r.n_out == 0 {
             return Ok(out);
         }
-        let kept = sub_shape(op, &kept.0, &kept.1)?;
-        let reduced = sub_shape(op, &reduced.0, &reduced.1)?;
-        let kind_index = ReduceKind::ALL.iter().position(|k| *k == kind).unwrap_or(0) as u32;
-        let chunk_len = chunk_len(n_out, n_red);
-        let chunks = n_red.div_ceil(chunk_len).max(1);
-        let (n_out32, n_red32, offset) = (to_u32(op, n_out)?, to_u32(op, n_red)?, to_u32(op, layout.offset)?);
-        let (chunk_len32, chunks32) = (to_u32(op, chunk_len)?, to_u32(op, chunks)?);
-        // The chunks' partials, or (one chunk per output: never written) the output again.
-        let partials = if chunks > 1 {
-            Some((
-                self.output(DType::F32, n_out * chunks)?,
-                self.output(DType::U32, n_out * chunks)?,
-            ))
-        } else {
-            None
-        };
-        let (value, index) = partials.as_ref().map_or((out.ptr, out.ptr), |(v, i)| (v.ptr, i.ptr));
+        let (n_out, n_red, chunk_len32) = (to_u32(r.op, r.n_out)?, to_u32(r.op, r.n_red)?, to_u32(r.op, chunk_len)?);
+        let kind = kind_index(r.kind);
         let group = group_for(chunk_len);
-        let cfg = self.gpu.blocks((n_out * chunks).div_ceil((BLOCK / group) as usize))?;
+        let cfg = self.gpu.blocks((r.n_out * chunks).div_ceil((BLOCK / group) as usize))?;
         launch!(&self.gpu, reduce, cfg;
-            &out.ptr, &out.ptr, &value, &index, &s.ptr, &n_out32, &n_red32, &offset, &kept, &reduced,
-            &kind_index, &group, &chunk_len32);
-        if chunks > 1 {
-            let group = group_for(chunks);
-            let cfg = self.gpu.blocks(n_out.div_ceil((BLOCK / group) as usize))?;
-            launch!(&self.gpu, combine, cfg;
-                &out.ptr, &out.ptr, &value, &index, &n_out32, &chunks32, &kind_index, &group);
-        }
+            &out.ptr, &out.ptr, &partials.value, &partials.index, &r.src.ptr, &n_out, &n_red, &r.offset,
+            &r.kept, &r.reduced, &kind, &group, &chunk_len32);
+        self.combine_chunks(r, &out, &partials, chunks)?;
         Ok(out)
+    }
+
+    /// A thread per kept element and chunk, reading neighbouring columns: kept elements of stride 1.
+    pub(crate) fn reduce_by_columns(&self, r: &Reduction) -> Result<BufferRef> {
+        let kernel = entry_points::REDUCE_COLUMNS.of(r.op, r.src.dtype())?;
+        let chunk_len = column_chunk_len(r.n_out, r.n_red);
+        let chunks = r.n_red.div_ceil(chunk_len).max(1);
+        let (out, partials) = self.reduce_outputs(r, chunks)?;
+        if r.n_out == 0 {
+            return Ok(out);
+        }
+        let (n_out, n_red, chunk_len32) = (to_u32(r.op, r.n_out)?, to_u32(r.op, r.n_red)?, to_u32(r.op, chunk_len)?);
+        let kind = kind_index(r.kind);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32(r.op, r.n_out.div_ceil(BLOCK as usize))?,
+                to_u32(r.op, chunks)?,
+                1,
+            ),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(&self.gpu, kernel, cfg;
+            &out.ptr, &out.ptr, &partials.value, &partials.index, &r.src.ptr, &n_out, &n_red, &r.offset,
+            &r.reduced, &kind, &chunk_len32);
+        self.combine_chunks(r, &out, &partials, chunks)?;
+        Ok(out)
+    }
+
+    /// Pass 2 of a reduction split into `chunks` per output: their partials folded in order.
+    fn combine_chunks(&self, r: &Reduction, out: &CudaBuffer, partials: &Partials, chunks: usize) -> Result<()> {
+        if chunks <= 1 {
+            return Ok(());
+        }
+        let combine = entry_points::COMBINE_CHUNKS.of(r.op, r.src.dtype())?;
+        let (n_out, chunks32) = (to_u32(r.op, r.n_out)?, to_u32(r.op, chunks)?);
+        let kind = kind_index(r.kind);
+        let group = group_for(chunks);
+        let cfg = self.gpu.blocks(r.n_out.div_ceil((BLOCK / group) as usize))?;
+        launch!(&self.gpu, combine, cfg;
+            &out.ptr, &out.ptr, &partials.value, &partials.index, &n_out, &chunks32, &kind, &group);
+        Ok(())
+    }
+}
+
+/// Where a split reduction's first pass leaves its chunks' partials (kept alive until both
+/// passes are queued).
+struct Partials {
+    value: CUdeviceptr,
+    index: CUdeviceptr,
+    _kept: Option<[Arc<CudaBuffer>; 2]>,
+}
+
+fn kind_index(kind: ReduceKind) -> u32 {
+    ReduceKind::ALL.iter().position(|k| *k == kind).unwrap_or(0) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_chunk_len;
+
+    #[test]
+    fn column_chunks_cover_the_reduced_elements_within_the_grid() {
+        for (n_out, n_red) in [(768, 16384), (32, 1), (50257, 7), (64, 1 << 30), (1 << 20, 100)] {
+            let len = column_chunk_len(n_out, n_red);
+            let chunks = n_red.div_ceil(len);
+            assert!(len >= 1 && chunks <= 65535, "{n_out} x {n_red}: {len}");
+            assert!(chunks * len >= n_red && (chunks - 1) * len < n_red);
+            // Either enough threads, or chunks no shorter than 16 elements.
+            assert!(
+                n_out * chunks >= super::COLUMN_THREADS / 2 || len >= 16 || len == n_red,
+                "{n_out} x {n_red}: {len}"
+            );
+        }
+        // A bias gradient of GPT-2: 768 columns over 16384 tokens.
+        assert_eq!(column_chunk_len(768, 16384), 49);
     }
 }
