@@ -74,6 +74,7 @@ pub const SHADERS: &[Shader] = &[
             "reduce",
             "argmax",
             "reduce_chunks",
+            "reduce_column_chunks",
             "combine_chunks",
             "combine_chunks_argmax"
         ]

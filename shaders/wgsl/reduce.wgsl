@@ -155,6 +155,36 @@ fn reduce_chunks(
     }
 }
 
+// Pass 1 of a column reduction (the kept elements one run of stride 1, split into chunks):
+// invocation o of grid row y reduces output o's chunk y in order, reading the address after its
+// neighbour's (a bias gradient: [tokens, features] summed over tokens), where reduce_chunks'
+// groups read elements a row apart. The grid's x covers the outputs, its y the chunks.
+@compute @workgroup_size(256)
+fn reduce_column_chunks(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let n_out = params[0];
+    let n_red = params[2];
+    let red_rank = params[3];
+    let chunk_len = params[5];
+    let o = wid.x * 256u + lid;
+    if (o >= n_out) {
+        return;
+    }
+    // The kept sub-shape is one run of stride 1: its sizes and strides take two words.
+    let red_at = SHAPES_AT + 2u;
+    let start = wid.y * chunk_len;
+    let end = min(start + chunk_len, n_red);
+    var a = empty();
+    for (var r = start; r < end; r++) {
+        a = take(a, f32(src[params[4] + o + sub_offset(r, red_rank, red_at)]), r);
+    }
+    chunk_value[o * groups.y + wid.y] = a.value;
+    chunk_index[o * groups.y + wid.y] = a.index;
+}
+
 // Pass 2: a group folds output `s.index`'s chunks in order into its first slot of `partial`.
 fn combine_chunks_of(s: Slot, lid: u32) {
     let chunks = params[1];

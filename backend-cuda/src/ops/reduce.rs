@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys::CUdeviceptr;
-use lockstep_core::backend::gpu_plan::chunk_len;
+use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len};
 use lockstep_core::backend::{BackendBuffer, BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
@@ -18,17 +18,6 @@ use crate::views::{SubShape, sub_shape, to_u32};
 /// Threads that share one output (or chunk of one): a warp for short reductions, a block for long ones.
 pub(crate) fn group_for(len: usize) -> u32 {
     if len <= 1024 { 32 } else { BLOCK }
-}
-
-/// Threads the column kernel aims to keep busy (about two H100s' worth of resident threads):
-/// its chunks follow from the shape alone, so every GPU sums in the same order.
-const COLUMN_THREADS: usize = 1 << 18;
-
-/// The reduced elements one column thread runs through, for `n_out` columns of `n_red`: enough
-/// chunks to reach `COLUMN_THREADS`, at least 16 elements each, at most 65535 chunks (grid y).
-pub(crate) fn column_chunk_len(n_out: usize, n_red: usize) -> usize {
-    let chunks = (COLUMN_THREADS / n_out.max(1)).clamp(1, n_red.div_ceil(16).max(1));
-    n_red.div_ceil(chunks).max(n_red.div_ceil(65535)).max(1)
 }
 
 /// One reduction, its shapes worked out once for either kernel.
@@ -188,26 +177,4 @@ struct Partials {
 
 fn kind_index(kind: ReduceKind) -> u32 {
     ReduceKind::ALL.iter().position(|k| *k == kind).unwrap_or(0) as u32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::column_chunk_len;
-
-    #[test]
-    fn column_chunks_cover_the_reduced_elements_within_the_grid() {
-        for (n_out, n_red) in [(768, 16384), (32, 1), (50257, 7), (64, 1 << 30), (1 << 20, 100)] {
-            let len = column_chunk_len(n_out, n_red);
-            let chunks = n_red.div_ceil(len);
-            assert!(len >= 1 && chunks <= 65535, "{n_out} x {n_red}: {len}");
-            assert!(chunks * len >= n_red && (chunks - 1) * len < n_red);
-            // Either enough threads, or chunks no shorter than 16 elements.
-            assert!(
-                n_out * chunks >= super::COLUMN_THREADS / 2 || len >= 16 || len == n_red,
-                "{n_out} x {n_red}: {len}"
-            );
-        }
-        // A bias gradient of GPT-2: 768 columns over 16384 tokens.
-        assert_eq!(column_chunk_len(768, 16384), 49);
-    }
 }

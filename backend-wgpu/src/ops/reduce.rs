@@ -1,14 +1,15 @@
 //! reduce (reduce.wgsl): sum, max, min and argmax over any set of axes of a strided tensor. A
 //! group of invocations (a workgroup, or a fraction of one for short reductions) per output, or,
 //! when the outputs are too few to fill a GPU, per chunk of an output's reduced elements, combined
-//! in order by a second pass.
+//! in order by a second pass. Where the kept elements are one contiguous run (column sums), an
+//! invocation per column and chunk instead, so neighbours read neighbouring addresses.
 
-use lockstep_core::backend::gpu_plan::chunk_len;
+use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len};
 use lockstep_core::backend::{BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
-use crate::backend::{WgpuBackend, to_u32};
+use crate::backend::{WORKGROUP, WgpuBackend, to_u32};
 use crate::pipelines::Variant;
 
 impl WgpuBackend {
@@ -38,9 +39,30 @@ impl WgpuBackend {
             .map(|(_, &d)| d)
             .product();
         let n_red: usize = axes.iter().map(|&a| layout.dims()[a]).product();
-        let chunk_len = chunk_len(n_out, n_red);
+        // Kept elements in one run of stride 1 (and a warp's worth of them): a thread per column
+        // and chunk, unless that needs no chunks or more workgroups than a grid row holds.
+        let column_len = column_chunk_len(n_out, n_red);
+        let column_chunks = n_red.div_ceil(column_len);
+        let max_groups = self.gpu.limits.max_compute_workgroups_per_dimension as usize;
+        let by_columns = kept.1 == [1]
+            && n_out >= 32
+            && column_chunks >= 2
+            && n_out.div_ceil(WORKGROUP as usize) <= max_groups
+            && column_chunks <= max_groups;
+        let chunk_len = if by_columns {
+            column_len
+        } else {
+            chunk_len(n_out, n_red)
+        };
         let chunks = n_red.div_ceil(chunk_len);
-        let (group, workgroups) = self.row_groups(op, n_out * chunks.max(1), chunk_len)?;
+        let (group, workgroups) = if by_columns {
+            (
+                0,
+                [to_u32(op, n_out.div_ceil(WORKGROUP as usize))?, to_u32(op, chunks)?, 1],
+            )
+        } else {
+            self.row_groups(op, n_out * chunks.max(1), chunk_len)?
+        };
         let mut params = vec![
             to_u32(op, n_out)?,
             kept.0.len() as u32,
@@ -66,8 +88,13 @@ impl WgpuBackend {
             self.alloc("reduce", DType::F32, partials)?,
             self.alloc("reduce", DType::U32, partials)?,
         );
+        let first_pass = if by_columns {
+            "reduce_column_chunks"
+        } else {
+            "reduce_chunks"
+        };
         self.launch(
-            &variant("reduce_chunks"),
+            &variant(first_pass),
             &params,
             &[(1, src), (4, &value), (5, &index)],
             workgroups,

@@ -19,6 +19,18 @@ pub fn chunk_len(n_out: usize, n_red: usize) -> usize {
     n_red.div_ceil(chunks)
 }
 
+/// Threads a column reduction aims to keep busy (about two H100s' worth of resident threads).
+const COLUMN_THREADS: usize = 1 << 18;
+
+/// The reduced elements one thread of a column reduction (kept elements contiguous: a thread per
+/// column, neighbours reading neighbouring addresses) runs through in order, for `n_out` columns
+/// of `n_red`: enough chunks to reach `COLUMN_THREADS`, at least 16 elements each, at most
+/// 65535 chunks (a grid dimension). From the shape alone, like `chunk_len`.
+pub fn column_chunk_len(n_out: usize, n_red: usize) -> usize {
+    let chunks = (COLUMN_THREADS / n_out.max(1)).clamp(1, n_red.div_ceil(16).max(1));
+    n_red.div_ceil(chunks).max(n_red.div_ceil(65535)).max(1)
+}
+
 /// Elements each invocation of a reduction's group takes in on its own before the group combines:
 /// the combine's rounds of workgroup barriers cost more than a longer loop (on lavapipe a sum of
 /// 32-element rows took 2.7 s with 256 invocations a row, 90 ms at 8 elements each, 65 ms at 32).
@@ -71,6 +83,24 @@ pub fn linking_pays(dst_len: usize, src_dim: usize, positions: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn column_chunks_cover_the_reduced_elements_within_a_grid_dimension() {
+        for (n_out, n_red) in [(768, 16384), (32, 1), (50257, 7), (64, 1 << 30), (1 << 20, 100)] {
+            let len = super::column_chunk_len(n_out, n_red);
+            let chunks = n_red.div_ceil(len);
+            assert!(len >= 1 && chunks <= 65535, "{n_out} x {n_red}: {len}");
+            assert!(chunks * len >= n_red && (chunks - 1) * len < n_red);
+            // Enough threads, or chunks no shorter than 16 elements.
+            assert!(
+                n_out * chunks >= super::COLUMN_THREADS / 2 || len >= 16 || len == n_red,
+                "{n_out} x {n_red}: {len}"
+            );
+        }
+        // A bias gradient of GPT-2: 768 columns over 16384 tokens, in 335 chunks.
+        assert_eq!(super::column_chunk_len(768, 16384), 49);
+    }
+
     use super::*;
 
     #[test]
