@@ -75,15 +75,16 @@ impl CudaBackend {
         })
     }
 
-    /// The output, and (where the reduction is split into chunks) the chunks' partial values and
-    /// indices; without chunks the output's pointer stands in for them (never written).
-    fn reduce_outputs(&self, r: &Reduction, chunks: usize) -> Result<(Arc<CudaBuffer>, Partials)> {
+    /// The output, the chunks' partials and the kernel's counts, for chunks of `chunk_len`.
+    fn prepare(&self, r: &Reduction, chunk_len: usize) -> Result<Prepared> {
+        let chunks = r.n_red.div_ceil(chunk_len).max(1);
         let out_dtype = if r.kind == ReduceKind::ArgMax {
             DType::U32
         } else {
             r.src.dtype()
         };
         let out = self.output(out_dtype, r.n_out)?;
+        // Without chunks the output's pointer stands in for the partials (never written).
         let partials = if chunks > 1 && r.n_out > 0 {
             let (value, index) = (
                 self.output(DType::F32, r.n_out * chunks)?,
@@ -101,70 +102,80 @@ impl CudaBackend {
                 _kept: None,
             }
         };
-        Ok((out, partials))
+        Ok(Prepared {
+            out,
+            partials,
+            chunks,
+            counts: [to_u32(r.op, r.n_out)?, to_u32(r.op, r.n_red)?, to_u32(r.op, chunk_len)?],
+            kind: ReduceKind::ALL.iter().position(|k| *k == r.kind).unwrap_or(0) as u32,
+        })
     }
 
     /// Groups of threads per output (or chunk of one), combined in shared memory: any layout.
     pub(crate) fn reduce_by_groups(&self, r: &Reduction) -> Result<BufferRef> {
         let reduce = entry_points::REDUCE.of(r.op, r.src.dtype())?;
         let chunk_len = chunk_len(r.n_out, r.n_red);
-        let chunks = r.n_red.div_ceil(chunk_len).max(1);
-        let (out, partials) = self.reduce_outputs(r, chunks)?;
+        let p = self.prepare(r, chunk_len)?;
         if r.n_out == 0 {
-            return Ok(out);
+            return Ok(p.out);
         }
-        let (n_out, n_red, chunk_len32) = (to_u32(r.op, r.n_out)?, to_u32(r.op, r.n_red)?, to_u32(r.op, chunk_len)?);
-        let kind = kind_index(r.kind);
+        let [n_out, n_red, chunk_len32] = p.counts;
         let group = group_for(chunk_len);
-        let cfg = self.gpu.blocks((r.n_out * chunks).div_ceil((BLOCK / group) as usize))?;
+        let cfg = self
+            .gpu
+            .blocks((r.n_out * p.chunks).div_ceil((BLOCK / group) as usize))?;
         launch!(&self.gpu, reduce, cfg;
-            &out.ptr, &out.ptr, &partials.value, &partials.index, &r.src.ptr, &n_out, &n_red, &r.offset,
-            &r.kept, &r.reduced, &kind, &group, &chunk_len32);
-        self.combine_chunks(r, &out, &partials, chunks)?;
-        Ok(out)
+            &p.out.ptr, &p.out.ptr, &p.partials.value, &p.partials.index, &r.src.ptr, &n_out, &n_red,
+            &r.offset, &r.kept, &r.reduced, &p.kind, &group, &chunk_len32);
+        self.combine_chunks(r, &p)
     }
 
     /// A thread per kept element and chunk, reading neighbouring columns: kept elements of stride 1.
     pub(crate) fn reduce_by_columns(&self, r: &Reduction) -> Result<BufferRef> {
         let kernel = entry_points::REDUCE_COLUMNS.of(r.op, r.src.dtype())?;
-        let chunk_len = column_chunk_len(r.n_out, r.n_red);
-        let chunks = r.n_red.div_ceil(chunk_len).max(1);
-        let (out, partials) = self.reduce_outputs(r, chunks)?;
+        let p = self.prepare(r, column_chunk_len(r.n_out, r.n_red))?;
         if r.n_out == 0 {
-            return Ok(out);
+            return Ok(p.out);
         }
-        let (n_out, n_red, chunk_len32) = (to_u32(r.op, r.n_out)?, to_u32(r.op, r.n_red)?, to_u32(r.op, chunk_len)?);
-        let kind = kind_index(r.kind);
+        let [n_out, n_red, chunk_len32] = p.counts;
         let cfg = LaunchConfig {
             grid_dim: (
                 to_u32(r.op, r.n_out.div_ceil(BLOCK as usize))?,
-                to_u32(r.op, chunks)?,
+                to_u32(r.op, p.chunks)?,
                 1,
             ),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
         launch!(&self.gpu, kernel, cfg;
-            &out.ptr, &out.ptr, &partials.value, &partials.index, &r.src.ptr, &n_out, &n_red, &r.offset,
-            &r.reduced, &kind, &chunk_len32);
-        self.combine_chunks(r, &out, &partials, chunks)?;
-        Ok(out)
+            &p.out.ptr, &p.out.ptr, &p.partials.value, &p.partials.index, &r.src.ptr, &n_out, &n_red,
+            &r.offset, &r.reduced, &p.kind, &chunk_len32);
+        self.combine_chunks(r, &p)
     }
 
-    /// Pass 2 of a reduction split into `chunks` per output: their partials folded in order.
-    fn combine_chunks(&self, r: &Reduction, out: &CudaBuffer, partials: &Partials, chunks: usize) -> Result<()> {
-        if chunks <= 1 {
-            return Ok(());
+    /// Pass 2 of a reduction split into chunks: their partials folded in order; the output.
+    fn combine_chunks(&self, r: &Reduction, p: &Prepared) -> Result<BufferRef> {
+        if p.chunks > 1 {
+            let combine = entry_points::COMBINE_CHUNKS.of(r.op, r.src.dtype())?;
+            let (n_out, chunks) = (p.counts[0], to_u32(r.op, p.chunks)?);
+            let group = group_for(p.chunks);
+            let cfg = self.gpu.blocks(r.n_out.div_ceil((BLOCK / group) as usize))?;
+            launch!(&self.gpu, combine, cfg;
+                &p.out.ptr, &p.out.ptr, &p.partials.value, &p.partials.index, &n_out, &chunks, &p.kind, &group);
         }
-        let combine = entry_points::COMBINE_CHUNKS.of(r.op, r.src.dtype())?;
-        let (n_out, chunks32) = (to_u32(r.op, r.n_out)?, to_u32(r.op, chunks)?);
-        let kind = kind_index(r.kind);
-        let group = group_for(chunks);
-        let cfg = self.gpu.blocks(r.n_out.div_ceil((BLOCK / group) as usize))?;
-        launch!(&self.gpu, combine, cfg;
-            &out.ptr, &out.ptr, &partials.value, &partials.index, &n_out, &chunks32, &kind, &group);
-        Ok(())
+        Ok(p.out.clone())
     }
+}
+
+/// One reduction's output and partials, ready for its kernels.
+struct Prepared {
+    out: Arc<CudaBuffer>,
+    partials: Partials,
+    chunks: usize,
+    /// n_out, n_red and the chunk length, as the kernels take them.
+    counts: [u32; 3],
+    /// The kind as the kernels number it (its place in `ReduceKind::ALL`).
+    kind: u32,
 }
 
 /// Where a split reduction's first pass leaves its chunks' partials (kept alive until both
@@ -173,8 +184,4 @@ struct Partials {
     value: CUdeviceptr,
     index: CUdeviceptr,
     _kept: Option<[Arc<CudaBuffer>; 2]>,
-}
-
-fn kind_index(kind: ReduceKind) -> u32 {
-    ReduceKind::ALL.iter().position(|k| *k == kind).unwrap_or(0) as u32
 }
