@@ -1,7 +1,8 @@
 //! Reductions whose kept elements are contiguous (a bias gradient: `[tokens, features]` summed
 //! over the tokens) on cuda:0 take the column kernel, a thread per column reading neighbouring
 //! addresses: at GPT-2's bias-gradient shapes its sums equal the CPU's within f32 rounding,
-//! repeat bit for bit, and take two launches (the column pass and the chunks' fold). A failed
+//! repeat bit for bit, and take two launches (the column pass and the chunks' fold; one for 256
+//! rows or fewer). A failed
 //! start-up check shows here as the grouped kernel's result, with the check's warning above it.
 
 mod support;
@@ -60,8 +61,9 @@ fn bias_gradient_sums_take_the_column_kernel_and_match_the_cpu() {
                     got[c]
                 );
             }
-            // The column pass and the fold of its chunks (every shape here is split).
-            assert_eq!(launched, 2, "{rows}x{cols} {dtype}: {launched} launches");
+            // The column pass and the fold of its chunks; up to 256 rows one pass.
+            let expected = if rows > 256 { 2 } else { 1 };
+            assert_eq!(launched, expected, "{rows}x{cols} {dtype}: {launched} launches");
         }
     }
 }

@@ -22,11 +22,19 @@ pub fn chunk_len(n_out: usize, n_red: usize) -> usize {
 /// Threads a column reduction aims to keep busy (about two H100s' worth of resident threads).
 const COLUMN_THREADS: usize = 1 << 18;
 
+/// Reduced elements below which a column reduction takes them all in one chunk: a second pass
+/// to fold chunks costs more than the short loop it would split.
+const ONE_COLUMN_CHUNK: usize = 256;
+
 /// The reduced elements one thread of a column reduction (kept elements contiguous: a thread per
 /// column, neighbours reading neighbouring addresses) runs through in order, for `n_out` columns
-/// of `n_red`: enough chunks to reach `COLUMN_THREADS`, at least 16 elements each, at most
-/// 65535 chunks (a grid dimension). From the shape alone, like `chunk_len`.
+/// of `n_red`: all of them up to `ONE_COLUMN_CHUNK`, else enough chunks to reach
+/// `COLUMN_THREADS`, at least 16 elements each, at most 65535 chunks (a grid dimension). From
+/// the shape alone, like `chunk_len`.
 pub fn column_chunk_len(n_out: usize, n_red: usize) -> usize {
+    if n_red <= ONE_COLUMN_CHUNK {
+        return n_red.max(1);
+    }
     let chunks = (COLUMN_THREADS / n_out.max(1)).clamp(1, n_red.div_ceil(16).max(1));
     n_red.div_ceil(chunks).max(n_red.div_ceil(65535)).max(1)
 }
@@ -86,7 +94,15 @@ mod tests {
 
     #[test]
     fn column_chunks_cover_the_reduced_elements_within_a_grid_dimension() {
-        for (n_out, n_red) in [(768, 16384), (32, 1), (50257, 7), (64, 1 << 30), (1 << 20, 100)] {
+        for (n_out, n_red) in [
+            (768, 16384),
+            (32, 1),
+            (50257, 7),
+            (64, 1 << 30),
+            (1 << 20, 100),
+            (64, 300),
+            (64, 256),
+        ] {
             let len = super::column_chunk_len(n_out, n_red);
             let chunks = n_red.div_ceil(len);
             assert!(len >= 1 && chunks <= 65535, "{n_out} x {n_red}: {len}");
@@ -94,6 +110,11 @@ mod tests {
             // Enough threads, or chunks no shorter than 16 elements.
             assert!(
                 n_out * chunks >= super::COLUMN_THREADS / 2 || len >= 16 || len == n_red,
+                "{n_out} x {n_red}: {len}"
+            );
+            // Short columns whole.
+            assert!(
+                n_red > super::ONE_COLUMN_CHUNK || len == n_red.max(1),
                 "{n_out} x {n_red}: {len}"
             );
         }
