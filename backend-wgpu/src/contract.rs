@@ -376,4 +376,7 @@ impl Backend for WgpuBackend {
     fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
         self.non_finite_count_batched(bufs)
     }
+    fn cast_copies(&self, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<BufferRef>> {
+        self.cast_copies_batched(bufs, dtype)
+    }
 }

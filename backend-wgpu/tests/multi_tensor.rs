@@ -2,7 +2,7 @@
 //! default): the conformance cases with the adapter's own limits (up to eight tensors a
 //! dispatch) and with WebGPU's default limits (eight storage buffers: Adam's four a tensor
 //! leave it one tensor a dispatch, so it loops), and turned off (the per-tensor defaults), and
-//! the dispatches a call records.
+//! the dispatches a call records (`cast_copies`: the bf16 copies of twenty weights).
 
 mod support;
 
@@ -18,12 +18,13 @@ fn cases_pass_on(device: &Device) {
         "sum_of_squares",
         "scaled_copies",
         "non_finite_count",
+        "cast_copies",
     ];
     let cases: Vec<_> = all_cases()
         .into_iter()
         .filter(|c| ops.contains(&c.ops[0].as_str()))
         .collect();
-    assert_eq!(cases.len(), 7, "the multi-tensor cases");
+    assert_eq!(cases.len(), 8, "the multi-tensor cases");
     let reports: Vec<_> = [DType::F32, DType::BF16]
         .iter()
         .flat_map(|&dtype| cases.iter().filter_map(move |c| run_case(c, device, dtype)))
@@ -144,11 +145,26 @@ fn twenty_parameters_take_as_many_dispatches_as_the_binding_limit_requires() {
         }),
         20u64.div_ceil(u64::from(buffers - 2).min(8)) + reduce
     );
+    // The weights' bf16 copies: two buffers a tensor, as many dispatches as the scaled copies'.
+    let weights: Vec<&BufferRef> = sets.iter().map(|[p, _, _, _]| p).collect();
+    assert_eq!(
+        dispatches(&device, || {
+            backend.cast_copies(&weights, DType::BF16).unwrap();
+        }),
+        20u64.div_ceil(slots(2))
+    );
     device_backend.set_multi_tensor(false);
     assert_eq!(
         dispatches(&device, || backend.adam_steps(&adam_items).unwrap()),
         20,
         "off: one a tensor"
+    );
+    assert_eq!(
+        dispatches(&device, || {
+            backend.cast_copies(&weights, DType::BF16).unwrap();
+        }),
+        20,
+        "off: one cast a tensor"
     );
     assert!(
         dispatches(&device, || {

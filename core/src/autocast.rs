@@ -11,7 +11,7 @@
 //! region, uses each op's forward dtype.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -21,10 +21,16 @@ struct Region {
     dtype: DType,
     /// Parameter id -> (the parameter, kept alive so its id stays unique; its cast).
     cache: HashMap<u64, (Tensor, Tensor)>,
+    /// The parameters `lower` was asked for, where the region learns them for the next
+    /// `prefetch` (a training step's region; not a checkpoint's recompute or a user's own).
+    lowered: Option<HashSet<u64>>,
 }
 
 thread_local! {
     static REGION: RefCell<Option<Region>> = const { RefCell::new(None) };
+    /// The parameters the last training step's region lowered on this thread, by id: what the
+    /// next `prefetch` casts ahead.
+    static LOWERED_LAST: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
 }
 
 /// The low-precision dtype of the autocast region this thread is in, if any.
@@ -50,6 +56,7 @@ impl AutocastGuard {
         let region = Region {
             dtype,
             cache: HashMap::new(),
+            lowered: None,
         };
         Ok(AutocastGuard {
             previous: REGION.with(|r| r.borrow_mut().replace(region)),
@@ -60,7 +67,10 @@ impl AutocastGuard {
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
         let previous = self.previous.take();
-        REGION.with(|r| *r.borrow_mut() = previous);
+        let ended = REGION.with(|r| std::mem::replace(&mut *r.borrow_mut(), previous));
+        if let Some(lowered) = ended.and_then(|r| r.lowered) {
+            LOWERED_LAST.with(|l| *l.borrow_mut() = lowered);
+        }
     }
 }
 
@@ -70,6 +80,7 @@ pub(crate) fn enter(dtype: Option<DType>) -> AutocastGuard {
     let region = dtype.map(|dtype| Region {
         dtype,
         cache: HashMap::new(),
+        lowered: None,
     });
     AutocastGuard {
         previous: REGION.with(|r| std::mem::replace(&mut *r.borrow_mut(), region)),
@@ -82,13 +93,59 @@ pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> Result<R>) -> Result<R> {
     f()
 }
 
+/// Whether `t`'s cast is kept for the rest of the region: a parameter (a leaf that requires
+/// grad), outside a graph capture.
+fn cacheable(t: &Tensor) -> bool {
+    t.is_leaf() && t.tracks_grad() && !crate::autograd::capture::is_capturing()
+}
+
+/// Casts the f32 parameters among `params` that the last training step's region on this thread
+/// lowered, now, all of a device in one `Backend::cast_copies` call, instead of one cast launch
+/// each as the forward pass reaches them: the same casts, so the same results. Makes this
+/// region the one the next call learns from. The training step calls it with the model's
+/// parameters at the start of each forward pass (the first step learns, casting one at a time);
+/// a training loop of your own can do the same right after entering its region. Nothing
+/// happens outside a region.
+pub fn prefetch(params: &[Tensor]) -> Result<()> {
+    let Some(dtype) = active() else { return Ok(()) };
+    let last = LOWERED_LAST.with(|l| l.borrow().clone());
+    let mut wanted: Vec<Tensor> = Vec::new();
+    REGION.with(|r| {
+        if let Some(r) = r.borrow_mut().as_mut() {
+            r.lowered.get_or_insert_with(HashSet::new);
+            for p in params {
+                let new = !r.cache.contains_key(&p.id()) && !wanted.iter().any(|w| w.id() == p.id());
+                if last.contains(&p.id()) && p.dtype() == DType::F32 && cacheable(p) && new {
+                    wanted.push(p.clone());
+                }
+            }
+        }
+    });
+    let cast = Tensor::to_dtype_all(&wanted, dtype)?;
+    REGION.with(|r| {
+        if let Some(r) = r.borrow_mut().as_mut() {
+            for (p, c) in wanted.into_iter().zip(cast) {
+                r.cache.insert(p.id(), (p, c));
+            }
+        }
+    });
+    Ok(())
+}
+
 /// `t` as a matrix-product input: cast down to the region's dtype when it is f32.
 pub(crate) fn lower(t: &Tensor) -> Result<Tensor> {
     let Some(dtype) = active() else { return Ok(t.clone()) };
     if t.dtype() != DType::F32 {
         return Ok(t.clone());
     }
-    let cacheable = t.is_leaf() && t.tracks_grad() && !crate::autograd::capture::is_capturing();
+    let cacheable = cacheable(t);
+    if cacheable {
+        REGION.with(|r| {
+            if let Some(lowered) = r.borrow_mut().as_mut().and_then(|r| r.lowered.as_mut()) {
+                lowered.insert(t.id());
+            }
+        });
+    }
     if cacheable
         && let Some(cast) = REGION.with(|r| {
             r.borrow()

@@ -2,18 +2,20 @@
 //! with a run-time value, so each tensor (a "slot") has its own bindings and a function of its
 //! own, and a `switch` on the slot a workgroup belongs to picks it. The host lays the slots'
 //! workgroups end to end: params hold, per slot from word 2, its first workgroup, its length and
-//! its constants (`SLOT_WORDS` words). f32 tensors only. `sum_of_squares` and
-//! `non_finite_count` share one reduction and differ in the `term` each element adds.
+//! its constants (`SLOT_WORDS` words). f32 tensors only (`cast_copies` writes bf16 copies of
+//! them). `sum_of_squares` and `non_finite_count` share one reduction and differ in the `term`
+//! each element adds.
 
 use crate::COMMON;
 
 /// The ops generated, with the storage buffers each slot binds.
-pub const MULTI_TENSOR_OPS: [(&str, usize); 5] = [
+pub const MULTI_TENSOR_OPS: [(&str, usize); 6] = [
     ("adam_steps", 4),
     ("sgd_steps", 3),
     ("sum_of_squares", 1),
     ("scaled_copies", 2),
     ("non_finite_count", 1),
+    ("cast_copies", 2),
 ];
 
 /// Words of params per slot: first workgroup, length, nine constants.
@@ -27,7 +29,7 @@ pub const SUM_CHUNK: usize = 4096;
 /// of `sum_of_squares` and `non_finite_count`, the factor of `scaled_copies`.
 pub fn extra_bindings(op: &str) -> usize {
     match op {
-        "adam_steps" | "sgd_steps" => 0,
+        "adam_steps" | "sgd_steps" | "cast_copies" => 0,
         _ => 1,
     }
 }
@@ -47,6 +49,7 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
         "adam_steps" => ADAM,
         "sgd_steps" => SGD,
         "sum_of_squares" | "non_finite_count" => CHUNK_SUM,
+        "cast_copies" => "",
         _ => SCALED_COPIES,
     };
     let mut cases = String::new();
@@ -92,6 +95,23 @@ pub fn compose_multi_tensor(op: &str, k: usize) -> Option<String> {
                  \x20   for (var e = base + lid; e < end; e += WG) {{ acc += term(x{j}[e]); }}\n\
                  \x20   return acc;\n}}\n",
                 slot_base + 1
+            ),
+            // A word of bf16 a slot element: two f32s rounded, the high half of an odd
+            // length's last word 0 (constant 0: whether the length is odd).
+            "cast_copies" => format!(
+                "@group(0) @binding({}) var<storage, read> s{j}: array<f32>;\n\
+                 @group(0) @binding({}) var<storage, read_write> d{j}: array<u32>;\n\
+                 fn slot{j}(i: u32) {{\n\
+                 \x20   let words = params[{}u];\n\
+                 \x20   if (i >= words) {{ return; }}\n\
+                 \x20   let odd = param_f32({}u) != 0.0;\n\
+                 \x20   let last = 2u * words - select(1u, 2u, odd);\n\
+                 \x20   let hi = select(round_to_bf16(s{j}[min(2u * i + 1u, last)]), 0u, odd && i + 1u == words);\n\
+                 \x20   d{j}[i] = round_to_bf16(s{j}[2u * i]) | (hi << 16u);\n}}\n",
+                b,
+                b + 1,
+                slot_base + 1,
+                slot_base + 2
             ),
             _ => format!(
                 "@group(0) @binding({}) var<storage, read> s{j}: array<f32>;\n\

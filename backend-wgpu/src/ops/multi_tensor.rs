@@ -7,8 +7,8 @@
 use std::sync::OnceLock;
 
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, non_finite_count_composed,
-    scaled_copies_composed, sgd_steps_one_by_one, sum_of_squares_composed,
+    adam_steps_one_by_one, cast_copies_one_by_one, check_adam_items, check_factor, check_sgd_items,
+    non_finite_count_composed, scaled_copies_composed, sgd_steps_one_by_one, sum_of_squares_composed,
 };
 use lockstep_core::backend::{AdamOperands, Backend, BufferRef, ReduceKind, SgdOperands};
 use lockstep_core::shape::Layout;
@@ -258,6 +258,35 @@ impl WgpuBackend {
             })
             .collect::<Result<Vec<_>>>()?;
         self.dispatch_slots(OP, &slots, WORKGROUP as usize, Some(self.operand(OP, &factor, None)?))?;
+        Ok(outs.into_iter().map(|o| o as BufferRef).collect())
+    }
+
+    /// `Backend::cast_copies`: f32 buffers to bf16, `slots_for` at a time (a word of the copy an
+    /// invocation); other dtypes one `cast` each.
+    pub(crate) fn cast_copies_batched(&self, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<BufferRef>> {
+        const OP: &str = "cast_copies";
+        if self.slots_for(OP) < 2 || dtype != DType::BF16 || bufs.iter().any(|b| b.dtype() != DType::F32) {
+            return cast_copies_one_by_one(self, bufs, dtype);
+        }
+        let outs = bufs
+            .iter()
+            .map(|b| self.alloc(OP, DType::BF16, b.len()))
+            .collect::<Result<Vec<_>>>()?;
+        let slots = bufs
+            .iter()
+            .zip(&outs)
+            .filter(|(b, _)| !b.is_empty())
+            .map(|(b, out)| {
+                let mut consts = [0.0; 9];
+                consts[0] = if b.len() % 2 == 1 { 1.0 } else { 0.0 };
+                Ok(Slot {
+                    buffers: vec![self.operand(OP, b, None)?, out],
+                    n: b.len().div_ceil(2),
+                    consts,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.dispatch_slots(OP, &slots, WORKGROUP as usize, None)?;
         Ok(outs.into_iter().map(|o| o as BufferRef).collect())
     }
 }

@@ -116,3 +116,66 @@ fn batch_norm_keeps_its_input_dtype_and_computes_in_f32() {
         }
     }
 }
+
+/// Prefetching casts ahead the parameters the last prefetching region lowered (one
+/// `cast_copies` per device) into the cache the forward pass reads, and changes no result: the
+/// same loss and gradient bits as casts made one at a time. A parameter the last region did not
+/// lower, a frozen weight and an f64 one are left alone.
+#[test]
+fn prefetched_weights_give_the_same_results_and_are_reused() {
+    let frozen = Tensor::rand_normal([3, 3], 0.0, 1.0, DType::F32, &Generator::new(5), &Device::cpu()).unwrap();
+    let wide = weight().to_dtype(DType::F64).unwrap().detach().requires_grad(true);
+    let unused = weight();
+    let x = Tensor::rand_normal([2, 4], 0.0, 1.0, DType::F32, &Generator::new(1), &Device::cpu()).unwrap();
+    let (w1, w2) = (
+        weight(),
+        weight()
+            .transpose(0, 1)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .detach()
+            .requires_grad(true),
+    );
+    let params = [
+        w1.clone(),
+        w2.clone(),
+        w1.clone(),
+        frozen.clone(),
+        wide.clone(),
+        unused.clone(),
+    ];
+    let cached = || REGION.with(|r| r.borrow().as_ref().unwrap().cache.len());
+    let step = |prefetched: bool, expect_cached: usize| {
+        let loss = autocast(DType::BF16, || {
+            if prefetched {
+                prefetch(&params)?;
+                assert_eq!(cached(), expect_cached);
+                assert!(lower(&w1)?.same_storage(&lower(&w1)?));
+            }
+            x.matmul(&w1)?.matmul(&frozen)?.matmul(&w2)?.log_softmax(-1)?.sum_all()
+        })
+        .unwrap();
+        for w in [&w1, &w2] {
+            w.zero_grad();
+        }
+        loss.backward().unwrap();
+        let bits = |t: &Tensor| {
+            t.grad()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        (loss.item().unwrap().to_bits(), bits(&w1), bits(&w2))
+    };
+    let one_by_one = step(false, 0);
+    // The first prefetching region has nothing learnt (this thread's regions above did not
+    // learn): it casts as it goes, and learns w1 and w2; the next casts those two ahead.
+    assert_eq!(step(true, 0), one_by_one);
+    assert_eq!(step(true, 2), one_by_one);
+    // Outside a region it does nothing.
+    prefetch(&[weight()]).unwrap();
+}

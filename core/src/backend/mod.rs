@@ -598,6 +598,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
         multi_tensor::non_finite_count_composed(self, bufs)
     }
+    /// New contiguous buffers, each of `bufs` (contiguous, any dtypes, empty ones allowed) cast to
+    /// `dtype`, bit for bit what `cast` gives each: the low-precision copies of a model's weights
+    /// that autocast takes, made in one launch where the backend can. By default one `cast` per
+    /// buffer.
+    fn cast_copies(&self, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<BufferRef>> {
+        multi_tensor::cast_copies_one_by_one(self, bufs, dtype)
+    }
 }
 
 #[cfg(test)]

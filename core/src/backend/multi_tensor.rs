@@ -167,6 +167,17 @@ pub fn scaled_copies_composed(
         .collect()
 }
 
+/// `cast_copies` as one `cast` per buffer.
+pub fn cast_copies_one_by_one(
+    dev: &(impl Backend + ?Sized),
+    bufs: &[&BufferRef],
+    dtype: DType,
+) -> Result<Vec<BufferRef>> {
+    bufs.iter()
+        .map(|b| dev.cast(b, &Layout::contiguous([b.len()]), dtype))
+        .collect()
+}
+
 /// The factor of `scaled_copies` is one float element.
 pub fn check_factor(op: &'static str, factor: &BufferRef) -> Result<()> {
     if factor.len() != 1 || !factor.dtype().is_float() {

@@ -277,12 +277,44 @@ impl Tensor {
             return Ok(self.clone());
         }
         let buffer = self.backend().cast(&self.0.buffer, &self.0.layout, dtype)?;
+        Ok(self.cast_from(buffer))
+    }
+
+    /// Each of `tensors` as `to_dtype(dtype)` gives it, the contiguous ones of each device cast
+    /// in one `Backend::cast_copies` call (autocast's copies of a model's weights).
+    pub(crate) fn to_dtype_all(tensors: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+        let mut out: Vec<Option<Tensor>> = vec![None; tensors.len()];
+        let mut batches: Vec<(Device, Vec<usize>)> = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            if t.dtype() == dtype || !t.is_contiguous() || t.0.layout.offset != 0 || t.0.buffer.len() != t.elem_count()
+            {
+                out[i] = Some(t.to_dtype(dtype)?);
+            } else if let Some((_, batch)) = batches.iter_mut().find(|(d, _)| d == t.device()) {
+                batch.push(i);
+            } else {
+                batches.push((t.device().clone(), vec![i]));
+            }
+        }
+        for (device, batch) in batches {
+            let bufs: Vec<&BufferRef> = batch.iter().map(|&i| &tensors[i].0.buffer).collect();
+            let cast = device.backend().cast_copies(&bufs, dtype)?;
+            for (&i, buffer) in batch.iter().zip(cast) {
+                out[i] = Some(tensors[i].cast_from(buffer));
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// `buffer`, holding this tensor's elements cast to another dtype, as the differentiable
+    /// result of `to_dtype`.
+    fn cast_from(&self, buffer: BufferRef) -> Tensor {
+        let dtype = buffer.dtype();
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
         let from = self.dtype();
         let differentiable = from.is_float() && dtype.is_float();
-        Ok(out.track("to_dtype", &[self], move |g| {
+        out.track("to_dtype", &[self], move |g| {
             Ok(vec![if differentiable { Some(g.to_dtype(from)?) } else { None }])
-        }))
+        })
     }
 
     /// A copy on `device` (differentiable: the gradient travels back).

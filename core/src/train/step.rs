@@ -66,6 +66,9 @@ pub(crate) fn forward_backward(
     let phase = Instant::now();
     let loss = {
         let _autocast = micro.precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
+        // The weights' low-precision copies in one launch per device, not one each (those the
+        // last step lowered).
+        crate::autocast::prefetch(&setup.model.parameters())?;
         setup.task.loss(setup.model.as_ref(), micro.tensors)?
     };
     let mut scaled = if weight != 1.0 {

@@ -80,6 +80,8 @@ pub fn run(device: &Device, plan: &MlpPlan) -> anyhow::Result<MlpResult> {
             opt.zero_grad();
             let l = {
                 let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
+                // As the trainer's step: the weights' copies in one launch per device.
+                lockstep_core::autocast::prefetch(opt.parameters())?;
                 model.forward(&x)?.cross_entropy(&y)?
             };
             match &mut scaler {

@@ -68,6 +68,8 @@ pub fn measure(
                 steps.optimizer.zero_grad();
                 let loss = {
                     let _autocast = precision.autocast_dtype().map(AutocastGuard::new).transpose()?;
+                    // As the trainer's step: the weights' copies in one launch per device.
+                    lockstep_core::autocast::prefetch(steps.optimizer.parameters())?;
                     (steps.loss)()?
                 };
                 loss.backward()?;

@@ -1,5 +1,5 @@
 //! Cases for the multi-tensor ops `adam_steps`, `sgd_steps`, `sum_of_squares`,
-//! `scaled_copies` and `non_finite_count`: several tensors of odd lengths (an empty one, a single element, one longer
+//! `scaled_copies`, `non_finite_count` and `cast_copies`: several tensors of odd lengths (an empty one, a single element, one longer
 //! than a CPU chunk), each parameter with its own step count and weight decay, checked against
 //! the per-tensor oracles.
 
@@ -225,6 +225,49 @@ fn non_finite_count_case(mixed: bool) -> Case {
     })
 }
 
+/// Autocast's weight copies: every input as f32 cast to bf16 (f16 where f16 is under test), bit
+/// for bit what `cast` gives each on the same device (else the case errs), then back to the
+/// evaluation's dtype for the comparison with the reference; values that tie halfway between
+/// two bf16s round to even.
+fn cast_copies_case() -> Case {
+    let mut case = Case::new("cast_copies", &["cast_copies"], |ctx, x| {
+        let target = if ctx.under_test == DType::F16 {
+            DType::F16
+        } else {
+            DType::BF16
+        };
+        let sources = x
+            .iter()
+            .map(|t| t.to_dtype(DType::F32))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let backend = ctx.device.backend();
+        let bufs: Vec<_> = sources.iter().map(Tensor::buffer).collect();
+        let copies = backend.cast_copies(&bufs, target)?;
+        let mut out = Vec::new();
+        for (copy, source) in copies.into_iter().zip(&sources) {
+            let single = backend.cast(source.buffer(), source.layout(), target)?;
+            let layout = crate::shape::Layout::contiguous([source.elem_count()]);
+            let bits = |b: &crate::backend::BufferRef| {
+                backend
+                    .to_host(b, &layout)
+                    .map(|h| h.to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            };
+            if bits(&copy)? != bits(&single)? {
+                return Err(crate::Error::invalid("cast_copies", "a copy differs from `cast`'s"));
+            }
+            out.push(Tensor::from_buffer(copy, source.shape().clone(), ctx.device).to_dtype(ctx.dtype)?);
+        }
+        Ok(out)
+    });
+    for n in LENS {
+        case = case.input(Input::float("weight", [n], u()));
+    }
+    let tie = 2f64.powi(-8);
+    let ties = vec![1.0 + tie, 1.0 + 3.0 * tie, -(1.0 + tie), -0.0, 1.0e30, 1.0e-30];
+    case.input(Input::float("ties", [6], Values::Given(ties)))
+        .forward_only()
+}
+
 pub fn cases() -> Vec<Case> {
     vec![
         adam_steps_case(false),
@@ -234,5 +277,6 @@ pub fn cases() -> Vec<Case> {
         scaled_copies_case(),
         non_finite_count_case(false),
         non_finite_count_case(true),
+        cast_copies_case(),
     ]
 }
