@@ -318,4 +318,7 @@ impl Backend for CudaBackend {
     fn non_finite_count(&self, bufs: &[&BufferRef]) -> Result<BufferRef> {
         self.non_finite_count_grouped(bufs)
     }
+    fn cast_copies(&self, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<BufferRef>> {
+        self.cast_copies_grouped(bufs, dtype)
+    }
 }

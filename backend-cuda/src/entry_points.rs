@@ -158,6 +158,7 @@ families! {
     NON_FINITE_COUNT: Floats = OPTIM "non_finite_count";
     SUM_PARTIALS: One = OPTIM "sum_partials";
     SCALED_COPIES: Floats = OPTIM "scaled_copies";
+    CAST_COPIES: Floats = OPTIM "cast_copies";
     CAUSAL_ATTENTION: HalfHeads = ATTENTION "causal_attention";
     CAUSAL_ATTENTION_DQ: HalfHeads = ATTENTION "causal_attention_dq";
     CAUSAL_ATTENTION_DKDV: HalfHeads = ATTENTION "causal_attention_dkdv";

@@ -138,3 +138,32 @@ fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
         );
     }
 }
+
+/// Autocast's weight copies: f32 weights of GPT-like lengths to bf16 and f16 in one launch,
+/// equal to one `cast` each bit for bit.
+#[test]
+fn weight_copies_take_one_launch_and_equal_the_casts() {
+    let Some(device) = support::cuda_device() else { return };
+    let backend = device.backend();
+    let weights: Vec<BufferRef> = LENS
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| upload(&device, k, n, DType::F32))
+        .collect();
+    let refs: Vec<&BufferRef> = weights.iter().collect();
+    for dtype in [DType::BF16, DType::F16] {
+        // The first call of a dtype runs the start-up check: not counted.
+        backend.cast_copies(&refs, dtype).unwrap();
+        let before = launches(&device);
+        let copies = backend.cast_copies(&refs, dtype).unwrap();
+        assert_eq!(
+            launches(&device) - before,
+            1,
+            "{dtype}: see the start-up check's warning above"
+        );
+        for (w, c) in weights.iter().zip(&copies) {
+            let want = backend.cast(w, &Layout::contiguous([w.len()]), dtype).unwrap();
+            assert_eq!(bits(&device, c), bits(&device, &want), "{dtype}: cast_copies");
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //   axpy:      dst += alpha * src
 //   sgd_step:  with a momentum buffer when `momentum_buf` is non-null
 //   adam_step: exp_avg and exp_avg_sq as state
-//   adam_steps, sgd_steps, sum_of_squares, non_finite_count, scaled_copies: many tensors in one
+//   adam_steps, sgd_steps, sum_of_squares, non_finite_count, scaled_copies, cast_copies: many tensors in one
 //   launch (below)
 
 #define AXPY(T, suffix)                                                                           \
@@ -191,3 +191,15 @@ extern "C" __global__ void sum_partials(const double* partials, u32 n, float* ou
         FOR_CHUNK(i, begin, end) { dst[i] = from_f32<T>(to_f32(src[i]) * f); }                    \
     }
 FOR_FLOATS(SCALED_COPIES)
+
+// dst = src cast to T (ptr: src f32, dst), rounded as `cast` rounds: autocast's weight copies.
+#define CAST_COPIES(T, suffix)                                                                    \
+    extern "C" __global__ void cast_copies_##suffix(const TensorEntry* tensors, const ChunkEntry* chunks, \
+                                                    u32 chunk_len) {                              \
+        u32 begin, end;                                                                           \
+        const TensorEntry& e = chunk_of(tensors, chunks, chunk_len, &begin, &end);                \
+        const float* src = (const float*)e.ptr[0];                                                \
+        T* dst = (T*)e.ptr[1];                                                                    \
+        FOR_CHUNK(i, begin, end) { dst[i] = from_f32<T>(src[i]); }                                \
+    }
+FOR_FLOATS(CAST_COPIES)

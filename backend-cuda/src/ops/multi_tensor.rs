@@ -1,5 +1,5 @@
 //! The multi-tensor kernels of optim.cu (`adam_steps`, `sgd_steps`, `sum_of_squares`,
-//! `non_finite_count`, `scaled_copies`), as apex's multi_tensor_apply: one launch per dtype for
+//! `non_finite_count`, `scaled_copies`, `cast_copies`), as apex's multi_tensor_apply: one launch per dtype for
 //! every tensor of a call. The host uploads one table per call (a pinned, stream-ordered copy, no launch): an
 //! entry per tensor (its pointers, length and constants) and one per chunk of `CHUNK_LEN`
 //! elements, which one block works on. Each item's dtype is grouped; a dtype whose start-up
@@ -7,8 +7,8 @@
 
 use cudarc::driver::LaunchConfig;
 use lockstep_core::backend::multi_tensor::{
-    adam_steps_one_by_one, check_adam_items, check_factor, check_sgd_items, non_finite_count_composed,
-    scaled_copies_composed, sgd_steps_one_by_one, sum_of_squares_composed,
+    adam_steps_one_by_one, cast_copies_one_by_one, check_adam_items, check_factor, check_sgd_items,
+    non_finite_count_composed, scaled_copies_composed, sgd_steps_one_by_one, sum_of_squares_composed,
 };
 use lockstep_core::backend::{AdamOperands, Backend, BackendBuffer, BufferRef, SgdOperands};
 use lockstep_core::shape::Layout;
@@ -308,6 +308,38 @@ impl CudaBackend {
             .into_iter()
             .map(|o| o.expect("every buffer has a dtype group"))
             .collect())
+    }
+
+    /// `Backend::cast_copies`: f32 buffers to f16 or bf16 in one launch, where that dtype's
+    /// kernels passed their check; anything else one `cast` each.
+    pub(crate) fn cast_copies_grouped(&self, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<BufferRef>> {
+        let half = matches!(dtype, DType::F16 | DType::BF16);
+        if !half || bufs.iter().any(|b| b.dtype() != DType::F32) || !self.fused_for(dtype) {
+            return cast_copies_one_by_one(self, bufs, dtype);
+        }
+        self.cast_copies_fused(bufs, dtype)
+    }
+
+    /// `cast_copies` of f32 buffers through the kernel.
+    pub(crate) fn cast_copies_fused(&self, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<BufferRef>> {
+        const OP: &str = "cast_copies";
+        let mut entries = Vec::with_capacity(bufs.len());
+        let mut outs = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            let src = self.operand(OP, b, None)?;
+            let dst = self.output(dtype, src.len())?;
+            entries.push(Entry {
+                ptr: [src.ptr, dst.ptr, 0, 0],
+                n: to_u32(OP, src.len())?,
+                ..Entry::default()
+            });
+            outs.push(dst as BufferRef);
+        }
+        if let Some(table) = self.table(&entries)? {
+            launch!(&self.gpu, entry_points::CAST_COPIES.of(OP, dtype)?, chunk_grid(table.count);
+                &table.tensors, &table.chunks, &CHUNK_LEN);
+        }
+        Ok(outs)
     }
 }
 

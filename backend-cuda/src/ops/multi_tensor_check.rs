@@ -1,7 +1,7 @@
 //! The multi-tensor kernels' start-up check: before their first use for a dtype, one small case
 //! (tensors of 0, 1, 300 and `CHUNK_LEN + 5` elements: an empty table entry, a partial block
 //! and two chunks of one tensor) runs through them and through the per-tensor kernels. The
-//! updates and the scaled copies must equal the per-tensor results bit for bit, the sum of
+//! updates, the scaled copies and the cast copies must equal the per-tensor results bit for bit, the sum of
 //! squares the host's f64 sum within f32 rounding, the count of inf and NaN elements the four
 //! planted. A mismatch or a failed launch prints one
 //! line and that dtype takes the per-tensor loop from then on, as the fused attention does.
@@ -39,7 +39,8 @@ impl CudaBackend {
         self.check_sgd(dtype)?;
         self.check_sum_of_squares(dtype)?;
         self.check_non_finite_count(dtype)?;
-        self.check_scaled_copies(dtype)
+        self.check_scaled_copies(dtype)?;
+        self.check_cast_copies(dtype)
     }
 
     /// Tensor `k`'s values in [-2, 2), rounded to `dtype`, on the device.
@@ -201,6 +202,22 @@ impl CudaBackend {
             })
             .collect::<Result<Vec<_>>>()?;
         self.same_bits("scaled_copies", &got, &want)
+    }
+
+    /// The f32 weights' copies in `dtype` (f16 or bf16; nothing to check for f32) equal one
+    /// `cast` each bit for bit.
+    fn check_cast_copies(&self, dtype: DType) -> Result<()> {
+        if dtype == DType::F32 {
+            return Ok(());
+        }
+        let bufs = self.check_values(DType::F32, 5, 29)?;
+        let refs: Vec<&BufferRef> = bufs.iter().collect();
+        let got = self.cast_copies_fused(&refs, dtype)?;
+        let want = bufs
+            .iter()
+            .map(|b| self.convert(b, &Layout::contiguous([b.len()]), dtype))
+            .collect::<Result<Vec<_>>>()?;
+        self.same_bits("cast_copies", &got, &want)
     }
 }
 
