@@ -219,18 +219,23 @@ mod tests {
         words
     }
 
+    /// %1 uint, %2 = 2, %3 ptr<Workgroup, uint>, %4 ptr<StorageBuffer, uint>, %5 a workgroup
+    /// variable, %6 a storage one, then a function's first instruction.
+    const DECLARATIONS: [&[u32]; 7] = [
+        &[OP_TYPE_INT, 1, 32, 0],
+        &[OP_CONSTANT, 1, 2, 2],
+        &[OP_TYPE_POINTER, 3, STORAGE_CLASS_WORKGROUP, 1],
+        &[OP_TYPE_POINTER, 4, 12, 1],
+        &[OP_VARIABLE, 3, 5, STORAGE_CLASS_WORKGROUP],
+        &[OP_VARIABLE, 4, 6, 12],
+        &[OP_FUNCTION, 7, 8, 0, 9],
+    ];
+
     #[test]
     fn workgroup_accesses_gain_the_operands_and_the_rest_stays() {
-        // %1 uint, %2 = 2, %3 ptr<Workgroup, uint>, %4 ptr<StorageBuffer, uint>, %5 var wg,
-        // %6 var sb, then a function: load wg, load sb, store wg, store sb (aligned), access chain.
-        let input = module(&[
-            &[OP_TYPE_INT, 1, 32, 0],
-            &[OP_CONSTANT, 1, 2, 2],
-            &[OP_TYPE_POINTER, 3, STORAGE_CLASS_WORKGROUP, 1],
-            &[OP_TYPE_POINTER, 4, 12, 1],
-            &[OP_VARIABLE, 3, 5, STORAGE_CLASS_WORKGROUP],
-            &[OP_VARIABLE, 4, 6, 12],
-            &[OP_FUNCTION, 7, 8, 0, 9],
+        // Load wg, load sb, store sb, an access chain into wg, store through it (aligned), a
+        // cooperative load through it, a cooperative store to sb.
+        let accesses: [&[u32]; 7] = [
             &[OP_LOAD, 1, 10, 5],
             &[OP_LOAD, 1, 11, 6],
             &[OP_STORE, 6, 10],
@@ -238,42 +243,24 @@ mod tests {
             &[OP_STORE, 12, 11, ALIGNED, 4],
             &[OP_COOPERATIVE_MATRIX_LOAD, 20, 13, 12, 0, 2],
             &[OP_COOPERATIVE_MATRIX_STORE, 6, 13, 0, 2],
-        ]);
+        ];
+        let (visible, available) = (
+            MAKE_POINTER_VISIBLE | NON_PRIVATE_POINTER,
+            MAKE_POINTER_AVAILABLE | NON_PRIVATE_POINTER,
+        );
+        let changed_accesses: [&[u32]; 7] = [
+            &[OP_LOAD, 1, 10, 5, visible, 2],
+            accesses[1],
+            accesses[2],
+            accesses[3],
+            &[OP_STORE, 12, 11, ALIGNED | available, 4, 2],
+            &[OP_COOPERATIVE_MATRIX_LOAD, 20, 13, 12, 0, 2, visible, 2],
+            accesses[6],
+        ];
+        let input = module(&[&DECLARATIONS[..], &accesses[..]].concat());
         let (output, changed) = workgroup_accesses_non_private(&input).unwrap();
         assert_eq!(changed, 3);
-        let expected = module(&[
-            &[OP_TYPE_INT, 1, 32, 0],
-            &[OP_CONSTANT, 1, 2, 2],
-            &[OP_TYPE_POINTER, 3, STORAGE_CLASS_WORKGROUP, 1],
-            &[OP_TYPE_POINTER, 4, 12, 1],
-            &[OP_VARIABLE, 3, 5, STORAGE_CLASS_WORKGROUP],
-            &[OP_VARIABLE, 4, 6, 12],
-            &[OP_FUNCTION, 7, 8, 0, 9],
-            &[OP_LOAD, 1, 10, 5, MAKE_POINTER_VISIBLE | NON_PRIVATE_POINTER, 2],
-            &[OP_LOAD, 1, 11, 6],
-            &[OP_STORE, 6, 10],
-            &[OP_ACCESS_CHAIN, 3, 12, 5, 2],
-            &[
-                OP_STORE,
-                12,
-                11,
-                ALIGNED | MAKE_POINTER_AVAILABLE | NON_PRIVATE_POINTER,
-                4,
-                2,
-            ],
-            &[
-                OP_COOPERATIVE_MATRIX_LOAD,
-                20,
-                13,
-                12,
-                0,
-                2,
-                MAKE_POINTER_VISIBLE | NON_PRIVATE_POINTER,
-                2,
-            ],
-            &[OP_COOPERATIVE_MATRIX_STORE, 6, 13, 0, 2],
-        ]);
-        assert_eq!(output, expected);
+        assert_eq!(output, module(&[&DECLARATIONS[..], &changed_accesses[..]].concat()));
     }
 
     #[test]

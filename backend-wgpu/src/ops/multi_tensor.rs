@@ -4,7 +4,7 @@
 //! allows. Other dtypes, adapters that cannot bind two tensors' buffers at once, and devices with the shaders turned off (software adapters by
 //! default: see `WgpuBackend::set_multi_tensor`) take the trait's per-tensor defaults.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use lockstep_core::backend::multi_tensor::{
     adam_steps_one_by_one, cast_copies_one_by_one, check_adam_items, check_factor, check_sgd_items,
@@ -241,22 +241,8 @@ impl WgpuBackend {
             DType::F32 => factor.clone(),
             _ => self.cast(factor, &Layout::contiguous([1]), DType::F32)?,
         };
-        let outs = bufs
-            .iter()
-            .map(|b| self.alloc(OP, DType::F32, b.len()))
-            .collect::<Result<Vec<_>>>()?;
-        let slots = bufs
-            .iter()
-            .zip(&outs)
-            .filter(|(b, _)| !b.is_empty())
-            .map(|(b, out)| {
-                Ok(Slot {
-                    buffers: vec![self.operand(OP, b, None)?, out],
-                    n: b.len(),
-                    consts: [0.0; 9],
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let outs = self.copies(OP, bufs, DType::F32)?;
+        let slots = self.copy_slots(OP, bufs, &outs, |len| (len, [0.0; 9]))?;
         self.dispatch_slots(OP, &slots, WORKGROUP as usize, Some(self.operand(OP, &factor, None)?))?;
         Ok(outs.into_iter().map(|o| o as BufferRef).collect())
     }
@@ -268,25 +254,42 @@ impl WgpuBackend {
         if self.slots_for(OP) < 2 || dtype != DType::BF16 || bufs.iter().any(|b| b.dtype() != DType::F32) {
             return cast_copies_one_by_one(self, bufs, dtype);
         }
-        let outs = bufs
-            .iter()
-            .map(|b| self.alloc(OP, DType::BF16, b.len()))
-            .collect::<Result<Vec<_>>>()?;
-        let slots = bufs
-            .iter()
-            .zip(&outs)
+        let outs = self.copies(OP, bufs, DType::BF16)?;
+        // A word (two elements) an invocation; constant 0: whether the length is odd.
+        let slots = self.copy_slots(OP, bufs, &outs, |len| {
+            let mut consts = [0.0; 9];
+            consts[0] = if len % 2 == 1 { 1.0 } else { 0.0 };
+            (len.div_ceil(2), consts)
+        })?;
+        self.dispatch_slots(OP, &slots, WORKGROUP as usize, None)?;
+        Ok(outs.into_iter().map(|o| o as BufferRef).collect())
+    }
+
+    /// A new buffer of `dtype` as long as each of `bufs`: the copies' outputs.
+    fn copies(&self, op: &'static str, bufs: &[&BufferRef], dtype: DType) -> Result<Vec<Arc<WgpuBuffer>>> {
+        bufs.iter().map(|b| self.alloc(op, dtype, b.len())).collect()
+    }
+
+    /// A slot for each non-empty buffer and its copy; `shape` gives a length's invocations and
+    /// constants.
+    fn copy_slots<'a>(
+        &self,
+        op: &'static str,
+        bufs: &[&'a BufferRef],
+        outs: &'a [Arc<WgpuBuffer>],
+        shape: impl Fn(usize) -> (usize, [f32; 9]),
+    ) -> Result<Vec<Slot<'a>>> {
+        bufs.iter()
+            .zip(outs)
             .filter(|(b, _)| !b.is_empty())
             .map(|(b, out)| {
-                let mut consts = [0.0; 9];
-                consts[0] = if b.len() % 2 == 1 { 1.0 } else { 0.0 };
+                let (n, consts) = shape(b.len());
                 Ok(Slot {
-                    buffers: vec![self.operand(OP, b, None)?, out],
-                    n: b.len().div_ceil(2),
+                    buffers: vec![self.operand(op, b, None)?, out],
+                    n,
                     consts,
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
-        self.dispatch_slots(OP, &slots, WORKGROUP as usize, None)?;
-        Ok(outs.into_iter().map(|o| o as BufferRef).collect())
+            .collect()
     }
 }
