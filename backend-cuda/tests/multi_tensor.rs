@@ -25,11 +25,6 @@ fn bits(device: &Device, b: &BufferRef) -> Vec<u64> {
     host.to_f64_vec().iter().map(|x| x.to_bits()).collect()
 }
 
-fn launches(device: &Device) -> u64 {
-    device.backend().synchronize().unwrap();
-    device.backend().work_counters().kernels.unwrap()
-}
-
 #[test]
 fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
     let Some(device) = support::cuda_device() else { return };
@@ -66,9 +61,9 @@ fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
             })
             .collect();
         backend.adam_steps(&items).unwrap(); // the start-up check runs here, once per dtype
-        let before = launches(&device);
+        let before = support::launches(&device);
         backend.adam_steps(&items).unwrap();
-        let adam_launches = launches(&device) - before;
+        let adam_launches = support::launches(&device) - before;
         for (k, [p, g, m, v]) in one_by_one.iter().enumerate() {
             backend.adam_step(p, g, m, v, &step(k)).unwrap();
         }
@@ -89,9 +84,9 @@ fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
             .map(|(k, &n)| upload(&device, k, n, dtype))
             .collect();
         let refs: Vec<&BufferRef> = grads.iter().collect();
-        let before = launches(&device);
+        let before = support::launches(&device);
         let sum = backend.sum_of_squares(&refs).unwrap();
-        let sum_launches = launches(&device) - before;
+        let sum_launches = support::launches(&device) - before;
         let again = backend.sum_of_squares(&refs).unwrap();
         assert_eq!(
             bits(&device, &sum),
@@ -114,9 +109,9 @@ fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
         );
 
         let factor = backend.from_host(&HostVec::F32(vec![0.37])).unwrap();
-        let before = launches(&device);
+        let before = support::launches(&device);
         let scaled = backend.scaled_copies(&refs, &factor).unwrap();
-        let scale_launches = launches(&device) - before;
+        let scale_launches = support::launches(&device) - before;
         let narrow = backend.cast(&factor, &Layout::contiguous([1]), dtype).unwrap();
         for (g, s) in grads.iter().zip(&scaled) {
             let whole = Layout::contiguous([g.len()]);
@@ -154,10 +149,10 @@ fn weight_copies_take_one_launch_and_equal_the_casts() {
     for dtype in [DType::BF16, DType::F16] {
         // The first call of a dtype runs the start-up check: not counted.
         backend.cast_copies(&refs, dtype).unwrap();
-        let before = launches(&device);
+        let before = support::launches(&device);
         let copies = backend.cast_copies(&refs, dtype).unwrap();
         assert_eq!(
-            launches(&device) - before,
+            support::launches(&device) - before,
             1,
             "{dtype}: see the start-up check's warning above"
         );

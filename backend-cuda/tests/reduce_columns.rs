@@ -9,12 +9,7 @@ mod support;
 
 use lockstep_core::backend::ReduceKind;
 use lockstep_core::shape::Layout;
-use lockstep_core::{DType, Device, HostVec};
-
-fn launches(device: &Device) -> u64 {
-    device.backend().synchronize().unwrap();
-    device.backend().work_counters().kernels.unwrap()
-}
+use lockstep_core::{DType, HostVec};
 
 #[test]
 fn bias_gradient_sums_take_the_column_kernel_and_match_the_cpu() {
@@ -33,9 +28,9 @@ fn bias_gradient_sums_take_the_column_kernel_and_match_the_cpu() {
             let host = HostVec::from_f64(dtype, &values);
             let src = backend.from_host(&host).unwrap();
             let layout = Layout::contiguous([rows, cols]);
-            let before = launches(&device);
+            let before = support::launches(&device);
             let sums = backend.reduce(ReduceKind::Sum, &src, &layout, &[0]).unwrap();
-            let launched = launches(&device) - before;
+            let launched = support::launches(&device) - before;
             let again = backend.reduce(ReduceKind::Sum, &src, &layout, &[0]).unwrap();
             let got = backend
                 .to_host(&sums, &Layout::contiguous([cols]))

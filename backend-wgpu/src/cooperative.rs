@@ -160,6 +160,11 @@ impl Cooperative {
         (self.tile.frags * self.tile.grid * self.edge) as usize
     }
 
+    /// matmul_coop.wgsl composed for this shape and tile, with elements `types`.
+    pub fn source(&self, types: &[&str]) -> String {
+        lockstep_shaders::compose_cooperative(self.edge, self.tile.grid, self.tile.frags, types)
+    }
+
     /// The invocations of one workgroup.
     pub fn invocations(&self) -> u32 {
         self.tile.grid * self.tile.grid * self.subgroup

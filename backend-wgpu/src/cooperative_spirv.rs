@@ -11,11 +11,10 @@ use crate::spirv_memory_model;
 /// The entry point of matmul_coop.wgsl.
 pub const ENTRY: &str = "matmul_coop";
 
-/// The SPIR-V of matmul_coop.wgsl on `shape` for elements `types`, its subgroup size fixed (a
-/// passthrough module has no pipeline constants).
-pub fn compile(shape: Cooperative, types: &[&str]) -> Result<Vec<u32>, String> {
-    let source = lockstep_shaders::compose_cooperative(shape.edge, shape.tile.grid, shape.tile.frags, types);
-    translate(&source, ENTRY, &[("SUBGROUP", f64::from(shape.subgroup))])
+/// The SPIR-V of matmul_coop.wgsl as composed for `shape` (`Cooperative::source`), its subgroup
+/// size fixed (a passthrough module has no pipeline constants).
+pub fn compile(shape: Cooperative, source: &str) -> Result<Vec<u32>, String> {
+    translate(source, ENTRY, &[("SUBGROUP", f64::from(shape.subgroup))])
 }
 
 /// `entry` of the WGSL compute shader `source` as SPIR-V for Vulkan, its overridable `constants`
@@ -97,7 +96,7 @@ mod tests {
                         tile,
                         translation: Translation::OwnSpirv,
                     };
-                    let words = compile(shape, &[t]).unwrap_or_else(|e| panic!("{shape:?} {t}: {e}"));
+                    let words = compile(shape, &shape.source(&[t])).unwrap_or_else(|e| panic!("{shape:?} {t}: {e}"));
                     let found = accesses(&words);
                     let cooperative = |op| found.iter().filter(|&&(o, _)| o == op).collect::<Vec<_>>();
                     // A matrix of each operand per fragment row (column) a step, a store of each
@@ -124,7 +123,7 @@ mod tests {
             tile: TILES[0],
             translation: Translation::OwnSpirv,
         };
-        let words = compile(shape, &["f16"]).unwrap();
+        let words = compile(shape, &shape.source(&["f16"])).unwrap();
         // OpExecutionMode %entry LocalSize x y z: opcode 16, mode 17.
         let local_size = words
             .windows(6)

@@ -165,10 +165,11 @@ impl Pipelines {
                 let name = variant.types.get(1).copied().unwrap_or_default();
                 let tile = Tile::named(name).ok_or_else(|| gpu.error(format!("no cooperative tile {name:?}")))?;
                 let shape = Cooperative { tile, ..shape };
+                let source = shape.source(&variant.types[..1]);
                 if shape.translation == Translation::OwnSpirv {
-                    return Ok(self.insert(key, Self::own_spirv(gpu, shape, &variant.types[..1])?));
+                    return Ok(self.insert(key, Self::own_spirv(gpu, shape, source)?));
                 }
-                lockstep_shaders::compose_cooperative(shape.edge, tile.grid, tile.frags, &variant.types[..1])
+                source
             }
             ("matmul_coop", None, None) => {
                 return Err(gpu.error("this device was opened without cooperative matrices"));
@@ -214,11 +215,12 @@ impl Pipelines {
         module
     }
 
-    /// matmul_coop.wgsl on `shape` as our SPIR-V (`cooperative_spirv`), handed to the driver as is.
-    /// wgpu adds no runtime checks to it, whatever `LOCKSTEP_WGPU_CHECKS` says.
-    fn own_spirv(gpu: &Gpu, shape: Cooperative, types: &[&'static str]) -> Result<Module> {
-        let what = format!("compiling matmul_coop.wgsl for {types:?} to SPIR-V");
-        let words = cooperative_spirv::compile(shape, types).map_err(|e| gpu.error(format!("{what}: {e}")))?;
+    /// matmul_coop.wgsl as composed for `shape` (`source`) as our SPIR-V (`cooperative_spirv`),
+    /// handed to the driver as is. wgpu adds no runtime checks to it, whatever
+    /// `LOCKSTEP_WGPU_CHECKS` says.
+    fn own_spirv(gpu: &Gpu, shape: Cooperative, source: String) -> Result<Module> {
+        let what = format!("compiling matmul_coop.wgsl ({}) to SPIR-V", shape.describe());
+        let words = cooperative_spirv::compile(shape, &source).map_err(|e| gpu.error(format!("{what}: {e}")))?;
         let compiled = gpu.scoped(&what, || {
             // SAFETY: the words are naga's own translation of a validated WGSL module (its
             // bindings, which the explicit layout matches, and its workgroup size fixed for this
@@ -241,7 +243,7 @@ impl Pipelines {
         })?;
         Ok(Module {
             compiled,
-            source: lockstep_shaders::compose_cooperative(shape.edge, shape.tile.grid, shape.tile.frags, types),
+            source,
             constants_fixed: true,
         })
     }

@@ -108,18 +108,20 @@ fn cacheable(t: &Tensor) -> bool {
 /// happens outside a region.
 pub fn prefetch(params: &[Tensor]) -> Result<()> {
     let Some(dtype) = active() else { return Ok(()) };
-    let last = LOWERED_LAST.with(|l| l.borrow().clone());
     let mut wanted: Vec<Tensor> = Vec::new();
     REGION.with(|r| {
-        if let Some(r) = r.borrow_mut().as_mut() {
-            r.lowered.get_or_insert_with(HashSet::new);
+        let mut region = r.borrow_mut();
+        let Some(r) = region.as_mut() else { return };
+        r.lowered.get_or_insert_with(HashSet::new);
+        LOWERED_LAST.with(|last| {
+            let last = last.borrow();
             for p in params {
                 let new = !r.cache.contains_key(&p.id()) && !wanted.iter().any(|w| w.id() == p.id());
                 if last.contains(&p.id()) && p.dtype() == DType::F32 && cacheable(p) && new {
                     wanted.push(p.clone());
                 }
             }
-        }
+        });
     });
     let cast = Tensor::to_dtype_all(&wanted, dtype)?;
     REGION.with(|r| {

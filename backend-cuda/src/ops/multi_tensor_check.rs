@@ -1,10 +1,10 @@
 //! The multi-tensor kernels' start-up check: before their first use for a dtype, one small case
 //! (tensors of 0, 1, 300 and `CHUNK_LEN + 5` elements: an empty table entry, a partial block
 //! and two chunks of one tensor) runs through them and through the per-tensor kernels. The
-//! updates, the scaled copies and the cast copies must equal the per-tensor results bit for bit, the sum of
-//! squares the host's f64 sum within f32 rounding, the count of inf and NaN elements the four
-//! planted. A mismatch or a failed launch prints one
-//! line and that dtype takes the per-tensor loop from then on, as the fused attention does.
+//! updates, the scaled copies and the cast copies must equal the per-tensor results bit for bit,
+//! the sum of squares the host's f64 sum within f32 rounding, the count of inf and NaN elements
+//! the four planted. A mismatch or a failed launch prints one line and that dtype takes the
+//! per-tensor loop from then on, as the fused attention does.
 
 use lockstep_core::backend::{AdamOperands, AdamStep, BinaryOp, BufferRef, SgdOperands, SgdStep};
 use lockstep_core::shape::Layout;
@@ -55,7 +55,7 @@ impl CudaBackend {
             .collect()
     }
 
-    fn read_bits(&self, b: &BufferRef) -> Result<Vec<u64>> {
+    pub(super) fn read_bits(&self, b: &BufferRef) -> Result<Vec<u64>> {
         let host = self.download(b, &Layout::contiguous([b.len()]))?;
         Ok(host.to_f64_vec().iter().map(|x| x.to_bits()).collect())
     }

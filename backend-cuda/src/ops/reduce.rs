@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys::CUdeviceptr;
-use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len};
+use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len, reduces_by_columns};
 use lockstep_core::backend::{BackendBuffer, BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
@@ -28,7 +28,7 @@ pub(crate) struct Reduction<'a> {
     offset: u32,
     n_out: usize,
     n_red: usize,
-    /// The kept elements as one run of stride 1, where they are.
+    /// Whether it runs as a column reduction (`gpu_plan::reduces_by_columns`).
     columns: bool,
     kept: SubShape,
     reduced: SubShape,
@@ -43,8 +43,7 @@ impl CudaBackend {
         axes: &[usize],
     ) -> Result<BufferRef> {
         let r = self.reduction(kind, src, layout, axes)?;
-        // A warp's worth of columns at least, and a kernel that passed its start-up check.
-        if r.columns && r.n_out >= 32 && self.column_reduce_passes_check(r.src.dtype()) {
+        if r.columns && self.column_reduce_passes_check(r.src.dtype()) {
             self.reduce_by_columns(&r)
         } else {
             self.reduce_by_groups(&r)
@@ -62,14 +61,15 @@ impl CudaBackend {
         let src = self.operand(op, src, Some(layout))?;
         kind.check_axes(layout.shape.rank(), axes)?;
         let [kept, reduced] = split_axes(layout, axes);
+        let n_out = kept.0.iter().product();
         Ok(Reduction {
             op,
             kind,
             src,
             offset: to_u32(op, layout.offset)?,
-            n_out: kept.0.iter().product(),
+            n_out,
             n_red: reduced.0.iter().product(),
-            columns: kept.1 == [1],
+            columns: reduces_by_columns(&kept.1, n_out),
             kept: sub_shape(op, &kept.0, &kept.1)?,
             reduced: sub_shape(op, &reduced.0, &reduced.1)?,
         })

@@ -5,7 +5,7 @@
 //! order and both kernels must agree bit for bit. A mismatch or a failed launch prints one line
 //! and that dtype takes the grouped kernel from then on, as the fused attention does.
 
-use lockstep_core::backend::{BufferRef, ReduceKind};
+use lockstep_core::backend::ReduceKind;
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
 
@@ -46,7 +46,7 @@ impl CudaBackend {
             {
                 let r = self.reduction(kind, &src, &layout, &axes)?;
                 let (columns, groups) = (self.reduce_by_columns(&r)?, self.reduce_by_groups(&r)?);
-                if self.bits(&columns)? != self.bits(&groups)? {
+                if self.read_bits(&columns)? != self.read_bits(&groups)? {
                     return Err(lockstep_core::Error::invalid(
                         "reduce",
                         format!("{kind:?} over axes {axes:?} of {dims:?} differs from the grouped kernel's"),
@@ -55,10 +55,5 @@ impl CudaBackend {
             }
         }
         Ok(())
-    }
-
-    fn bits(&self, b: &BufferRef) -> Result<Vec<u64>> {
-        let host = self.download(b, &Layout::contiguous([b.len()]))?;
-        Ok(host.to_f64_vec().iter().map(|x| x.to_bits()).collect())
     }
 }

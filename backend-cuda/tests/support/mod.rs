@@ -20,3 +20,10 @@ pub fn cuda_device() -> Option<Device> {
         }
     }
 }
+
+/// Kernels `device` has launched so far, once its queued work has finished.
+#[allow(dead_code)] // not every test file counts launches
+pub fn launches(device: &Device) -> u64 {
+    device.backend().synchronize().unwrap();
+    device.backend().work_counters().kernels.unwrap()
+}

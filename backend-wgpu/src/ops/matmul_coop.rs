@@ -85,7 +85,7 @@ impl WgpuBackend {
     ) -> Result<Arc<WgpuBuffer>> {
         let MatmulDims { batch, m, n, k } = dims;
         let lines = batch * (m + n);
-        let scales = self.alloc("matmul", DType::F32, 2 * lines)?;
+        let scales = self.alloc(OP, DType::F32, 2 * lines)?;
         let (group, groups) = self.row_groups(OP, lines, k)?;
         let mut params = params.to_vec();
         params.push(group);

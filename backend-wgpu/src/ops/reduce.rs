@@ -4,7 +4,7 @@
 //! in order by a second pass. Where the kept elements are one contiguous run (column sums), an
 //! invocation per column and chunk instead, so neighbours read neighbouring addresses.
 
-use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len};
+use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len, reduces_by_columns};
 use lockstep_core::backend::{BufferRef, ReduceKind, split_axes};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
@@ -27,6 +27,7 @@ impl WgpuBackend {
         // Kept and reduced sub-shapes, each as sizes then strides.
         let words = |v: &[usize]| v.iter().map(|&x| to_u32(op, x)).collect::<Result<Vec<u32>>>();
         let [kept, reduced] = split_axes(layout, axes);
+        let columns = reduces_by_columns(&kept.1, kept.0.iter().product());
         let (kept, reduced) = (
             (words(&kept.0)?, words(&kept.1)?),
             (words(&reduced.0)?, words(&reduced.1)?),
@@ -39,13 +40,12 @@ impl WgpuBackend {
             .map(|(_, &d)| d)
             .product();
         let n_red: usize = axes.iter().map(|&a| layout.dims()[a]).product();
-        // Kept elements in one run of stride 1 (and a warp's worth of them): a thread per column
-        // and chunk, unless that needs no chunks or more workgroups than a grid row holds.
+        // A column reduction: a thread per column and chunk, unless that needs no chunks (the
+        // grouped pass then takes one dispatch) or more workgroups than a grid row holds.
         let column_len = column_chunk_len(n_out, n_red);
         let column_chunks = n_red.div_ceil(column_len);
         let max_groups = self.gpu.limits.max_compute_workgroups_per_dimension as usize;
-        let by_columns = kept.1 == [1]
-            && n_out >= 32
+        let by_columns = columns
             && column_chunks >= 2
             && n_out.div_ceil(WORKGROUP as usize) <= max_groups
             && column_chunks <= max_groups;

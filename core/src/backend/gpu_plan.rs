@@ -19,6 +19,16 @@ pub fn chunk_len(n_out: usize, n_red: usize) -> usize {
     n_red.div_ceil(chunks)
 }
 
+/// Columns a column reduction needs at least: a warp's worth, so its threads are not idle.
+const MIN_COLUMNS: usize = 32;
+
+/// Whether a reduction runs as a column reduction (a thread per kept element reading neighbouring
+/// addresses): its kept elements, after merging, one run of stride 1 (`kept_strides` `[1]`), at
+/// least `MIN_COLUMNS` of them.
+pub fn reduces_by_columns(kept_strides: &[usize], n_out: usize) -> bool {
+    kept_strides == [1] && n_out >= MIN_COLUMNS
+}
+
 /// Threads a column reduction aims to keep busy (about two H100s' worth of resident threads).
 const COLUMN_THREADS: usize = 1 << 18;
 
@@ -91,6 +101,7 @@ pub fn linking_pays(dst_len: usize, src_dim: usize, positions: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn column_chunks_cover_the_reduced_elements_within_a_grid_dimension() {
@@ -103,26 +114,24 @@ mod tests {
             (64, 300),
             (64, 256),
         ] {
-            let len = super::column_chunk_len(n_out, n_red);
+            let len = column_chunk_len(n_out, n_red);
             let chunks = n_red.div_ceil(len);
             assert!(len >= 1 && chunks <= 65535, "{n_out} x {n_red}: {len}");
             assert!(chunks * len >= n_red && (chunks - 1) * len < n_red);
             // Enough threads, or chunks no shorter than 16 elements.
             assert!(
-                n_out * chunks >= super::COLUMN_THREADS / 2 || len >= 16 || len == n_red,
+                n_out * chunks >= COLUMN_THREADS / 2 || len >= 16 || len == n_red,
                 "{n_out} x {n_red}: {len}"
             );
             // Short columns whole.
             assert!(
-                n_red > super::ONE_COLUMN_CHUNK || len == n_red.max(1),
+                n_red > ONE_COLUMN_CHUNK || len == n_red.max(1),
                 "{n_out} x {n_red}: {len}"
             );
         }
         // A bias gradient of GPT-2: 768 columns over 16384 tokens, in 335 chunks.
-        assert_eq!(super::column_chunk_len(768, 16384), 49);
+        assert_eq!(column_chunk_len(768, 16384), 49);
     }
-
-    use super::*;
 
     #[test]
     fn short_reductions_share_a_workgroup_and_long_ones_fill_it() {

@@ -286,8 +286,7 @@ impl Tensor {
         let mut out: Vec<Option<Tensor>> = vec![None; tensors.len()];
         let mut batches: Vec<(Device, Vec<usize>)> = Vec::new();
         for (i, t) in tensors.iter().enumerate() {
-            if t.dtype() == dtype || !t.is_contiguous() || t.0.layout.offset != 0 || t.0.buffer.len() != t.elem_count()
-            {
+            if t.dtype() == dtype || !t.fills_its_buffer() {
                 out[i] = Some(t.to_dtype(dtype)?);
             } else if let Some((_, batch)) = batches.iter_mut().find(|(d, _)| d == t.device()) {
                 batch.push(i);
@@ -330,11 +329,16 @@ impl Tensor {
 
     /// Self if already contiguous, else a contiguous copy.
     pub fn contiguous(&self) -> Result<Tensor> {
-        if self.is_contiguous() && self.0.layout.offset == 0 && self.0.buffer.len() == self.elem_count() {
+        if self.fills_its_buffer() {
             return Ok(self.clone());
         }
         let out = self.deep_copy()?;
         Ok(out.track("contiguous", &[self], |g| Ok(vec![Some(g.clone())])))
+    }
+
+    /// Whether this tensor is its whole buffer, in order: what a backend's whole-buffer ops take.
+    fn fills_its_buffer(&self) -> bool {
+        self.is_contiguous() && self.0.layout.offset == 0 && self.0.buffer.len() == self.elem_count()
     }
 
     /// A contiguous copy with its own buffer, cut from the graph.
