@@ -364,6 +364,35 @@ fn cpu_details_name_the_kernels_and_the_environment_picks_the_convolutions() {
     assert!(text.contains("ResNet-18 convolutions"), "{text}");
 }
 
+/// `devices --details` says how bf16 products run and why; `LOCKSTEP_CPU_BF16` picks the path
+/// where the CPU has both, and a value it does not know is said to be ignored.
+#[test]
+fn the_bf16_products_path_is_named_and_the_environment_picks_it() {
+    let bf16_line = |value: &str| {
+        let out = run(lockstep(&["devices", "--details"]).env("LOCKSTEP_CPU_BF16", value));
+        assert_succeeds(&out);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text.lines().find(|l| l.contains("bf16 products")).map(str::to_owned);
+        (
+            line.unwrap_or_else(|| panic!("no `bf16 products` line:\n{text}")),
+            support::stderr(&out),
+        )
+    };
+    let (widened, _) = bf16_line("widen");
+    assert!(widened.contains("widened to f32"), "{widened}");
+    let (dot, _) = bf16_line("dot");
+    assert!(
+        dot.contains("AVX512-BF16 dot products: as LOCKSTEP_CPU_BF16 asks") || dot.contains("cannot apply"),
+        "{dot}"
+    );
+    let (line, warning) = bf16_line("sideways");
+    assert!(
+        warning.contains("LOCKSTEP_CPU_BF16=\"sideways\"") && warning.contains("ignored"),
+        "{warning}"
+    );
+    assert!(line.contains(": "), "a reason follows the path: {line}");
+}
+
 /// `bench --kernels` is refused up front, before any measuring, where it cannot work.
 #[test]
 fn a_kernel_profile_the_device_cannot_take_is_refused_before_measuring() {

@@ -2,7 +2,7 @@
 //! itself against the plain-f64 oracles.
 
 use lockstep_core::conformance::{self, Case, Input, Outcome, Values, format_table, run_case, run_oracles, run_suite};
-use lockstep_core::{DType, Device};
+use lockstep_core::{DType, Device, Tensor};
 
 fn assert_all_pass(reports: &[conformance::CaseReport]) {
     let table = format_table(reports);
@@ -27,6 +27,53 @@ fn cpu_passes_the_suite_in_every_float_dtype() {
     let reports = run_suite(&device, &[DType::F32, DType::F16, DType::BF16, DType::F64]);
     assert!(reports.len() > 300, "only {} reports", reports.len());
     assert_all_pass(&reports);
+}
+
+/// bf16 products take the AVX512-BF16 dot products or widen to f32 by the CPU's maker
+/// (`devices --details`); the path not taken by default must pass the suite's products too.
+#[test]
+fn bf16_products_pass_the_suite_on_the_dot_products_and_widened() {
+    use lockstep_core::backend::cpu::CpuBackend;
+    if !CpuBackend::has_bf16_dot_products() {
+        eprintln!("NOTE: this CPU lacks AVX512-BF16: only the widened bf16 products are checked here");
+    }
+    let products: Vec<_> = conformance::all_cases()
+        .into_iter()
+        .filter(|c| c.ops.iter().any(|op| op.starts_with("matmul")))
+        .collect();
+    assert!(products.len() >= 5, "only {} cases take products", products.len());
+    let mut bits = Vec::new();
+    for (ordinal, dot) in [(60, true), (61, false)] {
+        let backend = std::sync::Arc::new(CpuBackend::new(ordinal));
+        backend.set_bf16_dot_products(dot);
+        let device = Device::from_backend(backend);
+        let reports: Vec<_> = products
+            .iter()
+            .filter_map(|c| run_case(c, &device, DType::BF16))
+            .collect();
+        assert!(!reports.is_empty(), "dot products {dot}: no case ran in bf16");
+        assert_all_pass(&reports);
+        // A long sum, whose f32 rounding differs between the paths in some of its 65536 outputs.
+        let values: Vec<f32> = (0..256 * 2048).map(|i| (i as f32 * 0.618).sin()).collect();
+        let x = Tensor::from_vec(values, [256 * 2048], &device)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let product = x
+            .reshape([256, 2048])
+            .unwrap()
+            .matmul(&x.reshape([2048, 256]).unwrap())
+            .unwrap();
+        bits.push(product.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap());
+    }
+    if CpuBackend::has_bf16_dot_products() {
+        let differ = bits[0]
+            .iter()
+            .zip(&bits[1])
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(differ > 0, "the switch changed no bit: both devices took one path");
+    }
 }
 
 #[test]

@@ -8,7 +8,6 @@
 //! order, so results do not depend on the thread count and repeat bit for bit.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -41,25 +40,6 @@ pub fn plan() -> &'static str {
         "fused, flash-style in blocks of 64 (LOCKSTEP_CPU_ATTENTION=composed turns it off)"
     } else {
         "composed from products and causal_softmax (LOCKSTEP_CPU_ATTENTION=composed)"
-    }
-}
-
-/// One device's switch between the fused and the composed path (`CpuBackend::set_attention_fused`).
-#[derive(Debug)]
-pub struct Switch(AtomicBool);
-
-impl Switch {
-    /// The process default, `fused_by_default`.
-    pub fn from_env() -> Switch {
-        Switch(AtomicBool::new(fused_by_default()))
-    }
-    /// Whether the fused path serves this device.
-    pub fn fused(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-    /// Turns the fused path on or off.
-    pub fn set(&self, fused: bool) {
-        self.0.store(fused, Ordering::Relaxed);
     }
 }
 

@@ -22,13 +22,14 @@ pub(super) fn cpu_model_name() -> String {
 /// Which kernels this CPU's products and convolutions take: numbers differ by these. The
 /// convolutions are ResNet-18's (CIFAR stem, batch 64), as `conv_plans` describes them.
 pub(super) fn kernel_details() -> Vec<(String, String)> {
-    let bf16 = match matmul::bf16_dot_products() {
-        true => "AVX512-BF16 dot products",
-        false => "widened to f32",
+    let plan = matmul::bf16_plan::plan();
+    let bf16 = match plan.dot_products() {
+        true => format!("AVX512-BF16 dot products: {}", plan.why),
+        false => format!("widened to f32: {}", plan.why),
     };
     let mut details: Vec<(String, String)> = [
         ("vector code", simd::level_name()),
-        ("bf16 products", bf16),
+        ("bf16 products", bf16.as_str()),
         ("attention", attention::plan()),
     ]
     .map(|(label, value)| (label.to_string(), value.to_string()))

@@ -36,6 +36,7 @@ mod simd;
 mod softmax;
 mod stored;
 mod strided;
+mod switch;
 
 use std::sync::{Arc, RwLock};
 
@@ -45,6 +46,7 @@ pub use conv::{Forward, InputGrad, Plan, WeightGrad};
 pub use details::conv_plans;
 
 use self::pool::Pool;
+use self::switch::Switch;
 use super::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
     CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, LayerNormAffine, LayerNormGrads, LayerNormSpec,
@@ -64,7 +66,10 @@ pub struct CpuBackend {
     pool: Arc<Pool>,
     busy: busy::BusyMeter,
     capacity: capacity::Capacity,
-    attention: attention::Switch,
+    /// Whether attention fuses (`set_attention_fused`).
+    attention: Switch,
+    /// Whether bf16 products take the dot-product kernel (`set_bf16_dot_products`).
+    bf16_dot_products: Switch,
 }
 
 /// Matches two `HostVec`s of the same dtype, binding both inner slices, for kernels that work on
@@ -98,7 +103,8 @@ impl CpuBackend {
             pool: Arc::new(Pool::default()),
             busy: busy::BusyMeter::new(),
             capacity: capacity::Capacity::of_this_machine(),
-            attention: attention::Switch::from_env(),
+            attention: Switch::new(attention::fused_by_default()),
+            bf16_dot_products: Switch::new(matmul::bf16_plan::plan().dot_products()),
         }
     }
 
@@ -107,6 +113,18 @@ impl CpuBackend {
     /// `causal_softmax`. The default is on unless `LOCKSTEP_CPU_ATTENTION=composed`.
     pub fn set_attention_fused(&self, fused: bool) {
         self.attention.set(fused);
+    }
+
+    /// Whether this device's bf16 products run on the CPU's AVX512-BF16 dot products (on) or
+    /// widened to f32 (off); the default is the process's `bf16_plan`. On a CPU without the
+    /// instructions, on changes nothing. (Convolutions follow the process's plan.)
+    pub fn set_bf16_dot_products(&self, on: bool) {
+        self.bf16_dot_products.set(on);
+    }
+
+    /// Whether this CPU has the AVX512-BF16 dot products `set_bf16_dot_products` turns on.
+    pub fn has_bf16_dot_products() -> bool {
+        matmul::bf16_kernel_available()
     }
 
     /// The paths this process takes for a convolution of geometry `g` into `out_channels`
@@ -374,6 +392,7 @@ impl Backend for CpuBackend {
         check_extent("matmul", rhs, rhs_layout)?;
         let (a, b) = (cpu("matmul", lhs)?.read(), cpu("matmul", rhs)?.read());
         if let (HostVec::BF16(x), HostVec::BF16(y)) = (&*a, &*b)
+            && self.bf16_dot_products.on()
             && let Some(out) = matmul::matmul_bf16(&self.pool, x, lhs_layout, y, rhs_layout, dims)
         {
             return self.wrap("matmul", HostVec::BF16(out));

@@ -45,7 +45,7 @@ pub(super) fn causal_attention(
     spec: &CausalAttention,
 ) -> Option<Result<(BufferRef, BufferRef)>> {
     const OP: &str = "causal_attention";
-    if !dev.attention.fused() {
+    if !dev.attention.on() {
         return None;
     }
     let checked = || {

@@ -7,6 +7,7 @@
 pub(super) mod bf16;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod bf16_kernel;
+pub(super) mod bf16_plan;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod f32_kernel;
 
@@ -46,8 +47,9 @@ impl GemmElement for f32 {
 }
 impl GemmElement for f64 {}
 
-/// Whether this CPU multiplies bf16 on its dot-product instructions (AVX512-BF16).
-pub fn bf16_dot_products() -> bool {
+/// Whether this CPU has the bf16 dot-product instructions (AVX512-BF16) the bf16 kernel needs;
+/// whether products take it is `bf16_plan`'s choice.
+pub fn bf16_kernel_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     return bf16_kernel::available();
     #[cfg(not(target_arch = "x86_64"))]
@@ -55,7 +57,7 @@ pub fn bf16_dot_products() -> bool {
 }
 
 /// bf16 products on the CPU's bf16 dot-product instructions, f32 accumulation; `None` where the
-/// CPU has none (the caller then widens to f32).
+/// CPU has none (the caller then widens to f32, as it does where `bf16_plan` says so).
 pub fn matmul_bf16(
     pool: &Pool,
     lhs: &[half::bf16],
@@ -65,7 +67,7 @@ pub fn matmul_bf16(
     d: MatmulDims,
 ) -> Option<Vec<half::bf16>> {
     #[cfg(target_arch = "x86_64")]
-    if bf16_dot_products() {
+    if bf16_kernel_available() {
         let mut out = pool.take(d.batch * d.m * d.n);
         if d.k == 0 {
             out.fill(half::bf16::ZERO);

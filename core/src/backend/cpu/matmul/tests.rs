@@ -98,7 +98,7 @@ fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belon
             k_stride: 1,
         }
     }
-    if !super::bf16_dot_products() {
+    if !super::bf16_kernel_available() {
         eprintln!("NOTE: this CPU lacks AVX512-BF16; its products widen to f32 (checked by the conformance suite)");
         return;
     }
