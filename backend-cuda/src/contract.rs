@@ -138,6 +138,10 @@ impl Backend for CudaBackend {
         Some(self.cross_entropy_scaled(dlogits, grad, spec))
     }
     fn causal_attention(&self, qkv: &BufferRef, spec: &CausalAttention) -> Option<Result<(BufferRef, BufferRef)>> {
+        // The kernels draw no dropout: the caller composes attention with it.
+        if spec.dropout.is_some() {
+            return None;
+        }
         self.causal_attention_fused(qkv, spec)
     }
     fn causal_attention_backward(
@@ -148,6 +152,9 @@ impl Backend for CudaBackend {
         dy: &BufferRef,
         spec: &CausalAttention,
     ) -> Option<Result<BufferRef>> {
+        if spec.dropout.is_some() {
+            return None;
+        }
         self.causal_attention_backward_fused([qkv, y, lse, dy], spec)
     }
     fn batch_norm(

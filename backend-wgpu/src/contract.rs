@@ -160,6 +160,10 @@ impl Backend for WgpuBackend {
         Some(self.cross_entropy_scaled(dlogits, grad, spec))
     }
     fn causal_attention(&self, qkv: &BufferRef, spec: &CausalAttention) -> Option<Result<(BufferRef, BufferRef)>> {
+        // The kernels draw no dropout: the caller composes attention with it.
+        if spec.dropout.is_some() {
+            return None;
+        }
         self.causal_attention_fused(qkv, spec)
     }
     fn causal_attention_backward(
@@ -170,6 +174,9 @@ impl Backend for WgpuBackend {
         dy: &BufferRef,
         spec: &CausalAttention,
     ) -> Option<Result<BufferRef>> {
+        if spec.dropout.is_some() {
+            return None;
+        }
         self.causal_attention_backward_fused([qkv, y, lse, dy], spec)
     }
     fn causal_softmax(&self, scores: &BufferRef, spec: &CausalSoftmax) -> Option<Result<BufferRef>> {

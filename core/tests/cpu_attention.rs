@@ -27,6 +27,7 @@ fn the_fused_op_serves_f32_and_declines_when_switched_off() {
         t: 5,
         head_dim: 4,
         scale: 0.5,
+        dropout: None,
     };
     for (ordinal, fused) in [(40, true), (41, false)] {
         let device = private_cpu(ordinal, fused);
@@ -51,16 +52,16 @@ fn fused_attention_memory_grows_linearly_with_t() {
     eprintln!("{summary}");
 }
 
-/// The loss and every parameter's gradient of one step of a small GPT (no dropout, 80 tokens:
-/// a full and a partial block of 64) on a fresh device.
-fn gpt_step(ordinal: usize, fused: bool) -> Vec<Vec<f32>> {
+/// The loss and every parameter's gradient of one step of a small GPT (80 tokens: a full and a
+/// partial block of 64; every dropout at `dropout`) on a fresh device.
+fn gpt_step(ordinal: usize, fused: bool, dropout: f64) -> Vec<Vec<f32>> {
     let device = private_cpu(ordinal, fused);
     let config = GptConfig::named("gpt-tiny")
         .unwrap()
         .vocab_size(17)
         .block_size(80)
         .layers(2, 2, 32)
-        .dropout(0.0);
+        .dropout(dropout);
     let net = gpt(config, &device, &Generator::new(4)).unwrap();
     let g = Generator::new(7);
     let ids: Vec<u32> = (0..2 * 81).map(|_| g.next_below(17) as u32).collect();
@@ -81,17 +82,50 @@ fn gpt_step(ordinal: usize, fused: bool) -> Vec<Vec<f32>> {
     out
 }
 
+/// The largest difference between two steps' numbers, relative where they exceed 1.
+fn worst_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    let mut worst = 0f32;
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        worst = worst.max((x - y).abs() / y.abs().max(1.0));
+    }
+    worst
+}
+
 #[test]
 fn a_gpt_step_through_fused_attention_matches_the_composed_one_and_repeats_bit_for_bit() {
-    let fused = gpt_step(60, true);
-    let composed = gpt_step(61, false);
-    let mut worst = 0f32;
-    for (f, c) in fused.iter().flatten().zip(composed.iter().flatten()) {
-        worst = worst.max((f - c).abs() / c.abs().max(1.0));
-    }
+    let fused = gpt_step(60, true, 0.0);
+    let composed = gpt_step(61, false, 0.0);
+    let worst = worst_difference(&fused, &composed);
     assert!(worst <= 1e-5, "fused and composed differ by {worst:e}");
     assert_ne!(fused, composed, "the composed run took the fused path too");
-    assert_eq!(fused, gpt_step(62, true), "a second fused run differs");
+    assert_eq!(fused, gpt_step(62, true, 0.0), "a second fused run differs");
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    assert_eq!(fused, one_thread.install(|| gpt_step(63, true)), "one thread differs");
+    assert_eq!(
+        fused,
+        one_thread.install(|| gpt_step(63, true, 0.0)),
+        "one thread differs"
+    );
+}
+
+/// With dropout on the attention weights the fused kernels drop the elements the composed path
+/// drops (the same part of the stream, by the weights' index): the step matches it, and differs
+/// from the step without dropout by far more than rounding.
+#[test]
+fn fused_attention_with_dropout_drops_what_the_composed_path_drops() {
+    let fused = gpt_step(64, true, 0.3);
+    let composed = gpt_step(65, false, 0.3);
+    let worst = worst_difference(&fused, &composed);
+    assert!(worst <= 1e-5, "fused and composed differ by {worst:e} with dropout");
+    assert_ne!(fused, composed, "the composed run took the fused path too");
+    assert!(
+        worst_difference(&fused, &gpt_step(66, true, 0.0)) > 1e-3,
+        "dropout changed nothing"
+    );
+    assert_eq!(fused, gpt_step(67, true, 0.3), "a second fused run differs");
+    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    assert_eq!(
+        fused,
+        one_thread.install(|| gpt_step(68, true, 0.3)),
+        "one thread differs"
+    );
 }

@@ -41,6 +41,7 @@ impl CudaBackend {
             t: 80,
             head_dim,
             scale: 1.0 / (head_dim as f64).sqrt(),
+            dropout: None,
         };
         // Values in [-2, 2) (as the conformance cases draw them), rounded to the dtype.
         let draw = |len: usize, salt: usize| {
@@ -122,6 +123,7 @@ mod tests {
             t: 5,
             head_dim: 3,
             scale: 0.7,
+            dropout: None,
         };
         let qkv: Vec<f64> = (0..spec.qkv_len())
             .map(|i| ((i * 37) % 23) as f64 / 11.0 - 1.0)

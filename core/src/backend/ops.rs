@@ -348,6 +348,10 @@ pub struct CausalAttention {
     pub head_dim: usize,
     /// Multiplies every score before the softmax (`1 / sqrt(head_dim)`).
     pub scale: f64,
+    /// Dropout on the weights, drawn over the whole `[batch, heads, t, t]` weights as
+    /// `CausalSoftmax::dropout` draws it, so the same elements drop as on the composed path. A
+    /// backend whose kernels draw no dropout declines (`None`) when it is set.
+    pub dropout: Option<DropoutDraw>,
 }
 
 impl CausalAttention {

@@ -54,8 +54,8 @@ impl Tensor {
     /// head_dim]`, each head's `causal_attention` of its slots. One pass each way without the
     /// `t × t` weights where the backend fuses it (`Backend::causal_attention`; matrix-product
     /// inputs under autocast, as the composed products take them), else composed from the
-    /// slots' views. The fused kernels draw no dropout, so dropout on the weights always
-    /// composes.
+    /// slots' views. Dropout on the weights draws the same elements either way (the stream is
+    /// reserved here, as `causal_softmax` reserves it).
     pub fn causal_self_attention(&self, dropout: Option<(f64, &Generator)>) -> Result<Tensor> {
         let &[batch, t, 3, heads, head_dim] = self.dims() else {
             return Err(Error::invalid(
@@ -68,18 +68,35 @@ impl Tensor {
         };
         self.float_only("causal_self_attention")?;
         let dropout = dropout.filter(|(p, _)| *p > 0.0);
-        if dropout.is_none() {
+        // Where `causal_softmax` would draw its dropout from the stream, the fused kernels can
+        // draw the same: over the `[batch, heads, t, t]` weights, led by the batch.
+        let (weights, leading) = (batch * heads * t * t, batch);
+        let fusable = dropout.is_none_or(|(p, _)| p < 1.0 && !BatchWindow::starts_inside_a_block(weights, leading));
+        let mut reserved = None;
+        if fusable {
+            let draw = dropout.map(|(p, g)| DropoutDraw {
+                p,
+                seed: g.seed(),
+                counter: g.reserve(weights, leading).counter,
+            });
             let spec = CausalAttention {
                 batch,
                 heads,
                 t,
                 head_dim,
                 scale: 1.0 / (head_dim as f64).sqrt(),
+                dropout: draw,
             };
             if let Some(y) = self.causal_attention_fused(spec)? {
                 return Ok(y);
             }
+            // Declined: the composed path draws from the part of the stream reserved above.
+            reserved = draw.map(|d| (d.p, Generator::from_state(d.seed, d.counter)));
         }
+        let dropout = match &reserved {
+            Some((p, generator)) => Some((*p, generator)),
+            None => dropout,
+        };
         // [3, batch, heads, t, head_dim]: one permuted view, each of q, k, v a slice of it.
         let qkv = self.permute(&[2, 0, 3, 1, 4])?;
         let part = |i: usize| qkv.narrow(0, i, 1)?.squeeze(0);

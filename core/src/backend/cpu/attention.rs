@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use super::dropout::KeepMask;
 use super::fast_math::exp_nonpositive;
 use super::pool::Pool;
 use crate::backend::CausalAttention;
@@ -100,6 +101,8 @@ struct Geometry {
     heads: usize,
     d: usize,
     scale: f32,
+    /// Dropout on the weights, drawn by their index in `[batch, heads, t, t]`.
+    mask: Option<KeepMask>,
 }
 
 impl Geometry {
@@ -109,6 +112,22 @@ impl Geometry {
             heads: spec.heads,
             d: spec.head_dim,
             scale: spec.scale as f32,
+            mask: KeepMask::of(spec.dropout),
+        }
+    }
+    /// Dropout's factors (`1 / (1 - p)` or 0) of the first `factors.len()` keys from `first_key`
+    /// for query `i` of head `h` of sequence `b`, drawn where the composed path draws the same
+    /// weight's; all 1 without dropout.
+    fn dropout_factors(&self, b: usize, h: usize, i: usize, first_key: usize, factors: &mut [f32]) {
+        let Some(mask) = self.mask else {
+            factors.fill(1.0);
+            return;
+        };
+        let mut words = [0u32; BLOCK];
+        let words = &mut words[..factors.len()];
+        mask.words(((b * self.heads + h) * self.t + i) * self.t + first_key, words);
+        for (f, &w) in factors.iter_mut().zip(words.iter()) {
+            *f = mask.factor(w);
         }
     }
     /// Rows `first..` of slot `slot` (0 q, 1 k, 2 v) of head `h` of sequence `b` in `qkv`.
@@ -216,6 +235,13 @@ fn forward_block(g: &Geometry, qkv: &[f32], b: usize, block: usize, y: &mut [f32
                 let correction = online_softmax_row(row, seen, g.scale, &mut max[r], &mut sum[r], &mut poisoned[r]);
                 if correction != 1.0 {
                     acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= correction);
+                }
+                // The sum above took the weights whole; the values take them dropped.
+                if g.mask.is_some() {
+                    let mut factors = [0f32; BLOCK];
+                    let factors = &mut factors[..seen];
+                    g.dropout_factors(b, h, first + r, keys_first, factors);
+                    row[..seen].iter_mut().zip(factors.iter()).for_each(|(x, f)| *x *= f);
                 }
             }
             let v = g.qkv(qkv, b, keys_first, 2, h);
@@ -409,16 +435,22 @@ impl Tile {
         let v = g.qkv(qkv, b, self.keys_first, 2, h);
         product(p, (rows, keys, d), q, transposed(k), false);
         product(ds, (rows, keys, d), g.out(dy, b, self.first, h), transposed(v), false);
+        let mut factors = [0f32; BLOCK];
         for r in 0..rows {
             let i = self.first + r;
             let seen = (i + 1).saturating_sub(self.keys_first).min(keys);
             let (row_lse, dot) = (lse[g.row(b, h, i)], dots[(b * g.t + i) * g.heads + h]);
             let (p, ds) = (&mut p[r * keys..(r + 1) * keys], &mut ds[r * keys..(r + 1) * keys]);
-            for (p, ds) in p[..seen].iter_mut().zip(ds[..seen].iter_mut()) {
+            let factors = &mut factors[..seen];
+            g.dropout_factors(b, h, i, self.keys_first, factors);
+            // Dropped, a weight's gradient is its dropped gradient's times its factor, and it
+            // reaches the values dropped: `p` leaves as the dropped weights (1: as they were).
+            for ((p, ds), &f) in p[..seen].iter_mut().zip(ds[..seen].iter_mut()).zip(factors.iter()) {
                 let x = *p * g.scale - row_lse;
                 // Rounding may leave the row's largest score a hair above its lse.
-                *p = exp_nonpositive(if x > 0.0 { 0.0 } else { x });
-                *ds = *p * (*ds - dot);
+                let weight = exp_nonpositive(if x > 0.0 { 0.0 } else { x });
+                *ds = weight * (*ds * f - dot);
+                *p = weight * f;
             }
             p[seen..].fill(0.0);
             ds[seen..].fill(0.0);

@@ -9,13 +9,13 @@
 
 use rayon::prelude::*;
 
+use super::dropout::KeepMask;
 use super::elementwise::max_nan;
 use super::fast_math::exp_nonpositive;
 use super::float::ViaF32;
 use super::pool::Pool;
 use super::simd::{Kernel, wide};
 use crate::backend::CausalSoftmax;
-use crate::rng::{keep_threshold, stream_words};
 
 /// Elements per parallel task (whole rows).
 const TASK: usize = 1 << 15;
@@ -57,9 +57,9 @@ impl<T: ViaF32> RowKernel<T, 1> for Forward {
         }
         let (o_seen, o_future) = o.split_at_mut(seen);
         match rows.draw(words) {
-            Some((words, threshold, keep)) => {
+            Some((words, mask)) => {
                 for ((o, &y), &w) in o_seen.iter_mut().zip(y.iter()).zip(words.iter()) {
-                    *o = T::from_f32(y * if w >> 8 >= threshold { keep } else { 0.0 });
+                    *o = T::from_f32(y * mask.factor(w));
                 }
             }
             None => {
@@ -93,10 +93,9 @@ impl<T: ViaF32> RowKernel<T, 2> for Backward {
         }
         // dy overwrites the words' slot as f32 bits: one scratch row less.
         let dy = match rows.draw(words) {
-            Some((words, threshold, keep)) => {
+            Some((words, mask)) => {
                 for (w, &g) in words.iter_mut().zip(g.iter()) {
-                    let kept = *w >> 8 >= threshold;
-                    *w = (g.to_f32() * if kept { keep } else { 0.0 }).to_bits();
+                    *w = (g.to_f32() * mask.factor(*w)).to_bits();
                 }
                 &words[..seen]
             }
@@ -127,28 +126,18 @@ struct Row {
     /// The flat index of the row's first element, where its part of dropout's stream starts.
     first: usize,
     scale: f32,
-    mask: Option<Mask>,
-}
-
-/// Dropout's draw as the rows use it: the stream, the integer keep threshold, the kept
-/// elements' factor.
-#[derive(Clone, Copy)]
-struct Mask {
-    seed: u64,
-    counter: u64,
-    threshold: u32,
-    keep: f32,
+    mask: Option<KeepMask>,
 }
 
 impl Row {
-    /// The words of dropout's stream for the keys the row sees, in `words`, with the keep
-    /// threshold and the kept elements' factor; `None` without dropout.
+    /// The words of dropout's stream for the keys the row sees, in `words`, with the mask that
+    /// reads them; `None` without dropout.
     #[inline(always)]
-    fn draw<'w>(&self, words: &'w mut [u32]) -> Option<(&'w mut [u32], u32, f32)> {
+    fn draw<'w>(&self, words: &'w mut [u32]) -> Option<(&'w mut [u32], KeepMask)> {
         let mask = self.mask?;
         let words = &mut words[..self.seen];
-        stream_words(mask.seed, mask.counter, self.first, words);
-        Some((words, mask.threshold, mask.keep))
+        mask.words(self.first, words);
+        Some((words, mask))
     }
 }
 
@@ -160,13 +149,7 @@ fn for_rows<T: ViaF32, const N: usize, K: RowKernel<T, N>>(out: &mut [T], inputs
         return;
     }
     let rows_per_task = (TASK / t).max(1);
-    let (on, seed, counter, p, keep) = spec.kernel_dropout();
-    let mask = (on == 1).then(|| Mask {
-        seed,
-        counter,
-        threshold: keep_threshold(p as f64),
-        keep,
-    });
+    let mask = KeepMask::of(spec.dropout);
     out.par_chunks_mut(rows_per_task * t).enumerate().for_each(|(task, o)| {
         let (mut y, mut words) = (vec![0f32; t], vec![0u32; t]);
         let first_row = task * rows_per_task;
@@ -192,7 +175,7 @@ struct RowsOfTask<'a, T, const N: usize, K> {
     t: usize,
     first_row: usize,
     scale: f32,
-    mask: Option<Mask>,
+    mask: Option<KeepMask>,
     scratch: (&'a mut [f32], &'a mut [u32]),
     row: std::marker::PhantomData<K>,
 }

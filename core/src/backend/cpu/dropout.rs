@@ -7,8 +7,42 @@ use rayon::prelude::*;
 
 use super::pool::Pool;
 use super::simd::{Kernel, wide};
+use crate::backend::DropoutDraw;
 use crate::dtype::Element;
 use crate::rng::{keep_threshold, stream_words};
+
+/// A dropout draw as the fused kernels apply it (attention's weights, `causal_softmax`): the
+/// stream, the integer keep threshold, the kept elements' factor `1 / (1 - p)`.
+#[derive(Clone, Copy)]
+pub(super) struct KeepMask {
+    seed: u64,
+    counter: u64,
+    threshold: u32,
+    keep: f32,
+}
+
+impl KeepMask {
+    pub fn of(draw: Option<DropoutDraw>) -> Option<KeepMask> {
+        draw.map(|d| KeepMask {
+            seed: d.seed,
+            counter: d.counter,
+            threshold: keep_threshold(d.p),
+            keep: (1.0 / (1.0 - d.p)) as f32,
+        })
+    }
+
+    /// The stream's words for elements `first ..` into `words`.
+    #[inline(always)]
+    pub fn words(&self, first: usize, words: &mut [u32]) {
+        stream_words(self.seed, self.counter, first, words);
+    }
+
+    /// An element's factor from its word: `1 / (1 - p)` where kept, else 0.
+    #[inline(always)]
+    pub fn factor(&self, word: u32) -> f32 {
+        if word >> 8 >= self.threshold { self.keep } else { 0.0 }
+    }
+}
 
 /// Elements per parallel task.
 const CHUNK: usize = 4096;

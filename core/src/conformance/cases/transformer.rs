@@ -55,13 +55,13 @@ fn causal_attention(q: &HostTensor, k: &HostTensor, v: &HostTensor, dropout: Opt
 }
 
 /// `causal_self_attention`'s oracle: each head's `causal_attention` of the slots of qkv
-/// `[batch, t, 3, heads, d]`, as `[batch, t, heads, d]`.
-fn causal_self_attention(qkv: &HostTensor) -> HostTensor {
+/// `[batch, t, 3, heads, d]`, as `[batch, t, heads, d]`; `dropout` as `causal_attention`'s.
+fn causal_self_attention(qkv: &HostTensor, dropout: Option<(f64, u64)>) -> HostTensor {
     let &[b, t, _, h, d] = qkv.dims.as_slice() else {
         unreachable!("qkv is rank 5")
     };
     let slot = |s: usize| HostTensor::from_fn([b, h, t, d], |i| qkv.at(&[i[0], i[2], s, i[1], i[3]]));
-    let y = causal_attention(&slot(0), &slot(1), &slot(2), None);
+    let y = causal_attention(&slot(0), &slot(1), &slot(2), dropout);
     y.permute(&[0, 2, 1, 3])
 }
 
@@ -93,13 +93,29 @@ fn fused_attention_cases() -> Vec<Case> {
         // The fused kernels round the weights and their gradients to the input dtype between
         // the two products of each pass, as every flash attention does.
         .tol_scale(4.0)
-        .oracle(|x| vec![causal_self_attention(&x[0])]);
+        .oracle(|x| vec![causal_self_attention(&x[0], None)]);
         // The composed reference is gradient-checked here once, and through causal_attention.
         cases.push(if (batch, t, d) == (1, 17, 64) {
             case
         } else {
             case.no_gradcheck()
         });
+    }
+    // Dropout on the weights, drawn where the composed path draws it (fused kernels that draw
+    // none decline): one partial block, and blocks of 64 on either side of a partial one.
+    for [batch, heads, t, d] in [[2, 3, 17, 8], [1, 2, 130, 16]] {
+        let label = format!("{batch}x{t}x3x{heads}x{d}");
+        cases.push(
+            Case::new(format!("causal_attention/dropout_qkv_{label}"), ops, |_, x| {
+                Ok(vec![
+                    x[0].causal_self_attention(Some((0.3, &crate::rng::Generator::new(5))))?,
+                ])
+            })
+            .input(Input::float("qkv", [batch, t, 3, heads, d], u()))
+            .tol_scale(4.0)
+            .oracle(|x| vec![causal_self_attention(&x[0], Some((0.3, 5)))])
+            .no_gradcheck(),
+        );
     }
     // A NaN in query 5 poisons row 5; one in key 9 the rows that see it (9 onwards), not the
     // rows before it, which never read it.
