@@ -3,6 +3,8 @@
 //! A task takes one sequence's block of `BLOCK` positions, all heads; the block products run
 //! on `gemm` (one thread each), the softmax online per query row (running maximum and sum in
 //! f32). Memory is a few `BLOCK × BLOCK` and `BLOCK × head_dim` scratch blocks per task.
+//! Dropout on the weights draws each weight's word of the stream by its index in `[batch, heads,
+//! t, t]`, as the composed path does, so both passes drop the elements that path drops.
 //!
 //! Each output element is computed by one task, its sums over key (or query) blocks in block
 //! order, so results do not depend on the thread count and repeat bit for bit.
