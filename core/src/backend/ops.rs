@@ -326,7 +326,7 @@ impl CausalSoftmax {
     /// the kept elements' factor `1 / (1 - p)`); off: zeros and a factor of 1.
     pub fn kernel_dropout(&self) -> (u32, u64, u64, f32, f32) {
         match self.dropout {
-            Some(d) => (1, d.seed, d.counter, d.p as f32, (1.0 / (1.0 - d.p)) as f32),
+            Some(d) => (1, d.seed, d.counter, d.p as f32, d.keep_factor()),
             None => (0, 0, 0, 0.0, 1.0),
         }
     }
@@ -387,6 +387,13 @@ pub struct DropoutDraw {
     pub seed: u64,
     /// The stream's first counter for this draw (it takes `len.div_ceil(4)` of them).
     pub counter: u64,
+}
+
+impl DropoutDraw {
+    /// What a kept element is multiplied by, `1 / (1 - p)`, as the kernels take it.
+    pub fn keep_factor(&self) -> f32 {
+        (1.0 / (1.0 - self.p)) as f32
+    }
 }
 
 /// A contiguous `[outer, channels, inner]` view for `Backend::bias_act`.

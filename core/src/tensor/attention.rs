@@ -68,17 +68,10 @@ impl Tensor {
         };
         self.float_only("causal_self_attention")?;
         let dropout = dropout.filter(|(p, _)| *p > 0.0);
-        // Where `causal_softmax` would draw its dropout from the stream, the fused kernels can
-        // draw the same: over the `[batch, heads, t, t]` weights, led by the batch.
-        let (weights, leading) = (batch * heads * t * t, batch);
-        let fusable = dropout.is_none_or(|(p, _)| p < 1.0 && !BatchWindow::starts_inside_a_block(weights, leading));
+        // Drawn over the `[batch, heads, t, t]` weights, led by the batch, as `causal_softmax`
+        // draws it on the composed path.
         let mut reserved = None;
-        if fusable {
-            let draw = dropout.map(|(p, g)| DropoutDraw {
-                p,
-                seed: g.seed(),
-                counter: g.reserve(weights, leading).counter,
-            });
+        if let Some(draw) = fused_dropout(dropout, batch * heads * t * t, batch) {
             let spec = CausalAttention {
                 batch,
                 heads,
@@ -91,7 +84,7 @@ impl Tensor {
                 return Ok(y);
             }
             // Declined: the composed path draws from the part of the stream reserved above.
-            reserved = draw.map(|d| (d.p, Generator::from_state(d.seed, d.counter)));
+            reserved = reserved_stream(draw);
         }
         let dropout = match &reserved {
             Some((p, generator)) => Some((*p, generator)),
@@ -145,19 +138,10 @@ impl Tensor {
             ));
         }
         self.float_only("causal_softmax")?;
-        // The fused kernels draw from a Philox block's start; a replica's part of the global
-        // batch's stream may start inside one (`BatchWindow`), and then the composed path draws.
-        let leading = self.dims()[0];
-        let unaligned = |p: f64| p > 0.0 && BatchWindow::starts_inside_a_block(self.elem_count(), leading);
-        if dropout.is_some_and(|(p, _)| p >= 1.0 || unaligned(p)) {
+        // Drawn here, so both paths take the same part of the stream (`fused_dropout`).
+        let Some(draw) = fused_dropout(dropout, self.elem_count(), self.dims()[0]) else {
             return self.causal_softmax_composed(scale, dropout);
-        }
-        // Drawn here, so both paths take the same part of the stream.
-        let draw = dropout.filter(|(p, _)| *p > 0.0).map(|(p, g)| DropoutDraw {
-            p,
-            seed: g.seed(),
-            counter: g.reserve(self.elem_count(), leading).counter,
-        });
+        };
         let x = self.contiguous()?;
         let spec = CausalSoftmax {
             rows: x.elem_count().checked_div(t).unwrap_or(0),
@@ -182,7 +166,7 @@ impl Tensor {
                 Ok(vec![Some(Tensor::from_buffer(dx, g.shape().clone(), g.device()))])
             }));
         }
-        let stream = draw.map(|d| (d.p, Generator::from_state(d.seed, d.counter)));
+        let stream = reserved_stream(draw);
         self.causal_softmax_composed(scale, stream.as_ref().map(|(p, g)| (*p, g)))
     }
 
@@ -197,6 +181,30 @@ impl Tensor {
             None => Ok(weights),
         }
     }
+}
+
+/// `dropout` over `len` elements led by an axis of `leading` as fused kernels draw it: `Some`
+/// with the stream reserved (`Some(None)` without dropout), or `None` where only the composed
+/// path can draw it (p ≥ 1, or a replica's part of the global batch's stream starting inside a
+/// Philox block, `BatchWindow`), nothing reserved.
+fn fused_dropout(dropout: Option<(f64, &Generator)>, len: usize, leading: usize) -> Option<Option<DropoutDraw>> {
+    let Some((p, generator)) = dropout.filter(|(p, _)| *p > 0.0) else {
+        return Some(None);
+    };
+    if p >= 1.0 || BatchWindow::starts_inside_a_block(len, leading) {
+        return None;
+    }
+    let counter = generator.reserve(len, leading).counter;
+    Some(Some(DropoutDraw {
+        p,
+        seed: generator.seed(),
+        counter,
+    }))
+}
+
+/// The stream a `fused_dropout` draw reserved, for the composed path when the fused one declines.
+fn reserved_stream(draw: Option<DropoutDraw>) -> Option<(f64, Generator)> {
+    draw.map(|d| (d.p, Generator::from_state(d.seed, d.counter)))
 }
 
 /// `[t, t]`, 1 above the diagonal: the future positions a query may not see.

@@ -27,7 +27,7 @@ impl KeepMask {
             seed: d.seed,
             counter: d.counter,
             threshold: keep_threshold(d.p),
-            keep: (1.0 / (1.0 - d.p)) as f32,
+            keep: d.keep_factor(),
         })
     }
 
