@@ -385,9 +385,17 @@ fn the_bf16_products_path_is_named_and_the_environment_picks_it() {
         dot.contains("AVX512-BF16 dot products: as LOCKSTEP_CPU_BF16 asks") || dot.contains("cannot apply"),
         "{dot}"
     );
+    let (tiles, _) = bf16_line("tiles");
+    assert!(
+        tiles.contains("AMX tiles: as LOCKSTEP_CPU_BF16 asks")
+            || tiles.contains("LOCKSTEP_CPU_BF16=tiles cannot apply"),
+        "{tiles}"
+    );
     let (line, warning) = bf16_line("sideways");
     assert!(
-        warning.contains("LOCKSTEP_CPU_BF16=\"sideways\"") && warning.contains("ignored"),
+        warning.contains("LOCKSTEP_CPU_BF16=\"sideways\"")
+            && warning.contains("\"tiles\"")
+            && warning.contains("ignored"),
         "{warning}"
     );
     assert!(line.contains(": "), "a reason follows the path: {line}");

@@ -29,13 +29,18 @@ fn cpu_passes_the_suite_in_every_float_dtype() {
     assert_all_pass(&reports);
 }
 
-/// bf16 products take the AVX512-BF16 dot products or widen to f32 by the CPU's maker
-/// (`devices --details`); the path not taken by default must pass the suite's products too.
+/// bf16 products take AMX tiles, the AVX512-BF16 dot products or widen to f32 by the CPU
+/// (`devices --details`); every path this CPU runs must pass the suite's products.
 #[test]
-fn bf16_products_pass_the_suite_on_the_dot_products_and_widened() {
-    use lockstep_core::backend::cpu::CpuBackend;
-    if !CpuBackend::has_bf16_dot_products() {
-        eprintln!("NOTE: this CPU lacks AVX512-BF16: only the widened bf16 products are checked here");
+fn bf16_products_pass_the_suite_on_every_kernel_this_cpu_runs() {
+    use lockstep_core::backend::cpu::{Bf16Products, CpuBackend};
+    let paths = CpuBackend::bf16_products_available();
+    for missing in [Bf16Products::Tiles, Bf16Products::DotProducts] {
+        if !paths.contains(&missing) {
+            eprintln!(
+                "NOTE: this CPU (or OS) does not run bf16 products on {missing:?}: that path is not checked here"
+            );
+        }
     }
     let products: Vec<_> = conformance::all_cases()
         .into_iter()
@@ -43,15 +48,15 @@ fn bf16_products_pass_the_suite_on_the_dot_products_and_widened() {
         .collect();
     assert!(products.len() >= 5, "only {} cases take products", products.len());
     let mut bits = Vec::new();
-    for (ordinal, dot) in [(60, true), (61, false)] {
+    for (ordinal, &path) in (60..).zip(&paths) {
         let backend = std::sync::Arc::new(CpuBackend::new(ordinal));
-        backend.set_bf16_dot_products(dot);
+        backend.set_bf16_products(path);
         let device = Device::from_backend(backend);
         let reports: Vec<_> = products
             .iter()
             .filter_map(|c| run_case(c, &device, DType::BF16))
             .collect();
-        assert!(!reports.is_empty(), "dot products {dot}: no case ran in bf16");
+        assert!(!reports.is_empty(), "{path:?}: no case ran in bf16");
         assert_all_pass(&reports);
         // A long sum, whose f32 rounding differs between the paths in some of its 65536 outputs.
         let values: Vec<f32> = (0..256 * 2048).map(|i| (i as f32 * 0.618).sin()).collect();
@@ -66,13 +71,18 @@ fn bf16_products_pass_the_suite_on_the_dot_products_and_widened() {
             .unwrap();
         bits.push(product.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap());
     }
-    if CpuBackend::has_bf16_dot_products() {
-        let differ = bits[0]
+    for (i, j) in (0..bits.len()).flat_map(|i| (i + 1..bits.len()).map(move |j| (i, j))) {
+        let differ = bits[i]
             .iter()
-            .zip(&bits[1])
+            .zip(&bits[j])
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
-        assert!(differ > 0, "the switch changed no bit: both devices took one path");
+        assert!(
+            differ > 0,
+            "{:?} and {:?} gave the same bits: one path taken twice",
+            paths[i],
+            paths[j]
+        );
     }
 }
 

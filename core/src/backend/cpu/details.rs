@@ -22,11 +22,7 @@ pub(super) fn cpu_model_name() -> String {
 /// Which kernels this CPU's products and convolutions take: numbers differ by these. The
 /// convolutions are ResNet-18's (CIFAR stem, batch 64), as `conv_plans` describes them.
 pub(super) fn kernel_details() -> Vec<(String, String)> {
-    let plan = matmul::bf16_plan::plan();
-    let bf16 = match plan.dot_products() {
-        true => format!("AVX512-BF16 dot products: {}", plan.why),
-        false => format!("widened to f32: {}", plan.why),
-    };
+    let bf16 = matmul::bf16_plan::plan().describe();
     let mut details: Vec<(String, String)> = [
         ("vector code", simd::level_name()),
         ("bf16 products", bf16.as_str()),

@@ -44,6 +44,7 @@ pub use buffer::CpuBuffer;
 use buffer::{check_extent, check_len, cpu, distinct, float_pair_mut, u32_ids};
 pub use conv::{Forward, InputGrad, Plan, WeightGrad};
 pub use details::conv_plans;
+pub use matmul::Bf16Products;
 
 use self::pool::Pool;
 use self::switch::Switch;
@@ -68,8 +69,8 @@ pub struct CpuBackend {
     capacity: capacity::Capacity,
     /// Whether attention fuses (`set_attention_fused`).
     attention: Switch,
-    /// Whether bf16 products take the dot-product kernel (`set_bf16_dot_products`).
-    bf16_dot_products: Switch,
+    /// Which kernel bf16 products take (`set_bf16_products`).
+    bf16_products: matmul::bf16_plan::ProductsSwitch,
 }
 
 /// Matches two `HostVec`s of the same dtype, binding both inner slices, for kernels that work on
@@ -104,7 +105,7 @@ impl CpuBackend {
             busy: busy::BusyMeter::new(),
             capacity: capacity::Capacity::of_this_machine(),
             attention: Switch::new(attention::fused_by_default()),
-            bf16_dot_products: Switch::new(matmul::bf16_plan::plan().dot_products()),
+            bf16_products: matmul::bf16_plan::ProductsSwitch::new(matmul::bf16_plan::plan().products),
         }
     }
 
@@ -115,16 +116,20 @@ impl CpuBackend {
         self.attention.set(fused);
     }
 
-    /// Whether this device's bf16 products run on the CPU's AVX512-BF16 dot products (on) or
-    /// widened to f32 (off); the default is the process's `bf16_plan`. On a CPU without the
-    /// instructions, on changes nothing. (Convolutions follow the process's plan.)
-    pub fn set_bf16_dot_products(&self, on: bool) {
-        self.bf16_dot_products.set(on);
+    /// Which kernel this device's bf16 products run on: AMX tiles, the AVX512-BF16 dot
+    /// products, or widened to f32; the default is the process's `bf16_plan`. A kernel this CPU
+    /// lacks widens. (Convolutions follow the process's plan.)
+    pub fn set_bf16_products(&self, products: Bf16Products) {
+        self.bf16_products.set(products);
     }
 
-    /// Whether this CPU has the AVX512-BF16 dot products `set_bf16_dot_products` turns on.
-    pub fn has_bf16_dot_products() -> bool {
-        matmul::bf16_kernel_available()
+    /// The bf16 product kernels this CPU runs, widening last (it runs everywhere).
+    pub fn bf16_products_available() -> Vec<Bf16Products> {
+        let kernels = matmul::bf16_plan::Kernels::of_this_cpu();
+        [Bf16Products::Tiles, Bf16Products::DotProducts, Bf16Products::Widened]
+            .into_iter()
+            .filter(|&p| kernels.run(p))
+            .collect()
     }
 
     /// The paths this process takes for a convolution of geometry `g` into `out_channels`
@@ -392,8 +397,8 @@ impl Backend for CpuBackend {
         check_extent("matmul", rhs, rhs_layout)?;
         let (a, b) = (cpu("matmul", lhs)?.read(), cpu("matmul", rhs)?.read());
         if let (HostVec::BF16(x), HostVec::BF16(y)) = (&*a, &*b)
-            && self.bf16_dot_products.on()
-            && let Some(out) = matmul::matmul_bf16(&self.pool, x, lhs_layout, y, rhs_layout, dims)
+            && let Some(out) =
+                matmul::matmul_bf16(&self.pool, self.bf16_products.get(), x, lhs_layout, y, rhs_layout, dims)
         {
             return self.wrap("matmul", HostVec::BF16(out));
         }

@@ -1,6 +1,5 @@
-//! One device's choice between two paths (fused attention or composed, bf16 dot products or
-//! widened), which starts at the process's default and which tests and benchmarks turn to
-//! compare the paths on one machine.
+//! One device's choice between two paths (fused attention or composed), which starts at the
+//! process's default and which tests and benchmarks turn to compare the paths on one machine.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -395,7 +395,8 @@ fn first<P: Copy>(paths: &[P], ok: impl Fn(&P) -> bool) -> Option<P> {
 /// The plan this process takes for a convolution: [`plan`] on this CPU with
 /// `LOCKSTEP_CPU_CONV`'s override, bf16 on the bf16 kernel only where the products take it
 /// (`bf16_plan`: widened, ResNet-18's bf16-mixed step ran about 10% faster on a Sapphire Rapids,
-/// its peak memory 24% higher).
+/// its peak memory 24% higher). Convolutions have no AMX-tile path: where products take tiles,
+/// convolutions widen.
 pub fn chosen(g: &Conv2dGeometry, out_channels: usize, dtype: DType) -> Option<Plan> {
     let this = Cpu::this();
     let cpu = Cpu {

@@ -32,7 +32,7 @@ impl Side<'_> {
     }
 
     /// Elements (r, 2p) and (r, 2p + 1) in one word; past the end of an odd k, zero.
-    fn pair(&self, r: usize, p: usize, k: usize) -> u32 {
+    pub(super) fn pair(&self, r: usize, p: usize, k: usize) -> u32 {
         let hi = if 2 * p + 1 < k { self.bits(r, 2 * p + 1) } else { 0 };
         self.bits(r, 2 * p) | hi << 16
     }
@@ -180,7 +180,11 @@ pub struct PackedPanels<'a> {
 impl<'a> PackedPanels<'a> {
     /// The panels of `rows` rows over `k` in `words`.
     pub fn new(words: &'a [u32], rows: usize, k: usize) -> Self {
-        let pairs = k.div_ceil(2);
+        Self::with_pairs(words, rows, k.div_ceil(2))
+    }
+
+    /// The panels of `rows` rows of `pairs` k-pairs each (padded past the sum's end).
+    pub fn with_pairs(words: &'a [u32], rows: usize, pairs: usize) -> Self {
         assert!(words.len() >= rows.div_ceil(NR) * pairs * NR);
         PackedPanels { words, pairs }
     }
@@ -196,10 +200,9 @@ impl VectorSide for PackedPanels<'_> {
     }
 }
 
-/// Packs the vector side into panels of `NR` rows: `panels[q][p][c] = pair(q * NR + c, p)`,
-/// rows past the end zero.
-fn pack_panels(pool: &Pool, side: Side, k: usize) -> Vec<u32> {
-    let pairs = k.div_ceil(2);
+/// Packs the vector side into panels of `NR` rows and `pairs` k-pairs (at least
+/// `k.div_ceil(2)`): `panels[q][p][c] = pair(q * NR + c, p)`, rows and pairs past the end zero.
+pub(super) fn pack_panels(pool: &Pool, side: Side, k: usize, pairs: usize) -> Vec<u32> {
     let mut packed = pool.take::<u32>(side.rows.div_ceil(NR) * pairs * NR);
     packed
         .par_chunks_mut(pairs * NR)
@@ -223,21 +226,26 @@ impl Kernel for PackPanel<'_> {
     fn run(self) {
         let PackPanel { panel, side, q, k } = self;
         let rows = (side.rows - q * NR).min(NR);
-        if rows < NR {
+        if rows < NR || panel.len() > k.div_ceil(2) * NR {
             panel.fill(0);
         }
         let first = side.offset + q * NR * side.row_stride;
         if side.row_stride == 1 {
             // k rows of the operand are contiguous: interleave two of them per k-pair.
-            for (p, out) in panel.chunks_exact_mut(NR).enumerate() {
+            for (p, out) in panel.chunks_exact_mut(NR).take(k.div_ceil(2)).enumerate() {
                 join_k_pair(&mut out[..rows], side, first, p, k);
             }
         } else if side.k_stride == 1 {
-            // Each row is contiguous along k: read it as pairs.
+            // Each row is contiguous along k, so its bytes are its pairs' (x86 is little-endian:
+            // the even k in the lower half), scattered down the panel's column.
             for c in 0..rows {
-                let row = &side.data[first + c * side.row_stride..][..k];
-                for (p, two) in row.chunks(2).enumerate() {
-                    panel[p * NR + c] = join(two[0], two.get(1).copied().unwrap_or(bf16::ZERO));
+                let row: &[u8] = bytemuck::cast_slice(&side.data[first + c * side.row_stride..][..k]);
+                let mut words = row.chunks_exact(4);
+                for (p, w) in (&mut words).enumerate() {
+                    panel[p * NR + c] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                }
+                if let &[lo, hi] = words.remainder() {
+                    panel[k / 2 * NR + c] = u32::from_le_bytes([lo, hi, 0, 0]);
                 }
             }
         } else {
@@ -254,7 +262,7 @@ impl Kernel for PackPanel<'_> {
 /// are contiguous (k strided): two runs of k rows `2p` and `2p + 1` joined, the odd one zero
 /// past the end of an odd k.
 #[inline(always)]
-fn join_k_pair(words: &mut [u32], side: Side, first: usize, p: usize, k: usize) {
+pub(super) fn join_k_pair(words: &mut [u32], side: Side, first: usize, p: usize, k: usize) {
     let n = words.len();
     let even = &side.data[first + 2 * p * side.k_stride..][..n];
     if 2 * p + 1 < k {
@@ -286,7 +294,7 @@ pub enum Dst {
 
 /// The output of one batch item, shared by the threads that write its disjoint tiles.
 #[derive(Clone, Copy)]
-struct Output {
+pub(super) struct Output {
     dst: Dst,
     row_stride: usize,
     /// Whether the vector side is the left operand, so tiles land transposed.
@@ -300,7 +308,7 @@ unsafe impl Sync for Output {}
 /// the baseline's four lanes they were a twentieth of a convolution's product).
 struct WriteTile<'a> {
     out: &'a Output,
-    tile: &'a [[f32; NR]; MR],
+    tile: &'a [[f32; NR]],
     at: (usize, usize),
     size: (usize, usize),
 }
@@ -320,8 +328,18 @@ impl Kernel for WriteTile<'_> {
 }
 
 impl Output {
-    /// Rounds a finished tile into the output: rows `s0..`, columns `v0..`, within bounds.
-    fn write(&self, tile: &[[f32; NR]; MR], s0: usize, srows: usize, v0: usize, vcols: usize) {
+    /// Where `product`'s tiles go; `transposed`: the vector side is the left operand.
+    pub(super) fn new(dst: Dst, row_stride: usize, transposed: bool) -> Output {
+        Output {
+            dst,
+            row_stride,
+            transposed,
+        }
+    }
+
+    /// Rounds a finished tile (at least `srows` rows) into the output: rows `s0..`, columns
+    /// `v0..`, within bounds.
+    pub(super) fn write(&self, tile: &[[f32; NR]], s0: usize, srows: usize, v0: usize, vcols: usize) {
         wide(WriteTile {
             out: self,
             tile,
@@ -331,7 +349,7 @@ impl Output {
     }
 
     #[inline(always)]
-    fn write_tile(&self, tile: &[[f32; NR]; MR], s0: usize, srows: usize, v0: usize, vcols: usize) {
+    fn write_tile(&self, tile: &[[f32; NR]], s0: usize, srows: usize, v0: usize, vcols: usize) {
         if self.transposed {
             // Column c of the tile is a run of `srows` contiguous output elements: one cache
             // line or two each, where writing row by row touched a line per element.
@@ -380,8 +398,22 @@ impl Output {
     }
 }
 
-/// `out = lhs @ rhs` for every batch item; `out` holds `batch * m * n` elements.
-pub fn matmul(pool: &Pool, out: &mut [bf16], lhs: &[bf16], ll: &Layout, rhs: &[bf16], rl: &Layout, d: MatmulDims) {
+/// A kernel's `dst = left @ rightᵀ` (`product`'s contract).
+pub type Product = unsafe fn(&Pool, Dst, usize, Side, Side, usize);
+
+/// `out = lhs @ rhs` for every batch item on `product` (this kernel's, or the AMX tiles');
+/// `out` holds `batch * m * n` elements.
+///
+/// # Safety
+/// The CPU runs `product`'s kernel; `d.k > 0`; the layouts fit their operands.
+pub unsafe fn matmul(
+    product: Product,
+    pool: &Pool,
+    out: &mut [bf16],
+    (lhs, ll): (&[bf16], &Layout),
+    (rhs, rl): (&[bf16], &Layout),
+    d: MatmulDims,
+) {
     let (ls, rs) = (&ll.strides, &rl.strides);
     for b in 0..d.batch {
         let left = Side {
@@ -399,8 +431,8 @@ pub fn matmul(pool: &Pool, out: &mut [bf16], lhs: &[bf16], ll: &Layout, rhs: &[b
             k_stride: rs[1],
         };
         let dst = &mut out[b * d.m * d.n..(b + 1) * d.m * d.n];
-        // SAFETY: the caller checked `available()`; `dst` holds m x n elements, rows n apart,
-        // borrowed mutably here.
+        // SAFETY: the caller's promises; `dst` holds m x n elements, rows n apart, borrowed
+        // mutably here.
         unsafe { product(pool, Dst::Bf16(dst.as_mut_ptr()), d.n, left, right, d.k) };
     }
 }
@@ -424,12 +456,8 @@ fn packing_cost(vector: Side, broadcast: Side, k: usize) -> usize {
 pub unsafe fn product(pool: &Pool, dst: Dst, row_stride: usize, left: Side, right: Side, k: usize) {
     let transposed = packing_cost(left, right, k) < packing_cost(right, left, k);
     let (vector, broadcast) = if transposed { (left, right) } else { (right, left) };
-    let panels = pack_panels(pool, vector, k);
-    let out = Output {
-        dst,
-        row_stride,
-        transposed,
-    };
+    let panels = pack_panels(pool, vector, k, k.div_ceil(2));
+    let out = Output::new(dst, row_stride, transposed);
     // SAFETY: the caller's promises; `panels` holds `vector`'s rows packed over k.
     unsafe {
         multiply(
@@ -460,11 +488,7 @@ pub unsafe fn product_with<V: VectorSide>(
     vector_rows: usize,
     k: usize,
 ) {
-    let out = Output {
-        dst,
-        row_stride,
-        transposed: false,
-    };
+    let out = Output::new(dst, row_stride, false);
     // SAFETY: the caller's promises.
     unsafe { multiply(pool, out, left, vectors, vector_rows, k) };
 }

@@ -4,6 +4,8 @@
 //! slower, 54k -> 29k samples/s: `gemm` packs it well enough.)
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(super) mod bf16;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod bf16_kernel;
@@ -15,6 +17,8 @@ use std::ops::Range;
 
 use gemm::Parallelism;
 use rayon::prelude::*;
+
+pub use bf16_plan::Bf16Products;
 
 use super::pool::Pool;
 use crate::backend::MatmulDims;
@@ -56,10 +60,20 @@ pub fn bf16_kernel_available() -> bool {
     false
 }
 
-/// bf16 products on the CPU's bf16 dot-product instructions, f32 accumulation; `None` where the
-/// CPU has none (the caller then widens to f32, as it does where `bf16_plan` says so).
+/// Whether this CPU has AMX tiles with bf16 and the OS lets this process use them.
+pub fn bf16_tiles_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return amx::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// bf16 products on `products`' kernel (AMX tiles or AVX512-BF16 dot products), f32
+/// accumulation, one rounding; `None` for `Widened` or where the CPU lacks the kernel (the
+/// caller then widens to f32).
 pub fn matmul_bf16(
     pool: &Pool,
+    products: Bf16Products,
     lhs: &[half::bf16],
     ll: &Layout,
     rhs: &[half::bf16],
@@ -67,17 +81,27 @@ pub fn matmul_bf16(
     d: MatmulDims,
 ) -> Option<Vec<half::bf16>> {
     #[cfg(target_arch = "x86_64")]
-    if bf16_kernel_available() {
+    {
+        let product: bf16::Product = match products {
+            Bf16Products::Tiles if amx::available() => amx::product,
+            Bf16Products::DotProducts if bf16_kernel::available() => bf16::product,
+            _ => return None,
+        };
         let mut out = pool.take(d.batch * d.m * d.n);
         if d.k == 0 {
             out.fill(half::bf16::ZERO);
         } else {
-            bf16::matmul(pool, &mut out, lhs, ll, rhs, rl, d);
+            // SAFETY: the kernel's CPU check passed above; k > 0; the caller validated the
+            // layouts against the operands.
+            unsafe { bf16::matmul(product, pool, &mut out, (lhs, ll), (rhs, rl), d) };
         }
-        return Some(out);
+        Some(out)
     }
-    let _ = (pool, lhs, ll, rhs, rl, d);
-    None
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (pool, products, lhs, ll, rhs, rl, d);
+        None
+    }
 }
 
 pub fn matmul<T: GemmElement>(pool: &Pool, lhs: &[T], ll: &Layout, rhs: &[T], rl: &Layout, d: MatmulDims) -> Vec<T> {

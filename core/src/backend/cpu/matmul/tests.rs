@@ -1,10 +1,11 @@
-//! The bf16 kernel against an f64 product of the same bf16 values, over the shapes that take
-//! each of its paths: operands read in place or packed (odd k, transposed), tiles landing
-//! transposed, threads splitting strips or panels, partial strips and panels.
+//! The bf16 kernels (AMX tiles, AVX512-BF16 dot products) against an f64 product of the same
+//! bf16 values, over the shapes that take each of their paths: operands read in place or packed
+//! (odd k, transposed), tiles landing transposed, threads splitting strips or panels, partial
+//! strips and panels, sums padded to whole tiles.
 
 use half::bf16;
 
-use super::{Pool, matmul_bf16};
+use super::{Bf16Products, Pool, matmul_bf16};
 use crate::backend::MatmulDims;
 use crate::shape::Layout;
 
@@ -18,8 +19,23 @@ fn values(len: usize, seed: u32) -> Vec<bf16> {
         .collect()
 }
 
+/// The kernels this CPU runs; says which it does not.
+fn kernels() -> Vec<Bf16Products> {
+    let mut run = Vec::new();
+    for (products, here, name) in [
+        (Bf16Products::Tiles, super::bf16_tiles_available(), "AMX tiles"),
+        (Bf16Products::DotProducts, super::bf16_kernel_available(), "AVX512-BF16"),
+    ] {
+        match here {
+            true => run.push(products),
+            false => eprintln!("NOTE: this CPU (or OS) lacks {name}: that kernel is not checked here"),
+        }
+    }
+    run
+}
+
 /// `[m, k] @ [k, n]` with each operand stored as given (`transposed`: its two axes swapped).
-fn check(m: usize, k: usize, n: usize, lhs_t: bool, rhs_t: bool) {
+fn check(products: Bf16Products, m: usize, k: usize, n: usize, lhs_t: bool, rhs_t: bool) {
     let pool = Pool::default();
     let layout = |rows: usize, cols: usize, t: bool| {
         if t {
@@ -31,12 +47,7 @@ fn check(m: usize, k: usize, n: usize, lhs_t: bool, rhs_t: bool) {
     let (ll, rl) = (layout(m, k, lhs_t), layout(k, n, rhs_t));
     let (a, b) = (values(m * k, 1), values(k * n, 2));
     let dims = MatmulDims { batch: 1, m, n, k };
-    let Some(out) = matmul_bf16(&pool, &a, &ll, &b, &rl, dims) else {
-        eprintln!(
-            "NOTE: this CPU lacks AVX512-BF16; bf16 products take the widening path (checked by the conformance suite)"
-        );
-        return;
-    };
+    let out = matmul_bf16(&pool, products, &a, &ll, &b, &rl, dims).expect("the kernel runs here");
     let at = |v: &[bf16], l: &Layout, r: usize, c: usize| f64::from(v[l.offset + r * l.strides[1] + c * l.strides[2]]);
     for i in 0..m {
         for j in 0..n {
@@ -51,21 +62,26 @@ fn check(m: usize, k: usize, n: usize, lhs_t: bool, rhs_t: bool) {
             let tol = exact.abs() / 128.0 + size * 1e-6;
             assert!(
                 (got - exact).abs() <= tol,
-                "{m}x{k}@{k}x{n} (lhs_t {lhs_t}, rhs_t {rhs_t}) at ({i},{j}): {got} vs {exact}"
+                "{products:?} {m}x{k}@{k}x{n} (lhs_t {lhs_t}, rhs_t {rhs_t}) at ({i},{j}): {got} vs {exact}"
             );
         }
     }
 }
 
 #[test]
-fn the_bf16_kernel_matches_an_exact_product_on_every_path() {
-    for (lhs_t, rhs_t) in [(false, false), (false, true), (true, false), (true, true)] {
-        check(1, 1, 1, lhs_t, rhs_t);
-        check(5, 7, 3, lhs_t, rhs_t); // odd k: both sides packed
-        check(13, 64, 33, lhs_t, rhs_t); // a partial strip and a partial panel
-        check(19, 40, 22, lhs_t, rhs_t); // last strips of 7 and 10 rows: the 8-row and 12-row tiles
-        check(100, 30, 70, lhs_t, rhs_t); // enough strips for threads to split them
-        check(40, 129, 200, lhs_t, rhs_t); // the left side is the smaller one to pack
+fn the_bf16_kernels_match_an_exact_product_on_every_path() {
+    for products in kernels() {
+        for (lhs_t, rhs_t) in [(false, false), (false, true), (true, false), (true, true)] {
+            let check = |m, k, n| check(products, m, k, n, lhs_t, rhs_t);
+            check(1, 1, 1);
+            check(5, 7, 3); // odd k: both sides packed
+            check(13, 64, 33); // a partial strip and a partial panel
+            check(19, 40, 22); // last strips of 7 and 10 rows: the 8-row and 12-row tiles
+            check(100, 30, 70); // enough strips for threads to split them
+            check(40, 129, 200); // the left side is the smaller one to pack
+            check(64, 96, 64); // whole tiles: no padding
+            check(33, 33, 31); // one past a tile's rows and sum, one short of its columns
+        }
     }
 }
 
@@ -79,7 +95,8 @@ fn an_empty_sum_gives_zeros() {
         k: 0,
     };
     let (ll, rl) = (Layout::contiguous([2, 3, 0]), Layout::contiguous([2, 0, 4]));
-    if let Some(out) = matmul_bf16(&pool, &[], &ll, &[], &rl, dims) {
+    for products in kernels() {
+        let out = matmul_bf16(&pool, products, &[], &ll, &[], &rl, dims).expect("the kernel runs here");
         assert_eq!(out, vec![bf16::ZERO; 24]);
     }
 }
@@ -88,7 +105,7 @@ fn an_empty_sum_gives_zeros() {
 /// side packed as the vector side: a convolution's weight gradient), against the exact sums.
 #[test]
 fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belong() {
-    use super::bf16::{Dst, Side, product};
+    use super::bf16::{Dst, Product, Side};
     fn rows_along_k(data: &[bf16], rows: usize, k: usize) -> Side<'_> {
         Side {
             data,
@@ -98,13 +115,19 @@ fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belon
             k_stride: 1,
         }
     }
-    if !super::bf16_kernel_available() {
-        eprintln!("NOTE: this CPU lacks AVX512-BF16; its products widen to f32 (checked by the conformance suite)");
-        return;
-    }
+    let product_of = |products| -> Product {
+        match products {
+            Bf16Products::Tiles => super::amx::product,
+            _ => super::bf16::product,
+        }
+    };
     // The right side is broadcast (100, 13, 7 rows: full strips and the 4- and 8-row tiles),
     // the left packed into panels (37, 5, 3 rows: partial panels).
-    for (m, n, k) in [(37, 100, 30), (5, 13, 64), (3, 7, 2)] {
+    for (products, (m, n, k)) in kernels()
+        .into_iter()
+        .flat_map(|p| [(37, 100, 30), (5, 13, 64), (3, 7, 2)].map(|shape| (p, shape)))
+    {
+        let product = product_of(products);
         let (a, b) = (values(m * k, 3), values(n * k, 4));
         let exact =
             |i: usize, j: usize| -> f64 { (0..k).map(|p| f64::from(a[i * k + p]) * f64::from(b[j * k + p])).sum() };
@@ -116,7 +139,7 @@ fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belon
             } else {
                 Dst::F32(out.as_mut_ptr())
             };
-            // SAFETY: the kernel is available (checked above), k > 0, and `out` holds m rows of n.
+            // SAFETY: the kernel runs here (`kernels`), k > 0, and `out` holds m rows of n.
             unsafe { product(&pool, dst, n, rows_along_k(&a, m, k), rows_along_k(&b, n, k), k) };
             for i in 0..m {
                 for j in 0..n {
@@ -124,7 +147,7 @@ fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belon
                     let got = f64::from(out[i * n + j]);
                     assert!(
                         (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                        "{m}x{n} over {k} (add {add}) at ({i},{j}): {got} vs {want}"
+                        "{products:?} {m}x{n} over {k} (add {add}) at ({i},{j}): {got} vs {want}"
                     );
                 }
             }
