@@ -126,10 +126,7 @@ impl CpuBackend {
     /// The bf16 product kernels this CPU runs, widening last (it runs everywhere).
     pub fn bf16_products_available() -> Vec<Bf16Products> {
         let kernels = matmul::bf16_plan::Kernels::of_this_cpu();
-        [Bf16Products::Tiles, Bf16Products::DotProducts, Bf16Products::Widened]
-            .into_iter()
-            .filter(|&p| kernels.run(p))
-            .collect()
+        Bf16Products::ALL.into_iter().filter(|&p| kernels.run(p)).collect()
     }
 
     /// The paths this process takes for a convolution of geometry `g` into `out_channels`

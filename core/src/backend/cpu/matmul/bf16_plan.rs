@@ -27,6 +27,11 @@ pub enum Bf16Products {
     Widened,
 }
 
+impl Bf16Products {
+    /// Every path, fastest first, in the order of their discriminants.
+    pub const ALL: [Bf16Products; 3] = [Bf16Products::Tiles, Bf16Products::DotProducts, Bf16Products::Widened];
+}
+
 /// The choice for this process and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bf16Plan {
@@ -84,16 +89,13 @@ impl Kernels {
 pub struct ProductsSwitch(std::sync::atomic::AtomicU8);
 
 impl ProductsSwitch {
-    /// The paths by their discriminants.
-    const ORDER: [Bf16Products; 3] = [Bf16Products::Tiles, Bf16Products::DotProducts, Bf16Products::Widened];
-
     pub fn new(products: Bf16Products) -> Self {
         let switch = ProductsSwitch(Default::default());
         switch.set(products);
         switch
     }
     pub fn get(&self) -> Bf16Products {
-        Self::ORDER[usize::from(self.0.load(std::sync::atomic::Ordering::Relaxed))]
+        Bf16Products::ALL[usize::from(self.0.load(std::sync::atomic::Ordering::Relaxed))]
     }
     pub fn set(&self, products: Bf16Products) {
         self.0.store(products as u8, std::sync::atomic::Ordering::Relaxed);

@@ -19,17 +19,14 @@ fn values(len: usize, seed: u32) -> Vec<bf16> {
         .collect()
 }
 
-/// The kernels this CPU runs; says which it does not.
+/// The kernels this CPU runs (not widening); says which it does not.
 fn kernels() -> Vec<Bf16Products> {
-    let mut run = Vec::new();
-    for (products, here, name) in [
-        (Bf16Products::Tiles, super::bf16_tiles_available(), "AMX tiles"),
-        (Bf16Products::DotProducts, super::bf16_kernel_available(), "AVX512-BF16"),
-    ] {
-        match here {
-            true => run.push(products),
-            false => eprintln!("NOTE: this CPU (or OS) lacks {name}: that kernel is not checked here"),
-        }
+    let here = super::bf16_plan::Kernels::of_this_cpu();
+    let (run, missing): (Vec<_>, Vec<_>) = [Bf16Products::Tiles, Bf16Products::DotProducts]
+        .into_iter()
+        .partition(|&p| here.run(p));
+    for products in missing {
+        eprintln!("NOTE: this CPU (or OS) lacks the {products:?} kernel: it is not checked here");
     }
     run
 }
