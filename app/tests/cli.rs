@@ -368,14 +368,17 @@ fn cpu_details_name_the_kernels_and_the_environment_picks_the_convolutions() {
 /// where the CPU has both, and a value it does not know is said to be ignored.
 #[test]
 fn the_bf16_products_path_is_named_and_the_environment_picks_it() {
-    let bf16_line = |value: &str| {
+    let details = |value: &str| {
         let out = run(lockstep(&["devices", "--details"]).env("LOCKSTEP_CPU_BF16", value));
         assert_succeeds(&out);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), support::stderr(&out))
+    };
+    let bf16_line = |value: &str| {
+        let (text, warning) = details(value);
         let line = text.lines().find(|l| l.contains("bf16 products")).map(str::to_owned);
         (
             line.unwrap_or_else(|| panic!("no `bf16 products` line:\n{text}")),
-            support::stderr(&out),
+            warning,
         )
     };
     let (widened, _) = bf16_line("widen");
@@ -391,6 +394,19 @@ fn the_bf16_products_path_is_named_and_the_environment_picks_it() {
             || tiles.contains("LOCKSTEP_CPU_BF16=tiles cannot apply"),
         "{tiles}"
     );
+    // Where the tiles run, the bf16 convolutions take them too: a 64-channel 32x32 layer reads
+    // its padded images in place for all three passes.
+    let (text, _) = details("tiles");
+    let body = text.lines().find(|l| l.contains("3x3/1 64→64 32x32"));
+    if tiles.contains("as LOCKSTEP_CPU_BF16 asks") {
+        assert!(
+            body.is_some_and(|l| l.contains("bf16 grid / transposed-grid / grid (on AMX tiles)")),
+            "{text}"
+        );
+    } else {
+        eprintln!("NOTE: no AMX tiles for this process; the convolutions' tile paths were not named");
+        assert!(body.is_some_and(|l| !l.contains("AMX tiles")), "{text}");
+    }
     let (line, warning) = bf16_line("sideways");
     assert!(
         warning.contains("LOCKSTEP_CPU_BF16=\"sideways\"")

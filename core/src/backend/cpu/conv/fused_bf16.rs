@@ -1,5 +1,5 @@
 //! The fused convolution (`conv::fused`) for bf16 under autocast, on the bf16 dot-product
-//! kernel, instead of the composed path's batch-wide bf16 columns and one large product. Each
+//! kernel or on AMX tiles (as the plan says), instead of the composed path's batch-wide bf16 columns and one large product. Each
 //! product's images are unfolded as bf16 (a copy) while in cache; products accumulate
 //! in f32; the weight gradient sums every image in f32 and rounds once at the end (as the one
 //! large product does); the input gradient is rounded once from f32, out of the transposed
@@ -11,23 +11,50 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use super::panels::{LeftRows, PanelScratch, Unfolded};
-use super::positions;
-use super::ranges::{Columns, image_ranges, images_for_columns, per_image_range, products, staging_len};
+use super::panels::{LeftRows, PanelScratch, Products, Unfolded};
+use super::ranges::{
+    Columns, image_ranges, images_for_columns, per_image_range, products, rounded_sum_turned, staging_len,
+};
 use super::transposed::Transposed;
 use super::unfold::{Planes, col2im_images, im2col_images};
 use super::{Forward, InputGrad, Plan, WeightGrad};
+use super::{grid, positions};
 use crate::backend::Conv2dGeometry;
 use crate::backend::cpu::float::bf16_from_f32_slice;
-use crate::backend::cpu::matmul::bf16::{Dst, Side, product};
-use crate::backend::cpu::matmul::bf16_kernel;
+use crate::backend::cpu::matmul::bf16::{Dst, Product, Side};
+use crate::backend::cpu::matmul::{amx, bf16_kernel};
 use crate::backend::cpu::pool::Pool;
 use crate::dtype::HostVec;
 
-/// Whether this CPU has the kernel; the f32 fused path on widened copies runs where it has not. Where it has, the
-/// fused path runs for every geometry: products of several small images fill its tiles.
+/// Whether this CPU has the dot-product kernel; the f32 fused path on widened copies runs where
+/// it has not (and has no AMX tiles). Where it has, the fused path runs for every geometry:
+/// products of several small images fill its tiles.
 pub fn available() -> bool {
     bf16_kernel::available()
+}
+
+/// Whether `plan`'s kernel runs on this CPU.
+fn runs(plan: &Plan) -> bool {
+    if plan.tiles { amx::available() } else { available() }
+}
+
+/// How a pass's unfolded products meet their kernel: on tiles where the plan has them, else
+/// the dot-product kernel reading a copy of the images where `direct`, else its panels.
+fn unfolded_products(plan: &Plan, direct: bool) -> Products {
+    match (plan.tiles, direct) {
+        (true, _) => Products::Tiles,
+        (false, true) => Products::Direct,
+        (false, false) => Products::Panels,
+    }
+}
+
+/// The plain products' kernel (`weightᵀ @ grad` folded back, the weight gradient).
+fn product_kernel(plan: &Plan) -> Product {
+    if plan.tiles {
+        amx::product
+    } else {
+        crate::backend::cpu::matmul::bf16::product
+    }
 }
 
 /// Columns (images x output pixels) each product covers at least: an 8x8 layer's backward pass
@@ -55,6 +82,7 @@ impl Fold {
     fn input_gradient(
         &mut self,
         pool: &Pool,
+        product: Product,
         weight: &[bf16],
         o: usize,
         grad: &[bf16],
@@ -79,8 +107,8 @@ impl Fold {
             row_stride: 1,
             k_stride: width,
         };
-        // SAFETY: `available()` holds (the fused path's promise) and o > 0; `grad_cols`
-        // (taps x columns) is this task's own, contiguous.
+        // SAFETY: `product`'s kernel runs here (the fused path's promise) and o > 0;
+        // `grad_cols` (taps x columns) is this task's own, contiguous.
         unsafe {
             product(
                 pool,
@@ -105,15 +133,16 @@ impl Fold {
 /// `by_channel = turned @ columns` (`c x inputs`), rounded once from its f32 sums: the
 /// transposed convolution's product, `turned` its weight arranged for `columns`.
 fn turned_product(pool: &Pool, turned: &LeftRows, columns: &Unfolded, by_channel: &mut [bf16], inputs: usize) {
-    // SAFETY: `available()` holds (the fused path's promise) and the sum is not empty;
+    // SAFETY: the plan's kernel runs here (the fused path's promise) and the sum is not empty;
     // `by_channel` holds c x inputs, this task's own, contiguous; `columns` hold `inputs`
     // columns, and `turned` was arranged for their geometry.
     unsafe { columns.product(pool, Dst::Bf16(by_channel.as_mut_ptr()), inputs, turned, inputs) };
 }
 
 /// `weight [o, c·kh·kw] @ im2col(x)` as `[o, n·oh·ow]` on `plan`'s path; call only where
-/// `available()`.
+/// its kernel runs.
 pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: usize, plan: &Plan) -> Vec<bf16> {
+    assert!(runs(plan), "the plan's bf16 kernel does not run on this CPU");
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
     let mut out = pool.take::<bf16>(o * width);
@@ -121,23 +150,30 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
         out.fill(bf16::ZERO);
         return out;
     }
-    if plan.forward == Forward::Positions {
-        positions::forward(pool, x, weight, g, o, &mut out);
-        return out;
+    match plan.forward {
+        Forward::Positions => {
+            positions::forward(pool, x, weight, g, o, &mut out);
+            return out;
+        }
+        Forward::Grid => {
+            grid::forward(pool, x, weight, g, o, &mut out);
+            return out;
+        }
+        _ => {}
     }
-    let direct = plan.forward == Forward::Direct;
+    let kernel = unfolded_products(plan, plan.forward == Forward::Direct);
     let per = images_for_columns(g, MIN_COLUMNS);
     let dst = Columns(out.as_mut_ptr());
-    let weight = LeftRows::arrange(pool, g, weight, direct);
+    let weight = LeftRows::arrange(pool, g, weight, kernel);
     image_ranges(g.n).for_each(|images| {
         // The whole `Columns` (Send), not its raw pointer field (which is not).
         #[allow(clippy::redundant_locals)]
         let dst = dst;
-        let mut scratch = PanelScratch::take(pool, &Conv2dGeometry { n: per, ..*g }, direct);
+        let mut scratch = PanelScratch::take(pool, &Conv2dGeometry { n: per, ..*g }, kernel);
         for (first, run) in products(images, per, g) {
             let columns = run.n * pixels;
             let unfolded = scratch.unfold(&x[first * plane..(first + run.n) * plane], Planes::nchw(&run), &run);
-            // SAFETY: `available()` holds (the caller's promise) and taps > 0; the run's block
+            // SAFETY: the plan's kernel runs here (asserted above) and taps > 0; the run's block
             // of `out` (o x width) is o rows of `columns` at column first·pixels, written by
             // this task alone; `unfolded` holds `columns` columns, `weight` arranged for them.
             unsafe {
@@ -153,8 +189,8 @@ pub fn forward(pool: &Pool, x: &[bf16], weight: &[bf16], g: &Conv2dGeometry, o: 
 
 /// The product's gradients from `grad` `[o, n·oh·ow]`: the input's `[n, c, h, w]` and the
 /// weight's `[o, c·kh·kw]`, images in one contiguous range per thread, the ranges' f32 weight
-/// sums added in order (deterministic); each gradient on `plan`'s path. Call only where
-/// `available()`.
+/// sums added in order (deterministic); each gradient on `plan`'s path. Call only where its
+/// kernel runs.
 pub fn backward(
     pool: &Pool,
     x: &[bf16],
@@ -164,8 +200,10 @@ pub fn backward(
     o: usize,
     plan: &Plan,
 ) -> (Vec<bf16>, Vec<bf16>) {
+    assert!(runs(plan), "the plan's bf16 kernel does not run on this CPU");
     let (taps, pixels, plane) = (g.c * g.kh * g.kw, g.out_h() * g.out_w(), g.c * g.h * g.w);
     let width = g.n * pixels;
+    let product = product_kernel(plan);
     let mut grad_x = pool.take::<bf16>(g.n * plane);
     let mut grad_w = pool.take::<bf16>(o * taps);
     if g.n == 0 || plane == 0 || taps == 0 || pixels == 0 || o == 0 {
@@ -176,8 +214,9 @@ pub fn backward(
     // By position, the input gradient is one product of the whole batch after the weight
     // gradient's runs.
     let by_position = (plan.input == InputGrad::Positions).then(|| positions::InputGradient::new(g, o));
-    let input_gradient = by_position.is_none();
-    let direct = plan.input == InputGrad::TransposedDirect;
+    let on_grid = plan.input == InputGrad::TransposedGrid;
+    let input_gradient = by_position.is_none() && !on_grid;
+    let kernel = unfolded_products(plan, plan.input == InputGrad::TransposedDirect);
     let transposed = match plan.input {
         InputGrad::Transposed | InputGrad::TransposedDirect => Transposed::plan(pool, g, o, weight),
         _ => None,
@@ -185,11 +224,12 @@ pub fn backward(
     // Its weight arranged for the products that read the output gradient.
     let turned = transposed
         .as_ref()
-        .map(|t| LeftRows::arrange(pool, t.geometry(), &t.weight, direct));
+        .map(|t| LeftRows::arrange(pool, t.geometry(), &t.weight, kernel));
     let transposed_product = transposed.as_ref().zip(turned.as_ref());
     // And the weight gradient, tap by tap over the whole batch.
     let by_tap = (plan.weight == WeightGrad::Positions).then(|| positions::WeightGradient::new(g));
-    let weight_gradient = by_tap.is_none();
+    let weight_on_grid = plan.weight == WeightGrad::Grid;
+    let weight_gradient = by_tap.is_none() && !weight_on_grid;
     let per = images_for_columns(g, MIN_COLUMNS);
     let by_runs = |first, grad_x_range: &mut [bf16]| {
         let mut partial = pool.take::<f32>(if weight_gradient { o * taps } else { 0 });
@@ -207,7 +247,7 @@ pub fn backward(
                     n: per,
                     ..*t.geometry()
                 },
-                direct,
+                kernel,
             ),
             None => PanelScratch::default(),
         };
@@ -218,7 +258,16 @@ pub fn backward(
         let range = first..first + grad_x_range.len() / plane;
         for ((start, run), grad_x_run) in products(range, per, g).zip(grad_x_range.chunks_mut(per * plane)) {
             if weight_gradient {
-                run_weight_gradient(pool, (x, (grad, width)), start, &run, o, &mut cols, &mut partial);
+                run_weight_gradient(
+                    pool,
+                    product,
+                    (x, (grad, width)),
+                    start,
+                    &run,
+                    o,
+                    &mut cols,
+                    &mut partial,
+                );
             }
             match transposed_product {
                 _ if !input_gradient => {}
@@ -233,7 +282,7 @@ pub fn backward(
                         turned_product(pool, turned, &unfolded, by_channel, inputs)
                     },
                 ),
-                None => fold.input_gradient(pool, weight, o, grad, width, start, &run, grad_x_run),
+                None => fold.input_gradient(pool, product, weight, o, grad, width, start, &run, grad_x_run),
             }
         }
         pool.recycle(HostVec::BF16(cols));
@@ -256,23 +305,14 @@ pub fn backward(
     if let Some(plan) = by_position {
         plan.run(pool, grad, weight, g, &mut grad_x);
     }
+    if on_grid {
+        grid::input_gradient(pool, grad, weight, g, o, &mut grad_x);
+    }
     match by_tap {
         Some(plan) => plan.run(pool, x, grad, g, o, &mut grad_w),
-        None => {
-            let mut sum = pool.take::<f32>(o * taps);
-            sum.fill(0.0);
-            for partial in partials {
-                sum.iter_mut().zip(&partial).for_each(|(s, p)| *s += p);
-                pool.recycle(HostVec::F32(partial));
-            }
-            // The sums are `[taps, o]` (see `run_weight_gradient`).
-            for (t, sums) in sum.chunks_exact(o).enumerate() {
-                for (oi, &v) in sums.iter().enumerate() {
-                    grad_w[oi * taps + t] = bf16::from_f32(v);
-                }
-            }
-            pool.recycle(HostVec::F32(sum));
-        }
+        None if weight_on_grid => grid::weight_gradient(pool, x, grad, g, o, &mut grad_w),
+        // The sums are `[taps, o]` (see `run_weight_gradient`).
+        None => rounded_sum_turned(pool, partials, taps, o, &mut grad_w),
     }
     (grad_x, grad_w)
 }
@@ -281,8 +321,10 @@ pub fn backward(
 /// unfolded into `cols`; `grad` is `[o, width]`. The transposed sum (`[o, taps]`, with the
 /// output gradient packed all the same) wrote its tiles a column at a time, one element per
 /// row of the sum.
+#[allow(clippy::too_many_arguments)]
 fn run_weight_gradient(
     pool: &Pool,
+    product: Product,
     (x, (grad, width)): (&[bf16], (&[bf16], usize)),
     start: usize,
     run: &Conv2dGeometry,
@@ -295,7 +337,6 @@ fn run_weight_gradient(
         run.out_h() * run.out_w(),
         run.c * run.h * run.w,
     );
-    assert!(available(), "the bf16 product needs AVX512-BF16");
     let columns = run.n * pixels;
     im2col_images(&x[start * plane..(start + run.n) * plane], cols, run);
     // grad_run: o rows of `columns` along k, at column start·pixels of `grad`.
@@ -313,8 +354,8 @@ fn run_weight_gradient(
         row_stride: columns,
         k_stride: 1,
     };
-    // SAFETY: `available()` holds (asserted above) and columns > 0; `partial` (taps x o) is the
-    // calling task's own, contiguous.
+    // SAFETY: `product`'s kernel runs here (asserted by the caller) and columns > 0; `partial`
+    // (taps x o) is the calling task's own, contiguous.
     unsafe {
         product(
             pool,
@@ -333,33 +374,43 @@ mod tests {
     use crate::backend::cpu::conv::reference::{POSITIONS, SAME_SIZE, STRIDED, UNSTRIDED, reference_with};
 
     /// The bf16 product and both gradients against the f64 loops over the same values (exact in
-    /// bf16). Only where the CPU has the kernel (it says so otherwise).
+    /// bf16), on the dot-product kernel and, where the CPU has them, on AMX tiles. Only where
+    /// the CPU has the kernel (it says so otherwise).
     #[test]
     fn the_bf16_fused_product_and_its_gradients_match_plain_loops() {
         if !available() {
             eprintln!("\n*** SKIPPED: this CPU has no AVX512-BF16; the composed path runs instead ***\n");
             return;
         }
+        let this = super::super::Cpu::this();
+        if !this.tiles {
+            eprintln!(
+                "\nNOTE: no AMX tiles for this process: the bf16 convolution runs on the dot-product kernel only\n"
+            );
+        }
+        for tiles in std::iter::once(false).chain(this.tiles.then_some(true)) {
+            match_plain_loops(&super::super::Cpu { tiles, ..this });
+        }
+    }
+
+    fn match_plain_loops(cpu: &super::super::Cpu) {
         let pool = Pool::default();
         let plan = |g: &Conv2dGeometry, o| {
-            super::super::plan(
-                g,
-                o,
-                crate::dtype::DType::BF16,
-                &super::super::Cpu::this(),
-                Default::default(),
-            )
-            .unwrap()
+            super::super::plan(g, o, crate::dtype::DType::BF16, cpu, Default::default()).unwrap()
         };
-        assert_eq!(plan(&SAME_SIZE, 5).forward, Forward::Direct);
-        assert_eq!(plan(&POSITIONS, 5).forward, Forward::Positions);
-        assert_eq!(plan(&POSITIONS, 97).input, InputGrad::Positions);
+        if !cpu.tiles {
+            assert_eq!(plan(&SAME_SIZE, 5).forward, Forward::Direct);
+            assert_eq!(plan(&POSITIONS, 5).forward, Forward::Positions);
+            assert_eq!(plan(&POSITIONS, 97).input, InputGrad::Positions);
+        }
         // A batch of 48: the weight gradient goes tap by tap as well, beside an input gradient
         // by runs (40 output channels) or by position (97).
         let batch = Conv2dGeometry { n: 48, ..POSITIONS };
-        assert_eq!(plan(&batch, 40).weight, WeightGrad::Positions);
-        assert_ne!(plan(&POSITIONS, 97).weight, WeightGrad::Positions);
-        assert_ne!(plan(&batch, 40).input, InputGrad::Positions);
+        if !cpu.tiles {
+            assert_eq!(plan(&batch, 40).weight, WeightGrad::Positions);
+            assert_ne!(plan(&POSITIONS, 97).weight, WeightGrad::Positions);
+            assert_ne!(plan(&batch, 40).input, InputGrad::Positions);
+        }
         for (g, o) in [
             (STRIDED, 5),
             (UNSTRIDED, 5),
@@ -380,6 +431,7 @@ mod tests {
                         .all(|(g, w)| (g.to_f64() - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-6)
             };
             let plan = plan(&g, o);
+            assert_eq!(plan.tiles, cpu.tiles);
             assert!(
                 close(&forward(&pool, &x, &w, &r.g, r.o, &plan), &r.forward),
                 "{g:?} ({plan})"

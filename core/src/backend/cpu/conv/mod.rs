@@ -4,7 +4,8 @@
 //! features and an [`Override`], and returns a [`Plan`]: the path of the forward product, of the
 //! input gradient and of the weight gradient. The paths (one file or folder each) compute and
 //! decide nothing; `fused` (f32, f64 and 16-bit floats widened to f32, on `gemm`) and
-//! `fused_bf16` (the AVX512-BF16 kernel) run a plan's paths over the batch's runs of images.
+//! `fused_bf16` (the AVX512-BF16 kernel, or AMX tiles) run a plan's paths over the batch's runs
+//! of images.
 //!
 //! | path | pass | runs where | measured against the next best (ResNet-18, batch 64, 2 threads) |
 //! | --- | --- | --- | --- |
@@ -13,16 +14,18 @@
 //! | `transposed` (`transposed.rs`) | input grad | stride 1, padding at most `dilation·(k-1)`, 8 input channels or more | against `fold` (session 43, Zen 5): f32 step 962 → 915 ms; a 3-channel stem's backward took 2.9x as long, hence the 8 |
 //! | `shifted` (`shifted/`) | all three (the input gradient's transposed convolution) | f32 on AVX2 + FMA without AVX-512, stride 1, output the size of the input; weight grad on planes of 64 pixels or more | against `unfold` (session 48, Zen 3): 64→64 3x3 at 32x32 forward / backward 57 / 119 → 39–46 / 85–90 ms; a 512-channel 4x4 backward 107 ms against 97 unfolded, hence the 64 pixels. Re-measured in one binary (session 49): even forward, backward 352 against 372 ms (medians), and it holds less (copies 3x the images where unfolding writes 9x) |
 //! | `positions` (`positions.rs`) | all three | f32 on AVX-512F, bf16 on AVX512-BF16, where the taps left out save a tenth of the work and a tile's sum is long enough | against the paths above (sessions 55–56, Zen 4): f32 forward 256 ch 8x8 24.0 → 20.7 ms, 512 ch 4x4 23.8 → 18.5; bf16 backward 512 ch 4x4 30.1 → 20.2; f32 backward 3x3 stride 2 128 ch 16x16 29.2 → 31.0 (left out: its sums are too short) |
-//! | `panels` (`panels.rs`) | forward, input grad (`transposed`) | bf16 on AVX512-BF16 where `direct` does not apply | columns unfolded straight into the kernel's panels, against plain columns packed (session 43, Zen 5): bf16 step 604 → 586 ms |
+//! | `panels` (`panels.rs`) | forward, input grad (`transposed`) | bf16 on AVX512-BF16 where `direct` does not apply, on AMX tiles where `grid` does not (its sums padded to whole tile loads) | columns unfolded straight into the kernel's panels, against plain columns packed (session 43, Zen 5): bf16 step 604 → 586 ms |
+//! | `grid` (`grid.rs`) | all three (the input gradient `transposed-grid`) | bf16 on AMX tiles, stride 1, channels in multiples of 32 (of the input, and for the input gradient of the output), output pixels at least 75% of the zero-padded images (32x32 and 16x16 with padding 1; at 8x8, 64%, it was slower than `panels`: forward 14.3-16.1 against 12.9 ms, 256 channels; at 4x4 twice as slow) | against `panels` / `transposed` / `unfold` on tiles (session 68, Emerald Rapids, 64 channels 32x32): forward 24.0 → 12.6 ms, backward 44.4 → 25.3 ms; the tiles' products read the padded copy in place, nothing unfolded |
 //! | `direct` (`direct.rs`) | forward, input grad (`transposed-direct`) | bf16 on AVX512-BF16 where every panel of 32 output pixels lies in one image from column 0 and every tap's pixel in its phase plane (CIFAR's 3x3 and 1x1 at 32, 16 and 8 pixels out, stride 1 or 2) | against `panels` (sessions 45 and 58): bf16 step 575 / 592 → 475 / 475 ms (Zen 5); with the channel-paired copy, 3x3 64 ch 32x32 forward 16.1 → 13.1 ms and stride 2 from 32x32 12.5 → 8.2 ms (Zen 4) |
 //!
-//! Automatically, pass by pass: f32 (and f16 and bf16 without the bf16 kernel, widened to f32)
+//! Automatically, pass by pass: f32 (and f16 and bf16 without the bf16 kernels, widened to f32)
 //! takes `shifted` where it runs on CPUs whose widest vectors are AVX2 (it was measured only
-//! beside `gemm`'s AVX2 kernels), elsewhere `positions` where it pays; bf16 with the kernel takes
-//! `positions` where it pays, else `direct` where it applies, else `panels`. What is left: the
-//! input gradient `transposed` (in bf16 `transposed-direct` where `direct` applies) where it
-//! runs, else `fold`; the forward product and the weight gradient `unfold`. f64 takes only the
-//! `gemm` paths.
+//! beside `gemm`'s AVX2 kernels), elsewhere `positions` where it pays; bf16 with the dot-product
+//! kernel takes `positions` where it pays, else `direct` where it applies, else `panels`; bf16
+//! on AMX tiles (where the process's bf16 products take them, `matmul::bf16_plan`) takes `grid`
+//! where it applies, else `panels`, every product on tiles. What is left: the input gradient
+//! `transposed` (in bf16 `transposed-direct` where `direct` applies) where it runs, else `fold`;
+//! the forward product and the weight gradient `unfold`. f64 takes only the `gemm` paths.
 //!
 //! `LOCKSTEP_CPU_CONV` (read once, by [`Override::from_env`]) forces paths, to measure one
 //! against another on any CPU: `auto` (the default), or a comma-separated list of `PATH`
@@ -35,6 +38,8 @@ mod direct;
 mod fused;
 #[cfg(target_arch = "x86_64")]
 mod fused_bf16;
+#[cfg(target_arch = "x86_64")]
+mod grid;
 #[cfg(target_arch = "x86_64")]
 mod panels;
 #[cfg(target_arch = "x86_64")]
@@ -70,6 +75,9 @@ pub enum Forward {
     Panels,
     /// The bf16 kernel's panels read from a channel-paired copy of the images (AVX512-BF16).
     Direct,
+    /// AMX tiles read from a channel-paired, zero-padded copy of the images, nothing unfolded
+    /// (stride 1).
+    Grid,
 }
 
 /// How a convolution's input gradient is computed.
@@ -87,6 +95,8 @@ pub enum InputGrad {
     Shifted,
     /// By input position, the output gradient's pixels whose taps read it (AVX-512).
     Positions,
+    /// The transposed convolution on AMX tiles from a padded copy of the gradient (`grid`).
+    TransposedGrid,
 }
 
 /// How a convolution's weight gradient is computed.
@@ -98,6 +108,9 @@ pub enum WeightGrad {
     Shifted,
     /// Tap by tap over the whole batch, taps in the padding left out (AVX-512).
     Positions,
+    /// Tap by tap on AMX tiles, the output gradient and the images laid on a padded grid
+    /// (`grid`, stride 1).
+    Grid,
 }
 
 /// The paths one convolution takes: what `CpuBackend::conv_plan` (and `conv_plans`) report.
@@ -106,6 +119,9 @@ pub struct Plan {
     /// Whether the inputs are widened to f32 and the results rounded back once (f16, and bf16
     /// without the bf16 kernel): the paths are f32's.
     pub widened: bool,
+    /// Whether bf16 products run on AMX tiles (the paths' products; else the dot-product
+    /// kernel, or f32's where widened).
+    pub tiles: bool,
     /// The forward product's path.
     pub forward: Forward,
     /// The input gradient's path.
@@ -115,12 +131,13 @@ pub struct Plan {
 }
 
 impl Forward {
-    const ALL: [Forward; 5] = [
+    const ALL: [Forward; 6] = [
         Forward::Unfold,
         Forward::Shifted,
         Forward::Positions,
         Forward::Panels,
         Forward::Direct,
+        Forward::Grid,
     ];
 
     /// The path's name, as `LOCKSTEP_CPU_CONV` takes it.
@@ -131,17 +148,19 @@ impl Forward {
             Forward::Positions => "positions",
             Forward::Panels => "panels",
             Forward::Direct => "direct",
+            Forward::Grid => "grid",
         }
     }
 }
 
 impl InputGrad {
-    const ALL: [InputGrad; 5] = [
+    const ALL: [InputGrad; 6] = [
         InputGrad::Fold,
         InputGrad::Transposed,
         InputGrad::TransposedDirect,
         InputGrad::Shifted,
         InputGrad::Positions,
+        InputGrad::TransposedGrid,
     ];
 
     /// The path's name, as `LOCKSTEP_CPU_CONV` takes it.
@@ -152,12 +171,18 @@ impl InputGrad {
             InputGrad::TransposedDirect => "transposed-direct",
             InputGrad::Shifted => "shifted",
             InputGrad::Positions => "positions",
+            InputGrad::TransposedGrid => "transposed-grid",
         }
     }
 }
 
 impl WeightGrad {
-    const ALL: [WeightGrad; 3] = [WeightGrad::Unfold, WeightGrad::Shifted, WeightGrad::Positions];
+    const ALL: [WeightGrad; 4] = [
+        WeightGrad::Unfold,
+        WeightGrad::Shifted,
+        WeightGrad::Positions,
+        WeightGrad::Grid,
+    ];
 
     /// The path's name, as `LOCKSTEP_CPU_CONV` takes it.
     pub fn name(self) -> &'static str {
@@ -165,6 +190,7 @@ impl WeightGrad {
             WeightGrad::Unfold => "unfold",
             WeightGrad::Shifted => "shifted",
             WeightGrad::Positions => "positions",
+            WeightGrad::Grid => "grid",
         }
     }
 }
@@ -194,6 +220,9 @@ impl fmt::Display for Plan {
         if self.widened {
             f.write_str(" (widened to f32)")?;
         }
+        if self.tiles {
+            f.write_str(" (on AMX tiles)")?;
+        }
         Ok(())
     }
 }
@@ -209,6 +238,8 @@ pub struct Cpu {
     pub avx512f: bool,
     /// AVX512-BF16: the bf16 kernel (`panels`, `direct`, `positions` in bf16).
     pub bf16: bool,
+    /// AMX tiles with bf16 (`panels`, `transposed`, `fold` and `unfold` on tiles).
+    pub tiles: bool,
 }
 
 impl Cpu {
@@ -227,6 +258,7 @@ impl Cpu {
             avx512: avx2_fma && !super::simd::widest_is_avx2(),
             avx512f,
             bf16,
+            tiles: super::matmul::bf16_tiles_available(),
         }
     }
 }
@@ -329,6 +361,8 @@ enum Kernels {
     F32,
     /// The AVX512-BF16 kernel.
     Bf16,
+    /// AMX tiles.
+    Tiles,
 }
 
 /// The plan for a convolution of geometry `g` into `out_channels` channels in `dtype` on a CPU
@@ -337,6 +371,7 @@ enum Kernels {
 pub fn plan(g: &Conv2dGeometry, out_channels: usize, dtype: DType, cpu: &Cpu, force: Override) -> Option<Plan> {
     let kernels = match dtype {
         DType::F64 => Kernels::F64,
+        DType::BF16 if cpu.tiles => Kernels::Tiles,
         DType::BF16 if cpu.bf16 => Kernels::Bf16,
         DType::F32 | DType::F16 | DType::BF16 => Kernels::F32,
         DType::I64 | DType::U32 => return None,
@@ -356,6 +391,7 @@ pub fn plan(g: &Conv2dGeometry, out_channels: usize, dtype: DType, cpu: &Cpu, fo
             Kernels::F32 if shifted_first => &[Forward::Shifted],
             Kernels::F32 => &[Forward::Positions],
             Kernels::Bf16 => &[Forward::Positions, Forward::Direct, Forward::Panels],
+            Kernels::Tiles => &[Forward::Grid, Forward::Panels],
         };
         first(preferred, |&p| can.forward(p)).unwrap_or(Forward::Unfold)
     });
@@ -365,6 +401,7 @@ pub fn plan(g: &Conv2dGeometry, out_channels: usize, dtype: DType, cpu: &Cpu, fo
             Kernels::F32 if shifted_first => &[InputGrad::Shifted, InputGrad::Transposed],
             Kernels::F32 => &[InputGrad::Positions, InputGrad::Transposed],
             Kernels::Bf16 => &[InputGrad::Positions, InputGrad::TransposedDirect, InputGrad::Transposed],
+            Kernels::Tiles => &[InputGrad::TransposedGrid, InputGrad::Transposed],
         };
         let pays = |&p: &InputGrad| can.input(p) && (p == InputGrad::Positions || g.c >= TRANSPOSED_MIN_CHANNELS);
         first(preferred, pays).unwrap_or(InputGrad::Fold)
@@ -372,6 +409,7 @@ pub fn plan(g: &Conv2dGeometry, out_channels: usize, dtype: DType, cpu: &Cpu, fo
     let weight = force.weight.filter(|&p| can.weight(p)).unwrap_or_else(|| {
         let preferred: &[WeightGrad] = match kernels {
             Kernels::F64 => &[],
+            Kernels::Tiles => &[WeightGrad::Grid],
             Kernels::F32 if shifted_first => &[WeightGrad::Shifted],
             Kernels::F32 | Kernels::Bf16 => &[WeightGrad::Positions],
         };
@@ -381,6 +419,7 @@ pub fn plan(g: &Conv2dGeometry, out_channels: usize, dtype: DType, cpu: &Cpu, fo
     });
     Some(Plan {
         widened: matches!(dtype, DType::F16 | DType::BF16) && kernels == Kernels::F32,
+        tiles: kernels == Kernels::Tiles,
         forward,
         input,
         weight,
@@ -393,14 +432,16 @@ fn first<P: Copy>(paths: &[P], ok: impl Fn(&P) -> bool) -> Option<P> {
 }
 
 /// The plan this process takes for a convolution: [`plan`] on this CPU with
-/// `LOCKSTEP_CPU_CONV`'s override, bf16 on the bf16 kernel only where the products take it
-/// (`bf16_plan`: widened, ResNet-18's bf16-mixed step ran about 10% faster on a Sapphire Rapids,
-/// its peak memory 24% higher). Convolutions have no AMX-tile path: where products take tiles,
-/// convolutions widen.
+/// `LOCKSTEP_CPU_CONV`'s override, bf16 on the kernel the process's products take
+/// (`bf16_plan`): AMX tiles, the dot-product kernel, or widened (on an Intel CPU without tiles
+/// widened, ResNet-18's bf16-mixed step ran about 10% faster on a Sapphire Rapids than on the
+/// dot-product kernel, its peak memory 24% higher).
 pub fn chosen(g: &Conv2dGeometry, out_channels: usize, dtype: DType) -> Option<Plan> {
-    let this = Cpu::this();
+    use crate::backend::cpu::matmul::bf16_plan::{Bf16Products, plan as bf16_plan};
+    let (this, products) = (Cpu::this(), bf16_plan().products);
     let cpu = Cpu {
-        bf16: this.bf16 && crate::backend::cpu::matmul::bf16_plan::plan().dot_products(),
+        bf16: this.bf16 && products == Bf16Products::DotProducts,
+        tiles: this.tiles && products == Bf16Products::Tiles,
         ..this
     };
     plan(g, out_channels, dtype, &cpu, Override::from_env())
@@ -435,8 +476,9 @@ impl Can<'_> {
             Forward::Unfold => self.kernels != Kernels::Bf16,
             Forward::Shifted => self.shifted() && shifted::applies(g),
             Forward::Positions => self.positions().is_some_and(|l| positions_pays::forward(l, g)),
-            Forward::Panels => self.kernels == Kernels::Bf16,
+            Forward::Panels => matches!(self.kernels, Kernels::Bf16 | Kernels::Tiles),
             Forward::Direct => self.kernels == Kernels::Bf16 && direct_applies(g),
+            Forward::Grid => self.kernels == Kernels::Tiles && grid_applies::forward(g),
         }
     }
 
@@ -451,6 +493,7 @@ impl Can<'_> {
             InputGrad::Positions => self
                 .positions()
                 .is_some_and(|l| positions_pays::input_gradient(l, g, o)),
+            InputGrad::TransposedGrid => self.kernels == Kernels::Tiles && grid_applies::input_gradient(g, o),
         }
     }
 
@@ -460,6 +503,7 @@ impl Can<'_> {
             WeightGrad::Unfold => true,
             WeightGrad::Shifted => self.shifted() && shifted::applies(g),
             WeightGrad::Positions => self.positions().is_some_and(|l| positions_pays::weight_gradient(l, g)),
+            WeightGrad::Grid => self.kernels == Kernels::Tiles && grid_applies::forward(g),
         }
     }
 }
@@ -473,6 +517,32 @@ fn direct_applies(g: &Conv2dGeometry) -> bool {
         let _ = g;
         false
     };
+}
+
+/// Whether `grid` runs a convolution's passes (x86-64 only).
+mod grid_applies {
+    use crate::backend::Conv2dGeometry;
+
+    /// The forward product's and the weight gradient's.
+    #[cfg(target_arch = "x86_64")]
+    pub fn forward(g: &Conv2dGeometry) -> bool {
+        super::grid::applies(g)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub fn input_gradient(g: &Conv2dGeometry, o: usize) -> bool {
+        super::grid::applies_to_input_gradient(g, o)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn forward(_: &Conv2dGeometry) -> bool {
+        false
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn input_gradient(_: &Conv2dGeometry, _: usize) -> bool {
+        false
+    }
 }
 
 /// Whether `positions` pays, per element type (x86-64 only).

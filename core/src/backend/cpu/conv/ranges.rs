@@ -2,9 +2,14 @@
 //! one contiguous range of images per thread (each allocates its scratch once), cut into runs
 //! that one product covers.
 
+use half::bf16;
 use rayon::prelude::*;
 
+use super::super::float::ViaF32;
+use super::super::pool::Pool;
+use super::super::simd::{Kernel, wide};
 use crate::backend::Conv2dGeometry;
+use crate::dtype::HostVec;
 
 /// A pointer the image tasks share, each writing only its own columns of the output.
 #[derive(Clone, Copy)]
@@ -69,4 +74,59 @@ pub fn per_image_range<T: Send, P: Send>(
         .enumerate()
         .map(|(r, grad_x_range)| range(r * per_range, grad_x_range))
         .collect()
+}
+
+/// The threads' partial sums (each `[rows, cols]` in f32), added in order (so the result does
+/// not depend on scheduling), rounded once and turned into `out` (`[cols, rows]`): a bf16
+/// weight gradient from partials laid out by tap.
+pub fn rounded_sum_turned(pool: &Pool, partials: Vec<Vec<f32>>, rows: usize, cols: usize, out: &mut [bf16]) {
+    let mut sum = pool.take::<f32>(rows * cols);
+    sum.fill(0.0);
+    for partial in partials {
+        sum.iter_mut().zip(&partial).for_each(|(s, p)| *s += p);
+        pool.recycle(HostVec::F32(partial));
+    }
+    wide(RoundTurned {
+        sum: &sum,
+        rows,
+        cols,
+        out,
+    });
+    pool.recycle(HostVec::F32(sum));
+}
+
+/// Elements turned at a time each way, so reads and writes both move along cache lines.
+const TURN: usize = 16;
+
+/// `out[c][r] = round(sum[r][c])`, 16 by 16. Run by `simd::wide`.
+struct RoundTurned<'a> {
+    sum: &'a [f32],
+    rows: usize,
+    cols: usize,
+    out: &'a mut [bf16],
+}
+
+impl Kernel for RoundTurned<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let RoundTurned { sum, rows, cols, out } = self;
+        for r0 in (0..rows).step_by(TURN) {
+            let rs = (rows - r0).min(TURN);
+            for c0 in (0..cols).step_by(TURN) {
+                let cs = (cols - c0).min(TURN);
+                let mut block = [[bf16::ZERO; TURN]; TURN];
+                for (r, rounded) in block.iter_mut().enumerate().take(rs) {
+                    for (b, &v) in rounded.iter_mut().zip(&sum[(r0 + r) * cols + c0..][..cs]) {
+                        *b = <bf16 as ViaF32>::from_f32(v);
+                    }
+                }
+                for c in 0..cs {
+                    for (r, o) in out[(c0 + c) * rows + r0..][..rs].iter_mut().enumerate() {
+                        *o = block[r][c];
+                    }
+                }
+            }
+        }
+    }
 }

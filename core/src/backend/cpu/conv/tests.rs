@@ -23,8 +23,9 @@ const fn square(n: usize, c: usize, size: [usize; 2], k: usize, stride: usize, p
 
 /// Geometries (with output channels) that between them let every path run where the CPU has
 /// its kernels: stride 1 and 2, with and without padding, 1x1, 3x3 and 7x7, odd sizes, dilation,
-/// batches that leave tiles' lanes empty, and sums long enough for `positions`.
-const CASES: [(Conv2dGeometry, usize); 12] = [
+/// batches that leave tiles' lanes empty, sums long enough for `positions`, and channels in
+/// whole tile loads for `grid` (a block of grid positions across two images and past the end).
+const CASES: [(Conv2dGeometry, usize); 15] = [
     (SAME_SIZE, 5),
     (STRIDED, 5),
     (UNSTRIDED, 5),
@@ -47,6 +48,25 @@ const CASES: [(Conv2dGeometry, usize); 12] = [
         8,
     ),
     (square(30, 16, [8, 8], 3, 2, 1), 416),
+    // `grid`: 16x16 (the grid's rows of 18 straddle blocks of 32) into a partial strip of 40
+    // output channels; 1x1 over 64 channels with its input gradient too; a non-square image
+    // with dilation, into 64 channels.
+    (square(3, 32, [16, 16], 3, 1, 1), 40),
+    (square(2, 64, [9, 9], 1, 1, 0), 32),
+    (
+        Conv2dGeometry {
+            n: 2,
+            c: 32,
+            h: 17,
+            w: 29,
+            kh: 3,
+            kw: 3,
+            stride: [1, 1],
+            padding: [1, 2],
+            dilation: [1, 2],
+        },
+        64,
+    ),
 ];
 
 /// `v` in `dtype`.
@@ -89,16 +109,33 @@ fn each_forced<P: Copy + PartialEq>(
     ran
 }
 
+/// This CPU as the planner sees it, and where it has AMX tiles, the same CPU without them (so
+/// the dot-product kernel's paths run there too).
+fn this_cpu_each_bf16_kernel() -> Vec<Cpu> {
+    let this = Cpu::this();
+    let mut cpus = vec![this];
+    if this.tiles {
+        cpus.push(Cpu { tiles: false, ..this });
+    }
+    cpus
+}
+
 #[test]
 fn every_path_forced_through_the_planner_matches_the_f64_reference() {
-    let (pool, cpu) = (Pool::default(), Cpu::this());
+    for cpu in this_cpu_each_bf16_kernel() {
+        every_path_forced_on(&cpu);
+    }
+}
+
+fn every_path_forced_on(cpu: &Cpu) {
+    let pool = Pool::default();
     // (dtype, pass, path) of every forced run.
     let mut ran: Vec<(DType, &str, &str)> = Vec::new();
     for (g, o) in CASES {
         let r = reference_with(&pool, g, o);
         for dtype in [DType::F64, DType::F32, DType::BF16] {
             let (x, w, grad) = (narrow(&r.x, dtype), narrow(&r.w, dtype), narrow(&r.grad, dtype));
-            let planned = |force: Override| plan(&g, o, dtype, &cpu, force).expect("a float dtype");
+            let planned = |force: Override| plan(&g, o, dtype, cpu, force).expect("a float dtype");
             let forced = |forward, input, weight| planned(Override { forward, input, weight });
             let gradients = |plan: &Plan| backward(&pool, &x, &w, &grad, &g, o, plan).expect("one dtype");
             let forwards = each_forced(
@@ -133,33 +170,38 @@ fn every_path_forced_through_the_planner_matches_the_f64_reference() {
             ran.extend(weights.into_iter().map(|p| (dtype, "weight", p.name())));
         }
     }
-    // Every path this CPU has the kernels for ran somewhere.
+    // Every path this CPU has the kernels for ran somewhere (on tiles, bf16 takes only their
+    // paths).
+    let (bf16, tiles) = (cpu.bf16 && !cpu.tiles, cpu.tiles);
     let wanted = [
         (DType::F64, "forward", "unfold", true),
         (DType::F32, "forward", "unfold", true),
         (DType::F32, "forward", "shifted", cpu.avx2_fma),
         (DType::F32, "forward", "positions", cpu.avx512f),
-        (DType::BF16, "forward", "panels", cpu.bf16),
-        (DType::BF16, "forward", "direct", cpu.bf16),
-        (DType::BF16, "forward", "positions", cpu.bf16),
+        (DType::BF16, "forward", "panels", bf16 || tiles),
+        (DType::BF16, "forward", "direct", bf16),
+        (DType::BF16, "forward", "positions", bf16),
+        (DType::BF16, "forward", "grid", tiles),
         (DType::F64, "input", "fold", true),
         (DType::F64, "input", "transposed", true),
         (DType::F32, "input", "shifted", cpu.avx2_fma),
         (DType::F32, "input", "positions", cpu.avx512f),
         (DType::BF16, "input", "fold", true),
         (DType::BF16, "input", "transposed", true),
-        (DType::BF16, "input", "transposed-direct", cpu.bf16),
-        (DType::BF16, "input", "positions", cpu.bf16),
+        (DType::BF16, "input", "transposed-direct", bf16),
+        (DType::BF16, "input", "positions", bf16),
+        (DType::BF16, "input", "transposed-grid", tiles),
         (DType::F64, "weight", "unfold", true),
         (DType::F32, "weight", "shifted", cpu.avx2_fma),
         (DType::F32, "weight", "positions", cpu.avx512f),
         (DType::BF16, "weight", "unfold", true),
-        (DType::BF16, "weight", "positions", cpu.bf16),
+        (DType::BF16, "weight", "positions", bf16),
+        (DType::BF16, "weight", "grid", tiles),
     ];
     for (dtype, pass, path, runs_here) in wanted {
         assert!(
             !runs_here || ran.contains(&(dtype, pass, path)),
-            "no case ran {dtype:?} {pass} {path}"
+            "no case ran {dtype:?} {pass} {path} on {cpu:?}"
         );
     }
 }
@@ -170,12 +212,18 @@ const AVX2: Cpu = Cpu {
     avx512: false,
     avx512f: false,
     bf16: false,
+    tiles: false,
 };
 const AVX512_BF16: Cpu = Cpu {
     avx2_fma: true,
     avx512: true,
     avx512f: true,
     bf16: true,
+    tiles: false,
+};
+const AMX: Cpu = Cpu {
+    tiles: true,
+    ..AVX512_BF16
 };
 
 #[test]
@@ -223,6 +271,26 @@ fn the_planner_takes_the_measured_paths() {
             "positions / positions / positions",
         ),
         (body_4, 512, DType::F64, AVX512_BF16, "unfold / transposed / unfold"),
+        // AMX: bf16 reads stride-1 convolutions from a padded copy where little of it is
+        // padding, else unfolds into the tiles' panels, and folds back where the input
+        // gradient has too few channels (or a stride) for the transposed convolution; f32 as
+        // without tiles.
+        (
+            body_32,
+            64,
+            DType::BF16,
+            AMX,
+            "grid / transposed-grid / grid (on AMX tiles)",
+        ),
+        (stem, 64, DType::BF16, AMX, "panels / fold / unfold (on AMX tiles)"),
+        (
+            body_4,
+            512,
+            DType::BF16,
+            AMX,
+            "panels / transposed / unfold (on AMX tiles)",
+        ),
+        (body_4, 512, DType::F32, AMX, "positions / positions / positions"),
     ];
     for (g, o, dtype, cpu, want) in cases {
         assert_eq!(at(&g, o, dtype, &cpu), want, "{g:?} into {o}, {dtype:?} on {cpu:?}");

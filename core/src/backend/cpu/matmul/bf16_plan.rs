@@ -40,11 +40,6 @@ pub struct Bf16Plan {
 }
 
 impl Bf16Plan {
-    /// Whether products run on the dot-product kernel.
-    pub fn dot_products(&self) -> bool {
-        self.products == Bf16Products::DotProducts
-    }
-
     /// How `devices --details` names the path.
     pub fn describe(&self) -> String {
         let path = match self.products {

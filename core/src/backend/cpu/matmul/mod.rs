@@ -4,7 +4,7 @@
 //! slower, 54k -> 29k samples/s: `gemm` packs it well enough.)
 
 #[cfg(target_arch = "x86_64")]
-mod amx;
+pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod bf16;
 #[cfg(target_arch = "x86_64")]

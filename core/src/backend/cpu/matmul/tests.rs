@@ -78,6 +78,7 @@ fn the_bf16_kernels_match_an_exact_product_on_every_path() {
             check(40, 129, 200); // the left side is the smaller one to pack
             check(64, 96, 64); // whole tiles: no padding
             check(33, 33, 31); // one past a tile's rows and sum, one short of its columns
+            check(70, 1100, 40); // a sum in chunks (tiles: 256 pairs), its last one short
         }
     }
 }
@@ -122,7 +123,7 @@ fn f32_outputs_of_transposed_tiles_are_stored_and_added_exactly_where_they_belon
     // the left packed into panels (37, 5, 3 rows: partial panels).
     for (products, (m, n, k)) in kernels()
         .into_iter()
-        .flat_map(|p| [(37, 100, 30), (5, 13, 64), (3, 7, 2)].map(|shape| (p, shape)))
+        .flat_map(|p| [(37, 100, 30), (5, 13, 64), (3, 7, 2), (140, 33, 1250)].map(|shape| (p, shape)))
     {
         let product = product_of(products);
         let (a, b) = (values(m * k, 3), values(n * k, 4));
