@@ -89,11 +89,15 @@ impl Grid {
         offsets
     }
 
-    /// Words of each channel pair's plane for `n` images: their grids, then zeros up to the
-    /// last position a tap of the last block of 32 reads.
+    /// How many positions past its own the furthest tap reads.
+    fn reach(&self, g: &Conv2dGeometry) -> usize {
+        (g.kh - 1) * g.dilation[0] * self.wp + (g.kw - 1) * g.dilation[1]
+    }
+
+    /// Positions of each plane of `n` images' copy: their grids in whole blocks of 32, then
+    /// zeros up to the last position a tap of the last block reads.
     fn plane_words(&self, n: usize, g: &Conv2dGeometry) -> usize {
-        let reach = (g.kh - 1) * g.dilation[0] * self.wp + (g.kw - 1) * g.dilation[1];
-        (n * self.positions()).next_multiple_of(SIDE) + reach
+        (n * self.positions()).next_multiple_of(SIDE) + self.reach(g)
     }
 }
 
@@ -444,8 +448,7 @@ const TURN: usize = 16;
 impl WeightScratch {
     fn take(pool: &Pool, grid: &Grid, g: &Conv2dGeometry, o: usize, per: usize) -> WeightScratch {
         let len = (per * grid.positions()).next_multiple_of(SIDE);
-        let reach = (g.kh - 1) * g.dilation[0] * grid.wp + (g.kw - 1) * g.dilation[1];
-        let (plane_len, width) = (len + reach, o.next_multiple_of(SIDE));
+        let (plane_len, width) = (grid.plane_words(per, g), o.next_multiple_of(SIDE));
         let mut pairs = pool.take::<u32>(len / 2 * width);
         // The rows past `o` are read into junk columns of the tiles and never written back.
         if width > o {
