@@ -7,6 +7,12 @@
 //! right as `bf16::pack_panels`' panels of 32 columns. A tile of 32x32 outputs holds four
 //! accumulator tiles, loads two tiles of each side per 16 k-pairs and multiplies each pair of
 //! them (all 8 tile registers). The output is written by the dot-product kernel's `Output`.
+//! Long sums go in chunks, the blocks kept in f32 between them (`multiply`); a convolution's
+//! right side can also be read in place at a shift per tap (`block_taps`, `conv::grid`).
+//!
+//! The accumulators are zeroed or loaded, multiplied into and stored by separate `asm!`
+//! statements: the tile registers keep their values between them, as nothing the compiler
+//! emits uses them (and `with_tiles` configures them once around all of it).
 
 use std::arch::asm;
 use std::sync::OnceLock;
