@@ -425,6 +425,9 @@ pub unsafe fn multiply(
     panel_rows: usize,
 ) {
     let (rows, pairs) = (strips.rows, strips.pairs);
+    if rows == 0 || panel_rows == 0 {
+        return; // nothing to write (and no groups to split)
+    }
     let out = Output::new(dst, row_stride, false);
     let (strip_count, panel_count) = (rows.div_ceil(SIDE), panel_rows.div_ceil(SIDE));
     let chunked = pairs > 2 * CHUNK_PAIRS;

@@ -99,6 +99,21 @@ fn an_empty_sum_gives_zeros() {
     }
 }
 
+/// No rows or no columns: an empty product, on every kernel (the tiles split nothing).
+#[test]
+fn an_empty_output_is_an_empty_product() {
+    let pool = Pool::default();
+    for (m, n) in [(0, 4), (3, 0)] {
+        let dims = MatmulDims { batch: 1, m, n, k: 5 };
+        let (ll, rl) = (Layout::contiguous([1, m, 5]), Layout::contiguous([1, 5, n]));
+        let (a, b) = (values(m * 5, 1), values(5 * n, 2));
+        for products in kernels() {
+            let out = matmul_bf16(&pool, products, &a, &ll, &b, &rl, dims).expect("the kernel runs here");
+            assert!(out.is_empty(), "{products:?} {m}x{n}");
+        }
+    }
+}
+
 /// `left @ rightᵀ` into f32, stored and added, on the tiles that land transposed (the smaller
 /// side packed as the vector side: a convolution's weight gradient), against the exact sums.
 #[test]
