@@ -78,15 +78,21 @@ impl Grid {
         self.hp * self.wp
     }
 
-    /// Each tap's shift from an output's grid position to what it reads, in bytes of the copy.
-    fn offsets(&self, g: &Conv2dGeometry) -> Vec<isize> {
-        let mut offsets = Vec::with_capacity(g.kh * g.kw);
+    /// Each tap's shift from an output's grid position to the position it reads.
+    fn shifts(&self, g: &Conv2dGeometry) -> Vec<usize> {
+        let mut shifts = Vec::with_capacity(g.kh * g.kw);
         for ky in 0..g.kh {
             for kx in 0..g.kw {
-                offsets.push(((ky * g.dilation[0] * self.wp + kx * g.dilation[1]) * 4) as isize);
+                shifts.push(ky * g.dilation[0] * self.wp + kx * g.dilation[1]);
             }
         }
-        offsets
+        shifts
+    }
+
+    /// Images a run covers: the fewest whose grids reach `MIN_POSITIONS`, within a thread's
+    /// range of `g.n`.
+    fn images_per_run(&self, g: &Conv2dGeometry) -> usize {
+        MIN_POSITIONS.div_ceil(self.positions()).clamp(1, images_per_range(g.n))
     }
 
     /// How many positions past its own the furthest tap reads.
@@ -195,8 +201,9 @@ fn weight_strips(pool: &Pool, weight: &[bf16], rows: usize, c: usize, kernel: us
 fn convolve(pool: &Pool, src: &[bf16], planes: Planes, g: &Conv2dGeometry, strips: &Strips, target: Target) {
     use rayon::prelude::*;
     let grid = Grid::of(g).expect("the caller checked that the grid applies");
-    let offsets = grid.offsets(g);
-    let per = MIN_POSITIONS.div_ceil(grid.positions()).clamp(1, images_per_range(g.n));
+    // In bytes of the copy (a word per position), as the tile loads take them.
+    let offsets: Vec<isize> = grid.shifts(g).iter().map(|&shift| (shift * 4) as isize).collect();
+    let per = grid.images_per_run(g);
     let plane_words = grid.plane_words(per, g);
     image_ranges(g.n).for_each(|images| {
         let mut copy = pool.take::<u32>(g.c / 2 * plane_words);
@@ -405,7 +412,7 @@ pub fn weight_gradient(pool: &Pool, x: &[bf16], grad: &[bf16], g: &Conv2dGeometr
     use rayon::prelude::*;
     let grid = Grid::of(g).expect("the caller checked that the grid applies");
     let (kernel, c) = (g.kh * g.kw, g.c);
-    let per = MIN_POSITIONS.div_ceil(grid.positions()).clamp(1, images_per_range(g.n));
+    let per = grid.images_per_run(g);
     let partials: Vec<Vec<f32>> = image_ranges(g.n)
         .map(|images| {
             let mut scratch = WeightScratch::take(pool, &grid, g, o, per);
@@ -505,12 +512,11 @@ impl WeightScratch {
     /// AMX tiles run in this process; `fill` laid out the run.
     unsafe fn accumulate(&self, g: &Conv2dGeometry, partial: &mut [f32]) {
         let (c, o) = (g.c, self.o);
-        let offsets = self.grid.offsets(g);
-        let kernel = offsets.len();
+        let shifts = self.grid.shifts(g);
+        let kernel = shifts.len();
         let mut acc = [[0f32; SIDE]; SIDE];
         let body = || {
-            for (t, &bytes) in offsets.iter().enumerate() {
-                let shift = bytes as usize / 4;
+            for (t, &shift) in shifts.iter().enumerate() {
                 for s in 0..c / SIDE {
                     let strip = self.planes[s * SIDE * self.plane_len + shift..].as_ptr();
                     for q in 0..self.width / SIDE {
