@@ -1,12 +1,17 @@
 //! Layer normalisation over the last axis of a contiguous `[rows, cols]` tensor with its optional
-//! affine part, forward and backward, each one pass per row with the row's statistics in f64.
+//! affine part, forward and backward, each one pass per row with the row's statistics in f64
+//! (summed in `reduce::lane_sum`'s lanes: a running sum waited on every addition, and the row
+//! sums were a twentieth of gpt-char's f32 step).
 //! The weight's and bias's gradients are summed over each chunk of rows in row order, then over
 //! the chunks in order: an order fixed by the shape, whatever the threads do.
+
+use std::borrow::Cow;
 
 use rayon::prelude::*;
 
 use super::float::CpuFloat;
 use super::pool::Pool;
+use super::reduce::lane_sum;
 use super::simd::{self, Kernel};
 
 /// Row chunks of the gradients' column sums number at most this many (partials of `2 * cols`
@@ -26,6 +31,13 @@ pub struct Affine<'a> {
     pub bias: Option<&'a [f64]>,
 }
 
+/// `part`, or `cols` copies of `absent`: the kernels' loops then read every column's weight and
+/// bias alike, with no test in them to keep them from vectorizing (multiplying by 1 and adding 0
+/// change nothing: a normalized value is never -0).
+fn filled(part: Option<&[f64]>, cols: usize, absent: f64) -> Cow<'_, [f64]> {
+    part.map_or_else(|| Cow::Owned(vec![absent; cols]), Cow::Borrowed)
+}
+
 /// The column sums of the backward pass, in f64: `g * n` (the weight's gradient) and `g` (the
 /// bias's), each `[cols]`.
 pub struct ColumnSums {
@@ -37,16 +49,16 @@ pub struct ColumnSums {
 #[inline(always)]
 fn statistics<T: CpuFloat>(x: &[T], eps: f64) -> (f64, f64) {
     let n = x.len() as f64;
-    let mean = x.iter().map(|v| wide(*v)).sum::<f64>() / n;
-    let var = x.iter().map(|v| (wide(*v) - mean).powi(2)).sum::<f64>() / n;
+    let mean = lane_sum(x.len(), |c| wide(x[c])) / n;
+    let var = lane_sum(x.len(), |c| (wide(x[c]) - mean).powi(2)) / n;
     (mean, 1.0 / (var + eps).sqrt())
 }
 
 /// Runs the kernel `chunk(out_rows, grad_rows, src_rows)` makes over chunks of `rows_per_chunk`
 /// rows, in parallel when the tensor is large, and returns the results in chunk order. The
-/// kernels run through `simd::wide`: the per-column loops on the CPU's widest vectors (the row
-/// sums stay in order; at the baseline's two f64 lanes the backward was a twentieth of
-/// gpt-char's bf16-mixed step).
+/// kernels run through `simd::wide`: the per-column loops and the row sums' lanes on the CPU's
+/// widest vectors (at the baseline's two f64 lanes the backward was a twentieth of gpt-char's
+/// bf16-mixed step).
 fn by_chunks<'a, T: CpuFloat, K: Kernel<Out: Send>>(
     out: &'a mut [T],
     [a, b]: [&'a [T]; 2],
@@ -77,11 +89,12 @@ pub fn forward<T: CpuFloat>(pool: &Pool, src: &[T], affine: Affine<'_>, cols: us
         return out;
     }
     let chunk_len = rows_per_chunk(src.len() / cols) * cols;
+    let (weight, bias) = (filled(affine.weight, cols, 1.0), filled(affine.bias, cols, 0.0));
     by_chunks(&mut out, [src, src], chunk_len, |out, x, _| ForwardRows {
         out,
         x,
-        affine,
-        cols,
+        weight: &weight,
+        bias: &bias,
         eps,
     });
     out
@@ -91,8 +104,8 @@ pub fn forward<T: CpuFloat>(pool: &Pool, src: &[T], affine: Affine<'_>, cols: us
 struct ForwardRows<'a, T> {
     out: &'a mut [T],
     x: &'a [T],
-    affine: Affine<'a>,
-    cols: usize,
+    weight: &'a [f64],
+    bias: &'a [f64],
     eps: f64,
 }
 
@@ -103,16 +116,15 @@ impl<T: CpuFloat> Kernel for ForwardRows<'_, T> {
         let ForwardRows {
             out,
             x,
-            affine,
-            cols,
+            weight,
+            bias,
             eps,
         } = self;
+        let cols = weight.len();
         for (o, x) in out.chunks_mut(cols).zip(x.chunks(cols)) {
             let (mean, r) = statistics(x, eps);
-            for (c, (o, v)) in o.iter_mut().zip(x).enumerate() {
-                let n = (wide(*v) - mean) * r;
-                let scaled = affine.weight.map_or(n, |w| n * w[c]);
-                *o = T::of(affine.bias.map_or(scaled, |b| scaled + b[c]));
+            for (((o, v), w), b) in o.iter_mut().zip(x).zip(weight).zip(bias) {
+                *o = T::of((wide(*v) - mean) * r * w + b);
             }
         }
     }
@@ -139,12 +151,12 @@ pub fn backward<T: CpuFloat>(
         );
     }
     let chunk_len = rows_per_chunk(src.len() / cols) * cols;
+    let weight = filled(weight, cols, 1.0);
     let partials = by_chunks(&mut out, [grad, src], chunk_len, |out, g, x| BackwardRows {
         out,
         g,
         x,
-        weight,
-        cols,
+        weight: &weight,
         eps,
         // [g * n, g] summed over this chunk's rows, in order.
         partial: vec![0.0f64; if sums { 2 * cols } else { 0 }],
@@ -165,8 +177,7 @@ struct BackwardRows<'a, T> {
     out: &'a mut [T],
     g: &'a [T],
     x: &'a [T],
-    weight: Option<&'a [f64]>,
-    cols: usize,
+    weight: &'a [f64],
     eps: f64,
     partial: Vec<f64>,
 }
@@ -180,10 +191,10 @@ impl<T: CpuFloat> Kernel for BackwardRows<'_, T> {
             g,
             x,
             weight,
-            cols,
             eps,
             mut partial,
         } = self;
+        let cols = weight.len();
         for (o, (g, x)) in out.chunks_mut(cols).zip(g.chunks(cols).zip(x.chunks(cols))) {
             backward_row(o, g, x, weight, eps, &mut partial);
         }
@@ -194,21 +205,22 @@ impl<T: CpuFloat> Kernel for BackwardRows<'_, T> {
 /// One row of the input's gradient, `r * (gw - mean(gw) - n * mean(gw * n))` with `gw = g * w`,
 /// adding `g * n` and `g` to `partial`'s halves when it has them.
 #[inline(always)]
-fn backward_row<T: CpuFloat>(o: &mut [T], g: &[T], x: &[T], weight: Option<&[f64]>, eps: f64, partial: &mut [f64]) {
-    let cols = x.len();
+fn backward_row<T: CpuFloat>(o: &mut [T], g: &[T], x: &[T], weight: &[f64], eps: f64, partial: &mut [f64]) {
+    let cols = weight.len();
+    let (o, g, x) = (&mut o[..cols], &g[..cols], &x[..cols]);
     let (mean, r) = statistics(x, eps);
     let normed = |c: usize| (wide(x[c]) - mean) * r;
-    let scaled = |c: usize| weight.map_or(wide(g[c]), |w| wide(g[c]) * w[c]);
-    let gw_mean = (0..cols).map(scaled).sum::<f64>() / cols as f64;
-    let gwn_mean = (0..cols).map(|c| scaled(c) * normed(c)).sum::<f64>() / cols as f64;
+    let scaled = |c: usize| wide(g[c]) * weight[c];
+    let gw_mean = lane_sum(cols, scaled) / cols as f64;
+    let gwn_mean = lane_sum(cols, |c| scaled(c) * normed(c)) / cols as f64;
     for (c, o) in o.iter_mut().enumerate() {
         *o = T::of(r * (scaled(c) - gw_mean - normed(c) * gwn_mean));
     }
     if !partial.is_empty() {
         let (gn, gs) = partial.split_at_mut(cols);
-        for c in 0..cols {
-            gn[c] += wide(g[c]) * normed(c);
-            gs[c] += wide(g[c]);
+        for (c, (gn, gs)) in gn.iter_mut().zip(gs).enumerate() {
+            *gn += wide(g[c]) * normed(c);
+            *gs += wide(g[c]);
         }
     }
 }

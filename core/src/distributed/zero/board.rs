@@ -12,9 +12,11 @@ use crate::distributed::all_gather_values;
 use crate::error::Result;
 use crate::optim::Optimizer;
 
+/// A rank and its shard, held weakly: a board does not keep a dropped replica's state alive.
+type Entry = (usize, Weak<Mutex<Option<Box<dyn Optimizer>>>>);
+
 /// Replicas of one process find each other's shards here, under a number rank 0 chose.
-static BOARDS: Mutex<BTreeMap<u32, Vec<(usize, Weak<Mutex<Option<Box<dyn Optimizer>>>>)>>> =
-    Mutex::new(BTreeMap::new());
+static BOARDS: Mutex<BTreeMap<u32, Vec<Entry>>> = Mutex::new(BTreeMap::new());
 static NEXT_BOARD: AtomicU32 = AtomicU32::new(0);
 
 /// Registers `own` on a board every rank of `comm` joins. Rank 0 gets every rank's shard, by
