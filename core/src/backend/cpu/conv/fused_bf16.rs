@@ -233,7 +233,8 @@ pub fn backward(
     let per = images_for_columns(g, MIN_COLUMNS);
     let by_runs = |first, grad_x_range: &mut [bf16]| {
         let mut partial = pool.take::<f32>(if weight_gradient { o * taps } else { 0 });
-        partial.fill(0.0);
+        // The first run's product writes `partial`, the later ones add to it.
+        let mut summed = false;
         let mut cols = pool.take::<bf16>(if weight_gradient { taps * pixels * per } else { 0 });
         let mut staging = pool.take::<bf16>(if transposed.is_some() {
             staging_len(per, plane)
@@ -266,8 +267,9 @@ pub fn backward(
                     &run,
                     o,
                     &mut cols,
-                    &mut partial,
+                    (&mut partial, summed),
                 );
+                summed = true;
             }
             match transposed_product {
                 _ if !input_gradient => {}
@@ -284,6 +286,9 @@ pub fn backward(
                 ),
                 None => fold.input_gradient(pool, product, weight, o, grad, width, start, &run, grad_x_run),
             }
+        }
+        if !summed {
+            partial.fill(0.0);
         }
         pool.recycle(HostVec::BF16(cols));
         pool.recycle(HostVec::BF16(staging));
@@ -317,10 +322,10 @@ pub fn backward(
     (grad_x, grad_w)
 }
 
-/// `partial += cols_run @ grad_runᵀ` (`[taps, o]`) for `run`, the images from `start`,
-/// unfolded into `cols`; `grad` is `[o, width]`. The transposed sum (`[o, taps]`, with the
-/// output gradient packed all the same) wrote its tiles a column at a time, one element per
-/// row of the sum.
+/// `partial += cols_run @ grad_runᵀ` (`[taps, o]`; `=` where `partial` holds no sum yet) for
+/// `run`, the images from `start`, unfolded into `cols`; `grad` is `[o, width]`. The
+/// transposed sum (`[o, taps]`, with the output gradient packed all the same) wrote its tiles
+/// a column at a time, one element per row of the sum.
 #[allow(clippy::too_many_arguments)]
 fn run_weight_gradient(
     pool: &Pool,
@@ -330,7 +335,7 @@ fn run_weight_gradient(
     run: &Conv2dGeometry,
     o: usize,
     cols: &mut [bf16],
-    partial: &mut [f32],
+    (partial, summed): (&mut [f32], bool),
 ) {
     let (taps, pixels, plane) = (
         run.c * run.kh * run.kw,
@@ -359,7 +364,11 @@ fn run_weight_gradient(
     unsafe {
         product(
             pool,
-            Dst::F32Add(partial.as_mut_ptr()),
+            if summed {
+                Dst::F32Add(partial.as_mut_ptr())
+            } else {
+                Dst::F32(partial.as_mut_ptr())
+            },
             o,
             cols_by_tap,
             grad_rows,
