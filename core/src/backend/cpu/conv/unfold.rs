@@ -250,3 +250,70 @@ fn col2im_plane<T: CpuFloat>(cols: &[T], img: &mut [T], n: usize, c: usize, g: &
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Column `n·oh·ow + y·ow + x` of row `(c, ki, kj)`, from the definition.
+    fn unfolded(src: &[f32], planes: Planes, g: &Conv2dGeometry, r: usize, column: usize) -> f32 {
+        let (oh, ow) = (g.out_h(), g.out_w());
+        let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+        let (n, y, x) = (column / (oh * ow), column % (oh * ow) / ow, column % ow);
+        let iy = (y * g.stride[0] + ki * g.dilation[0]) as isize - g.padding[0] as isize;
+        let ix = (x * g.stride[1] + kj * g.dilation[1]) as isize - g.padding[1] as isize;
+        if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
+            return 0.0;
+        }
+        src[n * planes.image + c * planes.channel + iy as usize * g.w + ix as usize]
+    }
+
+    #[test]
+    fn images_unfold_as_the_definition_says() {
+        let geometry = |n, c, (h, w), (kh, kw), stride, padding, dilation| Conv2dGeometry {
+            n,
+            c,
+            h,
+            w,
+            kh,
+            kw,
+            stride,
+            padding,
+            dilation,
+        };
+        for g in [
+            // ResNet's 4x4 and 8x8 (rows copied as one shifted run), strided, dilated, uneven.
+            geometry(3, 2, (4, 4), (3, 3), [1, 1], [1, 1], [1, 1]),
+            geometry(2, 3, (8, 8), (3, 3), [2, 2], [1, 1], [1, 1]),
+            geometry(2, 2, (5, 7), (3, 2), [1, 2], [2, 1], [2, 1]),
+            geometry(2, 2, (4, 4), (1, 1), [2, 2], [0, 0], [1, 1]),
+            geometry(2, 2, (9, 9), (3, 3), [1, 1], [1, 1], [1, 1]),
+            geometry(1, 2, (17, 12), (3, 3), [2, 1], [1, 2], [1, 2]),
+        ] {
+            let (rows, cols) = (g.c * g.kh * g.kw, g.n * g.out_h() * g.out_w());
+            // Channels apart from images (a `[c, n, h, w]` source) as well as `[n, c, h, w]`.
+            let area = g.h * g.w;
+            for planes in [
+                Planes::nchw(&g),
+                Planes {
+                    image: area,
+                    channel: g.n * area,
+                },
+            ] {
+                let src: Vec<f32> = (0..g.n * g.c * area).map(|i| i as f32 + 1.0).collect();
+                let mut out = vec![f32::NAN; rows * cols + 3];
+                im2col_planes(&src, planes, &mut out, &g);
+                for r in 0..rows {
+                    for column in 0..cols {
+                        let expected = unfolded(&src, planes, &g, r, column);
+                        assert_eq!(out[r * cols + column], expected, "{g:?}: row {r}, column {column}");
+                    }
+                }
+                assert!(
+                    out[rows * cols..].iter().all(|v| v.is_nan()),
+                    "{g:?}: wrote past the columns"
+                );
+            }
+        }
+    }
+}
