@@ -20,6 +20,7 @@ use rayon::prelude::*;
 use super::dropout::KeepMask;
 use super::fast_math::exp_nonpositive;
 use super::pool::Pool;
+use super::reduce::lane_sum;
 use super::simd::{Kernel, wide};
 use crate::backend::CausalAttention;
 
@@ -369,8 +370,9 @@ pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttent
         .for_each(|(dots, (dy, y))| {
             for (h, dot) in dots.iter_mut().enumerate() {
                 let (dy, y) = (&dy[h * g.d..(h + 1) * g.d], &y[h * g.d..(h + 1) * g.d]);
-                // In f64, as the composed softmax backward takes its dot.
-                *dot = dy.iter().zip(y).fold(0.0f64, |acc, (&a, &b)| acc + a as f64 * b as f64) as f32;
+                // In f64, as the composed softmax backward takes its dot; in lanes, so the
+                // additions do not wait on each other.
+                *dot = lane_sum(g.d, |i| dy[i] as f64 * y[i] as f64) as f32;
             }
         });
     // The block's keys gather from the queries after them, its queries from the keys before:

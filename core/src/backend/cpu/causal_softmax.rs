@@ -14,6 +14,7 @@ use super::elementwise::max_nan;
 use super::fast_math::exp_nonpositive;
 use super::float::ViaF32;
 use super::pool::Pool;
+use super::reduce::lane_sum;
 use super::simd::{Kernel, wide};
 use crate::backend::CausalSoftmax;
 
@@ -107,11 +108,8 @@ impl<T: ViaF32> RowKernel<T, 2> for Backward {
                 words
             }
         };
-        let mut dot = 0.0f64;
-        for (&d, &y) in dy.iter().zip(y.iter()) {
-            dot += f32::from_bits(d) as f64 * y as f64;
-        }
-        let dot = dot as f32;
+        // Lane by lane as `softmax_last_backward`'s: the masked keys it adds are zeros.
+        let dot = lane_sum(dy.len(), |i| f32::from_bits(dy[i]) as f64 * y[i] as f64) as f32;
         for ((o, &d), &y) in o_seen.iter_mut().zip(dy).zip(y.iter()) {
             // `+ 0.0` as the composed scale (an affine map) adds it: -0 becomes +0.
             *o = T::from_f32(y * (f32::from_bits(d) - dot) * rows.scale + 0.0);

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use super::elementwise::max_nan;
 use super::float::CpuFloat;
 use super::pool::Pool;
+use super::reduce::lane_sum;
 
 fn rowwise<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize, log: bool) -> Vec<T> {
     let mut out = pool.take::<T>(src.len());
@@ -48,7 +49,7 @@ pub fn log_softmax<T: CpuFloat>(pool: &Pool, src: &[T], cols: usize) -> Vec<T> {
     rowwise(pool, src, cols, true)
 }
 
-/// `out * (grad - sum(grad * out))` per row, the row's sum in f64.
+/// `out * (grad - sum(grad * out))` per row, the row's sum in f64 (`reduce::lane_sum`'s lanes).
 pub fn softmax_backward<T: CpuFloat>(pool: &Pool, grad: &[T], out: &[T], cols: usize) -> Vec<T> {
     let mut dx = pool.take::<T>(out.len());
     if cols == 0 {
@@ -56,7 +57,7 @@ pub fn softmax_backward<T: CpuFloat>(pool: &Pool, grad: &[T], out: &[T], cols: u
     }
     let row = |(d, (g, y)): (&mut [T], (&[T], &[T]))| {
         let wide = |v: T| crate::dtype::Element::to_f64(v);
-        let dot: f64 = g.iter().zip(y).map(|(&g, &y)| wide(g) * wide(y)).sum();
+        let dot = lane_sum(cols, |i| wide(g[i]) * wide(y[i]));
         let dot = T::of(dot);
         d.iter_mut()
             .zip(g.iter().zip(y))
