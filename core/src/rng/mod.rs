@@ -13,10 +13,10 @@ pub(crate) use batch_window::StreamPlace;
 #[doc(hidden)]
 pub use batch_window::{BatchWindow, BatchWindowGuard};
 
-const PHILOX_M0: u32 = 0xD251_1F53;
-const PHILOX_M1: u32 = 0xCD9E_8D57;
-const PHILOX_W0: u32 = 0x9E37_79B9;
-const PHILOX_W1: u32 = 0xBB67_AE85;
+pub(crate) const PHILOX_M0: u32 = 0xD251_1F53;
+pub(crate) const PHILOX_M1: u32 = 0xCD9E_8D57;
+pub(crate) const PHILOX_W0: u32 = 0x9E37_79B9;
+pub(crate) const PHILOX_W1: u32 = 0xBB67_AE85;
 
 /// Four 32-bit random words for (key, counter).
 pub(crate) fn philox4x32(key: u64, counter: u64) -> [u32; 4] {

@@ -1,15 +1,16 @@
 //! Dropout with its mask drawn from the counter stream (16 Philox blocks at a time in SIMD
-//! lanes, compared as integers), since the mask is drawn again for the gradient. Generic over
-//! how an element is scaled, so bf16 and f16 are read and written directly instead of through
-//! f32 copies.
+//! lanes, `philox_lanes`; compared as integers), since the mask is drawn again for the
+//! gradient. Generic over how an element is scaled, so bf16 and f16 are read and written
+//! directly instead of through f32 copies.
 
 use rayon::prelude::*;
 
+use super::philox_lanes::stream_words;
 use super::pool::Pool;
 use super::simd::{Kernel, wide};
 use crate::backend::DropoutDraw;
 use crate::dtype::Element;
-use crate::rng::{keep_threshold, stream_words};
+use crate::rng::keep_threshold;
 
 /// A dropout draw as the fused kernels apply it (attention's weights, `causal_softmax`): the
 /// stream, the integer keep threshold, the kept elements' factor `1 / (1 - p)`.

@@ -30,6 +30,7 @@ mod ops_norm;
 mod ops_optim;
 mod ops_rows;
 mod optim;
+mod philox_lanes;
 mod pool;
 mod reduce;
 mod simd;

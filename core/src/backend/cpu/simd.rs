@@ -55,6 +55,12 @@ pub fn has_avx2_fma() -> bool {
     level() != Level::Baseline
 }
 
+/// Whether the CPU has every AVX-512 feature `wide` compiles for: for kernels written with
+/// their intrinsics.
+pub fn has_avx512() -> bool {
+    level() == Level::Avx512
+}
+
 /// Whether AVX2 and FMA are the widest vectors the CPU has (no AVX-512).
 pub fn widest_is_avx2() -> bool {
     level() == Level::Avx2
