@@ -35,33 +35,34 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn stream_words(seed: u64, counter: u64, first: usize, out: &mut [u32]) {
         let end = first + out.len();
+        // Whether the `registers` from `base` lie wholly inside `out`.
+        let inside = |base: usize, registers: usize| base >= first && base + registers * WORDS <= end;
         let mut block = first / 4;
         while block * 4 < end {
             let base = block * 4;
             let start = counter.wrapping_add(block as u64);
-            if base >= first && base + 2 * WORDS <= end {
+            if inside(base, 2) {
                 let [a, b] = blocks::<2>(seed, start);
-                let at = base - first;
-                interleave(a, (&mut out[at..at + WORDS]).try_into().unwrap());
-                interleave(b, (&mut out[at + WORDS..at + 2 * WORDS]).try_into().unwrap());
+                interleave(a, register_at(out, base - first));
+                interleave(b, register_at(out, base - first + WORDS));
                 block += 2 * LANES;
-            } else if base >= first && base + WORDS <= end {
-                let at = base - first;
-                interleave(
-                    blocks::<1>(seed, start)[0],
-                    (&mut out[at..at + WORDS]).try_into().unwrap(),
-                );
+            } else if inside(base, 1) {
+                interleave(blocks::<1>(seed, start)[0], register_at(out, base - first));
                 block += LANES;
             } else {
                 // The stream's ends: a whole register of blocks, the part inside `out` kept.
                 let mut words = [0u32; WORDS];
-                let [a] = blocks::<1>(seed, start);
-                interleave(a, &mut words);
+                interleave(blocks::<1>(seed, start)[0], &mut words);
                 let (from, to) = (base.max(first), (base + WORDS).min(end));
                 out[from - first..to - first].copy_from_slice(&words[from - base..to - base]);
                 block += LANES;
             }
         }
+    }
+
+    /// The register's worth of `out` from `at`, which the caller found inside it.
+    fn register_at(out: &mut [u32], at: usize) -> &mut [u32; WORDS] {
+        (&mut out[at..at + WORDS]).try_into().expect("a slice of WORDS words")
     }
 
     /// Philox4x32-10 for the `16 · G` consecutive counters from `start` (wrapping past 2^64 as
