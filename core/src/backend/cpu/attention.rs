@@ -1,8 +1,9 @@
 //! Causal attention in blocks (flash attention) on f32: `softmax(q·kᵀ·scale, future masked)·v`
 //! for every head of a `[batch, t, 3, heads, head_dim]` projection without the `t × t` scores.
-//! A task takes one sequence's block of `BLOCK` positions, all heads; the block products run
-//! on `gemm` (one thread each), the softmax online per query row (running maximum and sum in
-//! f32). Memory is a few `BLOCK × BLOCK` and `BLOCK × head_dim` scratch blocks per task.
+//! A forward task takes one sequence's block of `BLOCK` positions, all heads; a backward task
+//! one head of a sequence. The block products run on `gemm` (one thread each), the softmax
+//! online per query row (running maximum and sum in f32). Memory is a few `BLOCK × BLOCK` and
+//! `BLOCK × head_dim` scratch blocks per task, and a backward task's `3 × t × head_dim`.
 //! Dropout on the weights draws each weight's word of the stream by its index in `[batch, heads,
 //! t, t]`, as the composed path does, so both passes drop the elements that path drops.
 //!
@@ -375,69 +376,86 @@ pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttent
                 *dot = lane_sum(g.d, |i| dy[i] as f64 * y[i] as f64) as f32;
             }
         });
-    // The block's keys gather from the queries after them, its queries from the keys before:
-    // the two halves of one task's work add up to about the same for every block.
+    // One task per head of a sequence, so each block of weights and of their gradients is formed
+    // once and gives dq, dk and dv alike (a task per block of queries formed every block twice:
+    // once for its queries' dq, once for its keys' dk and dv). dq's sums over key blocks run in
+    // key order, dk's and dv's over query blocks in query order, whatever the thread count.
     dqkv.par_chunks_mut(g.t * 3 * width).enumerate().for_each(|(b, dqkv)| {
-        dqkv.par_chunks_mut(BLOCK * 3 * width)
-            .enumerate()
-            .for_each(|(block, dqkv)| {
-                wide(BackwardBlock {
+        let heads: Vec<Vec<f32>> = (0..g.heads)
+            .into_par_iter()
+            .map(|h| {
+                let mut grads = vec![0f32; 3 * g.t * g.d];
+                wide(HeadBackward {
                     g: &g,
                     inputs: [qkv, dy],
                     lse,
                     dots: &dots,
-                    at: (b, block),
-                    dqkv,
-                })
-            });
+                    at: (b, h),
+                    grads: &mut grads,
+                });
+                grads
+            })
+            .collect();
+        for (h, grads) in heads.iter().enumerate() {
+            // dq, dk, dv, each [t, d], into their slots of the sequence's [t, 3, heads, d] rows.
+            for (slot, (src, scale)) in grads.chunks(g.t * g.d).zip([g.scale, g.scale, 1.0]).enumerate() {
+                for (r, src) in src.chunks(g.d).enumerate() {
+                    let dst = &mut dqkv[r * 3 * width + (slot * g.heads + h) * g.d..][..g.d];
+                    dst.iter_mut().zip(src).for_each(|(o, &x)| *o = x * scale);
+                }
+            }
+        }
     });
     pool.recycle(crate::dtype::HostVec::F32(dots));
     dqkv
 }
 
-/// `backward_block`'s work, run by `simd::wide`.
-struct BackwardBlock<'a> {
+/// `head_backward`'s work, run by `simd::wide`.
+struct HeadBackward<'a> {
     g: &'a Geometry,
     /// `qkv` and `dy`.
     inputs: [&'a [f32]; 2],
     lse: &'a [f32],
     dots: &'a [f32],
-    /// Sequence and block.
+    /// Sequence and head.
     at: (usize, usize),
-    dqkv: &'a mut [f32],
+    /// dq, dk and dv of the head, each `[t, d]`, unscaled.
+    grads: &'a mut [f32],
 }
 
-impl Kernel for BackwardBlock<'_> {
+impl Kernel for HeadBackward<'_> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
-        let (b, block) = self.at;
-        backward_block(self.g, self.inputs, self.lse, self.dots, b, block, self.dqkv)
+        let (b, h) = self.at;
+        head_backward(self.g, self.inputs, self.lse, self.dots, b, h, self.grads)
     }
 }
 
-/// Block `block` of sequence `b`, every head: the queries' dq, the keys' dk and dv, into the
-/// block's rows of `dqkv`.
+/// Head `h` of sequence `b`: each block of keys against the blocks of queries at and after it,
+/// `dv = Σ pᵀ · dy`, `dk = Σ dsᵀ · q` and `dq = Σ ds · k` (the last two still to be scaled).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn backward_block(
+fn head_backward(
     g: &Geometry,
     [qkv, dy]: [&[f32]; 2],
     lse: &[f32],
     dots: &[f32],
     b: usize,
-    block: usize,
-    dqkv: &mut [f32],
+    h: usize,
+    grads: &mut [f32],
 ) {
-    let (first, rows) = g.block(block);
-    let (d, blocks, row_width) = (g.d, g.t.div_ceil(BLOCK), 3 * g.heads * g.d);
+    let (d, blocks) = (g.d, g.t.div_ceil(BLOCK));
+    let (dq, dkv) = grads.split_at_mut(g.t * d);
+    let (dk, dv) = dkv.split_at_mut(g.t * d);
     let mut p = vec![0f32; BLOCK * BLOCK];
     let mut ds = vec![0f32; BLOCK * BLOCK];
-    let (mut dq, mut dk, mut dv) = (vec![0f32; BLOCK * d], vec![0f32; BLOCK * d], vec![0f32; BLOCK * d]);
-    for h in 0..g.heads {
-        // This block as queries: dq = scale · Σ over key blocks of ds · k.
-        for key_block in 0..=block {
-            let (keys_first, keys) = g.block(key_block);
+    for key_block in 0..blocks {
+        let (keys_first, keys) = g.block(key_block);
+        let dk = &mut dk[keys_first * d..(keys_first + keys) * d];
+        let dv = &mut dv[keys_first * d..(keys_first + keys) * d];
+        for query_block in key_block..blocks {
+            let (first, rows) = g.block(query_block);
             let tile = Tile {
                 first,
                 rows,
@@ -445,51 +463,28 @@ fn backward_block(
                 keys,
             };
             tile.weights_and_grads(g, [qkv, dy], lse, dots, b, h, &mut p, &mut ds);
+            let later = query_block > key_block;
             product(
-                &mut dq,
+                dv,
+                (keys, d, rows),
+                transposed(local(&p, keys)),
+                g.out(dy, b, first, h),
+                later,
+            );
+            product(
+                dk,
+                (keys, d, rows),
+                transposed(local(&ds, keys)),
+                g.qkv(qkv, b, first, 0, h),
+                later,
+            );
+            product(
+                &mut dq[first * d..(first + rows) * d],
                 (rows, d, keys),
                 local(&ds, keys),
                 g.qkv(qkv, b, keys_first, 1, h),
                 key_block > 0,
             );
-        }
-        // This block as keys: dv = Σ pᵀ · dy, dk = scale · Σ dsᵀ · q over query blocks.
-        let (keys_first, keys) = (first, rows);
-        for query_block in block..blocks {
-            let (queries_first, queries) = g.block(query_block);
-            let tile = Tile {
-                first: queries_first,
-                rows: queries,
-                keys_first,
-                keys,
-            };
-            tile.weights_and_grads(g, [qkv, dy], lse, dots, b, h, &mut p, &mut ds);
-            let accumulate = query_block > block;
-            let dy_rows = g.out(dy, b, queries_first, h);
-            product(
-                &mut dv,
-                (keys, d, queries),
-                transposed(local(&p, keys)),
-                dy_rows,
-                accumulate,
-            );
-            let q_rows = g.qkv(qkv, b, queries_first, 0, h);
-            product(
-                &mut dk,
-                (keys, d, queries),
-                transposed(local(&ds, keys)),
-                q_rows,
-                accumulate,
-            );
-        }
-        for r in 0..rows {
-            let out = &mut dqkv[r * row_width..(r + 1) * row_width];
-            for (slot, src, scale) in [(0, &dq, g.scale), (1, &dk, g.scale), (2, &dv, 1.0)] {
-                let dst = &mut out[(slot * g.heads + h) * d..][..d];
-                for (o, &x) in dst.iter_mut().zip(&src[r * d..(r + 1) * d]) {
-                    *o = x * scale;
-                }
-            }
         }
     }
 }
