@@ -19,15 +19,10 @@ impl WgpuBackend {
         act: Option<UnaryOp>,
     ) -> Result<BufferRef> {
         const OP: &str = "bias_act";
-        let BiasGeometry { outer, channels, inner } = geom;
-        let n = outer * channels * inner;
+        let BiasGeometry { channels, inner, .. } = geom;
+        let n = geom.len();
         let (x, b) = (self.operand(OP, src, None)?, self.operand(OP, bias, None)?);
-        if x.len() < n || b.len() < channels {
-            return Err(Error::invalid(
-                OP,
-                format!("{geom:?} does not fit buffers of {} and {} elements", x.len(), b.len()),
-            ));
-        }
+        geom.check(OP, x.len(), b.len())?;
         if x.dtype() != b.dtype() {
             return Err(Error::DTypeMismatch {
                 op: OP,

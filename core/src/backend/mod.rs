@@ -234,6 +234,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
         geom: BiasGeometry,
         act: Option<UnaryOp>,
     ) -> Result<BufferRef>;
+    /// The gradient of `bias_act`'s input for an activation whose derivative is the unary op
+    /// `derivative` of its input: `grad ∘ derivative(src + bias)` over contiguous operands of
+    /// one float dtype, each step rounded as the composed ops (add, `derivative`, multiply) round
+    /// it. `None` where the backend has no such kernel: the caller composes those ops.
+    fn bias_act_grad(
+        &self,
+        _grad: &BufferRef,
+        _src: &BufferRef,
+        _bias: &BufferRef,
+        _geom: BiasGeometry,
+        _derivative: UnaryOp,
+    ) -> Option<Result<BufferRef>> {
+        None
+    }
     /// 1 where the comparison holds, else 0, as U32.
     fn compare(
         &self,

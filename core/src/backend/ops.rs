@@ -407,6 +407,29 @@ pub struct BiasGeometry {
     pub inner: usize,
 }
 
+impl BiasGeometry {
+    /// Elements of the `[outer, channels, inner]` tensor.
+    pub fn len(&self) -> usize {
+        self.outer * self.channels * self.inner
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An error naming `op` unless buffers of `src_len` and `bias_len` elements hold this view.
+    pub fn check(&self, op: &'static str, src_len: usize, bias_len: usize) -> crate::error::Result<()> {
+        if src_len < self.len() || bias_len < self.channels {
+            return Err(crate::error::Error::invalid(
+                op,
+                format!("{self:?} does not fit buffers of {src_len} and {bias_len} elements"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Sizes of a batched matrix product `[batch, m, k] @ [batch, k, n] -> [batch, m, n]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulDims {

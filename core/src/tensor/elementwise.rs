@@ -272,6 +272,15 @@ impl Tensor {
     }
 }
 
+/// The unary op `d` for the ops whose rule in `unary_grad` is `g * x.unary(d)` (GELU's): a
+/// backend may form that product together with a layer's bias (`Backend::bias_act_grad`).
+pub(crate) fn derivative_of_input(op: UnaryOp) -> Option<UnaryOp> {
+    match op {
+        UnaryOp::Gelu => Some(UnaryOp::GeluGrad),
+        _ => None,
+    }
+}
+
 /// The gradient of `y = op(x)` with respect to `x`, given the gradient `g` of `y` (each rule
 /// uses whichever of `x` and `y` is cheaper).
 pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {

@@ -384,7 +384,8 @@ pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttent
         let heads: Vec<Vec<f32>> = (0..g.heads)
             .into_par_iter()
             .map(|h| {
-                let mut grads = vec![0f32; 3 * g.t * g.d];
+                // Every element is written before it is read (each sum's first product writes).
+                let mut grads = pool.take::<f32>(3 * g.t * g.d);
                 wide(HeadBackward {
                     g: &g,
                     inputs: [qkv, dy],
@@ -396,18 +397,46 @@ pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttent
                 grads
             })
             .collect();
-        for (h, grads) in heads.iter().enumerate() {
-            // dq, dk, dv, each [t, d], into their slots of the sequence's [t, 3, heads, d] rows.
-            for (slot, (src, scale)) in grads.chunks(g.t * g.d).zip([g.scale, g.scale, 1.0]).enumerate() {
-                for (r, src) in src.chunks(g.d).enumerate() {
-                    let dst = &mut dqkv[r * 3 * width + (slot * g.heads + h) * g.d..][..g.d];
+        wide(Interleave {
+            g: &g,
+            heads: &heads,
+            dqkv,
+        });
+        heads
+            .into_iter()
+            .for_each(|v| pool.recycle(crate::dtype::HostVec::F32(v)));
+    });
+    pool.recycle(crate::dtype::HostVec::F32(dots));
+    dqkv
+}
+
+/// One sequence's heads' dq, dk and dv (each `[t, d]`, unscaled) written, dq and dk scaled, into
+/// its `[t, 3, heads, d]` rows of `dqkv` in their order; run by `simd::wide`.
+struct Interleave<'a> {
+    g: &'a Geometry,
+    heads: &'a [Vec<f32>],
+    dqkv: &'a mut [f32],
+}
+
+impl Kernel for Interleave<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let Interleave { g, heads, dqkv } = self;
+        let d = g.d;
+        for (r, row) in dqkv.chunks_exact_mut(3 * g.heads * d).enumerate() {
+            for (slot, (slot_row, scale)) in row
+                .chunks_exact_mut(g.heads * d)
+                .zip([g.scale, g.scale, 1.0])
+                .enumerate()
+            {
+                for (dst, grads) in slot_row.chunks_exact_mut(d).zip(heads) {
+                    let src = &grads[(slot * g.t + r) * d..][..d];
                     dst.iter_mut().zip(src).for_each(|(o, &x)| *o = x * scale);
                 }
             }
         }
-    });
-    pool.recycle(crate::dtype::HostVec::F32(dots));
-    dqkv
+    }
 }
 
 /// `head_backward`'s work, run by `simd::wide`.

@@ -1,5 +1,6 @@
 //! bias_act: a layer's bias and activation in one pass, `act(x + bias)` per element, computed in
-//! the stored type's compute type (bf16 read and written directly).
+//! the stored type's compute type (bf16 read and written directly); and its input's gradient
+//! `grad ∘ act'(x + bias)` in one pass too.
 
 use std::marker::PhantomData;
 
@@ -11,6 +12,7 @@ use super::pool::Pool;
 use super::simd::{Kernel, wide};
 use super::stored::Stored;
 use crate::backend::UnaryOp;
+use crate::dtype::Element;
 
 /// `act(src + bias)` with `src` seen as rows of `[channels, inner]` and `bias` per channel.
 pub fn bias_act<S: Stored<T>, T: CpuFloat>(
@@ -21,9 +23,10 @@ pub fn bias_act<S: Stored<T>, T: CpuFloat>(
     inner: usize,
     act: Option<UnaryOp>,
 ) -> Vec<S> {
-    let task = BiasAct {
+    let task = BiasRows {
         pool,
         src,
+        grad: None,
         bias,
         channels,
         inner,
@@ -34,83 +37,141 @@ pub fn bias_act<S: Stored<T>, T: CpuFloat>(
     }
 }
 
-struct BiasAct<'a, S> {
+/// `bias_act` (`grad` None: `f` is the activation) or `bias_act_grad` (`f` the derivative).
+struct BiasRows<'a, S> {
     pool: &'a Pool,
     src: &'a [S],
+    grad: Option<&'a [S]>,
     bias: &'a [S],
     channels: usize,
     inner: usize,
 }
 
-impl<S: Stored<T>, T: CpuFloat> WithUnary<T> for BiasAct<'_, S> {
+impl<S: Stored<T>, T: CpuFloat> WithUnary<T> for BiasRows<'_, S> {
     type Out = Vec<S>;
-    fn apply<F: Fn(T) -> T + Send + Sync + Copy>(self, act: F) -> Vec<S> {
-        let BiasAct {
+    fn apply<F: Fn(T) -> T + Send + Sync + Copy>(self, f: F) -> Vec<S> {
+        let BiasRows {
             pool,
             src,
+            grad,
             bias,
             channels,
             inner,
         } = self;
-        // From the pool: a fresh zeroed vector per call made the kernel fault in new pages on
-        // every layer of every step.
-        let mut out = pool.take::<S>(src.len());
-        let row = (channels * inner).max(1);
-        let one_row = move |(out, x): (&mut [S], &[S])| {
-            wide(Row {
-                out,
-                x,
-                bias,
-                inner,
-                act,
-                compute: PhantomData,
-            })
-        };
-        if src.len() < PAR_THRESHOLD {
-            out.chunks_mut(row).zip(src.chunks(row)).for_each(one_row);
-        } else {
-            out.par_chunks_mut(row).zip(src.par_chunks(row)).for_each(one_row);
-        }
-        out
+        // The composed gradient's roundings: `x + bias`, then the derivative, then the product.
+        let round = |v: T| S::store(v).load();
+        let forward = move |x: S, b: T, _: S| S::store(f(x.load() + b));
+        let backward = move |x: S, b: T, g: S| S::store(g.load() * round(f(round(x.load() + b))));
+        by_rows(pool, src.len(), channels * inner, move |out, at| {
+            let x = &src[at..];
+            match grad {
+                // The forward pass reads no gradient: `x` stands in for it, unread.
+                None => wide(Row::new(out, [x, x], bias, inner, forward)),
+                Some(grad) => wide(Row::new(out, [x, &grad[at..]], bias, inner, backward)),
+            }
+        })
     }
 }
 
-/// One `[channels, inner]` row, run by `simd::wide`: the loops index slices (no division per
-/// element to find its channel), `act` held by value.
-struct Row<'a, S, T, F> {
+/// A vector of `len` elements from the pool (a fresh zeroed vector per call made the kernel
+/// fault in new pages on every layer of every step), filled by `fill(row, first element's
+/// index)` in rows of `row` elements, on the pool's threads when it is long.
+fn by_rows<S: Element>(pool: &Pool, len: usize, row: usize, fill: impl Fn(&mut [S], usize) + Send + Sync) -> Vec<S> {
+    let mut out = pool.take::<S>(len);
+    let row = row.max(1);
+    let one_row = |(i, out): (usize, &mut [S])| fill(out, i * row);
+    if len < PAR_THRESHOLD {
+        out.chunks_mut(row).enumerate().for_each(one_row);
+    } else {
+        out.par_chunks_mut(row).enumerate().for_each(one_row);
+    }
+    out
+}
+
+/// One `[channels, inner]` row, run by `simd::wide`: `out = element(x, bias, g)` per element,
+/// the loops indexing slices (no division per element to find its channel), `element` held by
+/// value.
+struct Row<'a, S, T, E> {
     out: &'a mut [S],
     x: &'a [S],
+    g: &'a [S],
     bias: &'a [S],
     inner: usize,
-    act: F,
+    element: E,
     compute: PhantomData<T>,
 }
 
-impl<S: Stored<T>, T: CpuFloat, F: Fn(T) -> T> Kernel for Row<'_, S, T, F> {
+impl<'a, S, T, E> Row<'a, S, T, E> {
+    fn new(out: &'a mut [S], [x, g]: [&'a [S]; 2], bias: &'a [S], inner: usize, element: E) -> Self {
+        Row {
+            out,
+            x,
+            g,
+            bias,
+            inner,
+            element,
+            compute: PhantomData,
+        }
+    }
+}
+
+impl<S: Stored<T>, T: CpuFloat, E: Fn(S, T, S) -> S> Kernel for Row<'_, S, T, E> {
     type Out = ();
     #[inline(always)]
     fn run(self) {
         let Row {
             out,
             x,
+            g,
             bias,
             inner,
-            act,
+            element,
             ..
         } = self;
         if inner == 1 {
             let n = out.len();
-            let (x, bias) = (&x[..n], &bias[..n]);
+            let (x, g, bias) = (&x[..n], &g[..n], &bias[..n]);
             for (i, o) in out.iter_mut().enumerate() {
-                *o = S::store(act(x[i].load() + bias[i].load()));
+                *o = element(x[i], bias[i].load(), g[i]);
             }
             return;
         }
-        for ((out, x), &b) in out.chunks_mut(inner).zip(x.chunks(inner)).zip(bias) {
+        for (((out, x), g), &b) in out
+            .chunks_mut(inner)
+            .zip(x.chunks(inner))
+            .zip(g.chunks(inner))
+            .zip(bias)
+        {
             let b = b.load();
-            for (o, &x) in out.iter_mut().zip(x) {
-                *o = S::store(act(x.load() + b));
+            for ((o, &x), &g) in out.iter_mut().zip(x).zip(g) {
+                *o = element(x, b, g);
             }
         }
     }
+}
+
+/// `grad ∘ derivative(src + bias)` (the gradient of `bias_act`'s input for an activation whose
+/// derivative is the unary op `derivative` of its input), `src` and `grad` seen as rows of
+/// `[channels, inner]`. Each step is rounded to `S` where the composed ops (add, `derivative`,
+/// multiply) round it, so the result is theirs bit for bit, without their two intermediate
+/// tensors and three passes.
+pub fn bias_act_grad<S: Stored<T>, T: CpuFloat>(
+    pool: &Pool,
+    grad: &[S],
+    src: &[S],
+    bias: &[S],
+    (channels, inner): (usize, usize),
+    derivative: UnaryOp,
+) -> Vec<S> {
+    with_unary(
+        derivative,
+        BiasRows {
+            pool,
+            src,
+            grad: Some(grad),
+            bias,
+            channels,
+            inner,
+        },
+    )
 }

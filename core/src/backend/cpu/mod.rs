@@ -22,6 +22,7 @@ pub(crate) mod mapped_file;
 mod matmul;
 mod max_pool;
 mod ops_attention;
+mod ops_bias;
 mod ops_conv;
 mod ops_index;
 mod ops_memory;
@@ -273,28 +274,18 @@ impl Backend for CpuBackend {
         geom: BiasGeometry,
         act: Option<UnaryOp>,
     ) -> Result<BufferRef> {
-        let BiasGeometry { outer, channels, inner } = geom;
-        let op = "bias_act";
-        if src.len() < outer * channels * inner || bias.len() < channels {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "{geom:?} does not fit buffers of {} and {} elements",
-                    src.len(),
-                    bias.len()
-                ),
-            ));
-        }
-        let (x, b) = (cpu(op, src)?.read(), cpu(op, bias)?.read());
-        let out = stored_binary_dispatch!(op, &*x, &*b, |x, b| bias::bias_act(
-            &self.pool,
-            &x[..outer * channels * inner],
-            b,
-            channels,
-            inner,
-            act
-        ));
-        self.wrap("bias_act", out)
+        ops_bias::bias_act(self, src, bias, geom, act)
+    }
+
+    fn bias_act_grad(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        bias: &BufferRef,
+        geom: BiasGeometry,
+        derivative: UnaryOp,
+    ) -> Option<Result<BufferRef>> {
+        Some(ops_bias::bias_act_grad(self, [grad, src, bias], geom, derivative))
     }
 
     fn binary(

@@ -432,6 +432,12 @@ fn bias_act_cases() -> Vec<Case> {
     let shapes: Vec<(&str, Input, usize, Option<UnaryOp>)> = vec![
         ("linear_relu", Input::float("x", [7, 13], u()), 1, Some(UnaryOp::Relu)),
         ("linear_gelu", Input::float("x", [6, 5], u()), 1, Some(UnaryOp::Gelu)),
+        (
+            "channels_gelu",
+            Input::float("x", [2, 3, 4], u()),
+            1,
+            Some(UnaryOp::Gelu),
+        ),
         ("channels_none", Input::float("x", [2, 5, 3, 4], u()), 1, None),
         (
             "channels_tanh_T",
@@ -453,7 +459,8 @@ fn bias_act_cases() -> Vec<Case> {
             let channels = input.logical_shape()[axis];
             let ops: &'static [&'static str] = match act {
                 Some(UnaryOp::Relu) => &["bias_act", "unary:relu"],
-                Some(UnaryOp::Gelu) => &["bias_act", "unary:gelu_grad"],
+                // The gradient: `bias_act_grad` where the backend has it, else composed.
+                Some(UnaryOp::Gelu) => &["bias_act", "bias_act_grad", "unary:gelu_grad"],
                 _ => &["bias_act"],
             };
             Case::new(format!("bias_act/{label}"), ops, move |_, x| {
