@@ -100,7 +100,7 @@ impl<S: Stored<T>, T: CpuFloat, F: Fn(T) -> T> PerElement<S, T> for Backward<F> 
 
 /// A vector of `len` elements from the pool (a fresh zeroed vector per call made the kernel
 /// fault in new pages on every layer of every step), filled by `fill(row, first element's
-/// index)` in rows of `row` elements, on the pool's threads when it is long.
+/// index)` in rows of `row` elements, on rayon's threads when it is long.
 fn by_rows<S: Element>(pool: &Pool, len: usize, row: usize, fill: impl Fn(&mut [S], usize) + Send + Sync) -> Vec<S> {
     let mut out = pool.take::<S>(len);
     let row = row.max(1);
