@@ -24,6 +24,7 @@ use super::pool::Pool;
 use super::reduce::lane_sum;
 use super::simd::{Kernel, wide};
 use crate::backend::CausalAttention;
+use crate::dtype::HostVec;
 
 /// Positions per block, for queries and keys alike: a 64 × 64 block of scores and 64-row blocks
 /// of q, k, v (at head dims up to 128) stay in the L2 cache.
@@ -225,7 +226,7 @@ pub fn forward(pool: &Pool, qkv: &[f32], spec: &CausalAttention) -> (Vec<f32>, V
             }
         }
     }
-    pool.recycle(crate::dtype::HostVec::F32(lse_by_position));
+    pool.recycle(HostVec::F32(lse_by_position));
     (y, lse)
 }
 
@@ -402,11 +403,9 @@ pub fn backward(pool: &Pool, [qkv, y, lse, dy]: [&[f32]; 4], spec: &CausalAttent
             heads: &heads,
             dqkv,
         });
-        heads
-            .into_iter()
-            .for_each(|v| pool.recycle(crate::dtype::HostVec::F32(v)));
+        heads.into_iter().for_each(|v| pool.recycle(HostVec::F32(v)));
     });
-    pool.recycle(crate::dtype::HostVec::F32(dots));
+    pool.recycle(HostVec::F32(dots));
     dqkv
 }
 
