@@ -71,6 +71,16 @@ impl Backend for CudaBackend {
     ) -> Result<BufferRef> {
         self.add_bias(src, bias, geom, act)
     }
+    fn bias_act_grad(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        bias: &BufferRef,
+        geom: BiasGeometry,
+        derivative: UnaryOp,
+    ) -> Option<Result<BufferRef>> {
+        Some(self.bias_act_gradient(grad, src, bias, geom, derivative))
+    }
     fn compare(&self, op: CmpOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
         self.cmp(op, lhs, ll, rhs, rl)
     }

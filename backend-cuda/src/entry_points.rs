@@ -119,6 +119,7 @@ families! {
     UNARY: Floats = ELEMENTWISE "unary";
     BINARY: Floats = ELEMENTWISE "binary";
     BIAS_ACT: Floats = ELEMENTWISE "bias_act";
+    BIAS_ACT_GRAD: Floats = ELEMENTWISE "bias_act_grad";
     COMPARE: Values = ELEMENTWISE "compare";
     WHERE_COND: Widths = ELEMENTWISE "where_cond";
     REDUCE: Floats = REDUCE "reduce";

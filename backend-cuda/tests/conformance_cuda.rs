@@ -1,10 +1,11 @@
 //! The core conformance suite on cuda:0 against the CPU reference: every op, forward and
-//! backward, in f32, f16 and bf16 (kernels compute in f32, cuBLAS accumulates in f32).
+//! backward, in f32, f16 and bf16 (kernels compute in f32, cuBLAS accumulates in f32); and the
+//! fused bias and GELU gradient against the ops it fuses, bit for bit.
 
 mod support;
 
 use lockstep_core::DType;
-use lockstep_core::conformance::{format_table, run_suite};
+use lockstep_core::conformance::{bias_act_grad_mismatches, format_table, run_suite};
 
 #[test]
 fn cuda_passes_the_conformance_suite() {
@@ -24,4 +25,13 @@ fn cuda_passes_the_conformance_suite() {
         reports.len(),
         failed.join("\n")
     );
+}
+
+#[test]
+fn the_fused_bias_and_gelu_gradient_is_the_composed_ops_bit_for_bit() {
+    let Some(device) = support::cuda_device() else { return };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let mismatches = bias_act_grad_mismatches(&device, dtype).unwrap();
+        assert_eq!(mismatches, Some(vec![]), "{dtype:?}");
+    }
 }

@@ -1,10 +1,11 @@
 //! A small GPT on wgpu gives the CPU's logits, loss and every gradient: embeddings, LayerNorm,
 //! causal attention (fused: one dispatch forward, two backward) and the tied head, end to end on
 //! the adapter (lavapipe in CI); the fused attention steps as the composed one, with the same bits
-//! every run.
+//! every run; the MLP's bias and GELU gradient, fused, has the composed ops' bits.
 
 mod support;
 
+use lockstep_core::conformance::bias_act_grad_mismatches;
 use lockstep_core::models::{GptConfig, gpt};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::{DType, Device, Generator, Tensor};
@@ -132,4 +133,17 @@ fn attention_weights_are_one_dispatch_each_way_and_the_cpus_values() {
         dropped > 6 * 19 * 18 / 2,
         "the future is masked and dropout drops more ({dropped} zeros)"
     );
+}
+
+#[test]
+fn the_fused_bias_and_gelu_gradient_is_the_composed_ops_bit_for_bit() {
+    let Some(device) = support::wgpu_device() else { return };
+    let mut dtypes = vec![DType::F32, DType::BF16];
+    if lockstep_wgpu::adapter(0).is_some_and(|a| a.features().contains(wgpu::Features::SHADER_F16)) {
+        dtypes.push(DType::F16);
+    }
+    for dtype in dtypes {
+        let mismatches = bias_act_grad_mismatches(&device, dtype).unwrap();
+        assert_eq!(mismatches, Some(vec![]), "{dtype:?}");
+    }
 }

@@ -1,5 +1,5 @@
-// unary, binary, bias_act, compare and where_cond over strided operands of one shape (outputs
-// contiguous), computed in f32 for every float storage type. Op numbers are the ops' indices in
+// unary, binary, bias_act (and its gradient), compare and where_cond over strided operands of
+// one shape (outputs contiguous), computed in f32 for every float storage type. Op numbers are the ops' indices in
 // core's UnaryOp::ALL, BinaryOp::ALL and CmpOp::ALL.
 
 #define UNARY(T, suffix)                                                                          \
@@ -47,6 +47,22 @@ FOR_FLOATS(BINARY)
         }                                                                                         \
     }
 FOR_FLOATS(BIAS_ACT)
+
+// The gradient of bias_act's input for an activation whose derivative is the unary op
+// `derivative` of its input: grad * derivative(src + bias[c]), rounded to T after the add and
+// after the derivative, where the composed add, unary and multiply store their results.
+#define BIAS_ACT_GRAD(T, suffix)                                                                  \
+    extern "C" __global__ void bias_act_grad_##suffix(T* out, const T* grad, const T* src,        \
+                                                      const T* bias, u32 n, u32 channels,         \
+                                                      u32 inner, u32 derivative, float p0,        \
+                                                      float p1) {                                 \
+        FOR_EACH(i, n) {                                                                          \
+            float pre = stored<T>(to_f32(src[i]) + to_f32(bias[(i / inner) % channels]));         \
+            float slope = stored<T>(apply_unary(derivative, pre, p0, p1));                        \
+            out[i] = from_f32<T>(to_f32(grad[i]) * slope);                                        \
+        }                                                                                         \
+    }
+FOR_FLOATS(BIAS_ACT_GRAD)
 
 // Comparisons see floats as f32 and integers as themselves; every one but != fails on NaN.
 __device__ __forceinline__ float comparable(float x) { return x; }

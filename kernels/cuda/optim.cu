@@ -187,7 +187,7 @@ extern "C" __global__ void sum_partials(const double* partials, u32 n, float* ou
         const TensorEntry& e = chunk_of(tensors, chunks, chunk_len, &begin, &end);                \
         const T* src = (const T*)e.ptr[0];                                                        \
         T* dst = (T*)e.ptr[1];                                                                    \
-        float f = to_f32(from_f32<T>(*factor));                                                   \
+        float f = stored<T>(*factor);                                                             \
         FOR_CHUNK(i, begin, end) { dst[i] = from_f32<T>(to_f32(src[i]) * f); }                    \
     }
 FOR_FLOATS(SCALED_COPIES)

@@ -46,6 +46,8 @@ template <> __device__ __forceinline__ u32 from_f32<u32>(float x) {
     if (x >= 4294967296.0f) return 0xffffffffu;
     return (u32)x;
 }
+// `x` as T holds it: what a fused kernel carries between the steps the composed ops would store.
+template <typename T> __device__ __forceinline__ float stored(float x) { return to_f32(from_f32<T>(x)); }
 
 // Tensors of up to MAX_RANK dimensions; the host merges dimensions that are contiguous in every
 // operand first, so most tensors arrive as rank 1 and pay one division per element.

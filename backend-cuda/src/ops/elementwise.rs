@@ -1,4 +1,4 @@
-//! unary, binary, bias_act, compare and where_cond (elementwise.cu).
+//! unary, binary, bias_act and its gradient, compare and where_cond (elementwise.cu).
 
 use lockstep_core::backend::{BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp};
 use lockstep_core::shape::Layout;
@@ -90,21 +90,63 @@ impl CudaBackend {
         act: Option<UnaryOp>,
     ) -> Result<BufferRef> {
         const OP: &str = "bias_act";
-        let n = g.outer * g.channels * g.inner;
-        let s = self.operand(OP, src, Some(&Layout::contiguous([n])))?;
-        let b = self.operand(OP, bias, Some(&Layout::contiguous([g.channels])))?;
-        let entry = entry_points::BIAS_ACT.of(OP, self.same_dtype(OP, s, b)?)?;
-        let out = self.output(s.dtype(), n)?;
+        let (s, b, sizes) = self.bias_operands(OP, src, bias, g)?;
+        let entry = entry_points::BIAS_ACT.of(OP, s.dtype())?;
+        let out = self.output(s.dtype(), g.len())?;
         let (act_index, (p0, p1)) = match act {
             Some(a) => (unary_index(a), unary_params(a)),
             None => (u32::MAX, (0.0, 0.0)),
         };
-        if n > 0 {
-            let (n32, channels, inner) = (to_u32(OP, n)?, to_u32(OP, g.channels)?, to_u32(OP, g.inner.max(1))?);
-            launch!(&self.gpu, entry, self.gpu.grid(n);
-                &out.ptr, &s.ptr, &b.ptr, &n32, &channels, &inner, &act_index, &p0, &p1);
+        if !g.is_empty() {
+            let [n, channels, inner] = sizes;
+            launch!(&self.gpu, entry, self.gpu.grid(g.len());
+                &out.ptr, &s.ptr, &b.ptr, &n, &channels, &inner, &act_index, &p0, &p1);
         }
         Ok(out)
+    }
+
+    /// `grad * derivative(src + bias)`, rounded after each step as the composed ops round.
+    pub(crate) fn bias_act_gradient(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        bias: &BufferRef,
+        g: BiasGeometry,
+        derivative: UnaryOp,
+    ) -> Result<BufferRef> {
+        const OP: &str = "bias_act_grad";
+        let (s, b, sizes) = self.bias_operands(OP, src, bias, g)?;
+        let dy = self.operand(OP, grad, None)?;
+        g.check_gradient(OP, (dy.len(), dy.dtype()), s.dtype())?;
+        let entry = entry_points::BIAS_ACT_GRAD.of(OP, s.dtype())?;
+        let out = self.output(s.dtype(), g.len())?;
+        let (p0, p1) = unary_params(derivative);
+        if !g.is_empty() {
+            let [n, channels, inner] = sizes;
+            launch!(&self.gpu, entry, self.gpu.grid(g.len());
+                &out.ptr, &dy.ptr, &s.ptr, &b.ptr, &n, &channels, &inner, &unary_index(derivative), &p0, &p1);
+        }
+        Ok(out)
+    }
+
+    /// The input and the bias of a bias op (this device, one dtype, holding `g`'s view) and the
+    /// kernels' sizes `[n, channels, inner]`.
+    fn bias_operands<'a>(
+        &self,
+        op: &'static str,
+        src: &'a BufferRef,
+        bias: &'a BufferRef,
+        g: BiasGeometry,
+    ) -> Result<(&'a CudaBuffer, &'a CudaBuffer, [u32; 3])> {
+        let s = self.operand(op, src, Some(&Layout::contiguous([g.len()])))?;
+        let b = self.operand(op, bias, Some(&Layout::contiguous([g.channels])))?;
+        self.same_dtype(op, s, b)?;
+        let sizes = [
+            to_u32(op, g.len())?,
+            to_u32(op, g.channels)?,
+            to_u32(op, g.inner.max(1))?,
+        ];
+        Ok((s, b, sizes))
     }
 
     pub(crate) fn cmp(

@@ -428,6 +428,24 @@ impl BiasGeometry {
         }
         Ok(())
     }
+
+    /// An error naming `op` unless `grad` (its element count and dtype) is a gradient for this
+    /// view of an input of `src_dtype` (`Backend::bias_act_grad`).
+    pub fn check_gradient(
+        &self,
+        op: &'static str,
+        (grad_len, grad_dtype): (usize, crate::dtype::DType),
+        src_dtype: crate::dtype::DType,
+    ) -> crate::error::Result<()> {
+        let wrong = if grad_dtype != src_dtype {
+            format!("expects the gradient in the input's dtype {src_dtype:?}, got {grad_dtype:?}")
+        } else if grad_len < self.len() {
+            format!("{self:?} does not fit a gradient of {grad_len} elements")
+        } else {
+            return Ok(());
+        };
+        Err(crate::error::Error::invalid(op, wrong))
+    }
 }
 
 /// Sizes of a batched matrix product `[batch, m, k] @ [batch, k, n] -> [batch, m, n]`.

@@ -16,6 +16,7 @@
 //! (`gradcheck`).
 
 mod attention_memory;
+mod bias_act_bits;
 mod case;
 mod cases;
 mod gradcheck;
@@ -27,6 +28,7 @@ mod tolerance;
 use std::collections::BTreeSet;
 
 pub use attention_memory::{attention_peak_bytes, check_attention_memory_is_linear};
+pub use bias_act_bits::bias_act_grad_mismatches;
 pub use case::{Case, Ctx, Forward, Input, Kind, Values, View};
 pub use gradcheck::{GradcheckReport, gradcheck, gradcheck_all};
 pub use layer_norm_bits::layer_norm_gradient_bits;

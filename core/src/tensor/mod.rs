@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) use batch_norm::Epilogue;
+pub(crate) use elementwise::unary_grad;
 pub(crate) use nn_ops::{BatchStats, BatchStatsFn, Running};
 pub use nn_ops::{Conv2dOptions, Pool2dOptions};
 

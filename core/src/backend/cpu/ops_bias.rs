@@ -43,27 +43,13 @@ pub(super) fn bias_act_grad(
 ) -> Result<BufferRef> {
     const OP: &str = "bias_act_grad";
     geom.check(OP, src.len(), bias.len())?;
+    geom.check_gradient(OP, (grad.len(), grad.dtype()), src.dtype())?;
     let n = geom.len();
-    if grad.len() < n {
-        return Err(Error::invalid(
-            OP,
-            format!("{geom:?} does not fit a gradient of {} elements", grad.len()),
-        ));
-    }
     let (g, x, b) = (cpu(OP, grad)?.read(), cpu(OP, src)?.read(), cpu(OP, bias)?.read());
-    let mismatch = || {
-        Error::invalid(
-            OP,
-            format!(
-                "expects the gradient in the input's dtype {:?}, got {:?}",
-                x.dtype(),
-                g.dtype()
-            ),
-        )
-    };
+    let unlike = || Error::invalid(OP, "the gradient's elements are not of its dtype");
     let out = stored_binary_dispatch!(OP, &*x, &*b, |x, b| bias::bias_act_grad(
         &dev.pool,
-        &elements(&g).ok_or_else(mismatch)?[..n],
+        &elements(&g).ok_or_else(unlike)?[..n],
         &x[..n],
         b,
         (geom.channels, geom.inner),
