@@ -128,7 +128,7 @@ impl Backend for WgpuBackend {
     }
 
     fn reduce(&self, op: ReduceKind, src: &BufferRef, layout: &Layout, axes: &[usize]) -> Result<BufferRef> {
-        self.in_f32("reduce", [src], |[src]| self.reduce_axes(op, src, layout, axes))
+        self.reduce_axes(op, src, layout, axes)
     }
 
     fn matmul(

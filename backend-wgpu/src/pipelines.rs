@@ -38,7 +38,7 @@ impl Variant {
         self.constants.push((name, value.to_bits()));
         self
     }
-    /// `shader/entry` with its element types and constants: `reduce/reduce f32 KIND=1`.
+    /// `shader/entry` with its element types and constants: `bias_act/bias_act bf16 ACT=9`.
     pub fn name(&self) -> String {
         let mut name = format!("{}/{}", self.shader, self.entry);
         for t in &self.types {

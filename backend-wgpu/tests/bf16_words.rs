@@ -101,8 +101,7 @@ fn bf16_products_read_and_write_packed_words() {
 /// A bf16 convolution with batch norm, a relu and elementwise ops after it, forward and backward,
 /// takes the dispatches an f32 one does: its products (implicit GEMM), copies, normalisation and
 /// elementwise ops read and write the packed words, with no f32 copy around any of them (every product here has an even
-/// n: the weight gradient's is 2 channels x 3 x 3). A bias would add its gradient's sum, a
-/// reduction, which still runs on an f32 copy.
+/// n: the weight gradient's is 2 channels x 3 x 3).
 #[test]
 fn a_bf16_convolution_takes_no_f32_copies() {
     use lockstep_core::{Conv2dOptions, DType};
@@ -156,4 +155,40 @@ fn a_bf16_convolution_takes_no_f32_copies() {
         bf16_dispatches, f32_dispatches,
         "dispatches of a bf16 convolution against f32's"
     );
+}
+
+/// Reductions of bf16 read the packed words: the f32 reduction of the same values, in the same
+/// order, rounded once, in one dispatch more than f32's (that rounding of the outputs) and with no
+/// f32 copy of the source — the tokens of a bias gradient, from a view at an odd offset.
+#[test]
+fn bf16_reductions_read_packed_words() {
+    let Some((device, _backend)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let dispatched = |f: &dyn Fn() -> Tensor| {
+        let before = device.backend().work_counters().kernels.unwrap();
+        let out = f();
+        (out, device.backend().work_counters().kernels.unwrap() - before)
+    };
+    type Reduction = fn(&Tensor) -> Tensor;
+    let cases: [(&str, [usize; 2], Reduction); 5] = [
+        ("column sums", [600, 70], |t| t.sum(&[0], false).unwrap()),
+        ("row sums", [70, 600], |t| t.sum(&[1], false).unwrap()),
+        ("the sum of all", [33, 17], |t| t.sum_all().unwrap()),
+        ("row maxima", [9, 40], |t| t.max(1, false).unwrap()),
+        ("column minima", [40, 9], |t| t.min(0, false).unwrap()),
+    ];
+    for (what, [rows, cols], reduce) in cases {
+        let narrow = spread(&[rows, cols + 1], 17, &device).narrow(1, 1, cols).unwrap();
+        let wide = narrow.to_dtype(lockstep_core::DType::F32).unwrap();
+        let (from_bf16, bf16_dispatches) = dispatched(&|| reduce(&narrow));
+        let (from_f32, f32_dispatches) = dispatched(&|| reduce(&wide));
+        let rounded = from_f32.to_dtype(lockstep_core::DType::BF16).unwrap();
+        assert_eq!(bits(&from_bf16), bits(&rounded), "{what}");
+        assert_eq!(bf16_dispatches, f32_dispatches + 1, "{what}: dispatches against f32's");
+    }
+    let argmax = |t: &Tensor| t.argmax(1, false).unwrap().to_vec::<u32>().unwrap();
+    let narrow = spread(&[9, 41], 18, &device).narrow(1, 1, 40).unwrap();
+    let wide = narrow.to_dtype(lockstep_core::DType::F32).unwrap();
+    assert_eq!(argmax(&narrow), argmax(&wide), "argmax");
 }

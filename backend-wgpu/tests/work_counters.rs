@@ -122,8 +122,8 @@ fn a_kernel_profile_books_each_dispatch_to_its_kernel() {
     let times = backend.kernel_times().unwrap();
 
     let launches = |name: &str| times.iter().find(|k| k.name == name).map(|k| k.launches);
-    assert_eq!(launches("reduce/reduce f32 KIND=0"), Some(2), "{times:?}");
-    assert_eq!(launches("reduce/reduce f32 KIND=1"), Some(1), "{times:?}");
+    assert_eq!(launches("reduce/reduce f32 f32 KIND=0"), Some(2), "{times:?}");
+    assert_eq!(launches("reduce/reduce f32 f32 KIND=1"), Some(1), "{times:?}");
     assert!(
         times
             .iter()

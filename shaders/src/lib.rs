@@ -68,8 +68,8 @@ pub const SHADERS: &[Shader] = &[
     shader!("where_cond", &["T"], &["u32", "f16", "vec2<u32>"], ["where_cond"]),
     shader!(
         "reduce",
-        &["T"],
-        FLOATS,
+        &["S", "D"],
+        PACKED_FLOATS,
         [
             "reduce",
             "argmax",

@@ -5,8 +5,10 @@
 // deterministic. One chunk per output writes the output directly (reduce, argmax); with few
 // outputs the host splits each into chunks (reduce_chunks: partials in f32 with their indices)
 // and combine_chunks folds them in order.
-// Sums accumulate in f32 for every `T`. The split depends on the shape only, so every device
-// sums in the same order.
+// Sums accumulate in f32 for every `S`. The split depends on the shape only, so every device
+// sums in the same order. `S` is the source's element type (bf16 read in its packed words), `D`
+// the output's: the host binds f32 for a bf16 source (WGSL cannot write one half of a word
+// alone) and rounds the few outputs afterwards.
 // params: [n_out, kept_rank, n_reduced, reduced_rank, offset, chunk_len, G,
 //        kept dims[kept_rank], kept strides[kept_rank], reduced dims[reduced_rank], reduced strides[reduced_rank]]
 // combine_chunks' params: [n_out, chunks, G]
@@ -16,8 +18,8 @@ override KIND: u32 = 0u; // 0 sum, 1 max, 2 min, 3 argmax
 const NONE: u32 = 0xffffffffu;
 const SHAPES_AT: u32 = 7u;
 
-@group(0) @binding(1) var<storage, read> src: array<T>;
-@group(0) @binding(2) var<storage, read_write> out: array<T>;
+@group(0) @binding(1) var<storage, read> src: array<S>;
+@group(0) @binding(2) var<storage, read_write> out: array<D>;
 @group(0) @binding(3) var<storage, read_write> out_index: array<u32>;
 // One partial per (output, chunk), output-major.
 @group(0) @binding(4) var<storage, read_write> chunk_value: array<f32>;
@@ -109,7 +111,8 @@ fn reduce_chunk(s: Slot, lid: u32) {
     let end = min(start + chunk_len, n_red);
     var a = empty();
     for (var r = start + s.lane; r < end; r += group) {
-        a = take(a, f32(src[base + sub_offset(r, red_rank, red_at)]), r);
+        let at = base + sub_offset(r, red_rank, red_at);
+        a = take(a, S_load(src[S_word(at)], at), r);
     }
     combine(a, lid, s.lane, group);
 }
@@ -123,7 +126,7 @@ fn reduce(
     let s = slot(wid, groups, lid, params[6]);
     reduce_chunk(s, lid);
     if (s.lane == 0u && s.index < params[0]) {
-        out[s.index] = T(partial[lid]);
+        out[s.index] = D(partial[lid]);
     }
 }
 
@@ -179,7 +182,8 @@ fn reduce_column_chunks(
     let end = min(start + chunk_len, n_red);
     var a = empty();
     for (var r = start; r < end; r++) {
-        a = take(a, f32(src[params[4] + o + sub_offset(r, red_rank, red_at)]), r);
+        let at = params[4] + o + sub_offset(r, red_rank, red_at);
+        a = take(a, S_load(src[S_word(at)], at), r);
     }
     chunk_value[o * groups.y + wid.y] = a.value;
     chunk_index[o * groups.y + wid.y] = a.index;
@@ -206,7 +210,7 @@ fn combine_chunks(
     let s = slot(wid, groups, lid, params[2]);
     combine_chunks_of(s, lid);
     if (s.lane == 0u && s.index < params[0]) {
-        out[s.index] = T(partial[lid]);
+        out[s.index] = D(partial[lid]);
     }
 }
 

@@ -2,7 +2,11 @@
 //! group of invocations (a workgroup, or a fraction of one for short reductions) per output, or,
 //! when the outputs are too few to fill a GPU, per chunk of an output's reduced elements, combined
 //! in order by a second pass. Where the kept elements are one contiguous run (column sums), an
-//! invocation per column and chunk instead, so neighbours read neighbouring addresses.
+//! invocation per column and chunk instead, so neighbours read neighbouring addresses. bf16 is
+//! read in its packed words and summed in f32 (a bias gradient's tokens are never copied to f32);
+//! only the outputs are rounded afterwards.
+
+use std::sync::Arc;
 
 use lockstep_core::backend::gpu_plan::{chunk_len, column_chunk_len, reduces_by_columns};
 use lockstep_core::backend::{BufferRef, ReduceKind, split_axes};
@@ -10,6 +14,7 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
 use crate::backend::{WORKGROUP, WgpuBackend, to_u32};
+use crate::buffer::WgpuBuffer;
 use crate::pipelines::Variant;
 
 impl WgpuBackend {
@@ -22,7 +27,13 @@ impl WgpuBackend {
     ) -> Result<BufferRef> {
         let op = kind.name();
         let src = self.operand(op, src, Some(layout))?;
-        let t = self.float_type(op, src.dtype())?;
+        let source_type = self.element_type(op, src.dtype())?;
+        // The shader's output dtype: bf16's values are written as f32 and rounded after.
+        let written = match src.dtype() {
+            DType::BF16 => DType::F32,
+            d => d,
+        };
+        let out_type = self.float_type(op, written)?;
         kind.check_axes(layout.shape.rank(), axes)?;
         // Kept and reduced sub-shapes, each as sizes then strides.
         let words = |v: &[usize]| v.iter().map(|&x| to_u32(op, x)).collect::<Result<Vec<u32>>>();
@@ -74,14 +85,14 @@ impl WgpuBackend {
         ];
         params.extend(kept.0.iter().chain(&kept.1).chain(&reduced.0).chain(&reduced.1));
         let argmax = kind == ReduceKind::ArgMax;
-        let (out_dtype, binding) = if argmax { (DType::U32, 3) } else { (src.dtype(), 2) };
+        let (out_dtype, binding) = if argmax { (DType::U32, 3) } else { (written, 2) };
         let kind_index = ReduceKind::ALL.iter().position(|k| *k == kind).expect("in ALL") as f64;
-        let variant = |entry| Variant::new("reduce", entry, &[t]).constant("KIND", kind_index);
+        let variant = |entry| Variant::new("reduce", entry, &[source_type, out_type]).constant("KIND", kind_index);
         let out = self.alloc("reduce", out_dtype, n_out)?;
         if chunks <= 1 {
             let entry = if argmax { "argmax" } else { "reduce" };
             self.launch(&variant(entry), &params, &[(1, src), (binding, &out)], workgroups)?;
-            return Ok(out);
+            return self.stored_as(out, src.dtype());
         }
         let partials = n_out * chunks;
         let (value, index) = (
@@ -111,6 +122,15 @@ impl WgpuBackend {
             &[(4, &value), (5, &index), (binding, &out)],
             workgroups,
         )?;
+        self.stored_as(out, src.dtype())
+    }
+
+    /// A sum written as f32 for a bf16 source, rounded to bf16 (nearest even); other outputs
+    /// (f32, f16, argmax's indices) as they are.
+    fn stored_as(&self, out: Arc<WgpuBuffer>, source: DType) -> Result<BufferRef> {
+        if source == DType::BF16 && out.dtype() == DType::F32 {
+            return Ok(self.narrow_bf16(&out)?);
+        }
         Ok(out)
     }
 }

@@ -120,7 +120,7 @@ pub struct WorkCounters {
 /// constants), summed over its launches while `Backend::profile_kernels` was on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
-    /// What the backend calls the kernel (`reduce/reduce f32 KIND=0`).
+    /// What the backend calls the kernel (`bias_act/bias_act bf16 ACT=9`).
     pub name: String,
     /// Times it ran.
     pub launches: u64,
