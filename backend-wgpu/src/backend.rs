@@ -255,8 +255,8 @@ impl WgpuBackend {
     }
 
     /// The element type of shaders that read and write bf16 in its packed words themselves
-    /// (matmul, im2col, col2im, unary, binary and bias_act: `lockstep_shaders::elements`), else
-    /// as `float_type`.
+    /// (those listing bf16 among their types: `lockstep_shaders::elements`), else as
+    /// `float_type`.
     pub(crate) fn element_type(&self, op: &'static str, dtype: DType) -> Result<&'static str> {
         match dtype {
             DType::BF16 => Ok("bf16"),

@@ -2,9 +2,10 @@
 //! the bytes of f32) and each op runs on f32 copies widened just before it, its f32 result
 //! rounded back to bf16 (nearest even) just after, by bf16.wgsl. The copies are element for
 //! element, so every layout an op is given still applies to them. The ops that dominate a
-//! training step skip the f32 copies: matmul, im2col, col2im, unary, binary and bias_act read
-//! and write the packed words themselves (`element_type`), and copies into contiguous views move
-//! the 16-bit halves (`copy_bf16`).
+//! training step skip the f32 copies: the shaders that list bf16 among their types in
+//! `lockstep_shaders::SHADERS` (products, unfoldings, elementwise and bias ops, reductions,
+//! attention, the loss, batch norm) read and write the packed words themselves
+//! (`element_type`), and copies into contiguous views move the 16-bit halves (`copy_bf16`).
 
 use std::sync::Arc;
 
