@@ -1,6 +1,6 @@
 // unary, binary, bias_act (and its gradient), compare and where_cond over strided operands of
-// one shape (outputs contiguous), computed in f32 for every float storage type. Op numbers are the ops' indices in
-// core's UnaryOp::ALL, BinaryOp::ALL and CmpOp::ALL.
+// one shape (outputs contiguous), computed in f32 for every float storage type. Op numbers are
+// the ops' indices in core's UnaryOp::ALL, BinaryOp::ALL and CmpOp::ALL.
 
 #define UNARY(T, suffix)                                                                          \
     extern "C" __global__ void unary_##suffix(T* out, const T* src, Shape shape, View v, u32 op,  \

@@ -89,10 +89,15 @@ impl WgpuBackend {
         let kind_index = ReduceKind::ALL.iter().position(|k| *k == kind).expect("in ALL") as f64;
         let variant = |entry| Variant::new("reduce", entry, &[source_type, out_type]).constant("KIND", kind_index);
         let out = self.alloc("reduce", out_dtype, n_out)?;
+        // What a bf16 source's f32 values become: bf16 (argmax's indices stay as they are).
+        let stored = |out: Arc<WgpuBuffer>| match src.dtype() {
+            DType::BF16 => self.rounded(op, out),
+            _ => Ok(out as BufferRef),
+        };
         if chunks <= 1 {
             let entry = if argmax { "argmax" } else { "reduce" };
             self.launch(&variant(entry), &params, &[(1, src), (binding, &out)], workgroups)?;
-            return self.stored_as(out, src.dtype());
+            return stored(out);
         }
         let partials = n_out * chunks;
         let (value, index) = (
@@ -122,15 +127,6 @@ impl WgpuBackend {
             &[(4, &value), (5, &index), (binding, &out)],
             workgroups,
         )?;
-        self.stored_as(out, src.dtype())
-    }
-
-    /// A sum written as f32 for a bf16 source, rounded to bf16 (nearest even); other outputs
-    /// (f32, f16, argmax's indices) as they are.
-    fn stored_as(&self, out: Arc<WgpuBuffer>, source: DType) -> Result<BufferRef> {
-        if source == DType::BF16 && out.dtype() == DType::F32 {
-            return Ok(self.narrow_bf16(&out)?);
-        }
-        Ok(out)
+        stored(out)
     }
 }
