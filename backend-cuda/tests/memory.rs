@@ -3,19 +3,11 @@
 
 mod support;
 
-use std::sync::{Mutex, MutexGuard};
-
 use lockstep_core::{DType, Generator, Tensor};
-
-/// The tests read one device's counters: one at a time, or another test's tensors show up.
-fn exclusive() -> MutexGuard<'static, ()> {
-    static DEVICE: Mutex<()> = Mutex::new(());
-    DEVICE.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[test]
 fn a_warm_loop_reserves_no_new_memory() {
-    let _one_at_a_time = exclusive();
+    let _one_at_a_time = support::exclusive();
     let Some(device) = support::cuda_device() else { return };
     let g = Generator::new(0);
     let step = || {
@@ -40,7 +32,7 @@ fn a_warm_loop_reserves_no_new_memory() {
 
 #[test]
 fn live_tensors_count_as_allocated_and_bf16_takes_two_bytes() {
-    let _one_at_a_time = exclusive();
+    let _one_at_a_time = support::exclusive();
     let Some(device) = support::cuda_device() else { return };
     let before = device.backend().memory_stats().allocated_bytes;
     let t = Tensor::full([1 << 20], 1.5, DType::F32, &device).unwrap();
@@ -58,7 +50,7 @@ fn live_tensors_count_as_allocated_and_bf16_takes_two_bytes() {
 /// data), whatever their sizes (a slot grows for a larger upload).
 #[test]
 fn uploads_queued_behind_compute_each_arrive_whole() {
-    let _one_at_a_time = exclusive();
+    let _one_at_a_time = support::exclusive();
     let Some(device) = support::cuda_device() else { return };
     let g = Generator::new(1);
     let busy = Tensor::rand_normal([1024, 1024], 0.0, 1.0, DType::F32, &g, &device).unwrap();
@@ -77,7 +69,7 @@ fn uploads_queued_behind_compute_each_arrive_whole() {
 
 #[test]
 fn empty_cache_hands_back_what_the_pool_keeps_and_leaves_live_tensors() {
-    let _one_at_a_time = exclusive();
+    let _one_at_a_time = support::exclusive();
     let Some(device) = support::cuda_device() else { return };
     let g = Generator::new(3);
     let live = Tensor::rand_normal([256, 256], 0.0, 1.0, DType::F32, &g, &device).unwrap();

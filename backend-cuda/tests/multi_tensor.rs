@@ -27,6 +27,7 @@ fn bits(device: &Device, b: &BufferRef) -> Vec<u64> {
 
 #[test]
 fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
+    let _counting = support::exclusive();
     let Some(device) = support::cuda_device() else { return };
     let backend = device.backend();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -138,6 +139,7 @@ fn multi_tensor_kernels_agree_with_the_per_tensor_ones_in_one_launch() {
 /// equal to one `cast` each bit for bit.
 #[test]
 fn weight_copies_take_one_launch_and_equal_the_casts() {
+    let _counting = support::exclusive();
     let Some(device) = support::cuda_device() else { return };
     let backend = device.backend();
     let weights: Vec<BufferRef> = LENS

@@ -34,6 +34,8 @@ __host__ __device__ constexpr int streamed_rows(int d, int resident) {
 
 // ---- tensor-core building blocks ----------------------------------------------------------
 
+// The CPU emulator (backend-cuda/emulator) defines these four from the PTX ISA's layouts.
+#ifndef LOCKSTEP_EMULATED
 template <typename T> __device__ __forceinline__ void mma_16816(float c[4], const u32 a[4], u32 b0, u32 b1);
 template <> __device__ __forceinline__ void mma_16816<bf16>(float c[4], const u32 a[4], u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -68,6 +70,7 @@ __device__ __forceinline__ float ex2(float x) {
     asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+#endif
 
 // Two values as one register of two 16-bit elements, the lower column in the low half.
 template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi) {

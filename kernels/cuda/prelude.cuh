@@ -1,6 +1,9 @@
 // Shared by every Lockstep kernel: NVRTC compiles this prelude followed by one kernel file, so
 // the files need no #include (NVRTC ships no standard headers, and none are needed).
 //
+// The CPU emulator (backend-cuda/emulator) compiles the same files as C++ with LOCKSTEP_EMULATED
+// defined, which swaps the few lines of inline PTX for portable ones.
+//
 // Storage types: `float`, `f16`, `bf16` (16-bit words with conversions written here), `u32`,
 // `u64`. Every float kernel computes in f32 and stores with one rounding, as the CPU and wgpu
 // backends do. Kernel names are `<op>_<dtype>` (`unary_f32`, `unary_bf16`), instantiated by the
@@ -16,9 +19,13 @@ struct bf16 { u16 bits; };
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(u32 x) { return (float)x; }
 __device__ __forceinline__ float to_f32(f16 x) {
+#ifdef LOCKSTEP_EMULATED
+    return lk_half_to_float(x.bits);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
     return f;
+#endif
 }
 __device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
 
@@ -26,7 +33,11 @@ template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
     f16 h;
+#ifdef LOCKSTEP_EMULATED
+    h.bits = lk_float_to_half(x);
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+#endif
     return h;
 }
 // Round to nearest even, NaN kept quiet (as half::bf16::from_f32 does on the CPU).
