@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use support::mpi::{logged_losses, path_str};
@@ -61,6 +62,14 @@ fn step_losses(placement: &[&str], recipe: &[&str], dir: &TempDir) -> Vec<f64> {
     logged_losses(&metrics)
 }
 
+/// A copy of this repository's README in `dir`, a text to train on (copied: nothing is written
+/// beside the original).
+fn readme_text(dir: &TempDir) -> PathBuf {
+    let text = dir.join("readme.txt");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"), &text).unwrap();
+    text
+}
+
 /// Every step's loss within `tolerance` (relative) of the CPU run's.
 fn assert_follows(what: &str, cpu: &[f64], cuda: &[f64], steps: usize, tolerance: f64) {
     assert_eq!(cpu.len(), steps, "{what}: the CPU run's steps");
@@ -80,9 +89,7 @@ fn gpt_tiny_trains_on_emulated_cuda_as_on_the_cpu() {
         return;
     }
     let dir = TempDir::new("cuda-emulator-gpt");
-    // Characters of this repository's README (copied: nothing is written beside the original).
-    let text = dir.join("readme.txt");
-    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"), &text).unwrap();
+    let text = readme_text(&dir);
     for (precision, tolerance) in [("32", 1e-5), ("bf16-mixed", 2e-3)] {
         let recipe = [
             "--model",
@@ -136,4 +143,56 @@ fn lenet5_trains_on_emulated_cuda_alone_and_under_zero_2_beside_the_cpu() {
         &dir,
     );
     assert_follows("lenet5 on cuda:0 + cpu:0 under ZeRO-2", &cpu, &zero, 6, 1e-5);
+}
+
+/// A batch past the device's memory (here the emulator's, set to 64 MiB) ends the run with the
+/// out-of-memory error that says what to try, never a panic, and the checkpoint an earlier run
+/// wrote stays as it was (issue 51's GPU row, on the CUDA backend's own allocation path).
+#[test]
+fn a_batch_past_cuda_memory_says_what_to_try_and_keeps_the_checkpoint() {
+    if !have_emulator() {
+        return;
+    }
+    let dir = TempDir::new("cuda-emulator-oom");
+    let text = readme_text(&dir);
+    let train = |batch: &str, steps: &str| {
+        let mut cmd = on_emulator(&[
+            "train",
+            "--device",
+            "cuda:0",
+            "--model",
+            "gpt-tiny",
+            "--dataset",
+            "text",
+            "--data",
+            path_str(&text),
+            "--no-val",
+            "--headless",
+            "--checkpoint-dir",
+            path_str(dir.path()),
+            "--batch-size",
+            batch,
+            "--max-steps",
+            steps,
+        ]);
+        run(cmd.env("LOCKSTEP_CUDA_EMULATOR_MEMORY", (64u64 << 20).to_string()))
+    };
+    assert_succeeds(&train("1", "2"));
+    let last = dir.join("last.safetensors");
+    let before = std::fs::read(&last).expect("the small run's checkpoint");
+    let out = train("4096", "1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a batch of 4096 fit in 64 MiB?\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for part in [
+        "cuda:0: a new tensor asks for ",
+        " in use, more than the 64 MiB the device may hold",
+        "--accumulate",
+        "--activation-checkpointing",
+        "--zero 2",
+        "bf16-mixed",
+    ] {
+        assert!(stderr.contains(part), "the error lacks `{part}`:\n{stderr}");
+    }
+    assert!(std::fs::read(&last).unwrap() == before, "the checkpoint changed");
 }

@@ -2,8 +2,9 @@
 
 use lockstep_core::backend::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
-    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, LayerNormAffine, LayerNormGrads, LayerNormSpec,
-    MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdOperands, SgdStep, UnaryOp, WorkCounters,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, LayerNormAffine, LayerNormGrads,
+    LayerNormSpec, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdOperands, SgdStep,
+    UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -19,6 +20,15 @@ impl Backend for CudaBackend {
     }
     fn work_counters(&self) -> WorkCounters {
         self.gpu.work_counters()
+    }
+    fn profile_kernels(&self, on: bool) -> Result<()> {
+        self.gpu.synchronize()?;
+        self.gpu.profiler.set(on);
+        Ok(())
+    }
+    fn kernel_times(&self) -> Result<Vec<KernelTime>> {
+        self.gpu.synchronize()?;
+        Ok(self.gpu.profiler.times())
     }
     fn synchronize(&self) -> Result<()> {
         self.gpu.synchronize()

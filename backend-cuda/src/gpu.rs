@@ -20,6 +20,7 @@ use crate::dnn::Dnn;
 use crate::entry_points::{self, EntryPoint};
 use crate::error::driver_error;
 use crate::memory::Memory;
+use crate::profiler::Profiler;
 use crate::staging::Staging;
 use crate::wait;
 
@@ -50,6 +51,8 @@ pub struct Gpu {
     /// Kernels launched and cuBLAS products queued, for `lockstep bench`'s launches per step.
     pub(crate) kernels_launched: AtomicU64,
     pub(crate) blas_calls: AtomicU64,
+    /// Each launch timed alone while `Backend::profile_kernels` is on.
+    pub(crate) profiler: Profiler,
 }
 
 impl Gpu {
@@ -79,6 +82,7 @@ impl Gpu {
             functions: (0..entry_points::SLOTS).map(|_| OnceLock::new()).collect(),
             kernels_launched: AtomicU64::new(0),
             blas_calls: AtomicU64::new(0),
+            profiler: Profiler::default(),
             memory,
             blas,
             dnn: OnceLock::new(),
@@ -203,6 +207,15 @@ impl Gpu {
         }
     }
 
+    /// Runs `queue` (work queued on the compute stream by a library: cuBLAS, cuDNN), timed as
+    /// `name` while kernels are profiled.
+    pub(crate) fn timed<T>(&self, name: &'static str, queue: impl FnOnce() -> Result<T>) -> Result<T> {
+        let timing = self.profiler.start(&self.location, &self.compute)?;
+        let queued = queue()?;
+        self.profiler.finish(timing, name, &self.location, &self.compute)?;
+        Ok(queued)
+    }
+
     pub(crate) fn launch_failed(&self, entry: &str, e: cudarc::driver::DriverError) -> Error {
         driver_error(&self.location, &format!("launching {entry}"), e)
     }
@@ -284,6 +297,7 @@ macro_rules! launch {
         let gpu: &$crate::gpu::Gpu = $gpu;
         let entry: $crate::entry_points::EntryPoint = $entry;
         let function = gpu.function(entry)?;
+        let timing = gpu.profiler.start(&gpu.location, &gpu.compute)?;
         // One expression, so temporaries among the arguments live until the launch is queued.
         // SAFETY: the arguments match the kernel's C signature in kernels/cuda (device pointers
         // as u64, counts as u32, views as the #[repr(C)] structs of views.rs); every pointer is
@@ -292,6 +306,7 @@ macro_rules! launch {
         unsafe { gpu.compute.launch_builder(function)$(.arg($arg))+.launch($cfg) }
             .map_err(|e| gpu.launch_failed(entry.name, e))?;
         gpu.kernels_launched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        gpu.profiler.finish(timing, entry.name, &gpu.location, &gpu.compute)?;
     }};
 }
 pub(crate) use launch;

@@ -25,6 +25,7 @@ mod nccl_init;
 mod nvml;
 mod ops;
 pub mod probe;
+mod profiler;
 mod provider;
 mod staging;
 mod views;

@@ -38,6 +38,10 @@ impl Allocator {
     }
 }
 
+fn is_out_of_memory(e: &cudarc::driver::DriverError) -> bool {
+    e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+}
+
 /// `LOCKSTEP_CUDA_NO_POOL=1`: the synchronous fallback on a device that has pools (to test it).
 fn pool_turned_off() -> bool {
     std::env::var("LOCKSTEP_CUDA_NO_POOL").as_deref() == Ok("1")
@@ -102,26 +106,49 @@ impl Memory {
         }
     }
 
-    /// `bytes` of uninitialised device memory, usable on the compute stream.
+    /// `bytes` of uninitialised device memory, usable on the compute stream. When the driver
+    /// has none left, the pool's cached memory goes back to it (after the queued work) and the
+    /// allocation is tried once more, as PyTorch's caching allocator does; then the error is
+    /// `Error::OutOfMemory`, which says what to try.
     pub(crate) fn alloc(&self, bytes: usize) -> lockstep_core::Result<sys::CUdeviceptr> {
         // The pool hands out nothing for zero bytes; keep one word so every buffer has an address.
         let bytes = bytes.max(4);
-        let ptr = match self.allocator {
+        let mut attempt = self.driver_alloc(bytes);
+        if attempt.as_ref().err().is_some_and(is_out_of_memory) && self.stream.synchronize().is_ok() {
+            self.release_cached();
+            attempt = self.driver_alloc(bytes);
+        }
+        let ptr = attempt.map_err(|e| {
+            if is_out_of_memory(&e) {
+                self.out_of_memory(bytes as u64)
+            } else {
+                driver_error(&self.location, &format!("could not allocate {bytes} bytes"), e)
+            }
+        })?;
+        self.usage.add(bytes as u64);
+        Ok(ptr)
+    }
+
+    fn driver_alloc(&self, bytes: usize) -> Result<sys::CUdeviceptr, cudarc::driver::DriverError> {
+        match self.allocator {
             // SAFETY: the stream is live (we hold it); the memory is only used on this stream or
             // on streams ordered after it by events.
             Allocator::StreamOrdered => unsafe { result::malloc_async(self.stream.cu_stream(), bytes) },
             // SAFETY: the caller bound this device's context (`Gpu::alloc` enters it first).
             Allocator::Synchronous => unsafe { result::malloc_sync(bytes) },
         }
-        .map_err(|e| {
-            driver_error(
-                &self.location,
-                &format!("could not allocate {bytes} bytes (out of GPU memory? lower the batch size)"),
-                e,
-            )
-        })?;
-        self.usage.add(bytes as u64);
-        Ok(ptr)
+    }
+
+    /// The error for `requested` bytes the driver could not give: what is in use in our
+    /// tensors, and the device's whole memory.
+    fn out_of_memory(&self, requested: u64) -> lockstep_core::Error {
+        lockstep_core::Error::OutOfMemory {
+            device: self.location.clone(),
+            op: "a new tensor",
+            requested,
+            in_use: self.usage.allocated(),
+            capacity: result::mem_get_info().map_or(0, |(_, total)| total as u64),
+        }
     }
 
     /// Gives `ptr` (of `bytes`, as allocated) back once the compute stream is past its uses.

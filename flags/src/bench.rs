@@ -106,7 +106,8 @@ pub struct Args {
     #[arg(long)]
     pub block_size: Option<usize>,
     /// `bench resnet` and `bench gpt`: after each precision, one more step with every kernel
-    /// timed alone (wgpu devices with timestamp queries), and its N longest kernels listed.
+    /// timed alone (CUDA devices, and wgpu devices with timestamp queries), and its N longest
+    /// kernels listed.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub kernels: usize,
     /// `bench resnet` and `bench gpt` beside a peer: measure the two sides in turn this many

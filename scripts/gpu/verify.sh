@@ -93,9 +93,8 @@ if [ "$quick" = 0 ]; then
     for block in 1024 2048; do
         step "bench-gpt2-memory-t$block" 300 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 4 --block-size "$block" --precision bf16-mixed --json "$out/bench-gpt2-memory-t$block.json"
     done
-    if command -v ncu >/dev/null; then
-        step profile-gpt2 300 ncu --metrics gpu__time_duration.sum --launch-skip 4000 --launch-count 2500 --csv --log-file "$out/profile-gpt2.csv" "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed
-    fi
+    # Where its time goes, by kernel name: each launch and cuBLAS product of one step timed alone.
+    step profile-gpt2 300 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --kernels 40
     step bench-epoch-resnet18 600 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 3 --epochs 3 --json "$out/bench-epoch-resnet18.json"
     # The same epoch with cuDNN's non-deterministic algorithms admitted (PyTorch's default).
     step bench-epoch-resnet18-any-cudnn 600 env LOCKSTEP_CUDNN_DETERMINISTIC=0 "$python" "$root/scripts/cifar_epoch_bench.py" --bin "$bin" --device cuda:0 --precision bf16-mixed --batch-size 512 --rounds 2 --epochs 3 --side lockstep --json "$out/bench-epoch-resnet18-any-cudnn.json"

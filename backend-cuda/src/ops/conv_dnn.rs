@@ -51,8 +51,10 @@ impl CudaBackend {
             w: weight.ptr,
             y: y.ptr,
         };
-        let queued = dnn.run(Direction::Forward, (g, o, dtype), pointers, |bytes| {
-            self.workspace(bytes)
+        let queued = self.gpu.timed("cudnn conv forward", || {
+            dnn.run(Direction::Forward, (g, o, dtype), pointers, |bytes| {
+                self.workspace(bytes)
+            })
         })?;
         Ok(queued.then_some(y as BufferRef))
     }
@@ -86,8 +88,10 @@ impl CudaBackend {
             y: grad.ptr,
         };
         let workspace = |bytes| self.workspace(bytes);
-        if !dnn.run(Direction::InputGradient, shape, data, workspace)?
-            || !dnn.run(Direction::WeightGradient, shape, filter, workspace)?
+        let input_gradient = || dnn.run(Direction::InputGradient, shape, data, workspace);
+        let weight_gradient = || dnn.run(Direction::WeightGradient, shape, filter, workspace);
+        if !self.gpu.timed("cudnn conv input gradient", input_gradient)?
+            || !self.gpu.timed("cudnn conv weight gradient", weight_gradient)?
         {
             return Ok(None);
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use lockstep_core::backend::{BackendBuffer, BufferRef, MatmulDims};
 use lockstep_core::shape::Layout;
-use lockstep_core::{Error, Result, Shape};
+use lockstep_core::{DType, Error, Result, Shape};
 
 use crate::backend::CudaBackend;
 use crate::blas::{Gemm, Operand};
@@ -67,8 +67,17 @@ impl CudaBackend {
             b: lhs_op,
             c: out.ptr,
         };
+        let timing = self.gpu.profiler.start(&self.gpu.location, &self.gpu.compute)?;
         self.gpu.blas.gemm(&self.gpu.location, dtype, &g)?;
         self.gpu.blas_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = match dtype {
+            DType::BF16 => "cublas gemm bf16",
+            DType::F16 => "cublas gemm f16",
+            _ => "cublas gemm f32",
+        };
+        self.gpu
+            .profiler
+            .finish(timing, name, &self.gpu.location, &self.gpu.compute)?;
         Ok(out)
     }
 

@@ -146,7 +146,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
         Err(Error::invalid(
             "profile_kernels",
             format!(
-                "{} ({}) cannot time its kernels; the wgpu backend can on adapters with timestamp queries",
+                "{} ({}) cannot time its kernels; CUDA devices can, and wgpu adapters with timestamp queries",
                 self.info().location,
                 self.info().name
             ),

@@ -11,6 +11,6 @@ done
 [ -n "$wgpu" ] && step check-wgpu 60 "$bin" check --device "$wgpu" --failures-only
 step gpt2-peer 200 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --peer pytorch --json "$out/gpt2-peer.json"
 step gpt2-composed-attention 60 env LOCKSTEP_CUDA_ATTENTION=composed "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --json "$out/gpt2-composed.json"
-if command -v ncu >/dev/null; then
-    step gpt2-profile 90 ncu --metrics gpu__time_duration.sum --launch-skip 4000 --launch-count 2000 --csv --log-file "$out/gpt2-profile.csv" "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed
-fi
+# Where the step's GPU time goes, by our kernels' own names: one more step with each launch and
+# cuBLAS product timed alone (Backend::profile_kernels), its 40 longest listed.
+step gpt2-kernels 90 "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 --precision bf16-mixed --kernels 40
