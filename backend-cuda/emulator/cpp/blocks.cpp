@@ -1,7 +1,9 @@
 // The emulator's kernel execution: each block's threads are fibers of the launching OS thread
-// (fiber_switch.h), run in thread order until each finishes or waits at a barrier; a block
-// barrier opens when every unfinished thread of the block waits at one, a warp barrier when
-// every unfinished thread of that warp does. Blocks run one after another, so static shared
+// (fiber_switch.h), each run until it finishes or waits at a barrier; a block barrier opens when
+// every unfinished thread of the block waits at one, a warp barrier when every unfinished thread
+// of that warp does. Even blocks run their threads first to last, odd blocks last to first, so a
+// kernel that reads another thread's write without a barrier between them sees it in some
+// blocks and not in others, and its results show it. Blocks run one after another, so static shared
 // memory (thread_local statics) belongs to the running block.
 #include "blocks.h"
 
@@ -103,9 +105,12 @@ bool run_block(Block& block, const char* name, uint3 block_idx) {
         f.self->block_idx = block_idx;
         f.sp = lk_fiber_stack(reinterpret_cast<char*>(f.self) + LK_STACK_BYTES, fiber_main);
     }
+    const size_t n = block.fibers.size();
+    const bool backwards = (block_idx.x + block_idx.y + block_idx.z) % 2 == 1;
     for (;;) {
         bool ran = false;
-        for (Fiber& f : block.fibers) {
+        for (size_t i = 0; i < n; ++i) {
+            Fiber& f = block.fibers[backwards ? n - 1 - i : i];
             if (f.state != State::Ready) continue;
             lk_switch(&block.scheduler_sp, f.sp);
             ran = true;

@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <map>
 #include <mutex>
@@ -46,11 +48,18 @@ double now() {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-// Device memory: the heap, counted against a capacity (LOCKSTEP_CUDA_EMULATOR_MEMORY, bytes;
-// 8 GiB by default) so out-of-memory paths can be reached.
+// Device memory: pages of the process, counted against a capacity (LOCKSTEP_CUDA_EMULATOR_MEMORY,
+// bytes; 8 GiB by default) so out-of-memory paths can be reached. Each allocation ends (after
+// rounding to 256 bytes, the kernels' widest alignment) at an inaccessible page, so a kernel
+// that writes or reads past a buffer's end stops the process instead of corrupting another.
+struct Mapping {
+    size_t bytes;    // as asked
+    char* base;      // of the mapping, guard page included
+    size_t mapped;
+};
 struct Memory {
     std::mutex lock;
-    std::map<CUdeviceptr, size_t> blocks;
+    std::map<CUdeviceptr, Mapping> blocks;
     size_t used = 0;
     size_t capacity = 0;
 };
@@ -181,12 +190,17 @@ CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
     std::lock_guard<std::mutex> guard(m.lock);
     if (bytes == 0) return INVALID_VALUE;
     if (m.used + bytes > m.capacity) return OUT_OF_MEMORY;
-    size_t rounded = (bytes + 255) / 256 * 256;
-    void* p = aligned_alloc(256, rounded);
-    if (!p) return OUT_OF_MEMORY;
-    memset(p, 0xff, rounded);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t usable = (bytes + 255) / 256 * 256;
+    size_t mapped = (usable + page - 1) / page * page + page;
+    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return OUT_OF_MEMORY;
+    char* guard_page = static_cast<char*>(base) + mapped - page;
+    mprotect(guard_page, page, PROT_NONE);
+    char* p = guard_page - usable;
+    memset(p, 0xff, usable);
     *ptr = (CUdeviceptr)(uintptr_t)p;
-    m.blocks[*ptr] = bytes;
+    m.blocks[*ptr] = Mapping{bytes, static_cast<char*>(base), mapped};
     m.used += bytes;
     return SUCCESS;
 }
@@ -195,9 +209,9 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     std::lock_guard<std::mutex> guard(m.lock);
     auto it = m.blocks.find(ptr);
     if (it == m.blocks.end()) return INVALID_VALUE;
-    m.used -= it->second;
+    m.used -= it->second.bytes;
+    munmap(it->second.base, it->second.mapped);
     m.blocks.erase(it);
-    free((void*)(uintptr_t)ptr);
     return SUCCESS;
 }
 CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, CUstream) { return cuMemAlloc_v2(ptr, bytes); }

@@ -5,6 +5,8 @@
 //! `dlopen("libcuda.so")` in the process answers with the emulator. The kernels are the real
 //! `kernels/cuda/*.cu`, compiled as C++: each CUDA thread is a fiber, barriers and warp
 //! shuffles switch fibers, `mma.sync` and `ldmatrix` follow the PTX ISA's fragment layouts.
+//! To make kernel bugs show: fresh device memory is all NaN, each buffer ends at an inaccessible
+//! page, and odd blocks run their threads in reverse order.
 //! NVRTC still compiles every kernel (the backend loads a CUBIN first), so it must be present.
 //!
 //! What it checks: the backend's host code (launch shapes, parameters, views, memory, the
