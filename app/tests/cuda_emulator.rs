@@ -33,7 +33,14 @@ fn have_emulator() -> bool {
     let listing = String::from_utf8_lossy(&out.stdout);
     let ready = lockstep_cuda_emulator::built().and_then(|()| {
         match (listing.contains("Lockstep CUDA emulator"), listing.contains("NVRTC ok")) {
-            (true, true) => Ok(()),
+            (true, true) => {
+                let line = listing.lines().find(|l| l.starts_with("cuda:0")).unwrap_or_default();
+                assert!(
+                    line.contains("software"),
+                    "the emulator is software, as lavapipe is: {line}"
+                );
+                Ok(())
+            }
             (false, _) => Err("`lockstep devices` lists no emulated cuda:0".to_string()),
             (true, false) => Err("NVRTC is missing (see `lockstep devices --details`)".to_string()),
         }

@@ -67,12 +67,15 @@ fn describe(ordinal: usize) -> Option<DeviceInfo> {
     if let Some(v) = crate::nvml::driver_version() {
         details.push(("driver".into(), v));
     }
+    let name = ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into());
     Some(DeviceInfo {
         location: format!("cuda:{ordinal}"),
-        name: ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
+        // The CPU emulator (backend-cuda/emulator) names its device so: software, as lavapipe
+        // is, and never what `--device auto` picks.
+        software: name.starts_with("Lockstep CUDA emulator"),
+        name,
         api: "cuda".into(),
         total_memory_bytes: ctx.total_mem().ok().map(|b| b as u64),
-        software: false,
         details,
     })
 }
