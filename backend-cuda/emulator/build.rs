@@ -23,7 +23,7 @@ fn main() {
         std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default(),
     );
     let built = if target == ("linux".to_string(), "x86_64".to_string()) {
-        build(&lib, &cpp, &units)
+        build(&lib, &cpp, &kernels, &units)
     } else {
         Err(format!(
             "it runs on Linux x86-64 only (this is {} {})",
@@ -68,7 +68,7 @@ fn kernel_units(out: &Path, cpp: &Path, kernels: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn build(lib: &Path, cpp: &Path, units: &[PathBuf]) -> Result<(), String> {
+fn build(lib: &Path, cpp: &Path, kernels: &Path, units: &[PathBuf]) -> Result<(), String> {
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let mut driver_sources = vec![
         cpp.join("driver.cpp"),
@@ -94,6 +94,8 @@ fn build(lib: &Path, cpp: &Path, units: &[PathBuf]) -> Result<(), String> {
                 ])
                 .arg("-I")
                 .arg(cpp)
+                .arg("-I")
+                .arg(kernels)
                 .arg(source)
                 .arg("-o")
                 .arg(&object)

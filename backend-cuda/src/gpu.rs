@@ -207,8 +207,8 @@ impl Gpu {
         }
     }
 
-    /// Runs `queue` (work queued on the compute stream by a library: cuBLAS, cuDNN), timed as
-    /// `name` while kernels are profiled.
+    /// Runs `queue` (a kernel launch, or work a library queues: cuBLAS, cuDNN) on the compute
+    /// stream, timed alone as `name` while kernels are profiled.
     pub(crate) fn timed<T>(&self, name: &'static str, queue: impl FnOnce() -> Result<T>) -> Result<T> {
         let timing = self.profiler.start(&self.location, &self.compute)?;
         let queued = queue()?;
@@ -297,16 +297,17 @@ macro_rules! launch {
         let gpu: &$crate::gpu::Gpu = $gpu;
         let entry: $crate::entry_points::EntryPoint = $entry;
         let function = gpu.function(entry)?;
-        let timing = gpu.profiler.start(&gpu.location, &gpu.compute)?;
-        // One expression, so temporaries among the arguments live until the launch is queued.
-        // SAFETY: the arguments match the kernel's C signature in kernels/cuda (device pointers
-        // as u64, counts as u32, views as the #[repr(C)] structs of views.rs); every pointer is
-        // a live allocation of at least the extent the kernel indexes, checked by the caller;
-        // the kernel runs on the compute stream, which orders it with every other use.
-        unsafe { gpu.compute.launch_builder(function)$(.arg($arg))+.launch($cfg) }
-            .map_err(|e| gpu.launch_failed(entry.name, e))?;
+        gpu.timed(entry.name, || {
+            // One expression, so temporaries among the arguments live until the launch is queued.
+            // SAFETY: the arguments match the kernel's C signature in kernels/cuda (device
+            // pointers as u64, counts as u32, views as the #[repr(C)] structs of views.rs); every
+            // pointer is a live allocation of at least the extent the kernel indexes, checked by
+            // the caller; the kernel runs on the compute stream, which orders it with every other
+            // use.
+            unsafe { gpu.compute.launch_builder(function)$(.arg($arg))+.launch($cfg) }
+                .map_err(|e| gpu.launch_failed(entry.name, e))
+        })?;
         gpu.kernels_launched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        gpu.profiler.finish(timing, entry.name, &gpu.location, &gpu.compute)?;
     }};
 }
 pub(crate) use launch;

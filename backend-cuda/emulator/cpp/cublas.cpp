@@ -7,6 +7,9 @@
 
 #include <vector>
 
+#include "kernel_dialect.h"
+#include "prelude.cuh"
+
 typedef int cublasStatus_t;
 typedef void* cublasHandle_t;
 
@@ -17,40 +20,20 @@ enum : int { R_32F = 0, R_16F = 2, R_16BF = 14 };
 
 char a_handle;
 
+// Elements converted as the kernels convert them (the prelude's to_f32 and from_f32).
 float load(const void* base, int type, long long i) {
     switch (type) {
     case R_32F: return static_cast<const float*>(base)[i];
-    case R_16F: {
-        _Float16 h;
-        memcpy(&h, static_cast<const uint16_t*>(base) + i, 2);
-        return (float)h;
+    case R_16F: return to_f32(static_cast<const f16*>(base)[i]);
+    default: return to_f32(static_cast<const bf16*>(base)[i]);
     }
-    default: {
-        uint32_t bits = (uint32_t) static_cast<const uint16_t*>(base)[i] << 16;
-        float x;
-        memcpy(&x, &bits, 4);
-        return x;
-    }
-    }
-}
-
-// Round to nearest even; a NaN stays a quiet NaN (the kernels' from_f32<bf16>).
-uint16_t to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 void store(void* base, int type, long long i, float x) {
     switch (type) {
     case R_32F: static_cast<float*>(base)[i] = x; break;
-    case R_16F: {
-        _Float16 h = (_Float16)x;
-        memcpy(static_cast<uint16_t*>(base) + i, &h, 2);
-        break;
-    }
-    default: static_cast<uint16_t*>(base)[i] = to_bf16(x); break;
+    case R_16F: static_cast<f16*>(base)[i] = from_f32<f16>(x); break;
+    default: static_cast<bf16*>(base)[i] = from_f32<bf16>(x); break;
     }
 }
 

@@ -67,17 +67,14 @@ impl CudaBackend {
             b: lhs_op,
             c: out.ptr,
         };
-        let timing = self.gpu.profiler.start(&self.gpu.location, &self.gpu.compute)?;
-        self.gpu.blas.gemm(&self.gpu.location, dtype, &g)?;
-        self.gpu.blas_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = match dtype {
             DType::BF16 => "cublas gemm bf16",
             DType::F16 => "cublas gemm f16",
             _ => "cublas gemm f32",
         };
         self.gpu
-            .profiler
-            .finish(timing, name, &self.gpu.location, &self.gpu.compute)?;
+            .timed(name, || self.gpu.blas.gemm(&self.gpu.location, dtype, &g))?;
+        self.gpu.blas_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 
