@@ -10,7 +10,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::Command;
 
-use support::mpi::{logged_losses, path_str};
+use support::mpi::{checkpoint_tensors, logged_losses, path_str};
 use support::{TempDir, assert_succeeds, lockstep, mnist_dir, run};
 
 /// `lockstep` with the emulator's libraries first on the library path: cudarc asks dlopen for
@@ -57,9 +57,16 @@ fn have_emulator() -> bool {
 
 /// Each step's loss of `lockstep train <recipe> <placement>`, on the emulator's library path.
 fn step_losses(placement: &[&str], recipe: &[&str], dir: &TempDir) -> Vec<f64> {
-    let label = placement.join("_").replace([':', ',', '-'], "_");
+    launched_step_losses(&[], placement, recipe, dir)
+}
+
+/// As `step_losses`, the train command run by `lockstep <launcher…> train …` (e.g. `launch
+/// --nproc-per-node 2 --`), or by itself when `launcher` is empty.
+fn launched_step_losses(launcher: &[&str], placement: &[&str], recipe: &[&str], dir: &TempDir) -> Vec<f64> {
+    let label = [launcher, placement].concat().join("_").replace([':', ',', '-'], "_");
     let metrics = dir.join(&format!("{label}-{}.jsonl", recipe.join("_").replace(['-', '/'], "_")));
-    let mut args = vec!["train"];
+    let mut args = launcher.to_vec();
+    args.push("train");
     args.extend_from_slice(recipe);
     args.extend_from_slice(placement);
     args.extend_from_slice(&["--log-every", "1", "--no-val", "--no-shuffle", "--headless"]);
@@ -120,18 +127,13 @@ fn gpt_tiny_trains_on_emulated_cuda_as_on_the_cpu() {
     }
 }
 
-#[test]
-fn lenet5_trains_on_emulated_cuda_alone_and_under_zero_2_beside_the_cpu() {
-    if !have_emulator() {
-        return;
-    }
-    let dir = TempDir::new("cuda-emulator-lenet5");
-    let data = mnist_dir();
-    let recipe = [
+/// Six Adam steps of LeNet-5 on the MNIST in `data`, batch 32.
+fn lenet5_recipe(data: &std::path::Path) -> [&str; 12] {
+    [
         "--model",
         "lenet5",
         "--data",
-        path_str(&data),
+        path_str(data),
         "--optimizer",
         "adam",
         "--lr",
@@ -140,7 +142,17 @@ fn lenet5_trains_on_emulated_cuda_alone_and_under_zero_2_beside_the_cpu() {
         "32",
         "--max-steps",
         "6",
-    ];
+    ]
+}
+
+#[test]
+fn lenet5_trains_on_emulated_cuda_alone_and_under_zero_2_beside_the_cpu() {
+    if !have_emulator() {
+        return;
+    }
+    let dir = TempDir::new("cuda-emulator-lenet5");
+    let data = mnist_dir();
+    let recipe = lenet5_recipe(&data);
     let cpu = step_losses(&["--device", "cpu"], &recipe, &dir);
     let cuda = step_losses(&["--device", "cuda:0"], &recipe, &dir);
     assert_follows("lenet5 on cuda:0", &cpu, &cuda, 6, 1e-5);
@@ -150,6 +162,52 @@ fn lenet5_trains_on_emulated_cuda_alone_and_under_zero_2_beside_the_cpu() {
         &dir,
     );
     assert_follows("lenet5 on cuda:0 + cpu:0 under ZeRO-2", &cpu, &zero, 6, 1e-5);
+}
+
+/// Data parallel over NCCL (the emulator's: two devices, ranks meeting in shared memory), as a
+/// machine with two GPUs runs it: one process's replicas (ncclCommInitAll), under ZeRO-2 too
+/// (reduce-scatter, all-gather), and two processes under `lockstep launch` with ZeRO-2, whose
+/// checkpoint gathers rank 1's optimizer state by NCCL's point-to-point messages. Every step's
+/// loss follows the CPU's, and the two ZeRO-2 checkpoints hold the same tensors, bit for bit.
+#[test]
+fn lenet5_data_parallel_over_nccl_on_two_emulated_gpus_follows_the_cpu() {
+    if !have_emulator() {
+        return;
+    }
+    let dir = TempDir::new("cuda-emulator-nccl");
+    let data = mnist_dir();
+    let recipe = lenet5_recipe(&data);
+    let cpu = step_losses(&["--device", "cpu"], &recipe, &dir);
+    let replicas = step_losses(&["--devices", "cuda:0,cuda:1"], &recipe, &dir);
+    assert_follows("lenet5 on cuda:0,cuda:1 over NCCL", &cpu, &replicas, 6, 1e-5);
+    let (threads, processes) = (dir.join("threads"), dir.join("processes"));
+    let zero = |checkpoints: &PathBuf| ["--zero", "2", "--checkpoint-dir", path_str(checkpoints)].map(String::from);
+    let threads_zero = zero(&threads);
+    let placement: Vec<&str> = ["--devices", "cuda:0,cuda:1"]
+        .into_iter()
+        .chain(threads_zero.iter().map(String::as_str))
+        .collect();
+    let losses = step_losses(&placement, &recipe, &dir);
+    assert_follows("lenet5 on cuda:0,cuda:1 under ZeRO-2 over NCCL", &cpu, &losses, 6, 1e-5);
+    // A free port for the launcher's rendezvous (not the default, which other jobs may hold).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a loopback port")
+        .port()
+        .to_string();
+    let launcher = ["launch", "--nproc-per-node", "2", "--master-port", &port, "--"];
+    let processes_zero = zero(&processes);
+    let placement: Vec<&str> = ["--device", "cuda"]
+        .into_iter()
+        .chain(processes_zero.iter().map(String::as_str))
+        .collect();
+    let losses = launched_step_losses(&launcher, &placement, &recipe, &dir);
+    assert_follows("lenet5 in 2 processes on NCCL under ZeRO-2", &cpu, &losses, 6, 1e-5);
+    let checkpoint = |d: &PathBuf| checkpoint_tensors(&d.join("last.safetensors"));
+    assert!(
+        checkpoint(&processes) == checkpoint(&threads),
+        "the processes' ZeRO-2 checkpoint differs from the threads'"
+    );
 }
 
 /// A batch past the device's memory (here the emulator's, set to 64 MiB) ends the run with the

@@ -1,6 +1,6 @@
-//! Builds the emulator's three shared libraries into OUT_DIR/lib: libcuda.so (the driver API and
+//! Builds the emulator's four shared libraries into OUT_DIR/lib: libcuda.so (the driver API and
 //! every kernel file of lockstep-kernels, compiled as C++ with cpp/kernel_dialect.h in front of
-//! the prelude), libcublas.so and libcublasLt.so. Without a C++ compiler the build still
+//! the prelude), libcublas.so, libcublasLt.so and libnccl.so. Without a C++ compiler the build still
 //! succeeds and `install` says what is missing.
 
 use std::path::{Path, PathBuf};
@@ -79,7 +79,7 @@ fn build(lib: &Path, cpp: &Path, kernels: &Path, units: &[PathBuf]) -> Result<()
     // Each translation unit compiles in its own process (the kernel files are independent).
     let objects: Vec<(PathBuf, std::process::Child)> = driver_sources
         .iter()
-        .chain([cpp.join("cublas.cpp"), cpp.join("cublaslt.cpp")].iter())
+        .chain([cpp.join("cublas.cpp"), cpp.join("cublaslt.cpp"), cpp.join("nccl.cpp")].iter())
         .map(|source| {
             let object = lib.join(source.file_stem().unwrap()).with_extension("o");
             let child = Command::new(&compiler)
@@ -122,7 +122,8 @@ fn build(lib: &Path, cpp: &Path, kernels: &Path, units: &[PathBuf]) -> Result<()
     let (driver, rest) = object_paths.split_at(driver_sources.len());
     link(&compiler, lib, "libcuda.so", driver)?;
     link(&compiler, lib, "libcublas.so", &rest[..1])?;
-    link(&compiler, lib, "libcublasLt.so", &rest[1..])?;
+    link(&compiler, lib, "libcublasLt.so", &rest[1..2])?;
+    link(&compiler, lib, "libnccl.so", &rest[2..])?;
     Ok(())
 }
 

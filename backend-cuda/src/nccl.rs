@@ -1,4 +1,4 @@
-//! Collectives on NCCL: all GPUs of one process (one communicator per device from
+//! Collectives and point-to-point messages on NCCL: all GPUs of one process (one communicator per device from
 //! `ncclCommInitAll`, each driven by its own thread) or one process per GPU
 //! (`ncclCommInitRankConfig` with an id rank 0 created and the launcher handed over).
 //!
@@ -329,6 +329,17 @@ impl CommState {
         )
     }
 
+    /// An error unless `rank` is another rank of this communicator.
+    fn peer(&self, op: &'static str, rank: usize) -> Result<()> {
+        if rank >= self.world || rank == self.rank {
+            return Err(self.err(
+                op,
+                format!("rank {rank} is not another rank of this group of {}", self.world),
+            ));
+        }
+        Ok(())
+    }
+
     /// Waits, by polling with the timeout, for every queued collective.
     fn wait_all(&self, op: &'static str) -> Result<()> {
         wait::poll_until(
@@ -499,6 +510,29 @@ impl Communicator for NcclCommunicator {
                 comm,
                 stream,
             )
+        })
+    }
+
+    /// ncclSend of the whole buffer; rank `to` must post a `recv` of the same dtype and length
+    /// (NCCL cannot check it: a mismatch hangs or corrupts, as it would in PyTorch).
+    fn send(&self, buf: &BufferRef, to: usize) -> Result<()> {
+        self.state.peer("send", to)?;
+        let b = self.buffer("send", buf)?;
+        let t = nccl_type(b.dtype());
+        // SAFETY: reads the buffer's `len` elements of type `t`, on the comm stream.
+        self.enqueue("send", &[b], |comm, stream| unsafe {
+            result::send(b.ptr as *const _, b.len(), t, to as i32, comm, stream)
+        })
+    }
+
+    /// ncclRecv into the whole buffer, from rank `from`'s matching `send`.
+    fn recv(&self, buf: &BufferRef, from: usize) -> Result<()> {
+        self.state.peer("recv", from)?;
+        let b = self.buffer("recv", buf)?;
+        let t = nccl_type(b.dtype());
+        // SAFETY: writes the buffer's `len` elements of type `t`, on the comm stream.
+        self.enqueue("recv", &[b], |comm, stream| unsafe {
+            result::recv(b.ptr as *mut _, b.len(), t, from as i32, comm, stream)
         })
     }
 

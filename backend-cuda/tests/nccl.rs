@@ -1,6 +1,8 @@
 //! NCCL with one rank on cuda:0 (a single GPU cannot hold two ranks of one communicator):
 //! every collective runs and gives the one-rank answer, and the training reducer works on it;
 //! a rank whose peer never joins fails naming it, and collectives are timed on the device.
+//! Where there are two devices (the emulator has two), two ranks give the two-rank answers and
+//! pass point-to-point messages.
 
 mod support;
 
@@ -119,4 +121,97 @@ fn collectives_are_timed_on_the_device() {
     assert_eq!(comm.take_collective_time().unwrap(), Duration::ZERO, "counted once");
     let back = backend.to_host(&output, &Layout::contiguous([n])).unwrap().to_f64_vec();
     assert!(back.iter().all(|&v| v == 1.0));
+}
+
+/// `cuda:0` and `cuda:1` with NCCL, or None after saying why not (a one-GPU machine; the
+/// emulator has two devices unless told otherwise).
+fn two_nccl_devices() -> Option<[Device; 2]> {
+    let first = nccl_device()?;
+    match Device::parse("cuda:1") {
+        Ok(second) => Some([first, second]),
+        Err(e) => {
+            eprintln!("\n*** SKIPPED: two ranks need two CUDA devices ({e}) ***\n");
+            None
+        }
+    }
+}
+
+/// Rank `rank` of two runs every collective on its own device; the answers are the two-rank
+/// ones (rank r holds r + (i mod 64)/4 at element i: exact in bf16, and so are the sums).
+fn two_rank_collectives(comm: &NcclCommunicator, device: &Device) {
+    let rank = comm.rank();
+    let backend = device.backend();
+    let n = 300_000; // more than one of the emulator's staging slots
+    let values = |r: usize| -> Vec<f64> { (0..n).map(|i| r as f64 + (i % 64) as f64 / 4.0).collect() };
+    let (zero, one) = (values(0), values(1));
+    let sum: Vec<f64> = zero.iter().zip(&one).map(|(a, b)| a + b).collect();
+    let mine = if rank == 0 { &zero } else { &one };
+    for dtype in [DType::F32, DType::BF16] {
+        let upload = |values: &[f64]| backend.from_host(&HostVec::from_f64(dtype, values)).unwrap();
+        let expect = |what: &str, buf: &lockstep_core::backend::BufferRef, want: &[f64]| {
+            let got = backend
+                .to_host(buf, &Layout::contiguous([want.len()]))
+                .unwrap()
+                .to_f64_vec();
+            let wrong = got.iter().zip(want).position(|(g, w)| g != w);
+            assert!(
+                wrong.is_none(),
+                "{dtype} {what} on rank {rank}: element {wrong:?} is {:?}, not {:?}",
+                wrong.map(|i| got[i]),
+                wrong.map(|i| want[i])
+            );
+        };
+        let buf = upload(mine);
+        comm.all_reduce(&buf, ReduceOp::Sum).unwrap();
+        expect("all_reduce sum", &buf, &sum);
+        let buf = upload(mine);
+        comm.all_reduce(&buf, ReduceOp::Max).unwrap();
+        expect("all_reduce max", &buf, &one);
+        let buf = upload(mine);
+        comm.broadcast(&buf, 1).unwrap();
+        expect("broadcast from rank 1", &buf, &one);
+        let gathered = upload(&vec![0.0; 2 * n]);
+        comm.all_gather(&upload(mine), &gathered).unwrap();
+        expect("all_gather", &gathered, &[zero.clone(), one.clone()].concat());
+        let part = upload(&vec![0.0; n / 2]);
+        comm.reduce_scatter(&upload(mine), &part, ReduceOp::Sum).unwrap();
+        expect("reduce_scatter", &part, &sum[rank * n / 2..(rank + 1) * n / 2]);
+        // Point to point (ZeRO's checkpoints from processes): 0 sends, 1 answers with its own.
+        let other = 1 - rank;
+        let theirs = upload(&vec![0.0; n]);
+        if rank == 0 {
+            comm.send(&upload(mine), other).unwrap();
+            comm.recv(&theirs, other).unwrap();
+        } else {
+            comm.recv(&theirs, other).unwrap();
+            comm.send(&upload(mine), other).unwrap();
+        }
+        expect("recv", &theirs, if rank == 0 { &one } else { &zero });
+        assert!(comm.send(&theirs, rank).is_err(), "a rank sends to another rank only");
+    }
+    comm.barrier().unwrap();
+}
+
+/// Two ranks on two devices, made both ways: one process's group (ncclCommInitAll, a thread per
+/// rank) and one id joined from two threads (as the launcher's processes join).
+#[test]
+fn two_ranks_on_two_devices_give_the_two_rank_answers() {
+    let Some(devices) = two_nccl_devices() else { return };
+    // Each rank's thread owns its communicator: one that panics drops it, and its peer's next
+    // call fails instead of waiting out the timeout.
+    let group = NcclCommunicator::group(&devices).unwrap();
+    std::thread::scope(|s| {
+        for (comm, device) in group.into_iter().zip(&devices) {
+            s.spawn(move || two_rank_collectives(&comm, device));
+        }
+    });
+    let id = NcclId::new().unwrap();
+    std::thread::scope(|s| {
+        for (rank, device) in devices.iter().enumerate() {
+            s.spawn(move || {
+                let comm = NcclCommunicator::from_rank(device, rank, 2, &id).unwrap();
+                two_rank_collectives(&comm, device);
+            });
+        }
+    });
 }

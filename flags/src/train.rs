@@ -264,7 +264,7 @@ pub struct Args {
     pub sync_batchnorm: bool,
     /// Data parallel: partition the optimizer state (1) and also the averaged gradients (2)
     /// over the replicas, as DeepSpeed's ZeRO stages; the weights end as without it. Replicas on
-    /// threads (--devices) or processes over MPI (not yet NCCL processes).
+    /// threads (--devices) or processes (over MPI, or NCCL for CUDA devices).
     #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub zero: Option<u8>,
     /// Print each rank's memory at its peak for this run (parameters, gradients, optimizer

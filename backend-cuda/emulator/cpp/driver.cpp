@@ -1,7 +1,10 @@
-// The CUDA driver API the backend reaches through cudarc, on the CPU: one device, memory from
-// the process heap (a device pointer is a host address), every stream synchronous (work runs
-// when it is queued, on the queuing thread), kernels from the registry of host-compiled kernel
-// files (blocks.cpp). Modules ignore the CUBIN NVRTC made and look entry points up by name.
+// The CUDA driver API the backend reaches through cudarc, on the CPU: LOCKSTEP_CUDA_EMULATOR_DEVICES
+// devices (2 by default, so multi-GPU paths run), each with its own primary context and memory
+// from the process's pages (a device pointer is a host address), every stream synchronous (work
+// runs when it is queued, on the queuing thread), kernels from the registry of host-compiled
+// kernel files (blocks.cpp). Modules ignore the CUBIN NVRTC made and look entry points up by
+// name. As on a GPU, a thread has no current context until it binds one: memory, streams and
+// modules asked for without one fail (CUDA_ERROR_INVALID_CONTEXT).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +32,7 @@ enum : CUresult {
     INVALID_VALUE = 1,
     OUT_OF_MEMORY = 2,
     INVALID_DEVICE = 101,
+    INVALID_CONTEXT = 201,
     NOT_FOUND = 500,
     NOT_SUPPORTED = 801,
     LAUNCH_FAILED = 719,
@@ -48,19 +52,22 @@ double now() {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-// Device memory: pages of the process, counted against a capacity (LOCKSTEP_CUDA_EMULATOR_MEMORY,
-// bytes; 8 GiB by default) so out-of-memory paths can be reached. Each allocation ends (after
+// Device memory: pages of the process, counted per device against a capacity
+// (LOCKSTEP_CUDA_EMULATOR_MEMORY, bytes per device; 8 GiB by default) so out-of-memory paths can
+// be reached. Each allocation ends (after
 // rounding to 256 bytes, the kernels' widest alignment) at an inaccessible page, so a kernel
 // that writes or reads past a buffer's end stops the process instead of corrupting another.
 struct Mapping {
     size_t bytes;    // as asked
     char* base;      // of the mapping, guard page included
     size_t mapped;
+    int device;
 };
+constexpr int MAX_DEVICES = 8;
 struct Memory {
     std::mutex lock;
     std::map<CUdeviceptr, Mapping> blocks;
-    size_t used = 0;
+    size_t used[MAX_DEVICES] = {};
     size_t capacity = 0;
 };
 Memory& memory() {
@@ -73,7 +80,22 @@ Memory& memory() {
     return *m;
 }
 
-char primary_context, a_stream, a_module;
+int device_count() {
+    static const int count = [] {
+        const char* text = getenv("LOCKSTEP_CUDA_EMULATOR_DEVICES");
+        int n = text ? atoi(text) : 2;
+        return n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
+    }();
+    return count;
+}
+
+// A device's primary context is the address of its slot here; the calling thread's current one
+// is null until it sets one.
+char primary_contexts[MAX_DEVICES];
+thread_local CUcontext current = nullptr;
+int current_device() { return current ? (int)(static_cast<char*>(current) - primary_contexts) : -1; }
+
+char a_stream, a_module;
 
 }  // namespace
 
@@ -85,20 +107,21 @@ CUresult cuDriverGetVersion(int* version) {
     return SUCCESS;
 }
 CUresult cuDeviceGetCount(int* count) {
-    *count = 1;
+    *count = device_count();
     return SUCCESS;
 }
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
-    if (ordinal != 0) return INVALID_DEVICE;
-    *device = 0;
+    if (ordinal < 0 || ordinal >= device_count()) return INVALID_DEVICE;
+    *device = ordinal;
     return SUCCESS;
 }
 CUresult cuDeviceGetName(char* name, int len, CUdevice) {
     snprintf(name, (size_t)len, "Lockstep CUDA emulator (CPU)");
     return SUCCESS;
 }
-CUresult cuDeviceGetUuid(char uuid[16], CUdevice) {
+CUresult cuDeviceGetUuid(char uuid[16], CUdevice device) {
     memset(uuid, 0x4c, 16);
+    uuid[15] = (char)device;
     return SUCCESS;
 }
 CUresult cuDeviceGetUuid_v2(char uuid[16], CUdevice device) { return cuDeviceGetUuid(uuid, device); }
@@ -124,18 +147,23 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice) {
     }
     return SUCCESS;
 }
-CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice) {
-    *context = &primary_context;
+CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+    if (device < 0 || device >= device_count()) return INVALID_DEVICE;
+    *context = &primary_contexts[device];
     return SUCCESS;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice) { return SUCCESS; }
-CUresult cuCtxSetCurrent(CUcontext) { return SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext context) {
+    current = context;
+    return SUCCESS;
+}
 CUresult cuCtxGetCurrent(CUcontext* context) {
-    *context = &primary_context;
+    *context = current;
     return SUCCESS;
 }
 CUresult cuCtxGetDevice(CUdevice* device) {
-    *device = 0;
+    if (!current) return INVALID_CONTEXT;
+    *device = current_device();
     return SUCCESS;
 }
 CUresult cuCtxSynchronize() { return SUCCESS; }
@@ -146,13 +174,11 @@ CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 }
 
 CUresult cuStreamCreate(CUstream* stream, unsigned) {
+    if (!current) return INVALID_CONTEXT;
     *stream = &a_stream;
     return SUCCESS;
 }
-CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned, int) {
-    *stream = &a_stream;
-    return SUCCESS;
-}
+CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned flags, int) { return cuStreamCreate(stream, flags); }
 CUresult cuStreamDestroy_v2(CUstream) { return SUCCESS; }
 CUresult cuStreamSynchronize(CUstream) { return SUCCESS; }
 CUresult cuStreamQuery(CUstream) { return SUCCESS; }
@@ -188,8 +214,10 @@ CUresult cuEventElapsedTime_v2(float* ms, void* start, void* end) { return cuEve
 CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
     Memory& m = memory();
     std::lock_guard<std::mutex> guard(m.lock);
+    const int device = current_device();
+    if (device < 0) return INVALID_CONTEXT;
     if (bytes == 0) return INVALID_VALUE;
-    if (m.used + bytes > m.capacity) return OUT_OF_MEMORY;
+    if (m.used[device] + bytes > m.capacity) return OUT_OF_MEMORY;
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t usable = (bytes + 255) / 256 * 256;
     size_t mapped = (usable + page - 1) / page * page + page;
@@ -200,8 +228,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t bytes) {
     char* p = guard_page - usable;
     memset(p, 0xff, usable);
     *ptr = (CUdeviceptr)(uintptr_t)p;
-    m.blocks[*ptr] = Mapping{bytes, static_cast<char*>(base), mapped};
-    m.used += bytes;
+    m.blocks[*ptr] = Mapping{bytes, static_cast<char*>(base), mapped, device};
+    m.used[device] += bytes;
     return SUCCESS;
 }
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
@@ -209,7 +237,7 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     std::lock_guard<std::mutex> guard(m.lock);
     auto it = m.blocks.find(ptr);
     if (it == m.blocks.end()) return INVALID_VALUE;
-    m.used -= it->second.bytes;
+    m.used[it->second.device] -= it->second.bytes;
     munmap(it->second.base, it->second.mapped);
     m.blocks.erase(it);
     return SUCCESS;
@@ -219,7 +247,9 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream) { return cuMemFree_v2(ptr); }
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     Memory& m = memory();
     std::lock_guard<std::mutex> guard(m.lock);
-    *free_bytes = m.capacity - m.used;
+    const int device = current_device();
+    if (device < 0) return INVALID_CONTEXT;
+    *free_bytes = m.capacity - m.used[device];
     *total = m.capacity;
     return SUCCESS;
 }
@@ -271,6 +301,7 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
 }
 
 CUresult cuModuleLoadData(CUmodule* module, const void*) {
+    if (!current) return INVALID_CONTEXT;
     *module = &a_module;
     return SUCCESS;
 }
@@ -302,6 +333,7 @@ CUresult cuGetErrorName(CUresult error, const char** name) {
     case INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
     case OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
     case NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
     case NOT_SUPPORTED: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
     case LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; break;

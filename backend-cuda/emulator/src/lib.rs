@@ -1,8 +1,12 @@
-//! The CUDA driver and cuBLAS on the CPU, so `lockstep-cuda`'s tests run where no GPU is.
+//! The CUDA driver, cuBLAS and NCCL on the CPU, so `lockstep-cuda`'s tests run where no GPU is.
 //!
-//! `install` loads three shared libraries built from `cpp/` (the driver API, cuBLAS's strided
-//! GEMM, an empty cuBLASLt) whose SONAMEs are the names cudarc asks dlopen for, so every later
-//! `dlopen("libcuda.so")` in the process answers with the emulator. The kernels are the real
+//! `install` loads four shared libraries built from `cpp/` (the driver API, cuBLAS's strided
+//! GEMM, an empty cuBLASLt, NCCL's communicators and collectives) whose SONAMEs are the names
+//! cudarc asks dlopen for, so every later `dlopen("libcuda.so")` in the process answers with
+//! the emulator. There are `LOCKSTEP_CUDA_EMULATOR_DEVICES` devices (2 by default), each with
+//! `LOCKSTEP_CUDA_EMULATOR_MEMORY` bytes (8 GiB by default). NCCL's ranks may be threads of one
+//! process or processes of one machine (they meet in shared memory); a collective returns once
+//! every rank has called it, or fails after `LOCKSTEP_CUDA_EMULATOR_NCCL_TIMEOUT` seconds (300). The kernels are the real
 //! `kernels/cuda/*.cu`, compiled as C++: each CUDA thread is a fiber, barriers and warp
 //! shuffles switch fibers, `mma.sync` and `ldmatrix` follow the PTX ISA's fragment layouts.
 //! To make kernel bugs show: fresh device memory is all NaN, each buffer ends at an inaccessible
@@ -46,7 +50,7 @@ fn load() -> Result<(), String> {
 fn load() -> Result<(), String> {
     use std::ffi::CString;
     built()?;
-    for name in ["libcuda.so", "libcublas.so", "libcublasLt.so"] {
+    for name in ["libcuda.so", "libcublas.so", "libcublasLt.so", "libnccl.so"] {
         let path = format!("{LIB_DIR}/{name}");
         let c_path = CString::new(path.clone()).map_err(|e| e.to_string())?;
         // SAFETY: `c_path` is a NUL-terminated path; the handle is never closed (the library
