@@ -24,7 +24,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{result, sys};
 
-use lockstep_core::backend::{BackendBuffer, BufferRef, Communicator, ReduceOp};
+use lockstep_core::backend::{BackendBuffer, BufferRef, Communicator, ReduceOp, check_peer};
 use lockstep_core::{DType, Device, Error, Result};
 
 use crate::backend::CudaBackend;
@@ -329,17 +329,6 @@ impl CommState {
         )
     }
 
-    /// An error unless `rank` is another rank of this communicator.
-    fn peer(&self, op: &'static str, rank: usize) -> Result<()> {
-        if rank >= self.world || rank == self.rank {
-            return Err(self.err(
-                op,
-                format!("rank {rank} is not another rank of this group of {}", self.world),
-            ));
-        }
-        Ok(())
-    }
-
     /// Waits, by polling with the timeout, for every queued collective.
     fn wait_all(&self, op: &'static str) -> Result<()> {
         wait::poll_until(
@@ -516,7 +505,7 @@ impl Communicator for NcclCommunicator {
     /// ncclSend of the whole buffer; rank `to` must post a `recv` of the same dtype and length
     /// (NCCL cannot check it: a mismatch hangs or corrupts, as it would in PyTorch).
     fn send(&self, buf: &BufferRef, to: usize) -> Result<()> {
-        self.state.peer("send", to)?;
+        check_peer("send", self.state.rank, self.state.world, to)?;
         let b = self.buffer("send", buf)?;
         let t = nccl_type(b.dtype());
         // SAFETY: reads the buffer's `len` elements of type `t`, on the comm stream.
@@ -527,7 +516,7 @@ impl Communicator for NcclCommunicator {
 
     /// ncclRecv into the whole buffer, from rank `from`'s matching `send`.
     fn recv(&self, buf: &BufferRef, from: usize) -> Result<()> {
-        self.state.peer("recv", from)?;
+        check_peer("recv", self.state.rank, self.state.world, from)?;
         let b = self.buffer("recv", buf)?;
         let t = nccl_type(b.dtype());
         // SAFETY: writes the buffer's `len` elements of type `t`, on the comm stream.

@@ -17,7 +17,7 @@ use ::mpi::environment::Universe;
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 
-use lockstep_core::backend::{Backend, BufferRef, Communicator, ReduceOp, read_whole, write_whole};
+use lockstep_core::backend::{Backend, BufferRef, Communicator, ReduceOp, check_peer, read_whole, write_whole};
 use lockstep_core::dtype::{DType, HostVec};
 use lockstep_core::error::{Error, Result};
 use lockstep_core::map_host_vec;
@@ -207,17 +207,6 @@ impl MpiCommunicator {
             .0;
         let _watched = self.watched.as_ref().map(|(_, calls)| calls.start(op));
         body(comm)
-    }
-
-    /// An error unless `rank` is another rank of this communicator.
-    fn peer(&self, op: &'static str, rank: usize) -> Result<()> {
-        if rank >= self.world || rank == self.rank {
-            return Err(self.err(
-                op,
-                format!("rank {rank} is not another rank of this communicator of {}", self.world),
-            ));
-        }
-        Ok(())
     }
 
     fn read(&self, buf: &BufferRef) -> Result<HostVec> {
@@ -412,7 +401,7 @@ impl Communicator for MpiCommunicator {
     /// A header (dtype, length), then the data; returns once MPI has taken the buffer.
     fn send(&self, buf: &BufferRef, to: usize) -> Result<()> {
         let op = "send";
-        self.peer(op, to)?;
+        check_peer(op, self.rank, self.world, to)?;
         self.fits(op, buf.dtype(), buf.len(), buf.len() * buf.dtype().size_in_bytes())?;
         let host = self.read(buf)?;
         self.with_comm(op, |comm| {
@@ -423,7 +412,7 @@ impl Communicator for MpiCommunicator {
 
     fn recv(&self, buf: &BufferRef, from: usize) -> Result<()> {
         let op = "recv";
-        self.peer(op, from)?;
+        check_peer(op, self.rank, self.world, from)?;
         let host = self.with_comm(op, |comm| crate::point_to_point::recv(comm, from))?;
         if host.dtype() != buf.dtype() || host.len() != buf.len() {
             return Err(self.err(

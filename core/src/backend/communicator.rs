@@ -70,6 +70,19 @@ pub trait Communicator: Send + Sync {
     }
 }
 
+/// An error unless `peer` is another rank of `rank`'s group of `world` (a `send` or `recv`'s
+/// other end).
+pub fn check_peer(op: &'static str, rank: usize, world: usize, peer: usize) -> Result<()> {
+    if peer >= world || peer == rank {
+        return Err(Error::Collective {
+            op,
+            rank,
+            msg: format!("rank {peer} is not another rank of this group of {world}"),
+        });
+    }
+    Ok(())
+}
+
 fn no_point_to_point(op: &'static str, rank: usize) -> Error {
     Error::Collective {
         op,
@@ -420,7 +433,7 @@ impl Communicator for LocalCommunicator {
 
     /// Buffered: returns once the message is queued.
     fn send(&self, buf: &BufferRef, to: usize) -> Result<()> {
-        self.peer("send", to)?;
+        check_peer("send", self.rank, self.shared.world, to)?;
         let data = self.read(buf)?;
         let mut mail = self
             .shared
@@ -433,7 +446,7 @@ impl Communicator for LocalCommunicator {
     }
 
     fn recv(&self, buf: &BufferRef, from: usize) -> Result<()> {
-        self.peer("recv", from)?;
+        check_peer("recv", self.rank, self.shared.world, from)?;
         let shared = &self.shared;
         let started = Instant::now();
         let mut mail = shared
@@ -478,19 +491,6 @@ impl Communicator for LocalCommunicator {
             ));
         }
         self.write(buf, &data)
-    }
-}
-
-impl LocalCommunicator {
-    /// An error unless `rank` is another rank of this group.
-    fn peer(&self, op: &'static str, rank: usize) -> Result<()> {
-        if rank >= self.shared.world || rank == self.rank {
-            return Err(self.err(
-                op,
-                format!("rank {rank} is not another rank of this group of {}", self.shared.world),
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-pub use communicator::{Communicator, LocalCommunicator, ReduceOp, read_whole, write_whole};
+pub use communicator::{Communicator, LocalCommunicator, ReduceOp, check_peer, read_whole, write_whole};
 pub use layer_norm::{LayerNormAffine, LayerNormGrads, LayerNormSpec};
 pub use multi_tensor::{AdamOperands, SgdOperands};
 pub use ops::{
