@@ -189,13 +189,8 @@ fn lenet5_data_parallel_over_nccl_on_two_emulated_gpus_follows_the_cpu() {
         .collect();
     let losses = step_losses(&placement, &recipe, &dir);
     assert_follows("lenet5 on cuda:0,cuda:1 under ZeRO-2 over NCCL", &cpu, &losses, 6, 1e-5);
-    // A free port for the launcher's rendezvous (not the default, which other jobs may hold).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a loopback port")
-        .port()
-        .to_string();
-    let launcher = ["launch", "--nproc-per-node", "2", "--master-port", &port, "--"];
+    let port = free_port();
+    let launcher = two_processes(&port);
     let processes_zero = zero(&processes);
     let placement: Vec<&str> = ["--device", "cuda"]
         .into_iter()
@@ -208,6 +203,51 @@ fn lenet5_data_parallel_over_nccl_on_two_emulated_gpus_follows_the_cpu() {
         checkpoint(&processes) == checkpoint(&threads),
         "the processes' ZeRO-2 checkpoint differs from the threads'"
     );
+}
+
+/// A free loopback port for a launcher's rendezvous (not the default, which other jobs may hold).
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a loopback port")
+        .port()
+        .to_string()
+}
+
+/// `lockstep launch` of two processes, its rendezvous on `port`.
+fn two_processes(port: &str) -> [&str; 6] {
+    ["launch", "--nproc-per-node", "2", "--master-port", port, "--"]
+}
+
+/// SyncBatchNorm over NCCL: the batch statistics' all-reduces run on the training thread, on
+/// their own communicator, while the gradients' run on the communication thread. In one process
+/// and in two launched ones, each step's loss follows the CPU replicas'.
+#[test]
+fn sync_batchnorm_over_nccl_on_two_emulated_gpus_follows_the_cpu_replicas() {
+    if !have_emulator() {
+        return;
+    }
+    let dir = TempDir::new("cuda-emulator-sync-batchnorm");
+    let data = mnist_dir();
+    let recipe = [
+        "--model",
+        "convnet-bn",
+        "--sync-batchnorm",
+        "--data",
+        path_str(&data),
+        "--lr",
+        "0.01",
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "4",
+    ];
+    let cpu = step_losses(&["--devices", "cpu:0,cpu:1"], &recipe, &dir);
+    let threads = step_losses(&["--devices", "cuda:0,cuda:1"], &recipe, &dir);
+    assert_follows("convnet-bn on cuda:0,cuda:1 over NCCL", &cpu, &threads, 4, 1e-5);
+    let port = free_port();
+    let processes = launched_step_losses(&two_processes(&port), &["--device", "cuda"], &recipe, &dir);
+    assert_follows("convnet-bn in 2 processes on NCCL", &cpu, &processes, 4, 1e-5);
 }
 
 /// A batch past the device's memory (here the emulator's, set to 64 MiB) ends the run with the
