@@ -181,22 +181,13 @@ fn lenet5_data_parallel_over_nccl_on_two_emulated_gpus_follows_the_cpu() {
     let replicas = step_losses(&["--devices", "cuda:0,cuda:1"], &recipe, &dir);
     assert_follows("lenet5 on cuda:0,cuda:1 over NCCL", &cpu, &replicas, 6, 1e-5);
     let (threads, processes) = (dir.join("threads"), dir.join("processes"));
-    let zero = |checkpoints: &PathBuf| ["--zero", "2", "--checkpoint-dir", path_str(checkpoints)].map(String::from);
-    let threads_zero = zero(&threads);
-    let placement: Vec<&str> = ["--devices", "cuda:0,cuda:1"]
-        .into_iter()
-        .chain(threads_zero.iter().map(String::as_str))
-        .collect();
+    let zero_2 = |checkpoints| ["--zero", "2", "--checkpoint-dir", path_str(checkpoints)];
+    let placement = [&["--devices", "cuda:0,cuda:1"][..], &zero_2(&threads)].concat();
     let losses = step_losses(&placement, &recipe, &dir);
     assert_follows("lenet5 on cuda:0,cuda:1 under ZeRO-2 over NCCL", &cpu, &losses, 6, 1e-5);
-    let port = free_port();
-    let launcher = two_processes(&port);
-    let processes_zero = zero(&processes);
-    let placement: Vec<&str> = ["--device", "cuda"]
-        .into_iter()
-        .chain(processes_zero.iter().map(String::as_str))
-        .collect();
-    let losses = launched_step_losses(&launcher, &placement, &recipe, &dir);
+    let port = support::free_port().to_string();
+    let placement = [&["--device", "cuda"][..], &zero_2(&processes)].concat();
+    let losses = launched_step_losses(&two_processes(&port), &placement, &recipe, &dir);
     assert_follows("lenet5 in 2 processes on NCCL under ZeRO-2", &cpu, &losses, 6, 1e-5);
     let checkpoint = |d: &PathBuf| checkpoint_tensors(&d.join("last.safetensors"));
     assert!(
@@ -205,16 +196,8 @@ fn lenet5_data_parallel_over_nccl_on_two_emulated_gpus_follows_the_cpu() {
     );
 }
 
-/// A free loopback port for a launcher's rendezvous (not the default, which other jobs may hold).
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a loopback port")
-        .port()
-        .to_string()
-}
-
-/// `lockstep launch` of two processes, its rendezvous on `port`.
+/// `lockstep launch` of two processes, its rendezvous on `port` (a free one: not the default,
+/// which other jobs may hold).
 fn two_processes(port: &str) -> [&str; 6] {
     ["launch", "--nproc-per-node", "2", "--master-port", port, "--"]
 }
@@ -245,7 +228,7 @@ fn sync_batchnorm_over_nccl_on_two_emulated_gpus_follows_the_cpu_replicas() {
     let cpu = step_losses(&["--devices", "cpu:0,cpu:1"], &recipe, &dir);
     let threads = step_losses(&["--devices", "cuda:0,cuda:1"], &recipe, &dir);
     assert_follows("convnet-bn on cuda:0,cuda:1 over NCCL", &cpu, &threads, 4, 1e-5);
-    let port = free_port();
+    let port = support::free_port().to_string();
     let processes = launched_step_losses(&two_processes(&port), &["--device", "cuda"], &recipe, &dir);
     assert_follows("convnet-bn in 2 processes on NCCL", &cpu, &processes, 4, 1e-5);
 }

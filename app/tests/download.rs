@@ -166,12 +166,8 @@ fn a_file_the_mirror_lacks_is_a_clear_404() {
 #[test]
 fn an_unreachable_mirror_is_a_clear_error() {
     // A port that was just free: nothing listens there, so the connection is refused at once.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
     let data = without_train_labels();
-    let url = format!("http://127.0.0.1:{port}/mnist/");
+    let url = format!("http://127.0.0.1:{}/mnist/", support::free_port());
     let out = train_with_download(&data, &url, &["--headless"]);
     assert_fails_with(
         &out,

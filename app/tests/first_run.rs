@@ -18,11 +18,7 @@ fn first_run(home: &TempDir, args: &[&str]) -> Output {
 
 /// A base URL where nothing listens: the connection is refused at once, as offline.
 fn unreachable_url() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    format!("http://127.0.0.1:{port}/mnist/")
+    format!("http://127.0.0.1:{}/mnist/", support::free_port())
 }
 
 /// Asserts that the error is two lines (after any progress lines), and returns it.

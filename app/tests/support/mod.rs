@@ -16,6 +16,15 @@ mod locator;
 
 pub use locator::{full_mnist, mnist};
 
+/// A loopback port that was free a moment ago: nothing listens there (until a test starts
+/// something on it, e.g. a launcher's rendezvous).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 /// A real copy of MNIST: the full set, or the committed subset on a fresh clone.
 pub fn mnist_dir() -> PathBuf {
     mnist().dir

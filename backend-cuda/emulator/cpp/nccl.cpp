@@ -39,7 +39,6 @@ namespace {
 
 enum : ncclResult_t {
     SUCCESS = 0,
-    SYSTEM_ERROR = 2,
     INVALID_ARGUMENT = 4,
     INVALID_USAGE = 5,
     REMOTE_ERROR = 6,
@@ -90,7 +89,7 @@ struct Clique {
 struct Comm {
     Clique* clique;
     char name[64];
-    int rank, world;
+    int rank;
     bool name_unlinked;
 };
 
@@ -183,7 +182,7 @@ Comm* join(const ncclUniqueId& id, int world, int rank) {
     if (name[0] != '/' || world < 1 || world > MAX_RANKS || rank < 0 || rank >= world) return nullptr;
     Clique* c = attach(name, world);
     if (!c) return nullptr;
-    auto* comm = new Comm{c, {}, rank, world, false};
+    auto* comm = new Comm{c, {}, rank, false};
     memcpy(comm->name, name, sizeof name);
     Locked locked(c);
     if (c->world != world) locked.break_with(INVALID_USAGE);
@@ -295,16 +294,16 @@ void reduce_slots(const Clique* c, int dtype, int op, size_t n, char* out) {
     }
 }
 
-// Runs `step(offset, n)` over `count` elements a slot's worth at a time; each step is staged,
-// computed and closed by the barriers.
+// Runs `step(offset, n)` over `count` items `per_chunk` at a time (once, with n = 0, when there
+// are none: every rank still meets); the first failure ends it.
 template <typename Step>
-ncclResult_t in_chunks(size_t count, int dtype, Step step) {
-    const size_t per_slot = SLOT_BYTES / element_size(dtype);
-    for (size_t offset = 0; offset < count || offset == 0; offset += per_slot) {
-        const size_t n = count - offset < per_slot ? count - offset : per_slot;
+ncclResult_t in_chunks(size_t count, size_t per_chunk, Step step) {
+    size_t offset = 0;
+    do {
+        const size_t n = count - offset < per_chunk ? count - offset : per_chunk;
         if (ncclResult_t failed = step(offset, n)) return failed;
-        if (count == 0) break;
-    }
+        offset += n;
+    } while (offset < count);
     return SUCCESS;
 }
 
@@ -312,9 +311,9 @@ ncclResult_t collective(Comm* comm, Call call, const void* send, void* recv) {
     if (!comm) return INVALID_ARGUMENT;
     if (call.dtype < INT8 || call.dtype > BFLOAT16 || call.op < SUM || call.op > AVG) return INVALID_ARGUMENT;
     Clique* c = comm->clique;
-    const int rank = comm->rank, world = comm->world;
+    const int rank = comm->rank, world = c->world;
     if (call.root < 0 || call.root >= world) return INVALID_ARGUMENT;
-    const size_t es = element_size(call.dtype);
+    const size_t es = element_size(call.dtype), per_slot = SLOT_BYTES / es;
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
     {
@@ -343,25 +342,25 @@ ncclResult_t collective(Comm* comm, Call call, const void* send, void* recv) {
     switch (call.kind) {
     case ALL_REDUCE:
     case REDUCE:
-        return in_chunks(call.count, call.dtype, [&](size_t offset, size_t n) {
+        return in_chunks(call.count, per_slot, [&](size_t offset, size_t n) {
             return exchange(in + offset * es, n * es, [&] {
                 if (call.kind == ALL_REDUCE || rank == call.root) reduce_slots(c, call.dtype, call.op, n, out + offset * es);
             });
         });
     case BROADCAST:
-        return in_chunks(call.count, call.dtype, [&](size_t offset, size_t n) {
+        return in_chunks(call.count, per_slot, [&](size_t offset, size_t n) {
             return exchange(rank == call.root ? in + offset * es : nullptr, n * es,
                             [&] { memcpy(out + offset * es, c->slots[call.root], n * es); });
         });
     case ALL_GATHER:
-        return in_chunks(call.count, call.dtype, [&](size_t offset, size_t n) {
+        return in_chunks(call.count, per_slot, [&](size_t offset, size_t n) {
             return exchange(in + offset * es, n * es, [&] {
                 for (int r = 0; r < world; ++r) memcpy(out + (r * call.count + offset) * es, c->slots[r], n * es);
             });
         });
     default:  // REDUCE_SCATTER: rank d's output is the reduction of every rank's part d
         for (int d = 0; d < world; ++d) {
-            ncclResult_t failed = in_chunks(call.count, call.dtype, [&](size_t offset, size_t n) {
+            ncclResult_t failed = in_chunks(call.count, per_slot, [&](size_t offset, size_t n) {
                 return exchange(in + (d * call.count + offset) * es, n * es, [&] {
                     if (rank == d) reduce_slots(c, call.dtype, call.op, n, out + offset * es);
                 });
@@ -393,11 +392,14 @@ ncclResult_t wait_until(Comm* comm, Locked& locked, const char* what, int peer, 
     return SUCCESS;
 }
 
+bool is_peer(const Comm* comm, int peer) {
+    return comm && peer >= 0 && peer < comm->clique->world && peer != comm->rank;
+}
+
 ncclResult_t send_to(Comm* comm, const char* from, size_t bytes, int peer) {
-    if (!comm || peer < 0 || peer >= comm->world || peer == comm->rank) return INVALID_ARGUMENT;
+    if (!is_peer(comm, peer)) return INVALID_ARGUMENT;
     Mailbox& box = comm->clique->mail[comm->rank][peer];
-    for (size_t offset = 0; offset < bytes || offset == 0; offset += MAIL_BYTES) {
-        const size_t n = bytes - offset < MAIL_BYTES ? bytes - offset : MAIL_BYTES;
+    return in_chunks(bytes, MAIL_BYTES, [&](size_t offset, size_t n) -> ncclResult_t {
         Locked locked(comm->clique);
         if (ncclResult_t failed = wait_until(comm, locked, "send to", peer, [&] { return !box.full; })) return failed;
         memcpy(box.data, from + offset, n);
@@ -405,16 +407,14 @@ ncclResult_t send_to(Comm* comm, const char* from, size_t bytes, int peer) {
         box.chunk_bytes = n;
         box.full = 1;
         pthread_cond_broadcast(&comm->clique->changed);
-        if (bytes == 0) break;
-    }
-    return SUCCESS;
+        return SUCCESS;
+    });
 }
 
 ncclResult_t receive_from(Comm* comm, char* into, size_t bytes, int peer) {
-    if (!comm || peer < 0 || peer >= comm->world || peer == comm->rank) return INVALID_ARGUMENT;
+    if (!is_peer(comm, peer)) return INVALID_ARGUMENT;
     Mailbox& box = comm->clique->mail[peer][comm->rank];
-    for (size_t offset = 0; offset < bytes || offset == 0; offset += MAIL_BYTES) {
-        const size_t n = bytes - offset < MAIL_BYTES ? bytes - offset : MAIL_BYTES;
+    return in_chunks(bytes, MAIL_BYTES, [&](size_t offset, size_t n) -> ncclResult_t {
         Locked locked(comm->clique);
         if (ncclResult_t failed = wait_until(comm, locked, "receive from", peer, [&] { return box.full != 0; }))
             return failed;
@@ -427,9 +427,8 @@ ncclResult_t receive_from(Comm* comm, char* into, size_t bytes, int peer) {
         memcpy(into + offset, box.data, n);
         box.full = 0;
         pthread_cond_broadcast(&comm->clique->changed);
-        if (bytes == 0) break;
-    }
-    return SUCCESS;
+        return SUCCESS;
+    });
 }
 
 // Frees this rank's handle; its peers' later calls that need it fail (as with a real peer, sooner).
@@ -498,7 +497,7 @@ ncclResult_t ncclCommInitAll(Comm** comms, int count, const int*) {
 ncclResult_t ncclCommGetAsyncError(Comm* comm, ncclResult_t* state) {
     Locked locked(comm->clique);
     *state = comm->clique->broken ? comm->clique->broken
-             : comm->clique->joined < comm->world ? IN_PROGRESS
+             : comm->clique->joined < comm->clique->world ? IN_PROGRESS
                                                    : SUCCESS;
     return SUCCESS;
 }
@@ -511,7 +510,7 @@ ncclResult_t ncclCommDestroy(Comm* comm) { return ncclCommAbort(comm); }
 ncclResult_t ncclCommFinalize(Comm*) { return SUCCESS; }
 
 ncclResult_t ncclCommCount(const Comm* comm, int* count) {
-    *count = comm->world;
+    *count = comm->clique->world;
     return SUCCESS;
 }
 ncclResult_t ncclCommUserRank(const Comm* comm, int* rank) {
