@@ -72,6 +72,16 @@ impl Backend for CudaBackend {
     fn binary(&self, op: BinaryOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
         self.zip(op, lhs, ll, rhs, rl)
     }
+    fn binary_mixed(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+    ) -> Result<BufferRef> {
+        self.zip_mixed(op, lhs, ll, rhs, rl)
+    }
     fn bias_act(
         &self,
         src: &BufferRef,
@@ -217,9 +227,28 @@ impl Backend for CudaBackend {
         self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, affine: LayerNormAffine<'_>, spec: &LayerNormSpec) -> Result<BufferRef> {
-        self.layer_norm_forward(src, affine, spec)
+        self.layer_norm_forward(src, affine, spec, src.dtype())
     }
     fn layer_norm_last_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        affine.check_backward("layer_norm_backward", grad, src, spec)?;
+        self.layer_norm_backward(grad, src, affine, spec)
+    }
+    fn layer_norm_last_to(
+        &self,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<BufferRef> {
+        self.layer_norm_forward(src, affine, spec, out)
+    }
+    fn layer_norm_last_to_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,

@@ -118,6 +118,7 @@ families! {
     CAST_FROM_BF16: Values = LAYOUT "cast_bf16";
     UNARY: Floats = ELEMENTWISE "unary";
     BINARY: Floats = ELEMENTWISE "binary";
+    BINARY_MIXED: Halves = ELEMENTWISE "binary_f32_and";
     BIAS_ACT: Floats = ELEMENTWISE "bias_act";
     BIAS_ACT_GRAD: Floats = ELEMENTWISE "bias_act_grad";
     COMPARE: Values = ELEMENTWISE "compare";
@@ -134,6 +135,8 @@ families! {
     LAYER_NORM: Floats = LAYER_NORM "layer_norm";
     LAYER_NORM_BACKWARD: Floats = LAYER_NORM "layer_norm_backward";
     LAYER_NORM_COLUMN_SUMS: Floats = LAYER_NORM "layer_norm_column_sums";
+    LAYER_NORM_TO_HALF: Halves = LAYER_NORM "layer_norm_f32_to";
+    LAYER_NORM_BACKWARD_FROM_HALF: Halves = LAYER_NORM "layer_norm_backward_f32_from";
     BATCH_NORM_MOMENTS: Floats = BATCH_NORM "batch_norm_moments";
     BATCH_NORM_STATISTICS: One = BATCH_NORM "batch_norm_statistics_f32";
     BATCH_NORM_NORMALIZE: Floats = BATCH_NORM "batch_norm_normalize";
@@ -223,7 +226,7 @@ fn half_index(op: &'static str, dtype: DType) -> Result<usize> {
         _ => Err(Error::UnsupportedDType {
             op,
             dtype,
-            hint: " by the fused attention kernels (f16 and bf16; f32 takes the composed path)",
+            hint: " by these fused kernels (f16 and bf16; other dtypes take the composed path)",
         }),
     }
 }

@@ -5,7 +5,7 @@
 
 mod support;
 
-use lockstep_core::conformance::bias_act_grad_mismatches;
+use lockstep_core::conformance::{bias_act_grad_mismatches, mixed_dtype_mismatches};
 use lockstep_core::models::{GptConfig, gpt};
 use lockstep_core::nn::ModuleExt;
 use lockstep_core::{DType, Device, Generator, Tensor};
@@ -146,4 +146,13 @@ fn the_fused_bias_and_gelu_gradient_is_the_composed_ops_bit_for_bit() {
         let mismatches = bias_act_grad_mismatches(&device, dtype).unwrap();
         assert_eq!(mismatches, Some(vec![]), "{dtype:?}");
     }
+}
+
+#[test]
+fn the_mixed_dtype_ops_are_the_casts_and_ops_they_stand_for_bit_for_bit() {
+    let Some(device) = support::wgpu_device() else { return };
+    assert_eq!(
+        mixed_dtype_mismatches(&device, DType::BF16).unwrap(),
+        Vec::<String>::new()
+    );
 }

@@ -205,6 +205,14 @@ pub(crate) fn promote(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>
     Ok(Some((a.to_dtype(wider)?, b.to_dtype(wider)?)))
 }
 
+/// Whether autocast promotes `a` and `b` from one f32 operand and one f16/bf16 operand: what a
+/// backend's `binary_mixed` reads without a widening cast first.
+pub(crate) fn widens_in_place(a: &Tensor, b: &Tensor) -> bool {
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    let (da, db) = (a.dtype(), b.dtype());
+    active().is_some() && ((da == DType::F32 && half(db)) || (half(da) && db == DType::F32))
+}
+
 fn rank(d: DType) -> u8 {
     match d {
         DType::F64 => 3,

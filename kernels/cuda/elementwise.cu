@@ -34,6 +34,20 @@ __device__ __forceinline__ float apply_binary(u32 op, float x, float y) {
     }
 FOR_FLOATS(BINARY)
 
+// An f32 operand and a half one (`narrow_lhs`: the half one is lhs), the half one widened
+// exactly: the bits of a cast then binary_f32 (Backend::binary_mixed), binary_f32_and_<half>.
+#define BINARY_MIXED(H, suffix)                                                                   \
+    extern "C" __global__ void binary_f32_and_##suffix(float* out, const float* wide, const H* narrow, \
+                                                       Shape shape, View wv, View nv, u32 op,     \
+                                                       u32 narrow_lhs) {                          \
+        FOR_EACH(i, shape.n) {                                                                    \
+            float w = wide[strided_index(i, shape, wv)];                                          \
+            float n = to_f32(narrow[strided_index(i, shape, nv)]);                                \
+            out[i] = narrow_lhs ? apply_binary(op, n, w) : apply_binary(op, w, n);                \
+        }                                                                                         \
+    }
+BINARY_MIXED(f16, f16) BINARY_MIXED(bf16, bf16)
+
 // out[o, c, i] = act(src[o, c, i] + bias[c]) over a contiguous [outer, channels, inner];
 // act = NO_ACT for the bias alone.
 #define NO_ACT 0xffffffffu

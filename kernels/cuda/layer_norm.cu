@@ -32,56 +32,74 @@ __device__ __forceinline__ float ln_scale(const T* weight, u32 flags, u32 c) {
     return (flags & LN_WEIGHT) ? to_f32(weight[c]) : 1.0f;
 }
 
+// A group of `group` threads per row, rows past the end writing nothing; the output in TO (T, or a
+// half type for an f32 input whose result feeds a half-precision product: the same f32 value,
+// rounded once, as layer_norm_f32 then a cast).
+template <typename T, typename TO>
+__device__ __forceinline__ void layer_norm_rows(TO* out, const T* src, const T* weight, const T* bias, u32 rows,
+                                                u32 cols, float eps, u32 group, u32 flags) {
+    __shared__ float scratch[256];
+    u32 lane = threadIdx.x % group;
+    u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;
+    u32 base = (row < rows ? row : rows - 1) * cols;
+    float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);
+    if (row >= rows) return;
+    for (u32 c = lane; c < cols; c += group) {
+        float y = (to_f32(src[base + c]) - s.x) * s.y * ln_scale(weight, flags, c);
+        if (flags & LN_BIAS) y += to_f32(bias[c]);
+        out[base + c] = from_f32<TO>(y);
+    }
+}
+
+// A group per chunk of chunk_rows rows, in order: every thread runs every row's combines (their
+// barriers), a row past the end writing nothing. The output gradient in TG (T, or the half type
+// layer_norm_rows wrote; widened exactly as a cast would).
+template <typename T, typename TG>
+__device__ __forceinline__ void layer_norm_backward_rows(T* out, float* parts, const TG* grad, const T* src,
+                                                         const T* weight, u32 rows, u32 cols, float eps, u32 group,
+                                                         u32 flags, u32 chunk_rows, u32 chunks) {
+    __shared__ float scratch[256];
+    u32 lane = threadIdx.x % group;
+    u32 chunk = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;
+    for (u32 i = 0; i < chunk_rows; ++i) {
+        u32 row = chunk * chunk_rows + i;
+        u32 base = (row < rows ? row : rows - 1) * cols;
+        float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);
+        float local_gw = 0.0f, local_gwn = 0.0f;
+        for (u32 c = lane; c < cols; c += group) {
+            float gw = to_f32(grad[base + c]) * ln_scale(weight, flags, c);
+            local_gw += gw;
+            local_gwn += gw * (to_f32(src[base + c]) - s.x) * s.y;
+        }
+        float gw_mean = combine(scratch, lane, group, local_gw, false) / cols;
+        float gwn_mean = combine(scratch, lane, group, local_gwn, false) / cols;
+        if (row >= rows) continue;
+        for (u32 c = lane; c < cols; c += group) {
+            float g = to_f32(grad[base + c]);
+            float normed = (to_f32(src[base + c]) - s.x) * s.y;
+            float gw = g * ln_scale(weight, flags, c);
+            out[base + c] = from_f32<T>(s.y * (gw - gw_mean - normed * gwn_mean));
+            if (flags & LN_SUMS) {
+                // The chunk's first row starts its sums.
+                u32 at = chunk * cols + c, at_bias = (chunks + chunk) * cols + c;
+                parts[at] = (i ? parts[at] : 0.0f) + g * normed;
+                parts[at_bias] = (i ? parts[at_bias] : 0.0f) + g;
+            }
+        }
+    }
+}
+
 #define LAYER_NORM(T, suffix)                                                                     \
     extern "C" __global__ void layer_norm_##suffix(T* out, const T* src, const T* weight,         \
                                                    const T* bias, u32 rows, u32 cols, float eps,  \
                                                    u32 group, u32 flags) {                        \
-        __shared__ float scratch[256];                                                            \
-        u32 lane = threadIdx.x % group;                                                           \
-        u32 row = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                        \
-        u32 base = (row < rows ? row : rows - 1) * cols;                                          \
-        float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);                    \
-        if (row >= rows) return;                                                                  \
-        for (u32 c = lane; c < cols; c += group) {                                                \
-            float y = (to_f32(src[base + c]) - s.x) * s.y * ln_scale(weight, flags, c);           \
-            if (flags & LN_BIAS) y += to_f32(bias[c]);                                            \
-            out[base + c] = from_f32<T>(y);                                                       \
-        }                                                                                         \
+        layer_norm_rows<T, T>(out, src, weight, bias, rows, cols, eps, group, flags);             \
     }                                                                                             \
-    /* A group per chunk of chunk_rows rows, in order: every thread runs every row's combines   \
-       (their barriers), a row past the end writing nothing. */                                   \
     extern "C" __global__ void layer_norm_backward_##suffix(                                      \
         T* out, float* parts, const T* grad, const T* src, const T* weight, u32 rows, u32 cols,   \
         float eps, u32 group, u32 flags, u32 chunk_rows, u32 chunks) {                            \
-        __shared__ float scratch[256];                                                            \
-        u32 lane = threadIdx.x % group;                                                           \
-        u32 chunk = blockIdx.x * (blockDim.x / group) + threadIdx.x / group;                      \
-        for (u32 i = 0; i < chunk_rows; ++i) {                                                    \
-            u32 row = chunk * chunk_rows + i;                                                     \
-            u32 base = (row < rows ? row : rows - 1) * cols;                                      \
-            float2 s = row_statistics(scratch, src, base, cols, lane, group, eps);                \
-            float local_gw = 0.0f, local_gwn = 0.0f;                                              \
-            for (u32 c = lane; c < cols; c += group) {                                            \
-                float gw = to_f32(grad[base + c]) * ln_scale(weight, flags, c);                   \
-                local_gw += gw;                                                                   \
-                local_gwn += gw * (to_f32(src[base + c]) - s.x) * s.y;                            \
-            }                                                                                     \
-            float gw_mean = combine(scratch, lane, group, local_gw, false) / cols;               \
-            float gwn_mean = combine(scratch, lane, group, local_gwn, false) / cols;             \
-            if (row >= rows) continue;                                                            \
-            for (u32 c = lane; c < cols; c += group) {                                            \
-                float g = to_f32(grad[base + c]);                                                 \
-                float normed = (to_f32(src[base + c]) - s.x) * s.y;                               \
-                float gw = g * ln_scale(weight, flags, c);                                        \
-                out[base + c] = from_f32<T>(s.y * (gw - gw_mean - normed * gwn_mean));            \
-                if (flags & LN_SUMS) {                                                            \
-                    /* The chunk's first row starts its sums. */                                  \
-                    u32 at = chunk * cols + c, at_bias = (chunks + chunk) * cols + c;             \
-                    parts[at] = (i ? parts[at] : 0.0f) + g * normed;                              \
-                    parts[at_bias] = (i ? parts[at_bias] : 0.0f) + g;                             \
-                }                                                                                 \
-            }                                                                                     \
-        }                                                                                         \
+        layer_norm_backward_rows<T, T>(out, parts, grad, src, weight, rows, cols, eps, group,     \
+                                       flags, chunk_rows, chunks);                                \
     }                                                                                             \
     /* A thread per column: the weight's and bias's gradients, the chunks added in order. */      \
     extern "C" __global__ void layer_norm_column_sums_##suffix(T* dweight, T* dbias,              \
@@ -98,3 +116,20 @@ __device__ __forceinline__ float ln_scale(const T* weight, u32 flags, u32 c) {
         dbias[c] = from_f32<T>(db);                                                               \
     }
 FOR_FLOATS(LAYER_NORM)
+
+// An f32 LayerNorm whose output feeds a half-precision product (Backend::layer_norm_last_to),
+// and its gradient arriving in that half type: layer_norm_f32_to_<half>,
+// layer_norm_backward_f32_from_<half>.
+#define LAYER_NORM_TO_HALF(H, suffix)                                                             \
+    extern "C" __global__ void layer_norm_f32_to_##suffix(H* out, const float* src, const float* weight, \
+                                                          const float* bias, u32 rows, u32 cols,  \
+                                                          float eps, u32 group, u32 flags) {      \
+        layer_norm_rows<float, H>(out, src, weight, bias, rows, cols, eps, group, flags);         \
+    }                                                                                             \
+    extern "C" __global__ void layer_norm_backward_f32_from_##suffix(                             \
+        float* out, float* parts, const H* grad, const float* src, const float* weight, u32 rows, \
+        u32 cols, float eps, u32 group, u32 flags, u32 chunk_rows, u32 chunks) {                  \
+        layer_norm_backward_rows<float, H>(out, parts, grad, src, weight, rows, cols, eps, group, \
+                                           flags, chunk_rows, chunks);                            \
+    }
+LAYER_NORM_TO_HALF(f16, f16) LAYER_NORM_TO_HALF(bf16, bf16)

@@ -1,6 +1,6 @@
 //! unary, binary, bias_act and its gradient, compare and where_cond (elementwise.cu).
 
-use lockstep_core::backend::{BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp};
+use lockstep_core::backend::{BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp, mixed};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -48,8 +48,21 @@ impl CudaBackend {
         rhs: &'a BufferRef,
         rl: &Layout,
     ) -> Result<(&'a CudaBuffer, &'a CudaBuffer)> {
-        let (a, b) = (self.operand(op, lhs, Some(ll))?, self.operand(op, rhs, Some(rl))?);
+        let (a, b) = self.broadcast_pair(op, lhs, ll, rhs, rl)?;
         self.same_dtype(op, a, b)?;
+        Ok((a, b))
+    }
+
+    /// The operands of a binary op: this device, one (broadcast) shape.
+    fn broadcast_pair<'a>(
+        &self,
+        op: &'static str,
+        lhs: &'a BufferRef,
+        ll: &Layout,
+        rhs: &'a BufferRef,
+        rl: &Layout,
+    ) -> Result<(&'a CudaBuffer, &'a CudaBuffer)> {
+        let (a, b) = (self.operand(op, lhs, Some(ll))?, self.operand(op, rhs, Some(rl))?);
         if ll.shape != rl.shape {
             return Err(Error::shape(
                 op,
@@ -78,6 +91,35 @@ impl CudaBackend {
         if shape.n > 0 {
             launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
                 &out.ptr, &a.ptr, &b.ptr, &shape, &views[0], &views[1], &index);
+        }
+        Ok(out)
+    }
+
+    /// `Backend::binary_mixed`: an f32 operand and a half one in one launch, the half one read
+    /// as it is; other pairs composed (a cast, then `zip`).
+    pub(crate) fn zip_mixed(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+    ) -> Result<BufferRef> {
+        let name = op.name();
+        let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+        let (narrow_lhs, [(wide, wl), (narrow, nl)]) = match (lhs.dtype(), rhs.dtype()) {
+            (DType::F32, d) if half(d) => (0u32, [(lhs, ll), (rhs, rl)]),
+            (d, DType::F32) if half(d) => (1u32, [(rhs, rl), (lhs, ll)]),
+            _ => return mixed::binary_mixed(self, op, lhs, ll, rhs, rl),
+        };
+        let (w, n) = self.broadcast_pair(name, wide, wl, narrow, nl)?;
+        let entry = entry_points::BINARY_MIXED.of(name, n.dtype())?;
+        let out = self.output(DType::F32, wl.elem_count())?;
+        let (shape, views) = strided(name, &[wl, nl])?;
+        let index = op_index(&BinaryOp::ALL, BinaryOp::name, name);
+        if shape.n > 0 {
+            launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
+                &out.ptr, &w.ptr, &n.ptr, &shape, &views[0], &views[1], &index, &narrow_lhs);
         }
         Ok(out)
     }

@@ -5,7 +5,7 @@
 //! in the same order).
 
 use lockstep_core::backend::gpu_plan::{layer_norm_chunk_rows, layer_norm_flags};
-use lockstep_core::backend::{BackendBuffer, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
+use lockstep_core::backend::{BackendBuffer, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec, mixed};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
@@ -16,19 +16,25 @@ use crate::gpu::{BLOCK, launch};
 use crate::views::to_u32;
 
 impl CudaBackend {
-    /// `Backend::layer_norm_last`.
+    /// `Backend::layer_norm_last_to` (and `layer_norm_last`, `out` the input's dtype): an f32
+    /// input's output rounded to a half type in the same launch; other pairs composed.
     pub(crate) fn layer_norm_forward(
         &self,
         src: &BufferRef,
         affine: LayerNormAffine<'_>,
         spec: &LayerNormSpec,
+        out: DType,
     ) -> Result<BufferRef> {
         const OP: &str = "layer_norm";
         affine.check(OP, src, spec)?;
+        let entry = match (src.dtype(), out) {
+            (from, to) if from == to => entry_points::LAYER_NORM.of(OP, from)?,
+            (DType::F32, DType::F16 | DType::BF16) => entry_points::LAYER_NORM_TO_HALF.of(OP, out)?,
+            _ => return mixed::layer_norm_last_to(self, src, affine, spec, out),
+        };
         let (rows, cols) = (spec.rows, spec.cols);
         let s = self.operand(OP, src, Some(&Layout::contiguous([rows, cols])))?;
-        let entry = entry_points::LAYER_NORM.of(OP, s.dtype())?;
-        let out = self.output(s.dtype(), rows * cols)?;
+        let out = self.output(out, rows * cols)?;
         if rows * cols == 0 {
             return Ok(out);
         }
@@ -49,7 +55,8 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// `Backend::layer_norm_last_backward`.
+    /// `Backend::layer_norm_last_to_backward` (and `layer_norm_last_backward`): a half gradient
+    /// of an f32 input's output widened in the same launch; other pairs composed.
     pub(crate) fn layer_norm_backward(
         &self,
         grad: &BufferRef,
@@ -58,12 +65,21 @@ impl CudaBackend {
         spec: &LayerNormSpec,
     ) -> Result<LayerNormGrads> {
         const OP: &str = "layer_norm_backward";
-        affine.check_backward(OP, grad, src, spec)?;
+        let entry = match (src.dtype(), grad.dtype()) {
+            (DType::F32, DType::F16 | DType::BF16) => {
+                affine.check(OP, src, spec)?;
+                entry_points::LAYER_NORM_BACKWARD_FROM_HALF.of(OP, grad.dtype())?
+            }
+            (from, to) if from == to => {
+                affine.check_backward(OP, grad, src, spec)?;
+                entry_points::LAYER_NORM_BACKWARD.of(OP, from)?
+            }
+            _ => return mixed::layer_norm_last_to_backward(self, grad, src, affine, spec),
+        };
         let (rows, cols) = (spec.rows, spec.cols);
         let layout = Layout::contiguous([rows, cols]);
         let s = self.operand(OP, src, Some(&layout))?;
         let g = self.operand(OP, grad, Some(&layout))?;
-        let entry = entry_points::LAYER_NORM_BACKWARD.of(OP, s.dtype())?;
         let sums_entry = entry_points::LAYER_NORM_COLUMN_SUMS.of(OP, s.dtype())?;
         let dx = self.output(s.dtype(), rows * cols)?;
         let sums = affine.any();

@@ -179,3 +179,86 @@ fn prefetched_weights_give_the_same_results_and_are_reused() {
     // Outside a region it does nothing.
     prefetch(&[weight()]).unwrap();
 }
+
+/// The bits of `t`'s values, any float dtype.
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_host().unwrap().to_f64_vec().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn the_residual_add_reads_the_branch_as_it_is_with_the_promoted_bits_and_gradients() {
+    let cpu = Device::cpu();
+    let stream = Tensor::rand_normal([3, 5], 0.0, 1.0, DType::F32, &Generator::new(2), &cpu).unwrap();
+    let branch = Tensor::rand_normal([5], 0.0, 1.0, DType::BF16, &Generator::new(3), &cpu).unwrap();
+    let upstream = Tensor::rand_normal([3, 5], 0.0, 1.0, DType::F32, &Generator::new(4), &cpu).unwrap();
+    let run = |promote_by_hand: bool, subtract: bool| {
+        let (a, b) = (stream.detach().requires_grad(true), branch.detach().requires_grad(true));
+        let out = autocast(DType::BF16, || {
+            let b = if promote_by_hand {
+                b.to_dtype(DType::F32)?
+            } else {
+                b.clone()
+            };
+            if subtract { b.sub(&a) } else { a.add(&b) }
+        })
+        .unwrap();
+        out.mul(&upstream).unwrap().sum_all().unwrap().backward().unwrap();
+        let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+        assert_eq!(
+            (out.dtype(), ga.dtype(), gb.dtype()),
+            (DType::F32, DType::F32, DType::BF16)
+        );
+        [bits(&out), bits(&ga), bits(&gb)]
+    };
+    for subtract in [false, true] {
+        assert_eq!(run(false, subtract), run(true, subtract), "subtract: {subtract}");
+    }
+}
+
+#[test]
+fn a_layer_norm_feeding_a_product_comes_out_in_the_region_dtype_with_the_cast_bits() {
+    let cpu = Device::cpu();
+    let ln = crate::nn::LayerNorm::new(6, &cpu).unwrap();
+    let x = Tensor::rand_normal([4, 6], 0.0, 2.0, DType::F32, &Generator::new(5), &cpu).unwrap();
+    let upstream = Tensor::rand_normal([4, 6], 0.0, 1.0, DType::BF16, &Generator::new(6), &cpu).unwrap();
+    let run = |fused: bool| {
+        let x = x.detach().requires_grad(true);
+        let y = autocast(DType::BF16, || {
+            if fused {
+                ln.forward_for_product(&x)
+            } else {
+                ln.forward(&x)?.to_dtype(DType::BF16)
+            }
+        })
+        .unwrap();
+        assert_eq!(y.dtype(), DType::BF16);
+        y.mul(&upstream).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads = [x.grad().unwrap(), ln.weight.grad().unwrap(), ln.bias.grad().unwrap()];
+        ln.weight.zero_grad();
+        ln.bias.zero_grad();
+        assert!(grads.iter().all(|g| g.dtype() == DType::F32));
+        [bits(&y), bits(&grads[0]), bits(&grads[1]), bits(&grads[2])]
+    };
+    assert_eq!(run(true), run(false));
+    // Outside a region it is `forward`; an f64 LayerNorm stays f64 (autocast lowers f32 only).
+    assert_eq!(ln.forward_for_product(&x).unwrap().dtype(), DType::F32);
+    let x64 = x.to_dtype(DType::F64).unwrap();
+    let ln64 = crate::nn::LayerNorm {
+        weight: ln.weight.to_dtype(DType::F64).unwrap(),
+        bias: ln.bias.to_dtype(DType::F64).unwrap(),
+        eps: 1e-5,
+    };
+    let y = autocast(DType::BF16, || ln64.forward_for_product(&x64)).unwrap();
+    assert_eq!(y.dtype(), DType::F64);
+}
+
+#[test]
+fn layer_norm_to_rounds_to_half_types_only() {
+    let x = Tensor::ones([2, 3], DType::F32, &Device::cpu()).unwrap();
+    let err = x.layer_norm_to(None, None, 1e-5, DType::U32).unwrap_err().to_string();
+    assert!(err.contains("f16 or bf16"), "{err}");
+    assert_eq!(
+        x.layer_norm_to(None, None, 1e-5, DType::F16).unwrap().dtype(),
+        DType::F16
+    );
+}

@@ -12,6 +12,8 @@ pub mod cpu;
 pub mod gpu_plan;
 mod layer_norm;
 #[doc(hidden)]
+pub mod mixed;
+#[doc(hidden)]
 pub mod multi_tensor;
 mod ops;
 
@@ -224,6 +226,21 @@ pub trait Backend: Send + Sync + fmt::Debug {
         rhs: &BufferRef,
         rhs_layout: &Layout,
     ) -> Result<BufferRef>;
+    /// `op(lhs, rhs)` on float operands of two dtypes, one f32 and the other f16 or bf16 (or
+    /// one dtype), already broadcast to one shape: the narrower operand's values widened
+    /// (exactly) and the result in the wider dtype, contiguous: the bits of a cast, then
+    /// `binary`, which is what the default does. Autocast's type promotion (the f32 residual
+    /// stream plus a bf16 branch) takes it.
+    fn binary_mixed(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        lhs_layout: &Layout,
+        rhs: &BufferRef,
+        rhs_layout: &Layout,
+    ) -> Result<BufferRef> {
+        mixed::binary_mixed(self, op, lhs, lhs_layout, rhs, rhs_layout)
+    }
     /// A layer's bias and activation in one pass over a contiguous `[outer, channels, inner]`
     /// tensor: `out[o, c, i] = act(src[o, c, i] + bias[c])` (`act` None: the bias alone). Linear
     /// layers use `inner = 1`, convolutions `inner = h*w`.
@@ -436,6 +453,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
         affine: LayerNormAffine<'_>,
         spec: &LayerNormSpec,
     ) -> Result<LayerNormGrads>;
+    /// `layer_norm_last` with its output rounded to `out` (f16 or bf16, from an f32 `src`; or
+    /// `src`'s dtype): the bits of `layer_norm_last` then `cast`, which is what the default does.
+    /// A LayerNorm whose output only feeds an autocast matrix product takes it: one pass over
+    /// the activation where a backend fuses it instead of three.
+    fn layer_norm_last_to(
+        &self,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<BufferRef> {
+        mixed::layer_norm_last_to(self, src, affine, spec, out)
+    }
+    /// The gradients of `layer_norm_last_to` for an output gradient `grad` in its output's dtype
+    /// (f16 or bf16, or `src`'s): the bits of widening `grad` to `src`'s dtype, then
+    /// `layer_norm_last_backward`, which is what the default does. The gradients are in `src`'s
+    /// dtype.
+    fn layer_norm_last_to_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        mixed::layer_norm_last_to_backward(self, grad, src, affine, spec)
+    }
 
     // --- indexing (contiguous `[outer, dim, inner]` views; indices U32) --------------------------
     /// `out[o, j, i] = src[o, ids[j], i]`, ids of length `out_dim`.

@@ -50,7 +50,7 @@ pub fn bias_act_grad_mismatches(device: &Device, dtype: DType) -> Result<Option<
 
 /// Normal values of spread 3 in `dtype`, with a NaN, infinities and signed zeros among them,
 /// drawn on the CPU so every device gets the same ones.
-fn values(dims: &[usize], seed: u64, dtype: DType, device: &Device) -> Result<Tensor> {
+pub(super) fn values(dims: &[usize], seed: u64, dtype: DType, device: &Device) -> Result<Tensor> {
     let cpu = Device::cpu();
     let x = Tensor::rand_normal(dims.to_vec(), 0.0, 3.0, DType::F64, &Generator::new(seed), &cpu)?;
     let mut v = x.to_vec::<f64>()?;
@@ -62,6 +62,6 @@ fn values(dims: &[usize], seed: u64, dtype: DType, device: &Device) -> Result<Te
     Tensor::from_host(HostVec::from_f64(dtype, &v), dims.to_vec(), device)
 }
 
-fn bits(t: &Tensor) -> Result<Vec<u64>> {
+pub(super) fn bits(t: &Tensor) -> Result<Vec<u64>> {
     Ok(t.to_host()?.to_f64_vec().iter().map(|v| v.to_bits()).collect())
 }

@@ -22,6 +22,7 @@ mod cases;
 mod gradcheck;
 pub(crate) mod host;
 mod layer_norm_bits;
+mod mixed_dtype_bits;
 mod runner;
 mod tolerance;
 
@@ -32,6 +33,7 @@ pub use bias_act_bits::bias_act_grad_mismatches;
 pub use case::{Case, Ctx, Forward, Input, Kind, Values, View};
 pub use gradcheck::{GradcheckReport, gradcheck, gradcheck_all};
 pub use layer_norm_bits::layer_norm_gradient_bits;
+pub use mixed_dtype_bits::mixed_dtype_mismatches;
 pub use runner::{CaseReport, Outcome, format_table, run_case, run_oracles, run_suite};
 pub use tolerance::Tolerance;
 

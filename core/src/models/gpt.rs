@@ -156,8 +156,8 @@ pub struct Block {
 impl Block {
     /// `[batch, t, n_embd]` to the same shape, both residual additions included.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward(&self.ln_1.forward(x)?)?)?;
-        x.add(&self.mlp.forward(&self.ln_2.forward(&x)?)?)
+        let x = x.add(&self.attn.forward(&self.ln_1.forward_for_product(x)?)?)?;
+        x.add(&self.mlp.forward(&self.ln_2.forward_for_product(&x)?)?)
     }
 }
 
@@ -178,13 +178,14 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// Token ids `[batch, t]` (`1 <= t <= block_size`) to normalised states `[batch, t, n_embd]`.
+    /// Token ids `[batch, t]` (`1 <= t <= block_size`) to normalised states `[batch, t, n_embd]`,
+    /// the head's input: under autocast already in the region's dtype.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let mut x = embed(&self.wte, &self.wpe, &self.drop, ids)?;
         for block in &self.h {
             x = Module::forward(block, &x)?;
         }
-        self.ln_f.forward(&x)
+        self.ln_f.forward_for_product(&x)
     }
 }
 

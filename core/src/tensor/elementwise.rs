@@ -19,7 +19,32 @@ impl Tensor {
         Ok(Tensor::from_buffer(buffer, shape, self.device()))
     }
 
+    /// `self op rhs` for an add or subtract of an f32 operand and a 16-bit one under autocast:
+    /// the promotion without a widening cast (the backend reads the 16-bit operand as it is),
+    /// the 16-bit operand's gradient narrowed as the cast's backward would narrow it, so the
+    /// bits are the promoted op's. The residual stream (f32) plus a bf16 branch takes it.
+    fn binary_mixed(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        self.same_device(op.name(), rhs)?;
+        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
+        let la = self.layout().broadcast_to(op.name(), &shape)?;
+        let lb = rhs.layout().broadcast_to(op.name(), &shape)?;
+        let buffer = self.backend().binary_mixed(op, self.buffer(), &la, rhs.buffer(), &lb)?;
+        let out = Tensor::from_buffer(buffer, shape, self.device());
+        let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
+        let (da, db) = (self.dtype(), rhs.dtype());
+        Ok(out.track(op.name(), &[self, rhs], move |g| {
+            let gb = if op == BinaryOp::Sub { g.neg()? } else { g.clone() };
+            Ok(vec![
+                Some(g.sum_to_shape(&sa)?.to_dtype(da)?),
+                Some(gb.sum_to_shape(&sb)?.to_dtype(db)?),
+            ])
+        }))
+    }
+
     fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        if matches!(op, BinaryOp::Add | BinaryOp::Sub) && crate::autocast::widens_in_place(self, rhs) {
+            return self.binary_mixed(op, rhs);
+        }
         if let Some((a, b)) = crate::autocast::promote(self, rhs)? {
             return a.binary(op, &b);
         }

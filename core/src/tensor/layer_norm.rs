@@ -15,6 +15,32 @@ impl Tensor {
     /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis, with the biased
     /// variance; `weight` and `bias` are `[features]` (the last axis's length).
     pub fn layer_norm(&self, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        self.layer_norm_into(weight, bias, eps, None)
+    }
+
+    /// `layer_norm`, its f32 result rounded to `dtype` (f16 or bf16; or the dtype `layer_norm`
+    /// returns, which changes nothing): the bits of `layer_norm(..)?.to_dtype(dtype)`, in one pass
+    /// over the rows where the backend fuses the two. The gradient comes back in `dtype` and
+    /// is widened in the same pass as LayerNorm's backward. For a LayerNorm whose output only
+    /// feeds an autocast matrix product (`nn::LayerNorm::forward_for_product`).
+    pub fn layer_norm_to(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.layer_norm_into(weight, bias, eps, Some(dtype))
+    }
+
+    /// `layer_norm`, its output in `out` (None: the dtype it computes in).
+    fn layer_norm_into(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+        out: Option<DType>,
+    ) -> Result<Tensor> {
         let mut operands = vec![self];
         operands.extend(weight);
         operands.extend(bias);
@@ -22,15 +48,21 @@ impl Tensor {
             let (x, rest) = (&wide[0], &wide[1..]);
             let weight = weight.map(|_| &rest[0]);
             let bias = bias.map(|_| &rest[rest.len() - 1]);
-            return x.layer_norm(weight, bias, eps);
+            return x.layer_norm_into(weight, bias, eps, out);
         }
         self.float_only("layer_norm")?;
         if matches!(self.dtype(), DType::F16 | DType::BF16) {
             let wide = |t: &Tensor| t.to_dtype(DType::F32);
             let (w, b) = (weight.map(wide).transpose()?, bias.map(wide).transpose()?);
-            return wide(self)?
-                .layer_norm(w.as_ref(), b.as_ref(), eps)?
-                .to_dtype(self.dtype());
+            let out = out.unwrap_or(self.dtype());
+            return wide(self)?.layer_norm_into(w.as_ref(), b.as_ref(), eps, Some(out));
+        }
+        let out = out.unwrap_or(self.dtype());
+        if out != self.dtype() && !matches!(out, DType::F16 | DType::BF16) {
+            return Err(Error::invalid(
+                "layer_norm",
+                format!("rounds its {} result to f16 or bf16, not {out}", self.dtype()),
+            ));
         }
         let features = *self
             .dims()
@@ -52,18 +84,20 @@ impl Tensor {
             self.same_device("layer_norm", t)?;
             self.same_dtype("layer_norm", t)?;
         }
-        self.normalize_rows(weight, bias, features, eps)
+        self.normalize_rows(weight, bias, features, eps, out)
     }
 }
 
 impl Tensor {
-    /// `layer_norm` over rows of `features` by the backend, forward and backward one call each.
+    /// `layer_norm` over rows of `features` by the backend, its output in `out`, forward and
+    /// backward one call each.
     fn normalize_rows(
         &self,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
         features: usize,
         eps: f64,
+        out: DType,
     ) -> Result<Tensor> {
         let x = self.contiguous()?;
         let (weight, bias) = (
@@ -75,7 +109,9 @@ impl Tensor {
             cols: features,
             eps,
         };
-        let buffer = x.backend().layer_norm_last(x.buffer(), affine(&weight, &bias), &spec)?;
+        let buffer = x
+            .backend()
+            .layer_norm_last_to(x.buffer(), affine(&weight, &bias), &spec, out)?;
         let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
         let mut inputs = vec![&x];
         inputs.extend(weight.as_ref());
@@ -91,7 +127,7 @@ impl Tensor {
             let g = g.contiguous()?;
             let grads = g
                 .backend()
-                .layer_norm_last_backward(g.buffer(), x.buffer(), affine(weight, bias), &spec)?;
+                .layer_norm_last_to_backward(g.buffer(), x.buffer(), affine(weight, bias), &spec)?;
             let device = g.device();
             let column = |b| Tensor::from_buffer(b, Shape::new(vec![features]), device);
             let mut out = vec![Some(Tensor::from_buffer(grads.input, g.shape().clone(), device))];

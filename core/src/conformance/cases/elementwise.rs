@@ -4,6 +4,7 @@
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::conformance::case::{Case, Input, Values, View};
 use crate::conformance::host::{self, HostTensor};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -228,6 +229,48 @@ fn binary_cases() -> Vec<Case> {
     cases
 }
 
+/// `binary_mixed`: autocast's add or subtract of an f32 operand and one in the dtype under test,
+/// read as it is (the residual stream plus a branch); the f32 operand first, or second. The
+/// reference runs the same op in f64.
+fn binary_mixed_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let chosen = [
+        (BinaryOp::Add, true, ["7x13", "row", "3d"].as_slice()),
+        (BinaryOp::Sub, false, ["row", "T"].as_slice()),
+    ];
+    for (op, f32_first, labels) in chosen {
+        let variant = format!("binary:{}", op.name());
+        let (va, vb) = binary_values(op);
+        for (label, a, b) in binary_shapes(&va, &vb) {
+            if !labels.contains(&label) {
+                continue;
+            }
+            let f = binary_ref(op);
+            let side = if f32_first { "f32_first" } else { "f32_second" };
+            let name = format!("binary_mixed/{}_{label}_{side}", op.name());
+            let case = Case::new(name, &["binary_mixed", variant.as_str()], move |ctx, x| {
+                let widened = |t: &Tensor| match ctx.dtype {
+                    DType::F64 => Ok(t.clone()),
+                    _ => t.to_dtype(DType::F32),
+                };
+                let (a, b) = if f32_first {
+                    (widened(&x[0])?, x[1].clone())
+                } else {
+                    (x[0].clone(), widened(&x[1])?)
+                };
+                crate::autocast::autocast(ctx.under_test, || Ok(vec![apply_binary(op, &a, &b)?]))
+            });
+            cases.push(
+                case.input(a)
+                    .input(b)
+                    .dtypes(&[DType::F16, DType::BF16])
+                    .oracle(move |x| vec![x[0].zip(&x[1], f)]),
+            );
+        }
+    }
+    cases
+}
+
 /// `a op b` through the tensor method a user calls.
 pub fn apply_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match op {
@@ -378,6 +421,7 @@ fn where_cases() -> Vec<Case> {
 pub fn cases() -> Vec<Case> {
     let mut all = unary_cases();
     all.extend(binary_cases());
+    all.extend(binary_mixed_cases());
     all.extend(compare_cases());
     all.extend(where_cases());
     all

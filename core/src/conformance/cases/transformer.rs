@@ -4,6 +4,8 @@
 
 use crate::conformance::case::{Case, Input, Values};
 use crate::conformance::host::{self, HostTensor};
+use crate::dtype::DType;
+use crate::tensor::Tensor;
 
 fn u() -> Values {
     Values::Uniform { low: -2.0, high: 2.0 }
@@ -161,8 +163,38 @@ fn layer_norm_case(label: &str, input: Input, weight: bool, bias: bool) -> Case 
     })
 }
 
+/// `layer_norm_last_to/{label}`: an f32 LayerNorm's output rounded to the dtype under test (the
+/// input of an autocast product), its gradient coming back in that dtype; the inputs arrive in
+/// the dtype under test and are widened first. The reference normalises in f64.
+fn layer_norm_to_case(label: &str, input: Input) -> Case {
+    let features = *input.logical_shape().last().unwrap();
+    Case::new(
+        format!("layer_norm_last_to/{label}"),
+        &["layer_norm_last_to", "layer_norm_last_to_backward"],
+        |ctx, x| {
+            let widened = |t: &Tensor| match ctx.dtype {
+                DType::F64 => Ok(t.clone()),
+                _ => t.to_dtype(DType::F32),
+            };
+            let [x, w, b] = [&x[0], &x[1], &x[2]].map(widened);
+            Ok(vec![x?.layer_norm_to(Some(&w?), Some(&b?), 1e-5, ctx.dtype)?])
+        },
+    )
+    .input(input)
+    .input(Input::float("weight", [features], u()))
+    .input(Input::float("bias", [features], u()))
+    .dtypes(&[DType::F16, DType::BF16])
+    .oracle(|x| vec![layer_norm(&x[0], Some(&x[1]), Some(&x[2]), 1e-5)])
+}
+
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
+    for (label, input) in [
+        ("wide", Input::float("x", [6, 300], u())),
+        ("many_rows", Input::float("x", [45, 300], u()).transposed()),
+    ] {
+        cases.push(layer_norm_to_case(label, input));
+    }
     for (label, input) in [
         ("3d", Input::float("x", [2, 3, 8], u())),
         ("T", Input::float("x", [5, 6], u()).transposed()),
