@@ -91,6 +91,16 @@ impl Backend for WgpuBackend {
     fn binary(&self, op: BinaryOp, lhs: &BufferRef, ll: &Layout, rhs: &BufferRef, rl: &Layout) -> Result<BufferRef> {
         self.zip(op, lhs, ll, rhs, rl)
     }
+    fn binary_mixed(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+    ) -> Result<BufferRef> {
+        self.zip_mixed(op, lhs, ll, rhs, rl)
+    }
     fn bias_act(
         &self,
         src: &BufferRef,

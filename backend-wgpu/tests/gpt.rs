@@ -151,8 +151,15 @@ fn the_fused_bias_and_gelu_gradient_is_the_composed_ops_bit_for_bit() {
 #[test]
 fn the_mixed_dtype_ops_are_the_casts_and_ops_they_stand_for_bit_for_bit() {
     let Some(device) = support::wgpu_device() else { return };
-    assert_eq!(
-        mixed_dtype_mismatches(&device, DType::BF16).unwrap(),
-        Vec::<String>::new()
-    );
+    let mut halves = vec![DType::BF16];
+    if lockstep_wgpu::adapter(0).is_some_and(|a| a.features().contains(wgpu::Features::SHADER_F16)) {
+        halves.push(DType::F16);
+    }
+    for half in halves {
+        assert_eq!(
+            mixed_dtype_mismatches(&device, half).unwrap(),
+            Vec::<String>::new(),
+            "{half:?}"
+        );
+    }
 }

@@ -57,6 +57,7 @@ pub const SHADERS: &[Shader] = &[
     shader!("rand", &["T"], FLOATS, ["dropout", "rand"]),
     shader!("unary", &["T"], PACKED_FLOATS, ["unary"]),
     shader!("binary", &["T"], PACKED_FLOATS, ["binary"]),
+    shader!("binary_mixed", &["N"], &["f16", "bf16"], ["binary_mixed"]),
     shader!("bias_act", &["T"], PACKED_FLOATS, ["bias_act", "bias_act_grad"]),
     shader!(
         "cross_entropy",

@@ -9,26 +9,11 @@ override OP: u32 = 0u;
 @group(0) @binding(2) var<storage, read> rhs: array<T>;
 @group(0) @binding(3) var<storage, read_write> out: array<T>;
 
-fn apply(x: f32, y: f32) -> f32 {
-    switch OP {
-        case 0u: { return x + y; }
-        case 1u: { return x - y; }
-        case 2u: { return x * y; }
-        case 3u: { return x / y; }
-        case 4u: { return pow_real(x, y); }
-        case 5u: { return max_nan(x, y); }
-        case 6u: { return min_nan(x, y); }
-        // relu_grad: the gradient x where the input y > 0.
-        case 7u: { return select(0.0, x, y > 0.0); }
-        default: { return x; }
-    }
-}
-
 fn binary_at(i: u32) -> f32 {
     let rank = params[1];
     let x = strided_index(i, rank, 2u, 2u + rank);
     let y = strided_index(i, rank, 2u, 3u + 2u * rank);
-    return apply(T_load(lhs[T_word(x)], x), T_load(rhs[T_word(y)], y));
+    return apply_binary(OP, T_load(lhs[T_word(x)], x), T_load(rhs[T_word(y)], y));
 }
 
 // A storage word of the output per invocation.

@@ -66,6 +66,22 @@ fn min_nan(a: f32, b: f32) -> f32 {
     return select(b, a, is_nan(a) || a < b);
 }
 
+// Binary op `op` (its index in core's BinaryOp::ALL) in f32: binary.wgsl and binary_mixed.wgsl.
+fn apply_binary(op: u32, x: f32, y: f32) -> f32 {
+    switch op {
+        case 0u: { return x + y; }
+        case 1u: { return x - y; }
+        case 2u: { return x * y; }
+        case 3u: { return x / y; }
+        case 4u: { return pow_real(x, y); }
+        case 5u: { return max_nan(x, y); }
+        case 6u: { return min_nan(x, y); }
+        // relu_grad: the gradient x where the input y > 0.
+        case 7u: { return select(0.0, x, y > 0.0); }
+        default: { return x; }
+    }
+}
+
 // x^y with C's rules (what the CPU and CUDA compute): x^±0 and 1^y are 1 even for NaN, else NaN
 // in gives NaN out; infinite powers and bases follow IEEE's limits; a negative finite base is
 // real only for an integer power. WGSL's pow leaves x < 0 undefined.

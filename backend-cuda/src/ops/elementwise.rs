@@ -106,17 +106,14 @@ impl CudaBackend {
         rl: &Layout,
     ) -> Result<BufferRef> {
         let name = op.name();
-        let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
-        let (narrow_lhs, [(wide, wl), (narrow, nl)]) = match (lhs.dtype(), rhs.dtype()) {
-            (DType::F32, d) if half(d) => (0u32, [(lhs, ll), (rhs, rl)]),
-            (d, DType::F32) if half(d) => (1u32, [(rhs, rl), (lhs, ll)]),
-            _ => return mixed::binary_mixed(self, op, lhs, ll, rhs, rl),
+        let Some((narrow_first, [(wide, wl), (narrow, nl)])) = mixed::f32_and_half((lhs, ll), (rhs, rl)) else {
+            return mixed::binary_mixed(self, op, lhs, ll, rhs, rl);
         };
         let (w, n) = self.broadcast_pair(name, wide, wl, narrow, nl)?;
         let entry = entry_points::BINARY_MIXED.of(name, n.dtype())?;
         let out = self.output(DType::F32, wl.elem_count())?;
         let (shape, views) = strided(name, &[wl, nl])?;
-        let index = op_index(&BinaryOp::ALL, BinaryOp::name, name);
+        let (index, narrow_lhs) = (op_index(&BinaryOp::ALL, BinaryOp::name, name), u32::from(narrow_first));
         if shape.n > 0 {
             launch!(&self.gpu, entry, self.gpu.grid(shape.n as usize);
                 &out.ptr, &w.ptr, &n.ptr, &shape, &views[0], &views[1], &index, &narrow_lhs);

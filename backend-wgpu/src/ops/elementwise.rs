@@ -1,6 +1,6 @@
 //! unary, binary, compare and where_cond over strided operands of one shape.
 
-use lockstep_core::backend::{BinaryOp, BufferRef, CmpOp, UnaryOp};
+use lockstep_core::backend::{BinaryOp, BufferRef, CmpOp, UnaryOp, mixed};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -87,6 +87,45 @@ impl WgpuBackend {
             &strided_params(name, &[ll, rl])?,
             &[(1, a), (2, b), (3, &out)],
             self.word_grid(name, a.dtype(), ll.elem_count())?,
+        )?;
+        Ok(out)
+    }
+
+    /// `Backend::binary_mixed`: an f32 operand and a 16-bit one in one dispatch, the 16-bit one
+    /// read as it is; other pairs composed (a cast, then `zip`).
+    pub(crate) fn zip_mixed(
+        &self,
+        op: BinaryOp,
+        lhs: &BufferRef,
+        ll: &Layout,
+        rhs: &BufferRef,
+        rl: &Layout,
+    ) -> Result<BufferRef> {
+        let name = op.name();
+        let Some((narrow_first, [(wide, wl), (narrow, nl)])) = mixed::f32_and_half((lhs, ll), (rhs, rl)) else {
+            return mixed::binary_mixed(self, op, lhs, ll, rhs, rl);
+        };
+        let (w, n) = (
+            self.operand(name, wide, Some(wl))?,
+            self.operand(name, narrow, Some(nl))?,
+        );
+        if wl.shape != nl.shape {
+            return Err(Error::shape(
+                name,
+                &ll.shape,
+                &rl.shape,
+                "operands must be broadcast to one shape first",
+            ));
+        }
+        let out = self.alloc("binary_mixed", DType::F32, wl.elem_count())?;
+        let variant = Variant::new("binary_mixed", "binary_mixed", &[self.element_type(name, n.dtype())?])
+            .constant("OP", op_index(&BinaryOp::ALL, BinaryOp::name, name))
+            .constant("NARROW_FIRST", if narrow_first { 1.0 } else { 0.0 });
+        self.launch(
+            &variant,
+            &strided_params(name, &[wl, nl])?,
+            &[(1, w), (2, n), (3, &out)],
+            self.word_grid(name, DType::F32, wl.elem_count())?,
         )?;
         Ok(out)
     }

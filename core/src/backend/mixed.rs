@@ -59,6 +59,20 @@ pub fn binary_mixed(
     dev.binary(op, &a, &la, &b, &lb)
 }
 
+/// An operand of a binary op: its buffer and its (broadcast) layout.
+pub type Operand<'a> = (&'a BufferRef, &'a Layout);
+
+/// For a fused `binary_mixed` kernel: the f32 operand, then the f16/bf16 one, and whether the
+/// 16-bit one is `lhs`; None for any other pair of dtypes (which the backend composes).
+pub fn f32_and_half<'a>(lhs: Operand<'a>, rhs: Operand<'a>) -> Option<(bool, [Operand<'a>; 2])> {
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    match (lhs.0.dtype(), rhs.0.dtype()) {
+        (DType::F32, d) if half(d) => Some((false, [lhs, rhs])),
+        (d, DType::F32) if half(d) => Some((true, [rhs, lhs])),
+        _ => None,
+    }
+}
+
 /// The wider of two float dtypes (f64, then f32, then the 16-bit ones); an error for two
 /// different 16-bit dtypes, which have no wider one between them, or a dtype that is not a float.
 pub fn wider_float(op: &'static str, a: DType, b: DType) -> Result<DType> {
