@@ -248,9 +248,28 @@ impl Backend for WgpuBackend {
         self.batch_norm_running_pass(running, batch, batches, spec).transpose()
     }
     fn layer_norm_last(&self, src: &BufferRef, affine: LayerNormAffine<'_>, spec: &LayerNormSpec) -> Result<BufferRef> {
-        self.layer_norm_forward(src, affine, spec)
+        self.layer_norm_forward(src, affine, spec, src.dtype())
     }
     fn layer_norm_last_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+    ) -> Result<LayerNormGrads> {
+        affine.check_backward("layer_norm_last_backward", grad, src, spec)?;
+        self.layer_norm_backward(grad, src, affine, spec)
+    }
+    fn layer_norm_last_to(
+        &self,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<BufferRef> {
+        self.layer_norm_forward(src, affine, spec, out)
+    }
+    fn layer_norm_last_to_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,

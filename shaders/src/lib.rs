@@ -108,7 +108,12 @@ pub const SHADERS: &[Shader] = &[
         "layer_norm",
         &["T"],
         FLOATS,
-        ["layer_norm", "layer_norm_backward", "layer_norm_column_sums"]
+        [
+            "layer_norm",
+            "layer_norm_to_bf16",
+            "layer_norm_backward",
+            "layer_norm_column_sums"
+        ]
     ),
     shader!(
         "attention",

@@ -5,9 +5,14 @@
 // the shape: each group sums its chunk of rows into `parts` in row order (each column of a
 // chunk written by the one invocation that owns it, no atomics), then `layer_norm_column_sums`
 // sums the chunks in order.
+// `layer_norm_to_bf16` writes an f32 LayerNorm's output as bf16 words (two columns a word, so
+// an even number of columns: a row then starts on a word), the bits of `layer_norm` then a
+// narrowing cast; with flag 8 the backward pass reads its output gradient from bf16 words
+// (`grad_words`, widened exactly) instead of `grad`.
 // params: [rows, cols, eps (f32 bits), group, flags, rows per chunk, chunks]
 // flags: 1 a weight, 2 a bias (an absent one's binding holds the input, never read), 4 the
-// backward pass sums the columns into `parts`.
+// backward pass sums the columns into `parts`, 8 the output gradient is bf16 (`grad` then holds
+// the input, never read; otherwise `grad_words` holds `grad`, never read).
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read> grad: array<T>;
@@ -18,10 +23,13 @@
 @group(0) @binding(6) var<storage, read_write> parts: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dweight: array<T>;
 @group(0) @binding(8) var<storage, read_write> dbias: array<T>;
+@group(0) @binding(9) var<storage, read_write> out_words: array<u32>;
+@group(0) @binding(10) var<storage, read> grad_words: array<u32>;
 
 const HAS_WEIGHT: u32 = 1u;
 const HAS_BIAS: u32 = 2u;
 const SUMS_COLUMNS: u32 = 4u;
+const GRAD_BF16: u32 = 8u;
 
 // The sum of the values of lid's group, returned to each of its invocations.
 fn total(lid: u32, lane: u32, value: f32) -> f32 {
@@ -52,29 +60,70 @@ fn scale(c: u32) -> f32 {
     return f32(weight[c]);
 }
 
+// The row an invocation's group normalises forward (past the last row: the last row's place,
+// its statistics taken for their barriers and nothing written), where it starts, the
+// invocation's lane in the group, and the row's statistics.
+struct RowAt {
+    row: u32,
+    base: u32,
+    lane: u32,
+    stats: vec2<f32>,
+}
+
+fn row_of(wid: vec3<u32>, groups: vec3<u32>, lid: u32) -> RowAt {
+    let s = slot(wid, groups, lid, params[3]);
+    let base = min(s.index, params[0] - 1u) * params[1];
+    return RowAt(s.index, base, s.lane, statistics(lid, s.lane, base, params[1], bitcast<f32>(params[2])));
+}
+
+// Column c of the row at `base` normalised, scaled and shifted.
+fn normalized(base: u32, c: u32, stats: vec2<f32>) -> f32 {
+    var y = (f32(src[base + c]) - stats.x) * stats.y * scale(c);
+    if ((params[4] & HAS_BIAS) != 0u) {
+        y += f32(bias[c]);
+    }
+    return y;
+}
+
+// Element i of the output gradient, from `grad` or from bf16 words.
+fn grad_at(i: u32) -> f32 {
+    if ((params[4] & GRAD_BF16) != 0u) {
+        return bf16_at(grad_words[i >> 1u], i);
+    }
+    return f32(grad[i]);
+}
+
 @compute @workgroup_size(256)
 fn layer_norm(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let rows = params[0];
-    let cols = params[1];
-    let group = params[3];
-    let has_bias = (params[4] & HAS_BIAS) != 0u;
-    let s = slot(wid, groups, lid, group);
-    let row = s.index;
-    let base = min(row, rows - 1u) * cols;
-    let stats = statistics(lid, s.lane, base, cols, bitcast<f32>(params[2]));
-    if (row >= rows) {
+    let r = row_of(wid, groups, lid);
+    if (r.row >= params[0]) {
         return;
     }
-    for (var c = s.lane; c < cols; c += group) {
-        var y = (f32(src[base + c]) - stats.x) * stats.y * scale(c);
-        if (has_bias) {
-            y += f32(bias[c]);
-        }
-        out[base + c] = T(y);
+    for (var c = r.lane; c < params[1]; c += params[3]) {
+        out[r.base + c] = T(normalized(r.base, c, r.stats));
+    }
+}
+
+// `layer_norm` with its output as bf16 words, a word (two columns) an invocation of the row's
+// group at a time; `cols` is even.
+@compute @workgroup_size(256)
+fn layer_norm_to_bf16(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let r = row_of(wid, groups, lid);
+    if (r.row >= params[0]) {
+        return;
+    }
+    for (var w = r.lane; w < params[1] / 2u; w += params[3]) {
+        let c = 2u * w;
+        let lo = round_to_bf16(normalized(r.base, c, r.stats));
+        out_words[r.base / 2u + w] = lo | (round_to_bf16(normalized(r.base, c + 1u, r.stats)) << 16u);
     }
 }
 
@@ -101,7 +150,7 @@ fn layer_norm_backward(
         var local_gw = 0.0;
         var local_gwn = 0.0;
         for (var c = s.lane; c < cols; c += group) {
-            let gw = f32(grad[base + c]) * scale(c);
+            let gw = grad_at(base + c) * scale(c);
             local_gw += gw;
             local_gwn += gw * (f32(src[base + c]) - stats.x) * stats.y;
         }
@@ -109,7 +158,7 @@ fn layer_norm_backward(
         let gwn_mean = total(lid, s.lane, local_gwn) / f32(cols);
         if (row < rows) {
             for (var c = s.lane; c < cols; c += group) {
-                let g = f32(grad[base + c]);
+                let g = grad_at(base + c);
                 let normed = (f32(src[base + c]) - stats.x) * stats.y;
                 out[base + c] = T(stats.y * (g * scale(c) - gw_mean - normed * gwn_mean));
                 if (sums) {

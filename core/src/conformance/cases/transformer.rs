@@ -192,6 +192,8 @@ pub fn cases() -> Vec<Case> {
     for (label, input) in [
         ("wide", Input::float("x", [6, 300], u())),
         ("many_rows", Input::float("x", [45, 300], u()).transposed()),
+        // An odd row length: a bf16 word would straddle two rows (wgpu composes these).
+        ("odd_columns", Input::float("x", [5, 7], u())),
     ] {
         cases.push(layer_norm_to_case(label, input));
     }
