@@ -205,12 +205,23 @@ pub(crate) fn promote(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>
     Ok(Some((a.to_dtype(wider)?, b.to_dtype(wider)?)))
 }
 
-/// Whether autocast promotes `a` and `b` from one f32 operand and one f16/bf16 operand: what a
-/// backend's `binary_mixed` reads without a widening cast first.
+/// Whether autocast promotes `a` and `b` from one f32 operand and one f16/bf16 operand, on a
+/// device whose `binary_mixed` reads the 16-bit one without a widening cast first (`fusions`).
 pub(crate) fn widens_in_place(a: &Tensor, b: &Tensor) -> bool {
     let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let (da, db) = (a.dtype(), b.dtype());
-    active().is_some() && ((da == DType::F32 && half(db)) || (half(da) && db == DType::F32))
+    let narrow = match (da, db) {
+        (DType::F32, d) | (d, DType::F32) if half(d) => d,
+        _ => return false,
+    };
+    active().is_some() && a.device() == b.device() && fusions::fusions_on(a.device(), narrow)
+}
+
+/// The dtype a LayerNorm feeding a matrix product on `device` writes: the region's, where the
+/// device's fused `layer_norm_last_to` may take it (`fusions`); None outside a region or where
+/// the LayerNorm keeps f32 and the product casts.
+pub(crate) fn product_input_dtype(device: &crate::device::Device) -> Option<DType> {
+    active().filter(|&dtype| fusions::fusions_on(device, dtype))
 }
 
 fn rank(d: DType) -> u8 {
@@ -221,5 +232,6 @@ fn rank(d: DType) -> u8 {
     }
 }
 
+mod fusions;
 #[cfg(test)]
 mod tests;

@@ -39,9 +39,10 @@ impl LayerNorm {
     /// `forward` for a LayerNorm whose output only feeds matrix products (a transformer
     /// block's, before its attention, its MLP or the head): under autocast the output comes in
     /// the region's dtype, the bits of `forward` then the product's cast of its input, in one
-    /// pass over the activation where the backend fuses them. Elsewhere, `forward`.
+    /// pass over the activation where the backend fuses them (on a device whose fusion has
+    /// checked itself: `LOCKSTEP_AUTOCAST_FUSIONS`). Elsewhere, `forward`.
     pub fn forward_for_product(&self, x: &Tensor) -> Result<Tensor> {
-        match crate::autocast::active() {
+        match crate::autocast::product_input_dtype(x.device()) {
             // Autocast lowers f32 product inputs only: an f64 LayerNorm's output stays f64.
             Some(dtype) if self.weight.dtype() == DType::F32 && x.dtype() != DType::F64 => {
                 x.layer_norm_to(Some(&self.weight), Some(&self.bias), self.eps, dtype)

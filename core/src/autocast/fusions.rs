@@ -1,0 +1,56 @@
+//! Whether autocast takes a device's mixed-dtype fusions (`Backend::layer_norm_last_to` for a
+//! LayerNorm feeding a product, `Backend::binary_mixed` for the f32 residual stream plus a 16-bit
+//! branch) or the casts and ops they stand for. The fusions must give the same bits; at their
+//! first use on a device and dtype they are checked against the composed ops
+//! (`conformance::mixed_dtype_mismatches`) and, where they disagree, autocast composes there,
+//! saying so in one line. `LOCKSTEP_AUTOCAST_FUSIONS=off` (read once) composes everywhere, to
+//! compare.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use crate::device::Device;
+use crate::dtype::DType;
+
+/// Whether autocast may take `device`'s fusions for the 16-bit dtype `half`.
+pub(crate) fn fusions_on(device: &Device, half: DType) -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    let off = *OFF.get_or_init(|| match std::env::var("LOCKSTEP_AUTOCAST_FUSIONS").as_deref() {
+        Ok("off") => true,
+        Ok("on") | Err(_) => false,
+        Ok(other) => {
+            eprintln!("lockstep: LOCKSTEP_AUTOCAST_FUSIONS={other:?} is neither \"on\" nor \"off\"; ignored");
+            false
+        }
+    });
+    if off {
+        return false;
+    }
+    static CHECKED: OnceLock<Mutex<HashMap<(String, DType), bool>>> = OnceLock::new();
+    let key = (device.to_string(), half);
+    let checked = CHECKED.get_or_init(Default::default);
+    if let Some(&on) = checked.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return on;
+    }
+    // Checked outside the lock: the check itself runs ops (and a thread of another device may
+    // be checking too). Two threads of one device may both check; they agree.
+    let on = match crate::conformance::mixed_dtype_mismatches(device, half) {
+        Ok(mismatches) if mismatches.is_empty() => true,
+        Ok(mismatches) => {
+            eprintln!(
+                "lockstep: {device}'s mixed-dtype fusions for {half} disagree with the casts they stand for ({}); \
+                 autocast composes them there",
+                mismatches[0]
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!(
+                "lockstep: {device}'s mixed-dtype fusions for {half} could not be checked ({e}); autocast composes them there"
+            );
+            false
+        }
+    };
+    checked.lock().unwrap_or_else(|e| e.into_inner()).insert(key, on);
+    on
+}
