@@ -208,13 +208,10 @@ pub(crate) fn promote(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor, Tensor)>
 /// Whether autocast promotes `a` and `b` from one f32 operand and one f16/bf16 operand, on a
 /// device whose `binary_mixed` reads the 16-bit one without a widening cast first (`fusions`).
 pub(crate) fn widens_in_place(a: &Tensor, b: &Tensor) -> bool {
-    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
-    let (da, db) = (a.dtype(), b.dtype());
-    let narrow = match (da, db) {
-        (DType::F32, d) | (d, DType::F32) if half(d) => d,
-        _ => return false,
+    let Some(half) = crate::backend::mixed::half_beside_f32(a.dtype(), b.dtype()) else {
+        return false;
     };
-    active().is_some() && a.device() == b.device() && fusions::fusions_on(a.device(), narrow)
+    active().is_some() && a.device() == b.device() && fusions::fusions_on(a.device(), half)
 }
 
 /// The dtype a LayerNorm feeding a matrix product on `device` writes: the region's, where the

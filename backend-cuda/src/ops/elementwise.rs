@@ -1,6 +1,8 @@
 //! unary, binary, bias_act and its gradient, compare and where_cond (elementwise.cu).
 
-use lockstep_core::backend::{BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp, mixed};
+use lockstep_core::backend::{
+    BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp, check_one_shape, mixed,
+};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -48,29 +50,9 @@ impl CudaBackend {
         rhs: &'a BufferRef,
         rl: &Layout,
     ) -> Result<(&'a CudaBuffer, &'a CudaBuffer)> {
-        let (a, b) = self.broadcast_pair(op, lhs, ll, rhs, rl)?;
-        self.same_dtype(op, a, b)?;
-        Ok((a, b))
-    }
-
-    /// The operands of a binary op: this device, one (broadcast) shape.
-    fn broadcast_pair<'a>(
-        &self,
-        op: &'static str,
-        lhs: &'a BufferRef,
-        ll: &Layout,
-        rhs: &'a BufferRef,
-        rl: &Layout,
-    ) -> Result<(&'a CudaBuffer, &'a CudaBuffer)> {
         let (a, b) = (self.operand(op, lhs, Some(ll))?, self.operand(op, rhs, Some(rl))?);
-        if ll.shape != rl.shape {
-            return Err(Error::shape(
-                op,
-                &ll.shape,
-                &rl.shape,
-                "operands must be broadcast to one shape first",
-            ));
-        }
+        self.same_dtype(op, a, b)?;
+        check_one_shape(op, ll, rl)?;
         Ok((a, b))
     }
 
@@ -109,7 +91,11 @@ impl CudaBackend {
         let Some((narrow_first, [(wide, wl), (narrow, nl)])) = mixed::f32_and_half((lhs, ll), (rhs, rl)) else {
             return mixed::binary_mixed(self, op, lhs, ll, rhs, rl);
         };
-        let (w, n) = self.broadcast_pair(name, wide, wl, narrow, nl)?;
+        let (w, n) = (
+            self.operand(name, wide, Some(wl))?,
+            self.operand(name, narrow, Some(nl))?,
+        );
+        check_one_shape(name, ll, rl)?;
         let entry = entry_points::BINARY_MIXED.of(name, n.dtype())?;
         let out = self.output(DType::F32, wl.elem_count())?;
         let (shape, views) = strided(name, &[wl, nl])?;

@@ -1,6 +1,6 @@
 //! unary, binary, compare and where_cond over strided operands of one shape.
 
-use lockstep_core::backend::{BinaryOp, BufferRef, CmpOp, UnaryOp, mixed};
+use lockstep_core::backend::{BinaryOp, BufferRef, CmpOp, UnaryOp, check_one_shape, mixed};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Error, Result};
 
@@ -57,14 +57,7 @@ impl WgpuBackend {
                 rhs: b.dtype(),
             });
         }
-        if lhs_layout.shape != rhs_layout.shape {
-            return Err(Error::shape(
-                op,
-                &lhs_layout.shape,
-                &rhs_layout.shape,
-                "operands must be broadcast to one shape first",
-            ));
-        }
+        check_one_shape(op, lhs_layout, rhs_layout)?;
         Ok((a, b))
     }
 
@@ -109,14 +102,7 @@ impl WgpuBackend {
             self.operand(name, wide, Some(wl))?,
             self.operand(name, narrow, Some(nl))?,
         );
-        if wl.shape != nl.shape {
-            return Err(Error::shape(
-                name,
-                &ll.shape,
-                &rl.shape,
-                "operands must be broadcast to one shape first",
-            ));
-        }
+        check_one_shape(name, ll, rl)?;
         let out = self.alloc("binary_mixed", DType::F32, wl.elem_count())?;
         let variant = Variant::new("binary_mixed", "binary_mixed", &[self.element_type(name, n.dtype())?])
             .constant("OP", op_index(&BinaryOp::ALL, BinaryOp::name, name))

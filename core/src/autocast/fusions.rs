@@ -6,7 +6,6 @@
 //! saying so in one line. `LOCKSTEP_AUTOCAST_FUSIONS=off` (read once) composes everywhere, to
 //! compare.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use crate::device::Device;
@@ -26,10 +25,16 @@ pub(crate) fn fusions_on(device: &Device, half: DType) -> bool {
     if off {
         return false;
     }
-    static CHECKED: OnceLock<Mutex<HashMap<(String, DType), bool>>> = OnceLock::new();
-    let key = (device.to_string(), half);
-    let checked = CHECKED.get_or_init(Default::default);
-    if let Some(&on) = checked.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    // Each device and dtype checked so far, with the verdict: a few entries, searched by the
+    // device's own equality (no key to build on every op).
+    static CHECKED: Mutex<Vec<(Device, DType, bool)>> = Mutex::new(Vec::new());
+    let verdict = |checked: &[(Device, DType, bool)]| {
+        checked
+            .iter()
+            .find(|(d, h, _)| d == device && *h == half)
+            .map(|&(_, _, on)| on)
+    };
+    if let Some(on) = verdict(&CHECKED.lock().unwrap_or_else(|e| e.into_inner())) {
         return on;
     }
     // Checked outside the lock: the check itself runs ops (and a thread of another device may
@@ -51,6 +56,9 @@ pub(crate) fn fusions_on(device: &Device, half: DType) -> bool {
             false
         }
     };
-    checked.lock().unwrap_or_else(|e| e.into_inner()).insert(key, on);
+    CHECKED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((device.clone(), half, on));
     on
 }

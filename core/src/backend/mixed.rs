@@ -6,7 +6,7 @@
 
 use super::{Backend, BinaryOp, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shape::Layout;
 
 /// `layer_norm_last`, then its output cast to `out`.
@@ -39,7 +39,8 @@ pub fn layer_norm_last_to_backward(
     dev.layer_norm_last_backward(&wide, src, affine, spec)
 }
 
-/// `binary` after casting the narrower operand to the wider's dtype (`wider_float`).
+/// `binary` after widening the f16/bf16 operand of an f32 and 16-bit pair (`f32_and_half`);
+/// any other pair goes to `binary` as it is (one dtype, or the mismatch `binary` reports).
 pub fn binary_mixed(
     dev: &(impl Backend + ?Sized),
     op: BinaryOp,
@@ -48,44 +49,39 @@ pub fn binary_mixed(
     rhs: &BufferRef,
     rhs_layout: &Layout,
 ) -> Result<BufferRef> {
-    let wide = wider_float(op.name(), lhs.dtype(), rhs.dtype())?;
-    let widen = |b: &BufferRef, l: &Layout| -> Result<(BufferRef, Layout)> {
-        if b.dtype() == wide {
-            return Ok((b.clone(), l.clone()));
-        }
-        Ok((dev.cast(b, l, wide)?, Layout::contiguous(l.shape.clone())))
+    let Some((narrow_first, [wide, (narrow, nl)])) = f32_and_half((lhs, lhs_layout), (rhs, rhs_layout)) else {
+        return dev.binary(op, lhs, lhs_layout, rhs, rhs_layout);
     };
-    let ((a, la), (b, lb)) = (widen(lhs, lhs_layout)?, widen(rhs, rhs_layout)?);
-    dev.binary(op, &a, &la, &b, &lb)
+    let (widened, wl) = (dev.cast(narrow, nl, DType::F32)?, Layout::contiguous(nl.shape.clone()));
+    let ((a, la), (b, lb)) = if narrow_first {
+        ((&widened, &wl), wide)
+    } else {
+        (wide, (&widened, &wl))
+    };
+    dev.binary(op, a, la, b, lb)
 }
 
 /// An operand of a binary op: its buffer and its (broadcast) layout.
 pub type Operand<'a> = (&'a BufferRef, &'a Layout);
 
-/// For a fused `binary_mixed` kernel: the f32 operand, then the f16/bf16 one, and whether the
-/// 16-bit one is `lhs`; None for any other pair of dtypes (which the backend composes).
-pub fn f32_and_half<'a>(lhs: Operand<'a>, rhs: Operand<'a>) -> Option<(bool, [Operand<'a>; 2])> {
-    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
-    match (lhs.0.dtype(), rhs.0.dtype()) {
-        (DType::F32, d) if half(d) => Some((false, [lhs, rhs])),
-        (d, DType::F32) if half(d) => Some((true, [rhs, lhs])),
+/// The 16-bit dtype of a pair of one f32 and one f16/bf16 dtype (either order); None for any
+/// other pair. The pairs `binary_mixed` fuses, and autocast sends it.
+pub fn half_beside_f32(a: DType, b: DType) -> Option<DType> {
+    match (a, b) {
+        (DType::F32, h @ (DType::F16 | DType::BF16)) | (h @ (DType::F16 | DType::BF16), DType::F32) => Some(h),
         _ => None,
     }
 }
 
-/// The wider of two float dtypes (f64, then f32, then the 16-bit ones); an error for two
-/// different 16-bit dtypes, which have no wider one between them, or a dtype that is not a float.
-pub fn wider_float(op: &'static str, a: DType, b: DType) -> Result<DType> {
-    let rank = |d: DType| match d {
-        DType::F64 => Some(3),
-        DType::F32 => Some(2),
-        DType::F16 | DType::BF16 => Some(1),
-        _ => None,
-    };
-    match (rank(a), rank(b)) {
-        (Some(ra), Some(rb)) if a == b || ra != rb => Ok(if ra >= rb { a } else { b }),
-        _ => Err(Error::DTypeMismatch { op, lhs: a, rhs: b }),
-    }
+/// For a fused `binary_mixed` kernel: the f32 operand, then the f16/bf16 one, and whether the
+/// 16-bit one is `lhs`; None for any other pair of dtypes (which the backend composes).
+pub fn f32_and_half<'a>(lhs: Operand<'a>, rhs: Operand<'a>) -> Option<(bool, [Operand<'a>; 2])> {
+    half_beside_f32(lhs.0.dtype(), rhs.0.dtype())?;
+    Some(if lhs.0.dtype() == DType::F32 {
+        (false, [lhs, rhs])
+    } else {
+        (true, [rhs, lhs])
+    })
 }
 
 fn rows(spec: &LayerNormSpec) -> Layout {

@@ -51,6 +51,20 @@ pub trait BackendBuffer: Any + Send + Sync + fmt::Debug {
 /// A shared handle to a device allocation; a tensor and all views of its storage hold clones of one.
 pub type BufferRef = Arc<dyn BackendBuffer>;
 
+/// An error naming `op` unless the two operands of an elementwise op were broadcast to one shape
+/// (what every backend's binary kernels expect).
+pub fn check_one_shape(op: &'static str, lhs: &Layout, rhs: &Layout) -> Result<()> {
+    if lhs.shape != rhs.shape {
+        return Err(Error::shape(
+            op,
+            &lhs.shape,
+            &rhs.shape,
+            "operands must be broadcast to one shape first",
+        ));
+    }
+    Ok(())
+}
+
 /// An error naming `op` unless `buffers` are distinct allocations: the check of every in-place
 /// op whose roles must not share a buffer (an optimizer step, a running-statistics update).
 pub fn distinct_buffers(op: &'static str, buffers: &[&BufferRef]) -> Result<()> {

@@ -29,6 +29,17 @@ pub struct Ctx<'a> {
     pub seed: u64,
 }
 
+impl Ctx<'_> {
+    /// `t` in f32 on a device under test (to exercise an op on f32 beside the 16-bit dtype under
+    /// test); unchanged in the f64 reference.
+    pub fn widened(&self, t: &Tensor) -> Result<Tensor> {
+        match self.dtype {
+            DType::F64 => Ok(t.clone()),
+            _ => t.to_dtype(DType::F32),
+        }
+    }
+}
+
 /// How an input's values are drawn. All are deterministic functions of the case seed.
 #[derive(Clone, Debug)]
 pub enum Values {

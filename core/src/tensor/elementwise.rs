@@ -4,7 +4,7 @@ use super::Tensor;
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::shape::Shape;
+use crate::shape::{Layout, Shape};
 
 impl Tensor {
     /// Applies a binary op after broadcasting both operands to one shape (no copies).
@@ -12,11 +12,17 @@ impl Tensor {
         self.same_device(op.name(), rhs)?;
         self.same_dtype(op.name(), rhs)?;
         self.float_only(op.name())?;
-        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
-        let la = self.layout().broadcast_to(op.name(), &shape)?;
-        let lb = rhs.layout().broadcast_to(op.name(), &shape)?;
+        let (shape, la, lb) = self.broadcast_with(op.name(), rhs)?;
         let buffer = self.backend().binary(op, self.buffer(), &la, rhs.buffer(), &lb)?;
         Ok(Tensor::from_buffer(buffer, shape, self.device()))
+    }
+
+    /// The shape `self` and `rhs` broadcast to, and each one's view of it.
+    fn broadcast_with(&self, op: &'static str, rhs: &Tensor) -> Result<(Shape, Layout, Layout)> {
+        let shape = Shape::broadcast(op, self.shape(), rhs.shape())?;
+        let la = self.layout().broadcast_to(op, &shape)?;
+        let lb = rhs.layout().broadcast_to(op, &shape)?;
+        Ok((shape, la, lb))
     }
 
     /// `self op rhs` for an add or subtract of an f32 operand and a 16-bit one under autocast:
@@ -25,9 +31,7 @@ impl Tensor {
     /// bits are the promoted op's. The residual stream (f32) plus a bf16 branch takes it.
     fn binary_mixed(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
         self.same_device(op.name(), rhs)?;
-        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
-        let la = self.layout().broadcast_to(op.name(), &shape)?;
-        let lb = rhs.layout().broadcast_to(op.name(), &shape)?;
+        let (shape, la, lb) = self.broadcast_with(op.name(), rhs)?;
         let buffer = self.backend().binary_mixed(op, self.buffer(), &la, rhs.buffer(), &lb)?;
         let out = Tensor::from_buffer(buffer, shape, self.device());
         let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
@@ -222,9 +226,7 @@ impl Tensor {
     pub fn cmp(&self, op: CmpOp, rhs: &Tensor) -> Result<Tensor> {
         self.same_device(op.name(), rhs)?;
         self.same_dtype(op.name(), rhs)?;
-        let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
-        let la = self.layout().broadcast_to(op.name(), &shape)?;
-        let lb = rhs.layout().broadcast_to(op.name(), &shape)?;
+        let (shape, la, lb) = self.broadcast_with(op.name(), rhs)?;
         let buffer = self.backend().compare(op, self.buffer(), &la, rhs.buffer(), &lb)?;
         Ok(Tensor::from_buffer(buffer, shape, self.device()))
     }

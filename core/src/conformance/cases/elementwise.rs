@@ -249,14 +249,10 @@ fn binary_mixed_cases() -> Vec<Case> {
             let side = if f32_first { "f32_first" } else { "f32_second" };
             let name = format!("binary_mixed/{}_{label}_{side}", op.name());
             let case = Case::new(name, &["binary_mixed", variant.as_str()], move |ctx, x| {
-                let widened = |t: &Tensor| match ctx.dtype {
-                    DType::F64 => Ok(t.clone()),
-                    _ => t.to_dtype(DType::F32),
-                };
                 let (a, b) = if f32_first {
-                    (widened(&x[0])?, x[1].clone())
+                    (ctx.widened(&x[0])?, x[1].clone())
                 } else {
-                    (x[0].clone(), widened(&x[1])?)
+                    (x[0].clone(), ctx.widened(&x[1])?)
                 };
                 crate::autocast::autocast(ctx.under_test, || Ok(vec![apply_binary(op, &a, &b)?]))
             });

@@ -5,7 +5,6 @@
 use crate::conformance::case::{Case, Input, Values};
 use crate::conformance::host::{self, HostTensor};
 use crate::dtype::DType;
-use crate::tensor::Tensor;
 
 fn u() -> Values {
     Values::Uniform { low: -2.0, high: 2.0 }
@@ -172,11 +171,7 @@ fn layer_norm_to_case(label: &str, input: Input) -> Case {
         format!("layer_norm_last_to/{label}"),
         &["layer_norm_last_to", "layer_norm_last_to_backward"],
         |ctx, x| {
-            let widened = |t: &Tensor| match ctx.dtype {
-                DType::F64 => Ok(t.clone()),
-                _ => t.to_dtype(DType::F32),
-            };
-            let [x, w, b] = [&x[0], &x[1], &x[2]].map(widened);
+            let [x, w, b] = [&x[0], &x[1], &x[2]].map(|t| ctx.widened(t));
             Ok(vec![x?.layer_norm_to(Some(&w?), Some(&b?), 1e-5, ctx.dtype)?])
         },
     )
