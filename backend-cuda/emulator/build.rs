@@ -42,7 +42,8 @@ fn main() {
 }
 
 /// One generated translation unit per kernel file: the dialect, the prelude, the emulated warp
-/// instructions, the file, and a registration for each entry point it defines.
+/// and asynchronous-copy instructions, the file, and a registration for each entry point it
+/// defines.
 fn kernel_units(out: &Path, cpp: &Path, kernels: &Path) -> Vec<PathBuf> {
     lockstep_kernels::ALL
         .iter()
@@ -51,9 +52,10 @@ fn kernel_units(out: &Path, cpp: &Path, kernels: &Path) -> Vec<PathBuf> {
                 .entry_points()
                 .unwrap_or_else(|e| panic!("kernels/{}.cu: {e}", source.name));
             let mut text = format!(
-                "#include \"{dialect}\"\n#include \"{kernels}/prelude.cuh\"\n#include \"{warp}\"\n#include \"{kernels}/{name}.cu\"\n#include \"{registration}\"\n",
+                "#include \"{dialect}\"\n#include \"{kernels}/prelude.cuh\"\n#include \"{warp}\"\n#include \"{copies}\"\n#include \"{kernels}/{name}.cu\"\n#include \"{registration}\"\n",
                 dialect = cpp.join("kernel_dialect.h").display(),
                 warp = cpp.join("warp_matrix.h").display(),
+                copies = cpp.join("async_copy.h").display(),
                 registration = cpp.join("registration.h").display(),
                 kernels = kernels.display(),
                 name = source.name,

@@ -166,7 +166,10 @@ families! {
     CAUSAL_ATTENTION: HalfHeads = ATTENTION "causal_attention";
     CAUSAL_ATTENTION_DQ: HalfHeads = ATTENTION "causal_attention_dq";
     CAUSAL_ATTENTION_DKDV: HalfHeads = ATTENTION "causal_attention_dkdv";
-    CAUSAL_ATTENTION_ROW_DOT: Halves = ATTENTION "causal_attention_row_dot";
+    CAUSAL_ATTENTION_PIPELINED: HalfHeads = ATTENTION "causal_attention_pipelined";
+    CAUSAL_ATTENTION_DQ_PIPELINED: HalfHeads = ATTENTION "causal_attention_dq_pipelined";
+    CAUSAL_ATTENTION_DKDV_PIPELINED: HalfHeads = ATTENTION "causal_attention_dkdv_pipelined";
+    CAUSAL_ATTENTION_ROW_STATS: Halves = ATTENTION "causal_attention_row_stats";
 }
 
 /// The casts from each value dtype, in `value_index` order.

@@ -63,7 +63,7 @@ fn describe(ordinal: usize) -> Option<DeviceInfo> {
             .into(),
         ),
     ];
-    details.push(("attention".into(), crate::ops::attention_plan().into()));
+    details.push(("attention".into(), crate::ops::attention_plan()));
     if let Some(v) = crate::nvml::driver_version() {
         details.push(("driver".into(), v));
     }

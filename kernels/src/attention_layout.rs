@@ -224,10 +224,20 @@ fn both_warp_products_match_a_plain_product() {
     }
 }
 
-/// One warp's 16 query rows of the forward kernel (its masking, online softmax and products,
-/// in f64 with exp for ex2), against softmax(q·kᵀ·scale, masked)·v row by row.
+/// One warp's 16 query rows of the forward kernel (its masking of the tiles that straddle the
+/// diagonal, online softmax and products, in f64 with exp for ex2), against softmax(q·kᵀ·scale,
+/// masked)·v row by row.
 #[test]
 fn the_forward_tile_loop_matches_plain_causal_attention() {
+    for formula in [
+        "if (k0 + KV - 1 > warp_row0) scale_scores<KV, true>(s, tile_max, k0, warp_row0, scale2, lane);",
+        "bool future = MASKED && k0 + acc_col(lane, nb, e) > row0 + acc_row(lane, e);",
+    ] {
+        assert!(
+            SOURCE.contains(formula),
+            "attention.cu no longer holds `{formula}`: update this model"
+        );
+    }
     let (d, t, kv, scale) = (64, 45, 16, 0.125);
     let q = |r: usize, c: usize| value(4, r, c) / 4.0;
     let k = |r: usize, c: usize| value(5, r, c) / 4.0;
@@ -244,10 +254,11 @@ fn the_forward_tile_loop_matches_plain_causal_attention() {
             let mut s = zero_acc(kv);
             warp_product_abt(&mut s, &q_tile, &k_tile, d, kv);
             let mut tile_max = vec![[f64::NEG_INFINITY; 2]; 32];
+            let masked = k0 + kv - 1 > warp_row0;
             for (lane, lane_max) in tile_max.iter_mut().enumerate() {
                 for (nb, regs) in s[lane].iter_mut().enumerate() {
                     for (e, x) in regs.iter_mut().enumerate() {
-                        let future = k0 + acc_col(lane, nb, e) > warp_row0 + acc_row(lane, e);
+                        let future = masked && k0 + acc_col(lane, nb, e) > warp_row0 + acc_row(lane, e);
                         *x = if future { f64::NEG_INFINITY } else { *x * scale };
                         lane_max[e >> 1] = lane_max[e >> 1].max(*x);
                     }
@@ -344,7 +355,8 @@ fn plain(q: Rows, k: Rows, v: Rows, dy: Rows, t: usize, d: usize, scale: f64) ->
     out
 }
 
-/// weights_and_grads: the two products, then p and ds in place, masked as the kernel masks.
+/// weights_and_grads: the two products, then p and ds in place, masked as the kernel masks (only
+/// a tile that straddles the diagonal or reaches t).
 #[allow(clippy::too_many_arguments)]
 fn weights_and_grads(
     tiles: [&[f64]; 4],
@@ -358,6 +370,13 @@ fn weights_and_grads(
     let (mut s, mut dp) = (zero_acc(n), zero_acc(n));
     warp_product_abt(&mut s, tiles[0], tiles[1], d, n);
     warp_product_abt(&mut dp, tiles[2], tiles[3], d, n);
+    let (last_query, first_query) = if transposed {
+        (col0 + n - 1, col0)
+    } else {
+        (row0 + 15, row0)
+    };
+    let last_key = if transposed { row0 + 15 } else { col0 + n - 1 };
+    let masked = !(last_key <= first_query && last_query < t);
     for lane in 0..32 {
         for nb in 0..n / 8 {
             for e in 0..4 {
@@ -368,7 +387,7 @@ fn weights_and_grads(
                     (row0 + r, col0 + c)
                 };
                 let stat = if transposed { c } else { r };
-                let seen = key <= query && query < t;
+                let seen = !masked || (key <= query && query < t);
                 let p = if seen {
                     (s[lane][nb][e] * scale - lse[stat]).exp()
                 } else {
@@ -388,11 +407,15 @@ fn weights_and_grads(
 fn the_backward_tile_loops_match_plain_gradients() {
     for formula in [
         "u32 query = transposed ? col0 + c : row0 + r, key = transposed ? row0 + r : col0 + c;",
-        "u32 stat = transposed ? c : r;",
-        "bool seen = key <= query && query < t;",
-        "warp_product_pb<T, D, KV>(dq, dp, k_tile, lane);",
-        "warp_product_pb<T, D, QR>(dv, s, dy_tile, lane);",
-        "warp_product_pb<T, D, QR>(dk, dp, q_tile, lane);",
+        "float2 stat = stats[transposed ? c : r];",
+        "bool seen = !MASKED || (key <= query && query < t);",
+        "u32 last_query = transposed ? col0 + N - 1 : row0 + 15, first_query = transposed ? col0 : row0;",
+        "u32 last_key = transposed ? row0 + 15 : col0 + N - 1;",
+        "if (last_key <= first_query && last_query < t)",
+        "weights_from_scores<N, false>(s, dp, stats, row0, col0, t, transposed, scale2, lane);",
+        "warp_product_pb<T, D, KV>(dq, dp, k_tiles[stage], lane);",
+        "warp_product_pb<T, D, QR>(dv, s, dy_tiles[stage], lane);",
+        "warp_product_pb<T, D, QR>(dk, dp, q_tiles[stage], lane);",
     ] {
         assert!(
             SOURCE.contains(formula),

@@ -219,17 +219,47 @@ fn global_functions(tokens: &[String]) -> Vec<String> {
         if window != ["extern", "\"C\"", "__global__"] {
             continue;
         }
-        let after = &tokens[i + 3..];
-        let name = after.windows(2).find(|w| {
-            w[1] == "("
-                && w[0] != "__launch_bounds__"
-                && w[0].starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        });
-        if let Some(w) = name {
-            names.push(w[0].clone());
+        if let Some(name) = function_name(&tokens[i + 3..]) {
+            names.push(name.clone());
         }
     }
     names
+}
+
+/// The first identifier followed by `(` in `tokens` (a declaration after `__global__`), past a
+/// `__launch_bounds__(…)`, whose arguments may call functions too.
+fn function_name(tokens: &[String]) -> Option<&String> {
+    let mut i = 0;
+    while i + 1 < tokens.len() {
+        if tokens[i] == "__launch_bounds__" {
+            i = closing_paren(tokens, i + 1)?;
+        } else if tokens[i + 1] == "(" && tokens[i].starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+            return Some(&tokens[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The index of the `)` that closes the `(` at `open`, if it is one and closes.
+fn closing_paren(tokens: &[String], open: usize) -> Option<usize> {
+    if tokens.get(open)? != "(" {
+        return None;
+    }
+    let mut depth = 0usize;
+    for (i, token) in tokens.iter().enumerate().skip(open) {
+        match token.as_str() {
+            "(" => depth += 1,
+            ")" => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -242,7 +272,7 @@ mod tests {
             #define EACH(M) M(float, f32) M(half, f16)
             /* a comment with extern "C" __global__ void not_a_kernel( */
             #define KERNEL(T, s) \
-                extern "C" __global__ void __launch_bounds__(128, 1) step_##s(T* x) { x[0] = 1; } // no
+                extern "C" __global__ void __launch_bounds__(128, blocks(2, min(3, 4))) step_##s(T* x) { x[0] = 1; } // no
             #define PAIR(T, s) KERNEL(T, s##_a) extern "C" __global__ void plain_##s() {}
             EACH(PAIR)
             extern "C" __global__ void literal(int n) {}

@@ -57,6 +57,7 @@ Fiber& fiber_of(LkThread* self) {
     LkThread* self = lk_self();
     Block* block = static_cast<Block*>(self->block);
     block->body(block->params);
+    lk_land_copies(self, -1);  // a thread's copies complete even if it never waits for them
     Fiber& fiber = fiber_of(self);
     fiber.state = State::Done;
     lk_switch(&fiber.sp, block->scheduler_sp);
@@ -103,6 +104,7 @@ bool run_block(Block& block, const char* name, uint3 block_idx) {
     for (Fiber& f : block.fibers) {
         f.state = State::Ready;
         f.self->block_idx = block_idx;
+        f.self->async_committed = f.self->async_pending = 0;
         f.sp = lk_fiber_stack(reinterpret_cast<char*>(f.self) + LK_STACK_BYTES, fiber_main);
     }
     const size_t n = block.fibers.size();

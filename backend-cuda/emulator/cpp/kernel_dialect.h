@@ -44,12 +44,37 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 // its stack (no thread-local storage, which costs a call in a dlopen'ed library).
 #define LK_STACK_BYTES (64 * 1024)
 #define LK_WARP_WORDS 16
+// A cp.async copy issued and not yet landed (async_copy.h): `bytes` at dst, the first
+// `src_bytes` of them from src, the rest zeros; `group` is the commit group it joins.
+struct LkAsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned bytes, src_bytes, group;
+};
+#define LK_ASYNC_COPIES 32
 struct LkThread {
     lk::uint3 thread_idx, block_idx, block_dim, grid_dim;
     unsigned lane;
     uint32_t* warp_words;  // the warp's exchange area: LK_WARP_WORDS words for each lane
     void* block;           // the scheduler's state (blocks.cpp)
+    unsigned async_committed, async_pending;  // commit groups closed; copies in `async`
+    LkAsyncCopy async[LK_ASYNC_COPIES];
 };
+inline void lk_land(const LkAsyncCopy& copy) {
+    memcpy(copy.dst, copy.src, copy.src_bytes);
+    memset((char*)copy.dst + copy.src_bytes, 0, copy.bytes - copy.src_bytes);
+}
+// Lands the thread's copies of every group but the newest `in_flight` committed ones (all of
+// them, uncommitted too, when `in_flight` is negative: the thread has finished).
+inline void lk_land_copies(LkThread* self, int in_flight) {
+    unsigned kept = 0;
+    for (unsigned i = 0; i < self->async_pending; ++i) {
+        const LkAsyncCopy& copy = self->async[i];
+        if (in_flight < 0 || copy.group + (unsigned)in_flight < self->async_committed) lk_land(copy);
+        else self->async[kept++] = copy;
+    }
+    self->async_pending = kept;
+}
 inline LkThread* lk_self() {
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
     return (LkThread*)(sp & ~(uintptr_t)(LK_STACK_BYTES - 1));

@@ -69,12 +69,14 @@ fn each_dtype_picks_the_entry_point_named_for_it() {
     }
     for (dtype, suffix) in [(DType::F16, "f16"), (DType::BF16, "bf16")] {
         assert_eq!(
-            name(CAUSAL_ATTENTION_ROW_DOT.of("t", dtype)),
-            format!("causal_attention_row_dot_{suffix}")
+            name(CAUSAL_ATTENTION_ROW_STATS.of("t", dtype)),
+            format!("causal_attention_row_stats_{suffix}")
         );
         for d in ATTENTION_HEAD_DIMS {
             let dq = CAUSAL_ATTENTION_DQ.of("t", dtype, d);
             assert_eq!(name(dq), format!("causal_attention_dq_{suffix}_d{d}"));
+            let dkdv = CAUSAL_ATTENTION_DKDV_PIPELINED.of("t", dtype, d);
+            assert_eq!(name(dkdv), format!("causal_attention_dkdv_pipelined_{suffix}_d{d}"));
         }
     }
     assert_eq!(BATCH_NORM_RUNNING.entry().name, "batch_norm_running_f32");

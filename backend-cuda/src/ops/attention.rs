@@ -2,9 +2,12 @@
 //! bf16 and f16, head dims of `ATTENTION_HEAD_DIMS`. f32 keeps the composed path (cuBLAS
 //! products and `causal_softmax`), as do other head dims and `LOCKSTEP_CUDA_ATTENTION=composed`.
 //!
-//! Backward: one pre-pass for each row's `dot = sum(dy · y)`, then one kernel over query blocks
-//! for dQ and one over key blocks for dK and dV, each writing its slots of the one dqkv buffer:
-//! no atomics, so the sums run in one order and a resumed run stays bit-exact.
+//! Backward: one pre-pass for each row's statistics (`lse` in base 2 and `dot = sum(dy · y)`),
+//! then one kernel over query blocks for dQ and one over key blocks for dK and dV, each writing
+//! its slots of the one dqkv buffer: no atomics, so the sums run in one order and a resumed run
+//! stays bit-exact.
+//!
+//! Each kernel comes in two builds (`AttentionKernels`): one stage, or pipelined (two).
 
 use cudarc::driver::LaunchConfig;
 use lockstep_core::backend::{BackendBuffer, BufferRef, CausalAttention};
@@ -12,7 +15,7 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
 use crate::backend::CudaBackend;
-use crate::entry_points::{self, ATTENTION_HEAD_DIMS};
+use crate::entry_points::{self, ATTENTION_HEAD_DIMS, HalfHeads};
 use crate::gpu::launch;
 use crate::views::to_u32;
 
@@ -44,14 +47,58 @@ fn attention_mode() -> AttentionMode {
     })
 }
 
+/// One build of the fused kernels (attention.cu): each streamed tile copied, then used (one
+/// stage), or the next tile's copies in flight while the block works on this one (two stages,
+/// `_pipelined`, in half-height tiles where two stages of full ones do not fit).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionKernels {
+    stages: usize,
+    forward: HalfHeads,
+    dq: HalfHeads,
+    dkdv: HalfHeads,
+}
+
+impl AttentionKernels {
+    pub(crate) const ONE_STAGE: Self = Self {
+        stages: 1,
+        forward: entry_points::CAUSAL_ATTENTION,
+        dq: entry_points::CAUSAL_ATTENTION_DQ,
+        dkdv: entry_points::CAUSAL_ATTENTION_DKDV,
+    };
+    pub(crate) const PIPELINED: Self = Self {
+        stages: 2,
+        forward: entry_points::CAUSAL_ATTENTION_PIPELINED,
+        dq: entry_points::CAUSAL_ATTENTION_DQ_PIPELINED,
+        dkdv: entry_points::CAUSAL_ATTENTION_DKDV_PIPELINED,
+    };
+
+    /// The build `LOCKSTEP_CUDA_ATTENTION_STAGES` (1 or 2) names, read once; one stage, the
+    /// build a GPU has timed, where it is unset.
+    pub(crate) fn chosen() -> Self {
+        static CHOSEN: std::sync::OnceLock<AttentionKernels> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| match std::env::var("LOCKSTEP_CUDA_ATTENTION_STAGES").as_deref() {
+            Ok("2") => Self::PIPELINED,
+            Ok("1") | Err(_) => Self::ONE_STAGE,
+            Ok(other) => {
+                eprintln!("lockstep: LOCKSTEP_CUDA_ATTENTION_STAGES={other:?} is neither 1 nor 2; one stage it is");
+                Self::ONE_STAGE
+            }
+        })
+    }
+}
+
 /// The attention plan as `devices --details` prints it.
-pub(crate) fn attention_plan() -> &'static str {
+pub(crate) fn attention_plan() -> String {
+    let stages = match AttentionKernels::chosen().stages {
+        1 => "one stage",
+        _ => "two stages, LOCKSTEP_CUDA_ATTENTION_STAGES=2",
+    };
     match attention_mode() {
-        AttentionMode::Composed => "composed (LOCKSTEP_CUDA_ATTENTION=composed)",
-        AttentionMode::Fused => "fused for bf16/f16, unchecked (LOCKSTEP_CUDA_ATTENTION=fused)",
-        AttentionMode::Checked => {
-            "fused for bf16/f16 once checked at first use (LOCKSTEP_CUDA_ATTENTION=composed turns it off)"
-        }
+        AttentionMode::Composed => "composed (LOCKSTEP_CUDA_ATTENTION=composed)".to_string(),
+        AttentionMode::Fused => format!("fused for bf16/f16 ({stages}), unchecked (LOCKSTEP_CUDA_ATTENTION=fused)"),
+        AttentionMode::Checked => format!(
+            "fused for bf16/f16 ({stages}) once checked at first use (LOCKSTEP_CUDA_ATTENTION=composed turns it off)"
+        ),
     }
 }
 
@@ -80,7 +127,7 @@ impl CudaBackend {
         spec: &CausalAttention,
     ) -> Option<Result<(BufferRef, BufferRef)>> {
         self.fused_attention_ready(qkv.dtype(), spec)
-            .then(|| self.attention_forward(qkv, spec))
+            .then(|| self.attention_forward(AttentionKernels::chosen(), qkv, spec))
     }
 
     /// `Backend::causal_attention_backward`, fused wherever the forward pass was.
@@ -90,7 +137,7 @@ impl CudaBackend {
         spec: &CausalAttention,
     ) -> Option<Result<BufferRef>> {
         self.fused_attention_ready(qkv.dtype(), spec)
-            .then(|| self.attention_backward([qkv, y, lse, dy], spec))
+            .then(|| self.attention_backward(AttentionKernels::chosen(), [qkv, y, lse, dy], spec))
     }
 
     /// Whether this call runs the fused kernels: they apply, the mode allows them, and (by
@@ -105,10 +152,15 @@ impl CudaBackend {
     }
 
     /// `y` `[batch, t, heads, d]` and `lse` f32 `[batch, heads, t]` from `qkv`.
-    pub(crate) fn attention_forward(&self, qkv: &BufferRef, spec: &CausalAttention) -> Result<(BufferRef, BufferRef)> {
+    pub(crate) fn attention_forward(
+        &self,
+        kernels: AttentionKernels,
+        qkv: &BufferRef,
+        spec: &CausalAttention,
+    ) -> Result<(BufferRef, BufferRef)> {
         let op = CausalAttention::name(false);
         let x = self.operand(op, qkv, Some(&Layout::contiguous([spec.qkv_len()])))?;
-        let forward = entry_points::CAUSAL_ATTENTION.of(op, x.dtype(), spec.head_dim)?;
+        let forward = kernels.forward.of(op, x.dtype(), spec.head_dim)?;
         let y = self.output(x.dtype(), spec.out_len())?;
         let lse = self.output(DType::F32, spec.rows())?;
         if spec.rows() > 0 {
@@ -121,6 +173,7 @@ impl CudaBackend {
     /// dqkv `[batch, t, 3, heads, d]` from the forward pass's inputs and outputs and `dy`.
     pub(crate) fn attention_backward(
         &self,
+        kernels: AttentionKernels,
         [qkv, y, lse, dy]: [&BufferRef; 4],
         spec: &CausalAttention,
     ) -> Result<BufferRef> {
@@ -132,22 +185,23 @@ impl CudaBackend {
             self.operand(op, dy, Some(&out_layout))?,
         );
         let lse = self.operand(op, lse, Some(&Layout::contiguous([spec.rows()])))?;
-        let row_dot = entry_points::CAUSAL_ATTENTION_ROW_DOT.of(op, x.dtype())?;
-        let dq = entry_points::CAUSAL_ATTENTION_DQ.of(op, x.dtype(), spec.head_dim)?;
-        let dkdv = entry_points::CAUSAL_ATTENTION_DKDV.of(op, x.dtype(), spec.head_dim)?;
+        let row_stats = entry_points::CAUSAL_ATTENTION_ROW_STATS.of(op, x.dtype())?;
+        let dq = kernels.dq.of(op, x.dtype(), spec.head_dim)?;
+        let dkdv = kernels.dkdv.of(op, x.dtype(), spec.head_dim)?;
         let dqkv = self.output(x.dtype(), spec.qkv_len())?;
         if spec.rows() == 0 {
             return Ok(dqkv);
         }
-        let dots = self.output(DType::F32, spec.rows())?;
+        // (lse · log2(e), dot) for each row, f32 pairs.
+        let stats = self.output(DType::F32, 2 * spec.rows())?;
         let (rows, heads, t) = (to_u32(op, spec.rows())?, to_u32(op, spec.heads)?, to_u32(op, spec.t)?);
         let (d, scale) = (to_u32(op, spec.head_dim)?, spec.scale as f32);
         // One warp a row.
-        launch!(&self.gpu, row_dot, self.gpu.grid(spec.rows() * 32); &dots.ptr, &y.ptr, &dy.ptr, &rows, &heads, &t, &d);
+        launch!(&self.gpu, row_stats, self.gpu.grid(spec.rows() * 32);
+            &stats.ptr, &lse.ptr, &y.ptr, &dy.ptr, &rows, &heads, &t, &d);
         let cfg = head_blocks(spec);
         for pass in [dq, dkdv] {
-            launch!(&self.gpu, pass, cfg;
-                &dqkv.ptr, &x.ptr, &dy.ptr, &lse.ptr, &dots.ptr, &heads, &t, &scale);
+            launch!(&self.gpu, pass, cfg; &dqkv.ptr, &x.ptr, &dy.ptr, &stats.ptr, &heads, &t, &scale);
         }
         Ok(dqkv)
     }
