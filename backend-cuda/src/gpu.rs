@@ -51,6 +51,8 @@ pub struct Gpu {
     /// Kernels launched and cuBLAS products queued, for `lockstep bench`'s launches per step.
     pub(crate) kernels_launched: AtomicU64,
     pub(crate) blas_calls: AtomicU64,
+    /// Downloads and synchronizes: waits for all the queued work.
+    pub(crate) host_waits: AtomicU64,
     /// Each launch timed alone while `Backend::profile_kernels` is on.
     pub(crate) profiler: Profiler,
 }
@@ -82,6 +84,7 @@ impl Gpu {
             functions: (0..entry_points::SLOTS).map(|_| OnceLock::new()).collect(),
             kernels_launched: AtomicU64::new(0),
             blas_calls: AtomicU64::new(0),
+            host_waits: AtomicU64::new(0),
             profiler: Profiler::default(),
             memory,
             blas,
@@ -204,6 +207,7 @@ impl Gpu {
         WorkCounters {
             kernels: Some(self.kernels_launched.load(Ordering::Relaxed)),
             library_calls: Some(self.blas_calls.load(Ordering::Relaxed)),
+            host_waits: Some(self.host_waits.load(Ordering::Relaxed)),
         }
     }
 
@@ -273,6 +277,7 @@ impl Gpu {
 
     /// Waits for everything queued on the compute stream and every communicator's stream.
     pub(crate) fn synchronize(&self) -> Result<()> {
+        self.host_waits.fetch_add(1, Ordering::Relaxed);
         for comm in self.watched() {
             self.wait_for(comm.stream(), "synchronize")?;
         }

@@ -191,11 +191,17 @@ impl WgpuBackend {
         self.recorded.bind_groups.load(Ordering::Relaxed)
     }
 
+    /// A wait for all submitted work (a read-back, a synchronize), counted for `recorded_work`.
+    pub(crate) fn count_host_wait(&self) {
+        self.recorded.host_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Compute dispatches recorded; wgpu has no vendor library calls to count.
     pub(crate) fn recorded_work(&self) -> WorkCounters {
         WorkCounters {
             kernels: Some(self.recorded.dispatches.load(Ordering::Relaxed)),
             library_calls: None,
+            host_waits: Some(self.recorded.host_waits.load(Ordering::Relaxed)),
         }
     }
 

@@ -37,6 +37,8 @@ const IN_FLIGHT: usize = 3;
 pub struct Recorded {
     pub dispatches: AtomicU64,
     pub bind_groups: AtomicU64,
+    /// Reads back and synchronizes: waits for all submitted work.
+    pub host_waits: AtomicU64,
 }
 
 pub struct Batch {

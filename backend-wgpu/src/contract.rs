@@ -29,6 +29,7 @@ impl Backend for WgpuBackend {
         self.release_cached()
     }
     fn synchronize(&self) -> Result<()> {
+        self.count_host_wait();
         self.finish()
     }
     fn profile_kernels(&self, on: bool) -> Result<()> {

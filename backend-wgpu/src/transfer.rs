@@ -57,6 +57,7 @@ impl WgpuBackend {
 
     pub(crate) fn download(&self, src: &BufferRef, layout: &Layout) -> Result<HostVec> {
         let buffer = self.operand("to_host", src, Some(layout))?;
+        self.count_host_wait();
         let dtype = buffer.dtype();
         let n = layout.elem_count();
         let size = dtype.size_in_bytes();

@@ -1,5 +1,6 @@
 //! The work counters `lockstep bench` reports per training step: every recorded compute dispatch
-//! and every bind group counts once, an empty op counts nothing, and transfers are no dispatches.
+//! and every bind group counts once, an empty op counts nothing, and transfers are no dispatches;
+//! the host waits for the device where it reads a value back, never inside a training step.
 
 mod support;
 
@@ -31,6 +32,20 @@ fn each_dispatch_and_its_bind_group_count_once() {
     assert_eq!(dispatched, 3, "add, relu and full dispatch once each");
     assert_eq!(groups_after - groups_before, 3, "one bind group per dispatch");
     assert_eq!(work_after.library_calls, None, "wgpu calls no vendor library");
+    let waited = work_after.host_waits.expect("wgpu counts host waits") - work_before.host_waits.expect("counted");
+    assert_eq!(waited, 2, "each read-back waits once");
+}
+
+/// A GPT's bf16-mixed training steps (the weights' bf16 copies, forward, backward, clipping,
+/// AdamW) queue their dispatches without waiting for the adapter: its queue never drains
+/// mid-step.
+#[test]
+fn training_steps_never_wait_for_the_device() {
+    let Some((device, _)) = support::private_wgpu_device(wgpu::Limits::default()) else {
+        return;
+    };
+    let waits = lockstep_core::conformance::training_step_host_waits(&device, 3).unwrap();
+    assert_eq!(waits, Some(0), "a training step waited for the adapter");
 }
 
 /// Bind groups are cached: a training step binds the same pooled buffers to the same pipelines as

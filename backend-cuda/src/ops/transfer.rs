@@ -45,6 +45,7 @@ impl CudaBackend {
         // A copy into pageable memory blocks inside the driver until the stream reaches it, and
         // the stream may wait for a collective: wait for it by polling first (see `wait_for`).
         const WHAT: &str = "download (an earlier kernel may have failed)";
+        self.gpu.host_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.gpu.wait_for(&self.gpu.compute, WHAT)?;
         let mut bytes = vec![0u8; n * dtype.size_in_bytes()];
         if n > 0 {

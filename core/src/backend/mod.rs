@@ -130,6 +130,10 @@ pub struct WorkCounters {
     pub kernels: Option<u64>,
     /// Calls into a vendor library that launch their own kernels (cuBLAS GEMMs).
     pub library_calls: Option<u64>,
+    /// Times the host waited for all the device's queued work (a value read back, a
+    /// synchronize): each drains the queue, so the device idles while the host queues what
+    /// follows.
+    pub host_waits: Option<u64>,
 }
 
 /// The device time of one kernel (on wgpu: a shader entry point with its element types and

@@ -21,6 +21,7 @@ mod case;
 mod cases;
 mod gradcheck;
 pub(crate) mod host;
+mod host_waits;
 mod layer_norm_bits;
 mod mixed_dtype_bits;
 mod runner;
@@ -32,6 +33,7 @@ pub use attention_memory::{attention_peak_bytes, check_attention_memory_is_linea
 pub use bias_act_bits::bias_act_grad_mismatches;
 pub use case::{Case, Ctx, Forward, Input, Kind, Values, View};
 pub use gradcheck::{GradcheckReport, gradcheck, gradcheck_all};
+pub use host_waits::training_step_host_waits;
 pub use layer_norm_bits::layer_norm_gradient_bits;
 pub use mixed_dtype_bits::mixed_dtype_mismatches;
 pub use runner::{CaseReport, Outcome, format_table, run_case, run_oracles, run_suite};

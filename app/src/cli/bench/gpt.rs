@@ -55,12 +55,7 @@ impl GptPlan {
             weight_decay: 0.1,
             clip: 1.0,
             precisions,
-            timing: Timing {
-                warmup: 1,
-                min_reps: 3,
-                max_reps: 50,
-                min_seconds: 10.0,
-            },
+            timing: steps::MODEL_TIMING,
             compile: false,
             kernel_profile: 0,
         })

@@ -164,13 +164,18 @@ fn step_rows(out: &mut Vec<Metric>, model: &str, items: &str, results: &[StepRes
                 });
             }
         }
-        if let Some(kernels) = r.kernels_per_step {
-            out.push(Metric {
-                label: format!("{model} {name} kernel launches per step"),
-                value: kernels,
-                decimals: Some(1),
-                ratio: false,
-            });
+        for (what, count) in [
+            ("kernel launches", r.kernels_per_step),
+            ("host waits", r.host_waits_per_step),
+        ] {
+            if let Some(count) = count {
+                out.push(Metric {
+                    label: format!("{model} {name} {what} per step"),
+                    value: count,
+                    decimals: Some(1),
+                    ratio: false,
+                });
+            }
         }
     }
 }

@@ -50,12 +50,7 @@ impl Default for ResnetPlan {
             momentum: 0.9,
             weight_decay: 5e-4,
             precisions: vec!["32".into(), "bf16-mixed".into()],
-            timing: Timing {
-                warmup: 1,
-                min_reps: 3,
-                max_reps: 50,
-                min_seconds: 10.0,
-            },
+            timing: steps::MODEL_TIMING,
             kernel_profile: 0,
         }
     }

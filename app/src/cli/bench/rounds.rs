@@ -73,6 +73,7 @@ mod tests {
             peak_rss_bytes: Some(rss_mib << 20),
             peak_device_bytes: None,
             kernels_per_step: None,
+            host_waits_per_step: None,
         };
         Results {
             engine: engine.into(),

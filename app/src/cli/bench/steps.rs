@@ -11,6 +11,16 @@ use serde::{Deserialize, Serialize};
 
 use super::timing::Timing;
 
+/// How `bench resnet` and `bench gpt` time their steps: two warm-up steps (the second still
+/// runs first-use checks: the multi-tensor kernels' at the weights' first grouped bf16
+/// copies), then at least 3 and 10 seconds' worth, at most 50.
+pub const MODEL_TIMING: Timing = Timing {
+    warmup: 2,
+    min_reps: 3,
+    max_reps: 50,
+    min_seconds: 10.0,
+};
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepResult {
     pub precision: String,
@@ -32,6 +42,11 @@ pub struct StepResult {
     /// profiler counts the kernels they launch).
     #[serde(default)]
     pub kernels_per_step: Option<f64>,
+    /// Times the host waited for the device per timed step (GPUs): the benchmark's own read of
+    /// the loss and its synchronize are two; any more are the step's own, each draining the
+    /// device's queue mid-step.
+    #[serde(default)]
+    pub host_waits_per_step: Option<f64>,
 }
 
 /// How one model is stepped: its loss on the fixed batch, its optimizer, and the gradient norm
@@ -81,15 +96,23 @@ pub fn measure(
                 device.synchronize()?;
                 Ok(())
             };
-            let counted = |c: lockstep_core::backend::WorkCounters| c.kernels.map(|k| k + c.library_calls.unwrap_or(0));
-            let before = counted(device.backend().work_counters());
+            // Counted over the timed steps: the warm-up's first-use checks launch and read more.
+            let mut work_before = device.backend().work_counters();
             let mut stepped = 0usize;
             let m = timing.measure(|| {
+                if stepped == timing.warmup {
+                    work_before = device.backend().work_counters();
+                }
                 stepped += 1;
                 Ok(step()?)
             })?;
-            let after = counted(device.backend().work_counters());
-            let kernels_per_step = before.zip(after).map(|(b, a)| (a - b) as f64 / stepped as f64);
+            let work_after = device.backend().work_counters();
+            let timed = stepped.saturating_sub(timing.warmup).max(1) as f64;
+            let per_step = |b: Option<u64>, a: Option<u64>| b.zip(a).map(|(b, a)| (a - b) as f64 / timed);
+            let launches =
+                |c: lockstep_core::backend::WorkCounters| c.kernels.map(|k| k + c.library_calls.unwrap_or(0));
+            let kernels_per_step = per_step(launches(work_before), launches(work_after));
+            let host_waits_per_step = per_step(work_before.host_waits, work_after.host_waits);
             if steps.kernel_profile > 0 {
                 device.backend().profile_kernels(true)?;
                 let stepped = step();
@@ -113,6 +136,7 @@ pub fn measure(
                 peak_rss_bytes: super::machine::peak_rss_bytes(),
                 peak_device_bytes,
                 kernels_per_step,
+                host_waits_per_step,
             })
         })
         .collect()
