@@ -83,6 +83,14 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// The larger of a and b, NaN if either is (max_nan in one instruction; the NaN is the
+// canonical one, which only ever makes a row NaN).
+__device__ __forceinline__ float max_or_nan(float a, float b) {
+    float m;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
+}
+
 // cp.async: `bytes` bytes from global memory to shared memory without passing through
 // registers, zero-filled past `src_bytes` (0 for a row past t); landed once a wait_group
 // covering its commit_group returns, for the issuing thread only (a barrier shares them).
@@ -103,10 +111,32 @@ template <int N> __device__ __forceinline__ void copy_async_wait() {
 }
 #endif
 
-// Two values as one register of two 16-bit elements, the lower column in the low half.
+// Two values as one register of two 16-bit elements, the lower column in the low half, each
+// rounded as from_f32 rounds (a NaN keeps its payload): the stored outputs.
 template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)from_f32<T>(lo).bits | ((u32)from_f32<T>(hi).bits << 16);
 }
+
+// pack2 for a product's operand (the weights P, their gradient dS), in one cvt instruction for
+// both values where from_f32's bf16 rounding takes about ten: the same roundings, except that
+// a NaN becomes the canonical one, which no product can tell apart. The emulator uses pack2.
+#ifdef LOCKSTEP_EMULATED
+template <typename T> __device__ __forceinline__ u32 pack2_operand(float lo, float hi) { return pack2<T>(lo, hi); }
+__device__ __forceinline__ float max_or_nan(float a, float b) { return max_nan(a, b); }
+#else
+template <typename T> __device__ __forceinline__ u32 pack2_operand(float lo, float hi);
+// cvt.rn.{bf16x2,f16x2}.f32 d, a, b puts a in the upper half of d and b in the lower.
+template <> __device__ __forceinline__ u32 pack2_operand<bf16>(float lo, float hi) {
+    u32 packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+template <> __device__ __forceinline__ u32 pack2_operand<f16>(float lo, float hi) {
+    u32 packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+#endif
 
 // Where lane `lane` points ldmatrix.x4 in a row-major tile (pitch in halves). `rows_first`: the
 // four 8x8 matrices are (rows 0-7, 8-15) x (cols 0-7, 8-15) in that order: an A operand, or with
@@ -149,8 +179,9 @@ __device__ __forceinline__ void warp_product_pb(float acc[D / 8][4], const float
     constexpr u32 P = D + 8;
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk) {
-        u32 af[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                     pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        u32 af[4] = {pack2_operand<T>(p[2 * kk][0], p[2 * kk][1]), pack2_operand<T>(p[2 * kk][2], p[2 * kk][3]),
+                     pack2_operand<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                     pack2_operand<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
         for (int j = 0; j < D / 16; ++j) {
             u32 bf[4];
@@ -265,8 +296,8 @@ __device__ __forceinline__ void store_rows(u16* dst, u64 stride, const float acc
 
 // The larger of a and b across the 4 lanes holding one accumulator row, NaN if any is.
 __device__ __forceinline__ float quad_max(float v) {
-    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    v = max_or_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return max_or_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -286,7 +317,7 @@ __device__ __forceinline__ void scale_scores(float s[KV / 8][4], float tile_max[
         for (int e = 0; e < 4; ++e) {
             bool future = MASKED && k0 + acc_col(lane, nb, e) > row0 + acc_row(lane, e);
             s[nb][e] = future ? -F32_INF : s[nb][e] * scale2;
-            tile_max[e >> 1] = max_nan(tile_max[e >> 1], s[nb][e]);
+            tile_max[e >> 1] = max_or_nan(tile_max[e >> 1], s[nb][e]);
         }
 }
 
@@ -326,7 +357,7 @@ __device__ __forceinline__ void attention_forward(T* y, float* lse, const T* qkv
         float rescale[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float m = max_nan(row_max[half], quad_max(tile_max[half]));
+            float m = max_or_nan(row_max[half], quad_max(tile_max[half]));
             // The first tile always holds key 0, so m is finite (or NaN) from then on.
             rescale[half] = ex2(row_max[half] - m);
             row_max[half] = m;

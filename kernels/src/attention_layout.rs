@@ -179,8 +179,12 @@ fn the_model_uses_the_kernels_formulas() {
         "ldmatrix_x4(af, a + x4_offset(lane, 0, kk * 16, P, true));",
         "ldmatrix_x4(bf, b + x4_offset(lane, j * 16, kk * 16, P, false));",
         "ldmatrix_x4_trans(bf, b + x4_offset(lane, kk * 16, j * 16, P, true));",
-        "u32 af[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),",
-        "pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};",
+        "u32 af[4] = {pack2_operand<T>(p[2 * kk][0], p[2 * kk][1]), pack2_operand<T>(p[2 * kk][2], p[2 * kk][3]),",
+        "pack2_operand<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),",
+        "pack2_operand<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};",
+        // Both halves of a packed register: the lower column low (cvt's first source is the high half).
+        "asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(packed) : \"f\"(hi), \"f\"(lo));",
+        "asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(packed) : \"f\"(hi), \"f\"(lo));",
     ] {
         assert!(
             SOURCE.contains(formula),
