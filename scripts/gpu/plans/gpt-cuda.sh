@@ -35,4 +35,11 @@ if command -v ncu >/dev/null; then
             --section MemoryWorkloadAnalysis "$bin" bench gpt --device cuda:0 --model gpt2 --batch 16 \
             --precision bf16-mixed
     done
+    # The memory-bound kernels beside them (bias + GELU, LayerNorm, the bias gradients' column
+    # sums, the residual adds, the casts): 24 launches from the second step on, each against
+    # the GPU's memory and compute peaks, so an ALU-bound one (integer division per element,
+    # software bf16 rounding) shows as such.
+    step elementwise-ncu 150 ncu -k 'regex:^(bias_act|layer_norm|reduce_columns|binary|cast_)' \
+        --launch-skip 400 --launch-count 24 --section SpeedOfLight "$bin" bench gpt --device cuda:0 \
+        --model gpt2 --batch 16 --precision bf16-mixed
 fi
