@@ -5,7 +5,8 @@
 //
 // Layouts (no copies around the kernels): q, k, v are read from the fused projection
 // qkv [batch, t, 3, heads, d]; y and dy are [batch, t, heads, d] (what the output projection
-// reads); lse and the row dots are f32 [batch, heads, t]; dqkv is [batch, t, 3, heads, d], each
+// reads); lse is f32 [batch, heads, t], and so are the backward's row statistics, (lse · log2 e,
+// dot) pairs; dqkv is [batch, t, 3, heads, d], each
 // slot written by exactly one thread (no atomics: the sums run in one fixed order, bit-exact
 // from run to run).
 //
@@ -46,7 +47,8 @@ __host__ __device__ constexpr int stages_that_fit(int d, int resident, int wante
 
 // ---- tensor-core building blocks ----------------------------------------------------------
 
-// The CPU emulator (backend-cuda/emulator) defines these four from the PTX ISA's layouts.
+// The CPU emulator (backend-cuda/emulator) defines these itself: the matrix instructions and ex2
+// in warp_matrix.h (from the PTX ISA's layouts), cp.async in async_copy.h.
 #ifndef LOCKSTEP_EMULATED
 template <typename T> __device__ __forceinline__ void mma_16816(float c[4], const u32 a[4], u32 b0, u32 b1);
 template <> __device__ __forceinline__ void mma_16816<bf16>(float c[4], const u32 a[4], u32 b0, u32 b1) {
@@ -83,14 +85,6 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-// The larger of a and b, NaN if either is (max_nan in one instruction; the NaN is the
-// canonical one, which only ever makes a row NaN).
-__device__ __forceinline__ float max_or_nan(float a, float b) {
-    float m;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
-    return m;
-}
-
 // cp.async: `bytes` bytes from global memory to shared memory without passing through
 // registers, zero-filled past `src_bytes` (0 for a row past t); landed once a wait_group
 // covering its commit_group returns, for the issuing thread only (a barrier shares them).
@@ -117,9 +111,12 @@ template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)from_f32<T>(lo).bits | ((u32)from_f32<T>(hi).bits << 16);
 }
 
-// pack2 for a product's operand (the weights P, their gradient dS), in one cvt instruction for
-// both values where from_f32's bf16 rounding takes about ten: the same roundings, except that
-// a NaN becomes the canonical one, which no product can tell apart. The emulator uses pack2.
+// Two instructions with a portable twin, which the emulator runs:
+// - pack2_operand: pack2 for a product's operand (the weights P, their gradient dS), in one cvt
+//   for both values where from_f32's bf16 rounding takes about ten: the same roundings, except
+//   that a NaN becomes the canonical one, which no product can tell apart;
+// - max_or_nan: max_nan (the larger of a and b, NaN if either is) in one instruction, its NaN
+//   the canonical one, which only ever makes a row NaN.
 #ifdef LOCKSTEP_EMULATED
 template <typename T> __device__ __forceinline__ u32 pack2_operand(float lo, float hi) { return pack2<T>(lo, hi); }
 __device__ __forceinline__ float max_or_nan(float a, float b) { return max_nan(a, b); }
@@ -135,6 +132,11 @@ template <> __device__ __forceinline__ u32 pack2_operand<f16>(float lo, float hi
     u32 packed;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
     return packed;
+}
+__device__ __forceinline__ float max_or_nan(float a, float b) {
+    float m;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
 }
 #endif
 
