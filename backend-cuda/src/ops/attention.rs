@@ -51,7 +51,7 @@ fn attention_mode() -> AttentionMode {
 /// stage), or the next tile's copies in flight while the block works on this one (two stages,
 /// `_pipelined`, in half-height tiles where two stages of full ones do not fit).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct AttentionKernels {
+struct AttentionKernels {
     stages: usize,
     forward: HalfHeads,
     dq: HalfHeads,
@@ -59,13 +59,13 @@ pub(crate) struct AttentionKernels {
 }
 
 impl AttentionKernels {
-    pub(crate) const ONE_STAGE: Self = Self {
+    const ONE_STAGE: Self = Self {
         stages: 1,
         forward: entry_points::CAUSAL_ATTENTION,
         dq: entry_points::CAUSAL_ATTENTION_DQ,
         dkdv: entry_points::CAUSAL_ATTENTION_DKDV,
     };
-    pub(crate) const PIPELINED: Self = Self {
+    const PIPELINED: Self = Self {
         stages: 2,
         forward: entry_points::CAUSAL_ATTENTION_PIPELINED,
         dq: entry_points::CAUSAL_ATTENTION_DQ_PIPELINED,
@@ -74,7 +74,7 @@ impl AttentionKernels {
 
     /// The build `LOCKSTEP_CUDA_ATTENTION_STAGES` (1 or 2) names, read once; one stage, the
     /// build a GPU has timed, where it is unset.
-    pub(crate) fn chosen() -> Self {
+    fn chosen() -> Self {
         static CHOSEN: std::sync::OnceLock<AttentionKernels> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| match std::env::var("LOCKSTEP_CUDA_ATTENTION_STAGES").as_deref() {
             Ok("2") => Self::PIPELINED,
@@ -127,7 +127,7 @@ impl CudaBackend {
         spec: &CausalAttention,
     ) -> Option<Result<(BufferRef, BufferRef)>> {
         self.fused_attention_ready(qkv.dtype(), spec)
-            .then(|| self.attention_forward(AttentionKernels::chosen(), qkv, spec))
+            .then(|| self.attention_forward(qkv, spec))
     }
 
     /// `Backend::causal_attention_backward`, fused wherever the forward pass was.
@@ -137,7 +137,7 @@ impl CudaBackend {
         spec: &CausalAttention,
     ) -> Option<Result<BufferRef>> {
         self.fused_attention_ready(qkv.dtype(), spec)
-            .then(|| self.attention_backward(AttentionKernels::chosen(), [qkv, y, lse, dy], spec))
+            .then(|| self.attention_backward([qkv, y, lse, dy], spec))
     }
 
     /// Whether this call runs the fused kernels: they apply, the mode allows them, and (by
@@ -152,15 +152,10 @@ impl CudaBackend {
     }
 
     /// `y` `[batch, t, heads, d]` and `lse` f32 `[batch, heads, t]` from `qkv`.
-    pub(crate) fn attention_forward(
-        &self,
-        kernels: AttentionKernels,
-        qkv: &BufferRef,
-        spec: &CausalAttention,
-    ) -> Result<(BufferRef, BufferRef)> {
+    pub(crate) fn attention_forward(&self, qkv: &BufferRef, spec: &CausalAttention) -> Result<(BufferRef, BufferRef)> {
         let op = CausalAttention::name(false);
         let x = self.operand(op, qkv, Some(&Layout::contiguous([spec.qkv_len()])))?;
-        let forward = kernels.forward.of(op, x.dtype(), spec.head_dim)?;
+        let forward = AttentionKernels::chosen().forward.of(op, x.dtype(), spec.head_dim)?;
         let y = self.output(x.dtype(), spec.out_len())?;
         let lse = self.output(DType::F32, spec.rows())?;
         if spec.rows() > 0 {
@@ -173,7 +168,6 @@ impl CudaBackend {
     /// dqkv `[batch, t, 3, heads, d]` from the forward pass's inputs and outputs and `dy`.
     pub(crate) fn attention_backward(
         &self,
-        kernels: AttentionKernels,
         [qkv, y, lse, dy]: [&BufferRef; 4],
         spec: &CausalAttention,
     ) -> Result<BufferRef> {
@@ -186,6 +180,7 @@ impl CudaBackend {
         );
         let lse = self.operand(op, lse, Some(&Layout::contiguous([spec.rows()])))?;
         let row_stats = entry_points::CAUSAL_ATTENTION_ROW_STATS.of(op, x.dtype())?;
+        let kernels = AttentionKernels::chosen();
         let dq = kernels.dq.of(op, x.dtype(), spec.head_dim)?;
         let dkdv = kernels.dkdv.of(op, x.dtype(), spec.head_dim)?;
         let dqkv = self.output(x.dtype(), spec.qkv_len())?;

@@ -11,7 +11,6 @@ use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
 
 use crate::backend::CudaBackend;
-use crate::ops::attention::AttentionKernels;
 
 /// The fused cases' tolerance scale in the conformance suite (cases/transformer.rs).
 const TOLERANCE_SCALE: f64 = 4.0;
@@ -55,9 +54,8 @@ impl CudaBackend {
         let run = || -> Result<(Vec<f64>, Vec<f64>)> {
             let qkv_buffer = self.upload(&qkv)?;
             let dy_buffer = self.upload(&dy)?;
-            let kernels = AttentionKernels::chosen();
-            let (y, lse) = self.attention_forward(kernels, &qkv_buffer, &spec)?;
-            let dqkv = self.attention_backward(kernels, [&qkv_buffer, &y, &lse, &dy_buffer], &spec)?;
+            let (y, lse) = self.attention_forward(&qkv_buffer, &spec)?;
+            let dqkv = self.attention_backward([&qkv_buffer, &y, &lse, &dy_buffer], &spec)?;
             let read = |b, len| self.download(b, &Layout::contiguous([len])).map(|h| h.to_f64_vec());
             Ok((read(&y, spec.out_len())?, read(&dqkv, spec.qkv_len())?))
         };
