@@ -220,7 +220,7 @@ fn global_functions(tokens: &[String]) -> Vec<String> {
             continue;
         }
         if let Some(name) = function_name(&tokens[i + 3..]) {
-            names.push(name.clone());
+            names.push(name);
         }
     }
     names
@@ -228,35 +228,19 @@ fn global_functions(tokens: &[String]) -> Vec<String> {
 
 /// The first identifier followed by `(` in `tokens` (a declaration after `__global__`), past a
 /// `__launch_bounds__(…)`, whose arguments may call functions too.
-fn function_name(tokens: &[String]) -> Option<&String> {
-    let mut i = 0;
-    while i + 1 < tokens.len() {
-        if tokens[i] == "__launch_bounds__" {
-            i = closing_paren(tokens, i + 1)?;
-        } else if tokens[i + 1] == "(" && tokens[i].starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-            return Some(&tokens[i]);
+fn function_name(tokens: &[String]) -> Option<String> {
+    // The declaration up to its body, as `expand` keeps the text ahead: reversed.
+    let body = tokens.iter().position(|t| t == "{").unwrap_or(tokens.len());
+    let mut pending: Vec<String> = tokens[..body].iter().rev().cloned().collect();
+    while let Some(token) = pending.pop() {
+        if pending.last().is_none_or(|t| t != "(") {
+            continue;
         }
-        i += 1;
-    }
-    None
-}
-
-/// The index of the `)` that closes the `(` at `open`, if it is one and closes.
-fn closing_paren(tokens: &[String], open: usize) -> Option<usize> {
-    if tokens.get(open)? != "(" {
-        return None;
-    }
-    let mut depth = 0usize;
-    for (i, token) in tokens.iter().enumerate().skip(open) {
-        match token.as_str() {
-            "(" => depth += 1,
-            ")" => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
+        if token == "__launch_bounds__" {
+            pending.pop();
+            take_arguments(&mut pending)?;
+        } else if token.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+            return Some(token);
         }
     }
     None
