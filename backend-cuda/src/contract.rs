@@ -2,9 +2,9 @@
 
 use lockstep_core::backend::{
     AdamOperands, AdamStep, Backend, BatchNormSpec, BiasGeometry, BinaryOp, BufferRef, CausalAttention, CausalSoftmax,
-    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, KernelTime, LayerNormAffine, LayerNormGrads,
-    LayerNormSpec, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdOperands, SgdStep,
-    UnaryOp, WorkCounters,
+    CmpOp, Conv2dGeometry, CrossEntropy, DeviceInfo, Distribution, InputGradient, KernelTime, LayerNormAffine,
+    LayerNormGrads, LayerNormSpec, MatmulDims, MemoryStats, Pool2dGeometry, ReduceKind, RunningStatsSpec, SgdOperands,
+    SgdStep, UnaryOp, WorkCounters,
 };
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, HostVec, Result};
@@ -237,7 +237,7 @@ impl Backend for CudaBackend {
         spec: &LayerNormSpec,
     ) -> Result<LayerNormGrads> {
         affine.check_backward("layer_norm_backward", grad, src, spec)?;
-        self.layer_norm_backward(grad, src, affine, spec)
+        self.layer_norm_backward(grad, src, affine, spec, InputGradient::default())
     }
     fn layer_norm_last_to(
         &self,
@@ -254,8 +254,19 @@ impl Backend for CudaBackend {
         src: &BufferRef,
         affine: LayerNormAffine<'_>,
         spec: &LayerNormSpec,
+        input: InputGradient<'_>,
     ) -> Result<LayerNormGrads> {
-        self.layer_norm_backward(grad, src, affine, spec)
+        self.layer_norm_backward(grad, src, affine, spec, input)
+    }
+    fn add_layer_norm_last_to(
+        &self,
+        residual: &BufferRef,
+        branch: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<[BufferRef; 2]> {
+        self.add_layer_norm_forward(residual, branch, affine, spec, out)
     }
 
     fn index_select(

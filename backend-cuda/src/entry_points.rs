@@ -137,6 +137,8 @@ families! {
     LAYER_NORM_COLUMN_SUMS: Floats = LAYER_NORM "layer_norm_column_sums";
     LAYER_NORM_TO_HALF: Halves = LAYER_NORM "layer_norm_f32_to";
     LAYER_NORM_BACKWARD_FROM_HALF: Halves = LAYER_NORM "layer_norm_backward_f32_from";
+    ADD_LAYER_NORM: Floats = LAYER_NORM "add_layer_norm";
+    ADD_LAYER_NORM_HALF: Halves = LAYER_NORM "add_layer_norm_f32";
     BATCH_NORM_MOMENTS: Floats = BATCH_NORM "batch_norm_moments";
     BATCH_NORM_STATISTICS: One = BATCH_NORM "batch_norm_statistics_f32";
     BATCH_NORM_NORMALIZE: Floats = BATCH_NORM "batch_norm_normalize";

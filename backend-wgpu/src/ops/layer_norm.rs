@@ -5,7 +5,7 @@
 //! runs on f32 copies.
 
 use lockstep_core::backend::gpu_plan::{layer_norm_chunk_rows, layer_norm_flags};
-use lockstep_core::backend::{BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec, mixed};
+use lockstep_core::backend::{BufferRef, InputGradient, LayerNormAffine, LayerNormGrads, LayerNormSpec, mixed};
 use lockstep_core::shape::Layout;
 use lockstep_core::{DType, Result};
 
@@ -77,8 +77,24 @@ impl WgpuBackend {
         Ok(out as BufferRef)
     }
 
-    /// `Backend::layer_norm_last_backward`.
+    /// `Backend::layer_norm_last_to_backward` (and `layer_norm_last_backward`, `input` empty):
+    /// LayerNorm's own gradients, then `input`'s add and cast composed.
     pub(crate) fn layer_norm_backward(
+        &self,
+        grad: &BufferRef,
+        src: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        input: InputGradient<'_>,
+    ) -> Result<LayerNormGrads> {
+        let mut grads = self.layer_norm_own_backward(grad, src, affine, spec)?;
+        mixed::fold_input_gradient(self, &mut grads, spec, input)?;
+        Ok(grads)
+    }
+
+    /// LayerNorm's gradients: a bf16 output gradient of an f32 input widened in the same
+    /// dispatch; other pairs composed.
+    fn layer_norm_own_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,
@@ -95,7 +111,9 @@ impl WgpuBackend {
                 affine.check_backward(OP, grad, src, spec)?;
                 false
             }
-            _ => return mixed::layer_norm_last_to_backward(self, grad, src, affine, spec),
+            _ => {
+                return mixed::layer_norm_last_to_backward(self, grad, src, affine, spec, InputGradient::default());
+            }
         };
         if src.dtype() == DType::BF16 {
             let (src, weight, bias) = self.widened(OP, src, affine)?;
@@ -104,12 +122,13 @@ impl WgpuBackend {
                 weight: weight.as_ref(),
                 bias: bias.as_ref(),
             };
-            let grads = self.layer_norm_backward(&grad, &src, wide, spec)?;
+            let grads = self.layer_norm_own_backward(&grad, &src, wide, spec)?;
             let round = |b: Option<BufferRef>| b.map(|b| self.rounded(OP, b)).transpose();
             return Ok(LayerNormGrads {
                 input: self.rounded(OP, grads.input)?,
                 weight: round(grads.weight)?,
                 bias: round(grads.bias)?,
+                rounded_input: None,
             });
         }
         let (rows, cols) = (spec.rows, spec.cols);
@@ -123,6 +142,7 @@ impl WgpuBackend {
             input: dx.clone(),
             weight: None,
             bias: None,
+            rounded_input: None,
         };
         if rows * cols == 0 {
             return LayerNormGrads::of_empty(dx, &affine, || self.fill(x.dtype(), cols, 0.0));

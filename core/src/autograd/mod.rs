@@ -97,6 +97,20 @@ impl Drop for NoGradGuard {
 /// Maps the gradient of an operation's output to the gradients of its inputs (None: no gradient).
 pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
 
+/// As `BackwardFn`, also handed the gradient that the first input's other uses had delivered
+/// when this node runs (taken out of the walk): the first gradient it returns includes it, so a
+/// backend adds the two in the same pass that computes this node's share instead of the walk
+/// adding them after (LayerNorm on the residual stream, whose other use's gradient arrives first).
+pub(crate) type AbsorbingFn = Box<dyn FnOnce(&Tensor, Option<Tensor>) -> Result<Vec<Option<Tensor>>> + Send>;
+
+/// A node's backward closure.
+pub(crate) enum Backward {
+    /// Output gradient to input gradients.
+    Maps(BackwardFn),
+    /// The same, the first input's delivered gradient folded in.
+    Absorbs(AbsorbingFn),
+}
+
 /// Where an input's gradient goes.
 pub(crate) enum Edge {
     /// Produced by another recorded operation.
@@ -120,13 +134,13 @@ pub(crate) struct Node {
 
 struct NodeState {
     edges: Vec<Edge>,
-    backward: BackwardFn,
+    backward: Backward,
 }
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(0);
 
 impl Node {
-    pub(crate) fn new(name: &'static str, edges: Vec<Edge>, window: Option<Window>, backward: BackwardFn) -> Arc<Node> {
+    pub(crate) fn new(name: &'static str, edges: Vec<Edge>, window: Option<Window>, backward: Backward) -> Arc<Node> {
         Arc::new(Node {
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
             name,
@@ -281,7 +295,26 @@ fn walk(root: &Arc<Node>, seed: Tensor, ends: &mut dyn Ends) -> Result<()> {
             continue;
         }
         let grad = arrived.into_tensor()?;
-        let input_grads = (state.backward)(&grad)?;
+        let input_grads = match state.backward {
+            Backward::Maps(backward) => backward(&grad)?,
+            Backward::Absorbs(backward) => {
+                let absorbed = match state.edges.first() {
+                    Some(Edge::Node(input)) if input.id >= first => {
+                        grads.remove(&input.id).map(Pending::into_tensor).transpose()?
+                    }
+                    _ => None,
+                };
+                // Kept so that a closure that returns no first gradient cannot lose it.
+                let kept = absorbed.clone();
+                let mut input_grads = backward(&grad, absorbed)?;
+                if let (Some(first), Some(kept)) = (input_grads.first_mut(), kept)
+                    && first.is_none()
+                {
+                    *first = Some(kept);
+                }
+                input_grads
+            }
+        };
         drop(grad);
         if input_grads.len() != state.edges.len() {
             return Err(Error::Autograd(format!(

@@ -2,6 +2,7 @@
 //! weight and bias, and the gradients the backward pass returns.
 
 use super::BufferRef;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Layer normalisation of a contiguous `[rows, cols]` over each row, for
@@ -35,6 +36,21 @@ pub struct LayerNormGrads {
     pub weight: Option<BufferRef>,
     /// The bias's gradient `[cols]`, `sum over rows of g`, when a bias was given.
     pub bias: Option<BufferRef>,
+    /// `input` rounded to `InputGradient::rounded`, when asked for.
+    pub rounded_input: Option<BufferRef>,
+}
+
+/// What a LayerNorm's backward folds into its input's gradient besides its own share
+/// (`Backend::layer_norm_last_to_backward`). On a residual stream the input is also the next
+/// residual add's operand, whose gradient reaches it first: one pass adds the two, and rounds the
+/// sum for the 16-bit branch that the residual add producing the input widened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InputGradient<'a> {
+    /// The gradient the input's other uses delivered, `[rows, cols]` in the input's dtype: the
+    /// input's gradient is then `accumulated + dx`, the bits of that add after the backward.
+    pub accumulated: Option<&'a BufferRef>,
+    /// Also return the input's gradient cast to this dtype (`LayerNormGrads::rounded_input`).
+    pub rounded: Option<DType>,
 }
 
 impl LayerNormGrads {
@@ -49,6 +65,7 @@ impl LayerNormGrads {
             input,
             weight: affine.weight.map(|_| zeros()).transpose()?,
             bias: affine.bias.map(|_| zeros()).transpose()?,
+            rounded_input: None,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! these compositions, a cast and the op; a backend with fused kernels overrides them and must
 //! give the same bits (`conformance::mixed_dtype_mismatches` checks it on every device).
 
-use super::{Backend, BinaryOp, BufferRef, LayerNormAffine, LayerNormGrads, LayerNormSpec};
+use super::{Backend, BinaryOp, BufferRef, InputGradient, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::Layout;
@@ -24,19 +24,58 @@ pub fn layer_norm_last_to(
     dev.cast(&y, &rows(spec), out)
 }
 
-/// `layer_norm_last_backward` after widening `grad` to `src`'s dtype.
+/// `layer_norm_last_backward` after widening `grad` to `src`'s dtype, then `input`'s add and
+/// cast.
 pub fn layer_norm_last_to_backward(
     dev: &(impl Backend + ?Sized),
     grad: &BufferRef,
     src: &BufferRef,
     affine: LayerNormAffine<'_>,
     spec: &LayerNormSpec,
+    input: InputGradient<'_>,
 ) -> Result<LayerNormGrads> {
-    if grad.dtype() == src.dtype() {
-        return dev.layer_norm_last_backward(grad, src, affine, spec);
+    let mut grads = if grad.dtype() == src.dtype() {
+        dev.layer_norm_last_backward(grad, src, affine, spec)?
+    } else {
+        let wide = dev.cast(grad, &rows(spec), src.dtype())?;
+        dev.layer_norm_last_backward(&wide, src, affine, spec)?
+    };
+    fold_input_gradient(dev, &mut grads, spec, input)?;
+    Ok(grads)
+}
+
+/// What `input` asks of a LayerNorm input's gradient that a backend's kernel did not do: the
+/// accumulated gradient added first (`accumulated + dx`, the autograd walk's order), then the
+/// sum cast.
+pub fn fold_input_gradient(
+    dev: &(impl Backend + ?Sized),
+    grads: &mut LayerNormGrads,
+    spec: &LayerNormSpec,
+    input: InputGradient<'_>,
+) -> Result<()> {
+    let layout = rows(spec);
+    if let Some(accumulated) = input.accumulated {
+        grads.input = dev.binary(BinaryOp::Add, accumulated, &layout, &grads.input, &layout)?;
     }
-    let wide = dev.cast(grad, &rows(spec), src.dtype())?;
-    dev.layer_norm_last_backward(&wide, src, affine, spec)
+    if let Some(dtype) = input.rounded {
+        grads.rounded_input = Some(dev.cast(&grads.input, &layout, dtype)?);
+    }
+    Ok(())
+}
+
+/// `binary_mixed` Add of the residual and the branch, then `layer_norm_last_to` of the sum.
+pub fn add_layer_norm_last_to(
+    dev: &(impl Backend + ?Sized),
+    residual: &BufferRef,
+    branch: &BufferRef,
+    affine: LayerNormAffine<'_>,
+    spec: &LayerNormSpec,
+    out: DType,
+) -> Result<[BufferRef; 2]> {
+    let layout = rows(spec);
+    let sum = dev.binary_mixed(BinaryOp::Add, residual, &layout, branch, &layout)?;
+    let normed = dev.layer_norm_last_to(&sum, affine, spec, out)?;
+    Ok([sum, normed])
 }
 
 /// `binary` after widening the f16/bf16 operand of an f32 and 16-bit pair (`f32_and_half`);

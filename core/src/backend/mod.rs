@@ -22,7 +22,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use communicator::{Communicator, LocalCommunicator, ReduceOp, check_peer, read_whole, write_whole};
-pub use layer_norm::{LayerNormAffine, LayerNormGrads, LayerNormSpec};
+pub use layer_norm::{InputGradient, LayerNormAffine, LayerNormGrads, LayerNormSpec};
 pub use multi_tensor::{AdamOperands, SgdOperands};
 pub use ops::{
     AdamConstants, AdamStep, BatchNormSpec, BiasGeometry, BinaryOp, CausalAttention, CausalSoftmax, CmpOp,
@@ -485,17 +485,34 @@ pub trait Backend: Send + Sync + fmt::Debug {
         mixed::layer_norm_last_to(self, src, affine, spec, out)
     }
     /// The gradients of `layer_norm_last_to` for an output gradient `grad` in its output's dtype
-    /// (f16 or bf16, or `src`'s): the bits of widening `grad` to `src`'s dtype, then
-    /// `layer_norm_last_backward`, which is what the default does. The gradients are in `src`'s
-    /// dtype.
+    /// (f16 or bf16, or `src`'s), with what `input` folds into the input's: the bits of widening
+    /// `grad` to `src`'s dtype, `layer_norm_last_backward`, then `binary` Add of
+    /// `input.accumulated` and the input's gradient and a `cast` of the sum to `input.rounded`,
+    /// which is what the default does. The gradients are in `src`'s dtype.
     fn layer_norm_last_to_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,
         affine: LayerNormAffine<'_>,
         spec: &LayerNormSpec,
+        input: InputGradient<'_>,
     ) -> Result<LayerNormGrads> {
-        mixed::layer_norm_last_to_backward(self, grad, src, affine, spec)
+        mixed::layer_norm_last_to_backward(self, grad, src, affine, spec, input)
+    }
+    /// `residual + branch` over a contiguous `[spec.rows, spec.cols]` and `layer_norm_last_to`
+    /// of that sum, in one pass: `[sum, normed]`. The residual is f32 (or the branch's dtype) and
+    /// the branch f32 or a half type, widened exactly: the bits of `binary_mixed` Add, then
+    /// `layer_norm_last_to` of its result, which is what the default does. A pre-norm
+    /// transformer's residual add and the LayerNorm that reads its result.
+    fn add_layer_norm_last_to(
+        &self,
+        residual: &BufferRef,
+        branch: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<[BufferRef; 2]> {
+        mixed::add_layer_norm_last_to(self, residual, branch, affine, spec, out)
     }
 
     // --- indexing (contiguous `[outer, dim, inner]` views; indices U32) --------------------------

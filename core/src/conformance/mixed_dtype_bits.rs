@@ -1,10 +1,10 @@
 //! A backend's mixed-dtype fusions (`Backend::binary_mixed`, `layer_norm_last_to` and its
-//! backward) against the casts and ops they stand for, on the same device. The contract asks
+//! backward, `add_layer_norm_last_to`) against the casts and ops they stand for, on the same device. The contract asks
 //! for their bits: a run takes whichever path its backend offers, and autocast's results must
 //! not depend on which. The values include NaN, infinities and signed zeros.
 
 use super::bias_act_bits::{bits, values};
-use crate::backend::{BinaryOp, BufferRef, LayerNormAffine, LayerNormSpec};
+use crate::backend::{BinaryOp, BufferRef, InputGradient, LayerNormAffine, LayerNormSpec};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -13,8 +13,10 @@ use crate::tensor::Tensor;
 
 /// Where `device`'s fused mixed-dtype ops differ from the composed ones, one line each, for an
 /// f32 activation and a `half` (f16 or bf16) one: an add and a subtract with the half operand
-/// broadcast along rows (each side first), a LayerNorm rounded to `half`, and its gradients
-/// from a `half` output gradient. Rows past the CPU's parallel threshold.
+/// broadcast along rows (each side first), a LayerNorm rounded to `half`, its gradients from a
+/// `half` output gradient (the residual stream's gradient added and the total rounded to
+/// `half`), and the residual add before a LayerNorm (a `half` branch, and all in f32). Rows past
+/// the CPU's parallel threshold.
 pub fn mixed_dtype_mismatches(device: &Device, half: DType) -> Result<Vec<String>> {
     let (rows, cols) = (600, 300);
     let wide = values(&[rows, cols], 1, DType::F32, device)?;
@@ -84,13 +86,25 @@ pub fn mixed_dtype_mismatches(device: &Device, half: DType) -> Result<Vec<String
     let fused = backend.layer_norm_last_to(x.buffer(), affine, &spec, half)?;
     let composed = backend.cast(&backend.layer_norm_last(x.buffer(), affine, &spec)?, &full, half)?;
     compare(format!("layer_norm_last_to {half}"), &fused, &composed)?;
-    let fused = backend.layer_norm_last_to_backward(grad.buffer(), x.buffer(), affine, &spec)?;
+    // The backward with the residual stream's gradient added and the total rounded to `half`.
+    let accumulated = values(&[rows, cols], 6, DType::F32, device)?;
+    let input = InputGradient {
+        accumulated: Some(accumulated.buffer()),
+        rounded: Some(half),
+    };
+    let fused = backend.layer_norm_last_to_backward(grad.buffer(), x.buffer(), affine, &spec, input)?;
     let wide_grad = backend.cast(grad.buffer(), &full, DType::F32)?;
     let composed = backend.layer_norm_last_backward(&wide_grad, x.buffer(), affine, &spec)?;
+    let total = backend.binary(BinaryOp::Add, accumulated.buffer(), &full, &composed.input, &full)?;
     let parts = [
-        ("input", Some(fused.input), Some(composed.input)),
+        ("input", Some(fused.input), Some(total.clone())),
         ("weight", fused.weight, composed.weight),
         ("bias", fused.bias, composed.bias),
+        (
+            "rounded input",
+            fused.rounded_input,
+            Some(backend.cast(&total, &full, half)?),
+        ),
     ];
     for (what, f, c) in parts {
         let (Some(f), Some(c)) = (f, c) else {
@@ -104,6 +118,24 @@ pub fn mixed_dtype_mismatches(device: &Device, half: DType) -> Result<Vec<String
             &f,
             &c,
         )?;
+    }
+
+    // The residual add before the LayerNorm: a 16-bit branch and its output in `half`, and
+    // all in f32.
+    let branch = values(&[rows, cols], 7, half, device)?;
+    let wide_branch = backend.cast(branch.buffer(), &full, DType::F32)?;
+    for (b, out) in [(branch.buffer(), half), (&wide_branch, DType::F32)] {
+        let [sum, normed] = backend.add_layer_norm_last_to(x.buffer(), b, affine, &spec, out)?;
+        let composed_sum = backend.binary(BinaryOp::Add, x.buffer(), &full, &wide_branch, &full)?;
+        let composed = backend.layer_norm_last(&composed_sum, affine, &spec)?;
+        let composed = if out == DType::F32 {
+            composed
+        } else {
+            backend.cast(&composed, &full, out)?
+        };
+        let what = format!("add_layer_norm_last_to {} + {} to {out}", DType::F32, b.dtype());
+        compare(format!("{what}: the sum"), &sum, &composed_sum)?;
+        compare(format!("{what}: the normalised sum"), &normed, &composed)?;
     }
     Ok(mismatches)
 }

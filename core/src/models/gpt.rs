@@ -156,8 +156,9 @@ pub struct Block {
 impl Block {
     /// `[batch, t, n_embd]` to the same shape, both residual additions included.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward(&self.ln_1.forward_for_product(x)?)?)?;
-        x.add(&self.mlp.forward(&self.ln_2.forward_for_product(&x)?)?)
+        let attended = self.attn.forward(&self.ln_1.forward_for_product(x)?)?;
+        let (x, normed) = self.ln_2.add_forward_for_product(x, &attended)?;
+        x.add(&self.mlp.forward(&normed)?)
     }
 }
 

@@ -42,12 +42,24 @@ impl LayerNorm {
     /// pass over the activation where the backend fuses them (on a device whose fusion has
     /// checked itself: `LOCKSTEP_AUTOCAST_FUSIONS`). Elsewhere, `forward`.
     pub fn forward_for_product(&self, x: &Tensor) -> Result<Tensor> {
-        match crate::autocast::product_input_dtype(x.device()) {
-            // Autocast lowers f32 product inputs only: an f64 LayerNorm's output stays f64.
-            Some(dtype) if self.weight.dtype() == DType::F32 && x.dtype() != DType::F64 => {
-                x.layer_norm_to(Some(&self.weight), Some(&self.bias), self.eps, dtype)
-            }
-            _ => self.forward(x),
+        match self.product_dtype(x) {
+            Some(dtype) => x.layer_norm_to(Some(&self.weight), Some(&self.bias), self.eps, dtype),
+            None => self.forward(x),
         }
+    }
+
+    /// `residual + branch` and `forward_for_product` of that sum, `(sum, normed)`: a pre-norm
+    /// block's residual add and the LayerNorm that reads it, in one pass over the activation
+    /// where the backend fuses them (`Tensor::add_layer_norm`), with the same bits.
+    pub fn add_forward_for_product(&self, residual: &Tensor, branch: &Tensor) -> Result<(Tensor, Tensor)> {
+        let out = self.product_dtype(residual);
+        residual.add_layer_norm(branch, Some(&self.weight), Some(&self.bias), self.eps, out)
+    }
+
+    /// The dtype `forward_for_product` rounds its output to; None where it is `forward`.
+    fn product_dtype(&self, x: &Tensor) -> Option<DType> {
+        // Autocast lowers f32 product inputs only: an f64 LayerNorm's output stays f64.
+        crate::autocast::product_input_dtype(x.device())
+            .filter(|_| self.weight.dtype() == DType::F32 && x.dtype() != DType::F64)
     }
 }

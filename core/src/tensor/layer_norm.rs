@@ -6,7 +6,8 @@
 //! result stays f32, as PyTorch's autocast lists it, otherwise it returns in the input's dtype.
 
 use super::Tensor;
-use crate::backend::{LayerNormAffine, LayerNormSpec};
+use super::add_layer_norm::RoundedBranch;
+use crate::backend::{InputGradient, LayerNormAffine, LayerNormSpec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -34,7 +35,7 @@ impl Tensor {
     }
 
     /// `layer_norm`, its output in `out` (None: the dtype it computes in).
-    fn layer_norm_into(
+    pub(super) fn layer_norm_into(
         &self,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
@@ -64,26 +65,7 @@ impl Tensor {
                 format!("rounds its {} result to f16 or bf16, not {out}", self.dtype()),
             ));
         }
-        let features = *self
-            .dims()
-            .last()
-            .ok_or_else(|| Error::invalid("layer_norm", "needs at least one axis to normalise over"))?;
-        for (what, t) in [("weight", weight), ("bias", bias)] {
-            if let Some(t) = t
-                && t.dims() != [features]
-            {
-                return Err(Error::shape(
-                    "layer_norm",
-                    self.shape(),
-                    t.shape(),
-                    format!("{what} must be [{features}], the input's last axis"),
-                ));
-            }
-        }
-        for t in weight.iter().chain(bias.iter()) {
-            self.same_device("layer_norm", t)?;
-            self.same_dtype("layer_norm", t)?;
-        }
+        let features = self.layer_norm_features(weight, bias)?;
         self.normalize_rows(weight, bias, features, eps, out)
     }
 }
@@ -113,37 +95,99 @@ impl Tensor {
             .backend()
             .layer_norm_last_to(x.buffer(), affine(&weight, &bias), &spec, out)?;
         let out = Tensor::from_buffer(buffer, x.shape().clone(), x.device());
-        let mut inputs = vec![&x];
-        inputs.extend(weight.as_ref());
-        inputs.extend(bias.as_ref());
-        // The input and the `[features]` parameters: the statistics are recomputed.
-        let saved = (
-            x.detach(),
-            weight.as_ref().map(Tensor::detach),
-            bias.as_ref().map(Tensor::detach),
-        );
-        Ok(out.track("layer_norm", &inputs, move |g| {
-            let (x, weight, bias) = &saved;
-            let g = g.contiguous()?;
-            let grads = g
-                .backend()
-                .layer_norm_last_to_backward(g.buffer(), x.buffer(), affine(weight, bias), &spec)?;
-            let device = g.device();
-            let column = |b| Tensor::from_buffer(b, Shape::new(vec![features]), device);
-            let mut out = vec![Some(Tensor::from_buffer(grads.input, g.shape().clone(), device))];
-            if weight.is_some() {
-                out.push(grads.weight.map(column));
+        Ok(track_layer_norm(out, &x, weight, bias, spec, None))
+    }
+}
+
+/// Records `out`, the LayerNorm of the contiguous `x` by `spec`: its backward is one backend
+/// call that also adds the gradient `x`'s other uses delivered first (the residual stream's),
+/// and, given `branch`, rounds that sum for the 16-bit branch of the residual add that produced
+/// `x` (`add_layer_norm`). The input and the `[features]` parameters are saved: the statistics
+/// are recomputed.
+pub(super) fn track_layer_norm(
+    out: Tensor,
+    x: &Tensor,
+    weight: Option<Tensor>,
+    bias: Option<Tensor>,
+    spec: LayerNormSpec,
+    branch: Option<RoundedBranch>,
+) -> Tensor {
+    let mut inputs = vec![x];
+    inputs.extend(weight.as_ref());
+    inputs.extend(bias.as_ref());
+    let saved = (
+        x.detach(),
+        weight.as_ref().map(Tensor::detach),
+        bias.as_ref().map(Tensor::detach),
+    );
+    out.track_absorbing("layer_norm", &inputs, move |g, accumulated| {
+        let (x, weight, bias) = &saved;
+        let g = g.contiguous()?;
+        // Folded into the backward where it is the input's shape and dtype (it always is on a
+        // residual stream); otherwise added after, as the walk would.
+        let accumulated = accumulated.map(|a| a.contiguous()).transpose()?;
+        let (folded, after) = match accumulated {
+            Some(a) if a.dtype() == x.dtype() && a.shape() == x.shape() => (Some(a), None),
+            other => (None, other),
+        };
+        let input = InputGradient {
+            accumulated: folded.as_ref().map(Tensor::buffer),
+            rounded: branch.as_ref().filter(|_| after.is_none()).map(|b| b.dtype),
+        };
+        let grads =
+            g.backend()
+                .layer_norm_last_to_backward(g.buffer(), x.buffer(), affine(weight, bias), &spec, input)?;
+        drop(folded);
+        let device = g.device();
+        let mut dx = Tensor::from_buffer(grads.input, g.shape().clone(), device);
+        if let Some(a) = after {
+            dx = a.add(&dx)?;
+        }
+        if let (Some(branch), Some(rounded)) = (&branch, grads.rounded_input) {
+            branch.keep(&dx, Tensor::from_buffer(rounded, g.shape().clone(), device));
+        }
+        let column = |b| Tensor::from_buffer(b, Shape::new(vec![spec.cols]), device);
+        let mut out = vec![Some(dx)];
+        if weight.is_some() {
+            out.push(grads.weight.map(column));
+        }
+        if bias.is_some() {
+            out.push(grads.bias.map(column));
+        }
+        Ok(out)
+    })
+}
+
+impl Tensor {
+    /// The last axis's length, checking that `weight` and `bias` are `[features]` on this
+    /// tensor's device in its dtype.
+    pub(super) fn layer_norm_features(&self, weight: Option<&Tensor>, bias: Option<&Tensor>) -> Result<usize> {
+        let features = *self
+            .dims()
+            .last()
+            .ok_or_else(|| Error::invalid("layer_norm", "needs at least one axis to normalise over"))?;
+        for (what, t) in [("weight", weight), ("bias", bias)] {
+            if let Some(t) = t
+                && t.dims() != [features]
+            {
+                return Err(Error::shape(
+                    "layer_norm",
+                    self.shape(),
+                    t.shape(),
+                    format!("{what} must be [{features}], the input's last axis"),
+                ));
             }
-            if bias.is_some() {
-                out.push(grads.bias.map(column));
-            }
-            Ok(out)
-        }))
+        }
+        for t in weight.iter().chain(bias.iter()) {
+            self.same_device("layer_norm", t)?;
+            self.same_dtype("layer_norm", t)?;
+        }
+        Ok(features)
     }
 }
 
 /// The backend's view of the affine parameters.
-fn affine<'a>(weight: &'a Option<Tensor>, bias: &'a Option<Tensor>) -> LayerNormAffine<'a> {
+pub(super) fn affine<'a>(weight: &'a Option<Tensor>, bias: &'a Option<Tensor>) -> LayerNormAffine<'a> {
     LayerNormAffine {
         weight: weight.as_ref().map(Tensor::buffer),
         bias: bias.as_ref().map(Tensor::buffer),

@@ -2,6 +2,7 @@
 //! autograd bookkeeping. Not generic: the backend is whatever device the tensor lives on.
 
 mod adaptive_pool;
+mod add_layer_norm;
 mod attention;
 mod batch_norm;
 mod bias_act;
@@ -22,7 +23,7 @@ pub(crate) use elementwise::unary_grad;
 pub(crate) use nn_ops::{BatchStats, BatchStatsFn, Running};
 pub use nn_ops::{Conv2dOptions, Pool2dOptions};
 
-use crate::autograd::{self, BackwardFn, Edge, Node, Window};
+use crate::autograd::{self, Backward, Edge, Node, Window};
 use crate::backend::{Backend, BufferRef, Distribution};
 use crate::device::Device;
 use crate::dtype::{DType, Element, HostVec};
@@ -503,7 +504,18 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
-        self.track_node(name, inputs, None, backward)
+        self.track_node(name, inputs, None, Backward::Maps(Box::new(backward)))
+    }
+
+    /// As `track`, `backward` also handed the gradient the first input's other uses had
+    /// delivered when it runs (None if none had): the first gradient it returns must include it.
+    pub(crate) fn track_absorbing(
+        self,
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: impl FnOnce(&Tensor, Option<Tensor>) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
+        self.track_node(name, inputs, None, Backward::Absorbs(Box::new(backward)))
     }
 
     /// As `track`, for a narrow view of `input` at `window`: the backward walk may join the
@@ -515,16 +527,10 @@ impl Tensor {
         window: Window,
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
-        self.track_node(name, &[input], Some(window), backward)
+        self.track_node(name, &[input], Some(window), Backward::Maps(Box::new(backward)))
     }
 
-    fn track_node(
-        self,
-        name: &'static str,
-        inputs: &[&Tensor],
-        window: Option<Window>,
-        backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
-    ) -> Tensor {
+    fn track_node(self, name: &'static str, inputs: &[&Tensor], window: Option<Window>, backward: Backward) -> Tensor {
         if !autograd::is_grad_enabled() {
             autograd::capture::note(inputs);
             return self;
@@ -540,7 +546,7 @@ impl Tensor {
                 (None, false) => Edge::None,
             })
             .collect();
-        let node = Node::new(name, edges, window, Box::new(backward) as BackwardFn);
+        let node = Node::new(name, edges, window, backward);
         let inner = Arc::try_unwrap(self.0).unwrap_or_else(|shared| Inner {
             id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
             buffer: shared.buffer.clone(),

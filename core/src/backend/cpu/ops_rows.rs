@@ -102,6 +102,7 @@ pub(super) fn layer_norm_last_backward(
         input: dev.wrap("layer_norm_last_backward", dx)?,
         weight: None,
         bias: None,
+        rounded_input: None,
     };
     if let Some(sums) = sums {
         let wrap = |values: &[f64]| dev.wrap("layer_norm_last_backward", HostVec::from_f64(dtype, values));

@@ -182,8 +182,49 @@ fn layer_norm_to_case(label: &str, input: Input) -> Case {
     .oracle(|x| vec![layer_norm(&x[0], Some(&x[1]), Some(&x[2]), 1e-5)])
 }
 
+/// `add_layer_norm/{label}`: the f32 residual stream plus a branch in the dtype under test
+/// (read as it is, under autocast to it), and the sum's LayerNorm in that dtype: a pre-norm
+/// block's residual add and the LayerNorm after it. Both the sum and the normalised sum are
+/// outputs, so the sum's gradient comes from two uses. In f32 everything is f32. The reference
+/// adds and normalises in f64.
+fn add_layer_norm_case(label: &str, residual: Input, branch: Input) -> Case {
+    let features = *residual.logical_shape().last().unwrap();
+    Case::new(
+        format!("add_layer_norm/{label}"),
+        &["add_layer_norm_last_to", "layer_norm_last_to_backward"],
+        |ctx, x| {
+            let [r, w, b] = [&x[0], &x[2], &x[3]].map(|t| ctx.widened(t));
+            let (r, w, b) = (r?, w?, b?);
+            let half = matches!(ctx.dtype, DType::F16 | DType::BF16).then_some(ctx.dtype);
+            let run = || {
+                let (sum, normed) = r.add_layer_norm(&x[1], Some(&w), Some(&b), 1e-5, half)?;
+                Ok(vec![sum, normed])
+            };
+            match half {
+                Some(dtype) => crate::autocast::autocast(dtype, run),
+                None => run(),
+            }
+        },
+    )
+    .input(residual)
+    .input(branch)
+    .input(Input::float("weight", [features], u()))
+    .input(Input::float("bias", [features], u()))
+    .tol_scale(4.0)
+    .oracle(|x| {
+        let sum = x[0].zip(&x[1], |a, b| a + b);
+        let normed = layer_norm(&sum, Some(&x[2]), Some(&x[3]), 1e-5);
+        vec![sum, normed]
+    })
+}
+
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
+    let shapes: [(&str, &[usize]); 3] = [("wide", &[6, 300]), ("3d", &[2, 3, 8]), ("odd_columns", &[5, 7])];
+    for (label, shape) in shapes {
+        let input = |name| Input::float(name, shape.to_vec(), u());
+        cases.push(add_layer_norm_case(label, input("residual"), input("branch")));
+    }
     for (label, input) in [
         ("wide", Input::float("x", [6, 300], u())),
         ("many_rows", Input::float("x", [45, 300], u()).transposed()),
