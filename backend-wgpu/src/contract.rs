@@ -280,6 +280,16 @@ impl Backend for WgpuBackend {
     ) -> Result<LayerNormGrads> {
         self.layer_norm_backward(grad, src, affine, spec, input)
     }
+    fn add_layer_norm_last_to(
+        &self,
+        residual: &BufferRef,
+        branch: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<[BufferRef; 2]> {
+        self.add_layer_norm_forward(residual, branch, affine, spec, out)
+    }
 
     fn index_select(
         &self,

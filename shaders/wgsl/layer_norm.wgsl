@@ -7,12 +7,17 @@
 // sums the chunks in order.
 // `layer_norm_to_bf16` writes an f32 LayerNorm's output as bf16 words (two columns a word, so
 // an even number of columns: a row then starts on a word), the bits of `layer_norm` then a
-// narrowing cast; with flag 8 the backward pass reads its output gradient from bf16 words
+// narrowing cast; with flag 8 the operand at `grad`'s bindings is read from bf16 words
 // (`grad_words`, widened exactly) instead of `grad`.
+// With flag 16 the forward entries normalise the residual add `src + branch` (the branch at
+// `grad`'s bindings: Backend::add_layer_norm_last_to) and write that sum to `sum`; with flag 32
+// the backward pass adds `accumulated` (the gradient the input's other uses delivered) to the
+// input's gradient, rounded once as a separate add would.
 // params: [rows, cols, eps (f32 bits), group, flags, rows per chunk, chunks]
 // flags: 1 a weight, 2 a bias (an absent one's binding holds the input, never read), 4 the
-// backward pass sums the columns into `parts`, 8 the output gradient is bf16 (`grad` then holds
-// the input, never read; otherwise `grad_words` holds `grad`, never read).
+// backward pass sums the columns into `parts`, 8 `grad` is bf16 (`grad` then holds the input,
+// never read; otherwise `grad_words` holds `grad`, never read), 16 a branch added, 32 a gradient
+// accumulated (unread bindings hold the input, or a one-element buffer where written).
 
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read> grad: array<T>;
@@ -25,11 +30,15 @@
 @group(0) @binding(8) var<storage, read_write> dbias: array<T>;
 @group(0) @binding(9) var<storage, read_write> out_words: array<u32>;
 @group(0) @binding(10) var<storage, read> grad_words: array<u32>;
+@group(0) @binding(11) var<storage, read_write> sum: array<T>;
+@group(0) @binding(12) var<storage, read> accumulated: array<T>;
 
 const HAS_WEIGHT: u32 = 1u;
 const HAS_BIAS: u32 = 2u;
 const SUMS_COLUMNS: u32 = 4u;
 const GRAD_BF16: u32 = 8u;
+const ADDS_BRANCH: u32 = 16u;
+const ACCUMULATES: u32 = 32u;
 
 // The sum of the values of lid's group, returned to each of its invocations.
 fn total(lid: u32, lane: u32, value: f32) -> f32 {
@@ -41,12 +50,12 @@ fn statistics(lid: u32, lane: u32, base: u32, cols: u32, eps: f32) -> vec2<f32> 
     let group = params[3];
     var local = 0.0;
     for (var c = lane; c < cols; c += group) {
-        local += f32(src[base + c]);
+        local += x_at(base + c);
     }
     let mean = total(lid, lane, local) / f32(cols);
     var squares = 0.0;
     for (var c = lane; c < cols; c += group) {
-        let d = f32(src[base + c]) - mean;
+        let d = x_at(base + c) - mean;
         squares += d * d;
     }
     return vec2<f32>(mean, inverseSqrt(total(lid, lane, squares) / f32(cols) + eps));
@@ -76,21 +85,37 @@ fn row_of(wid: vec3<u32>, groups: vec3<u32>, lid: u32) -> RowAt {
     return RowAt(s.index, base, s.lane, statistics(lid, s.lane, base, params[1], bitcast<f32>(params[2])));
 }
 
-// Column c of the row at `base` normalised, scaled and shifted.
+// Column c of the row at `base` normalised, scaled and shifted; with a branch added, the sum
+// written to `sum` too (by the one invocation that owns the column).
 fn normalized(base: u32, c: u32, stats: vec2<f32>) -> f32 {
-    var y = (f32(src[base + c]) - stats.x) * stats.y * scale(c);
+    let x = x_at(base + c);
+    if ((params[4] & ADDS_BRANCH) != 0u) {
+        sum[base + c] = T(x);
+    }
+    var y = (x - stats.x) * stats.y * scale(c);
     if ((params[4] & HAS_BIAS) != 0u) {
         y += f32(bias[c]);
     }
     return y;
 }
 
-// Element i of the output gradient, from `grad` or from bf16 words.
+// Element i of the operand at `grad`'s bindings (the output gradient, or the residual branch),
+// from `grad` or from bf16 words.
 fn grad_at(i: u32) -> f32 {
     if ((params[4] & GRAD_BF16) != 0u) {
         return bf16_at(grad_words[i >> 1u], i);
     }
     return f32(grad[i]);
+}
+
+// Element i of the rows normalised: `src`, or with a branch the residual add `src + branch`,
+// rounded to T as the add stores it.
+fn x_at(i: u32) -> f32 {
+    let x = f32(src[i]);
+    if ((params[4] & ADDS_BRANCH) == 0u) {
+        return x;
+    }
+    return f32(T(x + grad_at(i)));
 }
 
 @compute @workgroup_size(256)
@@ -160,7 +185,11 @@ fn layer_norm_backward(
             for (var c = s.lane; c < cols; c += group) {
                 let g = grad_at(base + c);
                 let normed = (f32(src[base + c]) - stats.x) * stats.y;
-                out[base + c] = T(stats.y * (g * scale(c) - gw_mean - normed * gwn_mean));
+                var dx = f32(T(stats.y * (g * scale(c) - gw_mean - normed * gwn_mean)));
+                if ((params[4] & ACCUMULATES) != 0u) {
+                    dx = f32(accumulated[base + c]) + dx;
+                }
+                out[base + c] = T(dx);
                 if (sums) {
                     // The chunk's first row starts its sums.
                     let at = chunk * cols + c;

@@ -1,8 +1,9 @@
 //! layer_norm_last with its affine part and its gradients (layer_norm.wgsl): a group of
-//! invocations per row forward, one dispatch; backward a group per chunk of rows writes the
-//! input's gradient and the chunk's column sums, and with a weight or bias a second dispatch sums
-//! the chunks in order (`gpu_plan::layer_norm_chunk_rows`, so every GPU sums in the same order). bf16
-//! runs on f32 copies.
+//! invocations per row forward, one dispatch (also with the residual add before it:
+//! add_layer_norm); backward a group per chunk of rows writes the input's gradient (the input's
+//! other uses' gradient added, where given) and the chunk's column sums, and with a weight or
+//! bias a second dispatch sums the chunks in order (`gpu_plan::layer_norm_chunk_rows`, so every
+//! GPU sums in the same order). bf16 runs on f32 copies.
 
 use lockstep_core::backend::gpu_plan::{layer_norm_chunk_rows, layer_norm_flags};
 use lockstep_core::backend::{BufferRef, InputGradient, LayerNormAffine, LayerNormGrads, LayerNormSpec, mixed};
@@ -12,8 +13,12 @@ use lockstep_core::{DType, Result};
 use crate::backend::{WgpuBackend, to_u32};
 use crate::pipelines::Variant;
 
-/// The shader's flag for an output gradient in bf16 words (after `layer_norm_flags`' bits).
+/// The shader's flags after `layer_norm_flags`' bits: the operand at the gradient's bindings
+/// (the output gradient, or the residual branch) in bf16 words; a residual branch added before
+/// the LayerNorm; an accumulated gradient added to the input's.
 const GRAD_BF16: u32 = 8;
+const ADDS_BRANCH: u32 = 16;
+const ACCUMULATES: u32 = 32;
 
 /// The shader's params: `[rows, cols, eps (f32 bits), group, flags, rows per chunk, chunks]`.
 fn params(op: &'static str, spec: &LayerNormSpec, group: u32, flags: u32, chunk_rows: usize) -> Result<[u32; 7]> {
@@ -55,26 +60,92 @@ impl WgpuBackend {
             let out = self.layer_norm_forward(&src, wide, spec, DType::F32)?;
             return self.rounded(OP, out);
         }
-        let (rows, cols) = (spec.rows, spec.cols);
-        let x = self.operand(OP, src, Some(&Layout::contiguous([rows, cols])))?;
-        let t = self.float_type(OP, x.dtype())?;
-        let out = self.alloc(OP, out, rows * cols)?;
-        if rows * cols == 0 {
-            return Ok(out);
+        self.normalize_rows(OP, src, None, affine, spec, out, to_bf16)
+            .map(|(_, out)| out)
+    }
+
+    /// `Backend::add_layer_norm_last_to`: an f32 residual plus an f32 or bf16 branch (read as
+    /// it is), the sum and its LayerNorm (f32, or bf16 words where rows are whole words) by one
+    /// dispatch; other combinations composed.
+    pub(crate) fn add_layer_norm_forward(
+        &self,
+        residual: &BufferRef,
+        branch: &BufferRef,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+    ) -> Result<[BufferRef; 2]> {
+        const OP: &str = "add_layer_norm";
+        affine.check(OP, residual, spec)?;
+        let to_bf16 = match out {
+            DType::F32 => false,
+            DType::BF16 if spec.cols.is_multiple_of(2) => true,
+            _ => return mixed::add_layer_norm_last_to(self, residual, branch, affine, spec, out),
+        };
+        if residual.dtype() != DType::F32 || !matches!(branch.dtype(), DType::F32 | DType::BF16) {
+            return mixed::add_layer_norm_last_to(self, residual, branch, affine, spec, out);
         }
-        let (group, workgroups) = self.row_groups(OP, rows, cols)?;
-        let p = params(OP, spec, group, layer_norm_flags(&affine, false), 1)?;
-        // An absent part's binding holds the input, which the shader then never reads.
-        let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
-        let bias = self.operand(OP, affine.bias.unwrap_or(src), None)?;
+        let (sum, normed) = self.normalize_rows(OP, residual, Some(branch), affine, spec, out, to_bf16)?;
+        let sum = sum.ok_or_else(|| lockstep_core::Error::invalid(OP, "the dispatch wrote no sum"))?;
+        Ok([sum, normed])
+    }
+
+    /// One forward dispatch over the rows of the f32 (or f16) `src`, plus `branch` where given
+    /// (then also returning the sum), its output in `out` (as bf16 words with `to_bf16`).
+    #[allow(clippy::too_many_arguments)] // the operands of the fused forward, each optional part apart
+    fn normalize_rows(
+        &self,
+        op: &'static str,
+        src: &BufferRef,
+        branch: Option<&BufferRef>,
+        affine: LayerNormAffine<'_>,
+        spec: &LayerNormSpec,
+        out: DType,
+        to_bf16: bool,
+    ) -> Result<(Option<BufferRef>, BufferRef)> {
+        let (rows, cols) = (spec.rows, spec.cols);
+        let layout = Layout::contiguous([rows, cols]);
+        let x = self.operand(op, src, Some(&layout))?;
+        let b = branch.map(|b| self.operand(op, b, Some(&layout))).transpose()?;
+        let t = self.float_type(op, x.dtype())?;
+        let out = self.alloc(op, out, rows * cols)?;
+        let sum = b.map(|_| self.alloc(op, x.dtype(), rows * cols)).transpose()?;
+        if rows * cols == 0 {
+            return Ok((sum.map(|s| s as BufferRef), out as BufferRef));
+        }
+        let (group, workgroups) = self.row_groups(op, rows, cols)?;
+        let branch_bf16 = b.is_some_and(|b| b.dtype() == DType::BF16);
+        let flags = layer_norm_flags(&affine, false)
+            | if b.is_some() { ADDS_BRANCH } else { 0 }
+            | if branch_bf16 { GRAD_BF16 } else { 0 };
+        let p = params(op, spec, group, flags, 1)?;
+        // An absent part's binding holds the input, which the shader then never reads; the
+        // branch sits at the gradient's bindings (its words, or its values), and an unwritten
+        // sum's binding holds the output.
+        let weight = self.operand(op, affine.weight.unwrap_or(src), None)?;
+        let bias = self.operand(op, affine.bias.unwrap_or(src), None)?;
+        let (values, words) = match b {
+            Some(b) if branch_bf16 => (x, b),
+            Some(b) => (b, b),
+            None => (x, x),
+        };
         let (entry, out_binding) = if to_bf16 {
             ("layer_norm_to_bf16", 9)
         } else {
             ("layer_norm", 3)
         };
-        let bindings = [(1, x), (4, weight), (5, bias), (out_binding, &out)];
+        let written_sum = sum.as_deref().unwrap_or(&*out);
+        let bindings = [
+            (1, x),
+            (2, values),
+            (10, words),
+            (4, weight),
+            (5, bias),
+            (out_binding, &*out),
+            (11, written_sum),
+        ];
         self.launch(&Variant::new("layer_norm", entry, &[t]), &p, &bindings, workgroups)?;
-        Ok(out as BufferRef)
+        Ok((sum.map(|s| s as BufferRef), out as BufferRef))
     }
 
     /// `Backend::layer_norm_last_to_backward` (and `layer_norm_last_backward`, `input` empty):
@@ -87,19 +158,28 @@ impl WgpuBackend {
         spec: &LayerNormSpec,
         input: InputGradient<'_>,
     ) -> Result<LayerNormGrads> {
-        let mut grads = self.layer_norm_own_backward(grad, src, affine, spec)?;
-        mixed::fold_input_gradient(self, &mut grads, spec, input)?;
+        // The dispatch adds an accumulated gradient to an f32 input's; the rest is composed.
+        let folded = input
+            .accumulated
+            .filter(|a| a.dtype() == DType::F32 && src.dtype() == DType::F32);
+        let mut grads = self.layer_norm_own_backward(grad, src, affine, spec, folded)?;
+        let rest = InputGradient {
+            accumulated: input.accumulated.filter(|_| folded.is_none()),
+            rounded: input.rounded,
+        };
+        mixed::fold_input_gradient(self, &mut grads, spec, rest)?;
         Ok(grads)
     }
 
-    /// LayerNorm's gradients: a bf16 output gradient of an f32 input widened in the same
-    /// dispatch; other pairs composed.
+    /// LayerNorm's gradients, `accumulated` added to the input's: a bf16 output gradient of an
+    /// f32 input widened in the same dispatch; other pairs composed.
     fn layer_norm_own_backward(
         &self,
         grad: &BufferRef,
         src: &BufferRef,
         affine: LayerNormAffine<'_>,
         spec: &LayerNormSpec,
+        accumulated: Option<&BufferRef>,
     ) -> Result<LayerNormGrads> {
         const OP: &str = "layer_norm_last_backward";
         let grad_bf16 = match (src.dtype(), grad.dtype()) {
@@ -112,7 +192,11 @@ impl WgpuBackend {
                 false
             }
             _ => {
-                return mixed::layer_norm_last_to_backward(self, grad, src, affine, spec, InputGradient::default());
+                let input = InputGradient {
+                    accumulated,
+                    rounded: None,
+                };
+                return mixed::layer_norm_last_to_backward(self, grad, src, affine, spec, input);
             }
         };
         if src.dtype() == DType::BF16 {
@@ -122,7 +206,7 @@ impl WgpuBackend {
                 weight: weight.as_ref(),
                 bias: bias.as_ref(),
             };
-            let grads = self.layer_norm_own_backward(&grad, &src, wide, spec)?;
+            let grads = self.layer_norm_own_backward(&grad, &src, wide, spec, None)?;
             let round = |b: Option<BufferRef>| b.map(|b| self.rounded(OP, b)).transpose();
             return Ok(LayerNormGrads {
                 input: self.rounded(OP, grads.input)?,
@@ -150,7 +234,10 @@ impl WgpuBackend {
         let chunk_rows = layer_norm_chunk_rows(&affine, rows);
         let chunks = rows.div_ceil(chunk_rows);
         let (group, workgroups) = self.row_groups(OP, chunks, cols)?;
-        let flags = layer_norm_flags(&affine, true) | if grad_bf16 { GRAD_BF16 } else { 0 };
+        let accumulated = accumulated.map(|a| self.operand(OP, a, Some(&layout))).transpose()?;
+        let flags = layer_norm_flags(&affine, true)
+            | if grad_bf16 { GRAD_BF16 } else { 0 }
+            | if accumulated.is_some() { ACCUMULATES } else { 0 };
         let p = params(OP, spec, group, flags, chunk_rows)?;
         let parts = self.alloc(OP, DType::F32, if sums { 2 * chunks * cols } else { 1 })?;
         let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
@@ -164,6 +251,7 @@ impl WgpuBackend {
             (4, weight),
             (3, &*dx),
             (6, &*parts),
+            (12, accumulated.unwrap_or(x)),
         ];
         self.launch(&entry("layer_norm_backward"), &p, &bindings, workgroups)?;
         if !sums {
