@@ -156,9 +156,17 @@ pub struct Block {
 impl Block {
     /// `[batch, t, n_embd]` to the same shape, both residual additions included.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let attended = self.attn.forward(&self.ln_1.forward_for_product(x)?)?;
+        let (residual, branch) = self.forward_unsummed(x, &self.ln_1.forward_for_product(x)?)?;
+        residual.add(&branch)
+    }
+
+    /// The block on `x`, given `ln_1`'s output on it, its last residual add left to the caller:
+    /// `(residual, branch)`, whose sum is `forward(x)`, so that the next LayerNorm takes the add
+    /// in its own pass (`LayerNorm::add_forward_for_product`).
+    fn forward_unsummed(&self, x: &Tensor, normed: &Tensor) -> Result<(Tensor, Tensor)> {
+        let attended = self.attn.forward(normed)?;
         let (x, normed) = self.ln_2.add_forward_for_product(x, &attended)?;
-        x.add(&self.mlp.forward(&normed)?)
+        Ok((x, self.mlp.forward(&normed)?))
     }
 }
 
@@ -183,10 +191,22 @@ impl Transformer {
     /// the head's input: under autocast already in the region's dtype.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let mut x = embed(&self.wte, &self.wpe, &self.drop, ids)?;
-        for block in &self.h {
-            x = Module::forward(block, &x)?;
+        let Some(first) = self.h.first().filter(|_| !self.h.iter().any(|b| b.enabled)) else {
+            // Checkpointed blocks are recomputed from their input alone: each ends in its add.
+            for block in &self.h {
+                x = Module::forward(block, &x)?;
+            }
+            return self.ln_f.forward_for_product(&x);
+        };
+        // Each block's last residual add is taken by the LayerNorm after it (the next block's
+        // `ln_1`, or `ln_f`) in its own pass: the same bits as `Block::forward` in turn.
+        let mut normed = first.inner.ln_1.forward_for_product(&x)?;
+        for (i, block) in self.h.iter().enumerate() {
+            let (residual, branch) = block.inner.forward_unsummed(&x, &normed)?;
+            let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.inner.ln_1);
+            (x, normed) = next.add_forward_for_product(&residual, &branch)?;
         }
-        self.ln_f.forward_for_product(&x)
+        Ok(normed)
     }
 }
 

@@ -182,15 +182,15 @@ fn layer_norm_to_case(label: &str, input: Input) -> Case {
     .oracle(|x| vec![layer_norm(&x[0], Some(&x[1]), Some(&x[2]), 1e-5)])
 }
 
-/// `add_layer_norm/{label}`: the f32 residual stream plus a branch in the dtype under test
-/// (read as it is, under autocast to it), and the sum's LayerNorm in that dtype: a pre-norm
+/// `add_layer_norm_last_to/{label}`: the f32 residual stream plus a branch in the dtype under
+/// test (read as it is, under autocast to it), and the sum's LayerNorm in that dtype: a pre-norm
 /// block's residual add and the LayerNorm after it. Both the sum and the normalised sum are
 /// outputs, so the sum's gradient comes from two uses. In f32 everything is f32. The reference
 /// adds and normalises in f64.
 fn add_layer_norm_case(label: &str, residual: Input, branch: Input) -> Case {
     let features = *residual.logical_shape().last().unwrap();
     Case::new(
-        format!("add_layer_norm/{label}"),
+        format!("add_layer_norm_last_to/{label}"),
         &["add_layer_norm_last_to", "layer_norm_last_to_backward"],
         |ctx, x| {
             let [r, w, b] = [&x[0], &x[2], &x[3]].map(|t| ctx.widened(t));
