@@ -5,7 +5,9 @@
 //! `backward()` walks the nodes in reverse topological order. A node's closure and saved tensors
 //! are dropped as soon as it has run, so intermediate buffers are freed during the walk (and a
 //! second `backward` through the same graph is an error, as in PyTorch). Gradients accumulate in
-//! the `.grad` of leaf tensors created with `requires_grad` until `zero_grad`.
+//! the `.grad` of leaf tensors created with `requires_grad` until `zero_grad`. A node may absorb
+//! (`Backward::Absorbs`): it is handed the gradient its first input's other uses delivered and
+//! returns the sum, so a backend adds the two in the pass that computes its own share.
 
 use std::cell::Cell;
 use std::collections::HashMap;
