@@ -48,6 +48,23 @@ FOR_FLOATS(BINARY)
     }
 BINARY_MIXED(f16, f16) BINARY_MIXED(bf16, bf16)
 
+// The elements of a contiguous [outer, channels, inner] (n of them) with each one's channel, in
+// rows that grid y walks and grid x covers (a rows_grid launch): with inner 1 (a linear layer's
+// [rows, channels]) a row is an outer index and its columns the channels; else a row is one
+// channel's `inner` elements, its channel found once a row. No thread divides per element.
+template <typename F>
+__device__ __forceinline__ void for_each_biased(u32 n, u32 channels, u32 inner, F f) {
+    bool per_column = inner == 1;
+    u32 cols = per_column ? channels : inner;
+    u32 rows = n / cols;
+    for (u32 row = blockIdx.y; row < rows; row += gridDim.y) {
+        u32 row_channel = per_column ? 0 : row % channels;
+        for (u32 col = blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += blockDim.x * gridDim.x) {
+            f(row * cols + col, per_column ? col : row_channel);
+        }
+    }
+}
+
 // out[o, c, i] = act(src[o, c, i] + bias[c]) over a contiguous [outer, channels, inner];
 // act = NO_ACT for the bias alone.
 #define NO_ACT 0xffffffffu
@@ -55,10 +72,10 @@ BINARY_MIXED(f16, f16) BINARY_MIXED(bf16, bf16)
     extern "C" __global__ void bias_act_##suffix(T* out, const T* src, const T* bias, u32 n,      \
                                                  u32 channels, u32 inner, u32 act, float p0,      \
                                                  float p1) {                                      \
-        FOR_EACH(i, n) {                                                                          \
-            float pre = to_f32(src[i]) + to_f32(bias[(i / inner) % channels]);                    \
+        for_each_biased(n, channels, inner, [&](u32 i, u32 c) {                                   \
+            float pre = to_f32(src[i]) + to_f32(bias[c]);                                         \
             out[i] = from_f32<T>(act == NO_ACT ? pre : apply_unary(act, pre, p0, p1));            \
-        }                                                                                         \
+        });                                                                                       \
     }
 FOR_FLOATS(BIAS_ACT)
 
@@ -70,11 +87,11 @@ FOR_FLOATS(BIAS_ACT)
                                                       const T* bias, u32 n, u32 channels,         \
                                                       u32 inner, u32 derivative, float p0,        \
                                                       float p1) {                                 \
-        FOR_EACH(i, n) {                                                                          \
-            float pre = stored<T>(to_f32(src[i]) + to_f32(bias[(i / inner) % channels]));         \
+        for_each_biased(n, channels, inner, [&](u32 i, u32 c) {                                   \
+            float pre = stored<T>(to_f32(src[i]) + to_f32(bias[c]));                              \
             float slope = stored<T>(apply_unary(derivative, pre, p0, p1));                        \
             out[i] = from_f32<T>(to_f32(grad[i]) * slope);                                        \
-        }                                                                                         \
+        });                                                                                       \
     }
 FOR_FLOATS(BIAS_ACT_GRAD)
 

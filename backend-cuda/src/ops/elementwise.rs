@@ -1,5 +1,6 @@
 //! unary, binary, bias_act and its gradient, compare and where_cond (elementwise.cu).
 
+use cudarc::driver::LaunchConfig;
 use lockstep_core::backend::{
     BackendBuffer, BiasGeometry, BinaryOp, BufferRef, CmpOp, UnaryOp, check_one_shape, mixed,
 };
@@ -124,7 +125,7 @@ impl CudaBackend {
         };
         if !g.is_empty() {
             let [n, channels, inner] = sizes;
-            launch!(&self.gpu, entry, self.gpu.grid(g.len());
+            launch!(&self.gpu, entry, self.bias_grid(g);
                 &out.ptr, &s.ptr, &b.ptr, &n, &channels, &inner, &act_index, &p0, &p1);
         }
         Ok(out)
@@ -148,10 +149,19 @@ impl CudaBackend {
         let (p0, p1) = unary_params(derivative);
         if !g.is_empty() {
             let [n, channels, inner] = sizes;
-            launch!(&self.gpu, entry, self.gpu.grid(g.len());
+            launch!(&self.gpu, entry, self.bias_grid(g);
                 &out.ptr, &dy.ptr, &s.ptr, &b.ptr, &n, &channels, &inner, &unary_index(derivative), &p0, &p1);
         }
         Ok(out)
+    }
+
+    /// The grid of a bias kernel (`for_each_biased` in elementwise.cu): rows of the channels of
+    /// one outer index where `inner` is 1, else rows of one channel's `inner` elements.
+    fn bias_grid(&self, g: BiasGeometry) -> LaunchConfig {
+        match g.inner.max(1) {
+            1 => self.gpu.rows_grid(g.outer, g.channels),
+            inner => self.gpu.rows_grid(g.outer * g.channels, inner),
+        }
     }
 
     /// The input and the bias of a bias op (this device, one dtype, holding `g`'s view) and the
