@@ -230,5 +230,6 @@ fn rank(d: DType) -> u8 {
 }
 
 mod fusions;
+pub(crate) use fusions::switched_off as fusions_switched_off;
 #[cfg(test)]
 mod tests;

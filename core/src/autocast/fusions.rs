@@ -11,18 +11,23 @@ use std::sync::{Mutex, OnceLock};
 use crate::device::Device;
 use crate::dtype::DType;
 
-/// Whether autocast may take `device`'s fusions for the 16-bit dtype `half`.
-pub(crate) fn fusions_on(device: &Device, half: DType) -> bool {
+/// Whether `LOCKSTEP_AUTOCAST_FUSIONS=off` composes every fusion (read once). LayerNorm's
+/// backward then leaves the residual stream's gradient to the autograd walk's add as well.
+pub(crate) fn switched_off() -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| match std::env::var("LOCKSTEP_AUTOCAST_FUSIONS").as_deref() {
+    *OFF.get_or_init(|| match std::env::var("LOCKSTEP_AUTOCAST_FUSIONS").as_deref() {
         Ok("off") => true,
         Ok("on") | Err(_) => false,
         Ok(other) => {
             eprintln!("lockstep: LOCKSTEP_AUTOCAST_FUSIONS={other:?} is neither \"on\" nor \"off\"; ignored");
             false
         }
-    });
-    if off {
+    })
+}
+
+/// Whether autocast may take `device`'s fusions for the 16-bit dtype `half`.
+pub(crate) fn fusions_on(device: &Device, half: DType) -> bool {
+    if switched_off() {
         return false;
     }
     // Each device and dtype checked so far, with the verdict: a few entries, searched by the

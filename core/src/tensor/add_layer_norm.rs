@@ -65,7 +65,8 @@ impl Tensor {
     }
 
     /// Whether `add_layer_norm` of these operands is one backend call: the operands and the
-    /// output in dtypes the backends fuse (others compose, and report what is wrong).
+    /// output in dtypes the backends fuse (others compose, and report what is wrong), unless
+    /// `LOCKSTEP_AUTOCAST_FUSIONS=off` composes every fusion.
     fn fuses_residual_add(
         &self,
         branch: &Tensor,
@@ -74,7 +75,7 @@ impl Tensor {
         out: Option<DType>,
     ) -> bool {
         let branch_dtype_fuses = match branch.dtype() {
-            DType::F32 => true,
+            DType::F32 => !crate::autocast::fusions_switched_off(),
             DType::F16 | DType::BF16 => crate::autocast::widens_in_place(self, branch),
             _ => false,
         };

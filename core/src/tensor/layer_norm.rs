@@ -124,10 +124,13 @@ pub(super) fn track_layer_norm(
         let (x, weight, bias) = &saved;
         let g = g.contiguous()?;
         // Folded into the backward where it is the input's shape and dtype (it always is on a
-        // residual stream); otherwise added after, as the walk would.
+        // residual stream); otherwise, or with autocast's fusions switched off to compare,
+        // added after, as the walk would.
         let accumulated = accumulated.map(|a| a.contiguous()).transpose()?;
         let (folded, after) = match accumulated {
-            Some(a) if a.dtype() == x.dtype() && a.shape() == x.shape() => (Some(a), None),
+            Some(a) if a.dtype() == x.dtype() && a.shape() == x.shape() && !crate::autocast::fusions_switched_off() => {
+                (Some(a), None)
+            }
             other => (None, other),
         };
         let input = InputGradient {
