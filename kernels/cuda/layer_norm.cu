@@ -73,7 +73,7 @@ __device__ __forceinline__ void layer_norm_rows(TO* out, const T* src, const T* 
 
 // `residual + branch` (the branch widened exactly, the sum rounded to T as the binary add
 // stores it) written to `sum`, and its LayerNorm to `out`, a group per row: the statistics are
-// taken from the sums as they would be read back, and the sum is read from memory once.
+// taken from the sums as they would be read back, and the sum is written once, never read.
 template <typename T, typename TB, typename TO>
 __device__ __forceinline__ void add_layer_norm_rows(T* sum, TO* out, const T* residual, const TB* branch,
                                                     const T* weight, const T* bias, u32 rows, u32 cols, float eps,

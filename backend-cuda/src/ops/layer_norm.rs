@@ -145,7 +145,6 @@ impl CudaBackend {
         let rounds = input.rounded == Some(grad.dtype()) && grad.dtype() != src.dtype();
         let sums_entry = entry_points::LAYER_NORM_COLUMN_SUMS.of(OP, s.dtype())?;
         let dx = self.output(s.dtype(), rows * cols)?;
-        let rounded = rounds.then(|| self.output(grad.dtype(), rows * cols)).transpose()?;
         let sums = affine.any();
         if rows * cols == 0 {
             let mut grads = LayerNormGrads::of_empty(dx, &affine, || self.fill(s.dtype(), cols, 0.0))?;
@@ -156,6 +155,7 @@ impl CudaBackend {
         let chunk_rows = layer_norm_chunk_rows(&affine, rows);
         let chunks = rows.div_ceil(chunk_rows);
         let parts = self.output(DType::F32, if sums { 2 * chunks * cols } else { 1 })?;
+        let rounded = rounds.then(|| self.output(grad.dtype(), rows * cols)).transpose()?;
         // An absent operand's pointer is the input's, which the kernel then never reads.
         let weight = self.operand(OP, affine.weight.unwrap_or(src), None)?;
         let accumulated_ptr = accumulated.map_or(s.ptr, |a| a.ptr);

@@ -26,12 +26,14 @@ impl Tensor {
         eps: f64,
         out: Option<DType>,
     ) -> Result<(Tensor, Tensor)> {
-        if !self.fuses_residual_add(branch, weight, bias, out) {
-            let sum = self.add(branch)?;
-            let normed = sum.layer_norm_into(weight, bias, eps, out)?;
-            return Ok((sum, normed));
-        }
-        let features = self.layer_norm_features(weight, bias)?;
+        let features = match self.layer_norm_features(weight, bias) {
+            Ok(features) if self.fuses_residual_add(branch, out) => features,
+            _ => {
+                let sum = self.add(branch)?;
+                let normed = sum.layer_norm_into(weight, bias, eps, out)?;
+                return Ok((sum, normed));
+            }
+        };
         let (x, branch) = (self.contiguous()?, branch.contiguous()?);
         let (weight, bias) = (
             weight.map(Tensor::contiguous).transpose()?,
@@ -64,32 +66,20 @@ impl Tensor {
         Ok((sum.clone(), track_layer_norm(normed, &sum, weight, bias, spec, rounded)))
     }
 
-    /// Whether `add_layer_norm` of these operands is one backend call: the operands and the
-    /// output in dtypes the backends fuse (others compose, and report what is wrong), unless
-    /// `LOCKSTEP_AUTOCAST_FUSIONS=off` composes every fusion.
-    fn fuses_residual_add(
-        &self,
-        branch: &Tensor,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        out: Option<DType>,
-    ) -> bool {
+    /// Whether `add_layer_norm` of these operands (its parameters checked apart) is one backend
+    /// call: the operands and the output in dtypes the backends fuse (others compose, and report
+    /// what is wrong), unless `LOCKSTEP_AUTOCAST_FUSIONS=off` composes every fusion.
+    fn fuses_residual_add(&self, branch: &Tensor, out: Option<DType>) -> bool {
         let branch_dtype_fuses = match branch.dtype() {
             DType::F32 => !crate::autocast::fusions_switched_off(),
             DType::F16 | DType::BF16 => crate::autocast::widens_in_place(self, branch),
             _ => false,
         };
-        let parameters_fit = weight.iter().chain(bias.iter()).all(|p| {
-            p.dtype() == DType::F32
-                && p.device() == self.device()
-                && p.dims() == [self.dims().last().copied().unwrap_or(0)]
-        });
         self.dtype() == DType::F32
             && branch_dtype_fuses
             && self.shape() == branch.shape()
             && self.device() == branch.device()
             && self.elem_count() > 0
-            && parameters_fit
             && matches!(out, None | Some(DType::F32 | DType::F16 | DType::BF16))
     }
 }
