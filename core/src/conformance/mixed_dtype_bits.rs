@@ -3,7 +3,7 @@
 //! for their bits: a run takes whichever path its backend offers, and autocast's results must
 //! not depend on which. The values include NaN, infinities and signed zeros.
 
-use super::bias_act_bits::{bits, values};
+use super::bias_act_bits::{bits, same_bits, values};
 use crate::backend::{BinaryOp, BufferRef, InputGradient, LayerNormAffine, LayerNormSpec};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -41,7 +41,7 @@ pub fn mixed_dtype_mismatches(device: &Device, half: DType) -> Result<Vec<String
                 fused.dtype(),
                 composed.dtype()
             ));
-        } else if let Some(at) = (0..f.len()).find(|&i| f[i] != c[i]) {
+        } else if let Some(at) = (0..f.len()).find(|&i| !same_bits(f[i], c[i])) {
             let value = |v: u64| f64::from_bits(v);
             mismatches.push(format!(
                 "{what}: element {at} is {} fused, {} composed",

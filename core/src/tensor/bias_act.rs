@@ -2,7 +2,7 @@
 //! an activation module follows them in a `Sequential`).
 
 use super::Tensor;
-use super::elementwise::{derivative_of_input, unary_grad};
+use super::elementwise::{GradReads, derivative_of_input, grad_reads, unary_grad};
 use crate::backend::{BiasGeometry, UnaryOp};
 use crate::error::{Error, Result};
 
@@ -35,18 +35,17 @@ impl Tensor {
         let (x, b) = (self.contiguous()?, bias.contiguous()?);
         let buffer = self.backend().bias_act(x.buffer(), b.buffer(), geom, act)?;
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
-        // Keep the pre-activation inputs only for activations whose gradient needs them.
-        let needs_input = matches!(act, Some(op) if op != UnaryOp::Relu);
-        let saved = needs_input.then(|| (x.detach(), b.detach()));
-        let y = out.detach();
+        // Keep only what the activation's gradient reads: the pre-activation inputs, the output
+        // (ReLU's, tanh's, …), or nothing (the bias alone).
+        let reads = act.map_or(GradReads::Nothing, grad_reads);
+        let pre_act = (reads == GradReads::Input).then(|| (x.detach(), b.detach()));
+        let post_act = (reads == GradReads::Output).then(|| out.detach());
         let rank = dims.len();
         Ok(out.track(OP, &[self, bias], move |g| {
-            let g_pre = match act {
-                None => g.clone(),
-                // ReLU's gradient needs only the sign of its input, which its output shares.
-                Some(UnaryOp::Relu) => unary_grad(UnaryOp::Relu, &y, &y, g)?,
-                Some(op) => {
-                    let (x, b) = saved.expect("kept for this activation");
+            let g_pre = match (act, pre_act) {
+                (None, _) => g.clone(),
+                (Some(op), None) => unary_grad(op, post_act.as_ref(), g)?,
+                (Some(op), Some((x, b))) => {
                     // In one pass where the backend has the kernel: the same bits as below.
                     let fused = match derivative_of_input(op) {
                         Some(derivative) if g.dtype() == x.dtype() => {
@@ -64,7 +63,7 @@ impl Tensor {
                             let mut along = vec![1; rank];
                             along[axis] = geom.channels;
                             let pre = x.add(&b.reshape(along)?)?;
-                            unary_grad(op, &pre, &y, g)?
+                            unary_grad(op, Some(&pre), g)?
                         }
                     }
                 }

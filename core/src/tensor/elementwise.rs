@@ -3,7 +3,7 @@
 use super::Tensor;
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::shape::{Layout, Shape};
 
 impl Tensor {
@@ -53,31 +53,16 @@ impl Tensor {
             return a.binary(op, &b);
         }
         let out = self.binary_forward(op, rhs)?;
-        let (a, b) = (self.detach(), rhs.detach());
+        // Only what the rule reads stays alive until backward, as in PyTorch: nothing for an add
+        // or a subtract (a residual stream's sums), the operands otherwise, and pow's output.
+        let operands = (!matches!(op, BinaryOp::Add | BinaryOp::Sub)).then(|| (self.detach(), rhs.detach()));
+        let power = (op == BinaryOp::Pow).then(|| out.detach());
         let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
-        let saved_out = out.detach();
         Ok(out.track(op.name(), &[self, rhs], move |g| {
-            let (ga, gb) = match op {
-                BinaryOp::Add => (g.clone(), g.clone()),
-                BinaryOp::Sub => (g.clone(), g.neg()?),
-                BinaryOp::Mul => (g.mul(&b)?, g.mul(&a)?),
-                BinaryOp::Div => (g.div(&b)?, g.mul(&a)?.div(&b.mul(&b)?)?.neg()?),
-                BinaryOp::Pow => {
-                    // d(a^b)/da = b * a^(b-1); d(a^b)/db = a^b * ln(a)
-                    let da = b.mul(&a.binary_forward(BinaryOp::Pow, &b.affine(1.0, -1.0)?)?)?;
-                    (g.mul(&da)?, g.mul(&saved_out.mul(&a.log()?)?)?)
-                }
-                BinaryOp::Maximum | BinaryOp::Minimum => {
-                    // Ties split the gradient evenly, as in PyTorch.
-                    let wins = if op == BinaryOp::Maximum { CmpOp::Gt } else { CmpOp::Lt };
-                    let share = a
-                        .cmp(wins, &b)?
-                        .to_dtype(g.dtype())?
-                        .add(&a.cmp(CmpOp::Eq, &b)?.to_dtype(g.dtype())?.affine(0.5, 0.0)?)?;
-                    (g.mul(&share)?, g.mul(&share.affine(-1.0, 1.0)?)?)
-                }
-                // Linear in the gradient, flat in the input (PyTorch's threshold_backward rule).
-                BinaryOp::ReluGrad => (g.relu_grad(&b)?, g.zeros_like()?),
+            let (ga, gb) = match &operands {
+                Some((a, b)) => operand_grads(op, a, b, power.as_ref(), g)?,
+                None if op == BinaryOp::Sub => (g.clone(), g.neg()?),
+                None => (g.clone(), g.clone()),
             };
             Ok(vec![Some(ga.sum_to_shape(&sa)?), Some(gb.sum_to_shape(&sb)?)])
         }))
@@ -139,9 +124,14 @@ impl Tensor {
         self.float_only(op.name())?;
         let buffer = self.backend().unary(op, self.buffer(), self.layout())?;
         let out = Tensor::from_buffer(buffer, self.shape().clone(), self.device());
-        let x = self.detach();
-        let y = out.detach();
-        Ok(out.track(op.name(), &[self], move |g| Ok(vec![Some(unary_grad(op, &x, &y, g)?)])))
+        let kept = match grad_reads(op) {
+            GradReads::Input => Some(self.detach()),
+            GradReads::Output => Some(out.detach()),
+            GradReads::Nothing => None,
+        };
+        Ok(out.track(op.name(), &[self], move |g| {
+            Ok(vec![Some(unary_grad(op, kept.as_ref(), g)?)])
+        }))
     }
 
     /// `-self`, elementwise.
@@ -299,6 +289,37 @@ impl Tensor {
     }
 }
 
+/// The gradients of `a op b`'s operands, unbroadcast, given the gradient `g` of its output
+/// (`out`, where kept: pow's rule reads it).
+fn operand_grads(op: BinaryOp, a: &Tensor, b: &Tensor, out: Option<&Tensor>, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok(match op {
+        BinaryOp::Add => (g.clone(), g.clone()),
+        BinaryOp::Sub => (g.clone(), g.neg()?),
+        BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
+        BinaryOp::Div => (g.div(b)?, g.mul(a)?.div(&b.mul(b)?)?.neg()?),
+        BinaryOp::Pow => {
+            // d(a^b)/da = b * a^(b-1); d(a^b)/db = a^b * ln(a)
+            let da = b.mul(&a.binary_forward(BinaryOp::Pow, &b.affine(1.0, -1.0)?)?)?;
+            let y = match out {
+                Some(y) => y.clone(),
+                None => a.binary_forward(BinaryOp::Pow, b)?,
+            };
+            (g.mul(&da)?, g.mul(&y.mul(&a.log()?)?)?)
+        }
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            // Ties split the gradient evenly, as in PyTorch.
+            let wins = if op == BinaryOp::Maximum { CmpOp::Gt } else { CmpOp::Lt };
+            let share = a
+                .cmp(wins, b)?
+                .to_dtype(g.dtype())?
+                .add(&a.cmp(CmpOp::Eq, b)?.to_dtype(g.dtype())?.affine(0.5, 0.0)?)?;
+            (g.mul(&share)?, g.mul(&share.affine(-1.0, 1.0)?)?)
+        }
+        // Linear in the gradient, flat in the input (PyTorch's threshold_backward rule).
+        BinaryOp::ReluGrad => (g.relu_grad(b)?, g.zeros_like()?),
+    })
+}
+
 /// The unary op `d` for the ops whose rule in `unary_grad` is `g * x.unary(d)` (GELU's): a
 /// backend may form that product together with a layer's bias (`Backend::bias_act_grad`).
 pub(crate) fn derivative_of_input(op: UnaryOp) -> Option<UnaryOp> {
@@ -308,27 +329,69 @@ pub(crate) fn derivative_of_input(op: UnaryOp) -> Option<UnaryOp> {
     }
 }
 
-/// The gradient of `y = op(x)` with respect to `x`, given the gradient `g` of `y` (each rule
-/// uses whichever of `x` and `y` is cheaper).
-pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Tensor> {
+/// Which of a unary op's tensors its gradient reads: the autograd graph keeps that one alone
+/// until backward (as PyTorch does), so a chain of ops holds no more than it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GradReads {
+    Nothing,
+    Input,
+    Output,
+}
+
+/// The tensor `unary_grad` reads for `op` (each rule uses whichever of input and output is
+/// cheaper; ReLU its output, which the next layer keeps anyway).
+pub(crate) fn grad_reads(op: UnaryOp) -> GradReads {
+    match op {
+        UnaryOp::Neg | UnaryOp::Affine { .. } | UnaryOp::NonFinite => GradReads::Nothing,
+        UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Relu => {
+            GradReads::Output
+        }
+        UnaryOp::Abs
+        | UnaryOp::Log
+        | UnaryOp::Gelu
+        | UnaryOp::GeluGrad
+        | UnaryOp::Powf(_)
+        | UnaryOp::ClampMin(_)
+        | UnaryOp::ClampMax(_) => GradReads::Input,
+    }
+}
+
+/// The gradient of `y = op(x)` with respect to `x`, given the gradient `g` of `y`; `kept` is
+/// the tensor `grad_reads(op)` names (`x` or `y`; None where it names neither).
+pub(crate) fn unary_grad(op: UnaryOp, kept: Option<&Tensor>, g: &Tensor) -> Result<Tensor> {
+    let kept = || kept.ok_or_else(|| Error::Autograd(format!("{}'s backward found nothing kept for it", op.name())));
     let local = match op {
         UnaryOp::Neg => return g.neg(),
         UnaryOp::Affine { mul, .. } => return g.affine(mul, 0.0),
-        UnaryOp::Abs => x
-            .cmp_scalar(CmpOp::Gt, 0.0)?
-            .to_dtype(x.dtype())?
-            .sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?,
-        UnaryOp::Exp => y.clone(),
-        UnaryOp::Log => x.recip()?,
-        UnaryOp::Sqrt => y.recip()?.affine(0.5, 0.0)?,
-        UnaryOp::Recip => y.mul(y)?.neg()?,
-        UnaryOp::Tanh => y.mul(y)?.affine(-1.0, 1.0)?,
-        UnaryOp::Sigmoid => y.mul(&y.affine(-1.0, 1.0)?)?,
-        // g where x > 0, else 0, in one pass (no mask written and read back).
-        UnaryOp::Relu => return g.relu_grad(x),
-        UnaryOp::Gelu => x.unary(UnaryOp::GeluGrad)?,
+        // A probe, flat wherever it is defined.
+        UnaryOp::NonFinite => return g.zeros_like(),
+        // g where x > 0 (so y > 0), else 0, in one pass (no mask written and read back).
+        UnaryOp::Relu => return g.relu_grad(kept()?),
+        UnaryOp::Abs => {
+            let x = kept()?;
+            x.cmp_scalar(CmpOp::Gt, 0.0)?
+                .to_dtype(x.dtype())?
+                .sub(&x.cmp_scalar(CmpOp::Lt, 0.0)?.to_dtype(x.dtype())?)?
+        }
+        UnaryOp::Exp => kept()?.clone(),
+        UnaryOp::Log => kept()?.recip()?,
+        UnaryOp::Sqrt => kept()?.recip()?.affine(0.5, 0.0)?,
+        UnaryOp::Recip => {
+            let y = kept()?;
+            y.mul(y)?.neg()?
+        }
+        UnaryOp::Tanh => {
+            let y = kept()?;
+            y.mul(y)?.affine(-1.0, 1.0)?
+        }
+        UnaryOp::Sigmoid => {
+            let y = kept()?;
+            y.mul(&y.affine(-1.0, 1.0)?)?
+        }
+        UnaryOp::Gelu => kept()?.unary(UnaryOp::GeluGrad)?,
         UnaryOp::GeluGrad => {
             // d/dx [Φ(x) + x φ(x)] = φ(x) (2 - x²)
+            let x = kept()?;
             let phi = x
                 .mul(x)?
                 .affine(-0.5, 0.0)?
@@ -336,11 +399,15 @@ pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, y: &Tensor, g: &Tensor) -> Res
                 .affine(0.398_942_280_401_432_7, 0.0)?;
             phi.mul(&x.mul(x)?.affine(-1.0, 2.0)?)?
         }
-        UnaryOp::Powf(e) => x.powf(e - 1.0)?.affine(e, 0.0)?,
-        UnaryOp::ClampMin(m) => x.cmp_scalar(CmpOp::Ge, m)?.to_dtype(x.dtype())?,
-        UnaryOp::ClampMax(m) => x.cmp_scalar(CmpOp::Le, m)?.to_dtype(x.dtype())?,
-        // A probe, flat wherever it is defined.
-        UnaryOp::NonFinite => return g.zeros_like(),
+        UnaryOp::Powf(e) => kept()?.powf(e - 1.0)?.affine(e, 0.0)?,
+        UnaryOp::ClampMin(m) => {
+            let x = kept()?;
+            x.cmp_scalar(CmpOp::Ge, m)?.to_dtype(x.dtype())?
+        }
+        UnaryOp::ClampMax(m) => {
+            let x = kept()?;
+            x.cmp_scalar(CmpOp::Le, m)?.to_dtype(x.dtype())?
+        }
     };
     g.mul(&local)
 }
