@@ -59,11 +59,7 @@ impl Tensor {
         let power = (op == BinaryOp::Pow).then(|| out.detach());
         let (sa, sb) = (self.shape().clone(), rhs.shape().clone());
         Ok(out.track(op.name(), &[self, rhs], move |g| {
-            let (ga, gb) = match &operands {
-                Some((a, b)) => operand_grads(op, a, b, power.as_ref(), g)?,
-                None if op == BinaryOp::Sub => (g.clone(), g.neg()?),
-                None => (g.clone(), g.clone()),
-            };
+            let (ga, gb) = operand_grads(op, operands.as_ref(), power.as_ref(), g)?;
             Ok(vec![Some(ga.sum_to_shape(&sa)?), Some(gb.sum_to_shape(&sb)?)])
         }))
     }
@@ -289,25 +285,40 @@ impl Tensor {
     }
 }
 
-/// The gradients of `a op b`'s operands, unbroadcast, given the gradient `g` of its output
-/// (`out`, where kept: pow's rule reads it).
-fn operand_grads(op: BinaryOp, a: &Tensor, b: &Tensor, out: Option<&Tensor>, g: &Tensor) -> Result<(Tensor, Tensor)> {
+/// What an op's backward kept for its rule, or an error naming the op where nothing was kept.
+fn kept<'a, T>(op: &str, kept: Option<&'a T>) -> Result<&'a T> {
+    kept.ok_or_else(|| Error::Autograd(format!("{op}'s backward found nothing kept for it")))
+}
+
+/// The gradients of `a op b`'s operands, not yet unbroadcast, given the gradient `g` of its
+/// output; `operands` (a, b) and `out` are what `binary` kept for the rule.
+fn operand_grads(
+    op: BinaryOp,
+    operands: Option<&(Tensor, Tensor)>,
+    out: Option<&Tensor>,
+    g: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let operands = || kept(op.name(), operands).map(|pair| (&pair.0, &pair.1));
     Ok(match op {
         BinaryOp::Add => (g.clone(), g.clone()),
         BinaryOp::Sub => (g.clone(), g.neg()?),
-        BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
-        BinaryOp::Div => (g.div(b)?, g.mul(a)?.div(&b.mul(b)?)?.neg()?),
+        BinaryOp::Mul => {
+            let (a, b) = operands()?;
+            (g.mul(b)?, g.mul(a)?)
+        }
+        BinaryOp::Div => {
+            let (a, b) = operands()?;
+            (g.div(b)?, g.mul(a)?.div(&b.mul(b)?)?.neg()?)
+        }
         BinaryOp::Pow => {
             // d(a^b)/da = b * a^(b-1); d(a^b)/db = a^b * ln(a)
+            let (a, b) = operands()?;
             let da = b.mul(&a.binary_forward(BinaryOp::Pow, &b.affine(1.0, -1.0)?)?)?;
-            let y = match out {
-                Some(y) => y.clone(),
-                None => a.binary_forward(BinaryOp::Pow, b)?,
-            };
-            (g.mul(&da)?, g.mul(&y.mul(&a.log()?)?)?)
+            (g.mul(&da)?, g.mul(&kept(op.name(), out)?.mul(&a.log()?)?)?)
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
             // Ties split the gradient evenly, as in PyTorch.
+            let (a, b) = operands()?;
             let wins = if op == BinaryOp::Maximum { CmpOp::Gt } else { CmpOp::Lt };
             let share = a
                 .cmp(wins, b)?
@@ -316,7 +327,7 @@ fn operand_grads(op: BinaryOp, a: &Tensor, b: &Tensor, out: Option<&Tensor>, g: 
             (g.mul(&share)?, g.mul(&share.affine(-1.0, 1.0)?)?)
         }
         // Linear in the gradient, flat in the input (PyTorch's threshold_backward rule).
-        BinaryOp::ReluGrad => (g.relu_grad(b)?, g.zeros_like()?),
+        BinaryOp::ReluGrad => (g.relu_grad(operands()?.1)?, g.zeros_like()?),
     })
 }
 
@@ -359,7 +370,7 @@ pub(crate) fn grad_reads(op: UnaryOp) -> GradReads {
 /// The gradient of `y = op(x)` with respect to `x`, given the gradient `g` of `y`; `kept` is
 /// the tensor `grad_reads(op)` names (`x` or `y`; None where it names neither).
 pub(crate) fn unary_grad(op: UnaryOp, kept: Option<&Tensor>, g: &Tensor) -> Result<Tensor> {
-    let kept = || kept.ok_or_else(|| Error::Autograd(format!("{}'s backward found nothing kept for it", op.name())));
+    let kept = || self::kept(op.name(), kept);
     let local = match op {
         UnaryOp::Neg => return g.neg(),
         UnaryOp::Affine { mul, .. } => return g.affine(mul, 0.0),
